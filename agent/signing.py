@@ -1,0 +1,114 @@
+"""HMAC-SHA256 command signing (DESIGN §4).
+
+``sig`` = hex HMAC-SHA256, keyed with a shared secret, over the canonical JSON of every command
+field except ``sig`` (sorted keys, no whitespace, non-finite floats as strings). The secret comes
+from config or ``CLIFFGUARD_COMMAND_SECRET`` and is never logged: ``Secret`` hides it in reprs.
+
+A trainer obeys a command only if it is for its run, correctly signed, not expired and not seen
+before. ``CommandVerifier.verify`` returns the reason for each rejection separately so the ack
+can say which it was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from agent.events import Command, _jsonable
+
+
+class Secret:
+    """A shared secret whose value never appears in logs, reprs or tracebacks."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str | bytes) -> None:
+        raw = value.encode() if isinstance(value, str) else bytes(value)
+        if len(raw) < 16:
+            raise ValueError("command secret: must be at least 16 bytes")
+        self._value = raw
+
+    def reveal(self) -> bytes:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret('********')"
+
+    __str__ = __repr__
+
+
+def canonical_json(obj: dict[str, Any]) -> bytes:
+    return json.dumps(_jsonable(obj), sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=False).encode()
+
+
+def signature(cmd: Command, secret: Secret) -> str:
+    return hmac.new(secret.reveal(), canonical_json(cmd.unsigned_dict()), hashlib.sha256).hexdigest()
+
+
+def sign_command(cmd: Command, secret: Secret) -> Command:
+    return Command(
+        type=cmd.type,
+        run=cmd.run,
+        args=cmd.args,
+        issued_at=cmd.issued_at,
+        expires_at=cmd.expires_at,
+        id=cmd.id,
+        sig=signature(cmd, secret),
+        v=cmd.v,
+    )
+
+
+class Rejection(StrEnum):
+    BAD_SIGNATURE = "bad_signature"
+    OTHER_RUN = "other_run"
+    EXPIRED = "expired"
+    REPLAYED = "replayed"
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyResult:
+    ok: bool
+    reason: Rejection | None = None
+    detail: str = ""
+
+
+class CommandVerifier:
+    """Checks commands for one run; remembers the ids it accepted to refuse replays.
+
+    The memory of seen ids is bounded (``max_seen``, oldest forgotten first); a command older
+    than its expiry is refused anyway, so ids only need remembering for a command's lifetime.
+    """
+
+    def __init__(self, run: str, secret: Secret, *, max_seen: int = 10_000, clock=time.time) -> None:
+        self.run = run
+        self._secret = secret
+        self._seen: OrderedDict[str, float] = OrderedDict()
+        self._max_seen = max_seen
+        self._clock = clock
+
+    def verify(self, cmd: Command) -> VerifyResult:
+        if not hmac.compare_digest(cmd.sig, signature(cmd, self._secret)):
+            return VerifyResult(False, Rejection.BAD_SIGNATURE, "signature does not match")
+        if cmd.run != self.run:
+            return VerifyResult(False, Rejection.OTHER_RUN, f"command is for run {cmd.run!r}, not {self.run!r}")
+        now = self._clock()
+        if now > cmd.expires_at:
+            return VerifyResult(False, Rejection.EXPIRED, f"expired {now - cmd.expires_at:.1f}s ago")
+        if cmd.id in self._seen:
+            return VerifyResult(False, Rejection.REPLAYED, f"command {cmd.id} was already accepted")
+        self._seen[cmd.id] = cmd.expires_at
+        while len(self._seen) > self._max_seen:
+            self._seen.popitem(last=False)
+        return VerifyResult(True)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seen": list(self._seen.items())}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._seen = OrderedDict((k, float(v)) for k, v in state["seen"])

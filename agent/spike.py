@@ -1,0 +1,146 @@
+"""The loss-spike rule: sliding median + k·σ over recent healthy losses (pure, no I/O).
+
+The in-process guard (before ``optimizer.step()``) and the controller run this same code, so
+what the guard skips and what the controller acts on can never disagree about the rule itself.
+
+``σ`` is a robust spread: 1.4826 × the median absolute deviation (MAD) of the window, which
+equals the standard deviation for Gaussian noise but is not inflated by the very outliers it is
+meant to find. A floor of ``sigma_floor_rel × median`` keeps a flat, noiseless curve from
+alarming on a 0.1% wiggle. Losses at or above ``k_warn`` σ are kept out of the window, so a spike
+cannot raise the bar for the next one. NaN/±inf is critical at once. Before ``min_history``
+healthy points the rule only reports non-finite losses.
+
+Defaults are chosen on the labelled synthetic suite in ``tests/controller/synthetic.py``; see
+``SpikeConfig`` for the measured figures.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from enum import StrEnum
+from statistics import median
+from typing import Any
+
+MAD_TO_SIGMA = 1.4826
+
+
+class Level(StrEnum):
+    OK = "ok"
+    WARN = "warn"
+    CRITICAL = "critical"
+
+
+@dataclass(kw_only=True, slots=True)
+class SpikeConfig:
+    window: int = 100
+    """Healthy losses kept for the median and σ."""
+    k_warn: float = 3.0
+    """σ above the median that warns."""
+    k_crit: float = 5.0
+    """σ above the median that is critical (the controller pauses; the guard skips)."""
+    min_history: int = 20
+    """Healthy points needed before the rule decides anything but non-finite losses."""
+    sigma_floor_rel: float = 0.01
+    """σ is at least this fraction of the median, so a flat curve does not alarm on noise."""
+    patience: int = 1
+    """Consecutive points at or above k_crit before the verdict is critical (1 = at once).
+    Points in between are reported as warn."""
+
+    def __post_init__(self) -> None:
+        if self.window < 8:
+            raise ValueError("window: must be >= 8")
+        if not 0 < self.k_warn <= self.k_crit:
+            raise ValueError("k_warn: must be > 0 and <= k_crit")
+        if not 2 <= self.min_history <= self.window:
+            raise ValueError("min_history: must be between 2 and window")
+        if not 0 <= self.sigma_floor_rel < 1:
+            raise ValueError("sigma_floor_rel: must be in [0, 1)")
+        if self.patience < 1:
+            raise ValueError("patience: must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class SpikeVerdict:
+    level: Level
+    loss: float
+    median: float | None
+    sigma: float | None
+    sigmas: float | None
+    """How many σ the loss is above the median (None before min_history or for non-finite)."""
+    n: int
+    """Healthy points in the window when the verdict was made."""
+    reason: str = ""
+
+    def evidence(self) -> dict[str, Any]:
+        return {
+            "level": str(self.level),
+            "loss": self.loss,
+            "median": self.median,
+            "sigma": self.sigma,
+            "sigmas": self.sigmas,
+            "n": self.n,
+            "reason": self.reason,
+        }
+
+
+def window_stats(values: list[float] | deque[float], sigma_floor_rel: float) -> tuple[float, float]:
+    """(median, robust σ with the relative floor) of a non-empty window."""
+    vals = list(values)
+    med = median(vals)
+    mad = median(abs(v - med) for v in vals)
+    sigma = max(MAD_TO_SIGMA * mad, sigma_floor_rel * abs(med), 1e-12)
+    return med, sigma
+
+
+class SpikeDetector:
+    """Stateful wrapper around the rule: feed it global losses in step order."""
+
+    def __init__(self, config: SpikeConfig | None = None) -> None:
+        self.config = config or SpikeConfig()
+        self._window: deque[float] = deque(maxlen=self.config.window)
+        self._crit_run = 0
+
+    def peek(self, loss: float) -> SpikeVerdict:
+        """The verdict for ``loss`` without changing any state."""
+        cfg = self.config
+        n = len(self._window)
+        if not math.isfinite(loss):
+            return SpikeVerdict(Level.CRITICAL, loss, None, None, None, n, "non-finite loss")
+        if n < cfg.min_history:
+            return SpikeVerdict(Level.OK, loss, None, None, None, n, "warming up")
+        med, sigma = window_stats(self._window, cfg.sigma_floor_rel)
+        k = (loss - med) / sigma
+        if k >= cfg.k_crit:
+            if self._crit_run + 1 >= cfg.patience:
+                return SpikeVerdict(Level.CRITICAL, loss, med, sigma, k, n, f"{k:.1f}σ above median")
+            return SpikeVerdict(Level.WARN, loss, med, sigma, k, n, f"{k:.1f}σ above median (patience)")
+        if k >= cfg.k_warn:
+            return SpikeVerdict(Level.WARN, loss, med, sigma, k, n, f"{k:.1f}σ above median")
+        return SpikeVerdict(Level.OK, loss, med, sigma, k, n, "")
+
+    def observe(self, loss: float) -> SpikeVerdict:
+        """Judge ``loss`` and, if healthy, add it to the window."""
+        verdict = self.peek(loss)
+        finite = math.isfinite(loss)
+        above_crit = (not finite) or (verdict.sigmas is not None and verdict.sigmas >= self.config.k_crit)
+        self._crit_run = self._crit_run + 1 if above_crit else 0
+        if verdict.level is Level.OK and finite:
+            self._window.append(loss)
+        return verdict
+
+    def stats(self) -> tuple[float, float] | None:
+        if len(self._window) < 2:
+            return None
+        return window_stats(self._window, self.config.sigma_floor_rel)
+
+    def __len__(self) -> int:
+        return len(self._window)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"window": list(self._window), "crit_run": self._crit_run}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._window = deque((float(v) for v in state["window"]), maxlen=self.config.window)
+        self._crit_run = int(state.get("crit_run", 0))
