@@ -1,0 +1,74 @@
+"""The ``cliffguard`` command: one entry point, a subcommand per job.
+
+Each subcommand lives in ``cliffguard/commands/<name>.py`` and exposes
+``add_parser(subparsers) -> argparse.ArgumentParser`` and ``run(args) -> int``. Modules are
+imported lazily only when their subcommand runs (``--help`` of the top level imports each one
+to describe it), so ``cliffguard broker`` does not pay for importing torch.
+
+``cliffguard`` is the composition root: the only package that imports agent, trainer,
+controller and dashboard together.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+# name -> one-line help. Order is the order in --help.
+SUBCOMMANDS: dict[str, str] = {
+    "demo": "run the whole loop locally: broker, controller, dashboard, 2-process training with faults",
+    "broker": "run the embedded Kafka-protocol broker (Tansu)",
+    "train": "launch the bundled GPT trainer under torchrun with the agent attached",
+    "controller": "run the controller service (consumer group on the metrics topic)",
+    "command": "send an operator command to a run through the controller's outbox",
+    "status": "list runs and their recovery states",
+    "backtest": "replay a step,loss CSV (or a stored run) through the controller's rules",
+    "dashboard": "serve the Streamlit dashboard over a store",
+}
+
+
+def _module(name: str):
+    return importlib.import_module(f"cliffguard.commands.{name}")
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cliffguard", description=__doc__.splitlines()[0])
+    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    sub = parser.add_subparsers(dest="cmd", metavar="COMMAND")
+    for name, help_text in SUBCOMMANDS.items():
+        if only is not None and name != only:
+            sub.add_parser(name, help=help_text)
+            continue
+        try:
+            mod = _module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != f"cliffguard.commands.{name}":
+                raise
+            continue  # not built yet
+        p = mod.add_parser(sub)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(only=chosen if chosen in SUBCOMMANDS else None)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # kafka-python logs every connection at INFO; only its warnings are news to an operator.
+    logging.getLogger("kafka").setLevel(max(logging.WARNING, logging.getLogger().level))
+    run = getattr(args, "_run", None)
+    if run is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(run(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,313 @@
+"""SQLAlchemy 2.0 models: everything the controller decides, and what the dashboard reads.
+
+Portable across SQLite and PostgreSQL: generic types only (JSON, not JSONB; String ids). Floats
+that may be non-finite (a NaN loss is exactly what we must record) are stored as-is in REAL/
+DOUBLE columns on PostgreSQL; SQLite turns NaN into NULL, so rows also carry ``nonfinite``
+(a short text, "nan"/"inf"/"-inf" for the loss) to keep the fact. JSON columns never hold NaN
+(encoders use ``agent.events._jsonable`` first) because PostgreSQL's JSON rejects it.
+
+Schema changes go through Alembic migrations in ``controller/store/migrations``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    UniqueConstraint,
+    func,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+def _now() -> Any:
+    return func.now()
+
+
+class Run(Base):
+    __tablename__ = "runs"
+
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=_now())
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=_now(), onupdate=_now())
+    status: Mapped[str] = mapped_column(String(16), default="running")  # running | finished | failed
+    recovery_state: Mapped[str] = mapped_column(String(32), default="running")
+    world_size: Mapped[int] = mapped_column(Integer, default=1)
+    last_step: Mapped[int] = mapped_column(Integer, default=0)
+    last_event_ts: Mapped[float | None] = mapped_column(Float)
+    lr_scale: Mapped[float] = mapped_column(Float, default=1.0)
+    config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # run.started payload
+    # Serialized controller-side state for this run (detectors' and the recovery machine's
+    # state_dicts), written in the same transaction as the offsets, so a run whose partition
+    # moves to another instance resumes exactly where the previous one stopped.
+    controller_state: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+class StepMetric(Base):
+    """One row per (run, step, rank) at full resolution; older ranges are downsampled
+    (``resolution`` > 1 = one row summarising that many steps; see store.retention)."""
+
+    __tablename__ = "step_metrics"
+    __table_args__ = (
+        Index("ix_step_metrics_run_step", "run_id", "step"),
+        Index("ix_step_metrics_run_rank_step", "run_id", "rank", "step"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    event_id: Mapped[str | None] = mapped_column(String(32), unique=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    step: Mapped[int] = mapped_column(Integer)
+    rank: Mapped[int] = mapped_column(Integer, default=0)
+    ts: Mapped[float] = mapped_column(Float)
+    resolution: Mapped[int] = mapped_column(Integer, default=1)
+    loss: Mapped[float | None] = mapped_column(Float)
+    loss_local: Mapped[float | None] = mapped_column(Float)
+    nonfinite: Mapped[str | None] = mapped_column(String(8))
+    lr: Mapped[float | None] = mapped_column(Float)
+    lr_scale: Mapped[float | None] = mapped_column(Float)
+    grad_norm: Mapped[float | None] = mapped_column(Float)
+    tokens: Mapped[int | None] = mapped_column(Integer)
+    tokens_per_s: Mapped[float | None] = mapped_column(Float)
+    mfu: Mapped[float | None] = mapped_column(Float)
+    step_time_s: Mapped[float | None] = mapped_column(Float)
+    data_wait_s: Mapped[float | None] = mapped_column(Float)
+    comm_exposed_s: Mapped[float | None] = mapped_column(Float)
+    compute_s: Mapped[float | None] = mapped_column(Float)
+    mem_allocated: Mapped[int | None] = mapped_column(BigInteger)
+    mem_reserved: Mapped[int | None] = mapped_column(BigInteger)
+    loss_scale: Mapped[float | None] = mapped_column(Float)
+    skipped: Mapped[bool] = mapped_column(Boolean, default=False)
+    guard: Mapped[str | None] = mapped_column(String(8))
+    clipped_layers: Mapped[int | None] = mapped_column(Integer)
+    layer_grad_norms: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+
+
+class GradHist(Base):
+    __tablename__ = "grad_hists"
+    __table_args__ = (Index("ix_grad_hists_run_step", "run_id", "step"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    event_id: Mapped[str | None] = mapped_column(String(32), unique=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    step: Mapped[int] = mapped_column(Integer)
+    rank: Mapped[int] = mapped_column(Integer, default=0)
+    ts: Mapped[float] = mapped_column(Float)
+    edges: Mapped[list[float]] = mapped_column(JSON)
+    layers: Mapped[dict[str, Any]] = mapped_column(JSON)  # name -> {counts, zeros, nonfinite, p50, ...}
+
+
+class Heartbeat(Base):
+    __tablename__ = "heartbeats"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    rank: Mapped[int] = mapped_column(Integer, primary_key=True)
+    ts: Mapped[float] = mapped_column(Float)
+    step: Mapped[int] = mapped_column(Integer, default=0)
+    state: Mapped[str] = mapped_column(String(16), default="running")
+
+
+class Incident(Base):
+    __tablename__ = "incidents"
+    __table_args__ = (Index("ix_incidents_run", "run_id", "opened_at"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    opened_at: Mapped[float] = mapped_column(Float)
+    closed_at: Mapped[float | None] = mapped_column(Float)
+    rule: Mapped[str] = mapped_column(String(64))
+    level: Mapped[str] = mapped_column(String(16))
+    spike_step: Mapped[int] = mapped_column(Integer)
+    onset_step: Mapped[int | None] = mapped_column(Integer)
+    outcome: Mapped[str] = mapped_column(String(16), default="open")  # open | resumed | rolled_back | halted
+    rollback_to: Mapped[int | None] = mapped_column(Integer)
+    lr_scale: Mapped[float | None] = mapped_column(Float)
+    evidence: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+class Transition(Base):
+    """One edge of a run's recovery state machine, with its reason and evidence."""
+
+    __tablename__ = "transitions"
+    __table_args__ = (Index("ix_transitions_run", "run_id", "ts"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    incident_id: Mapped[str | None] = mapped_column(ForeignKey("incidents.id", ondelete="CASCADE"))
+    ts: Mapped[float] = mapped_column(Float)
+    step: Mapped[int | None] = mapped_column(Integer)
+    from_state: Mapped[str] = mapped_column(String(32))
+    to_state: Mapped[str] = mapped_column(String(32))
+    reason: Mapped[str] = mapped_column(Text)
+    evidence: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+class CommandRow(Base):
+    """Every command issued (by the controller or an operator) and what became of it."""
+
+    __tablename__ = "commands"
+    __table_args__ = (Index("ix_commands_run", "run_id", "issued_at"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    incident_id: Mapped[str | None] = mapped_column(ForeignKey("incidents.id", ondelete="SET NULL"))
+    type: Mapped[str] = mapped_column(String(32))
+    args: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    issued_at: Mapped[float] = mapped_column(Float)
+    expires_at: Mapped[float] = mapped_column(Float)
+    source: Mapped[str] = mapped_column(String(16), default="controller")  # controller | operator
+    # pending (in the outbox) | sent | applied | rejected | failed | expired | duplicate | timeout
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    ack_detail: Mapped[str | None] = mapped_column(Text)
+    acked_at: Mapped[float | None] = mapped_column(Float)
+    attempt: Mapped[int] = mapped_column(Integer, default=1)
+
+
+class AuditRow(Base):
+    """Who did what by hand (operator commands from the CLI or the dashboard)."""
+
+    __tablename__ = "audit"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    ts: Mapped[float] = mapped_column(Float)
+    actor: Mapped[str] = mapped_column(String(128))
+    action: Mapped[str] = mapped_column(String(64))
+    run_id: Mapped[str | None] = mapped_column(String(128))
+    command_id: Mapped[str | None] = mapped_column(String(32))
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+class CheckpointRow(Base):
+    __tablename__ = "checkpoints"
+    __table_args__ = (UniqueConstraint("run_id", "step", "kind", name="uq_checkpoint_run_step_kind"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    step: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(16))  # memory | incremental | full
+    path: Mapped[str] = mapped_column(Text, default="")
+    bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    sha256: Mapped[str] = mapped_column(String(64), default="")
+    seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    verified: Mapped[bool] = mapped_column(Boolean, default=False)
+    stable: Mapped[bool] = mapped_column(Boolean, default=False)
+    stable_reason: Mapped[str | None] = mapped_column(Text)
+    ts: Mapped[float] = mapped_column(Float)
+
+
+class ValidationRow(Base):
+    __tablename__ = "validations"
+    __table_args__ = (Index("ix_validations_run", "run_id", "step"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    event_id: Mapped[str | None] = mapped_column(String(32), unique=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    step: Mapped[int] = mapped_column(Integer)
+    ts: Mapped[float] = mapped_column(Float)
+    cmd: Mapped[str | None] = mapped_column(String(32))
+    val_loss: Mapped[float | None] = mapped_column(Float)
+    batches: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class DataFlag(Base):
+    __tablename__ = "data_flags"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    event_id: Mapped[str | None] = mapped_column(String(32), unique=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    step: Mapped[int] = mapped_column(Integer)
+    ts: Mapped[float] = mapped_column(Float)
+    rule: Mapped[str] = mapped_column(String(64))
+    score: Mapped[float | None] = mapped_column(Float)
+    sample_ids: Mapped[list[int]] = mapped_column(JSON, default=list)
+
+
+class Alert(Base):
+    __tablename__ = "alerts"
+    __table_args__ = (Index("ix_alerts_run", "run_id", "ts"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    run_id: Mapped[str | None] = mapped_column(String(128))
+    incident_id: Mapped[str | None] = mapped_column(String(32))
+    ts: Mapped[float] = mapped_column(Float)
+    level: Mapped[str] = mapped_column(String(16))  # info | warn | critical
+    rule: Mapped[str] = mapped_column(String(64))
+    title: Mapped[str] = mapped_column(Text)
+    body: Mapped[str] = mapped_column(Text, default="")
+    # open incidents trigger; a closed incident sends "resolve" (PagerDuty) with the same dedup key
+    action: Mapped[str] = mapped_column(String(16), default="trigger")
+    suppressed: Mapped[bool] = mapped_column(Boolean, default=False)
+    evidence: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+class OutboxRow(Base):
+    """Transactional outbox: written with the state that produced it, published after commit.
+
+    kind="command": ``target`` is the Kafka topic, ``key`` the run id, ``payload`` the encoded
+    command. kind="alert": ``target`` is the endpoint name, ``payload`` the alert id.
+    Publishing is idempotent by ``id`` (command ids are checked by the trainer, webhook ids by
+    receivers), so a re-send after a crash between send and mark is harmless.
+    """
+
+    __tablename__ = "outbox"
+    __table_args__ = (Index("ix_outbox_pending", "status", "next_attempt_at"),)
+
+    id: Mapped[str] = mapped_column(String(80), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))  # command | alert
+    target: Mapped[str] = mapped_column(String(256))
+    key: Mapped[str | None] = mapped_column(String(128))
+    payload: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[float] = mapped_column(Float)
+    status: Mapped[str] = mapped_column(String(16), default="pending")  # pending | delivered | failed | disabled
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[float] = mapped_column(Float)
+    delivered_at: Mapped[float | None] = mapped_column(Float)
+    last_error: Mapped[str | None] = mapped_column(Text)
+
+
+class AlertEndpointState(Base):
+    """Per-endpoint delivery state: an HTTP 410 Gone disables the endpoint until re-enabled."""
+
+    __tablename__ = "alert_endpoints"
+
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    disabled: Mapped[bool] = mapped_column(Boolean, default=False)
+    disabled_reason: Mapped[str | None] = mapped_column(Text)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
+class ConsumerOffset(Base):
+    """Next offset to read per (group, topic, partition), committed with the state it produced."""
+
+    __tablename__ = "consumer_offsets"
+
+    group_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    topic: Mapped[str] = mapped_column(String(256), primary_key=True)
+    partition: Mapped[int] = mapped_column(Integer, primary_key=True)
+    offset: Mapped[int] = mapped_column(BigInteger)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
+class DlqCount(Base):
+    __tablename__ = "dlq_counts"
+
+    topic: Mapped[str] = mapped_column(String(256), primary_key=True)
+    reason: Mapped[str] = mapped_column(String(64), primary_key=True)  # e.g. invalid_json, unknown_version
+    count: Mapped[int] = mapped_column(BigInteger, default=0)
+    last_ts: Mapped[float] = mapped_column(Float)
+    last_detail: Mapped[str | None] = mapped_column(Text)
