@@ -105,6 +105,16 @@ def _coerce(value: Any, hint: Any, from_text: bool) -> Any:
         inner = args[0] if args else Any
         items = [v if inner is Any else _coerce(v, inner, from_text) for v in value]
         return tuple(items) if origin is tuple else items
+    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+        if isinstance(value, hint):
+            return value
+        if not isinstance(value, Mapping):
+            raise ValueError(f"expected a table for {hint.__name__}, got {value!r}")
+        sub_hints = typing.get_type_hints(hint)
+        unknown = set(value) - set(sub_hints)
+        if unknown:
+            raise ValueError(f"unknown field(s) {', '.join(sorted(unknown))} in {hint.__name__}")
+        return hint(**{k: _coerce(v, sub_hints[k], from_text) for k, v in value.items()})
     if origin is dict or hint is dict:
         if not isinstance(value, Mapping):
             raise ValueError(f"expected a table, got {value!r}")
@@ -128,7 +138,24 @@ def build_config(
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
 
-    table = dict((toml or {}).get(section, {}) or {})
+    # Nested config dataclasses (rules.spike, ...) are sections of their own: [rules.spike] in
+    # TOML, CLIFFGUARD_RULES__SPIKE__K_CRIT in the environment, flags={"spike": {...}}.
+    nested = {n for n in names if dataclasses.is_dataclass(hints[n]) and isinstance(hints[n], type)}
+    for name in nested:
+        sub_flags = (flags or {}).get(name)
+        values[name] = build_config(
+            hints[name],
+            f"{section}.{name}",
+            toml=toml,
+            env=env,
+            flags=sub_flags if isinstance(sub_flags, Mapping) else None,
+            toml_source=toml_source,
+        )
+
+    table: Any = toml or {}
+    for part in section.split("."):
+        table = table.get(part, {}) if isinstance(table, Mapping) else {}
+    table = {k: v for k, v in dict(table or {}).items() if k not in nested}
     for key, raw in table.items():
         where = f"{toml_source} [{section}]"
         if key not in names:
@@ -139,11 +166,13 @@ def build_config(
             raise ConfigError(f"{section}.{key}", where, str(exc)) from None
         sources[key] = where
 
-    prefix = f"{ENV_PREFIX}{section.upper()}__"
+    prefix = f"{ENV_PREFIX}{section.upper().replace('.', '__')}__"
     for var, raw in env.items():
         if not var.startswith(prefix):
             continue
         key = var[len(prefix):].lower()
+        if "__" in key:
+            continue  # belongs to a nested section
         where = f"env {var}"
         if key not in names:
             raise ConfigError(f"{section}.{key}", where, f"unknown field; known: {', '.join(sorted(names))}")
@@ -154,8 +183,8 @@ def build_config(
         sources[key] = where
 
     for key, raw in (flags or {}).items():
-        if raw is None:
-            continue  # a flag that was not given
+        if raw is None or key in nested:
+            continue  # a flag that was not given, or a nested section handled above
         where = f"flag --{key.replace('_', '-')}"
         if key not in names:
             raise ConfigError(f"{section}.{key}", where, "unknown field")

@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
+if [ "$(id -u)" = 0 ]; then SUDO=""; ASPG="runuser -u postgres --"; else SUDO="sudo"; ASPG="sudo -u postgres"; fi
 need=()
 command -v pg_ctlcluster >/dev/null 2>&1 || need+=(postgresql)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
@@ -24,9 +24,9 @@ if [ -z "$cluster" ]; then $SUDO pg_createcluster "$ver" main >/dev/null; cluste
 $SUDO pg_ctlcluster $cluster start 2>/dev/null || true
 port=$(pg_lsclusters -h | awk 'NR==1{print $3}')
 for _ in $(seq 1 30); do pg_isready -q -h 127.0.0.1 -p "$port" && break; sleep 0.5; done
-$SUDO -u postgres psql -q -p "$port" -c "ALTER USER postgres PASSWORD 'cliffguard'" >/dev/null
-$SUDO -u postgres psql -q -p "$port" -tc "SELECT 1 FROM pg_database WHERE datname='cliffguard_test'" | grep -q 1 \
-  || $SUDO -u postgres createdb -p "$port" cliffguard_test
+$ASPG psql -q -p "$port" -c "ALTER USER postgres PASSWORD 'cliffguard'" >/dev/null
+$ASPG psql -q -p "$port" -tc "SELECT 1 FROM pg_database WHERE datname='cliffguard_test'" | grep -q 1 \
+  || $ASPG createdb -p "$port" cliffguard_test
 export CLIFFGUARD_TEST_PG_URL="postgresql+psycopg://postgres:cliffguard@127.0.0.1:${port}/cliffguard_test"
 
 echo "== ruff"
