@@ -1,0 +1,114 @@
+"""The in-process guard (DESIGN §6): the spike rule on the all-reduced loss, before the update.
+
+``Guard.decide(global_loss)`` runs ``agent.spike.SpikeDetector`` — the very code the controller
+runs — on the loss every rank got from the same all-reduce, so every rank reaches the same
+decision without talking:
+
+- ``ok`` / ``warn``: the update is applied (warn is reported in the step event);
+- ``skip``: loss at or above ``k_crit`` σ, or non-finite: ``optimizer.step()`` is not called on
+  any rank, so no bad update is applied; training goes on with the next batch;
+- ``hold``: ``hold_after`` consecutive skips: the update is skipped and the trainer holds
+  (heartbeats say ``held``) waiting for the controller's commands.
+
+Timeout policy while held. If no command arrives within ``hold_timeout_s`` the loop applies
+``on_timeout``, decided by rank 0 and broadcast so all ranks act at the same boundary:
+
+- ``rollback`` (default): restore the newest checkpoint at or before the first skipped step
+  (memory ring first, then disk) and multiply ``lr_scale`` by ``timeout_lr_factor`` (0.5) — what
+  the controller would have done for a real spike, taken locally when it is unreachable;
+- ``resume``: clear the hold and train on (for runs where a stall costs more than a bad step);
+- ``stop``: save a checkpoint and end the run with ``run.failed``.
+
+Any command received while held means the controller has taken over: the hold timeout is
+cancelled and the run follows the commands (pause → paused, resume/rollback → training).
+The detector's window and the consecutive-skip count are in ``state_dict`` so a rollback restores
+the guard exactly as it was at that step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.events import GuardDecision
+from agent.spike import Level, SpikeConfig, SpikeDetector, SpikeVerdict
+
+TIMEOUT_POLICIES = ("rollback", "resume", "stop")
+
+
+@dataclass(kw_only=True, slots=True)
+class GuardConfig:
+    enabled: bool = True
+    """Skip updates on critical losses. When false the guard only reports (never skips)."""
+    spike: SpikeConfig = field(default_factory=SpikeConfig)
+    """The spike rule's parameters (shared with the controller's rule)."""
+    hold_after: int = 3
+    """Consecutive skipped steps after which the trainer holds for the controller."""
+    hold_timeout_s: float = 120.0
+    """Seconds to wait, held, for a controller command before applying ``on_timeout``."""
+    on_timeout: str = "rollback"
+    """Local policy when held past the timeout: rollback, resume or stop."""
+    timeout_lr_factor: float = 0.5
+    """lr_scale multiplier applied by the local rollback policy."""
+
+    def __post_init__(self) -> None:
+        if self.hold_after < 1:
+            raise ValueError("hold_after: must be >= 1")
+        if self.hold_timeout_s <= 0:
+            raise ValueError("hold_timeout_s: must be > 0")
+        if self.on_timeout not in TIMEOUT_POLICIES:
+            raise ValueError(f"on_timeout: must be one of {', '.join(TIMEOUT_POLICIES)}")
+        if not 0 < self.timeout_lr_factor <= 1:
+            raise ValueError("timeout_lr_factor: must be in (0, 1]")
+
+
+class Guard:
+    """Stateful: the spike window, the run of consecutive skips, and the first skipped step."""
+
+    def __init__(self, config: GuardConfig | None = None) -> None:
+        self.config = config or GuardConfig()
+        self.detector = SpikeDetector(self.config.spike)
+        self.consecutive_skips = 0
+        self.first_skip_step: int | None = None
+        self.last_verdict: SpikeVerdict | None = None
+        self.trips = 0
+
+    def decide(self, loss: float, step: int) -> GuardDecision:
+        verdict = self.detector.observe(loss)
+        self.last_verdict = verdict
+        if verdict.level is Level.CRITICAL and self.config.enabled:
+            self.trips += 1
+            if self.consecutive_skips == 0:
+                self.first_skip_step = step
+            self.consecutive_skips += 1
+            if self.consecutive_skips >= self.config.hold_after:
+                return GuardDecision.HOLD
+            return GuardDecision.SKIP
+        self.consecutive_skips = 0
+        self.first_skip_step = None
+        if verdict.level is Level.OK and math.isfinite(loss):
+            return GuardDecision.OK
+        return GuardDecision.WARN
+
+    @staticmethod
+    def applies_update(decision: GuardDecision) -> bool:
+        return decision in (GuardDecision.OK, GuardDecision.WARN)
+
+    def clear_hold(self) -> None:
+        self.consecutive_skips = 0
+        self.first_skip_step = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "detector": self.detector.state_dict(),
+            "consecutive_skips": self.consecutive_skips,
+            "first_skip_step": self.first_skip_step,
+            "trips": self.trips,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.detector.load_state_dict(state["detector"])
+        self.consecutive_skips = int(state.get("consecutive_skips", 0))
+        self.first_skip_step = state.get("first_skip_step")
+        self.trips = int(state.get("trips", 0))

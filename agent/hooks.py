@@ -1,0 +1,429 @@
+"""The ``Agent``: observers on any Accelerate (or plain DDP / single-process) training loop.
+
+Attach in five lines::
+
+    agent = Agent(accelerator, model, optimizer, AgentConfig(run="my-run"), kafka=kafka_cfg, secret=secret)
+    agent.start()
+    ...  loss = model(x); agent.after_forward(loss, tokens=x.numel()); accelerator.backward(loss)
+    ...  agent.after_backward(); if agent.before_optimizer_step(): optimizer.step()
+    ...  agent.after_step(); for cmd in agent.poll_commands(): ...   # then agent.close()
+
+The single host sync. ``before_optimizer_step`` packs, on the device, one small tensor —
+``[per-rank loss slots (world) | pending-command flag | global grad-norm² | per-layer grad-norm²]``
+— all-reduces it once (SUM) and reads it once (``.tolist()``). Each rank writes its own loss into
+its own slot, so after the sum every rank holds every rank's loss (its ``loss_local`` and the
+global mean) without a second read; rank 0 writes the number of commands it has queued into the
+flag, so every rank learns at the same step that a command body is to be broadcast. Gradients
+are identical on every rank after DDP's all-reduce, so the norm slots are divided by the world
+size. That is the only per-step host sync; a ``grad_hist`` emission adds one on rank 0 every
+``hist_every`` steps.
+
+Commands: rank 0 polls the ``CommandListener`` (non-blocking) right before that all-reduce. When
+the flag is set, ``poll_commands()`` broadcasts the verified commands from rank 0
+(``broadcast_object_list``) and returns the same list on every rank; the caller applies them at
+that step boundary and rank 0 acks (``Agent.ack``). While paused or held there is no forward
+pass to carry the flag, so ``exchange()`` does a broadcast per tick instead.
+
+The guard decides on the all-reduced loss (identical on every rank), see ``agent/guard.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from agent.collectors.grad_hist import HistConfig, grad_histograms, layer_name
+from agent.collectors.memory import memory_stats
+from agent.collectors.mfu import ModelShape, mfu, resolve_peak
+from agent.collectors.timing import StepClock, attach_comm_timer
+from agent.events import AckStatus, Command, EventType, GuardDecision, make_event
+from agent.guard import Guard, GuardConfig
+from agent.heartbeat import Heartbeat
+
+log = logging.getLogger(__name__)
+
+SECRET_ENV = "CLIFFGUARD_COMMAND_SECRET"
+
+
+@dataclass(kw_only=True, slots=True)
+class AgentConfig:
+    run: str
+    """Run id: the Kafka key of every event and the run commands must name."""
+    hist_every: int = 100
+    """Emit per-layer gradient histograms every this many steps (0 = never)."""
+    layer_norms: bool = True
+    """Put per-layer gradient norms in every step event (carried by the same all-reduce)."""
+    heartbeat_s: float = 5.0
+    """Seconds between heartbeats of each rank (also while paused)."""
+    command_tick_s: float = 0.2
+    """While paused or held: seconds between command polls (each is one broadcast)."""
+    peak_flops: float | None = None
+    """Peak FLOP/s per device for MFU; unset = device table, else a matmul calibration."""
+    calibration_s: float = 0.3
+    """Seconds of matmul calibration when the peak is neither configured nor in the table."""
+    guard: GuardConfig = field(default_factory=GuardConfig)
+    """The in-process guard (spike rule before optimizer.step())."""
+    hist: HistConfig = field(default_factory=HistConfig)
+    """Fixed log2 bin edges of the gradient histograms."""
+    spill_dir: str = ""
+    """Where each rank's publisher spills events while the broker is down (default: temp dir)."""
+
+    def __post_init__(self) -> None:
+        if not self.run:
+            raise ValueError("run: must be set")
+        if self.hist_every < 0:
+            raise ValueError("hist_every: must be >= 0")
+        if self.heartbeat_s <= 0:
+            raise ValueError("heartbeat_s: must be > 0")
+        if self.command_tick_s <= 0:
+            raise ValueError("command_tick_s: must be > 0")
+        if self.peak_flops is not None and self.peak_flops <= 0:
+            raise ValueError("peak_flops: must be > 0")
+        if self.calibration_s <= 0:
+            raise ValueError("calibration_s: must be > 0")
+
+
+def load_secret(value: str | None = None) -> Any:
+    """The command secret from ``value`` or ``CLIFFGUARD_COMMAND_SECRET``; None when neither."""
+    from agent.signing import Secret
+
+    raw = value or os.environ.get(SECRET_ENV)
+    return Secret(raw) if raw else None
+
+
+class Agent:
+    """See the module docstring. One per process; every rank builds one."""
+
+    def __init__(
+        self,
+        accelerator: Any,
+        model: torch.nn.Module,
+        optimizer: Any,
+        config: AgentConfig,
+        *,
+        shape: ModelShape | None = None,
+        seq_len: int | None = None,
+        sink: Any = None,
+        kafka: Any = None,
+        publisher_config: Any = None,
+        secret: Any = None,
+        command_source: Any = None,
+    ) -> None:
+        self.config = config
+        self.model = model
+        self.optimizer = optimizer
+        if accelerator is not None:
+            self.rank, self.world, self.device = accelerator.process_index, accelerator.num_processes, accelerator.device
+        else:
+            self.rank = dist.get_rank() if dist.is_initialized() else 0
+            self.world = dist.get_world_size() if dist.is_initialized() else 1
+            self.device = next(model.parameters()).device
+        self.distributed = self.world > 1 and dist.is_available() and dist.is_initialized()
+        self.shape = shape
+        if self.shape is None and seq_len is not None:
+            self.shape = ModelShape.infer(model, seq_len)
+        self.guard = Guard(config.guard)
+        self.step = 0
+        self.state = "running"
+        self.lr_scale = 1.0
+        self.peak_flops = 0.0
+        self.peak_source = ""
+        self.sink = sink if sink is not None else self._make_publisher(kafka, publisher_config)
+        self.commands = command_source
+        if self.commands is None and self.rank == 0 and kafka is not None:
+            secret = secret if secret is not None else load_secret()
+            if secret is not None:
+                self.commands = self._make_listener(kafka, secret)
+            else:
+                log.warning("no command secret (%s): commands are not listened for", SECRET_ENV)
+        self.comm = attach_comm_timer(model)
+        self._params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self._layer_names = [layer_name(n) for n, _ in self._params]
+        self._clock = StepClock()
+        self._heartbeat: Heartbeat | None = None
+        self._pending: list[Command] = []
+        self._flag_seen = False
+        self._reset_step_accumulators()
+        self.last: dict[str, Any] = {}
+        self._closed = False
+
+    # ------------------------------------------------------------------ wiring
+    def _make_publisher(self, kafka: Any, publisher_config: Any) -> Any:
+        from agent import publisher as pub
+
+        if kafka is None:
+            return pub.NullSink()
+        if publisher_config is None:
+            spill_dir = self.config.spill_dir or tempfile.gettempdir()
+            publisher_config = pub.PublisherConfig(
+                spill_path=os.path.join(spill_dir, f"cliffguard-spill-{self.config.run}-r{self.rank}.bin")
+            )
+        p = pub.Publisher(kafka, publisher_config)
+        p.start()
+        return p
+
+    def _make_listener(self, kafka: Any, secret: Any) -> Any:
+        from agent.listener import CommandListener
+        from agent.signing import CommandVerifier
+
+        listener = CommandListener(kafka, self.config.run, CommandVerifier(self.config.run, secret), self._on_reject)
+        listener.start()
+        return listener
+
+    def _on_reject(self, cmd_id: str, cmd_type: str, status: AckStatus, detail: str) -> None:
+        log.warning("command %s (%s) %s: %s", cmd_id, cmd_type, status, detail)
+        self.emit(EventType.COMMAND_ACK, {"cmd": cmd_id, "cmd_type": cmd_type, "status": str(status), "detail": detail})
+
+    def emit(self, type: EventType, data: dict[str, Any], *, step: int | None = None) -> None:
+        """Validate and hand one event to the sink (never raises: a bad event is logged)."""
+        try:
+            ev = make_event(type, self.config.run, self.step if step is None else step, data, rank=self.rank, world=self.world)
+        except ValueError:
+            log.exception("dropping an invalid %s event", type)
+            return
+        self.sink.publish(ev)
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self, *, global_batch: int = 0, lr_schedule: dict[str, Any] | None = None, config: dict[str, Any] | None = None) -> None:
+        """Resolve the MFU peak (same on every rank), emit ``run.started`` (rank 0), start heartbeats."""
+        peak, source = resolve_peak(self.device, self.config.peak_flops, self.config.calibration_s)
+        if self.distributed and source == "calibration":
+            # Ranks calibrate concurrently and differ a little; all use the highest (a conservative MFU).
+            t = torch.tensor([peak], dtype=torch.float64, device=self.device)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            peak = float(t.item())
+        self.peak_flops, self.peak_source = peak, source
+        if self.rank == 0:
+            shape = self.shape or ModelShape(n_params=sum(p.numel() for _, p in self._params), n_layers=0, n_heads=0, head_dim=0, seq_len=0)
+            self.emit(EventType.RUN_STARTED, {
+                "n_params": shape.n_params, "n_layers": shape.n_layers, "n_heads": shape.n_heads,
+                "head_dim": shape.head_dim, "seq_len": shape.seq_len, "global_batch": global_batch,
+                "peak_flops": peak, "peak_source": source, "lr_schedule": lr_schedule or {},
+                "world_size": self.world, "config": config or {},
+            })
+        self._heartbeat = Heartbeat(self.config.heartbeat_s, self._beat, name=f"cliffguard-heartbeat-r{self.rank}").start()
+        self._clock.restart()
+
+    def _beat(self) -> None:
+        self.emit(EventType.HEARTBEAT, {"state": self.state})
+
+    def close(self, error: BaseException | str | None = None, *, final_loss: float | None = None) -> None:
+        """Emit run.finished/run.failed (rank 0) and close everything, each part even if another fails."""
+        if self._closed:
+            return
+        self._closed = True
+        self.state = "stopping"
+        if self.rank == 0:
+            if error is not None:
+                self.emit(EventType.RUN_FAILED, {"error": str(error) or type(error).__name__})
+            else:
+                data: dict[str, Any] = {"steps": self.step}
+                if final_loss is not None:
+                    data["final_loss"] = final_loss
+                self.emit(EventType.RUN_FINISHED, data)
+        for part in (self._heartbeat, self.commands, self.sink):
+            if part is None:
+                continue
+            try:
+                part.close()
+            except Exception:  # noqa: BLE001 - close the rest anyway
+                log.exception("closing %s failed", type(part).__name__)
+
+    # ------------------------------------------------------------------ per-step hooks
+    def _reset_step_accumulators(self) -> None:
+        self._loss_sum: torch.Tensor | None = None
+        self._micro = 0
+        self._tokens = 0
+        self._decision = GuardDecision.OK
+        self._global_loss = float("nan")
+        self._local_loss = float("nan")
+        self._grad_norm = float("nan")
+        self._layer_norms: dict[str, float] = {}
+        if getattr(self, "comm", None) is not None:
+            self.comm.reset()
+
+    def set_step(self, step: int) -> None:
+        """The optimizer step the next ``after_step`` closes (after a rollback or a resume)."""
+        self.step = step
+        self._reset_step_accumulators()
+        self._clock.restart()
+
+    @contextlib.contextmanager
+    def data_wait(self) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._clock.data_wait += time.perf_counter() - t0
+
+    def wrap_loader(self, loader: Iterable[Any]) -> Iterator[Any]:
+        """Yield from ``loader`` timing each fetch as data wait."""
+        it = iter(loader)
+        while True:
+            with self.data_wait():
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    return
+            yield batch
+
+    def after_forward(self, loss: torch.Tensor, *, tokens: int = 0) -> None:
+        """Record one micro-batch's loss (stays on device) and its token count on this rank."""
+        d = loss.detach().float().reshape(())
+        self._loss_sum = d if self._loss_sum is None else self._loss_sum + d
+        self._micro += 1
+        self._tokens += int(tokens)
+
+    def after_backward(self) -> None:
+        """Closes the backward: exposed gradient communication from the DDP hook."""
+        if self.comm is not None and self.comm.last_launch is not None:
+            self._clock.comm_exposed += self.comm.exposed_since(time.perf_counter())
+            self.comm.reset()
+
+    def before_optimizer_step(self) -> bool:
+        """The step's one all-reduce and host read, then the guard. True = apply the update."""
+        if self._loss_sum is None:
+            raise RuntimeError("before_optimizer_step: call after_forward(loss) first")
+        if self.rank == 0 and self.commands is not None:
+            self._pending.extend(self._poll_source())
+        w = self.world
+        dev = self._loss_sum.device
+        parts = [torch.zeros(w, device=dev)]
+        parts[0][self.rank] = self._loss_sum / max(self._micro, 1)
+        parts.append(torch.tensor([float(len(self._pending)) if self.rank == 0 else 0.0], device=dev))
+        names, sq = self._norms_sq()
+        if sq is not None:
+            parts.append(sq.sum().reshape(1).to(dev))
+            if self.config.layer_norms:
+                parts.append(sq.to(dev))
+        packed = torch.cat(parts).double()
+        if self.distributed:
+            t0 = time.perf_counter()
+            dist.all_reduce(packed)
+            values = packed.tolist()  # the one per-step host sync
+            self._clock.comm_exposed += time.perf_counter() - t0
+        else:
+            values = packed.tolist()
+        losses = values[:w]
+        self._local_loss = losses[self.rank]
+        self._global_loss = sum(losses) / w
+        self._flag_seen = values[w] > 0
+        if sq is not None:
+            self._grad_norm = (values[w + 1] / w) ** 0.5
+            if self.config.layer_norms:
+                self._layer_norms = {n: (v / w) ** 0.5 for n, v in zip(names, values[w + 2 :], strict=True)}
+        self._decision = self.guard.decide(self._global_loss, self.step)
+        if self.rank == 0 and self.config.hist_every and self.step % self.config.hist_every == 0:
+            self._emit_histograms()
+        return Guard.applies_update(self._decision)
+
+    def _norms_sq(self) -> tuple[list[str], torch.Tensor | None]:
+        names, sq = [], []
+        for (_n, p), ln in zip(self._params, self._layer_names, strict=True):
+            if p.grad is not None:
+                names.append(ln)
+                sq.append(torch.linalg.vector_norm(p.grad.detach().float()).square())
+        return (names, torch.stack(sq)) if sq else (names, None)
+
+    def _emit_histograms(self) -> None:
+        try:
+            layers = grad_histograms(self._params, self.config.hist)
+        except Exception:  # noqa: BLE001 - never break the step for a metric
+            log.exception("gradient histogram failed at step %d", self.step)
+            return
+        if layers:
+            self.emit(EventType.GRAD_HIST, {"edges": self.config.hist.edges(), "layers": layers})
+
+    @property
+    def decision(self) -> GuardDecision:
+        return self._decision
+
+    @property
+    def global_loss(self) -> float:
+        return self._global_loss
+
+    def after_step(self, *, skipped: bool | None = None, loss_scale: float = 1.0, clipped_layers: int = 0,
+                   sample_range: list[int] | None = None, lr: float | None = None) -> dict[str, Any]:
+        """Close the step: emit its ``step`` event (every rank) and advance the step counter."""
+        total, data_wait, comm, compute = self._clock.split()
+        if lr is None:
+            lr = float(self.optimizer.param_groups[0]["lr"]) if self.optimizer is not None else 0.0
+        fpt = self.shape.flops_per_token() if self.shape is not None else 0.0
+        alloc, reserved = memory_stats(self.device)
+        data: dict[str, Any] = {
+            "loss": self._global_loss, "loss_local": self._local_loss, "lr": lr, "lr_scale": self.lr_scale,
+            "grad_norm": self._grad_norm, "tokens": self._tokens, "step_time_s": total,
+            "data_wait_s": data_wait, "comm_exposed_s": comm, "compute_s": compute,
+            "tokens_per_s": self._tokens / total if total > 0 else 0.0,
+            "mfu": mfu(self._tokens, fpt, total, self.peak_flops), "mem_allocated": alloc, "mem_reserved": reserved,
+            "loss_scale": float(loss_scale),
+            "skipped": bool(skipped) if skipped is not None else not Guard.applies_update(self._decision),
+            "clipped_layers": int(clipped_layers), "guard": str(self._decision),
+        }
+        if self._layer_norms:
+            data["layer_grad_norms"] = self._layer_norms
+        if sample_range is not None:
+            data["sample_range"] = list(sample_range)
+        self.emit(EventType.STEP, data)
+        self.last = data
+        self.step += 1
+        self._reset_step_accumulators()
+        self._clock.restart()
+        return data
+
+    # ------------------------------------------------------------------ commands
+    def _poll_source(self) -> list[Command]:
+        try:
+            return list(self.commands.poll())
+        except Exception:  # noqa: BLE001 - a broken listener must not stop training
+            log.exception("command poll failed")
+            return []
+
+    def _broadcast(self, payload: Any) -> Any:
+        if not self.distributed:
+            return payload
+        box = [payload if self.rank == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def poll_commands(self) -> list[Command]:
+        """At the step boundary: the commands every rank applies now (same list on every rank)."""
+        if not self._flag_seen:
+            return []
+        self._flag_seen = False
+        cmds = self._broadcast(self._pending if self.rank == 0 else None)
+        self._pending = []
+        self._clock.restart()
+        return list(cmds or [])
+
+    def exchange(self, rank0_value: Any = None) -> tuple[list[Command], Any]:
+        """While paused/held (no step to carry the flag): rank 0's queued commands and a value
+        it decides (e.g. "the hold timed out"), broadcast so every rank acts on the same tick."""
+        if self.rank == 0 and self.commands is not None:
+            self._pending.extend(self._poll_source())
+        cmds, value = self._broadcast((self._pending, rank0_value) if self.rank == 0 else None)
+        self._pending = []
+        self._flag_seen = False
+        return list(cmds or []), value
+
+    def ack(self, cmd: Command, status: AckStatus, detail: str = "") -> None:
+        """Rank 0 reports a command's outcome (after applying it)."""
+        if self.rank == 0:
+            self.emit(EventType.COMMAND_ACK, {"cmd": cmd.id, "cmd_type": str(cmd.type), "status": str(status), "detail": detail})
+
+    # ------------------------------------------------------------------ checkpointed state
+    def state_dict(self) -> dict[str, Any]:
+        return {"guard": self.guard.state_dict(), "lr_scale": self.lr_scale}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.guard.load_state_dict(state["guard"])
+        self.lr_scale = float(state.get("lr_scale", self.lr_scale))

@@ -1,0 +1,124 @@
+"""Collectors: histograms (counts add up, bins are right), MFU formula and peak, timing, memory."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+import torch
+
+from agent.collectors.grad_hist import HistConfig, grad_histograms, layer_name
+from agent.collectors.memory import memory_stats
+from agent.collectors.mfu import ModelShape, calibrate_peak, mfu, resolve_peak, table_peak
+from agent.collectors.timing import StepClock
+from agent.events import GuardDecision
+from agent.guard import Guard, GuardConfig
+from agent.spike import SpikeConfig
+
+
+def _param(grad: torch.Tensor) -> torch.nn.Parameter:
+    p = torch.nn.Parameter(torch.zeros_like(grad))
+    p.grad = grad
+    return p
+
+
+def test_histogram_bins_counts_and_specials():
+    cfg = HistConfig(lo_exp=-4, hi_exp=2)
+    g = torch.tensor([0.0, 0.0, 1.0, 1.5, -0.25, 2**-6, 8.0, float("nan"), float("inf"), 0.5])
+    out = grad_histograms([("module.w", _param(g))], cfg)
+    layer = out["w"]  # the DDP prefix is stripped
+    assert layer["zeros"] == 2 and layer["nonfinite"] == 2
+    assert sum(layer["counts"]) + layer["zeros"] + layer["nonfinite"] == g.numel()
+    edges = cfg.edges()
+    # 1.0 and 1.5 share the [1, 2) bin; 0.5 in [0.5, 1); -0.25 in [0.25, 0.5); 2**-6 underflows into bin 0;
+    # 8.0 overflows into the last bin.
+    assert layer["counts"][edges.index(1.0)] == 2
+    assert layer["counts"][edges.index(0.5)] == 1
+    assert layer["counts"][edges.index(0.25)] == 1
+    assert layer["counts"][0] == 1 and layer["underflow"] == pytest.approx(1 / g.numel())
+    assert layer["counts"][-1] == 1
+    assert layer["max"] == 8.0
+    assert math.isnan(layer["norm"])  # non-finite gradients show in the norm
+
+
+def test_histogram_percentiles_and_norm_on_real_gradients():
+    torch.manual_seed(0)
+    g = torch.randn(1000)
+    layer = grad_histograms([("w", _param(g))], HistConfig())["w"]
+    a = g.abs()
+    assert layer["norm"] == pytest.approx(float(g.norm()), rel=1e-5)
+    assert layer["max"] == pytest.approx(float(a.max()))
+    assert layer["p50"] == pytest.approx(float(a.median()), rel=0.01)
+    assert layer["p99"] == pytest.approx(float(a.quantile(0.99)), rel=0.02)
+    assert layer["numel"] == 1000 and layer["zeros"] == 0
+
+
+def test_layer_name_strips_wrappers():
+    assert layer_name("module._orig_mod.h.0.attn.weight") == "h.0.attn.weight"
+
+
+def test_palm_flops_and_mfu():
+    shape = ModelShape(n_params=1_000_000, n_layers=4, n_heads=4, head_dim=32, seq_len=64)
+    assert shape.flops_per_token() == 6e6 + 12 * 4 * 4 * 32 * 64
+    assert mfu(1000, 1e6, 1.0, 1e10) == pytest.approx(0.1)
+    assert mfu(1000, 1e6, 0.0, 1e10) == 0.0
+
+
+def test_shape_infer_reads_nanogpt_and_hf_names():
+    class Cfg:
+        num_hidden_layers, num_attention_heads, hidden_size = 2, 4, 64
+
+    m = torch.nn.Linear(3, 3)
+    m.config = Cfg()
+    s = ModelShape.infer(m, seq_len=16)
+    assert (s.n_layers, s.n_heads, s.head_dim, s.seq_len, s.n_params) == (2, 4, 16, 16, 12)
+    with pytest.raises(ValueError, match="model"):
+        ModelShape.infer(torch.nn.Linear(2, 2), seq_len=4)
+
+
+def test_peak_sources():
+    cpu = torch.device("cpu")
+    assert table_peak(cpu) is None
+    assert resolve_peak(cpu, 5e12) == (5e12, "config")
+    peak, source = resolve_peak(cpu, None, calibration_s=0.05)
+    assert source == "calibration" and peak > 1e8
+    assert calibrate_peak(cpu, size=64, seconds=0.02) > 0
+
+
+def test_step_clock_split_adds_up():
+    clock = StepClock()
+    clock.data_wait = 0.01
+    clock.comm_exposed = 0.02
+    time.sleep(0.05)
+    total, data, comm, compute = clock.split()
+    assert total >= 0.05 and data == 0.01 and comm == 0.02
+    assert compute == pytest.approx(total - 0.03)
+
+
+def test_memory_stats_cpu_is_rss():
+    alloc, reserved = memory_stats(torch.device("cpu"))
+    assert alloc > 10_000_000 and reserved == alloc
+
+
+def test_guard_skips_crit_and_holds_after_consecutive_trips():
+    guard = Guard(GuardConfig(hold_after=3, spike=SpikeConfig(window=16, min_history=8)))
+    for i in range(10):
+        assert guard.decide(2.0 + 0.01 * (i % 3), i) is GuardDecision.OK
+    assert guard.decide(float("nan"), 10) is GuardDecision.SKIP
+    assert guard.decide(2.0, 11) is GuardDecision.OK  # the run of skips is broken
+    assert guard.decide(50.0, 12) is GuardDecision.SKIP
+    assert guard.decide(50.0, 13) is GuardDecision.SKIP
+    assert guard.decide(50.0, 14) is GuardDecision.HOLD
+    assert guard.first_skip_step == 12
+    state = guard.state_dict()
+    other = Guard(GuardConfig(hold_after=3, spike=SpikeConfig(window=16, min_history=8)))
+    other.load_state_dict(state)
+    assert other.state_dict() == state
+
+
+def test_guard_config_validation():
+    with pytest.raises(ValueError, match="on_timeout"):
+        GuardConfig(on_timeout="panic")
+    with pytest.raises(ValueError, match="hold_after"):
+        GuardConfig(hold_after=0)

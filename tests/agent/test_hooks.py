@@ -1,0 +1,136 @@
+"""The Agent on a single-process loop with the in-memory sink: every event type, guard, commands.
+
+The 2-process behaviour (all-reduce, broadcast, real broker) is in tests/trainer/test_train_e2e.py.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from agent.events import AckStatus, CommandType, EventType, make_command
+from agent.guard import GuardConfig
+from agent.hooks import Agent, AgentConfig
+from agent.publisher import InMemorySink
+from agent.spike import SpikeConfig
+from trainer.model import GPT, GPTConfig
+
+
+class FakeCommands:
+    def __init__(self) -> None:
+        self.queue: list = []
+        self.closed = False
+
+    def poll(self):
+        out, self.queue = self.queue, []
+        return out
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _setup(**cfg):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sink, source = InMemorySink(), FakeCommands()
+    config = AgentConfig(run="unit", heartbeat_s=0.05, calibration_s=0.05,
+                         guard=GuardConfig(spike=SpikeConfig(window=16, min_history=4)), **cfg)
+    agent = Agent(None, model, opt, config, seq_len=8, sink=sink, command_source=source)
+    return model, opt, agent, sink, source
+
+
+def _step(model, opt, agent, *, nan: bool = False) -> bool:
+    x = torch.randint(0, 256, (4, 8))
+    with agent.data_wait():
+        time.sleep(0.002)
+    _, loss = model(x, x)
+    if nan:
+        loss = loss * float("nan")
+    agent.after_forward(loss, tokens=x.numel())
+    loss.backward()
+    agent.after_backward()
+    ok = agent.before_optimizer_step()
+    if ok:
+        opt.step()
+    opt.zero_grad(set_to_none=True)
+    agent.after_step()
+    return ok
+
+
+def test_every_event_type_with_sane_values():
+    model, opt, agent, sink, source = _setup(hist_every=2)
+    agent.start(global_batch=4, lr_schedule={"kind": "constant"})
+    for _ in range(5):
+        _step(model, opt, agent)
+    time.sleep(0.12)
+    agent.close(final_loss=agent.global_loss)
+    by_type: dict[EventType, list] = {}
+    for ev in sink.events:
+        by_type.setdefault(ev.type, []).append(ev)
+    started = by_type[EventType.RUN_STARTED][0].data
+    assert started["peak_source"] == "calibration" and started["peak_flops"] > 0
+    assert started["n_params"] == model.num_params() and started["seq_len"] == 8
+    steps = by_type[EventType.STEP]
+    assert [e.step for e in steps] == [0, 1, 2, 3, 4]
+    for e in steps:
+        d = e.data
+        assert 0 < d["mfu"] <= 1
+        assert d["comm_exposed_s"] >= 0 and d["data_wait_s"] >= 0.002
+        assert d["step_time_s"] == pytest.approx(d["data_wait_s"] + d["comm_exposed_s"] + d["compute_s"])
+        assert d["loss"] == d["loss_local"] > 0 and d["grad_norm"] > 0
+        assert d["tokens"] == 32 and d["tokens_per_s"] > 0 and d["mem_allocated"] > 0
+        assert d["guard"] == "ok" and d["skipped"] is False
+        assert set(d["layer_grad_norms"]) == {n for n, _ in model.named_parameters()}
+    hists = by_type[EventType.GRAD_HIST]
+    assert [e.step for e in hists] == [0, 2, 4]
+    for e in hists:
+        layers = e.data["layers"]
+        total = sum(sum(v["counts"]) + v["zeros"] + v["nonfinite"] for v in layers.values())
+        assert total == model.num_params()
+    assert len(by_type[EventType.HEARTBEAT]) >= 2
+    assert by_type[EventType.RUN_FINISHED][0].data["steps"] == 5
+    assert source.closed and sink.closed
+
+
+def test_guard_skips_nan_step_without_update():
+    model, opt, agent, sink, _ = _setup(hist_every=0)
+    agent.start()
+    for _ in range(5):
+        _step(model, opt, agent)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    assert _step(model, opt, agent, nan=True) is False
+    after = dict(model.named_parameters())
+    assert all(torch.equal(before[n], after[n]) for n in before)
+    last = sink.events[-1] if sink.events[-1].type is EventType.STEP else [e for e in sink.events if e.type is EventType.STEP][-1]
+    assert last.data["guard"] == "skip" and last.data["skipped"] is True
+    assert _step(model, opt, agent) is True  # training goes on with the next batch
+    agent.close()
+
+
+def test_commands_reach_the_step_boundary_and_acks_are_emitted():
+    model, opt, agent, sink, source = _setup(hist_every=0)
+    agent.start()
+    _step(model, opt, agent)
+    assert agent.poll_commands() == []
+    cmd = make_command(CommandType.SET_LR_SCALE, "unit", {"lr_scale": 0.5})
+    source.queue.append(cmd)
+    _step(model, opt, agent)
+    got = agent.poll_commands()
+    assert [c.id for c in got] == [cmd.id]
+    agent.ack(cmd, AckStatus.APPLIED, "ok")
+    assert agent.poll_commands() == []  # delivered once
+    acks = [e for e in sink.events if e.type is EventType.COMMAND_ACK]
+    assert acks[0].data == {"cmd": cmd.id, "cmd_type": "set_lr_scale", "status": "applied", "detail": "ok"}
+    cmds, value = agent.exchange("tick")
+    assert cmds == [] and value == "tick"
+    agent.close()
+
+
+def test_agent_config_validation():
+    with pytest.raises(ValueError, match="run"):
+        AgentConfig(run="")
+    with pytest.raises(ValueError, match="heartbeat_s"):
+        AgentConfig(run="r", heartbeat_s=0)
