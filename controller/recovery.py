@@ -1,0 +1,481 @@
+"""The recovery state machine of one run: a declared table and a pure ``transition`` (no I/O).
+
+::
+
+    running ─spike─► pausing ─pause_applied─► validating ─validation_normal─► resuming ─resume_applied─► running
+                                                  │
+                                                  ├─validation_abnormal─► rolling_back ─rollback_applied─► recovering
+                                                  │                            │  ▲ rollback_failed (older target)      │
+                                                  │                            └──┘                          recovered ─► running
+                                                  └─budget_exhausted / no_target ─► halted ◄─ command_gave_up / command_refused
+    recovering ─spike─► pausing (same incident)        halted ─operator_resumed─► running
+
+``transition(state, input) -> (state, actions)`` maps each input (a verdict, a step, a checkpoint,
+an ack, a validation result, a tick) to at most one trigger of the table, guarded by the named
+predicates in ``GUARDS``; inputs that do not concern the current phase (a stale ack, a second
+spike while already pausing) change nothing. ``fire(phase, trigger)`` raises
+``TransitionNotAllowed`` for a move the table does not declare, so a bug can never walk the
+machine somewhere undeclared. Every transition yields a ``RecordTransition`` with its reason and
+evidence (window stats, verdict, validation numbers).
+
+Rollback target: the newest *stable* checkpoint at or before the incident's onset step (the first
+step of the excursion). A checkpoint becomes stable after ``stable_window`` healthy steps follow
+it, or when a validation passes after it. Each rollback multiplies the LR scale by ``lr_factor``
+(cumulative; the command carries the absolute scale).
+
+Validation without a healthy baseline (no periodic validation seen yet) counts as abnormal: a
+rollback to a stable checkpoint costs some steps, resuming a damaged model costs the run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from agent.events import AckStatus, CommandType
+from agent.spike import Level
+from controller.recovery_types import (
+    AckIn,
+    ActionT,
+    Alert,
+    Checkpoint,
+    CheckpointIn,
+    CloseIncident,
+    Incident,
+    Input,
+    MarkCommand,
+    MarkStable,
+    OpenIncident,
+    Pending,
+    Phase,
+    ProgressIn,
+    RecordTransition,
+    RecoveryConfig,
+    RecoveryState,
+    SendCommand,
+    TickIn,
+    ValidationIn,
+    VerdictIn,
+)
+from controller.verdict import Action
+
+UNHEALTHY_KEEP = 64
+ISSUED_KEEP = 32
+
+
+class TransitionNotAllowed(RuntimeError):
+    def __init__(self, phase: Phase, trigger: str) -> None:
+        super().__init__(f"no transition from {phase} on {trigger}")
+        self.phase = phase
+        self.trigger = trigger
+
+
+# (from phase, trigger) -> to phase. The complete list of legal moves.
+TRANSITIONS: dict[tuple[Phase, str], Phase] = {
+    (Phase.RUNNING, "spike"): Phase.PAUSING,
+    (Phase.RECOVERING, "spike"): Phase.PAUSING,
+    (Phase.PAUSING, "pause_applied"): Phase.VALIDATING,
+    (Phase.VALIDATING, "validation_normal"): Phase.RESUMING,
+    (Phase.VALIDATING, "validation_abnormal"): Phase.ROLLING_BACK,
+    (Phase.VALIDATING, "budget_exhausted"): Phase.HALTED,
+    (Phase.VALIDATING, "no_target"): Phase.HALTED,
+    (Phase.ROLLING_BACK, "rollback_applied"): Phase.RECOVERING,
+    (Phase.ROLLING_BACK, "rollback_failed"): Phase.ROLLING_BACK,
+    (Phase.ROLLING_BACK, "no_target"): Phase.HALTED,
+    (Phase.RECOVERING, "recovered"): Phase.RUNNING,
+    (Phase.RESUMING, "resume_applied"): Phase.RUNNING,
+    (Phase.HALTED, "operator_resumed"): Phase.RUNNING,
+}
+WAITING = (Phase.PAUSING, Phase.VALIDATING, Phase.ROLLING_BACK, Phase.RESUMING)
+for _p in WAITING:
+    TRANSITIONS[(_p, "command_retry")] = _p
+    TRANSITIONS[(_p, "command_gave_up")] = Phase.HALTED
+    TRANSITIONS[(_p, "command_refused")] = Phase.HALTED
+
+def fire(phase: Phase, trigger: str) -> Phase:
+    """The phase after ``trigger`` in ``phase``; raises TransitionNotAllowed if undeclared."""
+    try:
+        return TRANSITIONS[(phase, trigger)]
+    except KeyError:
+        raise TransitionNotAllowed(phase, trigger) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Guards: named predicates, each a pure function of (config, state, ...)
+# ---------------------------------------------------------------------------------------------
+
+
+def starts_incident(cfg: RecoveryConfig, s: RecoveryState, inp: VerdictIn) -> bool:
+    return inp.verdict.action is Action.RECOVER and s.phase in (Phase.RUNNING, Phase.RECOVERING)
+
+
+def is_abnormal(cfg: RecoveryConfig, s: RecoveryState, val_loss: float) -> bool:
+    base = s.baseline()
+    if base is None or not math.isfinite(val_loss):
+        return True
+    return val_loss > base * (1 + cfg.val_margin_rel) + cfg.val_margin_abs
+
+
+def within_budget(cfg: RecoveryConfig, s: RecoveryState, now: float) -> bool:
+    recent = [t for t in s.rollback_times if now - t < cfg.rollback_window_s]
+    return len(recent) < cfg.rollback_budget
+
+
+def rollback_target(cfg: RecoveryConfig, s: RecoveryState, before: int) -> Checkpoint | None:
+    """Newest stable checkpoint at or before ``before``."""
+    cands = [c for c in s.checkpoints if c.stable and c.step <= before]
+    return max(cands, key=lambda c: c.step) if cands else None
+
+
+def can_retry(cfg: RecoveryConfig, s: RecoveryState) -> bool:
+    return s.pending is not None and s.pending.attempt < cfg.max_attempts
+
+
+def timed_out(cfg: RecoveryConfig, s: RecoveryState, now: float) -> bool:
+    if s.pending is None:
+        return False
+    limit = cfg.validate_timeout_s if s.pending.type is CommandType.VALIDATE else cfg.command_timeout_s
+    return now - s.pending.sent_at >= limit
+
+
+def is_recovered(cfg: RecoveryConfig, s: RecoveryState) -> bool:
+    assert s.incident is not None and s.incident.rollback_to is not None
+    healthy_since = max([s.incident.rollback_to, *s.unhealthy_steps])
+    return s.last_step - healthy_since >= cfg.recover_window
+
+
+def is_stable(cfg: RecoveryConfig, s: RecoveryState, c: Checkpoint) -> bool:
+    if s.last_step < c.step + cfg.stable_window:
+        return False
+    return not any(c.step < u <= c.step + cfg.stable_window for u in s.unhealthy_steps)
+
+
+def is_ours(cfg: RecoveryConfig, s: RecoveryState, cmd_id: str) -> bool:
+    return s.pending is not None and s.pending.id == cmd_id
+
+
+GUARDS: dict[str, Callable[..., Any]] = {
+    "starts_incident": starts_incident,
+    "is_abnormal": is_abnormal,
+    "within_budget": within_budget,
+    "rollback_target": rollback_target,
+    "can_retry": can_retry,
+    "timed_out": timed_out,
+    "is_recovered": is_recovered,
+    "is_stable": is_stable,
+    "is_ours": is_ours,
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# The transition function
+# ---------------------------------------------------------------------------------------------
+
+
+class _Step:
+    """Collects the actions of one ``transition`` call on a private copy of the state."""
+
+    def __init__(self, cfg: RecoveryConfig, state: RecoveryState) -> None:
+        self.cfg = cfg
+        self.s = state.clone()
+        self.actions: list[ActionT] = []
+
+    def move(self, trigger: str, reason: str, evidence: dict[str, Any], now: float) -> None:
+        s = self.s
+        before = s.phase
+        s.phase = fire(before, trigger)
+        inc = s.incident
+        self.actions.append(
+            RecordTransition(
+                from_state=before, to_state=s.phase, trigger=trigger, reason=reason, evidence=evidence,
+                incident_id=inc.id if inc else None, step=s.last_step if s.last_step >= 0 else None, ts=now,
+            )
+        )
+
+    def send(self, ctype: CommandType, args: dict[str, Any], now: float, reason: str, attempt: int = 1) -> None:
+        s = self.s
+        cmd_id = s.new_id("cmd")
+        s.pending = Pending(id=cmd_id, type=ctype, args=args, sent_at=now, attempt=attempt)
+        s.issued = (*s.issued, cmd_id)[-ISSUED_KEEP:]
+        self.actions.append(
+            SendCommand(
+                id=cmd_id, type=ctype, args=args, incident_id=s.incident.id if s.incident else None,
+                attempt=attempt, ttl_s=self.cfg.command_ttl_s, reason=reason,
+            )
+        )
+
+    def alert(self, level: str, rule: str, title: str, body: str, evidence: dict[str, Any], action: str = "trigger") -> None:
+        inc = self.s.incident
+        self.actions.append(
+            Alert(level=level, rule=rule, title=title, body=body, incident_id=inc.id if inc else None,
+                  action=action, evidence=evidence)
+        )
+
+    def halt(self, trigger: str, reason: str, evidence: dict[str, Any], now: float) -> None:
+        s = self.s
+        self.move(trigger, reason, evidence, now)
+        s.pending = None
+        inc = s.incident
+        assert inc is not None  # commands are only sent within an incident
+        self.actions.append(CloseIncident(id=inc.id, outcome="halted", closed_at=None,
+                                          rollback_to=inc.rollback_to, lr_scale=s.lr_scale))
+        self.alert("critical", inc.rule, f"run {s.run} halted: human needed", reason, evidence)
+
+
+def transition(cfg: RecoveryConfig, state: RecoveryState, inp: Input) -> tuple[RecoveryState, list[ActionT]]:
+    """Pure: the next state and the actions for one input. ``state`` is not modified."""
+    st = _Step(cfg, state)
+    if isinstance(inp, VerdictIn):
+        _on_verdict(st, inp)
+    elif isinstance(inp, ProgressIn):
+        _on_progress(st, inp)
+    elif isinstance(inp, CheckpointIn):
+        _on_checkpoint(st, inp)
+    elif isinstance(inp, AckIn):
+        _on_ack(st, inp)
+    elif isinstance(inp, ValidationIn):
+        _on_validation(st, inp)
+    elif isinstance(inp, TickIn):
+        _on_tick(st, inp)
+    else:
+        raise TypeError(f"not a recovery input: {type(inp).__name__}")
+    return st.s, st.actions
+
+
+def _verdict_evidence(v: Any) -> dict[str, Any]:
+    return {"rule": v.rule, "level": str(v.level), "step": v.step, "onset_step": v.onset_step,
+            "rank": v.rank, "message": v.message, "window": v.evidence}
+
+
+def _on_verdict(st: _Step, inp: VerdictIn) -> None:
+    cfg, s, v = st.cfg, st.s, inp.verdict
+    if v.rule in cfg.health_rules and v.level is not Level.OK:
+        s.unhealthy_steps = (*s.unhealthy_steps, v.step)[-UNHEALTHY_KEEP:]
+    if v.action is not Action.RECOVER:
+        if v.level is not Level.OK:
+            st.alert(str(v.level), v.rule, f"{v.rule} on run {s.run} at step {v.step}", v.message, _verdict_evidence(v))
+        return
+    if not starts_incident(cfg, s, inp):
+        return  # already handling an incident (or halted): the verdict is in the stored metrics
+    evidence = _verdict_evidence(v)
+    onset = v.onset_step if v.onset_step is not None else v.step
+    if s.incident is None:
+        inc = Incident(id=s.new_id("incident"), rule=v.rule, level=str(v.level), spike_step=v.step,
+                       onset_step=onset, opened_at=inp.now, sample_end=s.last_sample_end, evidence=evidence)
+        s.incident = inc
+        st.actions.append(OpenIncident(id=inc.id, rule=inc.rule, level=inc.level, spike_step=v.step,
+                                       onset_step=onset, opened_at=inp.now, evidence=evidence))
+        reason = f"{v.rule} {v.level} at step {v.step} (onset {onset}): {v.message}"
+    else:
+        # A new spike while recovering continues the same incident: its rollbacks count together.
+        s.incident = replace(s.incident, spike_step=v.step, onset_step=onset, sample_end=s.last_sample_end)
+        reason = f"{v.rule} again at step {v.step} (onset {onset}) while recovering: {v.message}"
+    st.move("spike", reason, evidence, inp.now)
+    st.send(CommandType.PAUSE, {"reason": reason[:200]}, inp.now, reason)
+    st.alert("critical", v.rule, f"{v.rule} on run {s.run} at step {v.step}: pausing", v.message, evidence)
+
+
+def _on_progress(st: _Step, inp: ProgressIn) -> None:
+    cfg, s = st.cfg, st.s
+    s.last_step = max(s.last_step, inp.step) if s.phase is not Phase.RECOVERING else inp.step
+    if inp.sample_end is not None:
+        s.last_sample_end = inp.sample_end
+    _mark_stable(st, f"{cfg.stable_window} healthy steps followed it")
+    if s.phase is Phase.RECOVERING and is_recovered(cfg, s):
+        inc = s.incident
+        assert inc is not None
+        ev = {"rollback_to": inc.rollback_to, "step": s.last_step, "lr_scale": s.lr_scale,
+              "healthy_steps": cfg.recover_window}
+        st.move("recovered", f"{cfg.recover_window} healthy steps since the rollback to step {inc.rollback_to}",
+                ev, inp.now)
+        st.actions.append(CloseIncident(id=inc.id, outcome="rolled_back", closed_at=inp.now,
+                                        rollback_to=inc.rollback_to, lr_scale=s.lr_scale))
+        st.alert("info", inc.rule, f"run {s.run} recovered", f"healthy since the rollback to step {inc.rollback_to}",
+                 ev, action="resolve")
+        s.incident = None
+
+
+def _mark_stable(st: _Step, reason: str, upto: int | None = None) -> None:
+    """Stabilise checkpoints: by the healthy window, or all at/before ``upto`` (passed validation)."""
+    s = st.s
+    changed = []
+    for c in s.checkpoints:
+        if c.stable:
+            changed.append(c)
+            continue
+        ok = c.step <= upto if upto is not None else is_stable(st.cfg, s, c)
+        if ok:
+            c = replace(c, stable=True)
+            st.actions.append(MarkStable(step=c.step, kind=c.kind, reason=reason))
+        changed.append(c)
+    s.checkpoints = tuple(changed)
+
+
+def _on_checkpoint(st: _Step, inp: CheckpointIn) -> None:
+    s = st.s
+    if not inp.verified and inp.kind != "memory":
+        return  # an unverified disk checkpoint is no rollback target (its verified event follows)
+    if any(c.step == inp.step for c in s.checkpoints):
+        return
+    end = s.last_sample_end if s.last_step == inp.step else None
+    cps = sorted((*s.checkpoints, Checkpoint(step=inp.step, kind=inp.kind, sample_end=end)), key=lambda c: c.step)
+    while len(cps) > st.cfg.max_checkpoints:
+        # forget the oldest, but never the newest stable one: it is the likeliest rollback target
+        newest_stable = rollback_target(st.cfg, s, cps[-1].step)
+        cps.pop(1 if cps[0] == newest_stable else 0)
+    s.checkpoints = tuple(cps)
+    _mark_stable(st, f"{st.cfg.stable_window} healthy steps followed it")
+
+
+def _on_validation(st: _Step, inp: ValidationIn) -> None:
+    cfg, s = st.cfg, st.s
+    base = s.baseline()
+    ev = {"val_loss": inp.val_loss, "batches": inp.batches, "baseline": base, "step": inp.step,
+          "margin_rel": cfg.val_margin_rel, "margin_abs": cfg.val_margin_abs}
+    if inp.cmd is None:
+        if is_abnormal(cfg, s, inp.val_loss) and base is not None:
+            st.alert("warn", "validation", f"run {s.run}: validation above baseline at step {inp.step}",
+                     f"val_loss {inp.val_loss:.4f} vs baseline {base:.4f}", ev)
+            return
+        s.val_baseline = (*s.val_baseline, inp.val_loss)[-cfg.baseline_window:] if math.isfinite(inp.val_loss) else s.val_baseline
+        if math.isfinite(inp.val_loss):
+            _mark_stable(st, f"validation passed at step {inp.step}", upto=inp.step)
+        return
+    if s.phase is not Phase.VALIDATING or not is_ours(cfg, s, inp.cmd):
+        return  # an answer to a command we no longer wait for
+    inc = s.incident
+    assert inc is not None
+    if not is_abnormal(cfg, s, inp.val_loss):
+        _mark_stable(st, f"validation passed at step {inp.step}", upto=inp.step)
+        reason = f"validation normal: {inp.val_loss:.4f} within margin of baseline {base:.4f}"
+        st.move("validation_normal", reason, ev, inp.now)
+        st.send(CommandType.RESUME, {"reason": "validation normal"}, inp.now, reason)
+        return
+    why = "no healthy validation baseline yet" if base is None else f"{inp.val_loss:.4f} > baseline {base:.4f} + margin"
+    if not within_budget(cfg, s, inp.now):
+        ev["rollbacks_in_window"] = len([t for t in s.rollback_times if inp.now - t < cfg.rollback_window_s])
+        ev["budget"] = cfg.rollback_budget
+        st.halt("budget_exhausted", f"validation abnormal ({why}) and the rollback budget "
+                f"({cfg.rollback_budget} per {cfg.rollback_window_s:.0f}s) is spent", ev, inp.now)
+        return
+    target = rollback_target(cfg, s, inc.onset_step)
+    if target is None:
+        st.halt("no_target", f"validation abnormal ({why}) and no stable checkpoint at or before step {inc.onset_step}",
+                ev, inp.now)
+        return
+    _start_rollback(st, "validation_abnormal", target, f"validation abnormal: {why}", ev, inp.now)
+
+
+def _start_rollback(st: _Step, trigger: str, target: Checkpoint, why: str, ev: dict[str, Any], now: float) -> None:
+    cfg, s = st.cfg, st.s
+    inc = s.incident
+    assert inc is not None
+    scale = s.lr_scale * cfg.lr_factor if trigger == "validation_abnormal" else s.lr_scale
+    args: dict[str, Any] = {"to_step": target.step, "lr_scale": scale}
+    if cfg.skip_data and target.sample_end is not None and inc.sample_end is not None and inc.sample_end > target.sample_end:
+        args["skip_data"] = [target.sample_end, inc.sample_end]
+    ev = {**ev, "target": {"step": target.step, "kind": target.kind}, "lr_scale": scale, "onset_step": inc.onset_step}
+    reason = f"{why}; rolling back to stable checkpoint {target.step} ({target.kind}) with lr_scale {scale:g}"
+    st.move(trigger, reason, ev, now)
+    s.lr_scale = scale
+    s.incident = replace(inc, rollback_to=target.step)
+    st.send(CommandType.ROLLBACK, args, now, reason)
+
+
+def _on_ack(st: _Step, inp: AckIn) -> None:
+    cfg, s = st.cfg, st.s
+    if not is_ours(cfg, s, inp.cmd_id):
+        if (s.phase is Phase.HALTED and inp.status is AckStatus.APPLIED and inp.cmd_id not in s.issued
+                and inp.cmd_type in (CommandType.RESUME, CommandType.ROLLBACK)):
+            st.move("operator_resumed", f"an operator {inp.cmd_type} was applied: {inp.detail}",
+                    {"cmd": inp.cmd_id, "cmd_type": inp.cmd_type, "detail": inp.detail}, inp.now)
+            inc = s.incident
+            assert inc is not None  # halted always holds the incident that halted it
+            st.actions.append(CloseIncident(id=inc.id, outcome="halted", closed_at=inp.now,
+                                            rollback_to=inc.rollback_to, lr_scale=s.lr_scale))
+            st.alert("info", inc.rule, f"run {s.run} resumed by an operator", inp.detail, {}, action="resolve")
+            s.incident = None
+        return
+    pend = s.pending
+    assert pend is not None
+    ev = {"cmd": pend.id, "cmd_type": str(pend.type), "status": str(inp.status), "detail": inp.detail,
+          "attempt": pend.attempt}
+    if inp.status is AckStatus.APPLIED:
+        _on_applied(st, pend, ev, inp.now)
+    elif inp.status is AckStatus.DUPLICATE:
+        return  # the trainer saw this id before; the first delivery's ack decides
+    elif inp.status is AckStatus.EXPIRED:
+        _retry_or_give_up(st, f"{pend.type} expired before the trainer applied it", ev, inp.now)
+    elif inp.status is AckStatus.FAILED and pend.type is CommandType.ROLLBACK:
+        inc = s.incident
+        assert inc is not None
+        failed_step = int(pend.args["to_step"])
+        s.checkpoints = tuple(c for c in s.checkpoints if c.step != failed_step)
+        target = rollback_target(cfg, s, failed_step - 1)
+        if target is None:
+            st.halt("no_target", f"rollback to {failed_step} failed ({inp.detail}) and no older stable checkpoint",
+                    ev, inp.now)
+            return
+        _start_rollback(st, "rollback_failed", target, f"rollback to {failed_step} failed ({inp.detail})", ev, inp.now)
+    else:  # rejected, or a non-rollback command failed: resending the same thing cannot help
+        st.halt("command_refused", f"{pend.type} was {inp.status} by the trainer: {inp.detail}", ev, inp.now)
+
+
+def _on_applied(st: _Step, pend: Pending, ev: dict[str, Any], now: float) -> None:
+    s = st.s
+    if pend.type is CommandType.PAUSE:
+        st.move("pause_applied", "the trainer paused; validating the frozen weights", ev, now)
+        st.send(CommandType.VALIDATE, {}, now, "validate the frozen weights")
+    elif pend.type is CommandType.VALIDATE:
+        s.pending = replace(pend, acked=True)  # the validation event itself decides
+    elif pend.type is CommandType.ROLLBACK:
+        inc = s.incident
+        assert inc is not None
+        st.move("rollback_applied", f"rolled back to step {inc.rollback_to} ({ev['detail']}); training continues",
+                ev, now)
+        s.pending = None
+        s.rollback_times = (*s.rollback_times, now)[-max(st.cfg.rollback_budget, 1) * 2:]
+        s.incident = replace(inc, rollbacks=inc.rollbacks + 1)
+        s.last_step = int(pend.args["to_step"])
+        s.checkpoints = tuple(c for c in s.checkpoints if c.step <= s.last_step)
+        s.unhealthy_steps = tuple(u for u in s.unhealthy_steps if u <= s.last_step)
+    else:  # RESUME
+        inc = s.incident
+        assert inc is not None
+        st.move("resume_applied", "resumed: the spike was transient", ev, now)
+        s.pending = None
+        st.actions.append(CloseIncident(id=inc.id, outcome="resumed", closed_at=now, rollback_to=None,
+                                        lr_scale=s.lr_scale))
+        st.alert("info", inc.rule, f"run {s.run} resumed", "validation was normal; the spike was transient",
+                 ev, action="resolve")
+        s.incident = None
+
+
+def _on_tick(st: _Step, inp: TickIn) -> None:
+    s = st.s
+    if s.phase not in WAITING or not timed_out(st.cfg, s, inp.now):
+        return
+    pend = s.pending
+    assert pend is not None
+    ev = {"cmd": pend.id, "cmd_type": str(pend.type), "attempt": pend.attempt, "waited_s": inp.now - pend.sent_at}
+    _retry_or_give_up(st, f"no answer to {pend.type} after {inp.now - pend.sent_at:.0f}s", ev, inp.now)
+
+
+def _retry_or_give_up(st: _Step, why: str, ev: dict[str, Any], now: float) -> None:
+    cfg, s = st.cfg, st.s
+    pend = s.pending
+    assert pend is not None
+    st.actions.append(MarkCommand(id=pend.id, status="timeout", detail=why))
+    if can_retry(cfg, s):
+        st.move("command_retry", f"{why}; resending (attempt {pend.attempt + 1} of {cfg.max_attempts})", ev, now)
+        st.send(pend.type, pend.args, now, why, attempt=pend.attempt + 1)
+        st.alert("warn", "command_timeout", f"run {s.run}: {pend.type} unanswered, resent", why, ev)
+        return
+    st.halt("command_gave_up", f"{why}; gave up after {pend.attempt} attempts", ev, now)
+
+
+def new_state(run: str, salt: str) -> RecoveryState:
+    """The state of a run the controller has not seen before (``salt``: random text)."""
+    return RecoveryState(run=run, salt=salt)

@@ -1,0 +1,353 @@
+"""The vocabulary of the recovery state machine: its config, state, inputs and actions.
+
+Everything here is plain data. ``controller.recovery`` holds the transition function; the service
+turns inputs from Kafka events and actions into SQL rows and outbox messages.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import asdict, dataclass, field, replace
+from enum import StrEnum
+from typing import Any
+
+from agent.events import AckStatus, CommandType
+from controller.verdict import Verdict
+
+
+class Phase(StrEnum):
+    """States of one run's recovery (DESIGN §5)."""
+
+    RUNNING = "running"  # training, watched
+    PAUSING = "pausing"  # pause sent, waiting for its ack
+    VALIDATING = "validating"  # paused; validate sent, waiting for the validation result
+    ROLLING_BACK = "rolling_back"  # rollback sent, waiting for its ack
+    RECOVERING = "recovering"  # rolled back, training again; waiting for a healthy window
+    RESUMING = "resuming"  # validation was normal; resume sent, waiting for its ack
+    HALTED = "halted"  # human needed (rollback budget spent, no target, command refused)
+
+
+@dataclass(kw_only=True, slots=True)
+class RecoveryConfig:
+    stable_window: int = 50
+    """Healthy steps after a checkpoint before it counts as stable (a rollback target). At 50 steps
+    a spike's excursion (typically < 20 steps) has time to show, while the newest stable checkpoint
+    stays close to the present."""
+    recover_window: int = 50
+    """Healthy steps after a rollback before the incident closes as recovered."""
+    lr_factor: float = 0.5
+    """LR multiplier per rollback, cumulative (PaLM-style halving)."""
+    skip_data: bool = False
+    """Also skip the data consumed between the rollback target and the spike (PaLM skipped
+    ~200-500 batches around each spike)."""
+    rollback_budget: int = 3
+    """Rollbacks allowed within ``rollback_window_s``; one more validation failure halts."""
+    rollback_window_s: float = 3600.0
+    """Window of the rollback budget, in seconds."""
+    val_margin_rel: float = 0.05
+    """Validation is abnormal when above the healthy baseline by more than this fraction."""
+    val_margin_abs: float = 0.0
+    """...plus this absolute amount (for losses near zero)."""
+    baseline_window: int = 5
+    """Periodic (healthy) validations whose median is the baseline."""
+    command_timeout_s: float = 30.0
+    """Seconds to wait for an ack of pause/resume/rollback before resending."""
+    validate_timeout_s: float = 120.0
+    """Seconds to wait for the validation result of a validate command before resending."""
+    max_attempts: int = 3
+    """Sends of one command (first + retries) before giving up with a critical alert."""
+    command_ttl_s: float = 60.0
+    """Lifetime of a sent command (the trainer refuses it as expired afterwards)."""
+    health_rules: tuple[str, ...] = ("loss_spike", "divergence", "nonfinite")
+    """Rules whose warn/critical verdicts make a step unhealthy (for stability and recovery)."""
+    max_checkpoints: int = 64
+    """Checkpoints remembered per run (oldest forgotten first; stable ones last)."""
+
+    def __post_init__(self) -> None:
+        if self.stable_window < 1:
+            raise ValueError("stable_window: must be >= 1")
+        if self.recover_window < 1:
+            raise ValueError("recover_window: must be >= 1")
+        if not 0 < self.lr_factor <= 1:
+            raise ValueError("lr_factor: must be in (0, 1]")
+        if self.rollback_budget < 0:
+            raise ValueError("rollback_budget: must be >= 0")
+        if self.rollback_window_s <= 0:
+            raise ValueError("rollback_window_s: must be > 0")
+        if self.val_margin_rel < 0 or self.val_margin_abs < 0:
+            raise ValueError("val_margin_rel: margins must be >= 0")
+        if self.baseline_window < 1:
+            raise ValueError("baseline_window: must be >= 1")
+        if self.command_timeout_s <= 0 or self.validate_timeout_s <= 0:
+            raise ValueError("command_timeout_s: timeouts must be > 0")
+        if self.max_attempts < 1:
+            raise ValueError("max_attempts: must be >= 1")
+        if self.command_ttl_s <= 0:
+            raise ValueError("command_ttl_s: must be > 0")
+        if self.max_checkpoints < 1:
+            raise ValueError("max_checkpoints: must be >= 1")
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs: what the service feeds the machine, already typed
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class VerdictIn:
+    """A rule's verdict. Action.RECOVER starts (or continues) an incident; others alert."""
+
+    verdict: Verdict
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressIn:
+    """A global training step was seen (rank 0's step event), after its verdicts."""
+
+    step: int
+    now: float
+    sample_end: int | None = None
+    """End (exclusive) of the sample indices this step consumed, when the trainer reports it."""
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointIn:
+    step: int
+    kind: str
+    verified: bool
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class AckIn:
+    cmd_id: str
+    status: AckStatus
+    now: float
+    cmd_type: str | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ValidationIn:
+    """A validation result; ``cmd`` is the validate command it answers, None when periodic."""
+
+    step: int
+    val_loss: float
+    batches: int
+    now: float
+    cmd: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TickIn:
+    """Time passes: command timeouts are judged against ``now``."""
+
+    now: float
+
+
+Input = VerdictIn | ProgressIn | CheckpointIn | AckIn | ValidationIn | TickIn
+
+
+# ---------------------------------------------------------------------------------------------
+# Actions: what the machine asks the edges to do, as plain data
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SendCommand:
+    id: str
+    type: CommandType
+    args: dict[str, Any]
+    incident_id: str | None
+    attempt: int
+    ttl_s: float
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class MarkCommand:
+    """A command this machine gave up waiting for (status ``timeout``)."""
+
+    id: str
+    status: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class Alert:
+    level: str  # info | warn | critical
+    rule: str
+    title: str
+    body: str
+    incident_id: str | None = None
+    action: str = "trigger"  # trigger | resolve
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class OpenIncident:
+    id: str
+    rule: str
+    level: str
+    spike_step: int
+    onset_step: int | None
+    opened_at: float
+    evidence: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class CloseIncident:
+    id: str
+    outcome: str  # resumed | rolled_back | halted
+    closed_at: float | None
+    rollback_to: int | None
+    lr_scale: float
+
+
+@dataclass(frozen=True, slots=True)
+class RecordTransition:
+    from_state: Phase
+    to_state: Phase
+    trigger: str
+    reason: str
+    evidence: dict[str, Any]
+    incident_id: str | None
+    step: int | None
+    ts: float
+
+
+@dataclass(frozen=True, slots=True)
+class MarkStable:
+    step: int
+    kind: str
+    reason: str
+
+
+ActionT = SendCommand | MarkCommand | Alert | OpenIncident | CloseIncident | RecordTransition | MarkStable
+
+
+# ---------------------------------------------------------------------------------------------
+# State
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    step: int
+    kind: str
+    stable: bool = False
+    sample_end: int | None = None
+    """First sample index after this checkpoint (the start of a data-skip window)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """The command the machine is waiting on."""
+
+    id: str
+    type: CommandType
+    args: dict[str, Any]
+    sent_at: float
+    attempt: int
+    acked: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Incident:
+    id: str
+    rule: str
+    level: str
+    spike_step: int
+    onset_step: int
+    opened_at: float
+    sample_end: int | None = None
+    rollback_to: int | None = None
+    rollbacks: int = 0
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+def _finite_or_none(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
+
+
+@dataclass(slots=True)
+class RecoveryState:
+    """Everything the machine remembers about one run; JSON-able via state_dict()."""
+
+    run: str
+    salt: str
+    """Random per-run text that makes command/incident ids unique across controller stores."""
+    phase: Phase = Phase.RUNNING
+    seq: int = 0
+    lr_scale: float = 1.0
+    last_step: int = -1
+    last_sample_end: int | None = None
+    unhealthy_steps: tuple[int, ...] = ()
+    """Most recent unhealthy steps (bounded), for stability and recovery windows."""
+    checkpoints: tuple[Checkpoint, ...] = ()
+    val_baseline: tuple[float, ...] = ()
+    rollback_times: tuple[float, ...] = ()
+    incident: Incident | None = None
+    pending: Pending | None = None
+    issued: tuple[str, ...] = ()
+    """Ids of the commands this machine sent recently (to tell operator commands apart)."""
+
+    def clone(self) -> RecoveryState:
+        return replace(self)  # every nested value is immutable
+
+    def new_id(self, what: str) -> str:
+        self.seq += 1
+        return hashlib.sha256(f"{self.salt}:{self.run}:{what}:{self.seq}".encode()).hexdigest()[:32]
+
+    def baseline(self) -> float | None:
+        if not self.val_baseline:
+            return None
+        vals = sorted(self.val_baseline)
+        mid = len(vals) // 2
+        return vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "run": self.run,
+            "salt": self.salt,
+            "phase": str(self.phase),
+            "seq": self.seq,
+            "lr_scale": self.lr_scale,
+            "last_step": self.last_step,
+            "last_sample_end": self.last_sample_end,
+            "unhealthy_steps": list(self.unhealthy_steps),
+            "checkpoints": [asdict(c) for c in self.checkpoints],
+            "val_baseline": [v for v in self.val_baseline if _finite_or_none(v) is not None],
+            "rollback_times": list(self.rollback_times),
+            "incident": asdict(self.incident) if self.incident else None,
+            "pending": {**asdict(self.pending), "type": str(self.pending.type)} if self.pending else None,
+            "issued": list(self.issued),
+        }
+
+    @classmethod
+    def from_state_dict(cls, d: dict[str, Any]) -> RecoveryState:
+        pend = d.get("pending")
+        inc = d.get("incident")
+        return cls(
+            run=d["run"],
+            salt=d["salt"],
+            phase=Phase(d["phase"]),
+            seq=int(d["seq"]),
+            lr_scale=float(d["lr_scale"]),
+            last_step=int(d["last_step"]),
+            last_sample_end=d.get("last_sample_end"),
+            unhealthy_steps=tuple(int(s) for s in d.get("unhealthy_steps", ())),
+            checkpoints=tuple(Checkpoint(**c) for c in d.get("checkpoints", ())),
+            val_baseline=tuple(float(v) for v in d.get("val_baseline", ())),
+            rollback_times=tuple(float(t) for t in d.get("rollback_times", ())),
+            incident=Incident(**inc) if inc else None,
+            pending=Pending(**{**pend, "type": CommandType(pend["type"])}) if pend else None,
+            issued=tuple(d.get("issued", ())),
+        )
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        other = RecoveryState.from_state_dict(d)
+        for name in self.__slots__:
+            setattr(self, name, getattr(other, name))

@@ -1,0 +1,476 @@
+"""The recovery state machine: every declared transition, every guard, illegal moves raise."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from agent.events import AckStatus, CommandType
+from agent.spike import Level
+from controller.recovery import (
+    GUARDS,
+    TRANSITIONS,
+    TransitionNotAllowed,
+    fire,
+    is_recovered,
+    new_state,
+    transition,
+)
+from controller.recovery_types import (
+    AckIn,
+    Alert,
+    CheckpointIn,
+    CloseIncident,
+    MarkCommand,
+    MarkStable,
+    OpenIncident,
+    Phase,
+    ProgressIn,
+    RecordTransition,
+    RecoveryConfig,
+    RecoveryState,
+    SendCommand,
+    TickIn,
+    ValidationIn,
+    VerdictIn,
+)
+from controller.verdict import Action, Verdict
+
+CFG = RecoveryConfig(stable_window=5, recover_window=5, rollback_budget=2, command_timeout_s=10,
+                     validate_timeout_s=20, max_attempts=2, skip_data=True)
+
+
+class Driver:
+    """Feeds inputs through ``transition`` and keeps every action, like the service does."""
+
+    def __init__(self, cfg: RecoveryConfig = CFG) -> None:
+        self.cfg = cfg
+        self.s = new_state("run-1", "salt")
+        self.actions: list = []
+        self.now = 1000.0
+
+    def feed(self, inp):
+        before = self.s.state_dict()
+        self.s, acts = transition(self.cfg, self.s, inp)
+        assert json.loads(json.dumps(before)) == before  # the input state was not touched
+        self.actions += acts
+        return acts
+
+    def steps(self, first: int, last: int, per_step_samples: int = 8):
+        for step in range(first, last + 1):
+            self.feed(ProgressIn(step=step, now=self.now, sample_end=(step + 1) * per_step_samples))
+
+    def spike(self, step: int, onset: int | None = None, rule: str = "loss_spike"):
+        v = Verdict(rule=rule, level=Level.CRITICAL, step=step, message="7.1σ above median",
+                    action=Action.RECOVER, onset_step=onset, evidence={"median": 2.0, "sigma": 0.1})
+        return self.feed(VerdictIn(verdict=v, now=self.now))
+
+    def ack(self, status=AckStatus.APPLIED, detail="", cmd_id=None, cmd_type=None):
+        cmd = cmd_id or self.s.pending.id
+        return self.feed(AckIn(cmd_id=cmd, status=status, now=self.now, cmd_type=cmd_type, detail=detail))
+
+    def validate(self, val_loss: float, cmd: str | None = None, step: int | None = None):
+        return self.feed(ValidationIn(step=self.s.last_step if step is None else step, val_loss=val_loss,
+                                      batches=4, now=self.now, cmd=cmd))
+
+    def answer_validate(self, val_loss: float):
+        pend = self.s.pending
+        assert pend.type is CommandType.VALIDATE
+        self.ack()
+        return self.validate(val_loss, cmd=pend.id)
+
+    def commands(self):
+        return [(a.type.value, a.args) for a in self.actions if isinstance(a, SendCommand)]
+
+    def triggers(self):
+        return [a.trigger for a in self.actions if isinstance(a, RecordTransition)]
+
+
+def healthy_run(d: Driver, upto: int = 30) -> None:
+    """Steps 0..upto with a checkpoint at 10 and 20 and a periodic validation baseline."""
+    d.steps(0, 10)
+    d.feed(CheckpointIn(step=10, kind="memory", verified=False, now=d.now))
+    d.steps(11, 20)
+    d.feed(CheckpointIn(step=20, kind="full", verified=True, now=d.now))
+    d.validate(2.0, step=20)
+    d.steps(21, upto)
+
+
+def test_table_declares_the_documented_machine():
+    assert fire(Phase.RUNNING, "spike") is Phase.PAUSING
+    assert fire(Phase.VALIDATING, "validation_abnormal") is Phase.ROLLING_BACK
+    assert fire(Phase.VALIDATING, "validation_normal") is Phase.RESUMING
+    assert fire(Phase.ROLLING_BACK, "rollback_applied") is Phase.RECOVERING
+    assert fire(Phase.RECOVERING, "recovered") is Phase.RUNNING
+    assert fire(Phase.RESUMING, "resume_applied") is Phase.RUNNING
+    reachable = {to for to in TRANSITIONS.values()}
+    assert reachable == set(Phase)  # every phase is entered by some transition
+
+
+@pytest.mark.parametrize("phase", list(Phase))
+def test_every_undeclared_move_raises(phase):
+    triggers = {t for _, t in TRANSITIONS}
+    for trig in triggers:
+        if (phase, trig) in TRANSITIONS:
+            continue
+        with pytest.raises(TransitionNotAllowed) as exc:
+            fire(phase, trig)
+        assert exc.value.phase is phase and trig in str(exc.value)
+    with pytest.raises(TransitionNotAllowed):
+        fire(phase, "no_such_trigger")
+
+
+def test_non_input_raises_type_error():
+    with pytest.raises(TypeError):
+        transition(CFG, new_state("r", "s"), object())  # type: ignore[arg-type]
+
+
+def test_spike_then_abnormal_validation_rolls_back_to_newest_stable_checkpoint_before_onset():
+    d = Driver()
+    healthy_run(d, 40)
+    assert [c.stable for c in d.s.checkpoints] == [True, True]
+    d.feed(CheckpointIn(step=38, kind="memory", verified=True, now=d.now))  # too recent to be stable
+    acts = d.spike(step=41, onset=39)
+    assert d.s.phase is Phase.PAUSING
+    assert any(isinstance(a, OpenIncident) and a.onset_step == 39 and a.spike_step == 41 for a in acts)
+    assert any(isinstance(a, Alert) and a.level == "critical" for a in acts)
+    d.ack()
+    assert d.s.phase is Phase.VALIDATING
+    d.answer_validate(2.5)
+    assert d.s.phase is Phase.ROLLING_BACK
+    d.ack(detail="memory")
+    assert d.s.phase is Phase.RECOVERING
+    assert d.commands() == [
+        ("pause", {"reason": d.commands()[0][1]["reason"]}),
+        ("validate", {}),
+        ("rollback", {"to_step": 20, "lr_scale": 0.5, "skip_data": [168, 328]}),
+    ]
+    rec = [a for a in d.actions if isinstance(a, RecordTransition)]
+    abnormal = next(r for r in rec if r.trigger == "validation_abnormal")
+    assert abnormal.evidence["val_loss"] == 2.5 and abnormal.evidence["baseline"] == 2.0
+    assert abnormal.evidence["target"] == {"step": 20, "kind": "full"}
+    assert "loss_spike" in rec[0].reason and rec[0].evidence["window"] == {"median": 2.0, "sigma": 0.1}
+    # checkpoints after the target belong to the abandoned branch
+    assert [c.step for c in d.s.checkpoints] == [10, 20]
+    d.steps(21, 24)
+    assert d.s.phase is Phase.RECOVERING and not is_recovered(d.cfg, d.s)
+    d.steps(25, 25)
+    assert d.s.phase is Phase.RUNNING and d.s.incident is None
+    close = [a for a in d.actions if isinstance(a, CloseIncident)]
+    assert close[-1].outcome == "rolled_back" and close[-1].rollback_to == 20 and close[-1].lr_scale == 0.5
+    assert d.triggers() == ["spike", "pause_applied", "validation_abnormal", "rollback_applied", "recovered"]
+
+
+def test_spike_then_normal_validation_resumes_and_stabilises_checkpoints():
+    d = Driver()
+    healthy_run(d, 25)
+    d.feed(CheckpointIn(step=24, kind="memory", verified=True, now=d.now))
+    d.spike(step=26)
+    d.ack()
+    d.answer_validate(2.05)  # within 5% of the baseline
+    assert d.s.phase is Phase.RESUMING
+    assert any(isinstance(a, MarkStable) and a.step == 24 and "validation" in a.reason for a in d.actions)
+    d.ack()
+    assert d.s.phase is Phase.RUNNING and d.s.incident is None and d.s.lr_scale == 1.0
+    assert [c for c, _ in d.commands()] == ["pause", "validate", "resume"]
+    assert [a.outcome for a in d.actions if isinstance(a, CloseIncident)] == ["resumed"]
+    assert any(isinstance(a, Alert) and a.action == "resolve" for a in d.actions)
+
+
+def test_repeated_spikes_exhaust_the_budget_and_halt():
+    d = Driver()
+    healthy_run(d, 40)
+    for spike_step in (41, 30):
+        d.spike(step=spike_step)
+        d.ack()
+        d.answer_validate(3.0)
+        d.ack()
+        assert d.s.phase is Phase.RECOVERING
+        d.steps(21, 21 + 3 if spike_step == 41 else 22)
+    assert d.s.lr_scale == 0.25
+    d.spike(step=24)  # a spike while recovering continues the same incident
+    opened = [a for a in d.actions if isinstance(a, OpenIncident)]
+    assert len(opened) == 1
+    d.ack()
+    d.answer_validate(3.0)
+    assert d.s.phase is Phase.HALTED and d.s.pending is None
+    assert [c for c, _ in d.commands()] == ["pause", "validate", "rollback"] * 2 + ["pause", "validate"]
+    halt = [a for a in d.actions if isinstance(a, RecordTransition)][-1]
+    assert halt.trigger == "budget_exhausted" and halt.evidence["rollbacks_in_window"] == 2
+    assert any(isinstance(a, Alert) and a.level == "critical" and "halted" in a.title for a in d.actions)
+    assert [a.outcome for a in d.actions if isinstance(a, CloseIncident)] == ["halted"]
+    # halted ignores further spikes; an operator's applied resume brings it back
+    assert d.spike(step=25) == [a for a in d.actions[-1:] if False]
+    d.ack(cmd_id="f" * 32, cmd_type="resume", detail="by alice")
+    assert d.s.phase is Phase.RUNNING and d.s.incident is None
+    assert d.triggers()[-1] == "operator_resumed"
+
+
+def test_budget_window_forgets_old_rollbacks():
+    d = Driver(RecoveryConfig(stable_window=5, recover_window=5, rollback_budget=1, rollback_window_s=100))
+    healthy_run(d, 40)
+    d.spike(step=41)
+    d.ack()
+    d.answer_validate(3.0)
+    d.ack()
+    d.steps(21, 26)
+    assert d.s.phase is Phase.RUNNING
+    d.now += 101  # the first rollback is out of the window
+    d.spike(step=27)
+    d.ack()
+    d.answer_validate(3.0)
+    assert d.s.phase is Phase.ROLLING_BACK
+
+
+def test_no_stable_checkpoint_halts():
+    d = Driver()
+    d.steps(0, 3)
+    d.feed(CheckpointIn(step=2, kind="memory", verified=True, now=d.now))
+    d.validate(2.0, step=3)  # passes: checkpoint 2 becomes stable...
+    d.spike(step=4, onset=1)  # ...but the onset is before it
+    d.ack()
+    d.answer_validate(9.0)
+    assert d.s.phase is Phase.HALTED
+    assert d.triggers()[-1] == "no_target"
+
+
+def test_validation_without_baseline_counts_as_abnormal_and_nonfinite_too():
+    d = Driver()
+    d.steps(0, 12)
+    d.feed(CheckpointIn(step=5, kind="memory", verified=True, now=d.now))
+    d.steps(13, 13)
+    d.spike(step=14)
+    d.ack()
+    d.answer_validate(1.0)
+    rec = [a for a in d.actions if isinstance(a, RecordTransition)][-1]
+    assert rec.trigger == "validation_abnormal" and "no healthy validation baseline" in rec.reason
+    d2 = Driver()
+    healthy_run(d2, 30)
+    d2.spike(step=31)
+    d2.ack()
+    d2.answer_validate(math.nan)
+    assert d2.s.phase is Phase.ROLLING_BACK
+
+
+def test_failed_rollback_picks_an_older_stable_checkpoint_then_halts():
+    d = Driver()
+    healthy_run(d, 30)
+    d.spike(step=31)
+    d.ack()
+    d.answer_validate(3.0)
+    d.ack(status=AckStatus.FAILED, detail="step 20 not available")
+    assert d.s.phase is Phase.ROLLING_BACK
+    assert d.commands()[-1] == ("rollback", {"to_step": 10, "lr_scale": 0.5, "skip_data": [88, 248]})
+    d.ack(status=AckStatus.FAILED, detail="step 10 not available")
+    assert d.s.phase is Phase.HALTED and d.triggers()[-2:] == ["rollback_failed", "no_target"]
+
+
+def test_timeouts_retry_then_give_up_with_a_critical_alert():
+    d = Driver()
+    healthy_run(d, 30)
+    d.spike(step=31)
+    first = d.s.pending.id
+    d.now += 5
+    assert d.feed(TickIn(now=d.now)) == []  # not yet
+    d.now += 6
+    acts = d.feed(TickIn(now=d.now))
+    assert any(isinstance(a, MarkCommand) and a.id == first and a.status == "timeout" for a in acts)
+    assert d.s.pending.attempt == 2 and d.s.pending.id != first and d.s.phase is Phase.PAUSING
+    d.ack(cmd_id=first)  # a late ack of the first copy is not ours any more: ignored
+    assert d.s.phase is Phase.PAUSING
+    d.now += 11
+    d.feed(TickIn(now=d.now))
+    assert d.s.phase is Phase.HALTED and d.triggers()[-2:] == ["command_retry", "command_gave_up"]
+    assert d.commands() == [("pause", d.commands()[0][1])] * 2
+    assert d.feed(TickIn(now=d.now + 100)) == []  # nothing pending once halted
+
+
+def test_validate_waits_longer_and_an_expired_ack_retries():
+    d = Driver()
+    healthy_run(d, 30)
+    d.spike(step=31)
+    d.ack()
+    d.ack()  # validate applied; the validation event is still due
+    assert d.s.pending.acked and d.s.phase is Phase.VALIDATING
+    d.now += 15
+    assert d.feed(TickIn(now=d.now)) == []  # validate_timeout_s = 20
+    d.ack(status=AckStatus.EXPIRED)
+    assert d.s.phase is Phase.VALIDATING and d.s.pending.attempt == 2
+    d.ack(status=AckStatus.DUPLICATE)
+    assert d.s.phase is Phase.VALIDATING and d.s.pending.attempt == 2
+
+
+@pytest.mark.parametrize("status", [AckStatus.REJECTED, AckStatus.FAILED])
+def test_refused_command_halts(status):
+    d = Driver()
+    healthy_run(d, 30)
+    d.spike(step=31)
+    d.ack(status=status, detail="bad_signature")
+    assert d.s.phase is Phase.HALTED and d.triggers()[-1] == "command_refused"
+
+
+def test_stale_validation_and_acks_change_nothing():
+    d = Driver()
+    healthy_run(d, 30)
+    s0 = d.s.state_dict()
+    assert d.validate(9.0, cmd="a" * 32) == []
+    assert d.ack(cmd_id="b" * 32, cmd_type="resume") == []  # operator ack while running
+    assert d.s.state_dict() == s0
+
+
+def test_alert_verdicts_alert_and_mark_steps_unhealthy():
+    d = Driver()
+    d.steps(0, 10)
+    d.feed(CheckpointIn(step=10, kind="memory", verified=True, now=d.now))
+    warn = Verdict(rule="loss_spike", level=Level.WARN, step=12, message="3.4σ", action=Action.ALERT)
+    acts = d.feed(VerdictIn(verdict=warn, now=d.now))
+    assert [a.level for a in acts if isinstance(a, Alert)] == ["warn"]
+    ok = Verdict(rule="mfu_low", level=Level.OK, step=12, message="", action=Action.ALERT)
+    assert d.feed(VerdictIn(verdict=ok, now=d.now)) == []
+    d.steps(11, 30)
+    assert not d.s.checkpoints[0].stable  # step 12 was unhealthy within 5 steps of it
+    d.spike(step=31)
+    assert d.spike(step=32) == []  # already pausing: no second incident
+
+
+def test_periodic_validation_above_baseline_alerts_and_is_kept_out_of_the_baseline():
+    d = Driver()
+    d.validate(2.0, step=1)
+    acts = d.validate(2.5, step=2)
+    assert [a.rule for a in acts if isinstance(a, Alert)] == ["validation"]
+    assert d.s.val_baseline == (2.0,)
+    d.validate(math.inf, step=3)
+    d2 = Driver()
+    d2.validate(math.nan, step=1)  # no baseline and non-finite: nothing learned
+    assert d2.s.val_baseline == () and d2.s.baseline() is None
+    d2.validate(1.0)
+    d2.validate(1.04)
+    assert d2.s.baseline() == pytest.approx(1.02)
+
+
+def test_checkpoints_unverified_duplicates_and_the_memory_bound():
+    d = Driver(RecoveryConfig(max_checkpoints=3, stable_window=2))
+    d.feed(CheckpointIn(step=1, kind="full", verified=False, now=d.now))
+    assert d.s.checkpoints == ()
+    for step in range(0, 8):
+        d.steps(step, step)
+        d.feed(CheckpointIn(step=step, kind="memory", verified=True, now=d.now))
+        d.feed(CheckpointIn(step=step, kind="full", verified=True, now=d.now))  # same step: kept once
+    assert [c.step for c in d.s.checkpoints] == [5, 6, 7]
+    d.validate(1.0)
+    d.feed(CheckpointIn(step=8, kind="memory", verified=True, now=d.now))
+    assert [c.step for c in d.s.checkpoints] == [6, 7, 8]  # all stable: the oldest goes
+    d.feed(ProgressIn(step=9, now=d.now))  # a trainer that does not report sample ranges
+    assert d.s.last_step == 9 and d.s.last_sample_end == 64
+    d3 = Driver(RecoveryConfig(max_checkpoints=3, stable_window=100))
+    d3.steps(0, 0)
+    d3.feed(CheckpointIn(step=0, kind="full", verified=True, now=d3.now))
+    d3.validate(1.0)
+    for step in (1, 2, 3):
+        d3.feed(CheckpointIn(step=step, kind="memory", verified=True, now=d3.now))
+    assert [c.step for c in d3.s.checkpoints] == [0, 2, 3]  # the newest stable one is never forgotten
+
+
+def test_state_dict_round_trips_mid_incident():
+    d = Driver()
+    healthy_run(d, 30)
+    d.spike(step=31, onset=29)
+    d.ack()
+    blob = json.dumps(d.s.state_dict())
+    restored = RecoveryState.from_state_dict(json.loads(blob))
+    assert restored.state_dict() == d.s.state_dict()
+    other = new_state("x", "y")
+    other.load_state_dict(json.loads(blob))
+    assert other == d.s
+    d.s = other
+    d.answer_validate(2.0)
+    assert d.s.phase is Phase.RESUMING
+
+
+def test_ids_are_deterministic_per_salt_and_unique():
+    a, b, c = Driver(), Driver(), Driver()
+    c.s = new_state("run-1", "other-salt")
+    for d in (a, b, c):
+        healthy_run(d, 30)
+        d.spike(step=31)
+    assert a.s.pending.id == b.s.pending.id != c.s.pending.id
+    assert len({a.s.incident.id, a.s.pending.id}) == 2
+
+
+def test_every_guard_is_exercised_by_name():
+    assert set(GUARDS) == {"starts_incident", "is_abnormal", "within_budget", "rollback_target", "can_retry",
+                           "timed_out", "is_recovered", "is_stable", "is_ours"}
+    s = new_state("r", "s")
+    assert GUARDS["timed_out"](CFG, s, 1e9) is False  # nothing pending
+    assert GUARDS["can_retry"](CFG, s) is False
+
+
+@pytest.mark.parametrize("field,value", [
+    ("stable_window", 0), ("recover_window", 0), ("lr_factor", 0), ("lr_factor", 1.5), ("rollback_budget", -1),
+    ("rollback_window_s", 0), ("val_margin_rel", -1), ("baseline_window", 0), ("command_timeout_s", 0),
+    ("max_attempts", 0), ("command_ttl_s", 0), ("max_checkpoints", 0),
+])
+def test_config_rejects_bad_values_naming_the_field(field, value):
+    with pytest.raises(ValueError) as exc:
+        RecoveryConfig(**{field: value})
+    assert str(exc.value).split(":")[0] in (field, "val_margin_rel", "command_timeout_s")
+
+
+def _drive_to(phase: Phase) -> Driver:
+    d = Driver()
+    healthy_run(d, 30)
+    d.spike(step=31)
+    if phase is Phase.PAUSING:
+        return d
+    d.ack()
+    if phase is Phase.VALIDATING:
+        return d
+    d.answer_validate(3.0 if phase is Phase.ROLLING_BACK else 2.0)
+    assert d.s.phase is phase
+    return d
+
+
+@pytest.mark.parametrize("phase", [Phase.PAUSING, Phase.VALIDATING, Phase.ROLLING_BACK, Phase.RESUMING])
+def test_each_waiting_phase_retries_gives_up_and_halts_on_refusal(phase):
+    d = _drive_to(phase)
+    cmd_type = d.s.pending.type
+    d.now += 1000
+    d.feed(TickIn(now=d.now))
+    assert d.s.phase is phase and d.s.pending.attempt == 2 and d.commands()[-1][0] == cmd_type.value
+    d.now += 1000
+    d.feed(TickIn(now=d.now))
+    assert d.s.phase is Phase.HALTED
+    d2 = _drive_to(phase)
+    d2.ack(status=AckStatus.REJECTED, detail="bad_signature")
+    assert d2.s.phase is Phase.HALTED
+
+
+def test_zz_every_declared_transition_is_taken_somewhere():
+    """Runs last in this module: replays the scenarios above and collects the edges they took."""
+    scenarios = [
+        test_spike_then_abnormal_validation_rolls_back_to_newest_stable_checkpoint_before_onset,
+        test_spike_then_normal_validation_resumes_and_stabilises_checkpoints,
+        test_repeated_spikes_exhaust_the_budget_and_halt,
+        test_no_stable_checkpoint_halts,
+        test_failed_rollback_picks_an_older_stable_checkpoint_then_halts,
+    ]
+    taken: set[tuple[Phase, str]] = set()
+    import controller.recovery as rec
+
+    original = rec.fire
+
+    def spy(phase, trigger):
+        taken.add((phase, trigger))
+        return original(phase, trigger)
+
+    rec.fire = spy
+    try:
+        for fn in scenarios:
+            fn()
+        for phase in (Phase.PAUSING, Phase.VALIDATING, Phase.ROLLING_BACK, Phase.RESUMING):
+            test_each_waiting_phase_retries_gives_up_and_halts_on_refusal(phase)
+    finally:
+        rec.fire = original
+    assert taken == set(TRANSITIONS)
