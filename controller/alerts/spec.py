@@ -1,0 +1,93 @@
+"""What an alert says: levels, trigger/resolve, the spec a caller enqueues and the message we render.
+
+``AlertSpec`` is what the controller (or anything else) hands to ``enqueue_alert``; the stored
+``Alert`` row is the durable copy; ``AlertMessage`` is the immutable view of that row the pure
+formatters render, so they never touch a session.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class AlertLevel(StrEnum):
+    INFO = "info"
+    WARN = "warn"
+    CRITICAL = "critical"
+
+    @property
+    def rank(self) -> int:
+        return _LEVEL_RANK[self]
+
+
+_LEVEL_RANK = {AlertLevel.INFO: 0, AlertLevel.WARN: 1, AlertLevel.CRITICAL: 2}
+
+
+class AlertAction(StrEnum):
+    TRIGGER = "trigger"
+    """Something happened (an incident opened, a rule fired)."""
+    RESOLVE = "resolve"
+    """The incident closed; PagerDuty resolves the alert with the same dedup key."""
+
+
+@dataclass(frozen=True, slots=True)
+class AlertSpec:
+    rule: str
+    """Rule or source name (loss_spike, divergence, recovery, ...); dedup is per (run, rule)."""
+    level: AlertLevel | str
+    title: str
+    """One line; Slack's header and PagerDuty's summary."""
+    body: str = ""
+    run_id: str | None = None
+    incident_id: str | None = None
+    """The incident this alert belongs to; PagerDuty's dedup key, so a resolve closes its trigger."""
+    action: AlertAction | str = AlertAction.TRIGGER
+    evidence: dict[str, Any] = field(default_factory=dict)
+    """Window stats, verdict, validation numbers: sent with the alert and stored."""
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "level", AlertLevel(self.level))
+        except ValueError:
+            raise ValueError(f"level: must be one of info, warn, critical, got {self.level!r}") from None
+        try:
+            object.__setattr__(self, "action", AlertAction(self.action))
+        except ValueError:
+            raise ValueError(f"action: must be trigger or resolve, got {self.action!r}") from None
+        if not self.rule or len(self.rule) > 64:
+            raise ValueError("rule: must be 1..64 characters")
+        if not self.title.strip():
+            raise ValueError("title: must not be empty")
+
+
+@dataclass(frozen=True, slots=True)
+class AlertMessage:
+    """A stored alert as the formatters see it (built from an ``Alert`` row)."""
+
+    id: str
+    ts: float
+    rule: str
+    level: AlertLevel
+    title: str
+    body: str
+    run_id: str | None
+    incident_id: str | None
+    action: AlertAction
+    evidence: dict[str, Any]
+
+    @classmethod
+    def from_row(cls, row: Any) -> AlertMessage:
+        return cls(
+            id=row.id,
+            ts=row.ts,
+            rule=row.rule,
+            level=AlertLevel(row.level),
+            title=row.title,
+            body=row.body or "",
+            run_id=row.run_id,
+            incident_id=row.incident_id,
+            action=AlertAction(row.action),
+            evidence=dict(row.evidence or {}),
+        )
