@@ -340,6 +340,9 @@ def _check_envelope_common(obj: Any) -> None:
     run = obj.get("run")
     if not isinstance(run, str) or not _RUN_RE.match(run):
         raise SchemaError("run", "expected a run id of 1-128 characters [A-Za-z0-9._:-]")
+    if run in _NONFINITE_IN:
+        # "NaN"/"Infinity" is how a non-finite float is written on the wire: never a real run id.
+        raise SchemaError("run", f"{run!r} is the encoding of a non-finite number, not a run id")
 
 
 def _parse_json(raw: bytes | str) -> Any:

@@ -205,11 +205,13 @@ def build_config(
 
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:
-    """A config as plain data, for saving with the run. Secrets are masked by their repr."""
+    """A config as plain data, for saving with the run. Secrets (``Secret``, ``repr=False`` fields) are masked."""
     out: dict[str, Any] = {}
     for f in dataclasses.fields(cfg):
         v = getattr(cfg, f.name)
-        if dataclasses.is_dataclass(v):
+        if not f.repr and v is not None:
+            v = "********"  # fields kept out of repr (passwords) are kept out of saved configs too
+        elif dataclasses.is_dataclass(v):
             v = config_to_dict(v)
         elif not isinstance(v, (int, float, str, bool, list, tuple, dict, type(None))):
             v = repr(v)
