@@ -24,6 +24,7 @@ from sqlalchemy import (
     Index,
     Integer,
     LargeBinary,
+    MetaData,
     String,
     Text,
     UniqueConstraint,
@@ -31,9 +32,18 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+# Named constraints: Alembic's batch mode (SQLite) can only drop or alter constraints it can name.
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
 
 class Base(DeclarativeBase):
-    pass
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 
 def _now() -> Any:
@@ -53,6 +63,12 @@ class Run(Base):
     last_event_ts: Mapped[float | None] = mapped_column(Float)
     lr_scale: Mapped[float] = mapped_column(Float, default=1.0)
     config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # run.started payload
+    started_at: Mapped[float | None] = mapped_column(Float)  # ts of the newest run.started
+    ended_at: Mapped[float | None] = mapped_column(Float)  # ts of run.finished / run.failed
+    error: Mapped[str | None] = mapped_column(Text)  # run.failed's error
+    # Steps below this are summarised in buckets by store.retention; ingest ignores per-step rows
+    # below it (a re-delivery of an event already folded into a bucket must change nothing).
+    downsampled_below: Mapped[int] = mapped_column(Integer, default=0)
     # Serialized controller-side state for this run (detectors' and the recovery machine's
     # state_dicts), written in the same transaction as the offsets, so a run whose partition
     # moves to another instance resumes exactly where the previous one stopped.
@@ -78,6 +94,10 @@ class StepMetric(Base):
     resolution: Mapped[int] = mapped_column(Integer, default=1)
     loss: Mapped[float | None] = mapped_column(Float)
     loss_local: Mapped[float | None] = mapped_column(Float)
+    # Buckets (resolution > 1): the smallest and largest finite loss in the bucket, so spikes stay
+    # visible after downsampling; NULL on full-resolution rows (there loss is the value).
+    loss_min: Mapped[float | None] = mapped_column(Float)
+    loss_max: Mapped[float | None] = mapped_column(Float)
     nonfinite: Mapped[str | None] = mapped_column(String(8))
     lr: Mapped[float | None] = mapped_column(Float)
     lr_scale: Mapped[float | None] = mapped_column(Float)
@@ -208,6 +228,7 @@ class CheckpointRow(Base):
     stable: Mapped[bool] = mapped_column(Boolean, default=False)
     stable_reason: Mapped[str | None] = mapped_column(Text)
     ts: Mapped[float] = mapped_column(Float)
+    detail: Mapped[str | None] = mapped_column(Text)  # e.g. "corrupt newest, fell back to ..."
 
 
 class ValidationRow(Base):
@@ -221,6 +242,7 @@ class ValidationRow(Base):
     ts: Mapped[float] = mapped_column(Float)
     cmd: Mapped[str | None] = mapped_column(String(32))
     val_loss: Mapped[float | None] = mapped_column(Float)
+    nonfinite: Mapped[str | None] = mapped_column(String(8))  # "nan"/"inf"/"-inf" val_loss (SQLite drops NaN)
     batches: Mapped[int] = mapped_column(Integer, default=0)
 
 

@@ -1,0 +1,321 @@
+"""Events from the agent -> rows in the store, idempotently.
+
+Kafka delivers at least once, so everything here must be safe to apply twice: a re-delivered
+event changes nothing.
+
+- Row-per-event tables (``step_metrics``, ``grad_hists``, ``validations``, ``data_flags``) carry the
+  event id under a unique constraint and are inserted with ``ON CONFLICT DO NOTHING``.
+- State tables are updated only by an event *newer* (by ``ts``) than what the row already
+  reflects: heartbeats and checkpoints (``ts`` column), the run's last step (``last_event_ts``),
+  its lifecycle (``started_at`` / ``ended_at``). A re-delivery carries the same ``ts`` and so
+  changes nothing; an out-of-order older event cannot roll state back.
+- ``command.ack`` sets the command's status once an ack arrives; a later ``duplicate`` ack (the
+  trainer saw a re-sent command) never overwrites what the first ack said, and an older ack never
+  overwrites a newer one.
+- Step rows below ``runs.downsampled_below`` are skipped: those steps were already folded into
+  buckets by ``store.retention``, and a re-delivery must not add a second copy beside the bucket.
+
+Non-finite numbers: a NaN loss is stored as NaN on PostgreSQL and becomes NULL on SQLite, so the
+loss's kind ("nan"/"inf"/"-inf") also goes into the ``nonfinite`` column; ``store.read`` turns it
+back into the float on both. Other float columns hold NaN on PostgreSQL and NULL on SQLite. JSON
+columns (config, histograms, per-layer norms) are passed through ``agent.events._jsonable`` first,
+which writes non-finite floats as the strings "NaN"/"Infinity"/"-Infinity" (PostgreSQL's JSON
+rejects bare NaN).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from sqlalchemy import func, or_, select, update
+from sqlalchemy.orm import Session
+
+from agent.events import AckStatus, Event, EventType, _jsonable
+from controller.store.models import (
+    CheckpointRow,
+    CommandRow,
+    DataFlag,
+    GradHist,
+    Heartbeat,
+    Run,
+    StepMetric,
+    ValidationRow,
+)
+from controller.store.upsert import insert_for
+
+log = logging.getLogger(__name__)
+
+# step event payload fields stored as columns of the same name
+_STEP_COLUMNS = (
+    "loss",
+    "loss_local",
+    "lr",
+    "lr_scale",
+    "grad_norm",
+    "tokens",
+    "tokens_per_s",
+    "mfu",
+    "step_time_s",
+    "data_wait_s",
+    "comm_exposed_s",
+    "compute_s",
+    "mem_allocated",
+    "mem_reserved",
+    "loss_scale",
+    "skipped",
+    "clipped_layers",
+)
+# an ack status the trainer decided (a later "duplicate" ack must not replace it)
+_DECIDED = {str(s) for s in AckStatus if s is not AckStatus.DUPLICATE}
+
+
+def nonfinite_kind(value: float | None) -> str | None:
+    """The kind of a non-finite float ("nan", "inf", "-inf"); None for a finite one or None."""
+    if value is None or math.isfinite(value):
+        return None
+    if math.isnan(value):
+        return "nan"
+    return "inf" if value > 0 else "-inf"
+
+
+def ingest_event(session: Session, event: Event) -> bool:
+    """Record one event in the caller's transaction.
+
+    Returns True when the event changed the store, False when it was already there (a
+    re-delivery), stale, or refers to something unknown (an ack for a command never issued).
+    """
+    return ingest_events(session, [event]) == 1
+
+
+def ingest_events(session: Session, events: Iterable[Event]) -> int:
+    """Record a batch of events (in order) in the caller's transaction; returns how many changed
+    the store. Cheaper than one ``ingest_event`` per event: one run update per run, and the
+    batch's step rows in one INSERT."""
+    events = list(events)
+    if not events:
+        return 0
+    _touch_runs(session, events)
+    watermark = dict(
+        session.execute(
+            select(Run.id, Run.downsampled_below).where(Run.id.in_({e.run for e in events}))
+        ).all()
+    )
+    changed = 0
+    step_rows: list[dict[str, Any]] = []
+    for ev in events:
+        if ev.type is EventType.STEP:
+            if ev.step >= watermark.get(ev.run, 0):
+                step_rows.append(_step_row(ev))
+            continue
+        handler = _HANDLERS.get(ev.type)
+        if handler is not None and handler(session, ev):
+            changed += 1
+    if step_rows:
+        stmt = insert_for(session, StepMetric).on_conflict_do_nothing(index_elements=["event_id"])
+        inserted = session.execute(stmt.returning(StepMetric.id), step_rows).all()
+        changed += len(inserted)
+    return changed
+
+
+def _touch_runs(session: Session, events: list[Event]) -> None:
+    """Create unseen runs; move each run's last step/ts/world to its newest event."""
+    newest: dict[str, Event] = {}
+    for ev in events:
+        cur = newest.get(ev.run)
+        if cur is None or ev.ts >= cur.ts:
+            newest[ev.run] = ev
+    for ev in newest.values():
+        ins = insert_for(session, Run).values(
+            id=ev.run, world_size=ev.world, last_step=ev.step, last_event_ts=ev.ts
+        )
+        session.execute(
+            ins.on_conflict_do_update(
+                index_elements=["id"],
+                set_={
+                    "world_size": ins.excluded.world_size,
+                    "last_step": ins.excluded.last_step,
+                    "last_event_ts": ins.excluded.last_event_ts,
+                    "updated_at": func.now(),
+                },
+                where=or_(Run.last_event_ts.is_(None), Run.last_event_ts < ins.excluded.last_event_ts),
+            )
+        )
+
+
+def _step_row(ev: Event) -> dict[str, Any]:
+    d = ev.data
+    row: dict[str, Any] = {k: d.get(k) for k in _STEP_COLUMNS}
+    row.update(
+        event_id=ev.id,
+        run_id=ev.run,
+        step=ev.step,
+        rank=ev.rank,
+        ts=ev.ts,
+        resolution=1,
+        loss_min=None,
+        loss_max=None,
+        nonfinite=nonfinite_kind(d.get("loss")),
+        guard=str(d["guard"]) if d.get("guard") is not None else None,
+        layer_grad_norms=_jsonable(d["layer_grad_norms"]) if d.get("layer_grad_norms") is not None else None,
+    )
+    return row
+
+
+def _insert_once(session: Session, model: Any, values: dict[str, Any]) -> bool:
+    stmt = insert_for(session, model).values(**values).on_conflict_do_nothing(index_elements=["event_id"])
+    return session.execute(stmt).rowcount > 0
+
+
+def _grad_hist(session: Session, ev: Event) -> bool:
+    return _insert_once(
+        session,
+        GradHist,
+        dict(
+            event_id=ev.id,
+            run_id=ev.run,
+            step=ev.step,
+            rank=ev.rank,
+            ts=ev.ts,
+            edges=_jsonable(ev.data["edges"]),
+            layers=_jsonable(ev.data["layers"]),
+        ),
+    )
+
+
+def _validation(session: Session, ev: Event) -> bool:
+    val_loss = ev.data["val_loss"]
+    return _insert_once(
+        session,
+        ValidationRow,
+        dict(
+            event_id=ev.id,
+            run_id=ev.run,
+            step=ev.step,
+            ts=ev.ts,
+            cmd=ev.data.get("cmd"),
+            val_loss=val_loss,
+            nonfinite=nonfinite_kind(val_loss),
+            batches=ev.data["batches"],
+        ),
+    )
+
+
+def _data_flag(session: Session, ev: Event) -> bool:
+    return _insert_once(
+        session,
+        DataFlag,
+        dict(
+            event_id=ev.id,
+            run_id=ev.run,
+            step=ev.step,
+            ts=ev.ts,
+            rule=ev.data["rule"],
+            score=ev.data["score"],
+            sample_ids=list(ev.data["sample_ids"]),
+        ),
+    )
+
+
+def _heartbeat(session: Session, ev: Event) -> bool:
+    ins = insert_for(session, Heartbeat).values(
+        run_id=ev.run, rank=ev.rank, ts=ev.ts, step=ev.step, state=ev.data["state"]
+    )
+    stmt = ins.on_conflict_do_update(
+        index_elements=["run_id", "rank"],
+        set_={"ts": ins.excluded.ts, "step": ins.excluded.step, "state": ins.excluded.state},
+        where=Heartbeat.ts < ins.excluded.ts,
+    )
+    return session.execute(stmt).rowcount > 0
+
+
+def _checkpoint(session: Session, ev: Event) -> bool:
+    d = ev.data
+    ins = insert_for(session, CheckpointRow).values(
+        run_id=ev.run,
+        step=ev.step,
+        kind=str(d["kind"]),
+        path=d["path"],
+        bytes=d["bytes"],
+        sha256=d["sha256"],
+        seconds=d["seconds"],
+        verified=d["verified"],
+        detail=d.get("detail"),
+        ts=ev.ts,
+    )
+    # stable/stable_reason belong to the controller and are left alone
+    updated = ("path", "bytes", "sha256", "seconds", "verified", "detail", "ts")
+    stmt = ins.on_conflict_do_update(
+        index_elements=["run_id", "step", "kind"],
+        set_={c: getattr(ins.excluded, c) for c in updated},
+        where=CheckpointRow.ts < ins.excluded.ts,
+    )
+    return session.execute(stmt).rowcount > 0
+
+
+def _command_ack(session: Session, ev: Event) -> bool:
+    cmd_id = ev.data["cmd"]
+    row = session.get(CommandRow, cmd_id)
+    if row is None:
+        log.warning("ack for unknown command %s (run %s): %s", cmd_id, ev.run, ev.data.get("status"))
+        return False
+    status = str(ev.data["status"])
+    already_decided = row.status in _DECIDED and row.acked_at is not None
+    if already_decided and (status == AckStatus.DUPLICATE or ev.ts <= row.acked_at):
+        return False
+    if row.status == status and row.acked_at == ev.ts:
+        return False
+    row.status = status
+    row.ack_detail = ev.data.get("detail")
+    row.acked_at = ev.ts
+    return True
+
+
+def _run_started(session: Session, ev: Event) -> bool:
+    res = session.execute(
+        update(Run)
+        .where(Run.id == ev.run, or_(Run.started_at.is_(None), Run.started_at < ev.ts))
+        .values(config=_jsonable(ev.data), world_size=ev.data["world_size"], started_at=ev.ts)
+    )
+    if res.rowcount == 0:
+        return False
+    # a restart after a finish/failure makes the run live again; a late copy of an old start does not
+    session.execute(
+        update(Run)
+        .where(Run.id == ev.run, or_(Run.ended_at.is_(None), Run.ended_at < ev.ts))
+        .values(status="running", ended_at=None, error=None)
+    )
+    return True
+
+
+def _run_ended(session: Session, ev: Event) -> bool:
+    failed = ev.type is EventType.RUN_FAILED
+    res = session.execute(
+        update(Run)
+        .where(
+            Run.id == ev.run,
+            or_(Run.started_at.is_(None), Run.started_at <= ev.ts),
+            or_(Run.ended_at.is_(None), Run.ended_at < ev.ts),
+        )
+        .values(
+            status="failed" if failed else "finished",
+            ended_at=ev.ts,
+            error=ev.data.get("error") if failed else None,
+        )
+    )
+    return res.rowcount > 0
+
+
+_HANDLERS = {
+    EventType.GRAD_HIST: _grad_hist,
+    EventType.VALIDATION: _validation,
+    EventType.DATA_FLAG: _data_flag,
+    EventType.HEARTBEAT: _heartbeat,
+    EventType.CHECKPOINT: _checkpoint,
+    EventType.COMMAND_ACK: _command_ack,
+    EventType.RUN_STARTED: _run_started,
+    EventType.RUN_FINISHED: _run_ended,
+    EventType.RUN_FAILED: _run_ended,
+}

@@ -1,0 +1,189 @@
+"""Retention of step metrics: recent steps at full resolution, older ones in buckets.
+
+A run writes one ``step_metrics`` row per step per rank; a million-step run on 8 ranks would be
+8M rows, too many for a dashboard to chart or for SQLite to scan quickly. The policy, relative to
+the newest step ``S`` a run has reported (defaults in ``RetentionConfig``):
+
+==========================================  =============================================
+steps                                       kept as
+==========================================  =============================================
+newest ``full_steps`` (10,000)              every step, every rank (what the rules and the
+                                            incident views look at; a rollback never goes
+                                            back that far)
+up to ``mid_steps`` (100,000) back          one row per rank per 10 steps
+older                                       one row per rank per 100 steps
+==========================================  =============================================
+
+Tier edges are aligned to multiples of ``far_bucket`` so a bucket never straddles two tiers;
+the newest ``full_steps`` are therefore kept at full resolution and up to ``far_bucket - 1``
+more. A bucket row has ``resolution`` = its width in steps, ``step`` = its first step, and
+summarises its rows per rank:
+
+- ``loss``: mean of the finite losses, weighted by resolution (a 100-bucket made of ten
+  10-buckets is the mean of their means); ``loss_min`` / ``loss_max``: smallest / largest finite
+  loss, so a one-step spike stays visible at any age; ``nonfinite``: set if any loss in it was
+  non-finite (then ``loss`` summarises the finite ones);
+- ``grad_norm``, ``mem_allocated``, ``mem_reserved``, ``clipped_layers``: the maximum (peaks
+  matter); ``lr_scale``, ``loss_scale``: the minimum (a halving or a scale collapse stays
+  visible); ``tokens``: the sum; ``skipped``: any; timings, ``lr``, ``mfu``, ``tokens_per_s``,
+  ``loss_local``: weighted means; ``ts``: the newest. ``guard``, ``layer_grad_norms`` and
+  ``event_id`` are dropped.
+
+Rows per rank for a run of ``n`` steps: at most ``full_steps + far_bucket - 1`` +
+``(mid_steps - full_steps) / mid_bucket`` + ``(n - mid_steps) / far_bucket`` (see
+``projected_rows``): about 28,000 for a million steps, 37,000 for two million; and ``read.
+loss_curve(max_points=...)`` bounds what a chart fetches regardless.
+
+``downsample`` is idempotent (only rows finer than a tier's bucket are folded) and records the
+folded range in ``runs.downsampled_below``; ``store.ingest`` ignores step events below it, so a
+re-delivered old event cannot add a second copy beside its bucket. Call it periodically (the
+controller does, every few thousand steps per run) or from a maintenance job.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Float, case, cast, delete, func, insert, literal, or_, select, update
+from sqlalchemy.orm import Session
+
+from controller.store.models import Run, StepMetric
+
+SM = StepMetric
+
+
+@dataclass(kw_only=True, slots=True)
+class RetentionConfig:
+    """How step metrics age (see the module docstring for the policy)."""
+
+    full_steps: int = 10_000
+    """Newest steps kept at full resolution (every step, every rank)."""
+    mid_steps: int = 100_000
+    """Steps back from the newest kept in ``mid_bucket``-step buckets; older ones get ``far_bucket``."""
+    mid_bucket: int = 10
+    """Bucket width (steps) for the middle tier."""
+    far_bucket: int = 100
+    """Bucket width (steps) for the oldest tier; a multiple of ``mid_bucket``."""
+
+    def __post_init__(self) -> None:
+        if self.full_steps < 0:
+            raise ValueError("full_steps: must be >= 0")
+        if self.mid_steps < self.full_steps:
+            raise ValueError("mid_steps: must be >= full_steps")
+        if self.mid_bucket < 2:
+            raise ValueError("mid_bucket: must be >= 2")
+        if self.far_bucket < self.mid_bucket or self.far_bucket % self.mid_bucket:
+            raise ValueError("far_bucket: must be a multiple of mid_bucket")
+
+
+@dataclass(frozen=True, slots=True)
+class DownsampleResult:
+    rows_before: int
+    rows_after: int
+    buckets_written: int
+    downsampled_below: int
+
+
+def tier_edges(newest_step: int, cfg: RetentionConfig) -> tuple[int, int]:
+    """(far_below, mid_below): steps < far_below go to far buckets, [far_below, mid_below) to mid
+    buckets, the rest stays at full resolution. Both are multiples of ``far_bucket``."""
+
+    def align(step: int) -> int:
+        return max(0, (step // cfg.far_bucket) * cfg.far_bucket)
+
+    mid_below = align(newest_step - cfg.full_steps + 1)
+    far_below = min(mid_below, align(newest_step - cfg.mid_steps + 1))
+    return far_below, mid_below
+
+
+def projected_rows(n_steps: int, cfg: RetentionConfig) -> int:
+    """Rows per rank after ``downsample`` for a run with one row per step for steps 0..n-1."""
+    far_below, mid_below = tier_edges(n_steps - 1, cfg)
+    return (
+        (n_steps - mid_below)
+        + math.ceil((mid_below - far_below) / cfg.mid_bucket)
+        + math.ceil(far_below / cfg.far_bucket)
+    )
+
+
+def _wavg(col: Any, finite: Any = None) -> Any:
+    """Mean of ``col`` over a bucket's rows, weighted by their resolution (NULLs skipped)."""
+    w = cast(SM.resolution, Float)
+    ok = col.is_not(None) if finite is None else (col.is_not(None) & finite)
+    return func.sum(case((ok, col * w))) / func.nullif(func.sum(case((ok, w))), 0)
+
+
+def _fold(session: Session, run_id: str, lo: int, hi: int, width: int) -> int:
+    """Replace rows finer than ``width`` in steps [lo, hi) by one bucket row per (rank, bucket)."""
+    if hi <= lo:
+        return 0
+    where = (SM.run_id == run_id, SM.step >= lo, SM.step < hi, SM.resolution < width)
+    finite = or_(SM.nonfinite.is_(None), SM.resolution > 1)
+    bucket = SM.step // width
+    columns: dict[str, Any] = {
+        "run_id": literal(run_id, type_=SM.run_id.type),
+        "rank": SM.rank,
+        "step": bucket * width,
+        "ts": func.max(SM.ts),
+        "resolution": literal(width, type_=SM.resolution.type),
+        "loss": _wavg(SM.loss, finite),
+        "loss_min": func.min(case((finite, func.coalesce(SM.loss_min, SM.loss)))),
+        "loss_max": func.max(case((finite, func.coalesce(SM.loss_max, SM.loss)))),
+        "nonfinite": func.max(SM.nonfinite),
+        "loss_local": _wavg(SM.loss_local, finite),
+        "lr": _wavg(SM.lr),
+        "lr_scale": func.min(SM.lr_scale),
+        "grad_norm": func.max(case((finite, SM.grad_norm))),
+        "tokens": func.sum(SM.tokens),
+        "tokens_per_s": _wavg(SM.tokens_per_s),
+        "mfu": _wavg(SM.mfu),
+        "step_time_s": _wavg(SM.step_time_s),
+        "data_wait_s": _wavg(SM.data_wait_s),
+        "comm_exposed_s": _wavg(SM.comm_exposed_s),
+        "compute_s": _wavg(SM.compute_s),
+        "mem_allocated": func.max(SM.mem_allocated),
+        "mem_reserved": func.max(SM.mem_reserved),
+        "loss_scale": func.min(SM.loss_scale),
+        "skipped": func.max(case((SM.skipped, 1), else_=0)) > 0,
+        "clipped_layers": func.max(SM.clipped_layers),
+    }
+    source = select(*columns.values()).where(*where).group_by(SM.rank, bucket)
+    # counted up front: drivers disagree on INSERT ... SELECT's rowcount (psycopg reports -1)
+    buckets = session.scalar(select(func.count()).select_from(source.subquery())) or 0
+    if buckets:
+        session.execute(insert(SM).from_select(list(columns), source))
+        session.execute(delete(SM).where(*where).execution_options(synchronize_session=False))
+    return buckets
+
+
+def downsample(
+    session: Session, run_id: str, config: RetentionConfig | None = None, *, newest_step: int | None = None
+) -> DownsampleResult:
+    """Apply the retention policy to one run in the caller's transaction.
+
+    ``newest_step`` defaults to the newest step stored for the run.
+    """
+    cfg = config or RetentionConfig()
+    rows_before = session.scalar(select(func.count()).where(SM.run_id == run_id)) or 0
+    if newest_step is None:
+        newest_step = session.scalar(select(func.max(SM.step)).where(SM.run_id == run_id))
+    if newest_step is None:
+        return DownsampleResult(rows_before, rows_before, 0, 0)
+    far_below, mid_below = tier_edges(newest_step, cfg)
+    written = _fold(session, run_id, 0, far_below, cfg.far_bucket)
+    written += _fold(session, run_id, far_below, mid_below, cfg.mid_bucket)
+    session.execute(
+        update(Run)
+        .where(Run.id == run_id, Run.downsampled_below < mid_below)
+        .values(downsampled_below=mid_below)
+    )
+    rows_after = session.scalar(select(func.count()).where(SM.run_id == run_id)) or 0
+    return DownsampleResult(rows_before, rows_after, written, mid_below)
+
+
+def downsample_all(session: Session, config: RetentionConfig | None = None) -> dict[str, DownsampleResult]:
+    """``downsample`` every run; run id -> result."""
+    run_ids = session.scalars(select(Run.id).order_by(Run.id)).all()
+    return {rid: downsample(session, rid, config) for rid in run_ids}

@@ -1,0 +1,23 @@
+"""Portable INSERT ... ON CONFLICT for the two supported databases.
+
+SQLite (>= 3.24) and PostgreSQL share the ``ON CONFLICT (cols) DO NOTHING / DO UPDATE ... WHERE``
+syntax, and SQLAlchemy exposes it through each dialect's own ``insert``; this picks the right one
+for the session's connection so callers write one statement for both.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+
+def insert_for(session: Session, model: Any) -> Any:
+    """A dialect-specific ``insert(model)`` that supports ``on_conflict_do_nothing/do_update``."""
+    name = session.get_bind().dialect.name
+    if name == "sqlite":
+        return sqlite.insert(model)
+    if name == "postgresql":
+        return postgresql.insert(model)
+    raise NotImplementedError(f"the store supports sqlite and postgresql, not {name}")
