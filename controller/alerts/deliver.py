@@ -76,11 +76,10 @@ class AlertDeliverer:
         return delivered
 
     def _drain(self, endpoint: EndpointConfig, now: float) -> int:
-        with Session(self.engine) as session:
+        with Session(self.engine) as session, session.begin():
             state = session.get(AlertEndpointState, endpoint.name)
             if state is not None and state.disabled:
-                with session.begin():
-                    self._park(session, endpoint.name, now)
+                self._park(session, endpoint.name)
                 return 0
             rows = session.execute(
                 select(OutboxRow.id, OutboxRow.next_attempt_at, OutboxRow.created_at, OutboxRow.attempts, OutboxRow.payload)
@@ -166,11 +165,11 @@ class AlertDeliverer:
         with Session(self.engine) as session, session.begin():
             set_endpoint_disabled(session, name, disabled=True, reason=f"{error} at {now:.0f}", now=now)
             self._mark(session, row.id, now, DISABLED, attempts=attempts, error=error)
-            self._park(session, name, now)
+            self._park(session, name)
         self._stats["disabled"] += 1
         log.error("alert endpoint %s answered 410 Gone; disabled (re-enable with set_endpoint_disabled)", name)
 
-    def _park(self, session: Session, name: str, now: float) -> None:
+    def _park(self, session: Session, name: str) -> None:
         session.execute(
             update(OutboxRow)
             .where(OutboxRow.kind == "alert", OutboxRow.target == name, OutboxRow.status == PENDING)
