@@ -1,0 +1,205 @@
+"""The agent's command inbox: a background consumer on ``<prefix>.commands`` (DESIGN §4).
+
+A thread reads the commands topic (manual partition assignment: no consumer group, so no
+rebalance wait and every trainer sees every command). It starts at the *end* of the topic, as it
+is when ``start()`` returns: commands issued before the trainer started are not acted on. Records
+keyed by another run are skipped without decoding (other trainers' traffic is none of ours).
+
+``poll()`` runs on the training thread at a step boundary and returns, in arrival order, the
+commands that decoded, are for this run, are correctly signed, have not expired and were not seen
+before. Every other record keyed by this run is refused through ``on_reject(cmd_id, cmd_type,
+status, detail)``, also called from ``poll()`` on the training thread so the callback can publish
+the ``command.ack`` event without any locking of its own:
+
+==========================  ====================  ===========================================
+what                        status                detail
+==========================  ====================  ===========================================
+undecodable / bad schema    ``REJECTED``          ``undecodable: <field>: <reason>``
+bad signature               ``REJECTED``          ``bad_signature: ...``
+body for another run        ``REJECTED``          ``other_run: ...``
+expired                     ``EXPIRED``           ``expired: ...``
+replay of an accepted id    ``DUPLICATE``         ``replayed: ...``
+==========================  ====================  ===========================================
+
+When the broker goes away the consumer keeps retrying; a broker that comes back empty (Tansu
+restarts) recreates the topic and the listener reads it from the beginning (``earliest``), so
+commands published after the restart are not missed. A failure inside the thread is logged and
+counted (``errors``) and the thread carries on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from agent.events import AckStatus, Command, SchemaError, decode_command
+from agent.kafka_config import KafkaConfig
+from agent.signing import CommandVerifier, Rejection
+
+log = logging.getLogger(__name__)
+
+RejectCallback = Callable[[str, str, AckStatus, str], None]
+MAX_COMMAND_BYTES = 64 * 1024
+
+_STATUS = {
+    Rejection.BAD_SIGNATURE: AckStatus.REJECTED,
+    Rejection.OTHER_RUN: AckStatus.REJECTED,
+    Rejection.EXPIRED: AckStatus.EXPIRED,
+    Rejection.REPLAYED: AckStatus.DUPLICATE,
+}
+
+
+def _best_effort_ids(raw: bytes | None) -> tuple[str, str]:
+    """The id and type of an undecodable command, when they can still be read, for its ack."""
+    try:
+        obj = json.loads(raw or b"")
+        cid, ctype = obj.get("id", ""), obj.get("type", "")
+        return (cid if isinstance(cid, str) else "")[:64], (ctype if isinstance(ctype, str) else "")[:32]
+    except Exception:  # noqa: BLE001 - it is undecodable; that is the point
+        return "", ""
+
+
+class CommandListener:
+    def __init__(
+        self,
+        kafka: KafkaConfig,
+        run: str,
+        verifier: CommandVerifier,
+        on_reject: RejectCallback,
+        *,
+        poll_interval_s: float = 0.1,
+        consumer_factory: Callable[[], Any] | None = None,
+    ) -> None:
+        self.kafka = kafka
+        self.run = run
+        self.topic = kafka.commands_topic
+        self.verifier = verifier
+        self.on_reject = on_reject
+        self.poll_interval_s = poll_interval_s
+        self._key = run.encode()
+        self._consumer_factory = consumer_factory or self._default_consumer
+        self._consumer: Any = None
+        self._inbox: deque[tuple[bytes | None, str]] = deque()  # (raw value, where) in arrival order
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.errors = 0
+        self.received = 0
+        self.last_error = ""
+
+    def _default_consumer(self) -> Any:
+        from kafka import KafkaConsumer
+
+        return KafkaConsumer(
+            **self.kafka.client_kwargs(),
+            client_id=f"cliffguard-listener-{self.run}",
+            group_id=None,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            fetch_max_wait_ms=int(self.poll_interval_s * 1000),
+            metadata_max_age_ms=5_000,
+        )
+
+    def start(self, timeout: float = 10.0) -> CommandListener:
+        """Start the thread; returns once positioned at the end of the topic (or after ``timeout``)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="cliffguard-commands", daemon=True)
+            self._thread.start()
+            if not self._ready.wait(timeout):
+                log.warning("command listener not positioned within %.1fs; it keeps trying", timeout)
+        return self
+
+    def _assign(self) -> bool:
+        from kafka import TopicPartition
+
+        from agent.publisher import ensure_topic
+
+        if self._consumer is None:
+            self._consumer = self._consumer_factory()
+        parts = self._consumer.partitions_for_topic(self.topic)
+        if not parts:
+            ensure_topic(self.kafka, self.topic)
+            self._consumer.poll(0)  # refresh metadata
+            parts = self._consumer.partitions_for_topic(self.topic)
+            if not parts:
+                return False
+        tps = [TopicPartition(self.topic, p) for p in sorted(parts)]
+        self._consumer.assign(tps)
+        if not self._ready.is_set():
+            self._consumer.seek_to_end(*tps)
+            for tp in tps:
+                self._consumer.position(tp)  # resolve now, so "the end" is the end at start()
+        return True
+
+    def _run(self) -> None:
+        backoff = 0.2
+        assigned = False
+        while not self._stop.is_set():
+            try:
+                if not assigned:
+                    assigned = self._assign()
+                    if not assigned:
+                        self._stop.wait(backoff)
+                        continue
+                    self._ready.set()
+                batch = self._consumer.poll(timeout_ms=int(self.poll_interval_s * 1000))
+                for tp, records in batch.items():
+                    for rec in records:
+                        if rec.key != self._key:
+                            continue
+                        self.received += 1
+                        self._inbox.append((rec.value, f"{tp.topic}[{tp.partition}]@{rec.offset}"))
+                backoff = 0.2
+            except Exception as exc:  # noqa: BLE001 - logged and retried, never raised into training
+                self.errors += 1
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                log.warning("command listener: %s; retrying in %.1fs", self.last_error, backoff)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
+                if self._consumer is not None and self._ready.is_set():
+                    continue
+                assigned = False
+        if self._consumer is not None:
+            try:
+                self._consumer.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+    def poll(self) -> list[Command]:
+        """Commands to apply now, in arrival order. Non-blocking; refusals go to ``on_reject``."""
+        accepted: list[Command] = []
+        while self._inbox:
+            raw, where = self._inbox.popleft()
+            try:
+                cmd = decode_command(raw if raw is not None else b"", max_bytes=MAX_COMMAND_BYTES)
+            except SchemaError as exc:
+                cid, ctype = _best_effort_ids(raw)
+                log.warning("command at %s refused: undecodable: %s", where, exc)
+                self._reject(cid, ctype, AckStatus.REJECTED, f"undecodable: {exc}")
+                continue
+            result = self.verifier.verify(cmd)
+            if result.ok:
+                accepted.append(cmd)
+                continue
+            assert result.reason is not None
+            log.warning("command %s (%s) refused: %s: %s", cmd.id, cmd.type, result.reason, result.detail)
+            self._reject(cmd.id, str(cmd.type), _STATUS[result.reason], f"{result.reason}: {result.detail}")
+        return accepted
+
+    def _reject(self, cmd_id: str, cmd_type: str, status: AckStatus, detail: str) -> None:
+        try:
+            self.on_reject(cmd_id, cmd_type, status, detail)
+        except Exception:  # noqa: BLE001 - a failing callback must not stop the other commands
+            self.errors += 1
+            log.exception("on_reject callback failed for command %s", cmd_id)
+
+    def close(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+

@@ -1,0 +1,482 @@
+"""Getting events off the training thread and onto Kafka without ever blocking or raising.
+
+``Publisher.publish(event)`` appends to a bounded in-memory queue and returns (microseconds; no
+lock held beyond a deque append, no I/O, no encoding). A background thread owns the kafka-python
+``KafkaProducer`` and does everything else::
+
+    training thread ──publish──► deque (queue_max) ──► publisher thread
+                                                          │ broker up, spill empty: send + flush per batch
+                                                          │ broker down / spill non-empty: append to spill
+                                                          ▼
+                                   <prefix>.metrics (key = run id)   or   spill file (agent/spill.py)
+
+Order: a run's events reach Kafka in publish order. While the broker is down, new events go
+behind the older ones in the spill. Once it is back the spill is replayed oldest first (one
+chunk per loop turn) while newer events wait in memory (or, past half of ``queue_max``, join
+the spill's tail), and only then are events sent directly again. The producer keeps one request in flight per
+connection, so a failed batch cannot be overtaken by a later batch of the same partition; the
+failed records are spilled in order and the producer is discarded (a broker that lost its memory,
+as Tansu does on restart, also forgets the producer id).
+
+Outage detection and return: a batch that is not acknowledged within ``send_timeout_s`` marks
+the broker down. The thread then probes (new producer + topic check) with exponential backoff
+from ``reconnect_min_s`` to ``reconnect_max_s``. On every (re)connect the metrics topic is
+created if missing, with the configured partitions: a broker that restarted empty gets it back
+before anything is replayed.
+
+Drops are never silent. An event is dropped only when the in-memory queue is full (the thread
+is far behind) or the spill is full (``spill_max_bytes``: the broker has been away long enough
+to fill it); the newest events are the ones dropped, so the spill stays a gap-free prefix. Each
+drop is counted (``stats()['dropped']``); the first drop logs a warning, and again every 1000 more; and every ``heartbeat`` event passing through the publisher is
+stamped with ``data["dropped_events"]`` (cumulative for this publisher) and
+``data["spill_pending"]`` so the controller sees the loss as soon as the broker is reachable.
+
+A crash of the publisher thread (a bug, a full disk) is logged with its traceback, counted in
+``stats()['crashes']`` / ``last_error`` and the thread restarts itself after a backoff; the batch
+it held is retried (dropped, counted, after three crashes in a row on it). Nothing is raised
+into the caller of ``publish``.
+
+``close(timeout)`` stops taking events and flushes: the queue and the spill go to Kafka if the
+broker is reachable before the deadline; whatever is left is written to the spill file, which
+the next publisher with the same ``spill_path`` replays first. One spill file per process: give
+each rank its own ``spill_path``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import struct
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from agent.events import Event, EventType, encode_event
+from agent.kafka_config import KafkaConfig
+from agent.spill import SpillFile
+
+log = logging.getLogger(__name__)
+
+_KEYLEN = struct.Struct(">H")
+
+
+class EventSink(Protocol):
+    def publish(self, event: Event) -> None: ...
+
+    def close(self, timeout: float = 10.0) -> None: ...
+
+
+class NullSink:
+    """Discards everything (the agent with monitoring switched off)."""
+
+    def publish(self, event: Event) -> None:
+        pass
+
+    def close(self, timeout: float = 10.0) -> None:
+        pass
+
+
+class InMemorySink:
+    """Keeps every event in ``.events`` (tests, notebooks)."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.closed = False
+
+    def publish(self, event: Event) -> None:
+        self.events.append(event)
+
+    def close(self, timeout: float = 10.0) -> None:
+        self.closed = True
+
+
+@dataclass(kw_only=True, slots=True)
+class PublisherConfig:
+    spill_path: str = "cliffguard-spill.bin"
+    """Spill file for events that cannot be sent now; one per process (give each rank its own)."""
+    spill_max_bytes: int = 256 * 1024 * 1024
+    """Most bytes waiting in the spill; newer events past it are dropped and counted."""
+    queue_max: int = 100_000
+    """Events held in memory between publish() and the publisher thread; past it they are dropped."""
+    max_batch: int = 2_000
+    """Most events the thread sends (or replays) per flush."""
+    linger_s: float = 0.005
+    """How long the idle thread sleeps before looking at the queue again (publish also wakes it)."""
+    send_timeout_s: float = 3.0
+    """A batch not acknowledged within this marks the broker down (kafka delivery timeout)."""
+    reconnect_min_s: float = 0.2
+    """First wait before probing a broker that went away; doubles per failed probe."""
+    reconnect_max_s: float = 2.0
+    """Longest wait between probes."""
+    fsync_interval_s: float = 1.0
+    """The spill is fsync'ed at most this often (0 = every append); see agent/spill.py."""
+    create_topic: bool = True
+    """Create the metrics topic on every (re)connect if it is missing."""
+
+    def __post_init__(self) -> None:
+        if not self.spill_path:
+            raise ValueError("spill_path: must not be empty")
+        if self.spill_max_bytes < 1024:
+            raise ValueError("spill_max_bytes: must be >= 1024")
+        if self.queue_max < 1:
+            raise ValueError("queue_max: must be >= 1")
+        if self.max_batch < 1:
+            raise ValueError("max_batch: must be >= 1")
+        if not 0 < self.linger_s <= 1:
+            raise ValueError("linger_s: must be in (0, 1]")
+        if self.send_timeout_s < 0.5:
+            raise ValueError("send_timeout_s: must be >= 0.5")
+        if not 0 < self.reconnect_min_s <= self.reconnect_max_s:
+            raise ValueError("reconnect_min_s: must be > 0 and <= reconnect_max_s")
+        if self.fsync_interval_s < 0:
+            raise ValueError("fsync_interval_s: must be >= 0")
+
+
+def ensure_topic(kafka: KafkaConfig, topic: str) -> None:
+    """Create ``topic`` with the configured partitions if the cluster does not have it."""
+    from kafka.admin import KafkaAdminClient, NewTopic
+    from kafka.errors import TopicAlreadyExistsError
+
+    admin = KafkaAdminClient(**kafka.client_kwargs(), client_id="cliffguard-agent-admin")
+    try:
+        if topic not in set(admin.list_topics()):
+            try:
+                admin.create_topics(
+                    [NewTopic(name=topic, num_partitions=kafka.partitions, replication_factor=kafka.replication)],
+                    timeout_ms=kafka.request_timeout_ms,
+                )
+            except TopicAlreadyExistsError:
+                pass  # someone else created it meanwhile
+    finally:
+        admin.close()
+
+
+def _pack(key: bytes, value: bytes) -> bytes:
+    return _KEYLEN.pack(len(key)) + key + value
+
+
+def _unpack(payload: bytes) -> tuple[bytes, bytes]:
+    (n,) = _KEYLEN.unpack_from(payload)
+    return payload[2 : 2 + n], payload[2 + n :]
+
+
+def _discard(producer: Any) -> None:
+    """Close a producer we no longer trust without waiting on a broker that is gone."""
+    try:
+        producer.close(timeout=0.5)
+    except Exception:  # noqa: BLE001 - flush inside close times out when records are stuck
+        sender = getattr(producer, "_sender", None)
+        if sender is not None:
+            sender.force_close()
+
+
+Record = tuple[bytes, bytes]  # (key, value)
+
+
+class Publisher:
+    """The agent's Kafka sink (see the module docstring for every guarantee)."""
+
+    def __init__(
+        self,
+        kafka: KafkaConfig,
+        config: PublisherConfig | None = None,
+        *,
+        producer_factory: Callable[[], Any] | None = None,
+    ) -> None:
+        self.kafka = kafka
+        self.config = config or PublisherConfig()
+        self.topic = kafka.metrics_topic
+        self._producer_factory = producer_factory or self._default_producer
+        self._queue: deque[Event] = deque()
+        self._queue_max = self.config.queue_max
+        self._wake = threading.Event()
+        self._closing = threading.Event()
+        self._deadline = float("inf")
+        self._thread: threading.Thread | None = None
+        self._spill: SpillFile | None = None
+        self._producer: Any = None
+        self._up = False
+        self._next_probe = 0.0
+        self._backoff = self.config.reconnect_min_s
+        self._held: list[Record] = []
+        self._held_crashes = 0
+        # publish() runs on several threads (training loop, heartbeat thread); drops are rare,
+        # so their counters take a lock and the common path takes none.
+        self._drop_lock = threading.Lock()
+        self._dropped_queue = 0
+        self._dropped_closed = 0
+        self._dropped_spill = 0
+        self._dropped_crash = 0
+        self._dropped_logged = 0
+        self._sent = 0
+        self._spilled = 0
+        self._replayed = 0
+        self._errors = 0
+        self._crashes = 0
+        self.last_error = ""
+
+    # -- the training thread's side -------------------------------------------------------------
+
+    def start(self) -> Publisher:
+        if self._thread is None:
+            self._spill = SpillFile(self.config.spill_path, self.config.spill_max_bytes,
+                                    fsync_interval_s=self.config.fsync_interval_s)
+            self._thread = threading.Thread(target=self._run, name="cliffguard-publisher", daemon=True)
+            self._thread.start()
+        return self
+
+    def publish(self, event: Event) -> None:
+        """Hand an event to the publisher thread. Never blocks, never raises."""
+        if self._closing.is_set():
+            with self._drop_lock:
+                self._dropped_closed += 1
+            return
+        queue = self._queue
+        if len(queue) >= self._queue_max:
+            with self._drop_lock:
+                self._dropped_queue += 1
+            return
+        queue.append(event)
+        if len(queue) == 1:
+            self._wake.set()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop taking events; deliver what is queued or spilled until ``timeout``; then spill the rest."""
+        if self._closing.is_set():
+            return
+        self._deadline = time.monotonic() + timeout
+        self._closing.set()
+        self._wake.set()
+        if self._thread is not None:
+            # The thread honours the deadline itself; the grace covers one probe or flush in flight.
+            self._thread.join(timeout + self.config.send_timeout_s + 3.0)
+            if self._thread.is_alive():
+                log.error("publisher thread did not stop within %.1fs; %d events may be lost", timeout, len(self._queue))
+        s = self.stats()
+        log.info("publisher closed: sent=%d spilled=%d replayed=%d dropped=%d left in spill=%d",
+                 s["sent"], s["spilled"], s["replayed"], s["dropped"], s["spill_pending"])
+
+    def dropped(self) -> int:
+        return self._dropped_queue + self._dropped_closed + self._dropped_spill + self._dropped_crash
+
+    def stats(self) -> dict[str, Any]:
+        spill = self._spill
+        return {
+            "queued": len(self._queue),
+            "sent": self._sent,
+            "spilled": self._spilled,
+            "replayed": self._replayed,
+            "dropped": self.dropped(),
+            "dropped_queue_full": self._dropped_queue,
+            "dropped_spill_full": self._dropped_spill,
+            "dropped_after_close": self._dropped_closed,
+            "errors": self._errors,
+            "crashes": self._crashes,
+            "broker_up": self._up,
+            "spill_pending": spill.pending_records if spill is not None else 0,
+            "spill_bytes": spill.pending_bytes if spill is not None else 0,
+            "last_error": self.last_error,
+        }
+
+    # -- the publisher thread ------------------------------------------------------------------
+
+    def _default_producer(self) -> Any:
+        from kafka import KafkaProducer
+
+        kw = self.kafka.client_kwargs()
+        send_ms = int(self.config.send_timeout_s * 1000)
+        kw["request_timeout_ms"] = min(kw["request_timeout_ms"], max(send_ms - 100, 400))
+        return KafkaProducer(
+            **kw,
+            client_id="cliffguard-agent",
+            acks="all",
+            linger_ms=0,
+            max_in_flight_requests_per_connection=1,
+            delivery_timeout_ms=send_ms,
+            max_block_ms=send_ms,
+            batch_size=256 * 1024,
+            retry_backoff_ms=100,
+        )
+
+    def _run(self) -> None:
+        while True:
+            try:
+                self._loop()
+                break
+            except Exception as exc:  # noqa: BLE001 - reported, never raised into training
+                self._crashes += 1
+                self._errors += 1
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                log.exception("publisher thread crashed (%d so far); restarting", self._crashes)
+                self._held_crashes += 1
+                if self._held_crashes >= 3 and self._held:
+                    self._dropped_crash += len(self._held)
+                    log.error("dropping %d events that crashed the publisher 3 times", len(self._held))
+                    self._held = []
+                if self._producer is not None:
+                    _discard(self._producer)
+                    self._producer = None
+                self._up = False
+                if self._closing.is_set() and time.monotonic() >= self._deadline:
+                    break
+                time.sleep(min(0.05 * 2 ** self._crashes, 2.0))
+        self._shutdown()
+
+    def _loop(self) -> None:
+        spill = self._spill
+        assert spill is not None
+        while True:
+            if not self._held:
+                self._held = self._take()
+            closing = self._closing.is_set()
+            if closing and time.monotonic() >= self._deadline:
+                self._spill_records(self._held + self._take(len(self._queue)))
+                self._held = []
+                return
+            if not self._up and time.monotonic() >= self._next_probe:
+                self._connect()
+            if self._up and len(spill):
+                self._replay_chunk()
+            if self._held:
+                if self._up and not len(spill):
+                    self._send_live(self._held)
+                    self._held = []
+                elif not self._up or len(self._queue) >= self._queue_max // 2:
+                    self._spill_records(self._held)
+                    self._held = []
+                # else: the broker is back and the spill is replaying; these wait in memory
+                # behind it rather than compete for the spill's room.
+            self._held_crashes = 0
+            self._report_drops()
+            if closing and not self._queue and (not len(spill) or not self._up and self._next_probe >= self._deadline):
+                return
+            if not self._queue and (not len(spill) or not self._up):
+                wait = self.config.linger_s if self._up else max(0.0, min(self._next_probe - time.monotonic(), 0.2))
+                self._wake.clear()
+                if not self._queue:
+                    self._wake.wait(wait)
+
+    def _take(self, limit: int | None = None) -> list[Record]:
+        """Pop up to ``max_batch`` events off the queue and encode them (heartbeats get stamped)."""
+        queue = self._queue
+        out: list[Record] = []
+        for _ in range(min(len(queue), limit if limit is not None else self.config.max_batch)):
+            event = queue.popleft()
+            try:
+                if event.type == EventType.HEARTBEAT:
+                    event = dataclasses.replace(event, data={
+                        **event.data, "dropped_events": self.dropped(), "spill_pending": len(self._spill or ())})
+                out.append((event.run.encode(), encode_event(event)))
+            except Exception as exc:  # noqa: BLE001 - one unencodable event must not stop the rest
+                self._errors += 1
+                self._dropped_crash += 1
+                self.last_error = f"cannot encode {event.type} event: {exc}"
+                log.error("dropping an event that cannot be encoded: %s", exc)
+        return out
+
+    def _connect(self) -> None:
+        producer = None
+        try:
+            producer = self._producer_factory()
+            if self.config.create_topic:
+                ensure_topic(self.kafka, self.topic)
+            if not producer.partitions_for(self.topic):
+                raise RuntimeError(f"topic {self.topic} has no partitions")
+        except Exception as exc:  # noqa: BLE001 - any failure means "not reachable yet"
+            if producer is not None:
+                _discard(producer)
+            if self._backoff == self.config.reconnect_min_s:
+                log.warning("broker %s not reachable (%s); spilling to %s", self.kafka.bootstrap, exc,
+                            self.config.spill_path)
+            self._next_probe = time.monotonic() + self._backoff
+            self._backoff = min(self._backoff * 2, self.config.reconnect_max_s)
+            return
+        self._producer = producer
+        self._up = True
+        self._backoff = self.config.reconnect_min_s
+        pending = len(self._spill or ())
+        if pending:
+            log.info("broker %s reachable; replaying %d spilled events", self.kafka.bootstrap, pending)
+
+    def _mark_down(self, reason: str) -> None:
+        self._errors += 1
+        self.last_error = reason
+        log.warning("broker %s unreachable (%s); spilling to %s", self.kafka.bootstrap, reason, self.config.spill_path)
+        if self._producer is not None:
+            _discard(self._producer)
+            self._producer = None
+        self._up = False
+        self._backoff = self.config.reconnect_min_s
+        self._next_probe = time.monotonic() + self._backoff
+
+    def _send(self, records: list[Record]) -> list[bool]:
+        """Send and flush; per record, whether the broker acknowledged it."""
+        producer = self._producer
+        futures = []
+        error = ""
+        try:
+            for key, value in records:
+                futures.append(producer.send(self.topic, key=key, value=value))
+        except Exception as exc:  # noqa: BLE001 - metadata timeout, buffer full: broker trouble
+            error = f"send: {type(exc).__name__}: {exc}"
+        try:
+            producer.flush(timeout=self.config.send_timeout_s + 1.0)
+        except Exception as exc:  # noqa: BLE001
+            error = error or f"flush: {type(exc).__name__}: {exc}"
+        ok = [f.is_done and f.succeeded() for f in futures] + [False] * (len(records) - len(futures))
+        if not all(ok):
+            failure = next((f.exception for f in futures if f.is_done and f.failed()), None)
+            self._mark_down(error or f"{type(failure).__name__}: {failure}")
+        return ok
+
+    def _send_live(self, records: list[Record]) -> None:
+        ok = self._send(records)
+        self._sent += sum(ok)
+        self._spill_records([r for r, good in zip(records, ok, strict=True) if not good])
+
+    def _replay_chunk(self) -> None:
+        spill = self._spill
+        assert spill is not None
+        records = [_unpack(p) for p in spill.peek(self.config.max_batch)]
+        ok = self._send(records)
+        # Only the leading run of successes is consumed, so the spill stays in order; a later
+        # success past a failure is re-sent (a duplicate the consumer drops by event id).
+        done = next((i for i, good in enumerate(ok) if not good), len(ok))
+        spill.consume(done)
+        self._replayed += done
+        self._sent += done
+
+    def _spill_records(self, records: list[Record]) -> None:
+        spill = self._spill
+        assert spill is not None
+        for key, value in records:
+            if spill.append(_pack(key, value)):
+                self._spilled += 1
+            else:
+                self._dropped_spill += 1
+
+    def _report_drops(self) -> None:
+        dropped = self.dropped()
+        if dropped != self._dropped_logged:
+            if self._dropped_logged == 0 or dropped - self._dropped_logged >= 1000:
+                log.warning("publisher dropped %d events so far (queue full %d, spill full %d); see stats()",
+                            dropped, self._dropped_queue, self._dropped_spill)
+                self._dropped_logged = dropped
+
+    def _shutdown(self) -> None:
+        if self._producer is not None:
+            try:
+                self._producer.close(timeout=max(0.0, min(2.0, self._deadline - time.monotonic())))
+            except Exception:  # noqa: BLE001
+                _discard(self._producer)
+            self._producer = None
+        self._up = False
+        if self._spill is not None:
+            if len(self._spill):
+                log.warning("publisher: %d events left in %s; the next start replays them",
+                            len(self._spill), self.config.spill_path)
+            self._spill.close()
+

@@ -1,0 +1,227 @@
+"""The controller's consumer edge: Kafka bytes in, typed events (or dead letters) out.
+
+``classify`` is the pure part: one message's bytes -> an ``Event`` or a ``DeadLetter`` saying why
+not. Reasons (a closed set, used as the DLQ count key):
+
+- ``oversized`` — more than ``max_bytes`` (checked before anything is parsed)
+- ``undecodable`` — no value, not UTF-8, not JSON, or JSON nested too deeply
+- ``unknown_version`` — a ``v`` this reader does not know (a newer major version)
+- ``schema_invalid`` — JSON that breaks the contract; ``detail`` names the field
+
+``EdgeConsumer`` is the thin I/O around it: a consumer group on ``<prefix>.metrics`` with
+auto-commit off (the controller stores offsets with its state and commits them itself). Each dead
+letter is produced to ``<prefix>.dlq`` before ``poll`` returns: the value is the original bytes
+untouched, the key the original key, and the metadata rides in headers (``cliffguard.reason``,
+``cliffguard.detail``, ``cliffguard.topic``, ``cliffguard.partition``, ``cliffguard.offset``).
+Nothing a message contains can make ``poll`` raise; failures to reach the DLQ are logged and
+counted (``dlq_send_errors``), and the dead letter is still returned so the caller can count it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.events import Event, SchemaError, UnknownVersion, decode_event
+from agent.kafka_config import KafkaConfig
+
+log = logging.getLogger(__name__)
+
+OVERSIZED = "oversized"
+UNDECODABLE = "undecodable"
+UNKNOWN_VERSION = "unknown_version"
+SCHEMA_INVALID = "schema_invalid"
+REASONS = (OVERSIZED, UNDECODABLE, UNKNOWN_VERSION, SCHEMA_INVALID)
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    reason: str
+    detail: str
+    topic: str
+    partition: int
+    offset: int
+    raw: bytes
+    key: bytes | None = None
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        return [
+            ("cliffguard.reason", self.reason.encode()),
+            ("cliffguard.detail", self.detail.encode()),
+            ("cliffguard.topic", self.topic.encode()),
+            ("cliffguard.partition", str(self.partition).encode()),
+            ("cliffguard.offset", str(self.offset).encode()),
+        ]
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeRecord:
+    topic: str
+    partition: int
+    offset: int
+    event: Event
+
+
+@dataclass(slots=True)
+class EdgeBatch:
+    records: list[EdgeRecord] = field(default_factory=list)
+    dead: list[DeadLetter] = field(default_factory=list)
+    next_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    """Per (topic, partition): the offset after the last message in this batch (good or dead)."""
+
+
+def classify(raw: bytes | None, *, topic: str, partition: int, offset: int, max_bytes: int,
+             key: bytes | None = None) -> Event | DeadLetter:
+    """One message -> its validated Event, or a DeadLetter with the reason. Never raises."""
+    def dead(reason: str, detail: str) -> DeadLetter:
+        return DeadLetter(reason, detail, topic, partition, offset, raw or b"", key)
+
+    if raw is None:
+        return dead(UNDECODABLE, "$: message has no value")
+    if len(raw) > max_bytes:
+        return dead(OVERSIZED, f"$: message of {len(raw)} bytes exceeds the limit of {max_bytes}")
+    try:
+        return decode_event(raw)
+    except UnknownVersion as exc:
+        return dead(UNKNOWN_VERSION, str(exc))
+    except SchemaError as exc:
+        reason = UNDECODABLE if exc.field == "$" else SCHEMA_INVALID
+        return dead(reason, str(exc))
+    except Exception as exc:  # noqa: BLE001 - a decoder bug must not kill the consumer
+        return dead(SCHEMA_INVALID, f"$: {type(exc).__name__}: {exc}")
+
+
+class _Rebalance:
+    """Adapts two plain callables to kafka-python's ConsumerRebalanceListener."""
+
+    def __init__(self, on_assigned: Callable[[list[tuple[str, int]]], None] | None,
+                 on_revoked: Callable[[list[tuple[str, int]]], None] | None) -> None:
+        self.on_assigned = on_assigned
+        self.on_revoked = on_revoked
+
+    def listener(self) -> Any:
+        from kafka import ConsumerRebalanceListener
+
+        outer = self
+
+        class _L(ConsumerRebalanceListener):
+            def on_partitions_revoked(self, revoked):  # noqa: D401 - kafka-python's API
+                if outer.on_revoked is not None:
+                    outer.on_revoked(sorted((tp.topic, tp.partition) for tp in revoked))
+
+            def on_partitions_assigned(self, assigned):
+                if outer.on_assigned is not None:
+                    outer.on_assigned(sorted((tp.topic, tp.partition) for tp in assigned))
+
+        return _L()
+
+
+class EdgeConsumer:
+    """Consumer group on the metrics topic; decodes, dead-letters, hands back typed batches."""
+
+    def __init__(
+        self,
+        kafka: KafkaConfig,
+        group_id: str,
+        *,
+        max_bytes: int = 1_000_000,
+        on_assigned: Callable[[list[tuple[str, int]]], None] | None = None,
+        on_revoked: Callable[[list[tuple[str, int]]], None] | None = None,
+        consumer_overrides: dict[str, Any] | None = None,
+        max_poll_records: int = 2_000,
+    ) -> None:
+        from kafka import KafkaConsumer, KafkaProducer
+
+        self.kafka = kafka
+        self.group_id = group_id
+        self.max_bytes = max_bytes
+        self.topic = kafka.metrics_topic
+        self.dead_count_by_reason: Counter[str] = Counter()
+        self.dlq_send_errors = 0
+        self.commit_errors = 0
+        kw: dict[str, Any] = {
+            **kafka.client_kwargs(),
+            "group_id": group_id,
+            "client_id": f"cliffguard-edge-{group_id}",
+            "enable_auto_commit": False,
+            # A broker that forgot the group's offsets (or a first start) reads from the start:
+            # losing events is worse than re-reading them (ingest is idempotent by event id).
+            "auto_offset_reset": "earliest",
+            "max_poll_records": max_poll_records,
+            # Let oversized messages through to classify(), which dead-letters them.
+            "max_partition_fetch_bytes": max(1_048_576, max_bytes * 2),
+            **(consumer_overrides or {}),
+        }
+        self._consumer = KafkaConsumer(**kw)
+        self._consumer.subscribe([self.topic], listener=_Rebalance(on_assigned, on_revoked).listener())
+        self._dlq = KafkaProducer(**kafka.client_kwargs(), client_id=f"cliffguard-dlq-{group_id}",
+                                  acks="all", max_request_size=max(1_048_576, max_bytes * 3))
+
+    def poll(self, timeout_s: float = 1.0) -> EdgeBatch:
+        batch = EdgeBatch()
+        try:
+            polled = self._consumer.poll(timeout_ms=int(timeout_s * 1000))
+        except Exception as exc:  # noqa: BLE001 - broker trouble: report, return empty, try again
+            log.warning("edge poll failed: %s: %s", type(exc).__name__, exc)
+            return batch
+        for tp, messages in polled.items():
+            for msg in messages:
+                out = classify(msg.value, topic=tp.topic, partition=tp.partition, offset=msg.offset,
+                               max_bytes=self.max_bytes, key=msg.key)
+                if isinstance(out, DeadLetter):
+                    batch.dead.append(out)
+                else:
+                    batch.records.append(EdgeRecord(tp.topic, tp.partition, msg.offset, out))
+                batch.next_offsets[(tp.topic, tp.partition)] = msg.offset + 1
+        if batch.dead:
+            self._send_dead(batch.dead)
+        return batch
+
+    def _send_dead(self, dead: list[DeadLetter]) -> None:
+        futures = []
+        for d in dead:
+            self.dead_count_by_reason[d.reason] += 1
+            log.warning("dead letter %s[%d]@%d: %s: %s", d.topic, d.partition, d.offset, d.reason, d.detail[:200])
+            try:
+                futures.append(self._dlq.send(self.kafka.dlq_topic, key=d.key, value=d.raw, headers=d.headers()))
+            except Exception as exc:  # noqa: BLE001
+                self.dlq_send_errors += 1
+                log.error("could not send a dead letter to %s: %s", self.kafka.dlq_topic, exc)
+        try:
+            self._dlq.flush(timeout=self.kafka.request_timeout_ms / 1000)
+        except Exception as exc:  # noqa: BLE001
+            log.error("dead letters not confirmed by %s: %s", self.kafka.dlq_topic, exc)
+        self.dlq_send_errors += sum(1 for f in futures if not (f.is_done and f.succeeded()))
+
+    def seek(self, topic: str, partition: int, offset: int) -> None:
+        from kafka import TopicPartition
+
+        self._consumer.seek(TopicPartition(topic, partition), offset)
+
+    def assignment(self) -> list[tuple[str, int]]:
+        return sorted((tp.topic, tp.partition) for tp in self._consumer.assignment())
+
+    def commit_offsets(self, offsets: dict[tuple[str, int], int]) -> bool:
+        """Commit to Kafka too (best effort: the store holds the offsets that count)."""
+        from kafka import TopicPartition
+        from kafka.structs import OffsetAndMetadata
+
+        if not offsets:
+            return True
+        try:
+            self._consumer.commit({TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items()})
+            return True
+        except Exception as exc:  # noqa: BLE001
+            self.commit_errors += 1
+            log.warning("offset commit to Kafka failed (the store has them): %s", exc)
+            return False
+
+    def close(self) -> None:
+        for closer in (self._consumer.close, lambda: self._dlq.close(timeout=5)):
+            try:
+                closer()
+            except Exception:  # noqa: BLE001 - close the other one anyway
+                log.exception("closing the edge consumer")

@@ -1,0 +1,247 @@
+"""Publisher: never blocks or raises on the training thread; spills, replays in order, counts drops."""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import threading
+import time
+
+import pytest
+
+from agent.events import decode_event, make_event
+from agent.kafka_config import KafkaConfig
+from agent.publisher import InMemorySink, NullSink, Publisher, PublisherConfig
+from agent.spill import SpillFile
+
+
+@pytest.fixture
+def kafka_free_cfg() -> KafkaConfig:
+    """Unit tests inject a fake producer; nothing listens here."""
+    return KafkaConfig(bootstrap="127.0.0.1:9", topic_prefix="unit")
+
+
+class FakeFuture:
+    def __init__(self, ok: bool) -> None:
+        self.is_done = True
+        self._ok = ok
+        self.exception = None if ok else ConnectionError("broker down")
+
+    def succeeded(self) -> bool:
+        return self._ok
+
+    def failed(self) -> bool:
+        return not self._ok
+
+
+class FakeCluster:
+    """Stands in for a broker: records what was acknowledged; can go down and come back."""
+
+    def __init__(self, up: bool = True) -> None:
+        self.up = up
+        self.acked: list[tuple[bytes, bytes]] = []
+        self.producers = 0
+        self.lock = threading.Lock()
+
+    def factory(self):
+        if not self.up:
+            raise ConnectionError("no brokers available")
+        self.producers += 1
+        return FakeProducer(self)
+
+
+class FakeProducer:
+    def __init__(self, cluster: FakeCluster) -> None:
+        self.cluster = cluster
+
+    def partitions_for(self, topic):
+        if not self.cluster.up:
+            raise ConnectionError("metadata timeout")
+        return {0}
+
+    def send(self, topic, key, value):
+        with self.cluster.lock:
+            if self.cluster.up:
+                self.cluster.acked.append((key, value))
+            return FakeFuture(self.cluster.up)
+
+    def flush(self, timeout=None):
+        pass
+
+    def close(self, timeout=None):
+        pass
+
+
+def _cfg(tmp_path, **over) -> PublisherConfig:
+    base = {"spill_path": str(tmp_path / "spill.bin"), "create_topic": False, "reconnect_min_s": 0.02,
+            "reconnect_max_s": 0.05, "linger_s": 0.002}
+    return PublisherConfig(**{**base, **over})
+
+
+def _hb(step: int, run: str = "run-1"):
+    return make_event("heartbeat", run, step, {"state": "running"})
+
+
+def _wait(pred, timeout=10.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.01)
+    return pred()
+
+
+def _steps(acked) -> list[int]:
+    return [json.loads(v)["step"] for _, v in acked]
+
+
+def test_config_validation_names_the_field(tmp_path):
+    for field, bad in [("spill_max_bytes", 10), ("queue_max", 0), ("linger_s", 0), ("send_timeout_s", 0.1),
+                       ("spill_path", "")]:
+        with pytest.raises(ValueError, match=f"^{field}:"):
+            _cfg(tmp_path, **{field: bad})
+
+
+def test_sinks():
+    sink = InMemorySink()
+    sink.publish(_hb(1))
+    sink.close()
+    assert [e.step for e in sink.events] == [1] and sink.closed
+    NullSink().publish(_hb(1))
+
+
+def test_publish_is_microseconds_and_never_raises(tmp_path, kafka_free_cfg):
+    cluster = FakeCluster(up=True)
+    pub = Publisher(kafka_free_cfg, _cfg(tmp_path), producer_factory=cluster.factory).start()
+    events = [_hb(i) for i in range(5000)]
+    costs = []
+    for ev in events:
+        t0 = time.perf_counter_ns()
+        pub.publish(ev)
+        costs.append(time.perf_counter_ns() - t0)
+    pub.close(5)
+    pub.publish(_hb(9999))  # after close: counted, not raised
+    assert statistics.median(costs) / 1000 < 50, f"median publish {statistics.median(costs) / 1000:.1f} us"
+    assert _steps(cluster.acked) == list(range(5000))
+    s = pub.stats()
+    assert s["sent"] == 5000 and s["dropped"] == 1 and s["dropped_after_close"] == 1
+
+
+def test_queue_full_drops_are_counted_not_raised(tmp_path, kafka_free_cfg):
+    pub = Publisher(kafka_free_cfg, _cfg(tmp_path, queue_max=10), producer_factory=FakeCluster().factory)
+    for i in range(25):  # not started: nothing drains the queue
+        pub.publish(_hb(i))
+    assert pub.stats()["queued"] == 10
+    assert pub.stats()["dropped_queue_full"] == 15 and pub.dropped() == 15
+
+
+def test_outage_spills_then_replays_in_order_before_newer_events(tmp_path, kafka_free_cfg):
+    cluster = FakeCluster(up=True)
+    pub = Publisher(kafka_free_cfg, _cfg(tmp_path), producer_factory=cluster.factory).start()
+    for i in range(100):
+        pub.publish(_hb(i))
+    assert _wait(lambda: len(cluster.acked) == 100)
+    cluster.up = False
+    for i in range(100, 300):
+        pub.publish(_hb(i))
+    assert _wait(lambda: pub.stats()["spill_pending"] == 200)
+    assert not pub.stats()["broker_up"]
+    cluster.up = True
+    assert _wait(lambda: pub.stats()["broker_up"])
+    for i in range(300, 400):
+        pub.publish(_hb(i))
+    pub.close(5)
+    assert _steps(cluster.acked) == list(range(400))
+    s = pub.stats()
+    assert s["replayed"] == 200 and s["dropped"] == 0 and s["spill_pending"] == 0
+
+
+def test_spill_bound_drops_newest_counts_them_and_heartbeats_report_it(tmp_path, kafka_free_cfg, caplog):
+    cluster = FakeCluster(up=False)
+    one = len(b"\0" * 8) + 2 + len(b"run-1") + len(json.dumps(_hb(0).to_dict()).encode())
+    pub = Publisher(kafka_free_cfg, _cfg(tmp_path, spill_max_bytes=max(1024, 20 * one)),
+                    producer_factory=cluster.factory).start()
+    with caplog.at_level(logging.WARNING, logger="agent.publisher"):
+        for i in range(100):
+            pub.publish(_hb(i))
+        assert _wait(lambda: pub.stats()["spilled"] + pub.stats()["dropped"] == 100)
+    s = pub.stats()
+    assert s["dropped_spill_full"] > 0 and s["dropped"] == s["dropped_spill_full"]
+    assert "dropped" in caplog.text
+    spilled = s["spilled"]
+    cluster.up = True
+    assert _wait(lambda: pub.stats()["broker_up"])
+    pub.publish(_hb(1000))  # the next heartbeat carries the count to the controller
+    pub.close(5)
+    steps = _steps(cluster.acked)
+    assert steps == list(range(spilled)) + [1000]  # a gap-free prefix, then the newest
+    last = decode_event(cluster.acked[-1][1])
+    assert last.data["dropped_events"] == 100 - spilled
+
+
+def test_thread_crash_is_reported_and_nothing_is_lost(tmp_path, kafka_free_cfg, caplog):
+    cluster = FakeCluster(up=True)
+    pub = Publisher(kafka_free_cfg, _cfg(tmp_path), producer_factory=cluster.factory)
+    real = pub._send_live
+    calls = {"n": 0}
+
+    def flaky(records):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("injected bug")
+        return real(records)
+
+    pub._send_live = flaky
+    with caplog.at_level(logging.ERROR, logger="agent.publisher"):
+        pub.start()
+        for i in range(50):
+            pub.publish(_hb(i))
+        assert _wait(lambda: len(cluster.acked) == 50)
+    pub.close(5)
+    s = pub.stats()
+    assert s["crashes"] == 1 and "injected bug" in s["last_error"]
+    assert "crashed" in caplog.text
+    assert _steps(cluster.acked) == list(range(50))
+
+
+def test_close_with_broker_down_keeps_events_for_the_next_start(tmp_path, kafka_free_cfg):
+    cluster = FakeCluster(up=False)
+    cfg = _cfg(tmp_path)
+    pub = Publisher(kafka_free_cfg, cfg, producer_factory=cluster.factory).start()
+    for i in range(30):
+        pub.publish(_hb(i))
+    pub.close(0.3)
+    assert pub.stats()["spill_pending"] == 30
+    cluster.up = True
+    again = Publisher(kafka_free_cfg, cfg, producer_factory=cluster.factory).start()
+    again.publish(_hb(30))
+    again.close(5)
+    assert _steps(cluster.acked) == list(range(31))
+
+
+def test_spill_file_order_bound_and_compaction(tmp_path):
+    spill = SpillFile(tmp_path / "s.bin", max_bytes=100)
+    assert spill.append(b"a" * 40) and spill.append(b"b" * 40)
+    assert not spill.append(b"c" * 40)  # 2*(8+40) + 48 > 100
+    assert spill.peek(5) == [b"a" * 40, b"b" * 40]
+    spill.consume(1)
+    assert spill.append(b"c" * 40)
+    assert spill.peek(5) == [b"b" * 40, b"c" * 40]
+    spill.consume(2)
+    assert len(spill) == 0 and (tmp_path / "s.bin").stat().st_size == 0
+    spill.close()
+
+
+def test_spill_file_recovers_after_a_torn_write(tmp_path):
+    path = tmp_path / "s.bin"
+    spill = SpillFile(path, max_bytes=10_000)
+    for i in range(3):
+        spill.append(f"rec{i}".encode())
+    spill.close()
+    with open(path, "ab") as fh:
+        fh.write(b"\x00\x00\x01\x00garbage")  # a header promising 256 bytes, then a crash
+    again = SpillFile(path, max_bytes=10_000)
+    assert again.peek(10) == [b"rec0", b"rec1", b"rec2"]
+    assert again.append(b"rec3") and again.peek(10)[-1] == b"rec3"
+    again.close()
