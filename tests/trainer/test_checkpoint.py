@@ -1,0 +1,203 @@
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainer.checkpoint import CheckpointConfig, CheckpointManager
+from trainer.model import GPT, GPTConfig
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def training_state(seed: int = 0) -> tuple[GPT, torch.optim.Optimizer, dict]:
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    x = torch.randint(0, 256, (2, 8))
+    _, loss = model(x, x)
+    loss.backward()
+    opt.step()
+    state = {
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "lr_scale": 0.5,
+        "sampler": {"skips": [[8, 16]], "weights": {3: 0.1}},
+        "rng": {"torch": torch.get_rng_state()},
+    }
+    return model, opt, state
+
+
+def assert_state_equal(a, b):
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert_state_equal(a[k], b[k])
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            assert_state_equal(x, y)
+    else:
+        assert a == b
+
+
+def manager(tmp_path, events, **kw):
+    cfg = CheckpointConfig(dir=str(tmp_path), **kw)
+    return CheckpointManager(cfg, rank=0, world=1, on_event=events.append)
+
+
+def test_disk_round_trip_is_exact_and_verified(tmp_path):
+    events: list[dict] = []
+    m = manager(tmp_path, events)
+    _, _, state = training_state()
+    m.save(100, state, "full")
+    m.wait()
+    ev = [e for e in events if e["kind"] == "full"]
+    assert ev and ev[0]["verified"] and ev[0]["step"] == 100 and len(ev[0]["sha256"]) == 64
+    assert Path(ev[0]["path"]).stat().st_size == ev[0]["bytes"]
+    m.close()
+    fresh = manager(tmp_path, [])  # a new process: only the disk is left
+    restored, source = fresh.restore(100)
+    assert source == "disk"
+    assert_state_equal(state, restored)
+    fresh.close()
+
+
+def test_memory_snapshot_is_a_copy_and_restore_loads_into_model(tmp_path):
+    m = manager(tmp_path, [])
+    model, opt, state = training_state()
+    m.snapshot(10, state)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)  # training goes on; the snapshot must not move with it
+    restored, source = m.restore(10)
+    assert source == "memory"
+    model.load_state_dict(restored["model"])
+    opt.load_state_dict(restored["optimizer"])
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k])
+    m.close()
+
+
+def test_schedule_ring_and_retention(tmp_path):
+    events: list[dict] = []
+    m = manager(tmp_path, events, memory_ring=3, snapshot_every=10, ckpt_every=20, full_every=60, keep_full=2,
+                keep_incremental=2)
+    _, _, state = training_state()
+    for step in range(0, 190, 10):
+        m.on_step(step, lambda: state)
+    m.wait()
+    assert list(m.ring) == [160, 170, 180]
+    assert m.kinds_due(120) == ["memory", "full"] and m.kinds_due(140) == ["memory", "incremental"]
+    assert m.disk_steps() == [120, 140, 160, 180]  # newest 2 full (120, 180) + 2 incremental (140, 160)
+    assert m.available_steps() == [120, 140, 160, 170, 180]
+    assert all(e["verified"] for e in events)
+    with pytest.raises(KeyError):
+        m.restore(130)
+    m.close()
+
+
+def test_restore_discards_the_abandoned_timeline(tmp_path):
+    m = manager(tmp_path, [], snapshot_every=10, ckpt_every=20, full_every=0)
+    _, _, state = training_state()
+    for step in (20, 30, 40):
+        m.on_step(step, lambda: state)
+    m.restore(20)
+    assert m.available_steps() == [20]
+    m.close()
+
+
+def test_corrupt_newest_checkpoint_falls_back_to_previous(tmp_path):
+    events: list[dict] = []
+    m = manager(tmp_path, events)
+    _, _, old = training_state(seed=1)
+    _, _, new = training_state(seed=2)
+    m.save(100, old, "full")
+    m.save(200, new, "full")
+    m.close()
+    newest = tmp_path / "rank0" / "full-000000200.pt"
+    data = bytearray(newest.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    newest.write_bytes(bytes(data))
+
+    events.clear()
+    fresh = manager(tmp_path, events)
+    assert fresh.latest_verified() == 100
+    step, state, source, detail = fresh.restore_latest()
+    assert (step, source) == (100, "disk")
+    assert "200" in detail and "corrupt" in detail
+    assert_state_equal(old, state)
+    bad = [e for e in events if not e["verified"]]
+    assert bad and bad[0]["step"] == 200 and "sha256" in bad[0]["detail"]
+    with pytest.raises(KeyError, match="corrupt"):
+        fresh.restore(200, discard_newer=False)
+    fresh.close()
+
+
+WRITER = textwrap.dedent(
+    """
+    import sys, time
+    import torch
+    import trainer.checkpoint as ck
+    cfg = ck.CheckpointConfig(dir=sys.argv[1])
+    m = ck.CheckpointManager(cfg)
+    m.save(100, {"w": torch.ones(1000)}, "full")
+    m.wait()
+    real_write = ck._HashingWriter.write
+    def stalled(self, data):
+        n = real_write(self, data)
+        if self.n > 4096:
+            self.fh.flush()
+            print("WRITING", flush=True)
+            time.sleep(60)
+        return n
+    ck._HashingWriter.write = stalled
+    m.save(200, {"w": torch.full((100000,), 2.0)}, "full")
+    time.sleep(60)
+    """
+)
+
+
+def test_writer_killed_mid_checkpoint_leaves_previous_intact(tmp_path):
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    try:
+        assert proc.stdout.readline().strip() == "WRITING"
+        assert (tmp_path / "rank0" / "full-000000200.pt.tmp").exists()
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    events: list[dict] = []
+    m = manager(tmp_path, events)
+    assert not list((tmp_path / "rank0").glob("*.tmp"))
+    assert m.available_steps() == [100]
+    state, source = m.restore(100)
+    assert source == "disk" and torch.equal(state["w"], torch.ones(1000))
+    m.close()
+
+
+def test_failing_observer_does_not_stop_the_writer(tmp_path):
+    def boom(_payload):
+        raise RuntimeError("observer down")
+
+    m = CheckpointManager(CheckpointConfig(dir=str(tmp_path)), on_event=boom)
+    m.save(5, {"w": torch.zeros(3)}, "incremental")
+    m.wait()
+    assert m.disk_steps() == [5]
+    m.close()
+
+
+@pytest.mark.parametrize("kw, field", [({"memory_ring": 0}, "memory_ring"), ({"keep_full": 0}, "keep_full"),
+                                       ({"ckpt_every": -1}, "ckpt_every")])
+def test_config_validation(tmp_path, kw, field):
+    with pytest.raises(ValueError, match=f"^{field}:"):
+        CheckpointConfig(dir=str(tmp_path), **kw)
