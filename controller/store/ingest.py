@@ -164,9 +164,15 @@ def _step_row(ev: Event) -> dict[str, Any]:
     return row
 
 
+def _wrote(session: Session, stmt: Any, key: Any) -> bool:
+    """Run an INSERT ... ON CONFLICT and tell whether it wrote a row. RETURNING, not rowcount:
+    drivers disagree on an upsert's rowcount (psycopg reports -1 through the ORM)."""
+    return session.execute(stmt.returning(key)).first() is not None
+
+
 def _insert_once(session: Session, model: Any, values: dict[str, Any]) -> bool:
     stmt = insert_for(session, model).values(**values).on_conflict_do_nothing(index_elements=["event_id"])
-    return session.execute(stmt).rowcount > 0
+    return _wrote(session, stmt, model.id)
 
 
 def _grad_hist(session: Session, ev: Event) -> bool:
@@ -228,7 +234,7 @@ def _heartbeat(session: Session, ev: Event) -> bool:
         set_={"ts": ins.excluded.ts, "step": ins.excluded.step, "state": ins.excluded.state},
         where=Heartbeat.ts < ins.excluded.ts,
     )
-    return session.execute(stmt).rowcount > 0
+    return _wrote(session, stmt, Heartbeat.rank)
 
 
 def _checkpoint(session: Session, ev: Event) -> bool:
@@ -252,7 +258,7 @@ def _checkpoint(session: Session, ev: Event) -> bool:
         set_={c: getattr(ins.excluded, c) for c in updated},
         where=CheckpointRow.ts < ins.excluded.ts,
     )
-    return session.execute(stmt).rowcount > 0
+    return _wrote(session, stmt, CheckpointRow.id)
 
 
 def _command_ack(session: Session, ev: Event) -> bool:

@@ -1,0 +1,159 @@
+"""Engines, migrations and transactions on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import inspect, select, text
+from sqlalchemy.exc import IntegrityError, OperationalError
+
+from controller.store.db import Store, StoreConfig, alembic_config, init_db, make_engine, session_scope
+from controller.store.models import Base, Run, StepMetric
+
+
+def test_store_config_defaults_to_a_sqlite_file():
+    assert StoreConfig().url == "sqlite:///cliffguard.db"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"url": "not a url"}, "url"),
+        ({"url": "mysql://u@h/db"}, "url"),
+        ({"busy_timeout_ms": -1}, "busy_timeout_ms"),
+        ({"pool_size": 0}, "pool_size"),
+    ],
+)
+def test_store_config_rejects_bad_values_naming_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=rf"^{field}: "):
+        StoreConfig(**kwargs)
+
+
+def test_sqlite_connections_use_wal_foreign_keys_and_busy_timeout(sqlite_url):
+    engine = make_engine(StoreConfig(url=sqlite_url, busy_timeout_ms=1234))
+    with engine.connect() as conn:
+        assert conn.execute(text("PRAGMA journal_mode")).scalar() == "wal"
+        assert conn.execute(text("PRAGMA foreign_keys")).scalar() == 1
+        assert conn.execute(text("PRAGMA busy_timeout")).scalar() == 1234
+    engine.dispose()
+
+
+def test_sqlite_file_directory_is_created(tmp_path):
+    engine = make_engine(f"sqlite:///{tmp_path / 'a' / 'b' / 'store.db'}")
+    init_db(engine)
+    assert (tmp_path / "a" / "b" / "store.db").exists()
+    engine.dispose()
+
+
+def test_sqlite_writer_waits_for_a_lock_instead_of_failing(sqlite_url):
+    engine = make_engine(StoreConfig(url=sqlite_url, busy_timeout_ms=5000))
+    init_db(engine)
+    holder = engine.raw_connection()
+    holder.execute("BEGIN IMMEDIATE")  # take the write lock
+    holder.execute(
+        "INSERT INTO runs (id, status, recovery_state, world_size, last_step, lr_scale, config, "
+        "controller_state, downsampled_below) VALUES ('held', 'running', 'running', 1, 0, 1.0, '{}', '{}', 0)"
+    )
+    release = threading.Timer(0.3, holder.commit)
+    release.start()
+    t0 = time.monotonic()
+    with session_scope(engine) as s:
+        s.add(Run(id="waiter"))
+    waited = time.monotonic() - t0
+    release.join()
+    holder.close()
+    assert waited >= 0.2
+    with session_scope(engine) as s:
+        assert set(s.scalars(select(Run.id))) == {"held", "waiter"}
+    engine.dispose()
+
+
+def test_sqlite_without_busy_timeout_fails_on_a_held_lock(sqlite_url):
+    engine = make_engine(StoreConfig(url=sqlite_url, busy_timeout_ms=0))
+    init_db(engine)
+    holder = engine.raw_connection()
+    holder.execute("BEGIN IMMEDIATE")
+    with pytest.raises(OperationalError, match="locked"):
+        with session_scope(engine) as s:
+            s.add(Run(id="waiter"))
+    holder.rollback()
+    holder.close()
+    engine.dispose()
+
+
+def _diffs(engine):
+    with engine.connect() as conn:
+        ctx = MigrationContext.configure(conn, opts={"compare_type": True, "compare_server_default": False})
+        return compare_metadata(ctx, Base.metadata)
+
+
+def test_migrations_create_exactly_the_models_schema(engine):
+    assert _diffs(engine) == []
+    tables = set(inspect(engine).get_table_names())
+    assert set(Base.metadata.tables) <= tables
+    assert "alembic_version" in tables
+
+
+def test_init_db_twice_is_harmless_and_keeps_data(engine):
+    with session_scope(engine) as s:
+        s.add(Run(id="keep"))
+    init_db(engine)
+    with session_scope(engine) as s:
+        assert s.get(Run, "keep") is not None
+
+
+def test_downgrade_to_base_then_upgrade_again(engine):
+    cfg = alembic_config(engine)
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, "base")
+    assert set(inspect(engine).get_table_names()) <= {"alembic_version"}
+    init_db(engine)
+    assert _diffs(engine) == []
+
+
+def test_foreign_keys_are_enforced(engine):
+    with pytest.raises(IntegrityError):
+        with session_scope(engine) as s:
+            s.add(StepMetric(run_id="no-such-run", step=1, rank=0, ts=1.0))
+
+
+def test_deleting_a_run_cascades_to_its_rows(engine):
+    with session_scope(engine) as s:
+        s.add(Run(id="gone"))
+        s.flush()
+        s.add(StepMetric(run_id="gone", step=1, rank=0, ts=1.0))
+    with session_scope(engine) as s:
+        s.execute(Run.__table__.delete().where(Run.id == "gone"))
+    with session_scope(engine) as s:
+        assert s.scalars(select(StepMetric)).all() == []
+
+
+def test_session_scope_commits_on_success_and_rolls_back_on_error(engine):
+    with session_scope(engine) as s:
+        s.add(Run(id="committed"))
+    with pytest.raises(RuntimeError):
+        with session_scope(engine) as s:
+            s.add(Run(id="rolled-back"))
+            s.flush()
+            raise RuntimeError("boom")
+    with session_scope(engine) as s:
+        assert set(s.scalars(select(Run.id))) == {"committed"}
+
+
+def test_store_open_migrates_and_objects_stay_readable_after_commit(db_url):
+    store = Store.open(db_url)
+    try:
+        with store.session() as s:
+            run = Run(id="r", world_size=4)
+            s.add(run)
+        assert run.world_size == 4  # expire_on_commit=False: readable after the transaction
+        with store.session() as s:
+            assert s.get(Run, "r").world_size == 4
+    finally:
+        store.close()

@@ -1,0 +1,304 @@
+"""Events -> rows: every event type, idempotency, ordering, non-finite values; SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import math
+
+from sqlalchemy import select
+
+from agent.events import EventType, new_id
+from controller.store import read
+from controller.store.db import session_scope
+from controller.store.ingest import ingest_event, ingest_events, nonfinite_kind
+from controller.store.models import (
+    Base,
+    CheckpointRow,
+    CommandRow,
+    DataFlag,
+    GradHist,
+    Heartbeat,
+    Run,
+    StepMetric,
+    ValidationRow,
+)
+from tests.controller.store import factory as f
+
+
+def _norm(value):
+    if isinstance(value, float) and math.isnan(value):
+        return "NaN"  # NaN != NaN; compare it as a token
+    if isinstance(value, dict):
+        return {k: _norm(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_norm(v) for v in value]
+    return value
+
+
+def snapshot(engine) -> dict[str, list[tuple]]:
+    """Every row of every table, as comparable tuples."""
+    out = {}
+    with engine.connect() as conn:
+        for name, table in Base.metadata.tables.items():
+            rows = conn.execute(select(table)).all()
+            out[name] = sorted((tuple(_norm(v) for v in r) for r in rows), key=repr)
+    return out
+
+
+def _command(s, run="run-a", status="sent") -> str:
+    if s.get(Run, run) is None:
+        s.add(Run(id=run))
+        s.flush()  # no ORM relationship orders the inserts; the run must exist first
+    cmd_id = new_id()
+    s.add(
+        CommandRow(
+            id=cmd_id, run_id=run, type="pause", args={}, issued_at=f.T0, expires_at=f.T0 + 60, status=status
+        )
+    )
+    return cmd_id
+
+
+def _every_event_type(cmd_id: str) -> list:
+    """One of each event type, in a plausible order."""
+    return [
+        f.run_started(),
+        f.step(1, 2.5, rank=0),
+        f.step(1, 2.5, rank=1, loss_local=2.6),
+        f.grad_hist(1),
+        f.event(EventType.HEARTBEAT, 1, {"state": "running"}, rank=1),
+        f.checkpoint(1, kind="memory"),
+        f.event(EventType.VALIDATION, 2, {"cmd": cmd_id, "val_loss": 2.4, "batches": 8}),
+        f.ack(cmd_id, "applied", step=2, detail="paused"),
+        f.event(EventType.DATA_FLAG, 2, {"sample_ids": [5, 9], "rule": "garbled", "score": 0.9}),
+        f.event(EventType.RUN_FINISHED, 3, {"final_loss": 2.3, "steps": 3}),
+    ]
+
+
+def test_every_event_type_lands_in_its_table(engine):
+    with session_scope(engine) as s:
+        cmd_id = _command(s)
+    with session_scope(engine) as s:
+        assert ingest_events(s, _every_event_type(cmd_id)) == 10
+    with session_scope(engine) as s:
+        run = s.get(Run, "run-a")
+        assert run.config["n_params"] == 1_000_000 and run.world_size == 2
+        assert run.status == "finished" and run.ended_at == f.T0 + 3 and run.last_step == 3
+        steps = s.scalars(select(StepMetric).order_by(StepMetric.rank)).all()
+        assert [(m.step, m.rank, m.loss_local) for m in steps] == [(1, 0, 2.5), (1, 1, 2.6)]
+        assert steps[0].guard == "ok" and steps[0].tokens == 2048 and steps[0].resolution == 1
+        assert s.scalars(select(GradHist)).one().layers["h.0"]["counts"] == [1, 5, 3]
+        hb = s.scalars(select(Heartbeat)).one()
+        assert (hb.rank, hb.state, hb.step) == (1, "running", 1)
+        ck = s.scalars(select(CheckpointRow)).one()
+        assert (ck.kind, ck.step, ck.verified, ck.sha256) == ("memory", 1, True, "ab" * 32)
+        val = s.scalars(select(ValidationRow)).one()
+        assert (val.cmd, val.val_loss, val.batches) == (cmd_id, 2.4, 8)
+        cmd = s.get(CommandRow, cmd_id)
+        assert (cmd.status, cmd.ack_detail, cmd.acked_at) == ("applied", "paused", f.T0 + 2)
+        flag = s.scalars(select(DataFlag)).one()
+        assert (flag.rule, flag.sample_ids, flag.score) == ("garbled", [5, 9], 0.9)
+
+
+def test_redelivering_every_event_changes_nothing(engine):
+    with session_scope(engine) as s:
+        cmd_id = _command(s)
+    events = _every_event_type(cmd_id)
+    with session_scope(engine) as s:
+        ingest_events(s, events)
+    before = snapshot(engine)
+    with session_scope(engine) as s:
+        assert ingest_events(s, events) == 0  # the whole batch again
+    with session_scope(engine) as s:
+        assert [ingest_event(s, e) for e in events] == [False] * len(events)  # one by one
+    assert snapshot(engine) == before
+
+
+def test_events_for_an_unseen_run_create_it(engine):
+    with session_scope(engine) as s:
+        assert ingest_event(s, f.step(7, 3.0, run="fresh", world=4, rank=3))
+    with session_scope(engine) as s:
+        run = s.get(Run, "fresh")
+        assert (run.status, run.world_size, run.last_step, run.last_event_ts) == ("running", 4, 7, f.T0 + 7)
+
+
+def test_run_last_step_follows_the_newest_event_even_backwards_after_a_rollback(engine):
+    with session_scope(engine) as s:
+        ingest_events(s, [f.step(i) for i in range(50)])
+        # rollback to step 40: the re-trained step 41 comes later in time than step 49
+        ingest_event(s, f.step(41, ts=f.T0 + 100))
+        ingest_event(s, f.step(30, ts=f.T0 + 30.5))  # a late, older event does not move it back
+    with session_scope(engine) as s:
+        run = s.get(Run, "run-a")
+        assert (run.last_step, run.last_event_ts) == (41, f.T0 + 100)
+        assert len(read.loss_curve(s, "run-a", max_points=None)) == 52  # both copies of step 41 kept
+
+
+def test_nan_and_inf_losses_survive_on_every_database(engine):
+    with session_scope(engine) as s:
+        ingest_events(
+            s,
+            [
+                f.step(1, 2.0),
+                f.step(2, math.nan, grad_norm=math.nan),
+                f.step(3, math.inf),
+                f.step(4, -math.inf),
+            ],
+        )
+    with session_scope(engine) as s:
+        kinds = s.execute(select(StepMetric.step, StepMetric.nonfinite).order_by(StepMetric.step)).all()
+        assert kinds == [(1, None), (2, "nan"), (3, "inf"), (4, "-inf")]
+        curve = read.loss_curve(s, "run-a", max_points=None)
+    assert curve[0]["loss"] == 2.0
+    assert math.isnan(curve[1]["loss"]) and curve[1]["nonfinite"] == "nan"
+    assert curve[2]["loss"] == math.inf and curve[3]["loss"] == -math.inf
+
+
+def test_nonfinite_values_in_json_columns_are_stored_as_strings_and_read_back_as_floats(engine):
+    hist = f.event(
+        EventType.GRAD_HIST,
+        5,
+        {
+            "edges": [0.0, 1.0],
+            "layers": {
+                "h.0": {
+                    "counts": [1],
+                    "zeros": 0,
+                    "nonfinite": 3,
+                    "p50": math.nan,
+                    "p99": math.inf,
+                    "max": math.inf,
+                    "norm": math.nan,
+                    "underflow": 0.0,
+                }
+            },
+        },
+    )
+    with session_scope(engine) as s:
+        ingest_events(
+            s,
+            [
+                f.run_started(lr_schedule={"warmup_lr": math.inf}),
+                f.step(5, 2.0, layer_grad_norms={"h.0": math.nan, "h.1": 0.5}),
+                hist,
+            ],
+        )
+    with session_scope(engine) as s:
+        assert s.get(Run, "run-a").config["lr_schedule"] == {"warmup_lr": "Infinity"}
+        assert s.scalars(select(StepMetric.layer_grad_norms)).one() == {"h.0": "NaN", "h.1": 0.5}
+        layer = read.grad_hists(s, "run-a")[0]["layers"]["h.0"]
+        norms = read.latest_rank_steps(s, "run-a")[0]["layer_grad_norms"]
+    assert math.isnan(layer["p50"]) and layer["p99"] == math.inf and layer["nonfinite"] == 3
+    assert math.isnan(norms["h.0"]) and norms["h.1"] == 0.5
+
+
+def test_nan_validation_loss_survives(engine):
+    with session_scope(engine) as s:
+        ingest_event(s, f.event(EventType.VALIDATION, 3, {"val_loss": math.nan, "batches": 4}))
+    with session_scope(engine) as s:
+        [val] = read.validations(s, "run-a")
+    assert math.isnan(val["val_loss"]) and val["nonfinite"] == "nan" and val["cmd"] is None
+
+
+def test_heartbeat_keeps_the_newest_per_rank(engine):
+    with session_scope(engine) as s:
+        assert ingest_event(s, f.event(EventType.HEARTBEAT, 10, {"state": "running"}, ts=f.T0 + 10))
+        assert ingest_event(s, f.event(EventType.HEARTBEAT, 12, {"state": "paused"}, ts=f.T0 + 12))
+        assert not ingest_event(s, f.event(EventType.HEARTBEAT, 11, {"state": "running"}, ts=f.T0 + 11))
+        assert ingest_event(s, f.event(EventType.HEARTBEAT, 11, {"state": "running"}, rank=1, ts=f.T0 + 11))
+    with session_scope(engine) as s:
+        beats = read.heartbeats(s, "run-a")
+    assert [(b["rank"], b["step"], b["state"]) for b in beats] == [(0, 12, "paused"), (1, 11, "running")]
+
+
+def test_checkpoint_updates_with_newer_events_and_keeps_the_controllers_stable_flag(engine):
+    with session_scope(engine) as s:
+        ingest_event(s, f.checkpoint(100, verified=False, ts=f.T0 + 100))
+    with session_scope(engine) as s:
+        row = s.scalars(select(CheckpointRow)).one()
+        row.stable, row.stable_reason = True, "healthy window"
+    with session_scope(engine) as s:
+        assert ingest_event(s, f.checkpoint(100, verified=True, ts=f.T0 + 101, detail="verified by loading"))
+        assert not ingest_event(s, f.checkpoint(100, verified=False, ts=f.T0 + 100))  # late older copy
+        assert ingest_event(s, f.checkpoint(100, kind="memory", ts=f.T0 + 100))  # another kind: its own row
+    with session_scope(engine) as s:
+        rows = read.checkpoints(s, "run-a", kind="full")
+    assert len(rows) == 1
+    assert (rows[0]["verified"], rows[0]["stable"], rows[0]["detail"]) == (True, True, "verified by loading")
+
+
+def test_ack_sets_status_once_and_duplicate_acks_never_overwrite_it(engine):
+    with session_scope(engine) as s:
+        cmd_id = _command(s)
+    with session_scope(engine) as s:
+        assert ingest_event(s, f.ack(cmd_id, "applied", ts=f.T0 + 10, detail="done"))
+        assert not ingest_event(s, f.ack(cmd_id, "duplicate", ts=f.T0 + 20, detail="seen before"))
+        assert not ingest_event(s, f.ack(cmd_id, "failed", ts=f.T0 + 5))  # older than the recorded ack
+    with session_scope(engine) as s:
+        cmd = s.get(CommandRow, cmd_id)
+        assert (cmd.status, cmd.ack_detail, cmd.acked_at) == ("applied", "done", f.T0 + 10)
+
+
+def test_late_ack_replaces_a_controller_timeout(engine):
+    with session_scope(engine) as s:
+        cmd_id = _command(s, status="timeout")
+    with session_scope(engine) as s:
+        assert ingest_event(s, f.ack(cmd_id, "rejected", detail="expired signature"))
+        assert s.get(CommandRow, cmd_id).status == "rejected"
+
+
+def test_ack_for_an_unknown_command_is_ignored(engine, caplog):
+    with session_scope(engine) as s:
+        assert not ingest_event(s, f.ack(new_id(), "applied"))
+    assert "unknown command" in caplog.text
+
+
+def test_run_lifecycle_restart_and_late_copies(engine):
+    with session_scope(engine) as s:
+        ingest_event(s, f.run_started(ts=f.T0))
+        ingest_event(s, f.event(EventType.RUN_FAILED, 50, {"error": "OOM"}, ts=f.T0 + 50))
+    with session_scope(engine) as s:
+        run = s.get(Run, "run-a")
+        assert (run.status, run.error, run.ended_at) == ("failed", "OOM", f.T0 + 50)
+        # a late copy of the first start must not revive the failed run
+        assert not ingest_event(s, f.run_started(ts=f.T0))
+        assert s.get(Run, "run-a").status == "failed"
+    with session_scope(engine) as s:
+        assert ingest_event(s, f.run_started(ts=f.T0 + 60, world=4))  # a real restart
+        run = s.get(Run, "run-a")
+        assert (run.status, run.error, run.ended_at, run.world_size) == ("running", None, None, 4)
+        # a late copy of the old failure must not end the restarted run
+        assert not ingest_event(s, f.event(EventType.RUN_FAILED, 50, {"error": "OOM"}, ts=f.T0 + 50))
+        assert ingest_event(s, f.event(EventType.RUN_FINISHED, 90, {}, ts=f.T0 + 90))
+    with session_scope(engine) as s:
+        assert s.get(Run, "run-a").status == "finished"
+
+
+def test_step_events_below_the_downsampled_range_are_ignored(engine):
+    with session_scope(engine) as s:
+        ingest_event(s, f.step(0))
+        s.get(Run, "run-a").downsampled_below = 100
+    with session_scope(engine) as s:
+        assert not ingest_event(s, f.step(99))
+        assert ingest_event(s, f.step(100))
+        assert sorted(s.scalars(select(StepMetric.step))) == [0, 100]
+
+
+def test_a_failed_transaction_records_nothing(engine):
+    try:
+        with session_scope(engine) as s:
+            ingest_events(s, [f.step(1), f.step(2)])
+            raise RuntimeError("controller crashed before commit")
+    except RuntimeError:
+        pass
+    with session_scope(engine) as s:
+        assert s.scalars(select(StepMetric)).all() == []
+        assert ingest_events(s, [f.step(1), f.step(2)]) == 2  # the re-read batch goes in
+
+
+def test_nonfinite_kind():
+    assert [nonfinite_kind(v) for v in (None, 1.0, math.nan, math.inf, -math.inf)] == [
+        None,
+        None,
+        "nan",
+        "inf",
+        "-inf",
+    ]
