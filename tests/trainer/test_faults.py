@@ -1,0 +1,79 @@
+import pytest
+import torch
+
+from trainer.faults import FaultInjector, FaultSpec
+
+
+def test_parse_every_kind():
+    assert FaultSpec.parse("lr_blowup@300x50:20") == FaultSpec(kind="lr_blowup", step=300, factor=50.0, steps=20)
+    assert FaultSpec.parse("corrupt@200") == FaultSpec(kind="corrupt", step=200)
+    assert FaultSpec.parse("nan@250:1") == FaultSpec(kind="nan", step=250, rank=1)
+    slow = FaultSpec.parse("slow_rank@1:0.05")
+    assert (slow.rank, slow.seconds, slow.step) == (1, 0.05, 0)
+    assert FaultSpec.parse("kill_rank@1:400") == FaultSpec(kind="kill_rank", rank=1, step=400)
+    assert FaultSpec.parse("broker_outage@100:10") == FaultSpec(kind="broker_outage", step=100, steps=10)
+
+
+@pytest.mark.parametrize("bad", ["lr_blowup@300", "explode@3", "nan@x", "lr_blowup@10x0:5", "broker_outage@5:0"])
+def test_bad_specs_are_rejected_with_a_reason(bad):
+    with pytest.raises(ValueError, match="^fault:"):
+        FaultSpec.parse(bad)
+
+
+def test_lr_blowup_window_and_one_shot_after_rollback():
+    f = FaultInjector(["lr_blowup@10x50:3"])
+    assert [f.lr_factor(s) for s in range(8, 15)] == [1, 1, 50, 50, 50, 1, 1]
+    # rolled back to step 9: the glitch does not recur
+    assert [f.lr_factor(s) for s in range(9, 14)] == [1] * 5
+
+
+def test_rollback_from_inside_the_window_spends_it():
+    f = FaultInjector(["lr_blowup@10x4:10"])
+    assert [f.lr_factor(s) for s in (10, 11, 12)] == [4, 4, 4]
+    assert f.lr_factor(5) == 1 and f.lr_factor(11) == 1
+
+
+def test_corrupt_batch_only_at_its_step_and_deterministic():
+    x = torch.full((2, 16), ord("a"), dtype=torch.long)
+    f = FaultInjector(["corrupt@7"], seed=3)
+    assert torch.equal(f.corrupt_batch(6, x), x)
+    bad = f.corrupt_batch(7, x)
+    assert bad.shape == x.shape and bad.dtype == x.dtype and not torch.equal(bad, x)
+    assert int(bad.min()) >= 0 and int(bad.max()) <= 255
+    again = FaultInjector(["corrupt@7"], seed=3).corrupt_batch(7, x)
+    assert torch.equal(bad, again)
+    assert torch.equal(f.corrupt_batch(8, x), x)
+    assert f.fired == [("corrupt", 7)]
+
+
+def test_nan_and_rank_filter():
+    r0 = FaultInjector(["nan@5:1"], rank=0)
+    r1 = FaultInjector(["nan@5:1"], rank=1)
+    assert [r0.nan_loss(s) for s in range(4, 7)] == [False, False, False]
+    assert [r1.nan_loss(s) for s in range(4, 7)] == [False, True, False]
+
+
+def test_slow_rank_sleeps_on_that_rank_every_step_from_start():
+    slept: list[float] = []
+    f1 = FaultInjector(["slow_rank@1:0.05:3"], rank=1, sleep=slept.append)
+    f0 = FaultInjector(["slow_rank@1:0.05:3"], rank=0, sleep=slept.append)
+    assert [f1.delay(s) for s in range(5)] == [0, 0, 0, 0.05, 0.05]
+    assert f0.delay(4) == 0
+    assert slept == [0.05, 0.05]
+    assert f1.delay(2) == 0 and f1.delay(3) == 0.05  # still slow after a rollback
+
+
+def test_kill_rank_fires_once_at_its_step_on_its_rank():
+    killed: list[int] = []
+    f = FaultInjector(["kill_rank@1:4"], rank=1, kill=lambda: killed.append(1))
+    other = FaultInjector(["kill_rank@1:4"], rank=0, kill=lambda: killed.append(0))
+    for s in range(6):
+        f.maybe_kill(s)
+        other.maybe_kill(s)
+    assert killed == [1]
+
+
+def test_broker_outage_window():
+    f = FaultInjector(["broker_outage@100:10"])
+    down = [s for s in range(95, 115) if f.broker_down(s)]
+    assert down == list(range(100, 110))

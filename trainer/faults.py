@@ -1,0 +1,160 @@
+"""Fault injection for demos and tests, by flag (``--fault`` specs; pure apart from ``delay``/``maybe_kill``).
+
+Spec strings (step numbers are optimizer steps; ``[:r]`` limits a fault to rank r):
+
+==========================  =====================================================================
+``lr_blowup@300x50:20``     the learning rate × 50 for steps 300..319
+``corrupt@200[:r]``         step 200's input batch replaced by random bytes
+``nan@250[:r]``             step 250's loss reported as NaN
+``slow_rank@1:0.05``        rank 1 sleeps 0.05 s every step (a straggler)
+``slow_rank@1:0.05:100``    ... from step 100 on
+``kill_rank@1:400``         rank 1 SIGKILLs itself at step 400 (a lost node)
+``broker_outage@100:10``    the agent treats the broker as down for steps 100..109
+==========================  =====================================================================
+
+One-shot (all but slow_rank, which stays slow): a fault window fires on the first pass only. When the loop leaves the window — past
+its end, or back before its start by a rollback — it is spent, so a rollback to before the fault
+replays the steps cleanly (a transient glitch does not recur; that is what recovery must show).
+Random bytes come from a generator seeded by (seed, step, rank): the same spec corrupts the same
+way every run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+_SPEC_RE = re.compile(
+    r"^(?P<kind>lr_blowup|corrupt|nan|slow_rank|kill_rank|broker_outage)@(?P<args>[0-9.x:]+)$"
+)
+KINDS = ("lr_blowup", "corrupt", "nan", "slow_rank", "kill_rank", "broker_outage")
+
+
+@dataclass(frozen=True, slots=True)
+class FaultSpec:
+    kind: str
+    step: int = 0
+    """First step the fault affects."""
+    steps: int = 1
+    """How many steps it lasts (lr_blowup, broker_outage)."""
+    factor: float = 1.0
+    """LR multiplier (lr_blowup)."""
+    rank: int | None = None
+    """Only this rank (None = every rank)."""
+    seconds: float = 0.0
+    """Sleep per step (slow_rank)."""
+
+    @classmethod
+    def parse(cls, text: str) -> FaultSpec:
+        m = _SPEC_RE.match(text.strip())
+        if not m:
+            raise ValueError(f"fault: cannot parse {text!r} (kinds: {', '.join(KINDS)}; e.g. lr_blowup@300x50:20)")
+        kind, args = m["kind"], m["args"]
+        try:
+            if kind == "lr_blowup":
+                at, rest = args.split("x")
+                factor, n = rest.split(":")
+                return cls(kind=kind, step=int(at), factor=float(factor), steps=int(n))
+            parts = args.split(":")
+            if kind in ("corrupt", "nan"):
+                return cls(kind=kind, step=int(parts[0]), rank=int(parts[1]) if len(parts) > 1 else None)
+            if kind == "slow_rank":
+                start = int(parts[2]) if len(parts) > 2 else 0
+                return cls(kind=kind, rank=int(parts[0]), seconds=float(parts[1]), step=start, steps=1 << 62)
+            if kind == "kill_rank":
+                (r, at) = parts
+                return cls(kind=kind, rank=int(r), step=int(at))
+            (at, n) = parts
+            return cls(kind=kind, step=int(at), steps=int(n))
+        except ValueError:
+            raise ValueError(f"fault: bad arguments in {text!r}") from None
+
+    def __post_init__(self) -> None:
+        if self.step < 0 or self.steps < 1:
+            raise ValueError("fault: step must be >= 0 and the duration >= 1")
+        if self.kind == "lr_blowup" and self.factor <= 0:
+            raise ValueError("fault: lr_blowup factor must be > 0")
+        if self.seconds < 0:
+            raise ValueError("fault: slow_rank seconds must be >= 0")
+
+
+class _Window:
+    """A [start, start+n) window that fires on the first pass only."""
+
+    __slots__ = ("start", "stop", "entered", "spent")
+
+    def __init__(self, start: int, n: int) -> None:
+        self.start, self.stop = start, start + n
+        self.entered = False
+        self.spent = False
+
+    def active(self, step: int) -> bool:
+        if self.spent:
+            return False
+        if self.start <= step < self.stop:
+            self.entered = True
+            return True
+        if self.entered:
+            self.spent = True  # left the window (forward past it, or rolled back before it)
+        return False
+
+
+class FaultInjector:
+    def __init__(
+        self,
+        specs: list[FaultSpec | str],
+        rank: int = 0,
+        seed: int = 0,
+        kill: Callable[[], None] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        parsed = [s if isinstance(s, FaultSpec) else FaultSpec.parse(s) for s in specs]
+        self.specs = [s for s in parsed if s.rank is None or s.rank == rank]
+        self.rank = rank
+        self.seed = seed
+        self._kill = kill or (lambda: os.kill(os.getpid(), signal.SIGKILL))
+        self._sleep = sleep
+        self._windows = {id(s): _Window(s.step, s.steps) for s in self.specs}
+        self.fired: list[tuple[str, int]] = []
+        """(kind, step) of every fault that took effect, for logs and tests."""
+
+    def _hits(self, kind: str, step: int) -> list[FaultSpec]:
+        hits = [s for s in self.specs if s.kind == kind and self._windows[id(s)].active(step)]
+        if hits and (kind, step) not in self.fired:
+            self.fired.append((kind, step))
+        return hits
+
+    def lr_factor(self, step: int) -> float:
+        factor = 1.0
+        for s in self._hits("lr_blowup", step):
+            factor *= s.factor
+        return factor
+
+    def corrupt_batch(self, step: int, x: torch.Tensor) -> torch.Tensor:
+        if not self._hits("corrupt", step):
+            return x
+        gen = torch.Generator().manual_seed(hash((self.seed, step, self.rank)) & 0x7FFF_FFFF)
+        return torch.randint(0, 256, x.shape, generator=gen, dtype=x.dtype).to(x.device)
+
+    def nan_loss(self, step: int) -> bool:
+        return bool(self._hits("nan", step))
+
+    def delay(self, step: int) -> float:
+        # A straggler is a property of the machine, not a one-off: it stays slow after a rollback.
+        seconds = sum(s.seconds for s in self.specs if s.kind == "slow_rank" and step >= s.step)
+        if seconds:
+            self._sleep(seconds)
+        return seconds
+
+    def maybe_kill(self, step: int) -> None:
+        if self._hits("kill_rank", step):
+            self._kill()
+
+    def broker_down(self, step: int) -> bool:
+        return bool(self._hits("broker_outage", step))
