@@ -1,0 +1,79 @@
+"""``cliffguard status [RUN]``: runs and their recovery states; with RUN, its incidents and commands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from agent.settings import ConfigError
+from cliffguard.commands.controller import add_common
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("status", help="list runs and their recovery states")
+    p.add_argument("run", nargs="?", metavar="RUN", help="show one run's incidents, timeline and commands")
+    add_common(p)
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    return p
+
+
+def _age(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    s = max(0.0, time.time() - ts)
+    return f"{s:.0f}s" if s < 120 else f"{s / 60:.0f}m" if s < 7200 else f"{s / 3600:.0f}h"
+
+
+def run(args: argparse.Namespace) -> int:
+    from agent.settings import build_config, load_toml
+    from controller.store import read
+    from controller.store.db import Store, StoreConfig
+
+    try:
+        store_cfg = build_config(StoreConfig, "store", toml=load_toml(args.config), flags={"url": args.db})
+    except ConfigError as exc:
+        print(f"cliffguard status: {exc}")
+        return 2
+    store = Store.open(store_cfg)
+    try:
+        with store.session() as s:
+            if args.run:
+                run_row = read.get_run(s, args.run)
+                if run_row is None:
+                    print(f"cliffguard status: run {args.run!r} is not in the store")
+                    return 1
+                run_row.pop("controller_state", None)
+                out = {"run": run_row, "incidents": read.incidents(s, args.run, limit=20),
+                       "transitions": read.transitions(s, args.run, limit=50),
+                       "commands": read.commands(s, args.run, limit=50)}
+            else:
+                out = {"runs": read.list_runs(s), "dlq": read.dlq_counts(s)}
+    finally:
+        store.close()
+    if args.json:
+        print(json.dumps(out, default=str, indent=1))
+        return 0
+    if not args.run:
+        runs = out["runs"]
+        if not runs:
+            print("no runs in the store")
+        print(f"{'RUN':<28} {'STATUS':<9} {'RECOVERY':<13} {'STEP':>8} {'LR×':>6} {'SEEN':>6}")
+        for r in runs:
+            print(f"{r['id']:<28} {r['status']:<9} {r['recovery_state']:<13} {r['last_step']:>8} "
+                  f"{r['lr_scale']:>6.3g} {_age(r.get('last_event_ts')):>6}")
+        for d in out["dlq"]:
+            print(f"dead letters {d['topic']} {d['reason']}: {d['count']}")
+        return 0
+    r = out["run"]
+    print(f"run {r['id']}: {r['status']}, recovery {r['recovery_state']}, step {r['last_step']}, "
+          f"lr_scale {r['lr_scale']:g}")
+    for inc in out["incidents"]:
+        print(f"  incident {inc['id'][:8]} {inc['rule']} {inc['level']} spike@{inc['spike_step']} "
+              f"onset@{inc['onset_step']} -> {inc['outcome']}" + (f" (rollback to {inc['rollback_to']})"
+                                                                  if inc.get("rollback_to") is not None else ""))
+    for t in out["transitions"]:
+        print(f"  {t['from_state']:>12} -> {t['to_state']:<12} {t['reason'][:100]}")
+    for c in out["commands"]:
+        print(f"  command {c['id'][:8]} {c['type']:<9} {c['source']:<10} {c['status']:<9} {c.get('ack_detail') or ''}")
+    return 0

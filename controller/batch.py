@@ -1,0 +1,221 @@
+"""One polled batch -> one SQL transaction: derived rows, run state, outbox rows, offsets.
+
+``BatchProcessor.process`` is called inside the caller's transaction and does, in order:
+
+1. fence: the stored offset of every partition in the batch must equal where the batch starts,
+   otherwise another instance already processed it (a partition moved under us) -> ``StaleBatch``;
+2. dead letters -> ``dlq_counts``;
+3. events -> derived rows (``store.ingest``), idempotent by event id;
+4. per event: the run's detector -> verdicts -> recovery inputs -> ``recovery.transition``;
+5. actions -> incidents, transitions, signed command + outbox rows, alert + outbox rows, stable
+   checkpoints, timed-out command rows;
+6. run states (``runs.controller_state``) and the consumer offsets.
+
+Nothing is sent from here: commands and alerts leave through the outbox after commit.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from agent.events import AckStatus, Event, EventType, _jsonable
+from agent.signing import Secret
+from controller.alerts import AlertsConfig, AlertSpec, enqueue_alert
+from controller.edge import EdgeBatch
+from controller.operator import enqueue_command
+from controller.recovery import transition
+from controller.recovery_types import (
+    AckIn,
+    ActionT,
+    Alert,
+    CheckpointIn,
+    CloseIncident,
+    Input,
+    MarkCommand,
+    MarkStable,
+    OpenIncident,
+    ProgressIn,
+    RecordTransition,
+    RecoveryConfig,
+    SendCommand,
+    TickIn,
+    ValidationIn,
+    VerdictIn,
+)
+from controller.runstate import RunSlot, RunTable, save_slots
+from controller.store.dlq import count_dead_letter
+from controller.store.ingest import ingest_events
+from controller.store.models import CheckpointRow, CommandRow, ConsumerOffset, Incident, Transition
+from controller.store.offsets import save_offsets
+from controller.verdict import Verdict
+
+log = logging.getLogger(__name__)
+
+
+class StaleBatch(RuntimeError):
+    """The store is ahead of this batch for a partition: another instance processed it."""
+
+    def __init__(self, topic: str, partition: int, stored: int, start: int) -> None:
+        super().__init__(f"{topic}[{partition}]: store is at offset {stored}, batch starts at {start}")
+        self.topic = topic
+        self.partition = partition
+        self.stored = stored
+
+
+@dataclass(slots=True)
+class BatchContext:
+    group_id: str
+    commands_topic: str
+    secret: Secret
+    recovery: RecoveryConfig
+    alerts: AlertsConfig
+
+
+@dataclass(slots=True)
+class BatchResult:
+    events: int = 0
+    dead: int = 0
+    commands: int = 0
+    alerts: int = 0
+    transitions: list[tuple[str, str, str]] = field(default_factory=list)
+
+
+def inputs_for(event: Event, verdicts: list[Verdict], now: float) -> list[Input]:
+    """The recovery inputs one event yields (after its verdicts). Rank 0 speaks for the run."""
+    out: list[Input] = [VerdictIn(verdict=v, now=now) for v in verdicts]
+    if event.rank != 0:
+        return out
+    d = event.data
+    if event.type is EventType.STEP:
+        rng = d.get("sample_range")
+        out.append(ProgressIn(step=event.step, now=now, sample_end=rng[1] if rng and len(rng) == 2 else None))
+    elif event.type is EventType.CHECKPOINT:
+        out.append(CheckpointIn(step=event.step, kind=str(d["kind"]), verified=bool(d["verified"]), now=now))
+    elif event.type is EventType.VALIDATION:
+        out.append(ValidationIn(step=event.step, val_loss=d["val_loss"], batches=d["batches"], now=now,
+                                cmd=d.get("cmd")))
+    elif event.type is EventType.COMMAND_ACK:
+        out.append(AckIn(cmd_id=d["cmd"], status=AckStatus(d["status"]), now=now, cmd_type=d.get("cmd_type"),
+                         detail=d.get("detail") or ""))
+    return out
+
+
+class BatchProcessor:
+    def __init__(self, ctx: BatchContext, runs: RunTable) -> None:
+        self.ctx = ctx
+        self.runs = runs
+
+    # -- the batch ----------------------------------------------------------------------------
+
+    def process(self, session: Session, batch: EdgeBatch, now: float) -> BatchResult:
+        res = BatchResult(events=len(batch.records), dead=len(batch.dead))
+        self._fence(session, batch)
+        for d in batch.dead:
+            count_dead_letter(session, d.topic, d.reason, d.detail, now=now)
+        ingest_events(session, [r.event for r in batch.records])
+        touched: dict[str, RunSlot] = {}
+        for rec in batch.records:
+            ev = rec.event
+            slot = self.runs.get(session, ev.run, rec.partition)
+            touched[ev.run] = slot
+            try:
+                verdicts = slot.detector.on_event(ev)
+            except Exception:  # noqa: BLE001 - a rule bug must not stop the other runs
+                log.exception("detector failed on %s event of run %s step %d", ev.type, ev.run, ev.step)
+                verdicts = []
+            for inp in inputs_for(ev, verdicts, now):
+                self._feed(session, slot, inp, res)
+            slot.dirty = True
+        save_slots(session, [s for s in touched.values() if s.dirty])
+        save_offsets(session, self.ctx.group_id, batch.next_offsets, now=now)
+        return res
+
+    def tick(self, session: Session, now: float) -> BatchResult:
+        """Time passes for every owned run: heartbeat-loss verdicts and command timeouts."""
+        res = BatchResult()
+        for slot in list(self.runs.slots.values()):
+            try:
+                verdicts = slot.detector.tick(now)
+            except Exception:  # noqa: BLE001
+                log.exception("detector tick failed for run %s", slot.run_id)
+                verdicts = []
+            before = (slot.recovery.phase, slot.recovery.seq)
+            for inp in [*(VerdictIn(verdict=v, now=now) for v in verdicts), TickIn(now=now)]:
+                self._feed(session, slot, inp, res)
+            if verdicts or (slot.recovery.phase, slot.recovery.seq) != before:
+                slot.dirty = True
+        save_slots(session, [s for s in self.runs.slots.values() if s.dirty])
+        return res
+
+    def _fence(self, session: Session, batch: EdgeBatch) -> None:
+        starts: dict[tuple[str, int], int] = {}
+        for item in [*batch.records, *batch.dead]:
+            key = (item.topic, item.partition)
+            starts[key] = min(starts.get(key, item.offset), item.offset)
+        if not starts:
+            return
+        rows = session.execute(
+            select(ConsumerOffset.topic, ConsumerOffset.partition, ConsumerOffset.offset)
+            .where(ConsumerOffset.group_id == self.ctx.group_id,
+                   ConsumerOffset.topic.in_({t for t, _ in starts}))
+            .with_for_update()
+        ).all()
+        for topic, partition, stored in rows:
+            start = starts.get((topic, partition))
+            # stored < start is a gap in the log (e.g. transaction markers), not a competitor
+            if start is not None and stored > start:
+                raise StaleBatch(topic, partition, stored, start)
+
+    # -- one input ----------------------------------------------------------------------------
+
+    def _feed(self, session: Session, slot: RunSlot, inp: Input, res: BatchResult) -> None:
+        slot.recovery, actions = transition(self.ctx.recovery, slot.recovery, inp)
+        for act in actions:
+            self._apply(session, slot, act, inp, res)
+
+    def _apply(self, session: Session, slot: RunSlot, act: ActionT, inp: Input, res: BatchResult) -> None:
+        run_id = slot.run_id
+        now = getattr(inp, "now", 0.0)
+        if isinstance(act, SendCommand):
+            enqueue_command(session, run_id=run_id, type=act.type, args=act.args, secret=self.ctx.secret,
+                            commands_topic=self.ctx.commands_topic, ttl_s=act.ttl_s, source="controller",
+                            incident_id=act.incident_id, cmd_id=act.id, attempt=act.attempt, now=now)
+            res.commands += 1
+        elif isinstance(act, RecordTransition):
+            session.add(Transition(run_id=run_id, incident_id=act.incident_id, ts=act.ts, step=act.step,
+                                   from_state=str(act.from_state), to_state=str(act.to_state),
+                                   reason=f"{act.trigger}: {act.reason}", evidence=_jsonable(act.evidence)))
+            session.flush()  # keep the timeline's insert order = its id order
+            res.transitions.append((run_id, str(act.from_state), str(act.to_state)))
+            log.info("run %s: %s -> %s (%s)", run_id, act.from_state, act.to_state, act.reason)
+        elif isinstance(act, OpenIncident):
+            session.add(Incident(id=act.id, run_id=run_id, opened_at=act.opened_at, rule=act.rule, level=act.level,
+                                 spike_step=act.spike_step, onset_step=act.onset_step, outcome="open",
+                                 evidence=_jsonable(act.evidence)))
+            session.flush()
+        elif isinstance(act, CloseIncident):
+            row = session.get(Incident, act.id)
+            if row is not None:
+                row.outcome = act.outcome
+                row.closed_at = act.closed_at
+                row.rollback_to = act.rollback_to
+                row.lr_scale = act.lr_scale
+        elif isinstance(act, Alert):
+            spec = AlertSpec(rule=act.rule[:64], level=act.level, title=act.title, body=act.body, run_id=run_id,
+                             incident_id=act.incident_id, action=act.action, evidence=act.evidence)
+            enqueue_alert(session, spec, self.ctx.alerts, now)
+            res.alerts += 1
+        elif isinstance(act, MarkStable):
+            session.execute(update(CheckpointRow)
+                            .where(CheckpointRow.run_id == run_id, CheckpointRow.step == act.step)
+                            .values(stable=True, stable_reason=act.reason))
+        elif isinstance(act, MarkCommand):
+            session.execute(update(CommandRow).where(CommandRow.id == act.id, CommandRow.acked_at.is_(None))
+                            .values(status=act.status, ack_detail=act.detail))
+        else:  # pragma: no cover - the action union is closed
+            raise TypeError(f"unknown action {act!r}")
+

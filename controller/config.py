@@ -1,0 +1,84 @@
+"""The controller service's own settings (``[controller]`` in TOML, ``CLIFFGUARD_CONTROLLER__*``).
+
+Rules (``controller.detect.RulesConfig``), recovery (``controller.recovery_types.RecoveryConfig``),
+alerts, Kafka and the store each own their config; this one holds what only the service loop
+needs. The command-signing secret is not a field: it comes from ``CLIFFGUARD_COMMAND_SECRET``
+(or the caller) as an ``agent.signing.Secret`` and is never logged.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from agent.signing import Secret
+
+SECRET_ENV = "CLIFFGUARD_COMMAND_SECRET"
+
+
+@dataclass(kw_only=True, slots=True)
+class ControllerConfig:
+    group_id: str = "cliffguard-controller"
+    """Kafka consumer group; instances in the same group share the runs (by partition)."""
+    poll_timeout_s: float = 0.2
+    """Longest wait of one poll; also bounds how late a tick (command timeouts) can be."""
+    max_poll_records: int = 2_000
+    """Events per batch at most; one SQL transaction per batch."""
+    fetch_max_wait_ms: int = 20
+    """How long the broker may hold a fetch to fill it. Low: a spike's command latency is bounded
+    by it (kafka-python's default of 500 ms would dominate the verdict latency)."""
+    max_event_bytes: int = 1_000_000
+    """Larger messages go to the DLQ as oversized."""
+    tick_s: float = 1.0
+    """Seconds between time ticks (heartbeat loss, command timeouts)."""
+    outbox_interval_s: float = 0.5
+    """The command outbox publisher's poll interval when nobody wakes it (commits do)."""
+    outbox_batch: int = 200
+    """Outbox rows sent per pass."""
+    outbox_retry_s: float = 2.0
+    """Wait before resending a command the broker did not confirm (doubles per attempt, max 60 s)."""
+    session_timeout_ms: int = 10_000
+    """Consumer group session timeout (a dead instance's runs move after this)."""
+    heartbeat_interval_ms: int = 1_000
+    max_poll_interval_ms: int = 30_000
+    """Kafka's limit between polls; a first group join waits about this long on some brokers."""
+
+    def __post_init__(self) -> None:
+        if not self.group_id:
+            raise ValueError("group_id: must not be empty")
+        if self.poll_timeout_s <= 0:
+            raise ValueError("poll_timeout_s: must be > 0")
+        if self.max_poll_records < 1:
+            raise ValueError("max_poll_records: must be >= 1")
+        if self.fetch_max_wait_ms < 0:
+            raise ValueError("fetch_max_wait_ms: must be >= 0")
+        if self.max_event_bytes < 1024:
+            raise ValueError("max_event_bytes: must be >= 1024")
+        if self.tick_s <= 0:
+            raise ValueError("tick_s: must be > 0")
+        if self.outbox_interval_s <= 0:
+            raise ValueError("outbox_interval_s: must be > 0")
+        if self.outbox_batch < 1:
+            raise ValueError("outbox_batch: must be >= 1")
+        if self.outbox_retry_s <= 0:
+            raise ValueError("outbox_retry_s: must be > 0")
+        if not 0 < self.heartbeat_interval_ms < self.session_timeout_ms:
+            raise ValueError("heartbeat_interval_ms: must be > 0 and < session_timeout_ms")
+        if self.max_poll_interval_ms < 1000:
+            raise ValueError("max_poll_interval_ms: must be >= 1000")
+
+    def consumer_overrides(self) -> dict[str, int]:
+        return {
+            "fetch_max_wait_ms": self.fetch_max_wait_ms,
+            "session_timeout_ms": self.session_timeout_ms,
+            "heartbeat_interval_ms": self.heartbeat_interval_ms,
+            "max_poll_interval_ms": self.max_poll_interval_ms,
+        }
+
+
+def secret_from_env(value: str | None = None, env: dict[str, str] | None = None) -> Secret:
+    """The command secret from ``value`` or ``CLIFFGUARD_COMMAND_SECRET``; a clear error if neither."""
+    raw = value if value else (os.environ if env is None else env).get(SECRET_ENV)
+    if not raw:
+        raise ValueError(f"command secret: set {SECRET_ENV} (at least 16 bytes, shared with the trainers)")
+    return Secret(raw)

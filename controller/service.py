@@ -1,0 +1,223 @@
+"""``ControllerService``: the consumer loop around the pure parts.
+
+::
+
+    poll (EdgeConsumer: decode, DLQ) ──► one SQL transaction per batch (BatchProcessor)
+                                          derived rows · run state · incidents/transitions
+                                          command + alert outbox rows · DLQ counts · offsets
+                                     └──► after commit: wake the command outbox; commit offsets to Kafka
+    every tick_s ──► one transaction: heartbeat-loss verdicts and command timeouts for owned runs
+
+Exactly-once effect: offsets live in the store with the state they produced. On every partition
+assignment (start included) the consumer seeks to the stored offsets and the runs of those
+partitions are reloaded from the store; on revocation their cached state is dropped. A batch whose
+partition another instance already advanced is refused (``StaleBatch``) and re-read from the store's
+offset. A batch that fails is rolled back and re-read; if the same batch fails three times, its
+events are applied one by one and an event that fails alone is counted as a dead letter
+(``processing_error``) and skipped, so one poisonous event cannot stop the service.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from sqlalchemy import Engine
+
+from agent.kafka_config import KafkaConfig
+from agent.signing import Secret
+from controller.alerts import AlertDeliverer, AlertsConfig
+from controller.batch import BatchContext, BatchProcessor, BatchResult, StaleBatch
+from controller.config import ControllerConfig
+from controller.edge import EdgeBatch, EdgeConsumer
+from controller.outbox import CommandOutbox
+from controller.recovery_types import RecoveryConfig
+from controller.runstate import DetectorFactory, RunTable, default_detector_factory
+from controller.store.db import session_scope
+from controller.store.dlq import count_dead_letter
+from controller.store.offsets import load_offsets, save_offsets
+
+log = logging.getLogger(__name__)
+
+MAX_BATCH_FAILURES = 3
+
+
+class ControllerService:
+    def __init__(
+        self,
+        config: ControllerConfig,
+        kafka: KafkaConfig,
+        store_engine: Engine,
+        secret: Secret,
+        alerts: AlertsConfig | None = None,
+        *,
+        recovery: RecoveryConfig | None = None,
+        detector_factory: DetectorFactory | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.kafka = kafka
+        self.engine = store_engine
+        self.alerts = alerts or AlertsConfig()
+        self.clock = clock
+        self.runs = RunTable(detector_factory or default_detector_factory())
+        ctx = BatchContext(group_id=config.group_id, commands_topic=kafka.commands_topic, secret=secret,
+                           recovery=recovery or RecoveryConfig(), alerts=self.alerts)
+        self.processor = BatchProcessor(ctx, self.runs)
+        self.outbox = CommandOutbox(store_engine, kafka, batch=config.outbox_batch,
+                                    interval_s=config.outbox_interval_s, retry_s=config.outbox_retry_s)
+        self.deliverer: AlertDeliverer | None = None
+        self.edge: EdgeConsumer | None = None
+        self._last_tick = 0.0
+        self._failures = 0
+        self.stats = {"batches": 0, "events": 0, "dead": 0, "commands": 0, "alerts": 0, "stale": 0, "errors": 0}
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> ControllerService:
+        self.edge = EdgeConsumer(self.kafka, self.config.group_id, max_bytes=self.config.max_event_bytes,
+                                 on_assigned=self._on_assigned, on_revoked=self._on_revoked,
+                                 consumer_overrides=self.config.consumer_overrides(),
+                                 max_poll_records=self.config.max_poll_records)
+        self.outbox.start()
+        if self.alerts.endpoints:
+            self.deliverer = AlertDeliverer(self.engine, self.alerts)
+            self.deliverer.start()
+        log.info("controller %s consuming %s", self.config.group_id, self.kafka.metrics_topic)
+        return self
+
+    def run_forever(self, stop_event: threading.Event) -> None:
+        if self.edge is None:
+            self.start()
+        try:
+            while not stop_event.is_set():
+                self.step_once()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        for name, closer in (("edge", self.edge and self.edge.close), ("outbox", self.outbox.close),
+                             ("alerts", self.deliverer and self.deliverer.close)):
+            if not closer:
+                continue
+            try:
+                closer()
+            except Exception:  # noqa: BLE001 - close the others anyway
+                log.exception("closing the controller's %s", name)
+        self.edge = None
+
+    # -- rebalance ----------------------------------------------------------------------------
+
+    def _on_assigned(self, tps: list[tuple[str, int]]) -> None:
+        assert self.edge is not None
+        with session_scope(self.engine) as s:
+            stored = load_offsets(s, self.config.group_id, self.kafka.metrics_topic)
+            parts = {p for _, p in tps}
+            self.runs.drop_partitions(parts)
+            n = self.runs.load_partitions(s, parts)
+        for topic, part in tps:
+            if part in stored:
+                self.edge.seek(topic, part, stored[part])
+        log.info("assigned %s: seek to stored offsets %s, %d runs reloaded", tps,
+                 {p: stored[p] for p in parts if p in stored}, n)
+
+    def _on_revoked(self, tps: list[tuple[str, int]]) -> None:
+        self.runs.drop_partitions({p for _, p in tps})
+
+    def _reseek(self, partitions: list[tuple[str, int]] | None = None) -> None:
+        """Go back to the store's offsets (after a rollback) and reload those runs' state."""
+        assert self.edge is not None
+        tps = partitions if partitions is not None else self.edge.assignment()
+        parts = {p for _, p in tps}
+        if partitions is None:
+            self.runs.clear()
+        self.runs.drop_partitions(parts)
+        with session_scope(self.engine) as s:
+            stored = load_offsets(s, self.config.group_id, self.kafka.metrics_topic)
+            self.runs.load_partitions(s, parts)
+        for topic, part in tps:
+            if part in stored:
+                self.edge.seek(topic, part, stored[part])
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def step_once(self) -> BatchResult | None:
+        """One poll, its transaction, and a tick when due. Never raises for bad input."""
+        assert self.edge is not None, "start() first"
+        batch = self.edge.poll(self.config.poll_timeout_s)
+        res = None
+        if batch.next_offsets:
+            res = self._process(batch)
+        now = self.clock()
+        if now - self._last_tick >= self.config.tick_s:
+            self._last_tick = now
+            try:
+                with session_scope(self.engine) as s:
+                    tick = self.processor.tick(s, now)
+                self._after_commit(tick)
+            except Exception:  # noqa: BLE001
+                self.stats["errors"] += 1
+                log.exception("tick failed; run state reloaded from the store")
+                self.runs.clear()
+        return res
+
+    def _process(self, batch: EdgeBatch) -> BatchResult | None:
+        assert self.edge is not None
+        try:
+            with session_scope(self.engine) as s:
+                res = self.processor.process(s, batch, self.clock())
+        except StaleBatch as exc:
+            self.stats["stale"] += 1
+            log.warning("stale batch, re-reading from the store's offset: %s", exc)
+            self._reseek([(exc.topic, exc.partition)])
+            return None
+        except Exception:  # noqa: BLE001 - roll back, re-read, and isolate a poisonous event
+            self.stats["errors"] += 1
+            self._failures += 1
+            log.exception("batch failed (%d in a row); rolled back, re-reading", self._failures)
+            self.runs.clear()
+            if self._failures >= MAX_BATCH_FAILURES:
+                self._failures = 0
+                return self._process_one_by_one(batch)
+            self._reseek()
+            return None
+        self._failures = 0
+        self.stats["batches"] += 1
+        self.stats["events"] += res.events
+        self.stats["dead"] += res.dead
+        self._after_commit(res)
+        self.edge.commit_offsets(batch.next_offsets)
+        return res
+
+    def _process_one_by_one(self, batch: EdgeBatch) -> BatchResult:
+        total = BatchResult()
+        for dead in batch.dead:
+            with session_scope(self.engine) as s:
+                count_dead_letter(s, dead.topic, dead.reason, dead.detail)
+                save_offsets(s, self.config.group_id, {(dead.topic, dead.partition): dead.offset + 1})
+        for rec in batch.records:
+            one = EdgeBatch(records=[rec], next_offsets={(rec.topic, rec.partition): rec.offset + 1})
+            try:
+                with session_scope(self.engine) as s:
+                    res = self.processor.process(s, one, self.clock())
+                self._after_commit(res)
+                total.events += 1
+            except Exception as exc:  # noqa: BLE001
+                self.runs.clear()
+                log.exception("event %s of run %s fails on its own: skipped (dead letter)", rec.event.id, rec.event.run)
+                with session_scope(self.engine) as s:
+                    count_dead_letter(s, rec.topic, "processing_error", f"{rec.event.id}: {type(exc).__name__}: {exc}")
+                    save_offsets(s, self.config.group_id, one.next_offsets)
+        return total
+
+    def _after_commit(self, res: BatchResult) -> None:
+        self.stats["commands"] += res.commands
+        self.stats["alerts"] += res.alerts
+        if res.commands:
+            self.outbox.wake()
+        if res.alerts and self.deliverer is not None:
+            wake = getattr(self.deliverer, "wake", None)
+            if wake is not None:
+                wake()

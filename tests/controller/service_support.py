@@ -1,0 +1,142 @@
+"""Test helpers for the controller service: a scripted trainer over the real broker, stores."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from sqlalchemy import Engine, text
+from sqlalchemy.engine import make_url
+
+from agent.events import Command, decode_command, encode_event, make_event
+from agent.kafka_config import KafkaConfig
+from agent.signing import CommandVerifier, Secret
+from controller.store.db import init_db, make_engine
+
+SECRET = Secret("test-secret-of-enough-length")
+FAST_GROUP = {"session_timeout_ms": 3000, "heartbeat_interval_ms": 500, "max_poll_interval_ms": 3000}
+
+
+def step_data(loss: float, step: int, batch: int = 8) -> dict:
+    return {
+        "loss": loss, "loss_local": loss, "lr": 1e-3, "lr_scale": 1.0, "grad_norm": 1.0, "tokens": 1024,
+        "step_time_s": 0.05, "data_wait_s": 0.001, "comm_exposed_s": 0.001, "compute_s": 0.048,
+        "tokens_per_s": 20000.0, "mfu": 0.5, "mem_allocated": 1000, "mem_reserved": 1200, "loss_scale": 1.0,
+        "skipped": False, "clipped_layers": 0, "guard": "ok", "sample_range": [step * batch, (step + 1) * batch],
+    }
+
+
+def healthy_loss(step: int) -> float:
+    # flat with a small deterministic wiggle: a healthy window for the spike rule
+    return 2.0 + 0.01 * ((step * 7919) % 11 - 5) / 5
+
+
+class FakeTrainer:
+    """Plays the trainer of several runs: publishes events, reads (and verifies) commands."""
+
+    def __init__(self, kafka: KafkaConfig) -> None:
+        self.kafka = kafka
+        self.producer = KafkaProducer(**kafka.client_kwargs(), linger_ms=0)
+        self.consumer = KafkaConsumer(**kafka.client_kwargs(), enable_auto_commit=False,
+                                      auto_offset_reset="earliest", fetch_max_wait_ms=20)
+        parts = [TopicPartition(kafka.commands_topic, p) for p in range(kafka.partitions)]
+        self.consumer.assign(parts)
+        self.consumer.seek_to_beginning(*parts)
+        self.received: dict[str, list[Command]] = {}
+        self.verifiers: dict[str, CommandVerifier] = {}
+
+    def send(self, run: str, type: str, step: int, data: dict, rank: int = 0, world: int = 1) -> None:
+        ev = make_event(type, run, step, data, rank=rank, world=world)
+        self.producer.send(self.kafka.metrics_topic, key=run.encode(), value=encode_event(ev))
+
+    def send_raw(self, run: str, raw: bytes) -> None:
+        self.producer.send(self.kafka.metrics_topic, key=run.encode(), value=raw)
+
+    def steps(self, run: str, first: int, last: int, loss=healthy_loss) -> None:
+        for step in range(first, last + 1):
+            self.send(run, "step", step, step_data(loss(step), step))
+        self.producer.flush()
+
+    def checkpoint(self, run: str, step: int, kind: str = "memory") -> None:
+        self.send(run, "checkpoint", step, {"kind": kind, "path": f"/ckpt/{step}", "bytes": 10, "sha256": "0" * 64,
+                                            "seconds": 0.01, "verified": True})
+
+    def ack(self, cmd: Command, status: str = "applied", detail: str = "") -> None:
+        self.send(cmd.run, "command.ack", 0, {"cmd": cmd.id, "cmd_type": str(cmd.type), "status": status,
+                                              "detail": detail})
+        self.producer.flush()
+
+    def validation(self, run: str, step: int, val_loss: float, cmd: Command | None = None) -> None:
+        data = {"val_loss": val_loss, "batches": 4}
+        if cmd is not None:
+            data["cmd"] = cmd.id
+        self.send(run, "validation", step, data)
+        self.producer.flush()
+
+    def poll(self, timeout_s: float = 0.2) -> None:
+        for msgs in self.consumer.poll(timeout_ms=int(timeout_s * 1000)).values():
+            for m in msgs:
+                cmd = decode_command(m.value)
+                ver = self.verifiers.setdefault(cmd.run, CommandVerifier(cmd.run, SECRET))
+                assert ver.verify(cmd).ok, f"command {cmd.id} failed verification"
+                self.received.setdefault(cmd.run, []).append(cmd)
+
+    def expect(self, run: str, type: str, timeout_s: float = 30.0) -> Command:
+        """The next unseen command of ``run``; it must be of ``type``."""
+        seen = getattr(self, "_taken", {})
+        self._taken = seen
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            got = self.received.get(run, [])
+            if len(got) > seen.get(run, 0):
+                cmd = got[seen.get(run, 0)]
+                seen[run] = seen.get(run, 0) + 1
+                assert str(cmd.type) == type, f"run {run}: expected {type}, got {cmd.type} {cmd.args}"
+                return cmd
+            self.poll()
+        raise AssertionError(f"run {run}: no {type} command within {timeout_s}s (got {self.types(run)})")
+
+    def types(self, run: str) -> list[str]:
+        return [str(c.type) for c in self.received.get(run, [])]
+
+    def quiet(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            self.poll(0.1)
+
+    def close(self) -> None:
+        self.producer.close(timeout=5)
+        self.consumer.close()
+
+
+@contextmanager
+def store_engine(kind: str, tmp_path, pg_url: str | None = None) -> Iterator[tuple[Engine, str]]:
+    """A migrated store: a SQLite file, or a fresh PostgreSQL schema dropped afterwards."""
+    if kind == "sqlite":
+        url = f"sqlite:///{tmp_path / 'store.db'}"
+        eng = make_engine(url)
+        init_db(eng)
+        try:
+            yield eng, url
+        finally:
+            eng.dispose()
+        return
+    assert pg_url is not None
+    schema = f"svc_{uuid.uuid4().hex[:12]}"
+    admin = make_engine(pg_url)
+    with admin.begin() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    url = make_url(pg_url).update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(
+        hide_password=False)
+    eng = make_engine(url)
+    try:
+        init_db(eng)
+        yield eng, url
+    finally:
+        eng.dispose()
+        with admin.begin() as conn:
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
