@@ -352,8 +352,11 @@ class Agent:
         return self._global_loss
 
     def after_step(self, *, skipped: bool | None = None, loss_scale: float = 1.0, clipped_layers: int = 0,
-                   sample_range: list[int] | None = None, lr: float | None = None) -> dict[str, Any]:
-        """Close the step: emit its ``step`` event (every rank) and advance the step counter."""
+                   sample_range: list[int] | None = None, lr: float | None = None,
+                   extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Close the step: emit its ``step`` event (every rank) and advance the step counter.
+
+        ``extra`` adds fields to the event (the schema tolerates unknown fields)."""
         total, data_wait, comm, compute = self._clock.split()
         if lr is None:
             lr = float(self.optimizer.param_groups[0]["lr"]) if self.optimizer is not None else 0.0
@@ -373,6 +376,8 @@ class Agent:
             data["layer_grad_norms"] = self._layer_norms
         if sample_range is not None:
             data["sample_range"] = list(sample_range)
+        if extra:
+            data.update(extra)
         self.emit(EventType.STEP, data)
         self.last = data
         self.step += 1

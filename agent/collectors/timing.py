@@ -48,7 +48,7 @@ class CommTimer:
         return max(0.0, backward_end - self.last_launch)
 
     @staticmethod
-    def hook(state: CommTimer, bucket: Any) -> torch.futures.Future[torch.Tensor]:
+    def hook(state, bucket):  # no annotations: DDP checks them at runtime against its own types
         """Same arithmetic as torch's default ``allreduce_hook`` (mean over ranks)."""
         state.last_launch = time.perf_counter()
         state.buckets += 1

@@ -1,0 +1,179 @@
+"""``cliffguard train``: the bundled GPT trainer under torchrun, with the agent attached.
+
+Settings: ``--config FILE.toml`` < ``CLIFFGUARD_<SECTION>__<FIELD>`` env < flags, per section:
+``[train]`` (the loop), ``[model]``, ``[data]``, ``[checkpoint]``, ``[agent]`` (with
+``[agent.guard]``, ``[agent.guard.spike]``, ``[agent.hist]``) and ``[kafka]``. The resolved
+configuration is saved to ``<out-dir>/<run>/config.json`` and every worker reads that file.
+
+Broker: ``--bootstrap HOST:PORT`` streams to an existing Kafka cluster; without it an embedded
+broker (Tansu) is started for the run's lifetime and its address printed, so a controller can
+be pointed at it. ``--no-monitor`` runs without any stream.
+
+Commands: the signing secret comes from ``CLIFFGUARD_COMMAND_SECRET`` (or ``[secrets] command``
+in the TOML file); without one the trainer does not listen for commands. It reaches the workers
+through their environment, never through the command line or the saved config.
+
+Launch: ``python -m torch.distributed.run --standalone --nproc_per_node N -m trainer.run``.
+On CPUs this is the way to get N processes (``accelerate launch --cpu --num_processes N``
+starts only one); each process uses ``--threads`` torch threads and the gloo backend.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from agent.settings import ConfigError, build_config, load_toml
+
+SECRET_ENV = "CLIFFGUARD_COMMAND_SECRET"
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("train", help="launch the bundled GPT trainer under torchrun with the agent attached",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", help="TOML file with [train] [model] [data] [checkpoint] [agent] [kafka] sections")
+    p.add_argument("--nproc", type=int, default=2, help="processes (ranks) to start on this machine (default 2)")
+    p.add_argument("--run", help="run id (default run-<date>-<time>-<random>)")
+    p.add_argument("--out-dir", help="root of run directories (default runs/)")
+    g = p.add_argument_group("broker")
+    g.add_argument("--bootstrap", help="Kafka bootstrap HOST:PORT[,...]; default: start an embedded broker")
+    g.add_argument("--topic-prefix", help="Kafka topic prefix (default cliffguard)")
+    g.add_argument("--broker-port", type=int, default=0, help="port of the embedded broker (default: a free one)")
+    g.add_argument("--no-monitor", action="store_true", help="no event stream and no commands (a plain run)")
+    g = p.add_argument_group("training")
+    g.add_argument("--steps", type=int, help="optimizer steps (default 300)")
+    g.add_argument("--global-batch", type=int, help="sequences per optimizer step over all ranks (default 16)")
+    g.add_argument("--grad-accum", type=int, help="micro-batches per step on each rank (default 1)")
+    g.add_argument("--lr", type=float, help="peak learning rate (default 3e-3)")
+    g.add_argument("--min-lr", type=float, help="final learning rate of the cosine (default 3e-4)")
+    g.add_argument("--warmup-steps", type=int, help="linear warmup steps (default 20)")
+    g.add_argument("--bf16", action="store_true", default=None, help="bf16 autocast for forward/backward")
+    g.add_argument("--seed", type=int, help="model init / torch RNG seed (default 1337)")
+    g.add_argument("--val-every", type=int, help="periodic validation every N steps (default 50; 0 = off)")
+    g.add_argument("--clip-layer-norm", type=float, help="per-layer gradient clipping threshold (default 0 = off)")
+    g.add_argument("--progress-every", type=int, help="progress line every N steps (default 10)")
+    g.add_argument("--threads", type=int, help="torch threads per process on CPU (default 1)")
+    g.add_argument("--resume", action="store_true", default=None, help="start from the newest usable disk checkpoint")
+    g.add_argument("--fault", action="append", dest="faults", metavar="SPEC",
+                   help="inject a fault (repeatable): lr_blowup@S xF:N, corrupt@S, nan@S, slow_rank@R:SEC, "
+                        "kill_rank@R:S, broker_outage@S:N")
+    g = p.add_argument_group("model and data")
+    g.add_argument("--n-layer", type=int, help="transformer blocks (default 4)")
+    g.add_argument("--n-head", type=int, help="attention heads (default 4)")
+    g.add_argument("--n-embd", type=int, help="width (default 128)")
+    g.add_argument("--seq-len", type=int, help="tokens per sequence; also the model's context (default 64)")
+    g.add_argument("--data", action="append", dest="data_paths", metavar="PATH",
+                   help="text file or directory (repeatable); default: the standard library's sources")
+    g.add_argument("--max-bytes", type=int, help="read at most this many bytes of text (default 8 MB)")
+    g = p.add_argument_group("checkpoints")
+    g.add_argument("--snapshot-every", type=int, help="in-memory snapshot every N steps (default 10)")
+    g.add_argument("--ckpt-every", type=int, help="incremental disk checkpoint every N steps (default 100)")
+    g.add_argument("--full-every", type=int, help="full disk checkpoint every N steps (default 300)")
+    g = p.add_argument_group("agent")
+    g.add_argument("--hist-every", type=int, help="gradient histograms every N steps (default 100; 0 = off)")
+    g.add_argument("--heartbeat-s", type=float, help="seconds between heartbeats of each rank (default 5)")
+    g.add_argument("--peak-flops", type=float, help="peak FLOP/s per device for MFU (default: table or calibration)")
+    g.add_argument("--guard-off", action="store_true", help="the guard reports but never skips an update")
+    g.add_argument("--hold-timeout-s", type=float, help="guard hold: seconds to wait for the controller (default 120)")
+    g.add_argument("--on-timeout", choices=["rollback", "resume", "stop"],
+                   help="guard hold past the timeout: roll back locally with lr x0.5 (default), resume, or stop")
+    return p
+
+
+def default_run_id() -> str:
+    return f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
+
+
+def build_train_config(args: argparse.Namespace, *, bootstrap: str | None):
+    """The TrainConfig tree from TOML < env < flags (raises ConfigError naming field and source)."""
+    import dataclasses
+
+    from agent.hooks import AgentConfig
+    from agent.kafka_config import KafkaConfig
+    from trainer.checkpoint import CheckpointConfig
+    from trainer.config import TrainConfig
+    from trainer.data import DataConfig
+    from trainer.model import GPTConfig
+
+    toml = load_toml(args.config)
+    train_flags = {
+        "steps": args.steps, "global_batch": args.global_batch, "grad_accum": args.grad_accum, "lr": args.lr,
+        "min_lr": args.min_lr, "warmup_steps": args.warmup_steps, "bf16": args.bf16, "seed": args.seed,
+        "val_every": args.val_every, "clip_layer_norm": args.clip_layer_norm,
+        "progress_every": args.progress_every, "threads": args.threads, "resume": args.resume,
+        "faults": args.faults, "run": args.run, "out_dir": args.out_dir,
+    }
+    base = build_config(TrainConfig, "train", toml=toml, flags=train_flags)
+    run = args.run or ((toml.get("train") or {}).get("run")) or os.environ.get("CLIFFGUARD_TRAIN__RUN") or default_run_id()
+    model = build_config(GPTConfig, "model", toml=toml, flags={
+        "n_layer": args.n_layer, "n_head": args.n_head, "n_embd": args.n_embd, "block_size": args.seq_len})
+    data = build_config(DataConfig, "data", toml=toml, flags={
+        "seq_len": args.seq_len, "paths": args.data_paths, "max_bytes": args.max_bytes})
+    run_dir = Path(base.out_dir) / run
+    ckpt = build_config(CheckpointConfig, "checkpoint", toml=toml, flags={
+        "dir": ((toml.get("checkpoint") or {}).get("dir")) or str(run_dir / "checkpoints"),
+        "snapshot_every": args.snapshot_every, "ckpt_every": args.ckpt_every, "full_every": args.full_every})
+    guard_flags = {"hold_timeout_s": args.hold_timeout_s, "on_timeout": args.on_timeout,
+                   "enabled": False if args.guard_off else None}
+    agent = build_config(AgentConfig, "agent", toml=toml, flags={
+        "run": run, "hist_every": args.hist_every, "heartbeat_s": args.heartbeat_s, "peak_flops": args.peak_flops,
+        "guard": guard_flags})
+    kafka = None
+    if not args.no_monitor:
+        kafka = build_config(KafkaConfig, "kafka", toml=toml, flags={"bootstrap": bootstrap, "topic_prefix": args.topic_prefix})
+    return dataclasses.replace(base, run=run, model=model, data=data, checkpoint=ckpt, agent=agent, kafka=kafka)
+
+
+def torchrun_command(nproc: int, config_path: str | Path) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+            "-m", "trainer.run", "--config", str(config_path)]
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.nproc < 1:
+        print("cliffguard train: --nproc: must be >= 1", file=sys.stderr)
+        return 2
+    toml = load_toml(args.config) if args.config else {}
+    broker = None
+    bootstrap = args.bootstrap
+    try:
+        if bootstrap is None and not args.no_monitor:
+            from controller.broker import EmbeddedBroker, free_port
+
+            broker = EmbeddedBroker(port=args.broker_port or free_port()).start()
+            bootstrap = broker.bootstrap
+            print(f"embedded broker on {bootstrap} (point the controller here: --bootstrap {bootstrap})", flush=True)
+        try:
+            cfg = build_train_config(args, bootstrap=bootstrap)
+            cfg.micro_batch(args.nproc)
+        except (ConfigError, ValueError) as exc:
+            print(f"cliffguard train: {exc}", file=sys.stderr)
+            return 2
+        if cfg.kafka is not None:
+            from controller.broker import ensure_topics
+
+            ensure_topics(cfg.kafka)
+        config_path = cfg.run_dir / "config.json"
+        cfg.save(config_path)
+        env = dict(os.environ)
+        secret = os.environ.get(SECRET_ENV) or (toml.get("secrets") or {}).get("command")
+        if secret:
+            env[SECRET_ENV] = secret
+        elif cfg.kafka is not None:
+            print(f"cliffguard train: no {SECRET_ENV}: the run will not accept commands", file=sys.stderr)
+        print(f"run {cfg.run}: {args.nproc} process(es), config {config_path}", flush=True)
+        proc = subprocess.Popen(torchrun_command(args.nproc, config_path), env=env)
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:
+            proc.send_signal(signal.SIGINT)  # torchrun forwards it to the workers
+            return proc.wait()
+    finally:
+        if broker is not None:
+            broker.stop()

@@ -1,0 +1,161 @@
+"""The trainer's configuration: one validated dataclass tree, saved with the run as JSON.
+
+``TrainConfig`` owns the loop's own knobs and nests each component's config (model, data,
+checkpoints, agent, Kafka). ``cliffguard train`` builds it from TOML < env < flags, writes it to
+``<out_dir>/<run>/config.json`` and every torchrun worker reads that file back
+(``TrainConfig.from_dict``), so all ranks run exactly the configuration that was saved.
+The command secret is never part of it: it comes from ``CLIFFGUARD_COMMAND_SECRET``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.hooks import AgentConfig
+from agent.kafka_config import KafkaConfig
+from agent.settings import config_to_dict
+from trainer.checkpoint import CheckpointConfig
+from trainer.data import DataConfig
+from trainer.model import GPTConfig
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainConfig:
+    run: str = "run"
+    """Run id (Kafka key, commands must name it)."""
+    steps: int = 300
+    """Optimizer steps to train."""
+    global_batch: int = 16
+    """Sequences per optimizer step over all ranks and micro-batches."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step on each rank (global_batch must divide by world*grad_accum)."""
+    lr: float = 3e-3
+    """Peak learning rate (after warmup)."""
+    min_lr: float = 3e-4
+    """Learning rate at the end of the cosine decay."""
+    warmup_steps: int = 20
+    """Linear warmup steps."""
+    weight_decay: float = 0.1
+    """AdamW weight decay."""
+    bf16: bool = False
+    """Run forward/backward under bf16 autocast."""
+    seed: int = 1337
+    """Seeds the model init and torch's RNG (the data order has its own seed in [data])."""
+    val_every: int = 50
+    """Run validation every this many steps (0 = only on command) for a healthy baseline."""
+    val_batches: int = 4
+    """Held-out batches per validation."""
+    val_batch_size: int = 8
+    """Sequences per validation batch."""
+    clip_layer_norm: float = 0.0
+    """Per-layer gradient clipping threshold (0 = off)."""
+    progress_every: int = 10
+    """Print a progress line (rank 0) every this many steps (0 = never)."""
+    faults: list[str] = field(default_factory=list)
+    """Fault specs for demos/tests, e.g. nan@40, corrupt@30, lr_blowup@300x50:20, slow_rank@1:0.05."""
+    resume: bool = False
+    """Start from the newest usable disk checkpoint under the checkpoint dir (a restarted job)."""
+    debug_digests: bool = False
+    """Add param_digest/rng_digest to step events (tests of exact rollback; costs a host copy)."""
+    threads: int = 1
+    """torch threads per process on CPU (several processes share the cores)."""
+    out_dir: str = "runs"
+    """Run directory root: <out_dir>/<run>/ holds config.json, checkpoints and spill files."""
+    model: GPTConfig = field(default_factory=GPTConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    checkpoint: CheckpointConfig | None = None
+    """Checkpoint settings; default: CheckpointConfig(dir=<out_dir>/<run>/checkpoints)."""
+    agent: AgentConfig | None = None
+    """Agent settings; its run id is always this config's run."""
+    kafka: KafkaConfig | None = None
+    """Broker settings; None = no monitoring stream (events are dropped)."""
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ValueError("steps: must be >= 1")
+        if self.grad_accum < 1:
+            raise ValueError("grad_accum: must be >= 1")
+        if self.global_batch < 1 or self.global_batch % self.grad_accum:
+            raise ValueError("global_batch: must be a positive multiple of grad_accum")
+        if not 0 < self.min_lr <= self.lr:
+            raise ValueError("min_lr: must be > 0 and <= lr")
+        if self.warmup_steps < 0:
+            raise ValueError("warmup_steps: must be >= 0")
+        if self.val_every < 0 or self.val_batches < 1 or self.val_batch_size < 1:
+            raise ValueError("val_every: must be >= 0 (val_batches, val_batch_size >= 1)")
+        if self.clip_layer_norm < 0:
+            raise ValueError("clip_layer_norm: must be >= 0")
+        from trainer.faults import FaultSpec
+
+        for spec in self.faults:
+            try:
+                FaultSpec.parse(spec)
+            except ValueError as exc:
+                raise ValueError(f"faults: {exc}") from None
+        if self.threads < 1:
+            raise ValueError("threads: must be >= 1")
+        if self.data.seq_len > self.model.block_size:
+            raise ValueError("data: seq_len exceeds the model's block_size")
+        if self.checkpoint is None:
+            self.checkpoint = CheckpointConfig(dir=str(Path(self.out_dir) / self.run / "checkpoints"))
+        if self.agent is None:
+            self.agent = AgentConfig(run=self.run)
+        elif self.agent.run != self.run:
+            self.agent = dataclasses.replace(self.agent, run=self.run)
+        if not self.agent.spill_dir:
+            self.agent = dataclasses.replace(self.agent, spill_dir=str(Path(self.out_dir) / self.run))
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.out_dir) / self.run
+
+    def micro_batch(self, world: int) -> int:
+        per_rank, rem = divmod(self.global_batch, world * self.grad_accum)
+        if rem or per_rank < 1:
+            raise ValueError(f"global_batch: {self.global_batch} does not split into {world} ranks x {self.grad_accum} micro-batches")
+        return per_rank
+
+    def to_dict(self) -> dict[str, Any]:
+        return config_to_dict(self)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        return _build(cls, data)
+
+    @classmethod
+    def load(cls, path: str | Path) -> TrainConfig:
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+def _build(cls: type, data: Any) -> Any:
+    """A (nested) config dataclass from plain data; unknown keys are an error naming them."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{cls.__name__}: expected a table, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    unknown = set(data) - names
+    if unknown:
+        raise ValueError(f"{sorted(unknown)[0]}: unknown field of {cls.__name__}")
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        target = _dataclass_in(hints[key])
+        kwargs[key] = _build(target, value) if target is not None and isinstance(value, dict) else value
+    return cls(**kwargs)
+
+
+def _dataclass_in(hint: Any) -> type | None:
+    if dataclasses.is_dataclass(hint):
+        return hint
+    for arg in typing.get_args(hint):
+        if dataclasses.is_dataclass(arg):
+            return arg
+    return None

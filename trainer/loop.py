@@ -1,0 +1,355 @@
+"""The bundled training loop: Accelerate + the agent + checkpoints + faults + commands.
+
+One optimizer step (``Trainer.train_step``), in order::
+
+    lr = schedule(step) * lr_scale * fault_lr_factor(step)      # recomputed every step
+    x, y = sampler.batch(step)                                  # data_wait_s
+    for each of grad_accum micro-batches (no_sync but the last):
+        loss = model(x, y)      -> agent.after_forward(loss)
+        accelerator.backward(loss / grad_accum)
+    agent.after_backward()                                      # exposed comm from the DDP hook
+    if agent.before_optimizer_step():                           # the one all-reduce + read; the guard
+        clip per layer; optimizer.step()
+    optimizer.zero_grad(); agent.after_step()                   # step event (every rank)
+
+At each step boundary (``Trainer.run``): commands (``agent.poll_commands`` → trainer/commands.py),
+a hold if the guard asked for one, the paused wait, then before the next step: memory snapshot
+every ``snapshot_every``, disk checkpoints every ``ckpt_every``/``full_every``, validation every
+``val_every``. A checkpoint labelled ``s`` is the state *before* step ``s`` runs, so rolling
+back to ``s`` replays step ``s`` onwards exactly (same data, same RNG, same parameters).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import math
+import random
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from agent.collectors.mfu import ModelShape
+from agent.events import EventType, GuardDecision
+from agent.hooks import Agent
+from trainer.checkpoint import CheckpointManager
+from trainer.config import TrainConfig
+from trainer.data import Sampler, load_corpus
+from trainer.model import GPT
+from trainer.schedule import LRScale, WarmupCosine
+
+log = logging.getLogger(__name__)
+
+
+class NoFaults:
+    """The fault hooks when no fault is configured: every one is a no-op."""
+
+    def lr_factor(self, step: int) -> float:
+        return 1.0
+
+    def corrupt_batch(self, step: int, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def nan_loss(self, step: int) -> bool:
+        return False
+
+    def delay(self, step: int) -> None:
+        pass
+
+    def maybe_kill(self, step: int) -> None:
+        pass
+
+
+def make_faults(specs: list[str], rank: int, seed: int = 0) -> Any:
+    if not specs:
+        return NoFaults()
+    from trainer.faults import FaultInjector
+
+    return FaultInjector(list(specs), rank, seed=seed)
+
+
+class RollbackUnavailable(RuntimeError):
+    """The requested step is in no rank's memory ring nor on disk."""
+
+
+def digest_tensors(tensors: list[torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+class Trainer:
+    """Builds every part from a ``TrainConfig`` and runs; ``run()`` always closes what it opened."""
+
+    def __init__(self, cfg: TrainConfig, accelerator: Any, *, sink: Any = None, command_source: Any = None,
+                 secret: Any = None) -> None:
+        self.cfg = cfg
+        self.accelerator = accelerator
+        self.rank, self.world = accelerator.process_index, accelerator.num_processes
+        self.distributed = self.world > 1 and dist.is_initialized()
+        torch.manual_seed(cfg.seed)
+        random.seed(cfg.seed)
+        self.micro_batch = cfg.micro_batch(self.world)
+        self.corpus = load_corpus(cfg.data)
+        self.sampler = Sampler(self.corpus, cfg.data, cfg.global_batch, self.rank, self.world)
+        raw = GPT(cfg.model)
+        decay = [p for n, p in raw.named_parameters() if p.dim() >= 2]
+        no_decay = [p for n, p in raw.named_parameters() if p.dim() < 2]
+        optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=cfg.lr, betas=(0.9, 0.95),
+        )
+        self.model, self.optimizer = accelerator.prepare(raw, optimizer)
+        self.raw_model: GPT = accelerator.unwrap_model(self.model)
+        self.schedule = WarmupCosine(cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.steps)
+        self.lr_scale = LRScale()
+        self.faults = make_faults(cfg.faults, self.rank, cfg.seed)
+        c = cfg.model
+        shape = ModelShape(n_params=self.raw_model.num_params(non_embedding=True), n_layers=c.n_layer,
+                           n_heads=c.n_head, head_dim=c.n_embd // c.n_head, seq_len=cfg.data.seq_len)
+        self.agent = Agent(accelerator, self.model, self.optimizer, cfg.agent, shape=shape, sink=sink,
+                           kafka=cfg.kafka, secret=secret, command_source=command_source)
+        self.ckpt = CheckpointManager(cfg.checkpoint, self.rank, self.world, self._on_checkpoint)
+        self.val_data = self.sampler.val_batches(cfg.val_batches, cfg.val_batch_size)
+        self.step = 0
+        self.mode = "running"  # running | paused | held | stopping
+        self.last_loss = float("nan")
+        self.stop_reason = ""
+        self._t_progress = (time.perf_counter(), 0)
+
+    # ------------------------------------------------------------------ events
+    def _on_checkpoint(self, payload: dict[str, Any]) -> None:
+        if self.rank != 0:
+            return
+        data = {k: v for k, v in payload.items() if k != "step"}
+        self.agent.emit(EventType.CHECKPOINT, data, step=int(payload["step"]))
+
+    # ------------------------------------------------------------------ state
+    def capture_state(self) -> dict[str, Any]:
+        rng: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state_all()
+        return {
+            "step": self.step,
+            "model": self.raw_model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.schedule.state_dict(),
+            "lr_scale": self.lr_scale.state_dict(),
+            "sampler": self.sampler.state_dict(),
+            "rng": rng,
+            "agent": self.agent.state_dict(),
+            "config": self.cfg.to_dict(),
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Everything a rollback restores. The LR scale comes from the checkpoint here; a rollback
+        command's own scale is applied by the caller *after* this (never overwritten by it)."""
+        self.raw_model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.schedule.load_state_dict(state["scheduler"])
+        self.lr_scale.load_state_dict(state["lr_scale"])
+        self.sampler.load_state_dict(state["sampler"])
+        torch.set_rng_state(state["rng"]["torch"])
+        random.setstate(state["rng"]["python"])
+        if "cuda" in state["rng"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+        self.agent.load_state_dict(state["agent"])
+        self.agent.lr_scale = self.lr_scale.value
+        self.step = int(state["step"])
+
+    def _all_ranks(self, ok: bool) -> bool:
+        if not self.distributed:
+            return ok
+        t = torch.tensor([1 if ok else 0], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return bool(t.item())
+
+    def restore(self, to_step: int) -> str:
+        """Restore the checkpoint labelled ``to_step`` on every rank, or none. Returns the source."""
+        state: dict[str, Any] | None = None
+        source = ""
+        try:
+            state, source = self.ckpt.restore(to_step)
+        except Exception as exc:  # noqa: BLE001 - any rank failing means no rank restores
+            log.warning("rank %d cannot restore step %d: %s", self.rank, to_step, exc)
+        if not self._all_ranks(state is not None):
+            raise RollbackUnavailable(f"step {to_step} is not available on every rank (have {self.available_steps()})")
+        # restore() hands out a copy (memory) or a fresh load (disk): optimizer.load_state_dict aliases
+        # the tensors it is given, so the ring must never be passed in directly.
+        self.load_state(state)
+        self.agent.set_step(self.step)
+        return source
+
+    def available_steps(self) -> list[int]:
+        return sorted(self.ckpt.available_steps())
+
+    def rollback(self, to_step: int, lr_scale: float, skip_data: list[int] | None = None) -> str:
+        source = self.restore(to_step)
+        self.lr_scale.set(lr_scale)
+        self.agent.lr_scale = lr_scale
+        if skip_data:
+            self.sampler.skip(int(skip_data[0]), int(skip_data[1]))
+        self.agent.guard.clear_hold()
+        self.mode = "running"
+        return source
+
+    def checkpoint(self, kind: str) -> None:
+        self.ckpt.save(self.step, self.capture_state(), kind)
+
+    # ------------------------------------------------------------------ validation
+    @torch.no_grad()
+    def validate(self, cmd_id: str | None = None, batches: int | None = None) -> float:
+        """Forward-only on the fixed held-out batches with frozen weights; every rank takes a share."""
+        data = self.val_data if batches is None else self.sampler.val_batches(batches, self.cfg.val_batch_size)
+        prev, self.agent.state = self.agent.state, "validating"
+        was_training = self.model.training
+        self.model.eval()
+        total = torch.zeros(2, dtype=torch.float64)
+        try:
+            for i in range(self.rank, len(data), self.world):
+                x, y = data[i]
+                with self._autocast():
+                    _, loss = self.raw_model(x.to(self.accelerator.device), y.to(self.accelerator.device))
+                total += torch.tensor([float(loss), 1.0], dtype=torch.float64)
+            if self.distributed:
+                dist.all_reduce(total)
+        finally:
+            self.model.train(was_training)
+            self.agent.state = prev
+        val_loss = float(total[0] / total[1]) if total[1] > 0 else float("nan")
+        if self.rank == 0:
+            payload: dict[str, Any] = {"val_loss": val_loss, "batches": len(data)}
+            if cmd_id is not None:
+                payload["cmd"] = cmd_id
+            self.agent.emit(EventType.VALIDATION, payload)
+        return val_loss
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.cfg.bf16:
+            return torch.autocast(device_type=self.accelerator.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    # ------------------------------------------------------------------ one step
+    def train_step(self) -> dict[str, Any]:
+        step, cfg, agent = self.step, self.cfg, self.agent
+        lr = self.schedule.lr_at(step) * self.lr_scale.value * self.faults.lr_factor(step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        agent.lr_scale = self.lr_scale.value
+        extra: dict[str, Any] = {}
+        if cfg.debug_digests:
+            extra["rng_digest"] = digest_tensors([torch.get_rng_state()])
+        with agent.data_wait():
+            x, y, _ids = self.sampler.batch(step)
+            x = self.faults.corrupt_batch(step, x)
+            x, y = x.to(self.accelerator.device), y.to(self.accelerator.device)
+        self.faults.delay(step)
+        xs, ys = x.split(self.micro_batch), y.split(self.micro_batch)
+        n = len(xs)
+        for i, (xb, yb) in enumerate(zip(xs, ys, strict=True)):
+            sync = contextlib.nullcontext() if i == n - 1 else self.accelerator.no_sync(self.model)
+            with sync:
+                with self._autocast():
+                    _, loss = self.model(xb, yb)
+                if self.faults.nan_loss(step):
+                    loss = loss * float("nan")
+                agent.after_forward(loss, tokens=xb.numel())
+                self.accelerator.backward(loss / n)
+        agent.after_backward()
+        clipped = 0
+        if agent.before_optimizer_step():
+            if cfg.clip_layer_norm > 0:
+                clipped = self._clip()
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if cfg.debug_digests:
+            extra["param_digest"] = self.param_digest()
+        data = agent.after_step(lr=lr, clipped_layers=clipped, sample_range=list(self.sampler.step_range(step)),
+                                extra=extra)
+        self.last_loss = data["loss"]
+        self.step += 1
+        return data
+
+    def _clip(self) -> int:
+        from trainer.clipping import clip_per_layer
+
+        return int(clip_per_layer(self.raw_model.named_parameters(), self.cfg.clip_layer_norm))
+
+    def param_digest(self) -> str:
+        return digest_tensors([p for _, p in sorted(self.raw_model.named_parameters())])
+
+    # ------------------------------------------------------------------ the run
+    def _boundary_checkpoints(self) -> None:
+        # Step 0 gets a memory snapshot (a rollback target from the start) but no disk copy.
+        if self.step == 0:
+            if self.cfg.checkpoint.snapshot_every:
+                self.ckpt.snapshot(0, self.capture_state())
+            return
+        self.ckpt.on_step(self.step, self.capture_state)
+
+    def resume_latest(self) -> None:
+        """Start from the newest disk checkpoint that loads (a restarted job)."""
+        state: dict[str, Any] | None = None
+        try:
+            _step, state, _source, detail = self.ckpt.restore_latest()
+        except KeyError as exc:
+            detail = str(exc)
+        if not self._all_ranks(state is not None):
+            raise RollbackUnavailable(f"cannot resume on every rank: {detail}")
+        self.load_state(state)
+        self.agent.set_step(self.step)
+        log.info("resumed: %s", detail)
+
+    def _progress(self, data: dict[str, Any]) -> None:
+        every = self.cfg.progress_every
+        if self.rank != 0 or not every or self.step % every:
+            return
+        t0, s0 = self._t_progress
+        now = time.perf_counter()
+        tok_s = data["tokens"] * self.world * (self.step - s0) / max(now - t0, 1e-9)
+        self._t_progress = (now, self.step)
+        print(f"step {self.step:>6}/{self.cfg.steps}  loss {data['loss']:.4f}  lr {data['lr']:.2e}  "
+              f"tokens/s {tok_s:,.0f}  mfu {100 * data['mfu']:.2f}%  guard {data['guard']}", flush=True)
+
+    def run(self) -> int:
+        from trainer.commands import handle_boundary
+
+        error: BaseException | None = None
+        try:
+            self.agent.start(global_batch=self.cfg.global_batch, lr_schedule=self.schedule.describe(),
+                             config=self.cfg.to_dict())
+            if self.cfg.resume:
+                self.resume_latest()
+            if self.rank == 0:
+                for flag in self.corpus.flags:
+                    self.agent.emit(EventType.DATA_FLAG, flag.event_data())
+            while self.step < self.cfg.steps and self.mode != "stopping":
+                self._boundary_checkpoints()
+                if self.cfg.val_every and self.step > 0 and self.step % self.cfg.val_every == 0:
+                    self.validate()
+                self.faults.maybe_kill(self.step)
+                data = self.train_step()
+                if self.agent.decision is GuardDecision.HOLD:
+                    self.mode = "held"
+                self._progress(data)
+                handle_boundary(self)
+            self.ckpt.wait()
+            return 0 if not self.stop_reason.startswith("failed") else 1
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            if error is None and self.stop_reason.startswith("failed"):
+                error = RuntimeError(self.stop_reason)
+            for closer in (self.ckpt.close, lambda: self.agent.close(error, final_loss=self._final_loss())):
+                try:
+                    closer()
+                except Exception:  # noqa: BLE001 - close the rest anyway
+                    log.exception("close failed")
+
+    def _final_loss(self) -> float | None:
+        return self.last_loss if math.isfinite(self.last_loss) else None

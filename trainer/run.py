@@ -1,0 +1,48 @@
+"""The torchrun worker: ``python -m trainer.run --config <run_dir>/config.json``.
+
+``cliffguard train`` writes the config and starts ``python -m torch.distributed.run
+--nproc_per_node N -m trainer.run --config ...`` (on GPUs ``accelerate launch -m trainer.run``
+works the same way). Every worker reads the same saved config, builds an ``Accelerator`` (CPU:
+gloo, ``torch.set_num_threads(threads)`` so the processes do not fight over the cores) and runs
+the ``Trainer``. The command secret comes from ``CLIFFGUARD_COMMAND_SECRET`` in the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+import torch
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m trainer.run", description=__doc__.splitlines()[0])
+    p.add_argument("--config", required=True, help="path of the saved TrainConfig JSON")
+    p.add_argument("--log-level", default=os.environ.get("CLIFFGUARD_LOG_LEVEL", "WARNING"))
+    args = p.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s r%(process)d %(name)s: %(message)s")
+    logging.getLogger("kafka").setLevel(logging.ERROR)
+
+    from accelerate import Accelerator
+
+    from agent.hooks import load_secret
+    from trainer.config import TrainConfig
+    from trainer.loop import Trainer
+
+    cfg = TrainConfig.load(args.config)
+    cuda = torch.cuda.is_available()
+    if not cuda:
+        torch.set_num_threads(cfg.threads)
+    accelerator = Accelerator(cpu=not cuda)
+    try:
+        trainer = Trainer(cfg, accelerator, secret=load_secret())
+        return trainer.run()
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
