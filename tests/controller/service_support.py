@@ -13,7 +13,7 @@ from sqlalchemy.engine import make_url
 
 from agent.events import Command, decode_command, encode_event, make_event
 from agent.kafka_config import KafkaConfig
-from agent.signing import CommandVerifier, Secret
+from agent.signing import CommandVerifier, Rejection, Secret
 from controller.store.db import init_db, make_engine
 
 SECRET = Secret("test-secret-of-enough-length")
@@ -47,6 +47,7 @@ class FakeTrainer:
         self.consumer.seek_to_beginning(*parts)
         self.received: dict[str, list[Command]] = {}
         self.verifiers: dict[str, CommandVerifier] = {}
+        self.duplicates: list[Command] = []
 
     def send(self, run: str, type: str, step: int, data: dict, rank: int = 0, world: int = 1) -> None:
         ev = make_event(type, run, step, data, rank=rank, world=world)
@@ -81,7 +82,13 @@ class FakeTrainer:
             for m in msgs:
                 cmd = decode_command(m.value)
                 ver = self.verifiers.setdefault(cmd.run, CommandVerifier(cmd.run, SECRET))
-                assert ver.verify(cmd).ok, f"command {cmd.id} failed verification"
+                result = ver.verify(cmd)
+                if result.reason is Rejection.REPLAYED:
+                    # a re-send of a command already taken (outbox crash window): ack, never obey
+                    self.duplicates.append(cmd)
+                    self.ack(cmd, "duplicate", result.detail)
+                    continue
+                assert result.ok, f"command {cmd.id} failed verification: {result.detail}"
                 self.received.setdefault(cmd.run, []).append(cmd)
 
     def expect(self, run: str, type: str, timeout_s: float = 30.0) -> Command:
