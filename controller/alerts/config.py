@@ -35,6 +35,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from controller.alerts.spec import AlertLevel
+from controller.alerts.webhook_signing import secret_key
 
 PAGERDUTY_EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"
 
@@ -136,6 +137,11 @@ class EndpointConfig:
             raise ValueError(f"secret: {where}: a generic endpoint needs a signing secret (secret or secret_env)")
         if self.format == EndpointFormat.PAGERDUTY and not secret:
             raise ValueError(f"secret: {where}: a pagerduty endpoint needs its routing key (secret or secret_env)")
+        if self.format == EndpointFormat.GENERIC:
+            try:
+                secret_key(secret)
+            except ValueError:
+                raise ValueError(f"secret: {where}: a whsec_ secret must be base64 after the prefix") from None
         self.secret = SecretStr(secret) if secret else None
 
     def __repr__(self) -> str:

@@ -70,8 +70,13 @@ class AlertDeliverer:
         """Try every due row once (per-endpoint FIFO); return how many were delivered."""
         delivered = 0
         for endpoint in self.config.endpoints:
-            if endpoint.enabled:
+            if not endpoint.enabled:
+                continue
+            try:
                 delivered += self._drain(endpoint, now)
+            except Exception:  # noqa: BLE001 - one endpoint's trouble must not starve the others
+                log.exception("alert delivery to %s failed this pass; rows stay queued", endpoint.name)
+                self._stats["pass_errors"] += 1
         self._expire_unknown(now)
         return delivered
 
@@ -231,8 +236,8 @@ class AlertDeliverer:
             try:
                 self.deliver_due(self._clock())
             except Exception:  # noqa: BLE001 - a database hiccup must not end delivery
-                self._stats["pass_errors"] += 1
                 log.exception("alert delivery pass failed; next pass in %.1fs", self.config.poll_interval_s)
+                self._stats["pass_errors"] += 1
             self._wake.wait(self.config.poll_interval_s)
             self._wake.clear()
 

@@ -36,6 +36,7 @@ def test_pagerduty_defaults_to_the_events_v2_url_and_requires_a_routing_key():
         ({"name": "x", "format": "slack", "url": SLACK_URL, "min_level": "loud"}, "min_level"),
         ({"name": "x", "format": "slack", "url": SLACK_URL, "url_env": "X"}, "url"),
         ({"name": "x", "secret": "a", "secret_env": "B", "url": "https://e.org/"}, "secret"),
+        ({"name": "x", "secret": "whsec_not base64!", "url": "https://e.org/"}, "secret"),
     ],
 )
 def test_bad_endpoint_fields_are_named(kwargs, field):

@@ -222,3 +222,27 @@ def test_background_thread_delivers_on_wake_and_close_stops_it(tmp_path):
     finally:
         deliverer.close()
     assert not any(t.name == "cliffguard-alert-deliverer" for t in threading.enumerate())
+
+
+def test_background_thread_survives_a_failing_pass_and_keeps_going(tmp_path, caplog):
+    from controller.store.db import init_db, make_engine
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'late.db'}")  # no schema yet: every pass fails
+    cfg = config(poll_interval_s=0.05)
+    poster = FakePoster()
+    deliverer = AlertDeliverer(engine, cfg, poster).start()
+    try:
+        with caplog.at_level(logging.ERROR, logger="controller.alerts"):
+            deadline = time.time() + 10
+            while deliverer.stats()["pass_errors"] < 2 and time.time() < deadline:
+                time.sleep(0.02)
+        assert deliverer.stats()["pass_errors"] >= 2
+        assert "alert delivery to hooks failed this pass" in caplog.text and "alert delivery pass failed" in caplog.text
+        init_db(engine)
+        raise_alert(engine, cfg, now=time.time())
+        deadline = time.time() + 10
+        while rows(engine)[0].status != "delivered" and time.time() < deadline:
+            time.sleep(0.05)
+        assert rows(engine)[0].status == "delivered" and len(poster.calls) == 1
+    finally:
+        deliverer.close()
