@@ -68,6 +68,7 @@ _STEP_COLUMNS = (
     "skipped",
     "clipped_layers",
 )
+_ID_CHUNK = 5000  # event ids per IN (...) lookup; below SQLite's 32766 bound-parameter limit
 # an ack status the trainer decided (a later "duplicate" ack must not replace it)
 _DECIDED = {str(s) for s in AckStatus if s is not AckStatus.DUPLICATE}
 
@@ -114,10 +115,24 @@ def ingest_events(session: Session, events: Iterable[Event]) -> int:
         if handler is not None and handler(session, ev):
             changed += 1
     if step_rows:
-        stmt = insert_for(session, StepMetric).on_conflict_do_nothing(index_elements=["event_id"])
-        inserted = session.execute(stmt.returning(StepMetric.id), step_rows).all()
-        changed += len(inserted)
+        changed += _insert_step_rows(session, step_rows)
     return changed
+
+
+def _insert_step_rows(session: Session, rows: list[dict[str, Any]]) -> int:
+    """Insert the rows whose event id is new; returns how many. The ids already stored are
+    looked up first and the rest go in one executemany: on PostgreSQL that is several times
+    faster than INSERT ... RETURNING (which is how else we would learn what was new)."""
+    fresh: dict[str, dict[str, Any]] = {}
+    for i in range(0, len(rows), _ID_CHUNK):
+        chunk = [r["event_id"] for r in rows[i : i + _ID_CHUNK]]
+        seen = set(session.scalars(select(StepMetric.event_id).where(StepMetric.event_id.in_(chunk))))
+        fresh.update((r["event_id"], r) for r in rows[i : i + _ID_CHUNK] if r["event_id"] not in seen)
+    if fresh:
+        # ON CONFLICT still guards against a concurrent writer of the same events
+        stmt = insert_for(session, StepMetric).on_conflict_do_nothing(index_elements=["event_id"])
+        session.connection().execute(stmt, list(fresh.values()))
+    return len(fresh)
 
 
 def _touch_runs(session: Session, events: list[Event]) -> None:

@@ -115,12 +115,12 @@ def _step_filter(run_id: str, from_step: int | None, to_step: int | None) -> lis
     return conds
 
 
-def _bucket_width(session: Session, conds: list[Any], max_points: int | None) -> int:
-    """1 when the rows fit in max_points, else the step width that makes them fit."""
+def _bucket_width(session: Session, conds: list[Any], max_points: int | None, series: int = 1) -> int:
+    """1 when the rows fit in ``max_points`` per series, else the step width that makes them fit."""
     n, lo, hi = session.execute(
         select(func.count(), func.min(SM.step), func.max(SM.step)).where(*conds)
     ).one()
-    if max_points is None or n <= max_points or lo is None:
+    if max_points is None or n <= max_points * series or lo is None:
         return 1
     return max(1, math.ceil((hi - lo + 1) / max_points))
 
@@ -207,7 +207,7 @@ def rank_metrics(
         raise ValueError(f"columns: not per-rank metrics: {sorted(unknown)}")
     conds = _step_filter(run_id, from_step, to_step)
     n_ranks = session.scalar(select(func.count(func.distinct(SM.rank))).where(*conds)) or 1
-    width = _bucket_width(session, conds, None if max_points is None else max_points * n_ranks)
+    width = _bucket_width(session, conds, max_points, series=n_ranks)
     cols = [getattr(SM, c) for c in columns]
     if width == 1:
         stmt = select(SM.step, SM.rank, *cols).where(*conds).order_by(SM.step, SM.rank, SM.ts)

@@ -92,7 +92,17 @@ def _diffs(engine):
         return compare_metadata(ctx, Base.metadata)
 
 
-def test_migrations_create_exactly_the_models_schema(engine):
+@pytest.fixture
+def fresh(db_url):
+    """A freshly migrated database of each kind, for tests that change the schema itself."""
+    eng = make_engine(db_url)
+    init_db(eng)
+    yield eng
+    eng.dispose()
+
+
+def test_migrations_create_exactly_the_models_schema(fresh):
+    engine = fresh
     assert _diffs(engine) == []
     tables = set(inspect(engine).get_table_names())
     assert set(Base.metadata.tables) <= tables
@@ -107,7 +117,8 @@ def test_init_db_twice_is_harmless_and_keeps_data(engine):
         assert s.get(Run, "keep") is not None
 
 
-def test_downgrade_to_base_then_upgrade_again(engine):
+def test_downgrade_to_base_then_upgrade_again(fresh):
+    engine = fresh
     cfg = alembic_config(engine)
     with engine.begin() as conn:
         cfg.attributes["connection"] = conn
