@@ -87,3 +87,56 @@ def test_receiver_down_then_up_gets_every_alert_exactly_once_signed(engine):
     # The endpoint's queue is FIFO: the receiver saw alerts in the order they were raised.
     distinct_order = list(dict.fromkeys(json.loads(r.body)["data"]["alert_id"] for r in got))
     assert distinct_order == alert_ids
+
+
+def test_urllib_poster_against_a_real_server_statuses_timeouts_refusals_and_redirects():
+    import socket
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from controller.alerts import urllib_post
+    from controller.alerts.retry import Outcome, classify_status
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            self.rfile.read(int(self.headers.get("content-length", 0)))
+            path = self.path.strip("/")
+            if path == "slow":
+                time.sleep(1.0)  # the client has given up by now: answer nothing
+                self.close_connection = True
+                return
+            code = {"ok": 200, "gone": 410, "busy": 503, "moved": 302}[path]
+            self.send_response(code)
+            if path == "busy":
+                self.send_header("Retry-After", "7")
+            if path == "moved":
+                self.send_header("Location", "http://127.0.0.1:9/elsewhere")
+            self.send_header("content-length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        post = lambda path, timeout=5.0: urllib_post(f"{base}/{path}", b"{}", {"content-type": "application/json"}, timeout)  # noqa: E731
+        ok = post("ok")
+        assert ok.status == 200 and ok.detail == "ok" and classify_status(ok.status) == Outcome.DELIVERED
+        assert classify_status(post("gone").status) == Outcome.GONE
+        busy = post("busy")
+        assert busy.status == 503 and busy.retry_after_s == 7.0
+        assert post("moved").status == 302  # not followed
+        with pytest.raises(OSError):
+            post("slow", timeout=0.2)
+        with socket.socket() as s:  # a port with nothing listening
+            s.bind(("127.0.0.1", 0))
+            closed = s.getsockname()[1]
+        with pytest.raises(OSError, match="refused"):
+            urllib_post(f"http://127.0.0.1:{closed}/x", b"{}", {}, 2.0)
+    finally:
+        server.shutdown()
+        server.server_close()
