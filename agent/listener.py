@@ -102,6 +102,8 @@ class CommandListener:
             auto_offset_reset="earliest",
             fetch_max_wait_ms=int(self.poll_interval_s * 1000),
             metadata_max_age_ms=5_000,
+            bootstrap_timeout_ms=5_000,
+            reconnect_backoff_max_ms=1_000,
         )
 
     def start(self, timeout: float = 10.0) -> CommandListener:

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import socket
 import struct
 import threading
 import time
@@ -135,23 +136,36 @@ class PublisherConfig:
             raise ValueError("fsync_interval_s: must be >= 0")
 
 
-def ensure_topic(kafka: KafkaConfig, topic: str) -> None:
+def ensure_topic(kafka: KafkaConfig, topic: str, timeout_s: float | None = None) -> None:
     """Create ``topic`` with the configured partitions if the cluster does not have it."""
     from kafka.admin import KafkaAdminClient, NewTopic
     from kafka.errors import TopicAlreadyExistsError
 
-    admin = KafkaAdminClient(**kafka.client_kwargs(), client_id="cliffguard-agent-admin")
+    timeout_ms = int(timeout_s * 1000) if timeout_s is not None else kafka.request_timeout_ms
+    admin = KafkaAdminClient(**kafka.client_kwargs(), client_id="cliffguard-agent-admin",
+                             bootstrap_timeout_ms=timeout_ms)
     try:
         if topic not in set(admin.list_topics()):
             try:
                 admin.create_topics(
                     [NewTopic(name=topic, num_partitions=kafka.partitions, replication_factor=kafka.replication)],
-                    timeout_ms=kafka.request_timeout_ms,
+                    timeout_ms=timeout_ms,
                 )
             except TopicAlreadyExistsError:
                 pass  # someone else created it meanwhile
     finally:
         admin.close()
+
+
+def _tcp_reachable(kafka: KafkaConfig, timeout: float = 0.5) -> bool:
+    for host_port in kafka.client_kwargs()["bootstrap_servers"]:
+        host, _, port = host_port.rpartition(":")
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def _pack(key: bytes, value: bytes) -> bytes:
@@ -297,6 +311,8 @@ class Publisher:
             max_in_flight_requests_per_connection=1,
             delivery_timeout_ms=send_ms,
             max_block_ms=send_ms,
+            bootstrap_timeout_ms=send_ms,  # a probe of a dead broker must not block for 30 s
+            reconnect_backoff_max_ms=1000,
             batch_size=256 * 1024,
             retry_backoff_ms=100,
         )
@@ -336,6 +352,11 @@ class Publisher:
                 self._spill_records(self._held + self._take(len(self._queue)))
                 self._held = []
                 return
+            if not self._up:
+                # Park everything on disk before a probe that may take up to send_timeout_s.
+                while self._held:
+                    self._spill_records(self._held)
+                    self._held = self._take()
             if not self._up and time.monotonic() >= self._next_probe:
                 self._connect()
             if self._up and len(spill):
@@ -380,9 +401,12 @@ class Publisher:
     def _connect(self) -> None:
         producer = None
         try:
+            if self._producer_factory == self._default_producer and not _tcp_reachable(self.kafka):
+                # Nothing even accepts TCP: skip kafka-python's bootstrap, which waits out its timeout.
+                raise ConnectionError("no bootstrap host accepts connections")
             producer = self._producer_factory()
             if self.config.create_topic:
-                ensure_topic(self.kafka, self.topic)
+                ensure_topic(self.kafka, self.topic, self.config.send_timeout_s)
             if not producer.partitions_for(self.topic):
                 raise RuntimeError(f"topic {self.topic} has no partitions")
         except Exception as exc:  # noqa: BLE001 - any failure means "not reachable yet"
