@@ -201,3 +201,18 @@ def test_failing_observer_does_not_stop_the_writer(tmp_path):
 def test_config_validation(tmp_path, kw, field):
     with pytest.raises(ValueError, match=f"^{field}:"):
         CheckpointConfig(dir=str(tmp_path), **kw)
+
+
+def test_recycled_snapshot_buffers_never_clobber_live_states(tmp_path):
+    m = manager(tmp_path, [], memory_ring=2, snapshot_every=1, ckpt_every=3, full_every=0, keep_incremental=10)
+    w = torch.zeros(50_000)
+    for step in range(1, 13):
+        w.fill_(float(step))
+        m.on_step(step, lambda: {"w": w, "meta": {"step": step}})
+    m.wait()
+    assert m._spare, "evicted snapshots are recycled"
+    assert {s: float(st["w"][0]) for s, st in m.ring.items()} == {11: 11.0, 12: 12.0}
+    for step in (3, 6, 9, 12):
+        state, _ = m.restore(step, discard_newer=False)
+        assert torch.equal(state["w"], torch.full((50_000,), float(step))) and state["meta"] == {"step": step}
+    m.close()
