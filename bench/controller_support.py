@@ -1,0 +1,53 @@
+"""Shared by the controller benchmarks: a broker, a fresh store, a controller, event payloads."""
+
+from __future__ import annotations
+
+import tempfile
+import uuid
+from pathlib import Path
+
+from agent.events import encode_event, make_event
+from agent.kafka_config import KafkaConfig
+from agent.signing import Secret
+from controller.broker import EmbeddedBroker, ensure_topics
+from controller.config import ControllerConfig
+from controller.service import ControllerService
+from controller.store.db import init_db, make_engine
+
+SECRET = Secret("bench-secret-bench-secret")
+FAST_GROUP = {"session_timeout_ms": 3000, "heartbeat_interval_ms": 500, "max_poll_interval_ms": 3000}
+
+
+def step_data(loss: float, step: int, batch: int = 8) -> dict:
+    return {
+        "loss": loss, "loss_local": loss, "lr": 1e-3, "lr_scale": 1.0, "grad_norm": 1.0, "tokens": 1024,
+        "step_time_s": 0.05, "data_wait_s": 0.001, "comm_exposed_s": 0.001, "compute_s": 0.048,
+        "tokens_per_s": 20000.0, "mfu": 0.5, "mem_allocated": 1000, "mem_reserved": 1200, "loss_scale": 1.0,
+        "skipped": False, "clipped_layers": 0, "guard": "ok", "sample_range": [step * batch, (step + 1) * batch],
+    }
+
+
+def healthy_loss(step: int) -> float:
+    return 3.0 / (1 + step / 500) + 0.01 * ((step * 7919) % 11 - 5) / 5
+
+
+def step_bytes(run: str, step: int, loss: float | None = None) -> bytes:
+    return encode_event(make_event("step", run, step, step_data(healthy_loss(step) if loss is None else loss, step)))
+
+
+def fresh_kafka(broker: EmbeddedBroker, partitions: int = 4) -> KafkaConfig:
+    cfg = broker.kafka_config(topic_prefix=f"bench{uuid.uuid4().hex[:8]}", partitions=partitions)
+    ensure_topics(cfg)
+    return cfg
+
+
+def fresh_store(root: Path | None = None):
+    root = root or Path(tempfile.mkdtemp(prefix="cliffguard-bench-"))
+    engine = make_engine(f"sqlite:///{root / f'{uuid.uuid4().hex[:8]}.db'}")
+    init_db(engine)
+    return engine
+
+
+def controller(kafka: KafkaConfig, engine, **overrides) -> ControllerService:
+    cfg = ControllerConfig(group_id=f"bench-{uuid.uuid4().hex[:6]}", **{**FAST_GROUP, **overrides})
+    return ControllerService(cfg, kafka, engine, SECRET)

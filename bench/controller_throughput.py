@@ -1,0 +1,151 @@
+"""Controller throughput: the pure core, end to end through the broker, and raw consumption.
+
+    python -m bench.controller_throughput --json OUT.json [--events 20000] [--runs 1,8,64]
+
+- ``core``: ``RunDetector.on_event`` + ``recovery.transition`` on in-memory step events (one run):
+  events/s of the pure decision path, no I/O.
+- ``e2e`` per number of concurrent runs: the events are produced to the metrics topic first
+  (interleaved across runs, key = run), then a ``ControllerService`` (SQLite store, one
+  transaction per polled batch) consumes them; events/s from its first committed batch to the
+  last (the consumer group join is not counted).
+- ``raw``: plain kafka-python ``KafkaConsumer`` reading the same topic's messages (no decoding),
+  in the same run on the same broker: the ceiling the controller sits under.
+
+``ratio`` = e2e / raw for each run count. Everything shares the machine's CPUs with the broker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import uuid
+
+from agent.events import decode_event
+from bench.controller_support import controller, fresh_kafka, fresh_store, healthy_loss, step_bytes
+from controller.batch import inputs_for
+from controller.broker import EmbeddedBroker
+from controller.detect import RunDetector
+from controller.recovery import new_state, transition
+from controller.recovery_types import RecoveryConfig
+
+
+def core_rates(n: int) -> dict[str, float]:
+    """events/s of the rules + machine together, and of each alone (on the same events)."""
+    events = [decode_event(step_bytes("core", s)) for s in range(n)]
+    det, state, cfg = RunDetector(), new_state("core", "salt"), RecoveryConfig()
+    t0 = time.perf_counter()
+    for ev in events:
+        for inp in inputs_for(ev, det.on_event(ev), ev.ts):
+            state, _ = transition(cfg, state, inp)
+    both = n / (time.perf_counter() - t0)
+    det = RunDetector()
+    t0 = time.perf_counter()
+    for ev in events:
+        det.on_event(ev)
+    rules = n / (time.perf_counter() - t0)
+    inputs = [inp for ev in events for inp in inputs_for(ev, [], ev.ts)]
+    state = new_state("core", "salt")
+    t0 = time.perf_counter()
+    for inp in inputs:
+        state, _ = transition(cfg, state, inp)
+    machine = n / (time.perf_counter() - t0)
+    return {"events_per_s": both, "rules_only_events_per_s": rules, "machine_only_events_per_s": machine}
+
+
+def produce(kafka, runs: int, n: int) -> None:
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(**kafka.client_kwargs(), linger_ms=5, batch_size=256 * 1024)
+    names = [f"r{uuid.uuid4().hex[:6]}-{i}" for i in range(runs)]
+    for i in range(n):
+        run, step = names[i % runs], i // runs
+        producer.send(kafka.metrics_topic, key=run.encode(), value=step_bytes(run, step, healthy_loss(step)))
+    producer.flush()
+    producer.close()
+
+
+def e2e_rate(broker, runs: int, n: int) -> tuple[float, dict]:
+    kafka = fresh_kafka(broker)
+    produce(kafka, runs, n)
+    engine = fresh_store()
+    # batches of 500 keep one transaction well under the group's max_poll_interval (3 s here)
+    svc = controller(kafka, engine, tick_s=3600.0, max_poll_records=500)
+    svc.start()
+    first = None
+    deadline = time.monotonic() + 600
+    try:
+        while svc.stats["events"] < n and time.monotonic() < deadline:
+            res = svc.step_once()
+            if res is not None and first is None:
+                first = time.perf_counter()
+                first_events = res.events
+        elapsed = time.perf_counter() - first
+    finally:
+        svc.close()
+        engine.dispose()
+    # the first batch's own events were processed before `first` was taken: leave them out
+    return (svc.stats["events"] - first_events) / elapsed, dict(svc.stats)
+
+
+def raw_rate(broker, n: int) -> float:
+    from kafka import KafkaConsumer, TopicPartition
+
+    kafka = fresh_kafka(broker)
+    produce(kafka, 8, n)
+    consumer = KafkaConsumer(**kafka.client_kwargs(), enable_auto_commit=False, max_poll_records=2000,
+                             fetch_max_wait_ms=20)
+    parts = [TopicPartition(kafka.metrics_topic, p) for p in range(kafka.partitions)]
+    consumer.assign(parts)
+    consumer.seek_to_beginning(*parts)
+    got, first = 0, None
+    try:
+        while got < n:
+            batch = consumer.poll(timeout_ms=500)
+            if batch and first is None:
+                first = time.perf_counter()
+                got_first = sum(len(m) for m in batch.values())
+            got += sum(len(m) for m in batch.values())
+        elapsed = time.perf_counter() - first
+    finally:
+        consumer.close()
+    return (got - got_first) / elapsed
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", required=True, help="write the figures here")
+    p.add_argument("--events", type=int, default=20_000, help="events per end-to-end configuration")
+    p.add_argument("--runs", default="1,8,64", help="concurrent run counts (comma-separated)")
+    p.add_argument("--core-events", type=int, default=20_000)
+    args = p.parse_args(argv)
+    run_counts = [int(x) for x in args.runs.split(",")]
+    out: dict = {"events": args.events, "core": {}, "e2e": {}, "raw": {}}
+    out["core"] = {**core_rates(args.core_events), "events": args.core_events}
+    core = out["core"]["events_per_s"]
+    print(f"core (rules + state machine): {core:,.0f} events/s (rules alone "
+          f"{out['core']['rules_only_events_per_s']:,.0f}, machine alone "
+          f"{out['core']['machine_only_events_per_s']:,.0f})", flush=True)
+    with EmbeddedBroker(port=0) as broker:
+        raw = raw_rate(broker, args.events)
+        out["raw"] = {"events_per_s": raw}
+        print(f"raw kafka-python consume: {raw:,.0f} events/s", flush=True)
+        for runs in run_counts:
+            rate, stats = e2e_rate(broker, runs, args.events)
+            out["e2e"][str(runs)] = {"events_per_s": rate, "ratio": rate / raw, "batches": stats["batches"]}
+            print(f"e2e {runs:>3} runs: {rate:,.0f} events/s ({stats['batches']} batches) ratio {rate / raw:.3f}",
+                  flush=True)
+    out["ratio"] = {k: v["ratio"] for k, v in out["e2e"].items()}
+    print()
+    print(f"{'config':<22}{'events/s':>12}{'ratio':>8}")
+    print(f"{'core':<22}{core:>12,.0f}{'':>8}")
+    print(f"{'raw consume':<22}{raw:>12,.0f}{1.0:>8.3f}")
+    for k, v in out["e2e"].items():
+        print(f"{'e2e ' + k + ' runs':<22}{v['events_per_s']:>12,.0f}{v['ratio']:>8.3f}")
+    with open(args.json, "w") as fh:
+        json.dump(out, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
