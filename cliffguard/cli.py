@@ -26,6 +26,7 @@ SUBCOMMANDS: dict[str, str] = {
     "status": "list runs and their recovery states",
     "backtest": "replay a step,loss CSV (or a stored run) through the controller's rules",
     "dashboard": "serve the Streamlit dashboard over a store",
+    "config": "validate a TOML config (+ CLIFFGUARD_* env) and print the resolved values",
 }
 
 
