@@ -31,7 +31,7 @@ from agent.signing import Secret
 from controller.alerts import AlertDeliverer, AlertsConfig
 from controller.batch import BatchContext, BatchProcessor, BatchResult, StaleBatch
 from controller.config import ControllerConfig
-from controller.edge import EdgeBatch, EdgeConsumer
+from controller.edge import DeadLetter, EdgeBatch, EdgeConsumer
 from controller.outbox import CommandOutbox
 from controller.recovery_types import RecoveryConfig
 from controller.runstate import DetectorFactory, RunTable, default_detector_factory
@@ -192,24 +192,30 @@ class ControllerService:
         return res
 
     def _process_one_by_one(self, batch: EdgeBatch) -> BatchResult:
+        """Apply a failing batch message by message, in offset order; skip what fails alone."""
         total = BatchResult()
-        for dead in batch.dead:
-            with session_scope(self.engine) as s:
-                count_dead_letter(s, dead.topic, dead.reason, dead.detail)
-                save_offsets(s, self.config.group_id, {(dead.topic, dead.partition): dead.offset + 1})
-        for rec in batch.records:
-            one = EdgeBatch(records=[rec], next_offsets={(rec.topic, rec.partition): rec.offset + 1})
+        items = sorted([*batch.records, *batch.dead], key=lambda x: (x.topic, x.partition, x.offset))
+        for item in items:
+            nxt = {(item.topic, item.partition): item.offset + 1}
+            if isinstance(item, DeadLetter):
+                with session_scope(self.engine) as s:
+                    count_dead_letter(s, item.topic, item.reason, item.detail)
+                    save_offsets(s, self.config.group_id, nxt)
+                total.dead += 1
+                continue
             try:
                 with session_scope(self.engine) as s:
-                    res = self.processor.process(s, one, self.clock())
+                    res = self.processor.process(s, EdgeBatch(records=[item], next_offsets=nxt), self.clock())
                 self._after_commit(res)
                 total.events += 1
             except Exception as exc:  # noqa: BLE001
                 self.runs.clear()
-                log.exception("event %s of run %s fails on its own: skipped (dead letter)", rec.event.id, rec.event.run)
+                log.exception("event %s of run %s fails on its own: skipped (dead letter)",
+                              item.event.id, item.event.run)
                 with session_scope(self.engine) as s:
-                    count_dead_letter(s, rec.topic, "processing_error", f"{rec.event.id}: {type(exc).__name__}: {exc}")
-                    save_offsets(s, self.config.group_id, one.next_offsets)
+                    count_dead_letter(s, item.topic, "processing_error",
+                                      f"{item.event.id}: {type(exc).__name__}: {exc}")
+                    save_offsets(s, self.config.group_id, nxt)
         return total
 
     def _after_commit(self, res: BatchResult) -> None:
