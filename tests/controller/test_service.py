@@ -196,3 +196,39 @@ def test_operator_command_goes_through_the_outbox_with_an_audit_row(kafka_cfg, t
             assert s.get(CommandRow, cmd_id).status == "sent"
             audit = s.scalars(select(AuditRow)).all()
             assert [(a.actor, a.action, a.command_id) for a in audit] == [("alice", "command.rollback", cmd_id)]
+
+
+@pytest.mark.slow
+def test_two_instances_share_runs_and_a_moved_run_continues_from_the_store(kafka_cfg, tmp_path):
+    runs = [f"share-{i}" for i in range(6)]
+    with store_engine("sqlite", tmp_path) as (engine, _):
+        t = FakeTrainer(kafka_cfg)
+        first = Running(kafka_cfg, engine, group="shared")
+        second = Running(kafka_cfg, engine, group="shared")
+        try:
+            a = first.__enter__()
+            for run in runs:
+                prefix(t, run)
+                spike(t, run, 41)
+            pauses = {run: t.expect(run, "pause") for run in runs}
+            b = second.__enter__()  # joins: the group rebalances, B takes over a partition
+            wait_for(lambda: bool(b.edge.assignment()) and len(a.edge.assignment()) < kafka_cfg.partitions)
+            for run in runs:
+                t.ack(pauses[run])
+            vals = {run: t.expect(run, "validate") for run in runs}
+            assert b.stats["events"] > 0 and b.stats["commands"] > 0  # B continued runs A had started
+            first.__exit__()  # A leaves: B owns every run now
+            for run in runs:
+                t.ack(vals[run])
+                t.validation(run, 43, 2.02, cmd=vals[run])
+            for run in runs:
+                t.ack(t.expect(run, "resume"))
+            t.quiet(1.0)
+            for run in runs:
+                assert t.types(run) == ["pause", "validate", "resume"]
+        finally:
+            t.close()
+            second.__exit__()
+        with session_scope(engine) as s:
+            assert {r.id: r.recovery_state for r in s.scalars(select(Run))} == {run: "running" for run in runs}
+            assert all(len(read.incidents(s, run)) == 1 for run in runs)
