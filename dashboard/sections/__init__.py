@@ -1,0 +1,1 @@
+"""One module per dashboard section; each exposes ``render(ctx: Context)``."""

@@ -1,0 +1,25 @@
+"""Checkpoint timeline: memory / incremental / full, verified, stable."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from dashboard import charts, queries
+from dashboard.sections.context import Context, show
+
+
+def render(ctx: Context) -> None:
+    st.subheader("Checkpoints")
+    ckpts = ctx.read(queries.checkpoints, ctx.run_id)
+    if ckpts.empty:
+        st.info("no checkpoints reported yet")
+        return
+    show(st, charts.checkpoint_timeline(ckpts), key="ckpt_timeline")
+    stable = ckpts[ckpts["stable"].astype(bool)]
+    newest = int(stable["step"].max()) if len(stable) else None
+    st.caption(
+        f"{len(ckpts)} checkpoints · {int(ckpts['verified'].astype(bool).sum())} verified · {len(stable)} stable"
+        + (f" · newest stable: step {newest}" if newest is not None else "")
+    )
+    with st.expander("checkpoint table"):
+        st.dataframe(ckpts.drop(columns=["sha256"]), hide_index=True, width="stretch")

@@ -1,0 +1,32 @@
+"""Gradients: per-layer histogram heatmap over steps and per-layer gradient norms."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from dashboard import charts, derive, queries
+from dashboard.sections.context import Context, show
+
+
+def render(ctx: Context) -> None:
+    st.subheader("Gradients")
+    hists = ctx.read(queries.grad_hists, ctx.run_id, ctx.cfg.hist_limit)
+    norms = ctx.read(queries.layer_grad_norms, ctx.run_id, ctx.cfg.hist_limit * 10)
+    if norms.empty and hists:
+        norms = derive.hist_layer_norms(hists)
+    if not hists and norms.empty:
+        st.info("no gradient histograms or per-layer norms reported yet")
+        return
+    left, right = st.columns(2)
+    with left:
+        layers = derive.hist_layers(hists)
+        if layers:
+            layer = st.selectbox("layer", layers, key="hist_layer")
+            show(st, charts.hist_heatmap(derive.hist_cells(hists, layer), layer), key="hist_heatmap")
+        else:
+            st.info("no gradient histograms yet")
+    with right:
+        if norms.empty:
+            st.info("no per-layer norms yet")
+        else:
+            show(st, charts.layer_norm_heatmap(norms), key="layer_norms")

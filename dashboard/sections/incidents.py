@@ -1,0 +1,77 @@
+"""Incident timeline: each incident's recovery states over time, with its evidence — the
+rule's window stats, the validation numbers, and the commands sent with their acks."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from dashboard import charts, derive, queries
+from dashboard.sections.context import Context, show
+
+OUTCOME_BADGES = {"open": ":orange[**open**]", "resumed": ":green[**resumed**]", "rolled_back": ":red[**rolled back**]",
+                  "halted": ":violet[**halted**]"}
+
+
+def render(ctx: Context) -> None:
+    st.subheader("Incidents")
+    incs = ctx.read(queries.incidents, ctx.run_id)
+    trans = ctx.read(queries.transitions, ctx.run_id)
+    if incs.empty:
+        st.success("no incidents in this run")
+        return
+    segments = derive.state_segments(incs, trans, time.time())
+    if not segments.empty:
+        show(st, charts.incident_timeline(segments), key="incident_timeline")
+    cmds = ctx.read(queries.commands, ctx.run_id)
+    vals = ctx.read(queries.validations, ctx.run_id)
+    for inc in reversed(list(incs.itertuples(index=False))):
+        title = (f"{OUTCOME_BADGES.get(inc.outcome, inc.outcome)} · {inc.rule} ({inc.level}) at step {inc.spike_step}"
+                 + (f" → rolled back to {int(inc.rollback_to)}" if derive._is_num(inc.rollback_to) else "")
+                 + (f", lr_scale {inc.lr_scale:g}" if derive._is_num(inc.lr_scale) else "")
+                 + f" · {inc.id[:8]}")
+        with st.expander(title, expanded=inc.outcome == "open"):
+            _evidence(inc.evidence or {})
+            inc_trans = trans[trans["incident_id"] == inc.id]
+            if len(inc_trans):
+                st.markdown("**Transitions**")
+                st.dataframe(_with_time(inc_trans[["ts", "step", "from_state", "to_state", "reason"]]),
+                             hide_index=True, width="stretch")
+            inc_cmds = cmds[cmds["incident_id"] == inc.id]
+            if len(inc_cmds):
+                st.markdown("**Commands and acks**")
+                st.dataframe(_with_time(inc_cmds[["issued_at", "type", "args", "source", "status", "ack_detail", "acked_at"]],
+                                        col="issued_at"), hide_index=True, width="stretch")
+            inc_vals = vals[vals["cmd"].isin(set(inc_cmds["id"]))] if len(vals) else vals
+            if len(inc_vals):
+                st.markdown("**Validation**")
+                st.dataframe(inc_vals[["step", "val_loss", "batches", "cmd"]], hide_index=True, width="stretch")
+    others = cmds[cmds["incident_id"].isna()] if len(cmds) else cmds
+    if len(others):
+        with st.expander(f"commands outside incidents ({len(others)})"):
+            st.dataframe(_with_time(others[["issued_at", "type", "args", "source", "status", "ack_detail"]], col="issued_at"),
+                         hide_index=True, width="stretch")
+
+
+def _evidence(ev: dict[str, Any]) -> None:
+    """The rule's numbers first (median, σ, how many σ), then the rest as JSON."""
+    window = ev.get("window") if isinstance(ev.get("window"), dict) else ev
+    picks = [(k, window.get(k)) for k in ("loss", "median", "sigma", "sigmas", "n") if window.get(k) is not None]
+    if picks:
+        cols = st.columns(len(picks))
+        for col, (k, v) in zip(cols, picks, strict=True):
+            col.metric(k if k != "sigmas" else "σ above median", f"{v:.4g}" if isinstance(v, float) else str(v))
+    with st.popover("evidence (JSON)"):
+        st.json(ev)
+
+
+def _with_time(df: pd.DataFrame, col: str = "ts") -> pd.DataFrame:
+    out = df.copy()
+    out[col] = [datetime.fromtimestamp(t, UTC).strftime("%H:%M:%S") if pd.notna(t) else "" for t in out[col]]
+    if "acked_at" in out:
+        out["acked_at"] = [datetime.fromtimestamp(t, UTC).strftime("%H:%M:%S") if pd.notna(t) else "" for t in out["acked_at"]]
+    return out

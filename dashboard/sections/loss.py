@@ -1,0 +1,33 @@
+"""The loss curve with the spike rule's median and bands, spikes, incident spans and rollbacks;
+then the learning rate and lr_scale."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from dashboard import charts, queries
+from dashboard.bands import loss_bands, rollbacks
+from dashboard.derive import incident_spans
+from dashboard.sections.context import Context, show
+
+
+def render(ctx: Context) -> None:
+    st.subheader("Loss")
+    curve = ctx.read(queries.loss_curve, ctx.run_id, ctx.cfg.max_points)
+    if curve.empty:
+        st.info("no steps reported yet")
+        return
+    spike = ctx.cfg.spike
+    bands = loss_bands(curve, spike)
+    spans = incident_spans(ctx.read(queries.incidents, ctx.run_id), ctx.read(queries.transitions, ctx.run_id))
+    backs = rollbacks(curve)
+    show(st, charts.loss_chart(bands, spans, backs), key="loss_chart")
+    n_warn = int((bands["level"] == "warn").sum())
+    n_crit = int((bands["level"] == "critical").sum())
+    st.caption(
+        f"grey: sliding median of the last {spike.window} healthy losses · amber/red dashed: median + "
+        f"{spike.k_warn:g}σ / + {spike.k_crit:g}σ (robust σ = 1.4826·MAD) · ▲ spikes: {n_warn} warn, "
+        f"{n_crit} critical · shaded: incidents · red rule: rollback ({len(backs)}) · faded: steps later redone"
+    )
+    st.markdown("**Learning rate and lr_scale**")
+    show(st, charts.lr_chart(bands), key="lr_chart")

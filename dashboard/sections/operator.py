@@ -1,0 +1,47 @@
+"""Operator actions: pause, resume, validate, roll back to a chosen stable checkpoint.
+
+Outside the live fragments on purpose: a refresh must not disturb someone typing a token.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from agent.events import CommandType
+from dashboard import actions, derive, queries
+from dashboard.sections.context import Context
+
+
+def render(ctx: Context) -> None:
+    st.subheader("Operator actions")
+    cfg = ctx.cfg
+    if not cfg.operator_token:
+        st.info("read-only: set CLIFFGUARD_OPERATOR_TOKEN (and CLIFFGUARD_COMMAND_SECRET) to enable actions")
+        return
+    targets = derive.stable_targets(ctx.read(queries.checkpoints, ctx.run_id))
+    run = ctx.read(queries.get_run, ctx.run_id)
+    with st.form("operator_form", clear_on_submit=False):
+        cols = st.columns([2, 2, 2, 2, 2])
+        action = cols[0].selectbox("action", [a.value for a in actions.OPERATOR_ACTIONS], key="op_action")
+        to_step = cols[1].selectbox("roll back to (stable)", targets or [None], key="op_to_step",
+                                    help="verified and stable checkpoints, newest first")
+        default_scale = min(1.0, max(0.01, (run.lr_scale if run else 1.0) * 0.5))
+        lr_scale = cols[2].number_input("lr_scale after rollback", 0.01, 1.0, float(default_scale), 0.05, key="op_lr_scale")
+        actor = cols[3].text_input("your name", key="op_actor")
+        token = cols[4].text_input("operator token", type="password", key="op_token")
+        submitted = st.form_submit_button("send command")
+    if not submitted:
+        return
+    ctype = CommandType(action)
+    try:
+        args: dict = {"reason": f"operator via dashboard ({actor or 'anonymous'})"} if ctype in (
+            CommandType.PAUSE, CommandType.RESUME) else {}
+        if ctype is CommandType.ROLLBACK:
+            if to_step is None:
+                raise actions.ActionDenied("no stable checkpoint to roll back to")
+            args = actions.rollback_args(int(to_step), float(lr_scale))
+        cmd_id = actions.issue_command(ctx.engine, cfg, run_id=ctx.run_id, ctype=ctype, args=args, actor=actor, token=token)
+    except actions.ActionDenied as exc:
+        st.error(f"refused: {exc}")
+        return
+    st.success(f"{ctype} queued in the controller's outbox as command {cmd_id[:8]} (audited)")
