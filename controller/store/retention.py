@@ -31,7 +31,7 @@ summarises its rows per rank:
 
 Rows per rank for a run of ``n`` steps: at most ``full_steps + far_bucket - 1`` +
 ``(mid_steps - full_steps) / mid_bucket`` + ``(n - mid_steps) / far_bucket`` (see
-``projected_rows``): about 28,000 for a million steps, 37,000 for two million; and ``read.
+``projected_rows``): 28,000 for a million steps, 38,000 for two million; and ``read.
 loss_curve(max_points=...)`` bounds what a chart fetches regardless.
 
 ``downsample`` is idempotent (only rows finer than a tier's bucket are folded) and records the
