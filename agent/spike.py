@@ -130,10 +130,12 @@ class SpikeDetector:
             self._window.append(loss)
         return verdict
 
-    def stats(self) -> tuple[float, float] | None:
+    def stats(self, sigma_floor_rel: float | None = None) -> tuple[float, float] | None:
+        """(median, σ) of the healthy window, with the config's σ floor unless one is given."""
         if len(self._window) < 2:
             return None
-        return window_stats(self._window, self.config.sigma_floor_rel)
+        floor = self.config.sigma_floor_rel if sigma_floor_rel is None else sigma_floor_rel
+        return window_stats(self._window, floor)
 
     def __len__(self) -> int:
         return len(self._window)

@@ -1,0 +1,177 @@
+"""Replay a loss curve (a ``step,loss`` CSV or a stored run) through the controller's rules.
+
+The replay uses ``controller.detect.RunDetector`` — the same code and, unless told otherwise, the
+same defaults as ``cliffguard controller`` — and reports every verdict. In the output, ``level``
+is ``critical`` exactly when the controller would pause the run (a verdict whose action is
+``recover``); every other verdict is ``warn``, with the rule's own level in ``rule_level``.
+
+What a replay cannot do: the controller would pause, validate and maybe roll back after a
+critical verdict; the replay goes on as if validation had come back normal and the run resumed.
+Steps going backwards in the input are treated as the trainer's rollbacks (see detect.py).
+Heartbeat loss needs a clock and is not replayed.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agent.events import Event, EventType
+from controller.detect import RulesConfig, RunDetector
+from controller.verdict import Action, Verdict
+
+
+class CsvError(ValueError):
+    """A CSV the backtest cannot read; ``line`` is 1-based."""
+
+    def __init__(self, source: str, line: int, reason: str) -> None:
+        super().__init__(f"{source}: line {line}: {reason}")
+        self.line = line
+        self.reason = reason
+
+
+def read_loss_csv(text: str, source: str = "<csv>") -> list[tuple[int, float]]:
+    """``step,loss`` rows -> points. A header naming ``step`` and ``loss`` columns (any order,
+    extra columns ignored) is optional; blank lines and ``#`` comments are skipped; ``nan`` and
+    ``inf`` are valid losses (they are what the rules must catch)."""
+    points: list[tuple[int, float]] = []
+    step_col, loss_col = 0, 1
+    seen_data = False
+    for lineno, row in enumerate(csv.reader(io.StringIO(text)), start=1):
+        cells = [c.strip() for c in row]
+        if not cells or all(not c for c in cells) or cells[0].startswith("#"):
+            continue
+        if not seen_data and not points and not _is_int(cells[0]):
+            names = [c.lower() for c in cells]
+            if "step" not in names or "loss" not in names:
+                raise CsvError(source, lineno, f"header must name 'step' and 'loss' columns, got {row!r}")
+            step_col, loss_col = names.index("step"), names.index("loss")
+            seen_data = True  # only one header, and only first
+            continue
+        seen_data = True
+        if len(cells) <= max(step_col, loss_col):
+            raise CsvError(source, lineno, f"expected at least {max(step_col, loss_col) + 1} columns, got {len(cells)}")
+        if not _is_int(cells[step_col]):
+            raise CsvError(source, lineno, f"step {cells[step_col]!r} is not a non-negative integer")
+        try:
+            loss = float(cells[loss_col])
+        except ValueError:
+            raise CsvError(source, lineno, f"loss {cells[loss_col]!r} is not a number") from None
+        points.append((int(cells[step_col]), loss))
+    if not points:
+        raise CsvError(source, 1, "no data rows")
+    return points
+
+
+def _is_int(text: str) -> bool:
+    return text.isdigit()
+
+
+def read_loss_csv_file(path: str | Path) -> list[tuple[int, float]]:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CsvError(str(p), 0, "no such file") from None
+    except UnicodeDecodeError as exc:
+        line = p.read_bytes()[: exc.start].count(b"\n") + 1
+        raise CsvError(str(p), line, "not UTF-8 text") from None
+    return read_loss_csv(text, str(p))
+
+
+@dataclass(frozen=True, slots=True)
+class BacktestEvent:
+    step: int
+    level: str
+    """``critical`` = the controller would pause the run; otherwise ``warn``."""
+    rule: str
+    rule_level: str
+    action: str
+    onset_step: int | None
+    rank: int | None
+    message: str
+    evidence: dict[str, Any]
+
+    @classmethod
+    def from_verdict(cls, v: Verdict) -> BacktestEvent:
+        return cls(step=v.step, level="critical" if v.action is Action.RECOVER else "warn", rule=v.rule,
+                   rule_level=str(v.level), action=str(v.action), onset_step=v.onset_step, rank=v.rank,
+                   message=v.message, evidence=v.evidence)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "level": self.level, "rule": self.rule, "rule_level": self.rule_level,
+                "action": self.action, "onset_step": self.onset_step, "rank": self.rank,
+                "message": self.message, "evidence": _jsonable(self.evidence)}
+
+
+def replay_points(points: Iterable[tuple[int, float]], config: RulesConfig | None = None) -> list[BacktestEvent]:
+    det = RunDetector(config)
+    return [BacktestEvent.from_verdict(v) for step, loss in points for v in det.observe_loss(step, loss)]
+
+
+def replay_events(events: Iterable[Event], config: RulesConfig | None = None) -> list[BacktestEvent]:
+    det = RunDetector(config)
+    return [BacktestEvent.from_verdict(v) for ev in events for v in det.on_event(ev)]
+
+
+def load_run_events(url: str, run_id: str) -> list[Event]:
+    """The stored step events of a run, in the order they were ingested (full resolution only)."""
+    from sqlalchemy import create_engine, select
+    from sqlalchemy.orm import Session
+
+    from controller.store.models import StepMetric as SM
+
+    engine = create_engine(url)
+    try:
+        with Session(engine) as session:
+            rows = session.scalars(
+                select(SM).where(SM.run_id == run_id, SM.resolution == 1).order_by(SM.id)
+            ).all()
+            return [_row_event(run_id, r) for r in rows]
+    finally:
+        engine.dispose()
+
+
+_NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf,
+              "NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def _row_event(run_id: str, r: Any) -> Event:
+    loss = _NONFINITE.get(r.nonfinite, math.nan) if r.nonfinite else r.loss
+    data = {
+        "loss": math.nan if loss is None else float(loss),
+        "grad_norm": r.grad_norm if r.grad_norm is not None else 0.0,
+        "loss_scale": r.loss_scale if r.loss_scale is not None else 1.0,
+        "mfu": r.mfu or 0.0,
+        "step_time_s": r.step_time_s or 0.0,
+        "data_wait_s": r.data_wait_s or 0.0,
+        "comm_exposed_s": r.comm_exposed_s or 0.0,
+        "mem_allocated": r.mem_allocated or 0,
+        "mem_reserved": r.mem_reserved or 0,
+        "skipped": bool(r.skipped),
+        "layer_grad_norms": {k: _NONFINITE.get(v, v) if isinstance(v, str) else v
+                             for k, v in (r.layer_grad_norms or {}).items()},
+    }
+    return Event(type=EventType.STEP, run=run_id, step=r.step, rank=r.rank, world=max(1, r.rank + 1),
+                 ts=r.ts, data=data)
+
+
+def summary(events: Sequence[BacktestEvent], n_points: int) -> dict[str, Any]:
+    crit = [e for e in events if e.level == "critical"]
+    return {"points": n_points, "warn": len(events) - len(crit), "critical": len(crit),
+            "first_critical_step": crit[0].step if crit else None}
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value

@@ -1,0 +1,154 @@
+"""MFU below a threshold for a sustained window, with the likely cause named (pure, no I/O).
+
+The run's MFU is the median over ranks of each rank's median MFU over the last ``window`` steps,
+so one slow step or one odd rank does not decide it. When it is below ``mfu_min`` the rule alerts
+once (re-arming when the MFU is back at or above the threshold) and names the likeliest cause
+from the newest quarter of the window:
+
+* ``straggler`` — one rank's busy time (step time minus exposed communication) is
+  ``straggler_ratio`` times the others'. Checked first: in synchronous training the others show
+  the wait for it as exposed communication.
+* otherwise the part of the step time that grew most since the run was last healthy (a slow
+  running mean kept while the MFU was at or above the threshold): ``data_wait``,
+  ``comm_exposed`` or ``compute`` (small kernels, throttling, or a wrong peak FLOP/s figure);
+* a run that was never healthy has no baseline: the largest of data wait and exposed
+  communication if it is at least ``min_share`` of the step time, else ``compute``.
+
+Judged once per step, on the lowest rank's event. MFU values of 0 or non-finite (peak unknown)
+are ignored.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from statistics import fmean, median
+from typing import Any
+
+from agent.spike import Level
+from controller.verdict import Action, Verdict
+
+_PARTS = ("data_wait", "comm_exposed", "compute")
+
+
+@dataclass(kw_only=True, slots=True)
+class MfuConfig:
+    """Defaults: ``mfu_min`` 0.40 is the DESIGN's figure. Measured on
+    ``synthetic_metrics.rank_suite(20, 8, seed=1)`` (healthy MFU 0.45-0.55; slowdowns by data wait,
+    exposed communication, a straggler, or compute): window 50 -> 32/32 alerts within 60 steps
+    with the right cause, median delay 24-25 steps, 0 alerts on 20 healthy runs; window 20 ->
+    31/32 right (one compute slowdown named a straggler: 5 points per rank are too few), delay
+    9-10 steps. Hence 50."""
+
+    enabled: bool = True
+    """Run the rule at all."""
+    mfu_min: float = 0.40
+    """Model FLOPs utilisation below which a sustained window alerts."""
+    window: int = 50
+    """Steps per rank in the medians; also how long the MFU must stay low."""
+    straggler_ratio: float = 1.3
+    """A rank whose recent busy time is this multiple of the others' is named the cause."""
+    min_share: float = 0.15
+    """Without a healthy baseline: share of step time that data wait or exposed communication
+    needs to be named the cause."""
+    baseline_alpha: float = 0.02
+    """Weight of each healthy step in the baseline's running mean."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.mfu_min <= 1:
+            raise ValueError("mfu_min: must be in (0, 1]")
+        if self.window < 4:
+            raise ValueError("window: must be >= 4")
+        if self.straggler_ratio <= 1:
+            raise ValueError("straggler_ratio: must be > 1")
+        if not 0 < self.min_share < 1:
+            raise ValueError("min_share: must be in (0, 1)")
+        if not 0 < self.baseline_alpha <= 1:
+            raise ValueError("baseline_alpha: must be in (0, 1]")
+
+
+class MfuRule:
+    def __init__(self, config: MfuConfig | None = None) -> None:
+        self.config = config or MfuConfig()
+        # rank -> (step, mfu, step_time_s, data_wait_s, comm_exposed_s)
+        self._recent: dict[int, deque[tuple[int, float, float, float, float]]] = {}
+        self._baseline: dict[str, float] | None = None  # seconds per step while healthy
+        self._low_since: int | None = None  # onset step of the current low episode, once reported
+
+    def observe(self, step: int, rank: int, data: dict[str, Any]) -> list[Verdict]:
+        cfg = self.config
+        mfu = float(data.get("mfu", 0.0))
+        if not cfg.enabled or not (math.isfinite(mfu) and mfu > 0):
+            return []
+        q = self._recent.setdefault(rank, deque(maxlen=cfg.window))
+        q.append((step, mfu, float(data.get("step_time_s", 0.0)), float(data.get("data_wait_s", 0.0)),
+                  float(data.get("comm_exposed_s", 0.0))))
+        if len(q) < cfg.window or rank != min(self._recent):
+            return []  # judged once per step, on the lowest rank's event
+        run_mfu = median(median(p[1] for p in rq) for rq in self._recent.values() if rq)
+        if run_mfu >= cfg.mfu_min:
+            self._low_since = None
+            self._update_baseline()
+            return []
+        if self._low_since is not None:
+            return []
+        self._low_since = next((p[0] for p in q if p[1] < cfg.mfu_min), step)
+        cause, detail, ev = self.cause()
+        ev.update({"mfu": run_mfu, "mfu_min": cfg.mfu_min, "window": cfg.window, "cause": cause,
+                   "cause_detail": detail})
+        return [Verdict(rule="mfu_low", level=Level.WARN, step=step, onset_step=self._low_since,
+                        action=Action.ALERT, evidence=ev, rank=ev.get("straggler_rank"),
+                        message=f"MFU {run_mfu:.1%} below {cfg.mfu_min:.0%} for {cfg.window} steps; "
+                        f"likely cause: {detail}")]
+
+    def _parts(self, newest: int) -> tuple[dict[str, float], dict[int, float], float]:
+        """Mean seconds per step of each part over the newest points, per-rank busy, step time."""
+        rows = [p for q in self._recent.values() for p in list(q)[-newest:]]
+        step_time = fmean(p[2] for p in rows)
+        data = fmean(p[3] for p in rows)
+        comm = fmean(p[4] for p in rows)
+        busy = {r: fmean(p[2] - p[4] for p in list(q)[-newest:]) for r, q in self._recent.items() if q}
+        return {"data_wait": data, "comm_exposed": comm, "compute": step_time - data - comm}, busy, step_time
+
+    def _update_baseline(self) -> None:
+        parts, _, _ = self._parts(1)
+        if self._baseline is None:
+            self._baseline = parts
+        else:
+            a = self.config.baseline_alpha
+            self._baseline = {k: (1 - a) * self._baseline[k] + a * parts[k] for k in _PARTS}
+
+    def cause(self) -> tuple[str, str, dict[str, Any]]:
+        """(cause key, a phrase for people, evidence) from the newest quarter of the windows."""
+        cfg = self.config
+        parts, busy, step_time = self._parts(max(4, cfg.window // 4))
+        ev: dict[str, Any] = {"seconds_per_step": parts, "baseline_seconds_per_step": self._baseline}
+        if len(busy) >= 2:
+            rank = max(busy, key=busy.__getitem__)
+            others = median(v for r, v in busy.items() if r != rank)
+            ratio = busy[rank] / others if others > 0 else math.inf
+            ev["straggler_ratio"] = ratio
+            if ratio >= cfg.straggler_ratio:
+                ev["straggler_rank"] = rank
+                return "straggler", f"straggler rank {rank} ({ratio:.1f}x the others' busy time)", ev
+        if self._baseline is not None:
+            growth = {k: parts[k] - self._baseline[k] for k in _PARTS}
+            ev["growth_seconds_per_step"] = growth
+            key = max(growth, key=growth.__getitem__)
+            return key, f"{key.replace('_', ' ')} grew {growth[key] * 1e3:.0f} ms/step since the run was healthy", ev
+        shares = {k: parts[k] / step_time if step_time > 0 else 0.0 for k in ("data_wait", "comm_exposed")}
+        key = max(shares, key=shares.__getitem__)
+        if shares[key] >= cfg.min_share:
+            return key, f"{key.replace('_', ' ')} ({shares[key]:.0%} of step time)", ev
+        return "compute", "compute (no data wait, exposed communication or straggler stands out)", ev
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"recent": {str(r): [list(p) for p in q] for r, q in self._recent.items()},
+                "baseline": self._baseline, "low_since": self._low_since}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._recent = {int(r): deque((tuple(p) for p in q), maxlen=self.config.window)  # type: ignore[misc]
+                        for r, q in state["recent"].items()}
+        self._baseline = state.get("baseline")
+        self._low_since = state.get("low_since")

@@ -1,0 +1,139 @@
+"""The spike rule (agent/spike.py): every branch, config validation, persistence."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from agent.spike import Level, SpikeConfig, SpikeDetector, window_stats
+
+
+def fed(values, **cfg) -> SpikeDetector:
+    det = SpikeDetector(SpikeConfig(**cfg))
+    for v in values:
+        det.observe(v)
+    return det
+
+
+def noisy(n: int, center: float = 2.0, amp: float = 0.02) -> list[float]:
+    # a deterministic cycle of center + {-2,-1,0,1,2}·amp: median = center, MAD = amp
+    return [center + amp * ((i % 5) - 2) for i in range(n)]
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"window": 7}, "window"),
+        ({"k_warn": 0}, "k_warn"),
+        ({"k_warn": 6, "k_crit": 5}, "k_warn"),
+        ({"min_history": 1}, "min_history"),
+        ({"min_history": 101}, "min_history"),
+        ({"sigma_floor_rel": 1.0}, "sigma_floor_rel"),
+        ({"sigma_floor_rel": -0.1}, "sigma_floor_rel"),
+        ({"patience": 0}, "patience"),
+    ],
+)
+def test_config_rejects_bad_values_naming_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=f"^{field}:"):
+        SpikeConfig(**kwargs)
+
+
+def test_warming_up_judges_nothing_but_nonfinite():
+    det = SpikeDetector(SpikeConfig(min_history=20))
+    for _ in range(19):
+        assert det.observe(2.0).level is Level.OK
+    assert det.peek(100.0).reason == "warming up"
+    assert det.peek(math.nan).level is Level.CRITICAL
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_nonfinite_is_critical_at_once_and_stays_out_of_the_window(bad):
+    det = fed(noisy(30))
+    v = det.observe(bad)
+    assert v.level is Level.CRITICAL and v.reason == "non-finite loss" and v.sigmas is None
+    assert len(det) == 30
+
+
+def test_levels_by_sigmas_above_the_median():
+    det = fed(noisy(40), sigma_floor_rel=0.0)
+    med, sigma = det.stats()
+    assert med == pytest.approx(2.0)
+    assert det.peek(med + 2.9 * sigma).level is Level.OK
+    assert det.peek(med + 3.1 * sigma).level is Level.WARN
+    crit = det.peek(med + 5.1 * sigma)
+    assert crit.level is Level.CRITICAL and crit.sigmas == pytest.approx(5.1)
+    assert det.peek(med - 10 * sigma).level is Level.OK  # falling is never a spike
+
+
+def test_spikes_are_kept_out_of_the_window():
+    det = fed(noisy(40))
+    before = det.stats()
+    for _ in range(5):
+        assert det.observe(10.0).level is not Level.OK
+    assert det.stats() == before and len(det) == 40
+
+
+def test_sigma_floor_keeps_a_flat_curve_from_alarming():
+    flat = [2.0] * 40
+    assert fed(flat, sigma_floor_rel=0.01).peek(2.01).level is Level.OK  # 0.5% of a flat curve
+    assert fed(flat, sigma_floor_rel=0.0).peek(2.01).level is Level.CRITICAL
+    _, sigma = window_stats(flat, 0.0)
+    assert sigma == pytest.approx(1e-12)  # the absolute floor keeps the division finite
+
+
+def test_patience_reports_warn_until_enough_consecutive_criticals():
+    det = fed(noisy(40), patience=3)
+    levels = [det.observe(10.0).level for _ in range(3)]
+    assert levels == [Level.WARN, Level.WARN, Level.CRITICAL]
+    assert "patience" in fed(noisy(40), patience=3).observe(10.0).reason
+    det.observe(2.0)  # a healthy point resets the run
+    assert det.observe(10.0).level is Level.WARN
+
+
+def test_nonfinite_counts_toward_patience_and_is_critical_regardless():
+    det = fed(noisy(40), patience=2)
+    assert det.observe(math.nan).level is Level.CRITICAL
+    assert det.observe(10.0).level is Level.CRITICAL  # second consecutive point above k_crit
+
+
+def test_peek_does_not_change_state():
+    det = fed(noisy(40), patience=2)
+    state = det.state_dict()
+    det.peek(10.0)
+    det.peek(2.0)
+    assert det.state_dict() == state
+
+
+def test_state_dict_round_trips_through_json():
+    det = fed(noisy(40), patience=3)
+    det.observe(10.0)
+    state = json.loads(json.dumps(det.state_dict()))
+    twin = SpikeDetector(SpikeConfig(patience=3))
+    twin.load_state_dict(state)
+    assert twin.observe(10.0).level == det.observe(10.0).level == Level.WARN
+    assert twin.observe(10.0).level is Level.CRITICAL
+    assert twin.stats() == det.stats()
+
+
+def test_load_state_dict_without_crit_run_defaults_to_zero():
+    det = SpikeDetector(SpikeConfig(patience=2))
+    det.load_state_dict({"window": noisy(40)})
+    assert det.observe(10.0).level is Level.WARN
+
+
+def test_stats_need_two_points_and_take_an_explicit_floor():
+    det = SpikeDetector()
+    assert det.stats() is None
+    det.observe(2.0)
+    det.observe(2.0)
+    assert det.stats() == (2.0, pytest.approx(0.02))
+    assert det.stats(sigma_floor_rel=0.1) == (2.0, pytest.approx(0.2))
+
+
+def test_evidence_names_the_window_stats():
+    det = fed(noisy(40))
+    ev = det.observe(10.0).evidence()
+    assert ev["level"] == "critical" and ev["n"] == 40 and ev["median"] == pytest.approx(2.0)
+    assert ev["sigmas"] > 5 and ev["loss"] == 10.0

@@ -1,0 +1,94 @@
+"""The divergence rule (controller/rules/divergence.py): both tests, every branch, persistence."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from controller.rules.divergence import DivergenceConfig, DivergenceDetector
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"method": "ewma"}, "method"),
+        ({"drift": -1}, "drift"),
+        ({"threshold": 0}, "threshold"),
+        ({"z_clip": 0.5, "drift": 0.5}, "z_clip"),
+        ({"smooth": 2}, "smooth"),
+        ({"sigma_floor_rel": 1.0}, "sigma_floor_rel"),
+        ({"grace_steps": -1}, "grace_steps"),
+    ],
+)
+def test_config_rejects_bad_values_naming_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=f"^{field}:"):
+        DivergenceConfig(**kwargs)
+
+
+def cusum(**kw) -> DivergenceDetector:
+    return DivergenceDetector(DivergenceConfig(grace_steps=0, **kw))
+
+
+def test_cusum_fires_on_a_sustained_small_excess_and_names_where_it_began():
+    det = cusum(drift=0.5, threshold=10)
+    for step in range(5):
+        assert det.observe(step, 2.0, 2.0, 0.125).statistic == 0  # at the median: nothing
+    fired = None
+    for step in range(5, 100):
+        v = det.observe(step, 2.25, 2.0, 0.125)  # 2σ, far below any spike threshold
+        if v.fired:
+            fired = v
+            break
+    assert fired is not None and fired.onset_step == 5
+    assert fired.statistic >= 10 and step == 11  # 7 steps of 2σ - 0.5σ drift
+    assert fired.evidence() == {"statistic": fired.statistic, "onset_step": 5}
+
+
+def test_cusum_clips_single_outliers_and_drains_on_healthy_points():
+    det = cusum(drift=0.5, threshold=10, z_clip=3.0)
+    v = det.observe(0, 100.0, 2.0, 0.1)  # a +4900% outlier counts as 3σ
+    assert v.statistic == pytest.approx(2.5) and not v.fired and v.onset_step == 0
+    v = det.observe(1, 1.5, 2.0, 0.1)  # well below the median: the sum falls back to 0
+    assert v.statistic == 0 and v.onset_step is None
+
+
+def test_cusum_ignores_the_grace_period_missing_stats_and_nonfinite():
+    det = DivergenceDetector(DivergenceConfig(grace_steps=10, threshold=1))
+    assert not det.observe(5, 9.0, 2.0, 0.1).fired
+    assert not det.observe(20, 9.0, None, None).fired
+    assert not det.observe(21, math.nan, 2.0, 0.1).fired
+    assert det.observe(22, 9.0, 2.0, 0.1).fired
+
+
+def test_disabled_never_fires():
+    det = DivergenceDetector(DivergenceConfig(enabled=False, threshold=1, grace_steps=0))
+    assert not any(det.observe(s, 9.0, 2.0, 0.1).fired for s in range(50))
+
+
+def test_runmin_fires_when_the_smoothed_loss_rises_above_its_minimum():
+    det = DivergenceDetector(DivergenceConfig(method="runmin", smooth=5, threshold=3, grace_steps=0))
+    assert det.observe(0, 2.0, 2.0, 0.1).statistic == 0  # smoothing window not yet full
+    for s in range(1, 10):
+        assert not det.observe(s, 2.0 - 0.01 * s, 2.0, 0.1).fired  # falling: the minimum follows
+    fired = None
+    for s in range(10, 40):
+        v = det.observe(s, 2.0 + 0.05 * (s - 10), 2.0, 0.1)
+        if v.fired:
+            fired = v
+            break
+    assert fired is not None and fired.statistic >= 3
+    assert fired.onset_step is not None and 9 <= fired.onset_step <= 12
+
+
+def test_reset_and_state_dict_round_trip():
+    for method in ("cusum", "runmin"):
+        det = DivergenceDetector(DivergenceConfig(method=method, smooth=3, threshold=50, grace_steps=0))
+        for s in range(10):
+            det.observe(s, 2.0 + 0.1 * s, 2.0, 0.1)
+        twin = DivergenceDetector(det.config)
+        twin.load_state_dict(json.loads(json.dumps(det.state_dict())))
+        assert twin.observe(10, 3.5, 2.0, 0.1) == det.observe(10, 3.5, 2.0, 0.1)
+        det.reset()
+        assert det.state_dict() == DivergenceDetector(det.config).state_dict()
