@@ -13,8 +13,7 @@ import logging
 import signal
 import threading
 
-from agent.kafka_config import KafkaConfig
-from agent.settings import ConfigError, build_config, load_toml
+from agent.settings import ConfigError, load_toml
 
 log = logging.getLogger(__name__)
 
@@ -41,25 +40,18 @@ def command_secret(toml: dict):
 
 
 def build_sections(args: argparse.Namespace) -> dict:
-    from controller.alerts import AlertsConfig
-    from controller.config import ControllerConfig
-    from controller.detect import RulesConfig
-    from controller.recovery_types import RecoveryConfig
-    from controller.store.db import StoreConfig
+    """Every section the controller needs, via the one config entry point (cliffguard.config)."""
+    from cliffguard.config import load_all
 
-    toml = load_toml(args.config)
-    return {
-        "toml": toml,
-        "kafka": build_config(KafkaConfig, "kafka", toml=toml, flags={
-            "bootstrap": getattr(args, "bootstrap", None), "topic_prefix": args.topic_prefix,
-            "partitions": getattr(args, "partitions", None)}),
-        "store": build_config(StoreConfig, "store", toml=toml, flags={"url": args.db}),
-        "controller": build_config(ControllerConfig, "controller", toml=toml,
-                                   flags={"group_id": getattr(args, "group", None)}),
-        "recovery": build_config(RecoveryConfig, "recovery", toml=toml),
-        "rules": build_config(RulesConfig, "rules", toml=toml),
-        "alerts": build_config(AlertsConfig, "alerts", toml=toml),
+    flags = {
+        "kafka": {"bootstrap": getattr(args, "bootstrap", None), "topic_prefix": args.topic_prefix,
+                  "partitions": getattr(args, "partitions", None)},
+        "store": {"url": args.db},
+        "controller": {"group_id": getattr(args, "group", None)},
     }
+    out = load_all(args.config, flags=flags, sections=["kafka", "store", "controller", "recovery", "rules", "alerts"])
+    out["toml"] = load_toml(args.config)
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
