@@ -13,6 +13,9 @@ auto-commit off (the controller stores offsets with its state and commits them i
 letter is produced to ``<prefix>.dlq`` before ``poll`` returns: the value is the original bytes
 untouched, the key the original key, and the metadata rides in headers (``cliffguard.reason``,
 ``cliffguard.detail``, ``cliffguard.topic``, ``cliffguard.partition``, ``cliffguard.offset``).
+A recreated metrics topic (new topic id, offsets from 0 again: e.g. a broker that restarted
+empty) is read again from its beginning, the batch polled at the stale positions is dropped, and
+``on_recreated(topic)`` tells the owner that offsets it stored for the old topic mean nothing now.
 Nothing a message contains can make ``poll`` raise; failures to reach the DLQ are logged and
 counted (``dlq_send_errors``), and the dead letter is still returned so the caller can count it.
 """
@@ -132,6 +135,7 @@ class EdgeConsumer:
         on_revoked: Callable[[list[tuple[str, int]]], None] | None = None,
         consumer_overrides: dict[str, Any] | None = None,
         max_poll_records: int = 2_000,
+        on_recreated: Callable[[str], None] | None = None,
     ) -> None:
         from kafka import KafkaConsumer, KafkaProducer
 
@@ -141,6 +145,9 @@ class EdgeConsumer:
         self.topic = kafka.metrics_topic
         self.dead_count_by_reason: Counter[str] = Counter()
         self.dlq_send_errors = 0
+        self.topic_recreations = 0
+        self._topic_id: object = None
+        self._on_recreated = on_recreated
         self.commit_errors = 0
         kw: dict[str, Any] = {
             **kafka.client_kwargs(),
@@ -167,6 +174,17 @@ class EdgeConsumer:
         except Exception as exc:  # noqa: BLE001 - broker trouble: report, return empty, try again
             log.warning("edge poll failed: %s: %s", type(exc).__name__, exc)
             return batch
+        if self._topic_recreated():
+            # Offsets restart at 0 in a recreated topic (a broker that came back empty): positions
+            # from the old one would skip its first messages. Read it again from the beginning.
+            self.topic_recreations += 1
+            log.warning("%s was recreated; reading it from the beginning", self.topic)
+            assigned = self._consumer.assignment()
+            if assigned:
+                self._consumer.seek_to_beginning(*assigned)
+            if self._on_recreated is not None:
+                self._on_recreated(self.topic)
+            return batch
         for tp, messages in polled.items():
             for msg in messages:
                 out = classify(msg.value, topic=tp.topic, partition=tp.partition, offset=msg.offset,
@@ -179,6 +197,16 @@ class EdgeConsumer:
         if batch.dead:
             self._send_dead(batch.dead)
         return batch
+
+    def _topic_recreated(self) -> bool:
+        """Has the metrics topic's id (KIP-516) changed since the last poll? Never fires without ids."""
+        cluster = getattr(getattr(self._consumer, "_client", None), "cluster", None)
+        topic_id = getattr(cluster, "topic_id", lambda _t: None)(self.topic)
+        if topic_id is None:
+            return False
+        changed = self._topic_id is not None and topic_id != self._topic_id
+        self._topic_id = topic_id
+        return changed
 
     def _send_dead(self, dead: list[DeadLetter]) -> None:
         futures = []

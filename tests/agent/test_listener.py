@@ -113,3 +113,34 @@ def test_a_failing_reject_callback_does_not_stop_the_others(kafka_cfg):
         assert listener.errors == 1
     finally:
         listener.close()
+
+
+@pytest.mark.slow
+def test_listener_survives_a_broker_restart_that_loses_the_topic(tmp_path):
+    """Tansu restarts empty: the listener must still get commands sent after the restart."""
+    from controller.broker import EmbeddedBroker, ensure_topics, free_port
+
+    try:
+        broker = EmbeddedBroker(port=free_port()).start()
+    except Exception as exc:  # noqa: BLE001
+        from tests.conftest import _missing
+
+        _missing(f"embedded broker ({exc})")
+    try:
+        cfg = broker.kafka_config(topic_prefix="lr", partitions=2)
+        ensure_topics(cfg)
+        listener = CommandListener(cfg, RUN, CommandVerifier(RUN, SECRET), lambda *a: None).start()
+        try:
+            first = _cmd("pause")
+            _send(cfg, [(RUN, encode_command(first))])
+            assert [c.id for c in _poll_until(listener, [], 1, 0)] == [first.id]
+            broker.restart(down_s=2.0)
+            ensure_topics(cfg)  # the controller side recreates its topics on start
+            after = _cmd("resume")
+            _send(cfg, [(RUN, encode_command(after))])
+            assert [c.id for c in _poll_until(listener, [], 1, 0, timeout=30)] == [after.id]
+            assert listener.recreations == 1
+        finally:
+            listener.close()
+    finally:
+        broker.stop()

@@ -299,7 +299,8 @@ def test_broker_outage_mid_stream_loses_nothing_and_keeps_per_run_order(own_brok
             for rec in edge.poll(0.3).records:
                 received[rec.event.run].append(rec.event.id)
 
-    edge = EdgeConsumer(kafka, "outage", max_bytes=100_000, consumer_overrides={
+    recreated: list[str] = []
+    edge = EdgeConsumer(kafka, "outage", max_bytes=100_000, on_recreated=recreated.append, consumer_overrides={
         "max_poll_interval_ms": 3000, "session_timeout_ms": 3000, "heartbeat_interval_ms": 500})
     try:
         emit(50)
@@ -326,3 +327,6 @@ def test_broker_outage_mid_stream_loses_nothing_and_keeps_per_run_order(own_brok
                 seen.append(eid)
         assert seen == published[r], f"{r}: lost or reordered events"
     assert stats["replayed"] > 0 and stats["errors"] >= 1
+    # Noticed only when the client learnt the old topic's id before the outage (not always so
+    # on Tansu); the group's rejoin with no committed offsets also restarts from the beginning.
+    assert recreated in ([], [kafka.metrics_topic]) and edge.topic_recreations == len(recreated)
