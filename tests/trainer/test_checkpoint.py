@@ -47,14 +47,15 @@ def assert_state_equal(a, b):
         assert a == b
 
 
-def manager(tmp_path, events, **kw):
-    cfg = CheckpointConfig(dir=str(tmp_path), **kw)
+def manager(tmp_path, events, writer="thread", **kw):
+    cfg = CheckpointConfig(dir=str(tmp_path), writer=writer, **kw)
     return CheckpointManager(cfg, rank=0, world=1, on_event=events.append)
 
 
-def test_disk_round_trip_is_exact_and_verified(tmp_path):
+@pytest.mark.parametrize("writer", ["process", "thread"])
+def test_disk_round_trip_is_exact_and_verified(tmp_path, writer):
     events: list[dict] = []
-    m = manager(tmp_path, events)
+    m = manager(tmp_path, events, writer=writer)
     _, _, state = training_state()
     m.save(100, state, "full")
     m.wait()
@@ -114,9 +115,10 @@ def test_restore_discards_the_abandoned_timeline(tmp_path):
     m.close()
 
 
-def test_corrupt_newest_checkpoint_falls_back_to_previous(tmp_path):
+@pytest.mark.parametrize("writer", ["process", "thread"])
+def test_corrupt_newest_checkpoint_falls_back_to_previous(tmp_path, writer):
     events: list[dict] = []
-    m = manager(tmp_path, events)
+    m = manager(tmp_path, events, writer=writer)
     _, _, old = training_state(seed=1)
     _, _, new = training_state(seed=2)
     m.save(100, old, "full")
@@ -146,11 +148,12 @@ WRITER = textwrap.dedent(
     import sys, time
     import torch
     import trainer.checkpoint as ck
-    cfg = ck.CheckpointConfig(dir=sys.argv[1])
+    import trainer.checkpoint_io as ckio
+    cfg = ck.CheckpointConfig(dir=sys.argv[1], writer="thread")
     m = ck.CheckpointManager(cfg)
     m.save(100, {"w": torch.ones(1000)}, "full")
     m.wait()
-    real_write = ck._HashingWriter.write
+    real_write = ckio._HashingWriter.write
     def stalled(self, data):
         n = real_write(self, data)
         if self.n > 4096:
@@ -158,7 +161,7 @@ WRITER = textwrap.dedent(
             print("WRITING", flush=True)
             time.sleep(60)
         return n
-    ck._HashingWriter.write = stalled
+    ckio._HashingWriter.write = stalled
     m.save(200, {"w": torch.full((100000,), 2.0)}, "full")
     time.sleep(60)
     """
@@ -189,7 +192,7 @@ def test_failing_observer_does_not_stop_the_writer(tmp_path):
     def boom(_payload):
         raise RuntimeError("observer down")
 
-    m = CheckpointManager(CheckpointConfig(dir=str(tmp_path)), on_event=boom)
+    m = CheckpointManager(CheckpointConfig(dir=str(tmp_path), writer="thread"), on_event=boom)
     m.save(5, {"w": torch.zeros(3)}, "incremental")
     m.wait()
     assert m.disk_steps() == [5]
@@ -208,11 +211,54 @@ def test_recycled_snapshot_buffers_never_clobber_live_states(tmp_path):
     w = torch.zeros(50_000)
     for step in range(1, 13):
         w.fill_(float(step))
-        m.on_step(step, lambda: {"w": w, "meta": {"step": step}})
+        m.on_step(step, lambda s=step: {"w": w, "meta": {"step": s}})
     m.wait()
     assert m._spare, "evicted snapshots are recycled"
-    assert {s: float(st["w"][0]) for s, st in m.ring.items()} == {11: 11.0, 12: 12.0}
+    assert {s: float(snap.materialize()["w"][0]) for s, snap in m.ring.items()} == {11: 11.0, 12: 12.0}
     for step in (3, 6, 9, 12):
         state, _ = m.restore(step, discard_newer=False)
         assert torch.equal(state["w"], torch.full((50_000,), float(step))) and state["meta"] == {"step": step}
     m.close()
+
+
+class KillsTheWriter:
+    """Unpickling this in the writer process exits it mid-job (as an OOM kill or a crash would)."""
+
+    def __reduce__(self):
+        return (os._exit, (3,))
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+def test_writer_process_death_is_reported_and_the_writer_replaced(tmp_path):
+    events: list[dict] = []
+    m = manager(tmp_path, events, writer="process")
+    m.save(1, {"w": torch.ones(10)}, "full")
+    m.wait()
+    first = m._process.proc
+    m.save(2, {"w": torch.full((10,), 2.0), "obj": KillsTheWriter()}, "full")
+    m.wait()
+    failed = [e for e in events if e["step"] == 2]
+    assert failed and not failed[0]["verified"] and "writer process died" in failed[0]["detail"]
+    assert first.poll() is not None
+    assert m.available_steps() == [1]
+    first_pid = first.pid
+    m.save(3, {"w": torch.full((10,), 3.0)}, "full")  # a new writer process takes over
+    m.wait()
+    assert m._process.proc.pid != first_pid
+    assert m.disk_steps() == [1, 3]
+    state, _ = m.restore(3)
+    assert torch.equal(state["w"], torch.full((10,), 3.0))
+    m.close()
+
+
+def test_flat_snapshot_keeps_dtypes_shapes_and_plain_values():
+    from trainer.checkpoint_io import clone_tensors, flatten
+
+    state = {"a": torch.arange(6, dtype=torch.int64).view(2, 3), "b": torch.tensor(True), "c": torch.zeros(0),
+             "d": [torch.rand(3, dtype=torch.float16), 1.5, "x"], "e": (torch.get_rng_state(), None)}
+    snap = flatten(state)
+    again = flatten(state, spare=snap)
+    assert again.flat is snap.flat  # same layout: the buffer is reused
+    assert_state_equal(state, clone_tensors(again.materialize()))
