@@ -34,6 +34,7 @@ from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from agent.events import AckStatus, Event, EventType, _jsonable
+from controller.store.fit import fit_row, fit_value
 from controller.store.models import (
     CheckpointRow,
     CommandRow,
@@ -144,7 +145,7 @@ def _touch_runs(session: Session, events: list[Event]) -> None:
             newest[ev.run] = ev
     for ev in newest.values():
         ins = insert_for(session, Run).values(
-            id=ev.run, world_size=ev.world, last_step=ev.step, last_event_ts=ev.ts
+            **fit_row(Run, dict(id=ev.run, world_size=ev.world, last_step=ev.step, last_event_ts=ev.ts))
         )
         session.execute(
             ins.on_conflict_do_update(
@@ -176,7 +177,7 @@ def _step_row(ev: Event) -> dict[str, Any]:
         guard=str(d["guard"]) if d.get("guard") is not None else None,
         layer_grad_norms=_jsonable(d["layer_grad_norms"]) if d.get("layer_grad_norms") is not None else None,
     )
-    return row
+    return fit_row(StepMetric, row)
 
 
 def _wrote(session: Session, stmt: Any, key: Any) -> bool:
@@ -186,7 +187,11 @@ def _wrote(session: Session, stmt: Any, key: Any) -> bool:
 
 
 def _insert_once(session: Session, model: Any, values: dict[str, Any]) -> bool:
-    stmt = insert_for(session, model).values(**values).on_conflict_do_nothing(index_elements=["event_id"])
+    stmt = (
+        insert_for(session, model)
+        .values(**fit_row(model, values))
+        .on_conflict_do_nothing(index_elements=["event_id"])
+    )
     return _wrote(session, stmt, model.id)
 
 
@@ -242,7 +247,9 @@ def _data_flag(session: Session, ev: Event) -> bool:
 
 def _heartbeat(session: Session, ev: Event) -> bool:
     ins = insert_for(session, Heartbeat).values(
-        run_id=ev.run, rank=ev.rank, ts=ev.ts, step=ev.step, state=ev.data["state"]
+        **fit_row(
+            Heartbeat, dict(run_id=ev.run, rank=ev.rank, ts=ev.ts, step=ev.step, state=ev.data["state"])
+        )
     )
     stmt = ins.on_conflict_do_update(
         index_elements=["run_id", "rank"],
@@ -254,7 +261,7 @@ def _heartbeat(session: Session, ev: Event) -> bool:
 
 def _checkpoint(session: Session, ev: Event) -> bool:
     d = ev.data
-    ins = insert_for(session, CheckpointRow).values(
+    row = dict(
         run_id=ev.run,
         step=ev.step,
         kind=str(d["kind"]),
@@ -266,6 +273,7 @@ def _checkpoint(session: Session, ev: Event) -> bool:
         detail=d.get("detail"),
         ts=ev.ts,
     )
+    ins = insert_for(session, CheckpointRow).values(**fit_row(CheckpointRow, row))
     # stable/stable_reason belong to the controller and are left alone
     updated = ("path", "bytes", "sha256", "seconds", "verified", "detail", "ts")
     stmt = ins.on_conflict_do_update(
@@ -289,7 +297,7 @@ def _command_ack(session: Session, ev: Event) -> bool:
     if row.status == status and row.acked_at == ev.ts:
         return False
     row.status = status
-    row.ack_detail = ev.data.get("detail")
+    row.ack_detail = fit_value(CommandRow, "ack_detail", ev.data.get("detail"))
     row.acked_at = ev.ts
     return True
 
@@ -298,7 +306,11 @@ def _run_started(session: Session, ev: Event) -> bool:
     res = session.execute(
         update(Run)
         .where(Run.id == ev.run, or_(Run.started_at.is_(None), Run.started_at < ev.ts))
-        .values(config=_jsonable(ev.data), world_size=ev.data["world_size"], started_at=ev.ts)
+        .values(
+            config=_jsonable(ev.data),
+            world_size=fit_value(Run, "world_size", ev.data["world_size"]),
+            started_at=ev.ts,
+        )
     )
     if res.rowcount == 0:
         return False
@@ -323,7 +335,7 @@ def _run_ended(session: Session, ev: Event) -> bool:
         .values(
             status="failed" if failed else "finished",
             ended_at=ev.ts,
-            error=ev.data.get("error") if failed else None,
+            error=fit_value(Run, "error", ev.data.get("error")) if failed else None,
         )
     )
     return res.rowcount > 0

@@ -302,3 +302,39 @@ def test_nonfinite_kind():
         "inf",
         "-inf",
     ]
+
+
+def test_values_too_big_for_their_columns_are_clipped_not_fatal(engine, caplog):
+    """PostgreSQL would reject the whole batch (and the controller re-read it forever)."""
+    events = [
+        f.step(2**40, tokens=2**40, clipped_layers=-(2**40)),
+        f.event(
+            EventType.CHECKPOINT,
+            4,
+            {
+                "kind": "full",
+                "path": "/p\x00",
+                "bytes": 2**70,
+                "sha256": "a" * 200,
+                "seconds": 1.0,
+                "verified": True,
+            },
+        ),
+        f.event(EventType.HEARTBEAT, 5, {"state": "s" * 100}),
+        f.event(EventType.DATA_FLAG, 6, {"sample_ids": [1], "rule": "r" * 100, "score": 1.0}),
+        f.event(EventType.VALIDATION, 7, {"cmd": "c" * 100, "val_loss": 1.0, "batches": 2**40}),
+        f.event(EventType.RUN_FAILED, 8, {"error": "boom\x00" + "x" * 10}),
+    ]
+    with session_scope(engine) as s:
+        assert ingest_events(s, events) == len(events)
+    with session_scope(engine) as s:
+        st = s.scalars(select(StepMetric)).one()
+        assert (st.step, st.tokens, st.clipped_layers) == (2**31 - 1, 2**31 - 1, -(2**31))
+        ck = s.scalars(select(CheckpointRow).where(CheckpointRow.step == 4)).one()
+        assert (ck.sha256, ck.path, ck.bytes) == ("a" * 64, "/p", 2**63 - 1)
+        assert s.scalars(select(Heartbeat.state)).one() == "s" * 16
+        assert s.scalars(select(DataFlag.rule)).one() == "r" * 64
+        val = s.scalars(select(ValidationRow)).one()
+        assert (val.cmd, val.batches) == ("c" * 32, 2**31 - 1)
+        assert s.get(Run, "run-a").error == "boom" + "x" * 10
+    assert "value clipped" in caplog.text

@@ -1,0 +1,63 @@
+"""Make validated event values fit their columns, so one odd event cannot wedge the controller.
+
+The event schema checks types, not sizes. A value that a column cannot hold (a 200-character
+``sha256`` in a VARCHAR(64), a step beyond 32-bit INTEGER, a NUL byte in text) makes PostgreSQL
+reject the whole batch's transaction; the controller would then re-read and re-fail the same
+batch forever. SQLite would accept them, so the two stores would also disagree. Such values are
+clipped here instead (strings cut to the column length with NUL bytes removed, integers clamped
+to the column's range) and a warning names the column.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import cache
+from typing import Any
+
+from sqlalchemy import BigInteger, Integer, String
+
+log = logging.getLogger(__name__)
+
+_INT32 = (-(2**31), 2**31 - 1)
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+@cache
+def _limits(model: Any) -> dict[str, tuple[str, Any]]:
+    out: dict[str, tuple[str, Any]] = {}
+    for col in model.__table__.columns:
+        t = col.type
+        if isinstance(t, String):
+            out[col.key] = ("str", t.length)
+        elif isinstance(t, BigInteger):
+            out[col.key] = ("int", _INT64)
+        elif isinstance(t, Integer):
+            out[col.key] = ("int", _INT32)
+    return out
+
+
+def fit_value(model: Any, key: str, value: Any) -> Any:
+    """``value`` made storable in ``model``'s column ``key`` (unchanged when it already fits)."""
+    limit = _limits(model).get(key)
+    if limit is None or value is None:
+        return value
+    kind, bound = limit
+    if kind == "str" and isinstance(value, str):
+        fitted = value.replace("\x00", "")
+        if bound is not None and len(fitted) > bound:
+            fitted = fitted[:bound]
+    elif kind == "int" and isinstance(value, int) and not isinstance(value, bool):
+        fitted = min(max(value, bound[0]), bound[1])
+    else:
+        return value
+    if fitted != value:
+        log.warning(
+            "%s.%s: value clipped to fit the column (%r...)", model.__tablename__, key, str(value)[:40]
+        )
+    return fitted
+
+
+def fit_row(model: Any, row: dict[str, Any]) -> dict[str, Any]:
+    """Every value of ``row`` made storable in ``model``'s columns (a new dict)."""
+    limits = _limits(model)
+    return {k: fit_value(model, k, v) if k in limits else v for k, v in row.items()}
