@@ -149,7 +149,9 @@ def is_recovered(cfg: RecoveryConfig, s: RecoveryState) -> bool:
 def is_stable(cfg: RecoveryConfig, s: RecoveryState, c: Checkpoint) -> bool:
     if s.last_step < c.step + cfg.stable_window:
         return False
-    return not any(c.step < u <= c.step + cfg.stable_window for u in s.unhealthy_steps)
+    # a checkpoint labelled s holds the state before step s ran (trainer/commands.py), so step s
+    # itself is part of the window that must stay healthy
+    return not any(c.step <= u <= c.step + cfg.stable_window for u in s.unhealthy_steps)
 
 
 def is_ours(cfg: RecoveryConfig, s: RecoveryState, cmd_id: str) -> bool:

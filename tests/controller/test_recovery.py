@@ -335,6 +335,17 @@ def test_alert_verdicts_alert_and_mark_steps_unhealthy():
     assert d.spike(step=32) == []  # already pausing: no second incident
 
 
+def test_a_checkpoint_whose_own_step_was_unhealthy_never_becomes_stable_by_window():
+    d = Driver()
+    d.steps(0, 10)
+    d.feed(CheckpointIn(step=10, kind="memory", verified=True, now=d.now))
+    warn = Verdict(rule="divergence", level=Level.WARN, step=10, message="rising", action=Action.ALERT)
+    d.feed(VerdictIn(verdict=warn, now=d.now))  # the checkpoint holds the state *before* step 10 ran
+    d.feed(CheckpointIn(step=11, kind="memory", verified=True, now=d.now))
+    d.steps(11, 30)
+    assert [(c.step, c.stable) for c in d.s.checkpoints] == [(10, False), (11, True)]
+
+
 def test_periodic_validation_above_baseline_alerts_and_is_kept_out_of_the_baseline():
     d = Driver()
     d.validate(2.0, step=1)
