@@ -476,11 +476,9 @@ class Publisher:
     def _spill_records(self, records: list[Record]) -> None:
         spill = self._spill
         assert spill is not None
-        for key, value in records:
-            if spill.append(_pack(key, value)):
-                self._spilled += 1
-            else:
-                self._dropped_spill += 1
+        written = spill.append_many([_pack(key, value) for key, value in records])
+        self._spilled += written
+        self._dropped_spill += len(records) - written
 
     def _report_drops(self) -> None:
         dropped = self.dropped()

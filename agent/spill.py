@@ -85,6 +85,32 @@ class SpillFile:
         self._maybe_fsync()
         return True
 
+    def append_many(self, payloads: list[bytes]) -> int:
+        """Append records in order with one write; stops at the first that would cross the bound.
+
+        Returns how many were written (a prefix of ``payloads``); the caller counts the rest.
+        """
+        parts: list[bytes] = []
+        pending = self.pending_bytes
+        for payload in payloads:
+            size = _HEADER.size + len(payload)
+            if pending + size > self.max_bytes:
+                break
+            parts.append(_HEADER.pack(len(payload), zlib.crc32(payload)))
+            parts.append(payload)
+            self._sizes.append(size)
+            pending += size
+        if not parts:
+            return 0
+        blob = b"".join(parts)
+        self._fh.seek(0, os.SEEK_END)
+        self._fh.write(blob)
+        self._fh.flush()
+        self._end += len(blob)
+        self._dirty = True
+        self._maybe_fsync()
+        return len(parts) // 2
+
     def _maybe_fsync(self, force: bool = False) -> None:
         if not self._dirty:
             return

@@ -233,6 +233,15 @@ def test_spill_file_order_bound_and_compaction(tmp_path):
     spill.close()
 
 
+def test_spill_append_many_writes_a_prefix_within_the_bound(tmp_path):
+    spill = SpillFile(tmp_path / "s.bin", max_bytes=100)
+    assert spill.append_many([b"a" * 30, b"b" * 30, b"c" * 30, b"d"]) == 2  # 3 * 38 > 100
+    assert spill.peek(10) == [b"a" * 30, b"b" * 30]
+    assert spill.pending_bytes == 76 and (tmp_path / "s.bin").stat().st_size == 76
+    spill.close()
+    assert SpillFile(tmp_path / "s.bin", max_bytes=100).peek(10) == [b"a" * 30, b"b" * 30]
+
+
 def test_spill_file_recovers_after_a_torn_write(tmp_path):
     path = tmp_path / "s.bin"
     spill = SpillFile(path, max_bytes=10_000)
