@@ -489,6 +489,14 @@ class Publisher:
                 self._dropped_logged = dropped
 
     def _shutdown(self) -> None:
+        leftover = self._held + self._take(len(self._queue))
+        self._held = []
+        if leftover and self._spill is not None:
+            try:
+                self._spill_records(leftover)  # for the next start to replay
+            except Exception as exc:  # noqa: BLE001
+                self._dropped_crash += len(leftover)
+                log.error("could not spill %d events at close: %s", len(leftover), exc)
         if self._producer is not None:
             try:
                 self._producer.close(timeout=max(0.0, min(2.0, self._deadline - time.monotonic())))
