@@ -116,7 +116,8 @@ def _wavg(col: Any, finite: Any = None) -> Any:
 
 
 def _fold(session: Session, run_id: str, lo: int, hi: int, width: int) -> int:
-    """Replace rows finer than ``width`` in steps [lo, hi) by one bucket row per (rank, bucket)."""
+    """Replace rows finer than ``width`` in steps [lo, hi) by one bucket row per (rank, bucket);
+    returns how many rows were folded away."""
     if hi <= lo:
         return 0
     where = (SM.run_id == run_id, SM.step >= lo, SM.step < hi, SM.resolution < width)
@@ -150,12 +151,9 @@ def _fold(session: Session, run_id: str, lo: int, hi: int, width: int) -> int:
         "clipped_layers": func.max(SM.clipped_layers),
     }
     source = select(*columns.values()).where(*where).group_by(SM.rank, bucket)
-    # counted up front: drivers disagree on INSERT ... SELECT's rowcount (psycopg reports -1)
-    buckets = session.scalar(select(func.count()).select_from(source.subquery())) or 0
-    if buckets:
-        session.execute(insert(SM).from_select(list(columns), source))
-        session.execute(delete(SM).where(*where).execution_options(synchronize_session=False))
-    return buckets
+    session.execute(insert(SM).from_select(list(columns), source))
+    # the folded rows' count, not the buckets': drivers disagree on INSERT ... SELECT's rowcount
+    return session.connection().execute(delete(SM).where(*where)).rowcount
 
 
 def downsample(
@@ -172,14 +170,15 @@ def downsample(
     if newest_step is None:
         return DownsampleResult(rows_before, rows_before, 0, 0)
     far_below, mid_below = tier_edges(newest_step, cfg)
-    written = _fold(session, run_id, 0, far_below, cfg.far_bucket)
-    written += _fold(session, run_id, far_below, mid_below, cfg.mid_bucket)
+    folded = _fold(session, run_id, 0, far_below, cfg.far_bucket)
+    folded += _fold(session, run_id, far_below, mid_below, cfg.mid_bucket)
     session.execute(
         update(Run)
         .where(Run.id == run_id, Run.downsampled_below < mid_below)
         .values(downsampled_below=mid_below)
     )
     rows_after = session.scalar(select(func.count()).where(SM.run_id == run_id)) or 0
+    written = rows_after - (rows_before - folded)
     return DownsampleResult(rows_before, rows_after, written, mid_below)
 
 

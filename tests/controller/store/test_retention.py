@@ -224,4 +224,11 @@ def test_million_step_run_at_full_scale_stays_queryable(tmp_path):
     assert result.rows_after == projected_rows(1_000_000, RetentionConfig()) == 28_000
     assert len(chart) <= 2000 and max(p["loss_max"] for p in chart) == pytest.approx(loss_at(SPIKE_FAR))
     assert len(recent) == 1_000
+    # steady state: the controller downsamples as the run goes; each pass only folds the new range
+    bulk_steps(engine, "m", 1_000_000, 1_001_000)
+    t4 = time.perf_counter()
+    with session_scope(engine) as s:
+        result = downsample(s, "m")
+    print(f"then +1000 steps: downsample {time.perf_counter() - t4:.2f}s -> {result.rows_after} rows")
+    assert result.rows_after == projected_rows(1_001_000, RetentionConfig())
     engine.dispose()
