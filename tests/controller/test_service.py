@@ -142,32 +142,35 @@ def test_scripted_streams_produce_exactly_the_expected_commands(kafka_cfg, db):
         assert {10, 20} <= stable
 
 
-def test_malformed_input_goes_to_the_dlq_and_the_service_stays_up(kafka_cfg, tmp_path):
-    with store_engine("sqlite", tmp_path) as (engine, _):
-        t = FakeTrainer(kafka_cfg)
-        try:
-            with Running(kafka_cfg, engine) as svc:
-                t.send_raw("run-x", b"\xff\xfe not json")
-                t.send_raw("run-x", b'{"v": 99, "id": "' + b"a" * 32 + b'", "run": "run-x"}')
-                t.send_raw("run-x", b'{"v": 1, "type": "step"}')
-                prefix(t, "run-x")
-                spike(t, "run-x", 41)
-                t.expect("run-x", "pause")
-                assert svc.stats["dead"] == 3
-        finally:
-            t.close()
-        with session_scope(engine) as s:
-            counts = {r.reason: r.count for r in s.scalars(select(DlqCount))}
-        assert counts == {"undecodable": 1, "unknown_version": 1, "schema_invalid": 1}
-        dlq = KafkaConsumer(**kafka_cfg.client_kwargs(), auto_offset_reset="earliest", enable_auto_commit=False)
-        try:
-            parts = [TopicPartition(kafka_cfg.dlq_topic, p) for p in range(kafka_cfg.partitions)]
-            dlq.assign(parts)
-            dlq.seek_to_beginning(*parts)
-            got = [m.value for msgs in dlq.poll(timeout_ms=3000).values() for m in msgs]
-        finally:
-            dlq.close()
-        assert b"\xff\xfe not json" in got and len(got) == 3
+def test_malformed_input_goes_to_the_dlq_and_the_service_stays_up(kafka_cfg, db):
+    engine, _ = db
+    t = FakeTrainer(kafka_cfg)
+    try:
+        with Running(kafka_cfg, engine) as svc:
+            t.send_raw("run-x", b"\xff\xfe not json")
+            t.send_raw("run-x", b'{"v": 99, "id": "' + b"a" * 32 + b'", "run": "run-x"}')
+            t.send_raw("run-x", b'{"v": 1, "type": "step"}')
+            prefix(t, "run-x")
+            spike(t, "run-x", 41)
+            t.expect("run-x", "pause")
+            assert svc.stats["dead"] == 3
+    finally:
+        t.close()
+    with session_scope(engine) as s:
+        counts = {r.reason: r.count for r in s.scalars(select(DlqCount))}
+    assert counts == {"undecodable": 1, "unknown_version": 1, "schema_invalid": 1}
+    dlq = KafkaConsumer(**kafka_cfg.client_kwargs(), auto_offset_reset="earliest", enable_auto_commit=False)
+    try:
+        parts = [TopicPartition(kafka_cfg.dlq_topic, p) for p in range(kafka_cfg.partitions)]
+        dlq.assign(parts)
+        dlq.seek_to_beginning(*parts)
+        got: list[bytes] = []
+        deadline = time.monotonic() + 10
+        while len(got) < 3 and time.monotonic() < deadline:
+            got += [m.value for msgs in dlq.poll(timeout_ms=500).values() for m in msgs]
+    finally:
+        dlq.close()
+    assert b"\xff\xfe not json" in got and len(got) == 3
 
 
 def test_operator_command_goes_through_the_outbox_with_an_audit_row(kafka_cfg, tmp_path):
