@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import statistics
 import tempfile
 import time
@@ -133,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
         out["replayed"] = stats["replayed"]
 
     out["ratio"] = out["events_per_s"] / out["raw_producer_events_per_s"]
+    # Absolute rates depend on what else the machine runs; the ratio is the figure to compare.
+    out["load_avg_1m"] = os.getloadavg()[0]
+    out["cpus"] = os.cpu_count() or 0
     rows = [
         ("publish() p50, broker up", f"{out['publish_us_p50']:.2f} us"),
         ("publish() p99, broker up", f"{out['publish_us_p99']:.2f} us"),
@@ -144,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         ("spill write (broker down)", f"{out['spill_events_per_s']:,.0f} events/s"),
         ("replay (broker back)", f"{out['replay_events_per_s']:,.0f} events/s"),
         ("dropped", str(out["dropped"])),
+        ("load average (1 min) / CPUs", f"{out['load_avg_1m']:.1f} / {out['cpus']}"),
     ]
     width = max(len(r[0]) for r in rows)
     print(f"\npublisher benchmark, {n} events per phase")
