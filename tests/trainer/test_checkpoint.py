@@ -262,3 +262,16 @@ def test_flat_snapshot_keeps_dtypes_shapes_and_plain_values():
     again = flatten(state, spare=snap)
     assert again.flat is snap.flat  # same layout: the buffer is reused
     assert_state_equal(state, clone_tensors(again.materialize()))
+
+
+def test_each_rank_writes_and_restores_its_own_files(tmp_path):
+    cfg = CheckpointConfig(dir=str(tmp_path), writer="thread")
+    ranks = [CheckpointManager(cfg, rank=r, world=2) for r in range(2)]
+    for r, m in enumerate(ranks):
+        m.save(50, {"rng": torch.full((4,), float(r))}, "full")
+    for m in ranks:
+        m.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0", "rank1"]
+    for r in range(2):
+        state, _ = CheckpointManager(cfg, rank=r, world=2).restore(50)
+        assert torch.equal(state["rng"], torch.full((4,), float(r)))
