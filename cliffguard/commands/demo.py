@@ -1,0 +1,297 @@
+"""``cliffguard demo``: the whole loop on one machine, watched live.
+
+Starts, in this order and each in its own process group:
+
+1. the embedded broker (Tansu) on 127.0.0.1:9092, or a free port when 9092 is taken, and the topics;
+2. the controller (``cliffguard controller``) over a fresh SQLite store ``<dir>/cliffguard.db``, with
+   a command secret generated for this demo (``CLIFFGUARD_COMMAND_SECRET`` in its environment);
+3. the dashboard (``cliffguard dashboard``) on 127.0.0.1:8501 (or a free port) with a generated
+   operator token, both printed;
+4. a 2-process training run (``cliffguard train --nproc 2``) of the default GPT with two faults:
+   a corrupted batch (validation normal -> resume, samples flagged) and an LR blow-up (validation
+   abnormal -> rollback to a stable checkpoint with LR x 0.5, resume).
+
+While it trains, progress lines come from the trainer and a line per recovery transition from
+the store (polled: what you see is what the controller recorded). At the end: a summary of every
+incident, the steps lost to rollbacks and the final loss; ``--json PATH`` writes it as one object.
+Exit code 0 only when every injected fault was handled as expected (see ``cliffguard.demo_summary``).
+Logs: ``<dir>/{broker,controller,dashboard,train}.log``. The store stays behind for the dashboard
+(``cliffguard dashboard --db sqlite:///<dir>/cliffguard.db``). Ctrl-C stops everything it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import re
+import secrets
+import shutil
+import signal
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+DEFAULT_STEPS = 600
+DEFAULT_DIR = "cliffguard-demo"
+CORRUPT_AT = 0.33
+"""Default corrupted-data step, as a fraction of --steps."""
+CORRUPT_STEPS = 3
+"""Consecutive corrupted batches. The controller's spike rule wants ``patience`` (3) consecutive
+critical points before it acts (single-batch outliers are common and must not cost a pause), so
+one bad batch is only skipped by the in-process guard; a corrupted stretch of three is what
+reaches the controller. The guard skips all three updates, so validation is normal -> resume."""
+BLOWUP_AT = 0.62
+"""Default LR blow-up step, as a fraction of --steps: late enough for a stable checkpoint between
+the two incidents, early enough for the controller's recover window (50 steps) before the end."""
+BLOWUP_SPEC = "x100:3"
+"""LR x100 for 3 steps. Only the first of them updates the weights (the guard skips the updates
+of the steps whose loss spikes), and that one must damage them enough that the loss stays >= 5σ
+for 3 steps and validation is far above the baseline: x30 left the loss at 5.0σ, too close."""
+CONTROLLER_ENV = {
+    # The demo's broker is Tansu: a group's first join waits ~max_poll_interval_ms.
+    "CLIFFGUARD_CONTROLLER__GROUP_ID": "cliffguard-demo",
+    "CLIFFGUARD_CONTROLLER__MAX_POLL_INTERVAL_MS": "3000",
+    "CLIFFGUARD_CONTROLLER__SESSION_TIMEOUT_MS": "3000",
+    "CLIFFGUARD_CONTROLLER__HEARTBEAT_INTERVAL_MS": "500",
+}
+_PROGRESS = re.compile(r"^step\s+\d+/\d+")
+_NOTABLE = re.compile(r"Traceback|Error|rollback|rolled back|resumed|paused|halt|fault", re.IGNORECASE)
+
+
+def default_faults(steps: int) -> list[str]:
+    corrupt = int(steps * CORRUPT_AT)
+    return [*(f"corrupt@{corrupt + i}" for i in range(CORRUPT_STEPS)), f"lr_blowup@{int(steps * BLOWUP_AT)}{BLOWUP_SPEC}"]
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("demo", help="run the whole loop locally: broker, controller, dashboard, 2-process training "
+                       "with faults", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help=f"training steps (default {DEFAULT_STEPS})")
+    p.add_argument("--faults", nargs="+", metavar="SPEC",
+                   help="fault specs as in `cliffguard train --fault` (default: corrupt at 0.33*steps for "
+                        f"{CORRUPT_STEPS} steps, lr_blowup@0.62*steps{BLOWUP_SPEC})")
+    p.add_argument("--dir", default=DEFAULT_DIR, help=f"store, logs and checkpoints (default ./{DEFAULT_DIR}; "
+                   "emptied at start)")
+    p.add_argument("--json", dest="json_path", metavar="PATH", help="write the summary as one JSON object")
+    p.add_argument("--no-dashboard", action="store_true", help="do not start the dashboard")
+    p.add_argument("--keep-running", action="store_true", help="leave the dashboard up after the run, until Ctrl-C")
+    p.add_argument("--broker-port", type=int, default=9092, help="broker port (default 9092; a free one if taken)")
+    p.add_argument("--dashboard-port", type=int, default=8501, help="dashboard port (default 8501; a free one if taken)")
+    p.add_argument("--nproc", type=int, default=2, help="training processes (default 2)")
+    p.add_argument("--settle-s", type=float, default=60.0,
+                   help="after training ends, wait at most this long for the controller to close open incidents")
+    return p
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "cliffguard.cli", *args]
+
+
+def _say(msg: str) -> None:
+    print(f"[demo] {msg}", flush=True)
+
+
+def _pick_port(wanted: int, what: str) -> int:
+    from controller.broker import free_port, port_is_free
+
+    if port_is_free("127.0.0.1", wanted):
+        return wanted
+    port = free_port()
+    _say(f"port {wanted} is taken; the {what} uses {port} instead")
+    return port
+
+
+def _wait_for(pred, timeout_s: float, poll_s: float = 0.5) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(poll_s)
+    return False
+
+
+class StoreWatch:
+    """Polls the store for the run's transitions and prints each new one once."""
+
+    def __init__(self, store: Any, run_id: str) -> None:
+        self.store, self.run_id = store, run_id
+        self.seen: set[int] = set()
+
+    def poll(self) -> None:
+        from controller.store import read
+
+        try:
+            with self.store.session() as s:
+                rows = read.transitions(s, self.run_id)
+        except Exception as exc:  # noqa: BLE001 - a busy SQLite moment must not end the demo
+            _say(f"store poll failed (retrying): {exc}")
+            return
+        for t in rows:
+            if t["id"] in self.seen:
+                continue
+            self.seen.add(t["id"])
+            _say(f"controller: step {t['step']}: {t['from_state']} -> {t['to_state']}: {t['reason']}")
+
+    def settled(self) -> bool:
+        from controller.store import read
+
+        with self.store.session() as s:
+            run = read.get_run(s, self.run_id)
+            open_incs = read.incidents(s, self.run_id, open_only=True)
+        return run is not None and run["status"] != "running" and not open_incs
+
+
+def collect(store: Any, run_id: str) -> dict[str, Any]:
+    """Incidents (oldest first, with transitions), loss figures and steps lost, from the store."""
+    from sqlalchemy import func, select
+
+    from cliffguard.demo_summary import incident_summary
+    from controller.store import read
+    from controller.store.models import StepMetric as SM
+
+    with store.session() as s:
+        run = read.get_run(s, run_id)
+        incs = read.incidents(s, run_id)[::-1]
+        out = [incident_summary(i, read.transitions(s, run_id, incident_id=i["id"])) for i in incs]
+        curve = read.loss_curve(s, run_id, max_points=None)
+        rows, distinct = s.execute(select(func.count(), func.count(func.distinct(SM.step)))
+                                   .where(SM.run_id == run_id, SM.rank == 0)).one()
+    finite = [p for p in curve if p["loss"] is not None and math.isfinite(p["loss"])]
+    tail = sorted(finite, key=lambda p: p["ts"])[-10:]
+    return {
+        "run_status": None if run is None else run["status"],
+        "last_step": None if run is None else run["last_step"],
+        "lr_scale": None if run is None else run["lr_scale"],
+        "incidents": out,
+        "initial_loss": finite[0]["loss"] if finite else None,
+        "final_loss": sum(p["loss"] for p in tail) / len(tail) if tail else None,
+        "steps_lost": int(rows - distinct),
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    from trainer.faults import FaultSpec
+
+    if args.steps < 50:
+        print("cliffguard demo: --steps: must be >= 50", file=sys.stderr)
+        return 2
+    fault_texts = args.faults or default_faults(args.steps)
+    try:
+        faults = [FaultSpec.parse(f) for f in fault_texts]
+    except ValueError as exc:
+        print(f"cliffguard demo: --faults: {exc}", file=sys.stderr)
+        return 2
+    t0 = time.monotonic()
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # schema setup is not news here
+    # `kill <demo>` cleans up like Ctrl-C does (the finally below stops every child).
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    out_dir = Path(args.dir).resolve()
+    if out_dir.exists():
+        shutil.rmtree(out_dir)  # a clean store each run: the summary must be about this run only
+    out_dir.mkdir(parents=True)
+
+    from cliffguard.procs import ProcessSet
+    from controller.broker import EmbeddedBroker, ensure_topics
+    from controller.store.db import Store
+
+    procs = ProcessSet()
+    broker: EmbeddedBroker | None = None
+    store = None
+    try:
+        broker = EmbeddedBroker(port=_pick_port(args.broker_port, "broker"), log_path=out_dir / "broker.log").start()
+        kafka = broker.kafka_config(partitions=1)
+        ensure_topics(kafka)
+        _say(f"broker on {broker.bootstrap} (topics {kafka.metrics_topic}, {kafka.commands_topic}, {kafka.dlq_topic})")
+
+        db_url = f"sqlite:///{out_dir / 'cliffguard.db'}"
+        store = Store.open(db_url)  # migrate before anyone else touches it
+        secret = secrets.token_hex(24)
+        env = {**os.environ, "CLIFFGUARD_COMMAND_SECRET": secret, "PYTHONUNBUFFERED": "1"}
+        controller = procs.spawn("controller", _cli("controller", "--db", db_url, "--bootstrap", broker.bootstrap),
+                                 env={**env, **CONTROLLER_ENV}, log_path=out_dir / "controller.log")
+        _say(f"controller started (pid {controller.proc.pid}); store {db_url}; log {out_dir / 'controller.log'}")
+
+        if not args.no_dashboard:
+            port = _pick_port(args.dashboard_port, "dashboard")
+            token = secrets.token_urlsafe(12)
+            procs.spawn("dashboard", _cli("dashboard", "--db", db_url, "--port", str(port)),
+                        env={**env, "CLIFFGUARD_OPERATOR_TOKEN": token}, log_path=out_dir / "dashboard.log")
+            _say(f"dashboard at http://127.0.0.1:{port}  (operator token: {token})")
+
+        run_id = f"demo-{time.strftime('%H%M%S')}-{uuid.uuid4().hex[:4]}"
+        train_args = ["train", "--nproc", str(args.nproc), "--bootstrap", broker.bootstrap, "--run", run_id,
+                      "--out-dir", str(out_dir / "runs"), "--steps", str(args.steps),
+                      "--progress-every", str(max(10, args.steps // 30))]
+        for f in fault_texts:
+            train_args += ["--fault", f]
+        _say(f"training run {run_id}: {args.nproc} processes, {args.steps} steps, faults: {' '.join(fault_texts)}")
+
+        def show(line: str) -> None:
+            if _PROGRESS.match(line) or _NOTABLE.search(line):
+                print(f"  {line}", flush=True)
+
+        trainer = procs.spawn("train", _cli(*train_args), env=env, log_path=out_dir / "train.log", on_line=show)
+        watch = StoreWatch(store, run_id)
+        while trainer.running:
+            if not controller.running:
+                _say(f"the controller exited (code {controller.proc.returncode}); see {out_dir / 'controller.log'}")
+                break
+            watch.poll()
+            time.sleep(1.0)
+        train_rc = trainer.proc.wait() if controller.running else None
+        if train_rc is not None and train_rc != 0:
+            _say(f"training exited with code {train_rc}; see {out_dir / 'train.log'}")
+        # The controller may still be reading the tail of the run (and closing the last incident).
+        _wait_for(lambda: (watch.poll(), _safe(watch.settled))[1], args.settle_s, 1.0)
+        watch.poll()
+
+        from cliffguard.demo_summary import finite_or_none, judge, render
+
+        facts = collect(store, run_id)
+        ok, fault_results, unmatched = judge(faults, facts["incidents"])
+        ok = ok and train_rc == 0
+        summary = {
+            "ok": ok, "run": run_id, "steps": args.steps, "faults": fault_results,
+            "incidents": facts["incidents"], "unmatched_incidents": unmatched,
+            "final_loss": finite_or_none(facts["final_loss"]), "initial_loss": finite_or_none(facts["initial_loss"]),
+            "steps_lost": facts["steps_lost"], "lr_scale": facts["lr_scale"], "run_status": facts["run_status"],
+            "train_exit_code": train_rc, "wall_s": round(time.monotonic() - t0, 1), "db": db_url,
+            "logs": str(out_dir),
+        }
+        print(render(summary), flush=True)
+        if args.json_path:
+            Path(args.json_path).write_text(json.dumps(summary, indent=2, allow_nan=False))
+            _say(f"summary written to {args.json_path}")
+        _say(f"the store stays in {out_dir / 'cliffguard.db'} "
+             f"(cliffguard dashboard --db {db_url})")
+        if args.keep_running and not args.no_dashboard:
+            # The controller and broker stay too: the dashboard's operator actions go through them.
+            _say("the dashboard stays up (with the controller and broker); Ctrl-C to stop")
+            while any(c.running for c in procs.children if c.name == "dashboard"):
+                time.sleep(1.0)
+        return 0 if ok else 1
+    except KeyboardInterrupt:
+        _say("interrupted; stopping everything")
+        return 130
+    finally:
+        procs.stop_all()
+        if broker is not None:
+            broker.stop()
+        if store is not None:
+            store.close()
+
+
+def _safe(fn) -> bool:
+    try:
+        return bool(fn())
+    except Exception:  # noqa: BLE001 - retried by the caller's loop
+        return False
+
+
+def _raise_interrupt(*_: object) -> None:
+    raise KeyboardInterrupt

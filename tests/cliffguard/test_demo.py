@@ -1,0 +1,81 @@
+"""``cliffguard demo`` end to end: real broker, controller and 2-process trainer as subprocesses.
+
+One short demo (240 steps, the default faults scaled to it: corrupted batches at steps 79-81 and
+an LR blow-up at step 148) and its JSON summary: the corrupted batch was resumed, the blow-up rolled
+back before its step with the LR halved, and the loss came down. Plus the pure matching of
+incidents to faults, which decides the demo's exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from cliffguard.commands.demo import default_faults
+from cliffguard.demo_summary import judge
+from trainer.faults import FaultSpec
+
+
+def _inc(id_: str, spike: int, outcome: str, rollback_to: int | None = None, lr_scale: float = 1.0) -> dict:
+    return {"id": id_, "spike_step": spike, "outcome": outcome, "rollback_to": rollback_to, "lr_scale": lr_scale}
+
+
+def test_judge_accepts_expected_outcomes_and_rejects_others():
+    faults = [FaultSpec.parse("corrupt@100"), FaultSpec.parse("lr_blowup@200x30:3")]
+    good = [_inc("a", 101, "resumed"), _inc("b", 202, "rolled_back", rollback_to=150, lr_scale=0.5)]
+    ok, results, unmatched = judge(faults, good)
+    assert ok and [r["incident"] for r in results] == ["a", "b"] and unmatched == []
+
+    swapped = [_inc("a", 101, "rolled_back", rollback_to=90, lr_scale=0.5), _inc("b", 202, "resumed")]
+    ok, results, _ = judge(faults, swapped)
+    assert not ok and [r["ok"] for r in results] == [False, False]
+
+    late_target = [_inc("a", 101, "resumed"), _inc("b", 202, "rolled_back", rollback_to=200, lr_scale=0.5)]
+    assert not judge(faults, late_target)[0]
+    missing = [_inc("a", 101, "resumed"), _inc("x", 290, "resumed")]
+    ok, results, unmatched = judge(faults, missing)
+    assert not ok and results[1]["problem"] == "no incident" and unmatched == ["x"]
+
+
+def test_judge_fails_on_a_halted_incident_even_when_faults_match():
+    faults = [FaultSpec.parse("corrupt@100")]
+    assert not judge(faults, [_inc("a", 101, "resumed"), _inc("h", 250, "halted")])[0]
+
+
+@pytest.mark.slow
+@pytest.mark.broker
+@pytest.mark.timeout(420)
+def test_demo_handles_both_faults(tmp_path):
+    steps = 240
+    out = tmp_path / "summary.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "cliffguard.cli", "demo", "--steps", str(steps), "--no-dashboard",
+         "--broker-port", "0", "--dir", str(tmp_path / "demo"), "--json", str(out)],
+        capture_output=True, text=True, timeout=400,
+    )
+    assert out.exists(), proc.stdout[-4000:] + proc.stderr[-4000:]
+    summary = json.loads(out.read_text())
+    assert proc.returncode == (0 if summary["ok"] else 1)
+    assert summary["ok"] is True, proc.stdout[-6000:]
+    specs = [FaultSpec.parse(f) for f in default_faults(steps)]
+    corrupt, blowup = specs[0], specs[-1]
+    assert (corrupt.kind, blowup.kind) == ("corrupt", "lr_blowup")
+    by_outcome = {}
+    for inc in summary["incidents"]:
+        by_outcome.setdefault(inc["outcome"], []).append(inc)
+    assert len(by_outcome.get("resumed", [])) == 1 and len(by_outcome.get("rolled_back", [])) == 1
+    resumed, = by_outcome["resumed"]
+    rolled, = by_outcome["rolled_back"]
+    assert corrupt.step <= resumed["spike_step"] < blowup.step
+    assert resumed["rollback_to"] is None
+    assert blowup.step <= rolled["spike_step"]
+    assert rolled["rollback_to"] < rolled["spike_step"] and rolled["rollback_to"] < blowup.step
+    assert rolled["lr_scale"] == 0.5
+    assert [t["to"] for t in rolled["transitions"]][:3] == ["pausing", "validating", "rolling_back"]
+    assert summary["steps_lost"] > 0
+    final, initial = summary["final_loss"], summary["initial_loss"]
+    assert final is not None and math.isfinite(final) and final < initial
