@@ -34,6 +34,7 @@ from controller.recovery_types import (
     Alert,
     CheckpointIn,
     CloseIncident,
+    FlagSamples,
     Input,
     MarkCommand,
     MarkStable,
@@ -49,11 +50,13 @@ from controller.recovery_types import (
 from controller.runstate import RunSlot, RunTable, save_slots
 from controller.store.dlq import count_dead_letter
 from controller.store.ingest import ingest_events
-from controller.store.models import CheckpointRow, CommandRow, ConsumerOffset, Incident, Transition
+from controller.store.models import CheckpointRow, CommandRow, ConsumerOffset, DataFlag, Incident, Transition
 from controller.store.offsets import save_offsets
 from controller.verdict import Verdict
 
 log = logging.getLogger(__name__)
+
+MAX_FLAGGED_SAMPLES = 100_000
 
 
 class StaleBatch(RuntimeError):
@@ -92,7 +95,9 @@ def inputs_for(event: Event, verdicts: list[Verdict], now: float) -> list[Input]
     d = event.data
     if event.type is EventType.STEP:
         rng = d.get("sample_range")
-        out.append(ProgressIn(step=event.step, now=now, sample_end=rng[1] if rng and len(rng) == 2 else None))
+        ok = bool(rng) and len(rng) == 2
+        out.append(ProgressIn(step=event.step, now=now, sample_end=rng[1] if ok else None,
+                              sample_start=rng[0] if ok else None))
     elif event.type is EventType.CHECKPOINT:
         out.append(CheckpointIn(step=event.step, kind=str(d["kind"]), verified=bool(d["verified"]), now=now))
     elif event.type is EventType.VALIDATION:
@@ -213,6 +218,10 @@ class BatchProcessor:
             session.execute(update(CheckpointRow)
                             .where(CheckpointRow.run_id == run_id, CheckpointRow.step == act.step)
                             .values(stable=True, stable_reason=act.reason))
+        elif isinstance(act, FlagSamples):
+            ids = [i for a, b in act.ranges for i in range(a, b)][:MAX_FLAGGED_SAMPLES]
+            session.add(DataFlag(run_id=run_id, step=act.step, ts=now, rule="transient_spike", score=act.score,
+                                 sample_ids=ids))
         elif isinstance(act, MarkCommand):
             session.execute(update(CommandRow).where(CommandRow.id == act.id, CommandRow.acked_at.is_(None))
                             .values(status=act.status, ack_detail=act.detail))

@@ -43,6 +43,7 @@ from controller.recovery_types import (
     Checkpoint,
     CheckpointIn,
     CloseIncident,
+    FlagSamples,
     Incident,
     Input,
     MarkCommand,
@@ -284,6 +285,8 @@ def _on_progress(st: _Step, inp: ProgressIn) -> None:
     s.last_step = max(s.last_step, inp.step) if s.phase is not Phase.RECOVERING else inp.step
     if inp.sample_end is not None:
         s.last_sample_end = inp.sample_end
+        if inp.sample_start is not None and inp.step in s.unhealthy_steps:
+            s.unhealthy_samples = (*s.unhealthy_samples, (inp.step, inp.sample_start, inp.sample_end))[-UNHEALTHY_KEEP:]
     _mark_stable(st, f"{cfg.stable_window} healthy steps followed it")
     if s.phase is Phase.RECOVERING and is_recovered(cfg, s):
         inc = s.incident
@@ -352,6 +355,11 @@ def _on_validation(st: _Step, inp: ValidationIn) -> None:
     if not is_abnormal(cfg, s, inp.val_loss):
         _mark_stable(st, f"validation passed at step {inp.step}", upto=inp.step)
         reason = f"validation normal: {inp.val_loss:.4f} within margin of baseline {base:.4f}"
+        ranges = tuple((a, b) for step, a, b in s.unhealthy_samples if inc.onset_step <= step <= inc.spike_step)
+        if ranges:  # transient and data-induced: the batches that caused it are worth a look
+            assert base is not None
+            st.actions.append(FlagSamples(step=inc.spike_step, ranges=ranges, score=inp.val_loss / base if base else 0.0,
+                                          reason=f"{inc.rule} at step {inc.spike_step} was transient (validation normal)"))
         st.move("validation_normal", reason, ev, inp.now)
         st.send(CommandType.RESUME, {"reason": "validation normal"}, inp.now, reason)
         return

@@ -110,6 +110,8 @@ class ProgressIn:
     now: float
     sample_end: int | None = None
     """End (exclusive) of the sample indices this step consumed, when the trainer reports it."""
+    sample_start: int | None = None
+    """First sample index this step consumed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,7 +227,20 @@ class MarkStable:
     reason: str
 
 
-ActionT = SendCommand | MarkCommand | Alert | OpenIncident | CloseIncident | RecordTransition | MarkStable
+@dataclass(frozen=True, slots=True)
+class FlagSamples:
+    """Samples of a transient spike (validation was normal): recorded as a data flag."""
+
+    step: int
+    ranges: tuple[tuple[int, int], ...]
+    """[start, end) sample index ranges of the excursion's steps."""
+    score: float
+    """The spike's validation loss relative to the baseline (1.0 = on the baseline)."""
+    reason: str
+
+
+ActionT = (SendCommand | MarkCommand | Alert | OpenIncident | CloseIncident | RecordTransition | MarkStable
+           | FlagSamples)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -286,6 +301,8 @@ class RecoveryState:
     last_sample_end: int | None = None
     unhealthy_steps: tuple[int, ...] = ()
     """Most recent unhealthy steps (bounded), for stability and recovery windows."""
+    unhealthy_samples: tuple[tuple[int, int, int], ...] = ()
+    """(step, first, end) sample ranges of recent unhealthy steps, to flag a transient spike's data."""
     checkpoints: tuple[Checkpoint, ...] = ()
     val_baseline: tuple[float, ...] = ()
     rollback_times: tuple[float, ...] = ()
@@ -318,6 +335,7 @@ class RecoveryState:
             "last_step": self.last_step,
             "last_sample_end": self.last_sample_end,
             "unhealthy_steps": list(self.unhealthy_steps),
+            "unhealthy_samples": [list(x) for x in self.unhealthy_samples],
             "checkpoints": [asdict(c) for c in self.checkpoints],
             "val_baseline": [v for v in self.val_baseline if _finite_or_none(v) is not None],
             "rollback_times": list(self.rollback_times),
@@ -339,6 +357,7 @@ class RecoveryState:
             last_step=int(d["last_step"]),
             last_sample_end=d.get("last_sample_end"),
             unhealthy_steps=tuple(int(s) for s in d.get("unhealthy_steps", ())),
+            unhealthy_samples=tuple((int(a), int(b), int(c)) for a, b, c in d.get("unhealthy_samples", ())),
             checkpoints=tuple(Checkpoint(**c) for c in d.get("checkpoints", ())),
             val_baseline=tuple(float(v) for v in d.get("val_baseline", ())),
             rollback_times=tuple(float(t) for t in d.get("rollback_times", ())),

@@ -23,6 +23,7 @@ from controller.recovery_types import (
     Alert,
     CheckpointIn,
     CloseIncident,
+    FlagSamples,
     MarkCommand,
     MarkStable,
     OpenIncident,
@@ -60,7 +61,8 @@ class Driver:
 
     def steps(self, first: int, last: int, per_step_samples: int = 8):
         for step in range(first, last + 1):
-            self.feed(ProgressIn(step=step, now=self.now, sample_end=(step + 1) * per_step_samples))
+            self.feed(ProgressIn(step=step, now=self.now, sample_start=step * per_step_samples,
+                                 sample_end=(step + 1) * per_step_samples))
 
     def spike(self, step: int, onset: int | None = None, rule: str = "loss_spike"):
         v = Verdict(rule=rule, level=Level.CRITICAL, step=step, message="7.1σ above median",
@@ -167,10 +169,17 @@ def test_spike_then_normal_validation_resumes_and_stabilises_checkpoints():
     d = Driver()
     healthy_run(d, 25)
     d.feed(CheckpointIn(step=24, kind="memory", verified=True, now=d.now))
-    d.spike(step=26)
+    warn = Verdict(rule="loss_spike", level=Level.WARN, step=26, message="6σ (patience)", action=Action.ALERT)
+    d.feed(VerdictIn(verdict=warn, now=d.now))
+    d.steps(26, 26)
+    d.spike(step=27, onset=26)
+    d.steps(27, 27)
     d.ack()
     d.answer_validate(2.05)  # within 5% of the baseline
     assert d.s.phase is Phase.RESUMING
+    flags = [a for a in d.actions if isinstance(a, FlagSamples)]
+    assert [(f.step, f.ranges) for f in flags] == [(27, ((208, 216), (216, 224)))]
+    assert flags[0].score == pytest.approx(2.05 / 2.0)
     assert any(isinstance(a, MarkStable) and a.step == 24 and "validation" in a.reason for a in d.actions)
     d.ack()
     assert d.s.phase is Phase.RUNNING and d.s.incident is None and d.s.lr_scale == 1.0

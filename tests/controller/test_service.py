@@ -138,6 +138,10 @@ def test_scripted_streams_produce_exactly_the_expected_commands(kafka_cfg, db):
         assert all(c["status"] == "applied" for c in read.commands(s, "run-a"))
         crit = s.scalars(select(Alert).where(Alert.run_id == "run-c", Alert.level == "critical")).all()
         assert any("halted" in a.title for a in crit)
+        flags = read.data_flags(s, "run-b")  # the transient spike's samples (8 per step from step*8)
+        assert [f["rule"] for f in flags] == ["transient_spike"]
+        assert set(range(43 * 8, 44 * 8)) <= set(flags[0]["sample_ids"]) <= set(range(41 * 8, 44 * 8))
+        assert read.data_flags(s, "run-a") == []
         stable = {c["step"] for c in read.checkpoints(s, "run-a") if c["stable"]}
         assert {10, 20} <= stable
 
