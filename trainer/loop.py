@@ -245,7 +245,9 @@ class Trainer:
             extra["rng_digest"] = digest_tensors([torch.get_rng_state()])
         with agent.data_wait():
             x, y, _ids = self.sampler.batch(step)
-            x = self.faults.corrupt_batch(step, x)
+            # A corrupted sample is random bytes: its inputs *and* its next-byte targets are garbage.
+            window = self.faults.corrupt_batch(step, torch.cat([x, y[:, -1:]], dim=1))
+            x, y = window[:, :-1], window[:, 1:]
             x, y = x.to(self.accelerator.device), y.to(self.accelerator.device)
         self.faults.delay(step)
         xs, ys = x.split(self.micro_batch), y.split(self.micro_batch)
@@ -333,7 +335,7 @@ class Trainer:
                     self.validate()
                 self.faults.maybe_kill(self.step)
                 data = self.train_step()
-                if self.agent.decision is GuardDecision.HOLD:
+                if data["guard"] == GuardDecision.HOLD:
                     self.mode = "held"
                 self._progress(data)
                 handle_boundary(self)
