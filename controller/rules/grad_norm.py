@@ -24,7 +24,9 @@ class GradNormConfig:
     Student-t noise σ 0.05-0.2, 181 benign x1.5-x3 outliers; injected x10-x100 spikes of 1-5 steps
     and non-finite norms). With the ratio gates (x2 warn, x5 critical): k 4/8, 6/10 and 8/12 all
     give recall 1.00 at delay 0 and 0 outliers called critical; false warns 23.7/20.0/12.0 per 10k
-    steps; 1 false critical in 60k steps (a heavy-tail x6.5 point) for all three. Hence 8/12."""
+    steps; 1 false critical in 60k steps (a heavy-tail x6.5 point) for all three. Hence 8/12.
+    Held out (seed 11, 27k steps): recall 1.00, 0.37 false criticals per 10k steps, 0 outliers
+    called critical."""
 
     enabled: bool = True
     """Run the rule at all."""

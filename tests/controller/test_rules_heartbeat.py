@@ -1,0 +1,65 @@
+"""Heartbeat loss (controller/rules/heartbeat.py): every branch and persistence."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agent.spike import Level
+from controller.rules.heartbeat import HeartbeatConfig, HeartbeatRule
+
+
+def test_config_rejects_bad_values_naming_the_field():
+    with pytest.raises(ValueError, match="^warn_after_s:"):
+        HeartbeatConfig(warn_after_s=0)
+    with pytest.raises(ValueError, match="^warn_after_s:"):
+        HeartbeatConfig(warn_after_s=60, critical_after_s=30)
+
+
+def test_silence_warns_then_goes_critical_once_per_rank():
+    rule = HeartbeatRule(HeartbeatConfig(warn_after_s=30, critical_after_s=120))
+    rule.seen(0, 1000.0, 10)
+    rule.seen(1, 1000.0, 10)
+    assert rule.tick(1029.0) == []
+    warn = rule.tick(1031.0)
+    assert [(v.rule, v.rank, v.level, v.step) for v in warn] == [
+        ("heartbeat", 0, Level.WARN, 10), ("heartbeat", 1, Level.WARN, 10)]
+    assert warn[0].evidence["silent_s"] == pytest.approx(31.0) and "silent for 31s" in warn[0].message
+    assert rule.tick(1050.0) == []
+    rule.seen(1, 1100.0, 12)  # rank 1 speaks again: re-armed
+    crit = rule.tick(1121.0)
+    assert [(v.rank, v.level) for v in crit] == [(0, Level.CRITICAL)]
+    assert [(v.rank, v.level) for v in rule.tick(1200.0)] == [(1, Level.WARN)]  # rank 0: reported once
+    assert [(v.rank, v.level) for v in rule.tick(1221.0)] == [(1, Level.CRITICAL)]
+    assert rule.tick(5000.0) == []
+
+
+def test_out_of_order_timestamps_do_not_move_the_clock_back():
+    rule = HeartbeatRule()
+    rule.seen(0, 100.0, 5)
+    rule.seen(0, 90.0, 4)
+    assert rule.state_dict()["last"]["0"] == [100.0, 5]
+
+
+def test_finished_runs_and_disabled_rule_report_nothing():
+    rule = HeartbeatRule()
+    rule.seen(0, 0.0, 1)
+    rule.ended_flag(True)
+    assert rule.tick(1e6) == []
+    rule.ended_flag(False)
+    assert len(rule.tick(1e6)) == 1
+    off = HeartbeatRule(HeartbeatConfig(enabled=False))
+    off.seen(0, 0.0, 1)
+    assert off.tick(1e6) == []
+
+
+def test_state_dict_round_trips_through_json():
+    rule = HeartbeatRule()
+    rule.seen(0, 0.0, 1)
+    rule.seen(1, 0.0, 1)
+    rule.tick(40.0)
+    twin = HeartbeatRule()
+    twin.load_state_dict(json.loads(json.dumps(rule.state_dict())))
+    assert twin.tick(50.0) == []  # the warn was already reported
+    assert [(v.rank, v.level) for v in twin.tick(130.0)] == [(0, Level.CRITICAL), (1, Level.CRITICAL)]
