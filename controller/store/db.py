@@ -13,15 +13,17 @@ fresh file and a database made by an older cliffguard both end up at the current
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlalchemy.orm import Session
 
 log = logging.getLogger(__name__)
@@ -103,14 +105,50 @@ def alembic_config(engine: Engine | None = None) -> Any:
     return cfg
 
 
-def init_db(engine: Engine) -> None:
-    """Bring the database to the newest schema revision (Alembic ``upgrade head``)."""
+# Arbitrary constant: the PostgreSQL advisory lock that serialises schema upgrades.
+_MIGRATION_LOCK = 0x636C6966  # "clif"
+
+
+def schema_at_head(engine: Engine) -> bool:
+    """Whether the database is at the newest revision of the shipped migrations."""
+    from alembic.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision() == head
+
+
+_upgrade_lock = threading.Lock()  # Alembic's migration context is process-global
+
+
+def init_db(engine: Engine, *, attempts: int = 10) -> None:
+    """Bring the database to the newest schema revision (Alembic ``upgrade head``).
+
+    Safe when several processes start at once (the controller and the dashboard of a demo, or
+    several controller instances): on PostgreSQL an advisory lock serialises the upgrades (its
+    DDL is transactional, so the second one then finds the schema at head); on SQLite a process
+    that loses the race sees "table already exists" and retries until the winner has finished
+    (SQLite runs DDL outside transactions, so the loser may first see a half-built schema).
+    """
     from alembic import command
 
     cfg = alembic_config(engine)
-    with engine.begin() as conn:
-        cfg.attributes["connection"] = conn  # env.py migrates on this connection
-        command.upgrade(cfg, "head")
+    for attempt in range(1, attempts + 1):
+        try:
+            with _upgrade_lock, engine.begin() as conn:
+                if conn.dialect.name == "postgresql":
+                    conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _MIGRATION_LOCK})
+                cfg.attributes["connection"] = conn  # env.py migrates on this connection
+                command.upgrade(cfg, "head")
+            break
+        except DBAPIError:
+            if schema_at_head(engine):
+                break  # another process upgraded it meanwhile
+            if attempt == attempts:
+                raise
+            log.info("schema upgrade attempt %d lost a race; retrying", attempt, exc_info=True)
+            time.sleep(0.5)
     log.info("store schema at head (%s)", engine.url.render_as_string(hide_password=True))
 
 

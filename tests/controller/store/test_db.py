@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 
@@ -12,7 +14,15 @@ from alembic.migration import MigrationContext
 from sqlalchemy import inspect, select, text
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from controller.store.db import Store, StoreConfig, alembic_config, init_db, make_engine, session_scope
+from controller.store.db import (
+    Store,
+    StoreConfig,
+    alembic_config,
+    init_db,
+    make_engine,
+    schema_at_head,
+    session_scope,
+)
 from controller.store.models import Base, Run, StepMetric
 
 
@@ -168,3 +178,37 @@ def test_store_open_migrates_and_objects_stay_readable_after_commit(db_url):
             assert s.get(Run, "r").world_size == 4
     finally:
         store.close()
+
+
+@pytest.mark.slow
+def test_concurrent_init_db_from_several_processes_ends_at_head(db_url):
+    """The demo starts the controller and the dashboard together; both migrate at start."""
+    code = (
+        "import sys; from controller.store.db import init_db, make_engine; init_db(make_engine(sys.argv[1]))"
+    )
+    procs = [subprocess.Popen([sys.executable, "-c", code, db_url], stderr=subprocess.PIPE) for _ in range(3)]
+    outcomes = [(p.wait(timeout=120), p.stderr.read().decode()) for p in procs]
+    assert [rc for rc, _ in outcomes] == [0, 0, 0], outcomes
+    engine = make_engine(db_url)
+    assert schema_at_head(engine) and _diffs(engine) == []
+    engine.dispose()
+
+
+def test_concurrent_init_db_from_threads_of_one_process(sqlite_url):
+    engines = [make_engine(sqlite_url) for _ in range(3)]
+    errors: list[BaseException] = []
+
+    def migrate(eng):
+        try:
+            init_db(eng)
+        except BaseException as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=migrate, args=(e,)) for e in engines]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert errors == [] and schema_at_head(engines[0])
+    for e in engines:
+        e.dispose()
