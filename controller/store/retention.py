@@ -36,8 +36,11 @@ loss_curve(max_points=...)`` bounds what a chart fetches regardless.
 
 ``downsample`` is idempotent (only rows finer than a tier's bucket are folded) and records the
 folded range in ``runs.downsampled_below``; ``store.ingest`` ignores step events below it, so a
-re-delivered old event cannot add a second copy beside its bucket. Call it periodically (the
-controller does, every few thousand steps per run) or from a maintenance job.
+re-delivered old event cannot add a second copy beside its bucket. The controller calls
+``downsample_if_due(session, run_id, newest_step)`` in its batch transaction (a no-op until
+``every_steps`` more steps have aged); a maintenance job can call ``downsample_all``. Measured on
+SQLite (2 busy CPU cores): a one-shot pass over a 1,000,000-step run took about 35 s, an
+incremental pass over 1,000 new steps 0.2 s.
 """
 
 from __future__ import annotations
@@ -66,6 +69,9 @@ class RetentionConfig:
     """Bucket width (steps) for the middle tier."""
     far_bucket: int = 100
     """Bucket width (steps) for the oldest tier; a multiple of ``mid_bucket``."""
+    every_steps: int = 1_000
+    """``downsample_if_due`` folds once this many more steps have aged out of full resolution
+    (each pass then touches about this many steps per rank, a fraction of a second)."""
 
     def __post_init__(self) -> None:
         if self.full_steps < 0:
@@ -76,6 +82,8 @@ class RetentionConfig:
             raise ValueError("mid_bucket: must be >= 2")
         if self.far_bucket < self.mid_bucket or self.far_bucket % self.mid_bucket:
             raise ValueError("far_bucket: must be a multiple of mid_bucket")
+        if self.every_steps < 1:
+            raise ValueError("every_steps: must be >= 1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +188,19 @@ def downsample(
     rows_after = session.scalar(select(func.count()).where(SM.run_id == run_id)) or 0
     written = rows_after - (rows_before - folded)
     return DownsampleResult(rows_before, rows_after, written, mid_below)
+
+
+def downsample_if_due(
+    session: Session, run_id: str, newest_step: int, config: RetentionConfig | None = None
+) -> DownsampleResult | None:
+    """``downsample`` when at least ``every_steps`` more steps have aged out of full resolution
+    since the last pass, else None. Costs one primary-key read when not due, so the controller
+    can call it for every run in every batch it commits."""
+    cfg = config or RetentionConfig()
+    done = session.scalar(select(Run.downsampled_below).where(Run.id == run_id))
+    if done is None or tier_edges(newest_step, cfg)[1] < done + cfg.every_steps:
+        return None
+    return downsample(session, run_id, cfg, newest_step=newest_step)
 
 
 def downsample_all(session: Session, config: RetentionConfig | None = None) -> dict[str, DownsampleResult]:

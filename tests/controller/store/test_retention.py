@@ -19,7 +19,14 @@ from controller.store import read
 from controller.store.db import init_db, make_engine, session_scope
 from controller.store.ingest import ingest_event
 from controller.store.models import Run, StepMetric
-from controller.store.retention import RetentionConfig, downsample, downsample_all, projected_rows, tier_edges
+from controller.store.retention import (
+    RetentionConfig,
+    downsample,
+    downsample_all,
+    downsample_if_due,
+    projected_rows,
+    tier_edges,
+)
 from tests.controller.store import factory as f
 
 SCALED = RetentionConfig(full_steps=500, mid_steps=5_000, mid_bucket=10, far_bucket=100)
@@ -232,3 +239,17 @@ def test_million_step_run_at_full_scale_stays_queryable(tmp_path):
     print(f"then +1000 steps: downsample {time.perf_counter() - t4:.2f}s -> {result.rows_after} rows")
     assert result.rows_after == projected_rows(1_001_000, RetentionConfig())
     engine.dispose()
+
+
+def test_downsample_if_due_waits_for_every_steps_of_aged_rows(engine):
+    cfg = RetentionConfig(full_steps=500, mid_steps=5_000, every_steps=1_000)
+    bulk_steps(engine, "due", 0, 1_400)
+    with session_scope(engine) as s:
+        assert downsample_if_due(s, "due", 1_399, cfg) is None  # only 900 steps aged so far
+        assert downsample_if_due(s, "missing", 1_399, cfg) is None
+    bulk_steps(engine, "due", 1_400, 1_600)
+    with session_scope(engine) as s:
+        first = downsample_if_due(s, "due", 1_599, cfg)
+        assert first is not None and first.downsampled_below == 1_100
+        assert downsample_if_due(s, "due", 1_599, cfg) is None  # nothing new has aged
+    assert rows_per_rank(engine, "due") == projected_rows(1_600, cfg)
