@@ -65,7 +65,8 @@ class Chromium:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/json/list", timeout=2) as resp:
                     pages = [t for t in json.load(resp) if t.get("type") == "page"]
                 if pages:
-                    return connect(pages[0]["webSocketDebuggerUrl"], max_size=256 * 2**20, open_timeout=20)
+                    ws = connect(pages[0]["webSocketDebuggerUrl"], max_size=256 * 2**20, open_timeout=20)
+                    return ws.__enter__()  # held open until close()
             except OSError:
                 pass
             if time.monotonic() > deadline or self.proc.poll() is not None:
