@@ -6,9 +6,9 @@ Each rule scores a sample and flags it above a threshold:
   replacement character ``EF BF BD``, what a bad decode leaves behind). Clean text and code are ~0.
 - ``entropy``: byte Shannon entropy as a share of the most a sample of that length can have
   (``log2(min(256, T))``). Natural language and code sit near 0.6–0.7 on 64–128-byte windows;
-  random or compressed bytes near 0.9+.
+  random or compressed bytes near 0.95 (threshold 0.9).
 - ``url_pile``: share of the sample's bytes inside URLs (``scheme://…`` or ``www.…``); link farms
-  and navigation scrapes are mostly URLs, prose that cites one is not.
+  and navigation scrapes are mostly URLs, prose that cites one is not (at least two URLs needed).
 
 A flagged sample's sampling weight drops to ``flagged_weight`` (the Sampler consults it): it is
 still seen now and then — a rule can be wrong — but far less often. The scan is vectorised over a
@@ -31,10 +31,12 @@ _CONTROL[torch.tensor([*range(0, 9), 11, 12, *range(14, 32), 127])] = True
 class DataRulesConfig:
     nonprintable_max: float = 0.05
     """Flag when more than this share of bytes are control bytes or U+FFFD."""
-    entropy_max: float = 0.85
+    entropy_max: float = 0.9
     """Flag when byte entropy exceeds this share of the maximum for the sample length."""
     url_max: float = 0.5
-    """Flag when more than this share of bytes belong to URLs."""
+    """Flag when more than this share of bytes belong to URLs ..."""
+    url_min_count: int = 2
+    """... and the sample holds at least this many (one long URL in a short window is a citation)."""
     flagged_weight: float = 0.1
     """Sampling weight given to a flagged sample (1 = unchanged, 0 = never drawn)."""
 
@@ -42,6 +44,8 @@ class DataRulesConfig:
         for name in ("nonprintable_max", "entropy_max", "url_max"):
             if not 0.0 < getattr(self, name) <= 1.0:
                 raise ValueError(f"{name}: must be in (0, 1]")
+        if self.url_min_count < 1:
+            raise ValueError("url_min_count: must be >= 1")
         if not 0.0 <= self.flagged_weight <= 1.0:
             raise ValueError("flagged_weight: must be in [0, 1]")
 
@@ -78,14 +82,16 @@ def entropy_ratio(x: torch.Tensor) -> torch.Tensor:
     return h / torch.log2(torch.tensor(float(min(256, t))))
 
 
-def url_ratio(x: torch.Tensor) -> torch.Tensor:
-    """[N, T] bytes -> [N] share of bytes inside URLs (regex per sample; cheap for short rows)."""
+def url_ratio(x: torch.Tensor, min_count: int = 1) -> torch.Tensor:
+    """[N, T] bytes -> [N] share of bytes inside URLs, 0 where fewer than ``min_count`` URLs."""
     rows = x.to(torch.uint8).numpy()
     out = torch.zeros(x.shape[0])
     for i, row in enumerate(rows):
         raw = row.tobytes()
         if b"://" in raw or b"www." in raw:
-            out[i] = sum(len(m.group(0)) for m in _URL_RE.finditer(raw)) / len(raw)
+            urls = [m.group(0) for m in _URL_RE.finditer(raw)]
+            if len(urls) >= min_count:
+                out[i] = sum(map(len, urls)) / len(raw)
     return out
 
 
@@ -94,7 +100,8 @@ class DataRules:
         self.cfg = cfg or DataRulesConfig()
 
     def scores(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {"nonprintable": nonprintable_ratio(x), "entropy": entropy_ratio(x), "url_pile": url_ratio(x)}
+        return {"nonprintable": nonprintable_ratio(x), "entropy": entropy_ratio(x),
+                "url_pile": url_ratio(x, self.cfg.url_min_count)}
 
     def scan(self, x: torch.Tensor, sample_ids: torch.Tensor | list[int]) -> list[DataFlag]:
         """Flags for a [N, T] batch of byte samples, one DataFlag per rule that fired."""
