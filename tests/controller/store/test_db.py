@@ -98,7 +98,7 @@ def test_sqlite_without_busy_timeout_fails_on_a_held_lock(sqlite_url):
 
 def _diffs(engine):
     with engine.connect() as conn:
-        ctx = MigrationContext.configure(conn, opts={"compare_type": True, "compare_server_default": False})
+        ctx = MigrationContext.configure(conn, opts={"compare_type": True, "compare_server_default": True})
         return compare_metadata(ctx, Base.metadata)
 
 
