@@ -385,6 +385,22 @@ class Agent:
         self._clock.restart()
         return data
 
+    def report_step(self, loss: float, *, step: int | None = None, lr: float | None = None,
+                    grad_norm: float | None = None, tokens: int = 0) -> dict[str, Any]:
+        """A step event from scalars only, for loops the agent does not hook (trackers, callbacks).
+
+        The guard judges the loss but cannot skip an update it never saw: a critical verdict is
+        reported as ``warn`` with ``skipped=false`` (report-only). Use the hooks to enforce it.
+        """
+        if step is not None:
+            self.step = step
+        self._global_loss = self._local_loss = float(loss)
+        self._grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
+        self._tokens = int(tokens)
+        decision = self.guard.decide(self._global_loss, self.step)
+        self._decision = decision if Guard.applies_update(decision) else GuardDecision.WARN
+        return self.after_step(lr=lr, skipped=False)
+
     # ------------------------------------------------------------------ commands
     def _poll_source(self) -> list[Command]:
         try:

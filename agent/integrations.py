@@ -1,0 +1,191 @@
+"""The agent outside the bundled trainer: an Accelerate tracker, a Hugging Face callback, and the
+plain-loop API (``agent.hooks.Agent`` itself, see its module docstring).
+
+Which to use:
+
+- **Plain loop** (``Agent`` hooks): everything — the one-all-reduce step metrics, histograms,
+  MFU, comm timing, the guard that *skips* updates, and commands applied at step boundaries.
+- **Accelerate tracker** (``AgentTracker``): ``Accelerator(log_with=[AgentTracker(agent)])``;
+  every ``accelerator.log({"loss": ..., "lr": ...}, step=...)`` becomes a ``step`` event (timing
+  from the interval between logs, MFU when ``tokens`` is logged). Report-only: a tracker never
+  sees the optimizer, so the guard's verdict is reported, not enforced; no commands.
+- **Hugging Face ``Trainer``** (``CliffguardCallback``): ``Trainer(..., callbacks=[CliffguardCallback(cfg)])``.
+  Steps are reported from ``on_log``; commands are polled at ``on_step_end`` and mapped onto
+  the Trainer's own controls: ``stop`` → ``should_training_stop``, ``validate`` →
+  ``should_evaluate`` (the eval loss comes back as a ``validation`` event with the command id),
+  ``checkpoint_now`` → ``should_save``, ``pause``/``resume`` hold inside the callback (heartbeats
+  go on), ``set_lr_scale`` multiplies the LR at each step begin (after the scheduler set it, so
+  the scheduler cannot overwrite it). ``rollback`` is acked ``failed``: the HF Trainer has no
+  in-memory restore to hand; use the bundled trainer or your own restore.
+  Written without importing ``transformers`` (the callback protocol is duck-typed: the Trainer
+  calls ``getattr(callback, event)(args, state, control, **kwargs)``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from accelerate.tracking import GeneralTracker
+
+from agent.events import AckStatus, CommandType, EventType
+from agent.hooks import Agent, AgentConfig
+
+log = logging.getLogger(__name__)
+
+
+def _scalar(values: dict[str, Any], *names: str) -> float | None:
+    for n in names:
+        v = values.get(n)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return float(v)
+    return None
+
+
+class AgentTracker(GeneralTracker):
+    """Accelerate ``GeneralTracker`` that turns logged scalars into agent events (every rank)."""
+
+    name = "cliffguard"
+    requires_logging_directory = False
+    main_process_only = False
+
+    def __init__(self, agent: Agent) -> None:
+        super().__init__()
+        self.agent = agent
+        self._started = False
+
+    @property
+    def tracker(self) -> Agent:
+        return self.agent
+
+    def store_init_configuration(self, values: dict) -> None:
+        if not self._started:
+            self.agent.start(config=dict(values))
+            self._started = True
+
+    def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
+        if not self._started:
+            self.store_init_configuration({})
+        loss = _scalar(values, "loss", "train_loss")
+        if loss is None:
+            return
+        tokens = _scalar(values, "tokens")
+        self.agent.report_step(loss, step=step, lr=_scalar(values, "lr", "learning_rate"),
+                               grad_norm=_scalar(values, "grad_norm"), tokens=int(tokens or 0))
+
+    def finish(self) -> None:
+        self.agent.close()
+
+
+class CliffguardCallback:
+    """Hugging Face ``TrainerCallback``, duck-typed (see the module docstring)."""
+
+    def __init__(self, config: AgentConfig, *, seq_len: int | None = None, sink: Any = None, kafka: Any = None,
+                 secret: Any = None, command_source: Any = None, command_every: int = 1) -> None:
+        if command_every < 1:
+            raise ValueError("command_every: must be >= 1")
+        self.config = config
+        self.seq_len = seq_len
+        self._agent_kwargs = {"sink": sink, "kafka": kafka, "secret": secret, "command_source": command_source}
+        self.command_every = command_every
+        self.agent: Agent | None = None
+        self.optimizer: Any = None
+        self.lr_scale = 1.0
+        self._validate_cmd: Any = None
+
+    # Events the Trainer calls that need nothing from us.
+    def _noop(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        return control
+
+    on_init_end = on_epoch_begin = on_epoch_end = on_substep_end = on_pre_optimizer_step = _noop
+    on_optimizer_step = on_save = on_prediction_step = on_predict = _noop
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
+                       **kwargs: Any) -> Any:
+        self.optimizer = optimizer
+        self.agent = Agent(None, model, optimizer, self.config, seq_len=self.seq_len, **self._agent_kwargs)
+        world = max(1, int(getattr(args, "world_size", 1) or 1))
+        batch = int(getattr(args, "per_device_train_batch_size", 0) or 0) * int(
+            getattr(args, "gradient_accumulation_steps", 1) or 1) * world
+        self.agent.start(global_batch=batch, config={"learning_rate": getattr(args, "learning_rate", None),
+                                                     "max_steps": getattr(state, "max_steps", None)})
+        return control
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        # The scheduler rewrote the LR after the last step; scale it for this step (no compounding).
+        if self.lr_scale != 1.0 and self.optimizer is not None:
+            for group in self.optimizer.param_groups:
+                group["lr"] = group["lr"] * self.lr_scale
+        return control
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> Any:
+        loss = _scalar(logs or {}, "loss")
+        if self.agent is not None and loss is not None:
+            self.agent.lr_scale = self.lr_scale
+            self.agent.report_step(loss, step=int(state.global_step), lr=_scalar(logs or {}, "learning_rate"),
+                                   grad_norm=_scalar(logs or {}, "grad_norm"))
+        return control
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if self.agent is None or int(state.global_step) % self.command_every:
+            return control
+        cmds, _ = self.agent.exchange()
+        paused = False
+        while True:
+            for cmd in cmds:
+                paused = self._apply(cmd, control, paused)
+            if not paused:
+                break
+            self.agent.state = "paused"
+            time.sleep(self.config.command_tick_s)
+            cmds, _ = self.agent.exchange()
+        self.agent.state = "running"
+        return control
+
+    def _apply(self, cmd: Any, control: Any, paused: bool) -> bool:
+        agent = self.agent
+        assert agent is not None
+        t = cmd.type
+        if t is CommandType.PAUSE:
+            agent.ack(cmd, AckStatus.APPLIED, "paused")
+            return True
+        if t is CommandType.RESUME:
+            agent.ack(cmd, AckStatus.APPLIED, "resumed")
+            return False
+        if t is CommandType.STOP:
+            control.should_training_stop = True
+            agent.ack(cmd, AckStatus.APPLIED, "should_training_stop set")
+            return False
+        if t is CommandType.VALIDATE:
+            control.should_evaluate = True
+            self._validate_cmd = cmd  # acked when the evaluation comes back (on_evaluate)
+            return False  # evaluation runs when the step ends, so a pause is released for it
+        if t is CommandType.CHECKPOINT_NOW:
+            control.should_save = True
+            agent.ack(cmd, AckStatus.APPLIED, "should_save set")
+            return paused
+        if t is CommandType.SET_LR_SCALE:
+            self.lr_scale = float(cmd.args["lr_scale"])
+            agent.lr_scale = self.lr_scale
+            agent.ack(cmd, AckStatus.APPLIED, f"lr_scale={self.lr_scale:g}")
+            return paused
+        agent.ack(cmd, AckStatus.FAILED, f"{t} is not supported by the Hugging Face callback")
+        return paused
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict | None = None, **kwargs: Any) -> Any:
+        val = _scalar(metrics or {}, "eval_loss")
+        if self.agent is not None and val is not None and self.agent.rank == 0:
+            data: dict[str, Any] = {"val_loss": val, "batches": len(kwargs.get("eval_dataloader") or [])}
+            if self._validate_cmd is not None:
+                data["cmd"] = self._validate_cmd.id
+            self.agent.emit(EventType.VALIDATION, data, step=int(state.global_step))
+        if self._validate_cmd is not None and self.agent is not None:
+            self.agent.ack(self._validate_cmd, AckStatus.APPLIED, f"eval_loss={val}")
+            self._validate_cmd = None
+        return control
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if self.agent is not None:
+            self.agent.close()
+        return control
