@@ -25,6 +25,7 @@ from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlalchemy.orm import Session
+from sqlalchemy.pool import StaticPool
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,10 @@ def make_engine(cfg_or_url: StoreConfig | str) -> Engine:
             Path(url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
         # The dashboard and the controller's threads share one engine; sqlite3's same-thread check
         # only guards against sharing a connection, which the pool already prevents.
-        engine = create_engine(url, echo=cfg.echo, connect_args={"check_same_thread": False})
+        # In memory: one shared connection (StaticPool), else every pooled connection or thread
+        # would get a database of its own.
+        pool = {"poolclass": StaticPool} if in_memory else {}
+        engine = create_engine(url, echo=cfg.echo, connect_args={"check_same_thread": False}, **pool)
         event.listen(engine, "connect", _sqlite_pragmas(cfg.busy_timeout_ms, in_memory))
         return engine
     return create_engine(url, echo=cfg.echo, pool_pre_ping=True, pool_size=cfg.pool_size)

@@ -212,3 +212,21 @@ def test_concurrent_init_db_from_threads_of_one_process(sqlite_url):
     assert errors == [] and schema_at_head(engines[0])
     for e in engines:
         e.dispose()
+
+
+def test_in_memory_sqlite_is_one_database_shared_by_threads():
+    engine = make_engine("sqlite://")
+    init_db(engine)
+    with session_scope(engine) as s:
+        s.add(Run(id="mem"))
+    seen: list[str] = []
+    t = threading.Thread(target=lambda: seen.extend(session_scope_ids(engine)))
+    t.start()
+    t.join()
+    assert seen == ["mem"]
+    engine.dispose()
+
+
+def session_scope_ids(engine) -> list[str]:
+    with session_scope(engine) as s:
+        return list(s.scalars(select(Run.id)))
