@@ -84,12 +84,11 @@ class RunDetector:
     # -- events ------------------------------------------------------------------------------
 
     def on_event(self, event: Event) -> list[Verdict]:
-        self.heartbeat.seen(event.rank, event.ts, event.step)
         if event.type is EventType.RUN_STARTED:
-            self.heartbeat.ended_flag(False)
-            return []
+            self.heartbeat.started()
+        self.heartbeat.seen(event.rank, event.ts, event.step)
         if event.type in (EventType.RUN_FINISHED, EventType.RUN_FAILED):
-            self.heartbeat.ended_flag(True)
+            self.heartbeat.ended()
             return []
         if event.type is not EventType.STEP:
             return []

@@ -46,9 +46,15 @@ class HeartbeatRule:
             self._last[rank] = (ts, max(step, prev[1]) if prev else step)
             self._reported.pop(rank, None)
 
-    def ended_flag(self, ended: bool) -> None:
-        """True after run.finished/failed (nothing to report any more); False on run.started."""
-        self._ended = ended
+    def ended(self) -> None:
+        """run.finished/failed: nothing to report any more."""
+        self._ended = True
+
+    def started(self) -> None:
+        """run.started: a new life of the run; ranks count from when they speak again."""
+        self._ended = False
+        self._last.clear()
+        self._reported.clear()
 
     def tick(self, now: float) -> list[Verdict]:
         cfg = self.config

@@ -45,10 +45,12 @@ def test_out_of_order_timestamps_do_not_move_the_clock_back():
 def test_finished_runs_and_disabled_rule_report_nothing():
     rule = HeartbeatRule()
     rule.seen(0, 0.0, 1)
-    rule.ended_flag(True)
+    rule.ended()
     assert rule.tick(1e6) == []
-    rule.ended_flag(False)
-    assert len(rule.tick(1e6)) == 1
+    rule.started()  # a new life: old ranks are forgotten until they speak
+    assert rule.tick(1e6) == []
+    rule.seen(1, 1e6, 0)
+    assert [v.rank for v in rule.tick(1e6 + 31)] == [1]
     off = HeartbeatRule(HeartbeatConfig(enabled=False))
     off.seen(0, 0.0, 1)
     assert off.tick(1e6) == []

@@ -1,0 +1,166 @@
+"""RunDetector (controller/detect.py): routing of events to rules, the loss rank, rollbacks, ticks,
+persistence. Events go through the real contract (encode -> decode) as the controller sees them."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from agent.events import EventType, decode_event, encode_event, make_event
+from agent.spike import Level
+from controller.detect import RulesConfig, RunDetector
+from controller.rules.mfu import MfuConfig
+from controller.rules.straggler import StragglerConfig
+from controller.verdict import Action
+
+RUN = "run-1"
+
+
+def step_event(step: int, loss: float, rank: int = 0, world: int = 2, ts: float | None = None, **over):
+    data = {
+        "loss": loss, "loss_local": loss, "lr": 1e-3, "lr_scale": 1.0, "grad_norm": 1.0, "tokens": 4096,
+        "step_time_s": 0.1, "data_wait_s": 0.0, "comm_exposed_s": 0.0, "compute_s": 0.1,
+        "tokens_per_s": 40960.0, "mfu": 0.5, "mem_allocated": 0, "mem_reserved": 0, "loss_scale": 1.0,
+        "skipped": False, "clipped_layers": 0, "guard": "ok",
+    }
+    data.update(over)
+    ev = make_event(EventType.STEP, RUN, step, data, rank=rank, world=world, ts=1000.0 + step if ts is None else ts)
+    return decode_event(encode_event(ev))  # exactly what the controller's edge hands over
+
+
+def healthy(i: int) -> float:
+    return 2.0 + 0.02 * ((i % 5) - 2)
+
+
+def run_steps(det, steps, loss_of, ranks=(0, 1), **over):
+    out = []
+    for s in steps:
+        for r in ranks:
+            out += det.on_event(step_event(s, loss_of(s), rank=r, **over))
+    return out
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="^evidence_last_n:"):
+        RulesConfig(evidence_last_n=-1)
+
+
+def test_loss_rules_use_one_event_per_step_and_name_the_onset():
+    det = RunDetector()
+    assert run_steps(det, range(50), healthy) == []
+    out = run_steps(det, range(50, 60), lambda s: 6.0)
+    assert [(v.rule, v.level, v.step, v.onset_step, v.action) for v in out] == [
+        ("loss_spike", Level.WARN, 50, 50, Action.ALERT),
+        ("loss_spike", Level.CRITICAL, 52, 50, Action.RECOVER),
+    ]
+    assert out[1].rank is None and out[1].evidence["median"] == pytest.approx(2.0)
+    ev = det.window_evidence()
+    assert ev["n"] == 50 and ev["last"][-1] == [59, 6.0] and len(ev["last"]) == 20
+
+
+def test_nonfinite_loss_through_the_wire_asks_for_recovery():
+    det = RunDetector()
+    run_steps(det, range(30), healthy)
+    (v,) = det.on_event(step_event(30, math.nan))
+    assert v.rule == "nonfinite" and v.level is Level.CRITICAL and v.action is Action.RECOVER
+
+
+def test_the_lowest_rank_speaks_for_the_run_even_if_it_arrives_late():
+    det = RunDetector()
+    for s in range(30):
+        det.on_event(step_event(s, healthy(s), rank=1))
+    assert det.state_dict()["loss_rank"] == 1
+    # rank 0 turns up with steps the detector already judged: skipped, not a rollback
+    for s in range(25, 30):
+        assert det.on_event(step_event(s, 99.0, rank=0)) == []
+    assert det.rewinds == 0 and det.state_dict()["loss_rank"] == 0
+    assert det.on_event(step_event(30, healthy(30), rank=0)) == []
+    assert det.on_event(step_event(31, 99.0, rank=1)) == []  # rank 1's loss no longer counts
+    assert [v.level for v in det.on_event(step_event(31, 99.0, rank=0))] == [Level.WARN]
+
+
+def test_rollback_replays_are_judged_afresh_and_late_ranks_do_not_confuse_them():
+    det = RunDetector()
+    run_steps(det, range(60), healthy)
+    crit = run_steps(det, range(60, 64), lambda s: 6.0, ranks=(0,))
+    assert [v.level for v in crit] == [Level.WARN, Level.CRITICAL]
+    # the trainer rolls back to step 55: rank 0 replays while rank 1's old step 63 is still in flight
+    assert det.on_event(step_event(56, healthy(56), rank=0)) == []
+    assert det.on_event(step_event(63, 6.0, rank=1)) == []
+    assert det.rewinds == 1
+    assert run_steps(det, range(57, 70), healthy) == []
+    again = run_steps(det, range(70, 74), lambda s: 6.0)  # a second spike after the rollback
+    assert [(v.level, v.onset_step) for v in again] == [(Level.WARN, 70), (Level.CRITICAL, 70)]
+
+
+def test_backtest_entry_point_rewinds_on_steps_going_backwards():
+    det = RunDetector()
+    for s in range(40):
+        det.observe_loss(s, healthy(s))
+    det.observe_loss(20, healthy(20))
+    assert det.rewinds == 1
+
+
+def test_grad_norm_and_loss_scale_come_from_the_loss_rank_only():
+    det = RunDetector()
+    run_steps(det, range(40), healthy)
+    out = det.on_event(step_event(40, healthy(40), rank=1, grad_norm=500.0))
+    assert out == []
+    out = det.on_event(step_event(40, healthy(40), rank=0, grad_norm=500.0,
+                                  layer_grad_norms={"h.0": 1.0}))
+    assert [(v.rule, v.level) for v in out] == [("grad_norm", Level.CRITICAL)]
+    out = det.on_event(step_event(41, healthy(41), rank=0, loss_scale=float("inf")))
+    assert [(v.rule, v.level) for v in out] == [("loss_scale", Level.CRITICAL)]
+
+
+def test_per_rank_rules_see_every_rank():
+    det = RunDetector(RulesConfig(straggler=StragglerConfig(window=10), mfu=MfuConfig(window=10)))
+    out = []
+    for s in range(40):
+        out += det.on_event(step_event(s, healthy(s), rank=0, step_time_s=0.4, comm_exposed_s=0.3, mfu=0.1))
+        out += det.on_event(step_event(s, healthy(s), rank=1, step_time_s=0.4, comm_exposed_s=0.0, mfu=0.1))
+    rules = {v.rule: v for v in out}
+    assert rules["straggler"].rank == 1
+    assert rules["mfu_low"].evidence["cause"] == "straggler"
+    growth = [det.on_event(step_event(40 + s, healthy(s), rank=0, mem_allocated=2**30,
+                                      mem_reserved=2**30 + s * 2**24)) for s in range(200)]
+    assert [v.rule for vs in growth for v in vs] == ["memory_growth"]
+
+
+def test_heartbeat_loss_via_tick_and_silence_after_the_run_ends():
+    det = RunDetector()
+    det.on_event(step_event(1, 2.0, rank=0, ts=1000.0))
+    det.on_event(step_event(1, 2.0, rank=1, ts=1000.0))
+    hb = make_event(EventType.HEARTBEAT, RUN, 1, {"state": "paused"}, rank=0, world=2, ts=1100.0)
+    assert det.on_event(hb) == []
+    out = det.tick(1125.0)
+    assert [(v.rule, v.rank, v.level) for v in out] == [("heartbeat", 1, Level.CRITICAL)]
+    fin = make_event(EventType.RUN_FINISHED, RUN, 2, {}, rank=0, world=2, ts=1126.0)
+    assert det.on_event(fin) == []
+    assert det.tick(5000.0) == []
+    started = make_event(EventType.RUN_STARTED, RUN, 0, {
+        "n_params": 1, "n_layers": 1, "n_heads": 1, "head_dim": 1, "seq_len": 8, "global_batch": 1,
+        "peak_flops": 1.0, "peak_source": "config", "lr_schedule": {}, "world_size": 2}, rank=0, world=2, ts=6000.0)
+    assert det.on_event(started) == []
+    assert [(v.rank, v.level) for v in det.tick(6040.0)] == [(0, Level.WARN)]  # awake; rank 1 forgotten
+
+
+def test_other_event_types_feed_no_rule():
+    det = RunDetector()
+    ev = make_event(EventType.VALIDATION, RUN, 5, {"val_loss": math.nan, "batches": 4})
+    assert det.on_event(ev) == []
+
+
+def test_state_dict_round_trips_through_json_mid_incident():
+    det = RunDetector()
+    run_steps(det, range(50), healthy)
+    run_steps(det, range(50, 52), lambda s: 6.0)  # warn reported, critical pending
+    twin = RunDetector()
+    twin.load_state_dict(json.loads(json.dumps(det.state_dict())))
+    a = run_steps(det, range(52, 55), lambda s: 6.0)
+    b = run_steps(twin, range(52, 55), lambda s: 6.0)
+    assert [(v.rule, v.level, v.step, v.onset_step) for v in a] == [(v.rule, v.level, v.step, v.onset_step) for v in b]
+    assert [(v.level, v.onset_step) for v in b] == [(Level.CRITICAL, 50)]
+    assert twin.state_dict() == json.loads(json.dumps(det.state_dict()))
