@@ -307,6 +307,23 @@ def transitions(
     return [_row(r) for r in rows][::-1]
 
 
+def incident_detail(session: Session, incident_id: str) -> dict[str, Any] | None:
+    """One incident with its whole story, or None: the incident's columns plus ``transitions``
+    (oldest first), ``commands`` (oldest first, each with its ack), ``validations`` (the results
+    answering its validate commands) and ``alerts`` (newest first, with deliveries)."""
+    inc = session.get(Incident, incident_id)
+    if inc is None:
+        return None
+    out = _row(inc)
+    out["transitions"] = transitions(session, inc.run_id, incident_id=incident_id)
+    out["commands"] = commands(session, inc.run_id, incident_id=incident_id)[::-1]
+    cmd_ids = [c["id"] for c in out["commands"]]
+    answers = [v for v in validations(session, inc.run_id) if v["cmd"] in cmd_ids] if cmd_ids else []
+    out["validations"] = answers
+    out["alerts"] = [a for a in alerts(session, inc.run_id, limit=1000) if a["incident_id"] == incident_id]
+    return out
+
+
 def commands(
     session: Session, run_id: str | None = None, *, incident_id: str | None = None, limit: int = 200
 ) -> list[dict[str, Any]]:

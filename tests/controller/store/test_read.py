@@ -267,3 +267,15 @@ def test_alerts_carry_their_deliveries_and_outbox_is_summarised(engine):
     ]
     assert alerts[1]["deliveries"][0]["last_error"] == "HTTP 503"
     assert summary == {"alert": {"delivered": 1, "pending": 1}, "command": {"delivered": 1}}
+
+
+def test_incident_detail_tells_the_whole_story(engine):
+    _decisions(engine)
+    with session_scope(engine) as s:
+        detail = read.incident_detail(s, "i1")
+        assert read.incident_detail(s, "nope") is None
+    assert (detail["rule"], detail["outcome"]) == ("loss_spike", "rolled_back")
+    assert [t["to_state"] for t in detail["transitions"]] == ["pausing", "validating"]
+    assert [c["id"] for c in detail["commands"]] == ["c1"]
+    assert [v["val_loss"] for v in detail["validations"]] == [3.9]
+    assert [a["id"] for a in detail["alerts"]] == ["a1"] and len(detail["alerts"][0]["deliveries"]) == 2
