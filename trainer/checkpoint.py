@@ -199,8 +199,8 @@ class CheckpointManager:
         self._lock = threading.RLock()
         self._jobs: queue.Queue[tuple[int, CheckpointKind, FlatSnapshot] | None] = queue.Queue()
         self._process = _ProcessWriter(self.root) if cfg.writer == "process" else None
-        if self._process is not None:
-            self._process.start()
+        if self._process is not None and (cfg.ckpt_every or cfg.full_every):
+            self._process.start()  # else started by the first save (e.g. a checkpoint_now command)
         self._feeder = threading.Thread(target=self._write_loop, name=f"ckpt-writer-{rank}", daemon=True)
         self._feeder.start()
         self._closed = False
