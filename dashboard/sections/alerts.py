@@ -9,22 +9,23 @@ import streamlit as st
 from dashboard import queries
 from dashboard.sections.context import Context
 
+ALERT_COLUMNS = ["ts", "level", "action", "title", "endpoint", "delivery", "attempts", "last_error", "rule"]
+
 
 def render(ctx: Context) -> None:
     st.subheader("Alerts and dead letters")
-    left, right = st.columns([3, 2])
+    st.markdown("**Alerts** (one row per endpoint; delivery from the outbox)")
+    alerts = ctx.read(queries.alerts_with_delivery, ctx.run_id)
+    if alerts.empty:
+        st.caption("no alerts for this run")
+    else:
+        shown = alerts[ALERT_COLUMNS].copy()
+        shown["ts"] = [datetime.fromtimestamp(t, UTC).strftime("%H:%M:%S") for t in shown["ts"]]
+        st.dataframe(shown.iloc[::-1], hide_index=True, width="stretch")
+        counts = alerts["delivery"].value_counts()
+        st.caption(" · ".join(f"{k}: {v}" for k, v in counts.items()))
+    left, right = st.columns(2)
     with left:
-        st.markdown("**Alerts** (delivery per endpoint)")
-        alerts = ctx.read(queries.alerts_with_delivery, ctx.run_id)
-        if alerts.empty:
-            st.caption("no alerts for this run")
-        else:
-            shown = alerts[["ts", "level", "rule", "title", "action", "endpoint", "delivery", "attempts", "last_error"]].copy()
-            shown["ts"] = [datetime.fromtimestamp(t, UTC).strftime("%H:%M:%S") for t in shown["ts"]]
-            st.dataframe(shown.iloc[::-1], hide_index=True, width="stretch")
-            counts = alerts["delivery"].value_counts()
-            st.caption(" · ".join(f"{k}: {v}" for k, v in counts.items()))
-    with right:
         st.markdown("**Dead-letter queue** (all runs)")
         dlq = ctx.read(queries.dlq_counts)
         if dlq.empty:
@@ -32,8 +33,9 @@ def render(ctx: Context) -> None:
         else:
             st.metric("dead letters", f"{int(dlq['count'].sum()):,}")
             st.dataframe(dlq[["reason", "count", "topic", "last_detail"]], hide_index=True, width="stretch")
-        flags = ctx.read(queries.data_flags, ctx.run_id)
+    with right:
         st.markdown("**Flagged data**")
+        flags = ctx.read(queries.data_flags, ctx.run_id)
         if flags.empty:
             st.caption("no samples flagged")
         else:
