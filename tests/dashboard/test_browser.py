@@ -55,6 +55,8 @@ def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 90) -> None
 
 def test_dashboard_renders_in_chromium(tmp_path):
     if chromium_path() is None:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail("chromium is required in CI (scripts/test.sh installs it)")
         pytest.skip("chromium not installed")
     db = f"sqlite:///{tmp_path / 'store.db'}"
     engine = make_engine(db)
