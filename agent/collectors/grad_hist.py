@@ -11,7 +11,7 @@ last bin. Zeros and non-finite values are counted apart, so for every layer
 A "layer" is one parameter tensor, by its name in ``model.named_parameters()`` (with the
 ``module.`` prefix of DDP removed): the finest grain that needs no knowledge of the model.
 
-Everything for every layer is packed into one tensor on the gradients' device and moved to the
+Everything for every layer is computed in one pass on the gradients' device and moved to the
 host with a single ``.tolist()``: one host sync per emission, none between emissions.
 """
 
@@ -21,8 +21,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
-
-STATS_PER_LAYER = 7  # zeros, nonfinite, p50, p99, max, norm, underflow (after the bin counts)
 
 
 def layer_name(name: str) -> str:
@@ -55,59 +53,73 @@ class HistConfig:
         return [2.0**e for e in range(self.lo_exp, self.hi_exp + 1)]
 
 
-def _layer_stats(grad: torch.Tensor, cfg: HistConfig) -> torch.Tensor:
-    """[counts..., zeros, nonfinite, p50, p99, max, norm, underflow] for one gradient, on its device."""
-    g = grad.detach().reshape(-1).float()
-    a = g.abs()
-    finite = torch.isfinite(a)
-    nonzero = finite & (a > 0)
-    nonfinite = (~finite).sum()
-    zeros = (finite & (a == 0)).sum()
-    # floor(log2|g|) is the bin's lower exponent; clamp puts under/overflow into the end bins.
-    exps = torch.floor(torch.log2(torch.where(nonzero, a, torch.ones_like(a))))
-    idx = (exps - cfg.lo_exp).clamp(0, cfg.n_bins - 1).long()
-    counts = torch.bincount(idx[nonzero], minlength=cfg.n_bins)[: cfg.n_bins]
-    clean = torch.where(finite, a, torch.zeros_like(a))
-    n = clean.numel()
-    p50 = torch.kthvalue(clean, max(1, (n + 1) // 2)).values
-    p99 = torch.kthvalue(clean, max(1, min(n, int(round(0.99 * n))))).values
-    mx = clean.max()
-    norm = torch.linalg.vector_norm(g)  # non-finite gradients give a non-finite norm, on purpose
-    underflow = (nonzero & (a < 2.0**cfg.lo_exp)).sum()
-    tail = torch.stack([zeros.float(), nonfinite.float(), p50, p99, mx, norm, underflow.float()])
-    return torch.cat([counts.float(), tail])
+def _percentile(counts: torch.Tensor, zeros: torch.Tensor, numel: torch.Tensor, q: float, lo_exp: int) -> torch.Tensor:
+    """Per-layer q-quantile of |g| from the histogram: zeros first, then log-linear within the bin."""
+    target = (q * numel).clamp(min=1.0)
+    cum = torch.cumsum(counts, dim=1) + zeros[:, None]
+    b = torch.searchsorted(cum, target[:, None]).squeeze(1).clamp(max=counts.shape[1] - 1)
+    below = torch.where(b > 0, cum.gather(1, (b - 1).clamp(min=0)[:, None]).squeeze(1), zeros)
+    in_bin = counts.gather(1, b[:, None]).squeeze(1).clamp(min=1.0)
+    frac = ((target - below) / in_bin).clamp(0.0, 1.0)
+    value = torch.pow(2.0, lo_exp + b.double() + frac)
+    return torch.where(target <= zeros, torch.zeros_like(value), value)
 
 
 def grad_histograms(named_params: Iterable[tuple[str, torch.nn.Parameter]], cfg: HistConfig) -> dict[str, dict]:
-    """The ``layers`` payload of a ``grad_hist`` event (one host sync)."""
+    """The ``layers`` payload of a ``grad_hist`` event (one host sync).
+
+    All gradients are concatenated into one vector with a layer index per element, so the whole
+    emission is a handful of vectorised ops (one ``bincount`` over layer×bin) instead of a dozen
+    per layer. p50/p99 are read off the histogram (within their factor-2 bin, interpolated
+    log-linearly): the bins are the point of the exercise, and an exact ``kthvalue`` per layer
+    cost ten times more on a CPU.
+    """
     names: list[str] = []
-    numels: list[int] = []
-    parts: list[torch.Tensor] = []
+    grads: list[torch.Tensor] = []
     for name, p in named_params:
         if p.grad is None:
             continue
         names.append(layer_name(name))
-        numels.append(p.grad.numel())
-        parts.append(_layer_stats(p.grad, cfg))
-    if not parts:
+        grads.append(p.grad.detach().reshape(-1))
+    if not grads:
         return {}
-    dev = parts[0].device
-    flat = torch.cat([t.to(dev) for t in parts]).double().tolist()  # the one host sync
-    width = cfg.n_bins + STATS_PER_LAYER
+    dev = grads[0].device
+    n_layers, nb = len(grads), cfg.n_bins
+    numels = torch.tensor([g.numel() for g in grads], device=dev)
+    flat = torch.cat([g.to(dev, torch.float32) for g in grads])
+    layer = torch.repeat_interleave(torch.arange(n_layers, device=dev), numels)
+    a = flat.abs()
+    finite = torch.isfinite(a)
+    nonzero = finite & (a > 0)
+    # frexp: |g| = m·2**e with m in [0.5, 1), so floor(log2|g|) = e - 1 is the bin's lower exponent
+    # (one integer pass, no log). clamp puts under/overflow into the end bins.
+    _, exps = torch.frexp(a)
+    bins = (exps.long() - 1 - cfg.lo_exp).clamp(0, nb - 1)
+    counts = torch.bincount((layer * nb + bins)[nonzero], minlength=n_layers * nb).view(n_layers, nb).double()
+    zeros = torch.bincount(layer[finite & (a == 0)], minlength=n_layers).double()
+    nonfinite = torch.bincount(layer[~finite], minlength=n_layers).double()
+    underflow = torch.bincount(layer[nonzero & (a < 2.0**cfg.lo_exp)], minlength=n_layers).double()
+    clean = torch.where(finite, a, torch.zeros_like(a))
+    mx = torch.zeros(n_layers, device=dev).scatter_reduce(0, layer, clean, "amax", include_self=True).double()
+    # Non-finite gradients give a non-finite norm, on purpose.
+    norm = torch.zeros(n_layers, device=dev, dtype=torch.float64).index_add_(0, layer, flat.double().square()).sqrt()
+    n = numels.double()
+    p50 = _percentile(counts, zeros, n, 0.50, cfg.lo_exp)
+    p99 = _percentile(counts, zeros, n, 0.99, cfg.lo_exp)
+    table = torch.cat([counts, torch.stack([zeros, nonfinite, p50, p99, mx, norm, underflow], dim=1)], dim=1)
+    rows = table.tolist()  # the one host sync
     out: dict[str, dict] = {}
-    for i, (name, numel) in enumerate(zip(names, numels, strict=True)):
-        row = flat[i * width : (i + 1) * width]
-        counts = [int(c) for c in row[: cfg.n_bins]]
-        zeros, nonfinite, p50, p99, mx, norm, underflow = row[cfg.n_bins :]
+    for name, numel, row in zip(names, numels.tolist(), rows, strict=True):
+        zeros_i, nonfinite_i, p50_i, p99_i, mx_i, norm_i, underflow_i = row[nb:]
         out[name] = {
-            "counts": counts,
-            "zeros": int(zeros),
-            "nonfinite": int(nonfinite),
-            "p50": p50,
-            "p99": p99,
-            "max": mx,
-            "norm": norm,
-            "underflow": underflow / numel if numel else 0.0,
+            "counts": [int(c) for c in row[:nb]],
+            "zeros": int(zeros_i),
+            "nonfinite": int(nonfinite_i),
+            "p50": min(p50_i, mx_i),
+            "p99": min(p99_i, mx_i),
+            "max": mx_i,
+            "norm": norm_i,
+            "underflow": underflow_i / numel if numel else 0.0,
             "numel": numel,
         }
     return out

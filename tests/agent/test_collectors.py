@@ -39,6 +39,7 @@ def test_histogram_bins_counts_and_specials():
     assert layer["counts"][0] == 1 and layer["underflow"] == pytest.approx(1 / g.numel())
     assert layer["counts"][-1] == 1
     assert layer["max"] == 8.0
+    assert layer["p50"] == 0.0 or layer["p50"] >= 0.25  # 10 values, 2 zeros: the median is non-zero
     assert math.isnan(layer["norm"])  # non-finite gradients show in the norm
 
 
@@ -49,8 +50,11 @@ def test_histogram_percentiles_and_norm_on_real_gradients():
     a = g.abs()
     assert layer["norm"] == pytest.approx(float(g.norm()), rel=1e-5)
     assert layer["max"] == pytest.approx(float(a.max()))
-    assert layer["p50"] == pytest.approx(float(a.median()), rel=0.01)
-    assert layer["p99"] == pytest.approx(float(a.quantile(0.99)), rel=0.02)
+    # Percentiles are read off the log2 histogram: within their factor-2 bin, interpolated.
+    for key, q in (("p50", 0.5), ("p99", 0.99)):
+        exact = float(a.quantile(q))
+        assert exact / 2 <= layer[key] <= exact * 2, (key, layer[key], exact)
+    assert layer["p50"] < layer["p99"] <= layer["max"]
     assert layer["numel"] == 1000 and layer["zeros"] == 0
 
 
