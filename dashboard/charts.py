@@ -41,11 +41,12 @@ class Chart:
     """Shown above the chart by the page (a Vega-Lite title would eat into the chart's fixed height)."""
 
 
-def loss_chart(bands: pd.DataFrame, spans: pd.DataFrame, rollbacks: pd.DataFrame) -> Chart:
-    """Loss with the sliding median, warn/critical bands, spikes, incident spans and rollbacks."""
+def loss_chart(bands: pd.DataFrame, spans: pd.DataFrame, rollbacks: pd.DataFrame, *, log_y: bool = False) -> Chart:
+    """Loss with the sliding median, warn/critical bands, spikes, incident spans and rollbacks
+    (``log_y``: a log axis, so a 10× spike does not flatten the healthy curve)."""
     # Bands of the branch that counts; an abandoned branch's loss is still drawn (faded).
     current = {"filter": "!datum.superseded"}
-    y = {"field": "median", "type": "quantitative", "scale": {"zero": False}}
+    y = {"field": "median", "type": "quantitative", "scale": {"type": "log"} if log_y else {"zero": False}}
     layers: list[Spec] = []
     if not spans.empty:
         layers.append({

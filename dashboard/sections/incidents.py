@@ -60,6 +60,8 @@ def render(ctx: Context) -> None:
 def _evidence(ev: dict[str, Any]) -> None:
     """The rule's numbers first (median, σ, how many σ), then the rest as JSON."""
     window = ev.get("window") if isinstance(ev.get("window"), dict) else ev
+    if ev.get("message"):
+        st.caption(str(ev["message"]))
     picks = [(k, window.get(k)) for k in ("loss", "median", "sigma", "sigmas", "n") if window.get(k) is not None]
     if picks:
         cols = st.columns(len(picks))

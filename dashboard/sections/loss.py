@@ -12,7 +12,9 @@ from dashboard.sections.context import Context, show
 
 
 def render(ctx: Context) -> None:
-    st.subheader("Loss")
+    head, opt = st.columns([5, 1])
+    head.subheader("Loss")
+    log_y = opt.toggle("log scale", value=False, key="loss_log_y")
     curve = ctx.read(queries.loss_curve, ctx.run_id, ctx.cfg.max_points)
     if curve.empty:
         st.info("no steps reported yet")
@@ -21,7 +23,7 @@ def render(ctx: Context) -> None:
     bands = loss_bands(curve, spike)
     spans = incident_spans(ctx.read(queries.incidents, ctx.run_id), ctx.read(queries.transitions, ctx.run_id))
     backs = rollbacks(curve)
-    show(st, charts.loss_chart(bands, spans, backs), key="loss_chart")
+    show(st, charts.loss_chart(bands, spans, backs, log_y=log_y), key="loss_chart")
     n_warn = int((bands["level"] == "warn").sum())
     n_crit = int((bands["level"] == "critical").sum())
     st.caption(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -60,6 +62,10 @@ def test_loss_chart_has_median_bands_spikes_incidents_and_rollback(filled):
     assert {s["outcome"] for s in spans} == {"rolled_back", "resumed"}
     rule = next(ly for ly in layers if ly["mark"]["type"] == "rule")["data"]["values"]
     assert [(r["from_step"], r["to_step"]) for r in rule] == [(filled.run.spike_step + 1, filled.run.rollback_to)]
+    assert '"type": "log"' not in json.dumps(spec)
+    at.toggle(key="loss_log_y").set_value(True).run()
+    spec, _ = chart_with(at, "loss_plot")
+    assert '"type": "log"' in json.dumps(spec)
 
 
 def test_lr_and_lr_scale_chart(filled):
