@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
-from statistics import median
 from typing import Any
 
 MAD_TO_SIGMA = 1.4826
@@ -85,13 +85,27 @@ class SpikeVerdict:
         }
 
 
-def window_stats(values: list[float] | deque[float], sigma_floor_rel: float) -> tuple[float, float]:
+def _sorted_median(vals: list[float]) -> float:
+    n = len(vals)
+    mid = n // 2
+    return vals[mid] if n % 2 else 0.5 * (vals[mid - 1] + vals[mid])
+
+
+def robust_stats(values: Iterable[float]) -> tuple[float, float]:
+    """(median, 1.4826·MAD) of a non-empty window, without any floor."""
+    vals = sorted(values)
+    med = _sorted_median(vals)
+    return med, MAD_TO_SIGMA * _sorted_median(sorted([abs(v - med) for v in vals]))
+
+
+def window_stats(values: Iterable[float], sigma_floor_rel: float) -> tuple[float, float]:
     """(median, robust σ with the relative floor) of a non-empty window."""
-    vals = list(values)
-    med = median(vals)
-    mad = median(abs(v - med) for v in vals)
-    sigma = max(MAD_TO_SIGMA * mad, sigma_floor_rel * abs(med), 1e-12)
-    return med, sigma
+    med, raw = robust_stats(values)
+    return med, _floored(med, raw, sigma_floor_rel)
+
+
+def _floored(med: float, raw_sigma: float, sigma_floor_rel: float) -> float:
+    return max(raw_sigma, sigma_floor_rel * abs(med), 1e-12)
 
 
 class SpikeDetector:
@@ -101,6 +115,13 @@ class SpikeDetector:
         self.config = config or SpikeConfig()
         self._window: deque[float] = deque(maxlen=self.config.window)
         self._crit_run = 0
+        self._raw: tuple[float, float] | None = None  # robust_stats of the window, until it changes
+
+    def _stats(self, sigma_floor_rel: float) -> tuple[float, float]:
+        if self._raw is None:
+            self._raw = robust_stats(self._window)
+        med, raw = self._raw
+        return med, _floored(med, raw, sigma_floor_rel)
 
     def peek(self, loss: float) -> SpikeVerdict:
         """The verdict for ``loss`` without changing any state."""
@@ -110,7 +131,7 @@ class SpikeDetector:
             return SpikeVerdict(Level.CRITICAL, loss, None, None, None, n, "non-finite loss")
         if n < cfg.min_history:
             return SpikeVerdict(Level.OK, loss, None, None, None, n, "warming up")
-        med, sigma = window_stats(self._window, cfg.sigma_floor_rel)
+        med, sigma = self._stats(cfg.sigma_floor_rel)
         k = (loss - med) / sigma
         if k >= cfg.k_crit:
             if self._crit_run + 1 >= cfg.patience:
@@ -128,14 +149,14 @@ class SpikeDetector:
         self._crit_run = self._crit_run + 1 if above_crit else 0
         if verdict.level is Level.OK and finite:
             self._window.append(loss)
+            self._raw = None
         return verdict
 
     def stats(self, sigma_floor_rel: float | None = None) -> tuple[float, float] | None:
         """(median, σ) of the healthy window, with the config's σ floor unless one is given."""
         if len(self._window) < 2:
             return None
-        floor = self.config.sigma_floor_rel if sigma_floor_rel is None else sigma_floor_rel
-        return window_stats(self._window, floor)
+        return self._stats(self.config.sigma_floor_rel if sigma_floor_rel is None else sigma_floor_rel)
 
     def __len__(self) -> int:
         return len(self._window)
@@ -145,4 +166,5 @@ class SpikeDetector:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._window = deque((float(v) for v in state["window"]), maxlen=self.config.window)
+        self._raw = None
         self._crit_run = int(state.get("crit_run", 0))

@@ -54,7 +54,9 @@ class LossScaleConfig:
 class LossScaleRule:
     def __init__(self, config: LossScaleConfig | None = None) -> None:
         self.config = config or LossScaleConfig()
-        self._recent: deque[tuple[int, float]] = deque(maxlen=self.config.window)
+        # Candidates for the window's largest scale: (index, step, scale), scales decreasing.
+        self._peaks: deque[tuple[int, int, float]] = deque()
+        self._seen = 0
         self._level = Level.OK
         self._onset: int | None = None
 
@@ -66,8 +68,13 @@ class LossScaleRule:
             return []
         if not math.isfinite(scale) or scale <= 0:
             return self._report(step, Level.CRITICAL, {"scale": scale, "reason": "non-finite or non-positive"})
-        peak_step, peak = max(self._recent, key=lambda p: p[1], default=(step, scale))
-        self._recent.append((step, scale))
+        while self._peaks and self._peaks[0][0] <= self._seen - cfg.window:
+            self._peaks.popleft()  # left the window
+        _, peak_step, peak = self._peaks[0] if self._peaks else (0, step, scale)
+        while self._peaks and self._peaks[-1][2] <= scale:
+            self._peaks.pop()  # can never be the largest again
+        self._peaks.append((self._seen, step, scale))
+        self._seen += 1
         halvings = math.log2(peak / scale) if scale < peak else 0.0
         ev = {"scale": scale, "window_max": peak, "window_max_step": peak_step, "halvings": halvings}
         if halvings >= cfg.crit_halvings or scale < cfg.min_scale:
@@ -92,9 +99,11 @@ class LossScaleRule:
                         onset_step=self._onset, evidence=ev)]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"recent": [list(p) for p in self._recent], "level": str(self._level), "onset": self._onset}
+        return {"peaks": [list(p) for p in self._peaks], "seen": self._seen, "level": str(self._level),
+                "onset": self._onset}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._recent = deque(((int(s), float(v)) for s, v in state["recent"]), maxlen=self.config.window)
+        self._peaks = deque((int(i), int(s), float(v)) for i, s, v in state["peaks"])
+        self._seen = int(state["seen"])
         self._level = Level(state.get("level", "ok"))
         self._onset = state.get("onset")

@@ -112,6 +112,14 @@ def test_cli_text_lists_the_steps_with_window_stats(tmp_path, capsys):
     assert "(onset 60)" in lines[2] and "median 2" in lines[2]
 
 
+def test_cli_text_without_window_stats_yet(tmp_path, capsys):
+    path = tmp_path / "early.csv"
+    path.write_text("0,2.0\n1,nan\n")
+    rc, out, _ = cli(capsys, path)
+    line = out.splitlines()[1]
+    assert rc == 0 and "critical" in line and "nonfinite" in line and "median" not in line
+
+
 def test_cli_json_is_one_object_with_typed_events(tmp_path, capsys):
     rc, out, _ = cli(capsys, spike_csv(tmp_path), "--json")
     assert rc == 0

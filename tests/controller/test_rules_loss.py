@@ -103,6 +103,13 @@ def test_a_long_level_shift_becomes_the_new_baseline():
     assert feed(rules, flat(10, start=110, center=3.0)) == []
 
 
+def test_a_long_run_of_nonfinite_losses_is_never_taken_as_a_baseline():
+    rules = LossRules(LossSpikeConfig(rebaseline_after=30))
+    feed(rules, flat(50))
+    feed(rules, [(50 + i, math.nan) for i in range(40)])
+    assert rules.window_evidence()["median"] == pytest.approx(2.0)
+
+
 def test_rewind_forgets_the_excursion_but_keeps_the_healthy_window():
     rules = LossRules()
     feed(rules, flat(50))

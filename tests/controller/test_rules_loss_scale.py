@@ -38,7 +38,7 @@ def test_warn_then_critical_once_with_the_onset_at_the_window_peak():
         assert rule.observe(s, 2.0**14) == []
     out = halvings(rule, 10, 2.0**14, 14)
     assert [(v.level, v.step) for v in out] == [(Level.WARN, 16), (Level.CRITICAL, 22)]
-    assert all(v.onset_step == 0 for v in out)
+    assert all(v.onset_step == 10 for v in out)  # the last step at the peak, just before the fall
     assert out[0].evidence["halvings"] == 6 and "halvings below" in out[0].message
     assert rule.observe(24, 2.0**-1) == []  # already critical
 
