@@ -194,14 +194,13 @@ class BatchProcessor:
             session.add(Transition(run_id=run_id, incident_id=act.incident_id, ts=act.ts, step=act.step,
                                    from_state=str(act.from_state), to_state=str(act.to_state),
                                    reason=f"{act.trigger}: {act.reason}", evidence=_jsonable(act.evidence)))
-            session.flush()  # keep the timeline's insert order = its id order
             res.transitions.append((run_id, str(act.from_state), str(act.to_state)))
             log.info("run %s: %s -> %s (%s)", run_id, act.from_state, act.to_state, act.reason)
         elif isinstance(act, OpenIncident):
             session.add(Incident(id=act.id, run_id=run_id, opened_at=act.opened_at, rule=act.rule, level=act.level,
                                  spike_step=act.spike_step, onset_step=act.onset_step, outcome="open",
                                  evidence=_jsonable(act.evidence)))
-            session.flush()
+            session.flush()  # no ORM relationships: the incident row must exist before rows naming it
         elif isinstance(act, CloseIncident):
             row = session.get(Incident, act.id)
             if row is not None:

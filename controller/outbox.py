@@ -37,6 +37,7 @@ class CommandOutbox:
         self.retry_s = retry_s
         self._producer = producer
         self._wake = threading.Event()
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.sent = 0
@@ -52,8 +53,14 @@ class CommandOutbox:
         return self._producer
 
     def publish_due(self, now: float | None = None) -> int:
-        """One pass: send what is due, mark what the broker confirmed. Returns rows delivered."""
-        now = time.time() if now is None else now
+        """One pass: send what is due, mark what the broker confirmed. Returns rows delivered.
+
+        Callable from any thread (the consumer loop calls it right after a commit that queued
+        commands, which saves a thread hand-off on the verdict's path); passes never overlap."""
+        with self._lock:
+            return self._publish_due(time.time() if now is None else now)
+
+    def _publish_due(self, now: float) -> int:
         with session_scope(self.engine) as s:
             rows = s.execute(
                 select(OutboxRow.id, OutboxRow.target, OutboxRow.key, OutboxRow.payload, OutboxRow.attempts,

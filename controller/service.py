@@ -222,7 +222,11 @@ class ControllerService:
         self.stats["commands"] += res.commands
         self.stats["alerts"] += res.alerts
         if res.commands:
-            self.outbox.wake()
+            try:
+                self.outbox.publish_due()  # now, on this thread: the verdict's latency path
+            except Exception:  # noqa: BLE001 - the outbox thread retries what is still pending
+                log.exception("immediate command publish failed")
+                self.outbox.wake()
         if res.alerts and self.deliverer is not None:
             wake = getattr(self.deliverer, "wake", None)
             if wake is not None:
