@@ -1,0 +1,140 @@
+"""The training loop in one process (world 1): schedule and lr_scale, config, the guard's hold
+with its local timeout policy, and commands applied at step boundaries.
+
+The 2-process behaviour over the real broker is in test_train_e2e.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from agent.events import CommandType, EventType, make_command
+from agent.guard import GuardConfig
+from agent.hooks import AgentConfig
+from agent.publisher import InMemorySink
+from agent.spike import SpikeConfig
+from trainer.checkpoint import CheckpointConfig
+from trainer.config import TrainConfig
+from trainer.data import DataConfig
+from trainer.model import GPTConfig
+from trainer.schedule import LRScale, WarmupCosine
+
+
+class FakeCommands:
+    def __init__(self) -> None:
+        self.queue: list = []
+        self.polls = 0
+        self.on_poll = None
+
+    def poll(self):
+        self.polls += 1
+        if self.on_poll:
+            self.on_poll(self)
+        out, self.queue = self.queue, []
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+def _cfg(tmp_path, **kw) -> TrainConfig:
+    guard = kw.pop("guard", GuardConfig(spike=SpikeConfig(window=16, min_history=8)))
+    base = dict(run="loop", steps=12, global_batch=4, grad_accum=2, lr=3e-3, min_lr=3e-4, warmup_steps=2,
+                out_dir=str(tmp_path), val_every=0, progress_every=0,
+                model=GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16),
+                data=DataConfig(seq_len=16, max_bytes=200_000, block_bytes=4096, apply_rules=False),
+                checkpoint=CheckpointConfig(dir=str(tmp_path / "ckpt"), snapshot_every=2, memory_ring=8,
+                                            ckpt_every=0, full_every=0),
+                agent=AgentConfig(run="loop", hist_every=0, heartbeat_s=0.05, calibration_s=0.05,
+                                  command_tick_s=0.02, guard=guard))
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def _trainer(cfg: TrainConfig):
+    from accelerate import Accelerator
+
+    from trainer.loop import Trainer
+
+    sink, source = InMemorySink(), FakeCommands()
+    return Trainer(cfg, Accelerator(cpu=True), sink=sink, command_source=source), sink, source
+
+
+def _steps(sink):
+    return [e for e in sink.events if e.type is EventType.STEP]
+
+
+def test_warmup_cosine_and_lr_scale():
+    s = WarmupCosine(lr=1.0, min_lr=0.1, warmup_steps=4, total_steps=104)
+    assert [s.lr_at(i) for i in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert s.lr_at(54) == pytest.approx(0.55) and s.lr_at(104) == pytest.approx(0.1) and s.lr_at(500) == pytest.approx(0.1)
+    assert "scale" not in str(s.state_dict())  # the schedule's state can never carry the LR scale
+    scale = LRScale(0.5)
+    other = LRScale()
+    other.load_state_dict(scale.state_dict())
+    assert other.value == 0.5
+    with pytest.raises(ValueError, match="lr_scale"):
+        scale.set(math.nan)
+
+
+def test_config_round_trip_and_validation(tmp_path):
+    cfg = _cfg(tmp_path, faults=["nan@3"])
+    cfg.save(tmp_path / "c.json")
+    again = TrainConfig.load(tmp_path / "c.json")
+    assert again == cfg and again.agent.run == "loop" and again.checkpoint.snapshot_every == 2
+    assert cfg.micro_batch(2) == 1
+    with pytest.raises(ValueError, match="global_batch"):
+        cfg.micro_batch(3)
+    with pytest.raises(ValueError, match="faults"):
+        _cfg(tmp_path, faults=["meteor@3"])
+    with pytest.raises(ValueError, match="seq_len"):
+        _cfg(tmp_path, data=DataConfig(seq_len=64))
+    with pytest.raises(ValueError, match="unknown field"):
+        TrainConfig.from_dict({"stepz": 3})
+
+
+def test_guard_hold_times_out_into_a_local_rollback_with_half_lr(tmp_path):
+    guard = GuardConfig(spike=SpikeConfig(window=16, min_history=8), hold_after=3, hold_timeout_s=0.3,
+                        on_timeout="rollback")
+    cfg = _cfg(tmp_path, guard=guard, faults=["nan@6", "nan@7", "nan@8"])
+    tr, sink, _ = _trainer(cfg)
+    assert tr.run() == 0
+    steps = _steps(sink)
+    by = [(e.step, e.data["guard"], e.data["lr_scale"]) for e in steps]
+    assert (6, "skip", 1.0) in by and (7, "skip", 1.0) in by and (8, "hold", 1.0) in by
+    held = [e for e in sink.events if e.type is EventType.HEARTBEAT and e.data["state"] == "held"]
+    assert held  # heartbeats went on while held
+    # Rolled back to the newest snapshot at or before the first skipped step (6), lr x0.5, and trained on:
+    # the one-shot NaNs do not recur on the replay.
+    replay = [e for e in steps if e.step == 6 and e.data["lr_scale"] == 0.5]
+    assert replay and replay[0].data["guard"] == "ok"
+    assert steps[-1].step == cfg.steps - 1 and steps[-1].data["lr_scale"] == 0.5
+    assert any(e.type is EventType.RUN_FINISHED for e in sink.events)
+
+
+def test_commands_pause_resume_set_lr_scale_checkpoint_and_stop(tmp_path):
+    cfg = _cfg(tmp_path, steps=50)
+    tr, sink, source = _trainer(cfg)
+    pause = make_command(CommandType.PAUSE, "loop")
+    scale = make_command(CommandType.SET_LR_SCALE, "loop", {"lr_scale": 0.25})
+    ckpt = make_command(CommandType.CHECKPOINT_NOW, "loop", {"kind": "full"})
+    resume, stop = make_command(CommandType.RESUME, "loop"), make_command(CommandType.STOP, "loop")
+    script = {3: [pause], 8: [scale, ckpt], 12: [resume], 20: [stop]}
+
+    def feed(src: FakeCommands) -> None:
+        src.queue += script.pop(src.polls, [])
+
+    source.on_poll = feed
+    assert tr.run() == 0
+    acks = {e.data["cmd"]: (e.data["status"], e.step) for e in sink.events if e.type is EventType.COMMAND_ACK}
+    assert all(acks[c.id][0] == "applied" for c in (pause, scale, ckpt, resume, stop)), acks
+    paused_at = acks[pause.id][1]
+    assert acks[scale.id][1] == acks[resume.id][1] == paused_at  # applied while paused: no step ran
+    assert any(e.type is EventType.HEARTBEAT and e.data["state"] == "paused" for e in sink.events)
+    after = [e for e in _steps(sink) if e.step >= paused_at]
+    assert after and all(e.data["lr_scale"] == 0.25 for e in after)
+    full = [e for e in sink.events if e.type is EventType.CHECKPOINT and e.data["kind"] == "full"]
+    assert full and full[0].step == paused_at and full[0].data["verified"] is True
+    assert _steps(sink)[-1].step < cfg.steps - 1  # stopped early
