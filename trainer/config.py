@@ -52,6 +52,9 @@ class TrainConfig:
     """Held-out batches per validation."""
     val_batch_size: int = 8
     """Sequences per validation batch."""
+    loss_scaling: bool = False
+    """Gradient-histogram adaptive loss scaling with skip-on-overflow (trainer/loss_scale.py); for
+    fp16-style training. Off by default: fp32/bf16 need no scale and it costs a host sync per step."""
     clip_layer_norm: float = 0.0
     """Per-layer gradient clipping threshold (0 = off)."""
     progress_every: int = 10

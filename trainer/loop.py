@@ -38,6 +38,7 @@ from agent.hooks import Agent
 from trainer.checkpoint import CheckpointManager
 from trainer.config import TrainConfig
 from trainer.data import Sampler, load_corpus
+from trainer.loss_scale import AdaptiveLossScaler, LossScaleConfig
 from trainer.model import GPT
 from trainer.schedule import LRScale, WarmupCosine
 
@@ -107,6 +108,7 @@ class Trainer:
         self.raw_model: GPT = accelerator.unwrap_model(self.model)
         self.schedule = WarmupCosine(cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.steps)
         self.lr_scale = LRScale()
+        self.scaler = AdaptiveLossScaler(LossScaleConfig(enabled=True)) if cfg.loss_scaling else None
         self.faults = make_faults(cfg.faults, self.rank, cfg.seed)
         c = cfg.model
         shape = ModelShape(n_params=self.raw_model.num_params(non_embedding=True), n_layers=c.n_layer,
@@ -142,6 +144,7 @@ class Trainer:
             "sampler": self.sampler.state_dict(),
             "rng": rng,
             "agent": self.agent.state_dict(),
+            "loss_scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "config": self.cfg.to_dict(),
         }
 
@@ -159,6 +162,8 @@ class Trainer:
             torch.cuda.set_rng_state_all(state["rng"]["cuda"])
         self.agent.load_state_dict(state["agent"])
         self.agent.lr_scale = self.lr_scale.value
+        if self.scaler is not None and state.get("loss_scaler"):
+            self.scaler.load_state_dict(state["loss_scaler"])
         self.step = int(state["step"])
 
     def _all_ranks(self, ok: bool) -> bool:
@@ -260,18 +265,25 @@ class Trainer:
                 if self.faults.nan_loss(step):
                     loss = loss * float("nan")
                 agent.after_forward(loss, tokens=xb.numel())
-                self.accelerator.backward(loss / n)
+                scaled = loss / n if self.scaler is None else self.scaler.scale_loss(loss / n)
+                self.accelerator.backward(scaled)
         agent.after_backward()
+        # Gradients are all-reduced by now, so the scaler's overflow verdict is the same on every rank.
+        finite = self.scaler is None or self.scaler.unscale_(self.raw_model.parameters())
         clipped = 0
-        if agent.before_optimizer_step():
+        applied = agent.before_optimizer_step() and finite
+        if applied:
             if cfg.clip_layer_norm > 0:
                 clipped = self._clip()
             self.optimizer.step()
+        if self.scaler is not None:
+            self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         if cfg.debug_digests:
             extra["param_digest"] = self.param_digest()
         data = agent.after_step(lr=lr, clipped_layers=clipped, sample_range=list(self.sampler.step_range(step)),
-                                extra=extra)
+                                extra=extra, skipped=not applied,
+                                loss_scale=self.scaler.scale if self.scaler is not None else 1.0)
         self.last_loss = data["loss"]
         self.step += 1
         return data

@@ -56,6 +56,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument("--bf16", action="store_true", default=None, help="bf16 autocast for forward/backward")
     g.add_argument("--seed", type=int, help="model init / torch RNG seed (default 1337)")
     g.add_argument("--val-every", type=int, help="periodic validation every N steps (default 50; 0 = off)")
+    g.add_argument("--loss-scaling", action="store_true", default=None, help="adaptive loss scaling with skip-on-overflow (fp16-style)")
     g.add_argument("--clip-layer-norm", type=float, help="per-layer gradient clipping threshold (default 0 = off)")
     g.add_argument("--progress-every", type=int, help="progress line every N steps (default 10)")
     g.add_argument("--threads", type=int, help="torch threads per process on CPU (default 1)")
@@ -105,7 +106,7 @@ def build_train_config(args: argparse.Namespace, *, bootstrap: str | None):
     train_flags = {
         "steps": args.steps, "global_batch": args.global_batch, "grad_accum": args.grad_accum, "lr": args.lr,
         "min_lr": args.min_lr, "warmup_steps": args.warmup_steps, "bf16": args.bf16, "seed": args.seed,
-        "val_every": args.val_every, "clip_layer_norm": args.clip_layer_norm,
+        "val_every": args.val_every, "clip_layer_norm": args.clip_layer_norm, "loss_scaling": args.loss_scaling,
         "progress_every": args.progress_every, "threads": args.threads, "resume": args.resume,
         "faults": args.faults, "run": args.run, "out_dir": args.out_dir,
     }

@@ -138,3 +138,16 @@ def test_commands_pause_resume_set_lr_scale_checkpoint_and_stop(tmp_path):
     full = [e for e in sink.events if e.type is EventType.CHECKPOINT and e.data["kind"] == "full"]
     assert full and full[0].step == paused_at and full[0].data["verified"] is True
     assert _steps(sink)[-1].step < cfg.steps - 1  # stopped early
+
+
+def test_bf16_loss_scaling_and_per_layer_clipping_run_and_report(tmp_path):
+    cfg = _cfg(tmp_path, steps=4, bf16=True, loss_scaling=True, clip_layer_norm=0.05)
+    tr, sink, _ = _trainer(cfg)
+    assert tr.run() == 0
+    steps = _steps(sink)
+    assert [e.step for e in steps] == [0, 1, 2, 3]
+    assert all(math.isfinite(e.data["loss"]) and e.data["skipped"] is False for e in steps)
+    assert all(e.data["loss_scale"] > 1 for e in steps)  # the scaler ran and reported its scale
+    assert max(e.data["clipped_layers"] for e in steps) > 0  # a tiny threshold clips some layers
+    # The scaler's state is part of what a rollback restores.
+    assert tr.capture_state()["loss_scaler"]["scale"] == steps[-1].data["loss_scale"]
