@@ -259,3 +259,37 @@ def score(curves: Sequence[Curve], run: Callable[[Curve], Alarms]) -> Score:
         out.outliers += len(curve.outlier_steps)
         out.outliers_called_critical += len(crit_steps.intersection(curve.outlier_steps))
     return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Measure the controller's loss rules (its defaults, or a TOML's [rules]) on a suite."""
+    import argparse
+    import json
+    import time
+
+    from agent.settings import build_config, load_toml
+    from controller.backtest import replay_points
+    from controller.detect import RulesConfig
+
+    p = argparse.ArgumentParser(prog="python -m tests.controller.synthetic", description=main.__doc__)
+    p.add_argument("--clean", type=int, default=40)
+    p.add_argument("--each", type=int, default=10)
+    p.add_argument("--seed", type=int, default=11)
+    p.add_argument("--length", type=int, default=3000)
+    p.add_argument("--config", help="TOML with a [rules] section (default: the controller's defaults)")
+    p.add_argument("--json", help="also write the figures to this file")
+    args = p.parse_args(argv)
+    rules = build_config(RulesConfig, "rules", toml=load_toml(args.config))
+    curves = suite(args.clean, args.each, seed=args.seed, length=args.length)
+    t0 = time.perf_counter()
+    result = score(curves, lambda c: [(e.step, e.level) for e in replay_points(c.points(), rules)])
+    figures = {**result.summary(), "seconds": round(time.perf_counter() - t0, 1)}
+    print(json.dumps(figures, indent=2))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(figures, fh, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

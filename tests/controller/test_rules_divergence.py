@@ -20,6 +20,7 @@ from controller.rules.divergence import DivergenceConfig, DivergenceDetector
         ({"smooth": 2}, "smooth"),
         ({"sigma_floor_rel": 1.0}, "sigma_floor_rel"),
         ({"grace_steps": -1}, "grace_steps"),
+        ({"onset_margin": -1}, "onset_margin"),
     ],
 )
 def test_config_rejects_bad_values_naming_the_field(kwargs, field):
@@ -28,7 +29,7 @@ def test_config_rejects_bad_values_naming_the_field(kwargs, field):
 
 
 def cusum(**kw) -> DivergenceDetector:
-    return DivergenceDetector(DivergenceConfig(grace_steps=0, **kw))
+    return DivergenceDetector(DivergenceConfig(grace_steps=0, onset_margin=0, **kw))
 
 
 def test_cusum_fires_on_a_sustained_small_excess_and_names_where_it_began():
@@ -44,6 +45,14 @@ def test_cusum_fires_on_a_sustained_small_excess_and_names_where_it_began():
     assert fired is not None and fired.onset_step == 5
     assert fired.statistic >= 10 and step == 11  # 7 steps of 2σ - 0.5σ drift
     assert fired.evidence() == {"statistic": fired.statistic, "onset_step": 5}
+
+
+def test_the_onset_margin_moves_the_estimate_earlier_but_not_below_zero():
+    det = DivergenceDetector(DivergenceConfig(grace_steps=0, onset_margin=50, threshold=1))
+    det.observe(30, 2.0, 2.0, 0.1)
+    assert det.observe(100, 9.0, 2.0, 0.1).onset_step == 50
+    det.reset()
+    assert det.observe(20, 9.0, 2.0, 0.1).onset_step == 0
 
 
 def test_cusum_clips_single_outliers_and_drains_on_healthy_points():

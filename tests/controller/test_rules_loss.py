@@ -71,7 +71,8 @@ def test_slow_divergence_is_caught_with_its_onset_while_no_point_is_a_spike():
     verdicts = feed(rules, points)
     crit = [v for v in verdicts if v.level is Level.CRITICAL]
     assert [v.rule for v in crit] == ["divergence"]
-    assert crit[0].action is Action.RECOVER and 100 <= crit[0].onset_step < crit[0].step <= 400
+    assert crit[0].action is Action.RECOVER and crit[0].step <= 400
+    assert 50 <= crit[0].onset_step <= 100  # at or before the true onset (100), within the margin
     assert "rising since step" in crit[0].message and crit[0].evidence["statistic"] >= 40
 
 
@@ -151,7 +152,20 @@ def alarms(config: RulesConfig):
 
 
 def test_defaults_meet_recall_and_false_alarm_targets_on_the_suite(held_out):
-    s = score(held_out, alarms(RulesConfig()))
+    onsets = []
+
+    def run(curve):
+        events = replay_points(curve.points(), RulesConfig())
+        for lab in curve.labels:
+            crit = [e for e in events if e.level == "critical" and lab.onset <= e.step <= lab.end]
+            if crit:
+                onsets.append((lab.kind, crit[0].onset_step - lab.onset))
+        return [(e.step, e.level) for e in events]
+
+    s = score(held_out, run)
+    # the rollback target must be at or before the first step of the excursion, and not far before
+    assert onsets and all(-100 <= err <= 0 for _, err in onsets), onsets
+    assert all(err == 0 for kind, err in onsets if kind != "divergence"), onsets
     figures = s.summary()
     for kind in ("few", "stepup", "nan", "single", "divergence"):
         assert s.recall(kind) == 1.0, figures
