@@ -85,24 +85,25 @@ def grad_histograms(named_params: Iterable[tuple[str, torch.nn.Parameter]], cfg:
         return {}
     dev = grads[0].device
     n_layers, nb = len(grads), cfg.n_bins
+    width = nb + 3  # [underflow | nb log2 bins | zero | non-finite] per layer: ONE bincount
     numels = torch.tensor([g.numel() for g in grads], device=dev)
     flat = torch.cat([g.to(dev, torch.float32) for g in grads])
-    layer = torch.repeat_interleave(torch.arange(n_layers, device=dev), numels)
+    layer = torch.repeat_interleave(torch.arange(n_layers, device=dev, dtype=torch.int32), numels)
     a = flat.abs()
-    finite = torch.isfinite(a)
-    nonzero = finite & (a > 0)
-    # frexp: |g| = m·2**e with m in [0.5, 1), so floor(log2|g|) = e - 1 is the bin's lower exponent
-    # (one integer pass, no log). clamp puts under/overflow into the end bins.
+    # frexp: |g| = m·2**e with m in [0.5, 1), so floor(log2|g|) = e - 1 (one integer pass, no log).
     _, exps = torch.frexp(a)
-    bins = (exps.long() - 1 - cfg.lo_exp).clamp(0, nb - 1)
-    counts = torch.bincount((layer * nb + bins)[nonzero], minlength=n_layers * nb).view(n_layers, nb).double()
-    zeros = torch.bincount(layer[finite & (a == 0)], minlength=n_layers).double()
-    nonfinite = torch.bincount(layer[~finite], minlength=n_layers).double()
-    underflow = torch.bincount(layer[nonzero & (a < 2.0**cfg.lo_exp)], minlength=n_layers).double()
-    clean = torch.where(finite, a, torch.zeros_like(a))
-    mx = torch.zeros(n_layers, device=dev).scatter_reduce(0, layer, clean, "amax", include_self=True).double()
+    slot = (exps - (1 + cfg.lo_exp)).clamp_(-1, nb - 1).add_(1)  # 0 = underflow, 1..nb = the bins
+    slot = torch.where(a == 0, nb + 1, slot)
+    slot = torch.where(torch.isfinite(a), slot, nb + 2)
+    table = torch.bincount(layer * width + slot, minlength=n_layers * width).view(n_layers, width).double()
+    underflow = table[:, 0]
+    counts = table[:, 1 : nb + 1].clone()
+    counts[:, 0] += underflow  # below the first edge is reported in bin 0 (and as underflow)
+    zeros, nonfinite = table[:, nb + 1], table[:, nb + 2]
+    clean = torch.nan_to_num(a, nan=0.0, posinf=0.0, neginf=0.0)
+    mx = torch.zeros(n_layers, device=dev).scatter_reduce_(0, layer.long(), clean, "amax").double()
     # Non-finite gradients give a non-finite norm, on purpose.
-    norm = torch.zeros(n_layers, device=dev, dtype=torch.float64).index_add_(0, layer, flat.double().square()).sqrt()
+    norm = torch.zeros(n_layers, device=dev).index_add_(0, layer, flat.square()).double().sqrt()
     n = numels.double()
     p50 = _percentile(counts, zeros, n, 0.50, cfg.lo_exp)
     p99 = _percentile(counts, zeros, n, 0.99, cfg.lo_exp)
