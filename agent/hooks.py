@@ -356,6 +356,9 @@ class Agent:
                    extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """Close the step: emit its ``step`` event (every rank) and advance the step counter.
 
+        ``loss`` is the global mean; ``loss_local``, ``tokens``, ``tokens_per_s``, ``mfu``, the
+        timings and memory are this rank's own (a straggler shows in its own event).
+
         ``extra`` adds fields to the event (the schema tolerates unknown fields)."""
         total, data_wait, comm, compute = self._clock.split()
         if lr is None:
