@@ -123,6 +123,7 @@ def render(summary: dict[str, Any]) -> str:
     if summary["unmatched_incidents"]:
         lines.append(f"incidents not caused by an injected fault: {len(summary['unmatched_incidents'])}")
     fl, il = summary["final_loss"], summary["initial_loss"]
+    lines.append(f"samples flagged after transient spikes: {summary['flagged_samples']}")
     lines.append(f"steps lost to rollbacks: {summary['steps_lost']}   "
                  f"loss {il if il is None else f'{il:.3f}'} -> {fl if fl is None else f'{fl:.3f}'}")
     lines.append("RESULT: " + ("every injected fault was handled as expected" if summary["ok"] else "NOT OK"))

@@ -159,6 +159,7 @@ def collect(store: Any, run_id: str) -> dict[str, Any]:
         incs = read.incidents(s, run_id)[::-1]
         out = [incident_summary(i, read.transitions(s, run_id, incident_id=i["id"])) for i in incs]
         curve = read.loss_curve(s, run_id, max_points=None)
+        flags = [f for f in read.data_flags(s, run_id, limit=10_000) if f["rule"] == "transient_spike"]
         rows, distinct = s.execute(select(func.count(), func.count(func.distinct(SM.step)))
                                    .where(SM.run_id == run_id, SM.rank == 0)).one()
     finite = [p for p in curve if p["loss"] is not None and math.isfinite(p["loss"])]
@@ -171,6 +172,7 @@ def collect(store: Any, run_id: str) -> dict[str, Any]:
         "initial_loss": finite[0]["loss"] if finite else None,
         "final_loss": sum(p["loss"] for p in tail) / len(tail) if tail else None,
         "steps_lost": int(rows - distinct),
+        "flagged_samples": sum(len(f["sample_ids"]) for f in flags),
     }
 
 
@@ -189,7 +191,8 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     logging.getLogger("alembic").setLevel(logging.WARNING)  # schema setup is not news here
     # `kill <demo>` cleans up like Ctrl-C does (the finally below stops every child).
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    previous = {sig: signal.signal(sig, h) for sig, h in ((signal.SIGTERM, _raise_interrupt),
+                                                          (signal.SIGINT, signal.default_int_handler))}
     out_dir = Path(args.dir).resolve()
     if out_dir.exists():
         shutil.rmtree(out_dir)  # a clean store each run: the summary must be about this run only
@@ -247,7 +250,8 @@ def run(args: argparse.Namespace) -> int:
         if train_rc is not None and train_rc != 0:
             _say(f"training exited with code {train_rc}; see {out_dir / 'train.log'}")
         # The controller may still be reading the tail of the run (and closing the last incident).
-        _wait_for(lambda: (watch.poll(), _safe(watch.settled))[1], args.settle_s, 1.0)
+        if controller.running:
+            _wait_for(lambda: (watch.poll(), _safe(watch.settled))[1], args.settle_s, 1.0)
         watch.poll()
 
         from cliffguard.demo_summary import finite_or_none, judge, render
@@ -259,7 +263,8 @@ def run(args: argparse.Namespace) -> int:
             "ok": ok, "run": run_id, "steps": args.steps, "faults": fault_results,
             "incidents": facts["incidents"], "unmatched_incidents": unmatched,
             "final_loss": finite_or_none(facts["final_loss"]), "initial_loss": finite_or_none(facts["initial_loss"]),
-            "steps_lost": facts["steps_lost"], "lr_scale": facts["lr_scale"], "run_status": facts["run_status"],
+            "steps_lost": facts["steps_lost"], "flagged_samples": facts["flagged_samples"],
+            "lr_scale": facts["lr_scale"], "run_status": facts["run_status"],
             "train_exit_code": train_rc, "wall_s": round(time.monotonic() - t0, 1), "db": db_url,
             "logs": str(out_dir),
         }
@@ -272,18 +277,26 @@ def run(args: argparse.Namespace) -> int:
         if args.keep_running and not args.no_dashboard:
             # The controller and broker stay too: the dashboard's operator actions go through them.
             _say("the dashboard stays up (with the controller and broker); Ctrl-C to stop")
-            while any(c.running for c in procs.children if c.name == "dashboard"):
-                time.sleep(1.0)
+            try:
+                while any(c.running for c in procs.children if c.name == "dashboard"):
+                    time.sleep(1.0)
+            except KeyboardInterrupt:
+                _say("stopping")
         return 0 if ok else 1
     except KeyboardInterrupt:
         _say("interrupted; stopping everything")
         return 130
     finally:
+        # A second Ctrl-C must not cut the cleanup short (each stop is bounded: ~20 s at most).
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         procs.stop_all()
         if broker is not None:
             broker.stop()
         if store is not None:
             store.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _safe(fn) -> bool:
