@@ -99,16 +99,63 @@ def _group_alive(pid: int) -> bool:
     return True
 
 
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (from /proc; empty where there is no /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            stat = entry.read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        children.setdefault(int(fields[1]), []).append(int(entry.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
 def stop_group(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
-    """SIGINT -> SIGTERM -> SIGKILL to the child's process group until the group is gone."""
+    """SIGINT -> SIGTERM -> SIGKILL to the child's process group until the group is gone; then the
+    same for descendants that left the group (torchrun starts each worker in its own session)."""
+    tree = descendants(proc.pid)
     for sig, wait_s in ((signal.SIGINT, grace_s), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
         if proc.poll() is not None and not _group_alive(proc.pid):
-            return
+            break
         _signal_group(proc.pid, sig)
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
             proc.poll()
             if proc.returncode is not None and not _group_alive(proc.pid):
-                return
+                break
             time.sleep(0.1)
+        else:
+            continue
+        break
     proc.poll()
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        alive = [p for p in tree if _alive(p)]
+        if not alive:
+            return
+        log.warning("%d process(es) outlived their parent; sending %s", len(alive), signal.Signals(sig).name)
+        for p in alive:
+            try:
+                os.kill(p, sig)
+            except ProcessLookupError:
+                pass
+        time.sleep(2.0)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie waiting for its parent counts as gone
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True

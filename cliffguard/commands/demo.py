@@ -203,6 +203,7 @@ def run(args: argparse.Namespace) -> int:
     from controller.store.db import Store
 
     procs = ProcessSet()
+    stopping = False
     broker: EmbeddedBroker | None = None
     store = None
     try:
@@ -235,6 +236,8 @@ def run(args: argparse.Namespace) -> int:
         _say(f"training run {run_id}: {args.nproc} processes, {args.steps} steps, faults: {' '.join(fault_texts)}")
 
         def show(line: str) -> None:
+            if stopping:
+                return  # the workers' KeyboardInterrupt tracebacks are in train.log; not news here
             if _PROGRESS.match(line) or _NOTABLE.search(line):
                 print(f"  {line}", flush=True)
 
@@ -284,6 +287,7 @@ def run(args: argparse.Namespace) -> int:
                 _say("stopping")
         return 0 if ok else 1
     except KeyboardInterrupt:
+        stopping = True
         _say("interrupted; stopping everything")
         return 130
     finally:
