@@ -338,6 +338,7 @@ class Trainer:
                              config=self.cfg.to_dict())
             if self.cfg.resume:
                 self.resume_latest()
+            self._t_progress = (time.perf_counter(), self.step)
             if self.rank == 0:
                 for flag in self.corpus.flags:
                     self.agent.emit(EventType.DATA_FLAG, flag.event_data())
