@@ -185,15 +185,16 @@ class _Step:
         self.s = state.clone()
         self.actions: list[ActionT] = []
 
-    def move(self, trigger: str, reason: str, evidence: dict[str, Any], now: float) -> None:
+    def move(self, trigger: str, reason: str, evidence: dict[str, Any], now: float, step: int | None = None) -> None:
         s = self.s
+        step = step if step is not None else (s.last_step if s.last_step >= 0 else None)
         before = s.phase
         s.phase = fire(before, trigger)
         inc = s.incident
         self.actions.append(
             RecordTransition(
                 from_state=before, to_state=s.phase, trigger=trigger, reason=reason, evidence=evidence,
-                incident_id=inc.id if inc else None, step=s.last_step if s.last_step >= 0 else None, ts=now,
+                incident_id=inc.id if inc else None, step=step, ts=now,
             )
         )
 
@@ -275,7 +276,7 @@ def _on_verdict(st: _Step, inp: VerdictIn) -> None:
         # A new spike while recovering continues the same incident: its rollbacks count together.
         s.incident = replace(s.incident, spike_step=v.step, onset_step=onset, sample_end=s.last_sample_end)
         reason = f"{v.rule} again at step {v.step} (onset {onset}) while recovering: {v.message}"
-    st.move("spike", reason, evidence, inp.now)
+    st.move("spike", reason, evidence, inp.now, step=v.step)
     st.send(CommandType.PAUSE, {"reason": reason[:200]}, inp.now, reason)
     st.alert("critical", v.rule, f"{v.rule} on run {s.run} at step {v.step}: pausing", v.message, evidence)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import logging
 
 from agent.events import CommandType, SchemaError
 from agent.settings import ConfigError
@@ -61,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from controller.operator import UnknownRun, issue_operator_command
     from controller.store.db import Store, StoreConfig
 
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # migrations are not news here
     try:
         toml = load_toml(args.config)
         kafka = build_config(KafkaConfig, "kafka", toml=toml, flags={"topic_prefix": args.topic_prefix})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import time
 
 from agent.settings import ConfigError
@@ -30,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from controller.store import read
     from controller.store.db import Store, StoreConfig
 
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # migrations are not news here
     try:
         store_cfg = build_config(StoreConfig, "store", toml=load_toml(args.config), flags={"url": args.db})
     except ConfigError as exc:
@@ -73,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
               f"onset@{inc['onset_step']} -> {inc['outcome']}" + (f" (rollback to {inc['rollback_to']})"
                                                                   if inc.get("rollback_to") is not None else ""))
     for t in out["transitions"]:
-        print(f"  {t['from_state']:>12} -> {t['to_state']:<12} {t['reason'][:100]}")
+        step = "-" if t.get("step") is None else t["step"]
+        print(f"  step {step:>7} {t['from_state']:>12} -> {t['to_state']:<12} {t['reason'][:100]}")
     for c in out["commands"]:
         print(f"  command {c['id'][:8]} {c['type']:<9} {c['source']:<10} {c['status']:<9} {c.get('ack_detail') or ''}")
     return 0

@@ -154,6 +154,7 @@ def test_spike_then_abnormal_validation_rolls_back_to_newest_stable_checkpoint_b
     assert abnormal.evidence["val_loss"] == 2.5 and abnormal.evidence["baseline"] == 2.0
     assert abnormal.evidence["target"] == {"step": 20, "kind": "full"}
     assert "loss_spike" in rec[0].reason and rec[0].evidence["window"] == {"median": 2.0, "sigma": 0.1}
+    assert rec[0].step == 41 and rec[1].step == 40  # the spike's own step, then the last step seen
     # checkpoints after the target belong to the abandoned branch
     assert [c.step for c in d.s.checkpoints] == [10, 20]
     d.steps(21, 24)
