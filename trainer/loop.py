@@ -169,7 +169,7 @@ class Trainer:
     def _all_ranks(self, ok: bool) -> bool:
         if not self.distributed:
             return ok
-        t = torch.tensor([1 if ok else 0], dtype=torch.int64)
+        t = torch.tensor([1 if ok else 0], dtype=torch.int64, device=self.accelerator.device)  # NCCL: on device
         dist.all_reduce(t, op=dist.ReduceOp.MIN)
         return bool(t.item())
 
@@ -213,13 +213,14 @@ class Trainer:
         prev, self.agent.state = self.agent.state, "validating"
         was_training = self.model.training
         self.model.eval()
-        total = torch.zeros(2, dtype=torch.float64)
+        total = torch.zeros(2, dtype=torch.float64, device=self.accelerator.device)
         try:
             for i in range(self.rank, len(data), self.world):
                 x, y = data[i]
                 with self._autocast():
                     _, loss = self.raw_model(x.to(self.accelerator.device), y.to(self.accelerator.device))
-                total += torch.tensor([float(loss), 1.0], dtype=torch.float64)
+                total[0] += loss.double()
+                total[1] += 1.0
             if self.distributed:
                 dist.all_reduce(total)
         finally:
