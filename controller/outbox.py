@@ -48,8 +48,11 @@ class CommandOutbox:
             from kafka import KafkaProducer
 
             # One request in flight: a retried send can never overtake the next command of a run.
+            # max_block_ms: a pass may run on the consumer thread; with the broker down, send()
+            # must give up quickly (the row stays pending) rather than stall the consumer.
             self._producer = KafkaProducer(**self.kafka.client_kwargs(), client_id="cliffguard-outbox", acks="all",
-                                           linger_ms=0, retries=3, max_in_flight_requests_per_connection=1)
+                                           linger_ms=0, retries=3, max_in_flight_requests_per_connection=1,
+                                           max_block_ms=5_000)
         return self._producer
 
     def publish_due(self, now: float | None = None) -> int:

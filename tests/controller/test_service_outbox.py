@@ -1,0 +1,97 @@
+"""The command outbox publisher: order, retries with backoff, expiry (fake producer, real SQLite)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from sqlalchemy import select
+
+from agent.kafka_config import KafkaConfig
+from controller.operator import enqueue_command
+from controller.outbox import CommandOutbox
+from controller.store.db import session_scope
+from controller.store.models import CommandRow, OutboxRow, Run
+from tests.controller.service_support import SECRET, store_engine
+
+
+class Future:
+    def __init__(self, ok: bool) -> None:
+        self.is_done = True
+        self._ok = ok
+        self.exception = None if ok else RuntimeError("broker said no")
+
+    def succeeded(self) -> bool:
+        return self._ok
+
+
+class FakeProducer:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes, bytes]] = []
+        self.fail = False
+
+    def send(self, topic, key, value):
+        if self.fail:
+            return Future(False)
+        self.sent.append((topic, key, value))
+        return Future(True)
+
+    def flush(self, timeout=None):
+        pass
+
+    def close(self, timeout=None):
+        pass
+
+
+@pytest.fixture
+def engine(tmp_path):
+    with store_engine("sqlite", tmp_path) as (eng, _):
+        with session_scope(eng) as s:
+            s.add(Run(id="r"))
+        yield eng
+
+
+def queue(engine, ctype: str, now: float, ttl_s: float = 60.0) -> str:
+    with session_scope(engine) as s:
+        return enqueue_command(s, run_id="r", type=ctype, args={}, secret=SECRET, commands_topic="p.commands",
+                               ttl_s=ttl_s, source="controller", now=now).id
+
+
+def test_sends_in_creation_order_and_marks_commands_sent(engine):
+    producer = FakeProducer()
+    box = CommandOutbox(engine, KafkaConfig(), producer=producer)
+    now = time.time()
+    ids = [queue(engine, "pause", now), queue(engine, "validate", now + 0.001)]
+    assert box.publish_due(now + 1) == 2
+    assert [(t, k) for t, k, _ in producer.sent] == [("p.commands", b"r")] * 2
+    assert [v for _, _, v in producer.sent] == _payloads(engine, ids)
+    with session_scope(engine) as s:
+        assert [s.get(CommandRow, i).status for i in ids] == ["sent", "sent"]
+    assert box.publish_due(now + 2) == 0  # delivered rows are not sent again
+
+
+def _payloads(engine, ids):
+    with session_scope(engine) as s:
+        return [s.get(OutboxRow, f"cmd_{i}").payload for i in ids]
+
+
+def test_a_failed_send_backs_off_retries_and_gives_up_when_the_command_expired(engine):
+    producer = FakeProducer()
+    box = CommandOutbox(engine, KafkaConfig(), producer=producer, retry_s=2.0)
+    now = time.time()
+    cmd = queue(engine, "pause", now, ttl_s=30)
+    producer.fail = True
+    assert box.publish_due(now) == 0
+    with session_scope(engine) as s:
+        row = s.get(OutboxRow, f"cmd_{cmd}")
+        assert (row.status, row.attempts, "broker said no" in row.last_error) == ("pending", 1, True)
+        assert row.next_attempt_at > now
+    assert box.publish_due(now + 0.5) == 0 and box.errors == 1  # not due yet: nothing tried
+    producer.fail = False
+    assert box.publish_due(time.time() + 3) == 1
+    expired = queue(engine, "resume", now - 100, ttl_s=1)  # its expiry passed long ago
+    producer.fail = True
+    box.publish_due(time.time())
+    with session_scope(engine) as s:
+        assert s.get(OutboxRow, f"cmd_{expired}").status == "failed"
+        assert s.scalars(select(OutboxRow.status).where(OutboxRow.id == f"cmd_{cmd}")).one() == "delivered"
