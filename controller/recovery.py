@@ -286,7 +286,9 @@ def _on_progress(st: _Step, inp: ProgressIn) -> None:
     s.last_step = max(s.last_step, inp.step) if s.phase is not Phase.RECOVERING else inp.step
     if inp.sample_end is not None:
         s.last_sample_end = inp.sample_end
-        if inp.sample_start is not None and inp.step in s.unhealthy_steps:
+        # Every recent step, not only those with a verdict: the spike rule reports an excursion's
+        # onset and its critical step, and the steps between them took the same suspect data.
+        if inp.sample_start is not None:
             s.unhealthy_samples = (*s.unhealthy_samples, (inp.step, inp.sample_start, inp.sample_end))[-UNHEALTHY_KEEP:]
     _mark_stable(st, f"{cfg.stable_window} healthy steps followed it")
     if s.phase is Phase.RECOVERING and is_recovered(cfg, s):
@@ -452,6 +454,7 @@ def _on_applied(st: _Step, pend: Pending, ev: dict[str, Any], now: float) -> Non
         s.last_step = int(pend.args["to_step"])
         s.checkpoints = tuple(c for c in s.checkpoints if c.step <= s.last_step)
         s.unhealthy_steps = tuple(u for u in s.unhealthy_steps if u <= s.last_step)
+        s.unhealthy_samples = tuple(x for x in s.unhealthy_samples if x[0] <= s.last_step)  # replayed anew
     else:  # RESUME
         inc = s.incident
         assert inc is not None

@@ -302,7 +302,8 @@ class RecoveryState:
     unhealthy_steps: tuple[int, ...] = ()
     """Most recent unhealthy steps (bounded), for stability and recovery windows."""
     unhealthy_samples: tuple[tuple[int, int, int], ...] = ()
-    """(step, first, end) sample ranges of recent unhealthy steps, to flag a transient spike's data."""
+    """(step, first, end) sample ranges of the most recent steps (healthy or not: the steps between an
+    excursion's onset and its critical verdict carry no verdict), to flag a transient spike's data."""
     checkpoints: tuple[Checkpoint, ...] = ()
     val_baseline: tuple[float, ...] = ()
     rollback_times: tuple[float, ...] = ()
