@@ -10,12 +10,14 @@ from agent.kafka_config import KafkaConfig
 from controller import batch as batch_mod
 from controller.config import ControllerConfig
 from controller.edge import DeadLetter, EdgeBatch, EdgeRecord
+from controller.outbox import CommandOutbox
 from controller.recovery_types import Phase, RecoveryConfig
 from controller.service import MAX_BATCH_FAILURES, ControllerService
 from controller.store.db import session_scope
 from controller.store.models import CommandRow, ConsumerOffset, DlqCount, Run, StepMetric
 from controller.store.offsets import save_offsets
 from tests.controller.service_support import SECRET, healthy_loss, step_data, store_engine
+from tests.controller.test_service_outbox import FakeProducer
 
 TOPIC = "p.metrics"
 
@@ -64,6 +66,7 @@ def service(engine, clock=None, **recovery) -> ControllerService:
     kafka = KafkaConfig(topic_prefix="p")
     svc = ControllerService(cfg, kafka, engine, SECRET, recovery=RecoveryConfig(**recovery),
                             **({"clock": clock} if clock else {}))
+    svc.outbox = CommandOutbox(engine, kafka, producer=FakeProducer())  # no Kafka in these tests
     return svc
 
 
@@ -130,7 +133,8 @@ def test_ticks_resend_an_unanswered_pause_and_the_state_survives_a_reload(engine
     svc.step_once()
     with session_scope(engine) as s:
         cmds = s.scalars(select(CommandRow).order_by(CommandRow.attempt)).all()
-    assert [(c.type, c.attempt, c.status) for c in cmds] == [("pause", 1, "timeout"), ("pause", 2, "pending")]
+    assert [(c.type, c.attempt, c.status) for c in cmds] == [("pause", 1, "timeout"), ("pause", 2, "sent")]
+    assert len(svc.outbox._producer.sent) == 2  # published right after each commit
     now[0] += 11
     svc.step_once()
     assert svc.runs.slots["r"].recovery.phase is Phase.HALTED
