@@ -20,6 +20,8 @@ Per checkpoint, medians over rounds: ``block_ms`` = time inside the checkpoint c
 ``stall_ms`` = the window's time minus the same round's ``none`` window (paired, so load from
 other processes on a shared machine mostly cancels): the blocking time plus any slowdown the
 background writer causes to the following steps (CPU and GIL contention) — the training stall;
+floored at ``block_ms`` (a stall is never shorter than the call; ``paired_diff_ms`` keeps the raw
+median, which load noise can push below it);
 ``writer_tail_ms`` = how long the writer was still busy after the window ended (not counted in
 the stall; ``stall_upper_ms`` adds it: the stall if the loop had to wait for the writer).
 ``ratio`` = async stall / sync stall (lower is better); ``ratio_block`` = async block / sync block;
@@ -148,11 +150,15 @@ def bench_size(name: str, cfg: GPTConfig, steps: int, batch: int, repeats: int) 
     for mode in modes[1:]:
         paired = [t - n for t, n in zip(times[mode], times["none"], strict=True)]
         res[f"{mode}_block_ms"] = statistics.median(blocks[mode]) * 1000
-        res[f"{mode}_stall_ms"] = statistics.median(paired) * 1000
+        res[f"{mode}_paired_diff_ms"] = statistics.median(paired) * 1000
+        # A stall is never shorter than the time blocked in the call; a paired difference below
+        # that is load noise from other processes, so the block time is the floor.
+        res[f"{mode}_stall_ms"] = max(res[f"{mode}_paired_diff_ms"], res[f"{mode}_block_ms"])
         res[f"{mode}_writer_tail_ms"] = statistics.median(tails[mode]) * 1000
         # Upper bound: as if the loop had to wait for the writer to finish before going on.
         res[f"{mode}_stall_upper_ms"] = statistics.median(
             [p + t for p, t in zip(paired, tails[mode], strict=True)]) * 1000
+        res[f"{mode}_stall_upper_ms"] = max(res[f"{mode}_stall_upper_ms"], res[f"{mode}_stall_ms"])
     sync = res["sync_stall_ms"]
     res["ratio"] = res["async_stall_ms"] / sync if sync > 0 else None
     res["ratio_block"] = res["async_block_ms"] / res["sync_block_ms"]
