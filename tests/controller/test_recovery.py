@@ -385,6 +385,9 @@ def test_checkpoints_unverified_duplicates_and_the_memory_bound():
     assert [c.step for c in d.s.checkpoints] == [6, 7, 8]  # all stable: the oldest goes
     d.feed(ProgressIn(step=9, now=d.now))  # a trainer that does not report sample ranges
     assert d.s.last_step == 9 and d.s.last_sample_end == 64
+    recent = d.s.unhealthy_samples
+    d.feed(ProgressIn(step=10, now=d.now, sample_end=88))  # an end without a start: no range to keep
+    assert d.s.last_sample_end == 88 and d.s.unhealthy_samples == recent
     d3 = Driver(RecoveryConfig(max_checkpoints=3, stable_window=100))
     d3.steps(0, 0)
     d3.feed(CheckpointIn(step=0, kind="full", verified=True, now=d3.now))
