@@ -8,8 +8,8 @@ Starts, in this order and each in its own process group:
 3. the dashboard (``cliffguard dashboard``) on 127.0.0.1:8501 (or a free port) with a generated
    operator token, both printed;
 4. a 2-process training run (``cliffguard train --nproc 2``) of the default GPT with two faults:
-   a corrupted batch (validation normal -> resume, samples flagged) and an LR blow-up (validation
-   abnormal -> rollback to a stable checkpoint with LR x 0.5, resume).
+   corrupted data (3 consecutive batches: validation normal -> resume, samples flagged) and an
+   LR blow-up (validation abnormal -> rollback to a stable checkpoint with LR x 0.5, resume).
 
 While it trains, progress lines come from the trainer and a line per recovery transition from
 the store (polled: what you see is what the controller recorded). At the end: a summary of every
@@ -38,6 +38,8 @@ from typing import Any
 
 DEFAULT_STEPS = 600
 DEFAULT_DIR = "cliffguard-demo"
+MARKER = ".cliffguard-demo"
+"""Marks a directory the demo made; only such a directory (or an empty one) is emptied at start."""
 CORRUPT_AT = 0.33
 """Default corrupted-data step, as a fraction of --steps."""
 CORRUPT_STEPS = 3
@@ -76,7 +78,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="fault specs as in `cliffguard train --fault` (default: corrupt at 0.33*steps for "
                         f"{CORRUPT_STEPS} steps, lr_blowup@0.62*steps{BLOWUP_SPEC})")
     p.add_argument("--dir", default=DEFAULT_DIR, help=f"store, logs and checkpoints (default ./{DEFAULT_DIR}; "
-                   "emptied at start)")
+                   "emptied at start; a non-empty directory the demo did not make is refused)")
     p.add_argument("--json", dest="json_path", metavar="PATH", help="write the summary as one JSON object")
     p.add_argument("--no-dashboard", action="store_true", help="do not start the dashboard")
     p.add_argument("--keep-running", action="store_true", help="leave the dashboard up after the run, until Ctrl-C")
@@ -194,9 +196,15 @@ def run(args: argparse.Namespace) -> int:
     previous = {sig: signal.signal(sig, h) for sig, h in ((signal.SIGTERM, _raise_interrupt),
                                                           (signal.SIGINT, signal.default_int_handler))}
     out_dir = Path(args.dir).resolve()
+    marker = out_dir / MARKER
+    if out_dir.exists() and any(out_dir.iterdir()) and not marker.exists():
+        print(f"cliffguard demo: --dir {out_dir} is not empty and not a demo directory; not clearing it",
+              file=sys.stderr)
+        return 2
     if out_dir.exists():
         shutil.rmtree(out_dir)  # a clean store each run: the summary must be about this run only
     out_dir.mkdir(parents=True)
+    marker.write_text("made by `cliffguard demo`, which empties this directory at start\n")
 
     from cliffguard.procs import ProcessSet
     from controller.broker import EmbeddedBroker, ensure_topics

@@ -50,6 +50,15 @@ def test_judge_fails_on_a_halted_incident_even_when_faults_match():
     assert not judge(faults, [_inc("a", 101, "resumed"), _inc("h", 250, "halted")])[0]
 
 
+def test_demo_refuses_to_empty_a_directory_it_did_not_make(tmp_path):
+    keep = tmp_path / "notes.txt"
+    keep.write_text("mine")
+    proc = subprocess.run([sys.executable, "-m", "cliffguard.cli", "demo", "--dir", str(tmp_path), "--no-dashboard"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "not a demo directory" in proc.stderr
+    assert keep.read_text() == "mine"
+
+
 @pytest.mark.slow
 @pytest.mark.broker
 @pytest.mark.timeout(DEMO_TIMEOUT_S + 90)
@@ -91,8 +100,7 @@ def test_demo_handles_both_faults(tmp_path):
     assert rolled["lr_scale"] == 0.5
     assert [t["to"] for t in rolled["transitions"]][:3] == ["pausing", "validating", "rolling_back"]
     assert summary["steps_lost"] > 0
-    # resuming after the corrupted stretch flagged its samples (at least one step's global batch, at
-    # most the stretch's)
-    assert TrainConfig().global_batch <= summary["flagged_samples"] <= CORRUPT_STEPS * TrainConfig().global_batch
+    # resuming after the corrupted stretch flagged exactly its samples: every step's global batch
+    assert summary["flagged_samples"] == CORRUPT_STEPS * TrainConfig().global_batch
     final, initial = summary["final_loss"], summary["initial_loss"]
     assert final is not None and math.isfinite(final) and final < initial
