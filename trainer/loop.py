@@ -187,6 +187,7 @@ class Trainer:
         # the tensors it is given, so the ring must never be passed in directly.
         self.load_state(state)
         self.agent.set_step(self.step)
+        self._t_progress = (time.perf_counter(), self.step)  # the progress line's rate restarts here
         return source
 
     def available_steps(self) -> list[int]:
