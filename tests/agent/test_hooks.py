@@ -134,3 +134,24 @@ def test_agent_config_validation():
         AgentConfig(run="")
     with pytest.raises(ValueError, match="heartbeat_s"):
         AgentConfig(run="r", heartbeat_s=0)
+
+
+def test_a_calibrated_peak_beaten_by_the_model_is_raised_so_mfu_stays_at_most_one():
+    model, opt, agent, sink, _ = _setup()
+    agent.start(global_batch=4)
+    agent.peak_flops = 1.0  # as if calibration ran while other processes held every core
+    _step(model, opt, agent)
+    agent.close()
+    step = next(e for e in sink.events if e.type is EventType.STEP)
+    assert step.data["mfu"] == pytest.approx(1.0)
+    assert agent.peak_source == "calibration+observed" and agent.peak_flops > 1.0
+
+
+def test_a_configured_peak_is_never_moved():
+    model, opt, agent, sink, _ = _setup(peak_flops=1.0)
+    agent.start(global_batch=4)
+    _step(model, opt, agent)
+    agent.close()
+    step = next(e for e in sink.events if e.type is EventType.STEP)
+    assert agent.peak_source == "config" and agent.peak_flops == 1.0
+    assert step.data["mfu"] > 1.0  # the operator's number is reported against, not corrected
