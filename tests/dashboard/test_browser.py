@@ -1,7 +1,12 @@
-"""The real thing: ``cliffguard dashboard`` over a filled store, opened in headless Chromium."""
+"""The real thing: ``cliffguard dashboard`` over a store recorded from a real demo run
+(tests/dashboard/data/demo_store.db), opened in headless Chromium.
+
+``CLIFFGUARD_UPDATE_DOCS_SHOT=1`` also copies the screenshot to docs/dashboard.png (the README's).
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -13,9 +18,7 @@ from pathlib import Path
 import pytest
 
 from controller.broker import free_port
-from controller.store.db import make_engine
 from tests.dashboard.browser import Chromium, chromium_path
-from tests.dashboard.fill import fill_store
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 REPO = Path(__file__).resolve().parents[2]
@@ -58,10 +61,10 @@ def test_dashboard_renders_in_chromium(tmp_path):
         if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
             pytest.fail("chromium is required in CI (scripts/test.sh installs it)")
         pytest.skip("chromium not installed")
+    data = Path(__file__).parent / "data"
+    shutil.copy(data / "demo_store.db", tmp_path / "store.db")
+    run_id = json.loads((data / "demo_store.json").read_text())["run"]
     db = f"sqlite:///{tmp_path / 'store.db'}"
-    engine = make_engine(db)
-    run = fill_store(engine)
-    engine.dispose()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if k not in ("CLIFFGUARD_OPERATOR_TOKEN", "CLIFFGUARD_CONFIG")}
@@ -74,7 +77,7 @@ def test_dashboard_renders_in_chromium(tmp_path):
     try:
         _wait_healthy(url, proc)
         browser = Chromium(tmp_path / "chromium-profile", width=1400, height=2400)
-        browser.goto(f"{url}/?run={run.run_id}")
+        browser.goto(f"{url}/?run={run_id}")
         assert browser.wait_for(_rendered("loss", "loss:"), timeout=150), "loss chart not rendered"
         # one bar per recovery state of each incident
         assert browser.wait_for(_rendered("seconds since the incident opened", "state:"), timeout=60) >= 2, \
@@ -83,12 +86,13 @@ def test_dashboard_renders_in_chromium(tmp_path):
         time.sleep(1.5)  # let the last charts finish their first paint
         dom = browser.dom()
         assert "stException" not in dom, "a Streamlit exception is shown on the page"
-        assert "Run <code" in dom or run.run_id in dom
+        assert "Run <code" in dom or run_id in dom
         assert "Incidents" in dom and "Loss" in dom
         shot = browser.screenshot(tmp_path / "dashboard.png")
         assert shot.stat().st_size > 50_000  # a drawn page, not a blank one
-        DOCS_SHOT.parent.mkdir(exist_ok=True)
-        shutil.copyfile(shot, DOCS_SHOT)
+        if os.environ.get("CLIFFGUARD_UPDATE_DOCS_SHOT") == "1":
+            DOCS_SHOT.parent.mkdir(exist_ok=True)
+            shutil.copyfile(shot, DOCS_SHOT)
     finally:
         if browser is not None:
             browser.close()
