@@ -20,6 +20,7 @@ from agent.settings import build_config, config_to_dict, load_toml
 SECTIONS: dict[str, str] = {
     "kafka": "agent.kafka_config:KafkaConfig",
     "store": "controller.store.db:StoreConfig",
+    "retention": "controller.store.retention:RetentionConfig",
     "controller": "controller.config:ControllerConfig",
     "recovery": "controller.recovery_types:RecoveryConfig",
     "rules": "controller.detect:RulesConfig",

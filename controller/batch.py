@@ -52,6 +52,7 @@ from controller.store.dlq import count_dead_letter
 from controller.store.ingest import ingest_events
 from controller.store.models import CheckpointRow, CommandRow, ConsumerOffset, DataFlag, Incident, Transition
 from controller.store.offsets import save_offsets
+from controller.store.retention import RetentionConfig, downsample_if_due
 from controller.verdict import Verdict
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,8 @@ class BatchContext:
     secret: Secret
     recovery: RecoveryConfig
     alerts: AlertsConfig
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
+    """Step-metric downsampling, applied to each touched run inside the batch's transaction."""
 
 
 @dataclass(slots=True)
@@ -123,8 +126,10 @@ class BatchProcessor:
             count_dead_letter(session, d.topic, d.reason, d.detail, now=now)
         ingest_events(session, [r.event for r in batch.records])
         touched: dict[str, RunSlot] = {}
+        newest: dict[str, int] = {}
         for rec in batch.records:
             ev = rec.event
+            newest[ev.run] = max(newest.get(ev.run, 0), ev.step)
             slot = self.runs.get(session, ev.run, rec.partition)
             touched[ev.run] = slot
             try:
@@ -136,6 +141,9 @@ class BatchProcessor:
                 self._feed(session, slot, inp, res)
             slot.dirty = True
         save_slots(session, [s for s in touched.values() if s.dirty])
+        for run_id, step in newest.items():
+            # one primary-key read per run when not due; folds old steps into buckets when it is
+            downsample_if_due(session, run_id, step, self.ctx.retention)
         save_offsets(session, self.ctx.group_id, batch.next_offsets, now=now)
         return res
 

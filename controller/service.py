@@ -38,6 +38,7 @@ from controller.runstate import DetectorFactory, RunTable, default_detector_fact
 from controller.store.db import session_scope
 from controller.store.dlq import count_dead_letter
 from controller.store.offsets import load_offsets, save_offsets
+from controller.store.retention import RetentionConfig
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,7 @@ class ControllerService:
         alerts: AlertsConfig | None = None,
         *,
         recovery: RecoveryConfig | None = None,
+        retention: RetentionConfig | None = None,
         detector_factory: DetectorFactory | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -64,7 +66,8 @@ class ControllerService:
         self.clock = clock
         self.runs = RunTable(detector_factory or default_detector_factory())
         ctx = BatchContext(group_id=config.group_id, commands_topic=kafka.commands_topic, secret=secret,
-                           recovery=recovery or RecoveryConfig(), alerts=self.alerts)
+                           recovery=recovery or RecoveryConfig(), alerts=self.alerts,
+                           retention=retention or RetentionConfig())
         self.processor = BatchProcessor(ctx, self.runs)
         self.outbox = CommandOutbox(store_engine, kafka, batch=config.outbox_batch,
                                     interval_s=config.outbox_interval_s, retry_s=config.outbox_retry_s)

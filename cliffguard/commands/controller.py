@@ -49,7 +49,8 @@ def build_sections(args: argparse.Namespace) -> dict:
         "store": {"url": args.db},
         "controller": {"group_id": getattr(args, "group", None)},
     }
-    out = load_all(args.config, flags=flags, sections=["kafka", "store", "controller", "recovery", "rules", "alerts"])
+    out = load_all(args.config, flags=flags, sections=["kafka", "store", "controller", "recovery", "rules", "alerts",
+                                                            "retention"])
     out["toml"] = load_toml(args.config)
     return out
 
@@ -73,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         ensure_topics(cfg["kafka"])
         svc = ControllerService(cfg["controller"], cfg["kafka"], store.engine, secret, cfg["alerts"],
-                                recovery=cfg["recovery"], detector_factory=default_detector_factory(cfg["rules"]))
+                                recovery=cfg["recovery"], retention=cfg["retention"], detector_factory=default_detector_factory(cfg["rules"]))
         print(f"controller {cfg['controller'].group_id} on {cfg['kafka'].bootstrap} "
               f"({cfg['kafka'].metrics_topic}) store {store.engine.url.render_as_string(hide_password=True)}",
               flush=True)

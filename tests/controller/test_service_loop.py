@@ -138,3 +138,24 @@ def test_ticks_resend_an_unanswered_pause_and_the_state_survives_a_reload(engine
     now[0] += 11
     svc.step_once()
     assert svc.runs.slots["r"].recovery.phase is Phase.HALTED
+
+
+def test_the_service_applies_step_retention_in_the_batch_transaction(engine):
+    from sqlalchemy import func
+
+    from controller.store.retention import RetentionConfig
+
+    cfg = ControllerConfig(group_id="g", tick_s=0.001)
+    kafka = KafkaConfig(topic_prefix="p")
+    policy = RetentionConfig(full_steps=100, mid_steps=200, mid_bucket=10, far_bucket=20, every_steps=20)
+    svc = ControllerService(cfg, kafka, engine, SECRET, retention=policy)
+    svc.outbox = CommandOutbox(engine, kafka, producer=FakeProducer())
+    svc.edge = StubEdge([as_batch(records("r", 0, 399, 0))])
+    svc.step_once()
+    with session_scope(engine) as s:
+        rows = s.scalar(select(func.count()).select_from(StepMetric).where(StepMetric.run_id == "r"))
+        below = s.scalar(select(Run.downsampled_below).where(Run.id == "r"))
+        newest = s.scalars(select(StepMetric.step).where(StepMetric.run_id == "r", StepMetric.resolution == 1)
+                           .order_by(StepMetric.step.desc()).limit(100)).all()
+    assert below > 0 and rows < 400  # old steps folded into buckets by the controller itself
+    assert newest == list(range(399, 299, -1))  # the newest full_steps stay at full resolution
