@@ -24,7 +24,7 @@ replay of an accepted id    ``DUPLICATE``         ``replayed: ...``
 When the broker goes away the consumer keeps retrying. A broker that comes back empty (Tansu
 restarts) gets the topic created again, with offsets from 0: the listener notices the new topic
 id and reads the new topic from its beginning, so commands published after the restart are not
-missed (see ``_topic_recreated``). A failure inside the thread is logged and
+missed (see ``agent.topic_watch``). A failure inside the thread is logged and
 counted (``errors``) and the thread carries on.
 """
 
@@ -40,6 +40,7 @@ from typing import Any
 from agent.events import AckStatus, Command, SchemaError, decode_command
 from agent.kafka_config import KafkaConfig
 from agent.signing import CommandVerifier, Rejection
+from agent.topic_watch import TopicIdWatch
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ class CommandListener:
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._thread: threading.Thread | None = None
-        self._topic_id: object = None
+        self._topic_watch = TopicIdWatch(self.topic)
         self.errors = 0
         self.recreations = 0
         self.received = 0
@@ -152,7 +153,7 @@ class CommandListener:
                         continue
                     self._ready.set()
                 batch = self._consumer.poll(timeout_ms=int(self.poll_interval_s * 1000))
-                if self._topic_recreated():
+                if self._topic_watch.changed(self._consumer):
                     # Everything in a recreated topic is new to us, and our positions belong to
                     # the old one: read it again from the start (replays are refused by id).
                     log.warning("command listener: %s was recreated; reading it from the beginning", self.topic)
@@ -181,21 +182,6 @@ class CommandListener:
                 self._consumer.close()
             except Exception:  # noqa: BLE001
                 pass
-
-    def _topic_recreated(self) -> bool:
-        """Has the topic's id changed (deleted and created again, e.g. a broker that restarted empty)?
-
-        Offsets restart at 0 in a recreated topic, so a position kept from the old one can be
-        valid there and silently skip the first new commands. Topic ids (KIP-516) come from the
-        client's metadata; with a client or broker that has none, this never fires.
-        """
-        cluster = getattr(getattr(self._consumer, "_client", None), "cluster", None)
-        topic_id = getattr(cluster, "topic_id", lambda _t: None)(self.topic)
-        if topic_id is None:
-            return False
-        changed = self._topic_id is not None and topic_id != self._topic_id
-        self._topic_id = topic_id
-        return changed
 
     def poll(self) -> list[Command]:
         """Commands to apply now, in arrival order. Non-blocking; refusals go to ``on_reject``."""

@@ -30,6 +30,7 @@ from typing import Any
 
 from agent.events import Event, SchemaError, UnknownVersion, decode_event
 from agent.kafka_config import KafkaConfig
+from agent.topic_watch import TopicIdWatch
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +147,7 @@ class EdgeConsumer:
         self.dead_count_by_reason: Counter[str] = Counter()
         self.dlq_send_errors = 0
         self.topic_recreations = 0
-        self._topic_id: object = None
+        self._topic_watch = TopicIdWatch(self.topic)
         self._on_recreated = on_recreated
         self.commit_errors = 0
         kw: dict[str, Any] = {
@@ -174,7 +175,7 @@ class EdgeConsumer:
         except Exception as exc:  # noqa: BLE001 - broker trouble: report, return empty, try again
             log.warning("edge poll failed: %s: %s", type(exc).__name__, exc)
             return batch
-        if self._topic_recreated():
+        if self._topic_watch.changed(self._consumer):
             # Offsets restart at 0 in a recreated topic (a broker that came back empty): positions
             # from the old one would skip its first messages. Read it again from the beginning.
             self.topic_recreations += 1
@@ -197,16 +198,6 @@ class EdgeConsumer:
         if batch.dead:
             self._send_dead(batch.dead)
         return batch
-
-    def _topic_recreated(self) -> bool:
-        """Has the metrics topic's id (KIP-516) changed since the last poll? Never fires without ids."""
-        cluster = getattr(getattr(self._consumer, "_client", None), "cluster", None)
-        topic_id = getattr(cluster, "topic_id", lambda _t: None)(self.topic)
-        if topic_id is None:
-            return False
-        changed = self._topic_id is not None and topic_id != self._topic_id
-        self._topic_id = topic_id
-        return changed
 
     def _send_dead(self, dead: list[DeadLetter]) -> None:
         futures = []
