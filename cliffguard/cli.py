@@ -35,7 +35,11 @@ def _module(name: str):
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cliffguard", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="cliffguard",
+        description="Monitoring and recovery for large-model training: agents stream metrics to Kafka, "
+        "a controller catches loss spikes and divergences and pauses, validates, rolls back and resumes.",
+    )
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     sub = parser.add_subparsers(dest="cmd", metavar="COMMAND")
     for name, help_text in SUBCOMMANDS.items():
