@@ -220,6 +220,19 @@ class EdgeConsumer:
 
         self._consumer.seek(TopicPartition(topic, partition), offset)
 
+    def log_bounds(self, tps: list[tuple[str, int]]) -> dict[tuple[str, int], tuple[int, int]]:
+        """(first, end) offset of each partition, from the broker (empty on failure)."""
+        from kafka import TopicPartition
+
+        parts = [TopicPartition(t, p) for t, p in tps]
+        try:
+            first = self._consumer.beginning_offsets(parts)
+            end = self._consumer.end_offsets(parts)
+        except Exception as exc:  # noqa: BLE001 - a broker hiccup: the caller keeps its offsets
+            log.warning("could not read the log bounds of %s: %s", tps, exc)
+            return {}
+        return {(tp.topic, tp.partition): (first[tp], end[tp]) for tp in parts}
+
     def assignment(self) -> list[tuple[str, int]]:
         return sorted((tp.topic, tp.partition) for tp in self._consumer.assignment())
 

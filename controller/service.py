@@ -82,6 +82,7 @@ class ControllerService:
     def start(self) -> ControllerService:
         self.edge = EdgeConsumer(self.kafka, self.config.group_id, max_bytes=self.config.max_event_bytes,
                                  on_assigned=self._on_assigned, on_revoked=self._on_revoked,
+                                 on_recreated=self._on_recreated,
                                  consumer_overrides=self.config.consumer_overrides(),
                                  max_poll_records=self.config.max_poll_records)
         self.outbox.start()
@@ -120,11 +121,40 @@ class ControllerService:
             parts = {p for _, p in tps}
             self.runs.drop_partitions(parts)
             n = self.runs.load_partitions(s, parts)
+        stored = self._drop_offsets_beyond_the_log(tps, stored)
         for topic, part in tps:
             if part in stored:
                 self.edge.seek(topic, part, stored[part])
         log.info("assigned %s: seek to stored offsets %s, %d runs reloaded", tps,
                  {p: stored[p] for p in parts if p in stored}, n)
+
+    def _drop_offsets_beyond_the_log(self, tps: list[tuple[str, int]], stored: dict[int, int]) -> dict[int, int]:
+        """Stored offsets past a partition's end belong to a topic that no longer exists (it was
+        deleted and created again, e.g. a broker that restarted empty). Seeking there would skip
+        the new topic's messages and the batch fence would refuse every batch from offset 0 on,
+        so such a partition restarts at its first offset, in the store too."""
+        bounds_of = getattr(self.edge, "log_bounds", None)
+        mine = [(t, p) for t, p in tps if p in stored]
+        bounds = bounds_of(mine) if bounds_of is not None and mine else {}
+        reset = {(t, p): first for (t, p), (first, end) in bounds.items() if stored[p] > end}
+        if reset:
+            self._reset_stored_offsets(reset)
+            stored = {**stored, **{p: o for (_, p), o in reset.items()}}
+        return stored
+
+    def _on_recreated(self, topic: str) -> None:
+        """The edge saw the topic's id change and reads it from the start: so must the store."""
+        assert self.edge is not None
+        tps = [(t, p) for t, p in self.edge.assignment() if t == topic]
+        bounds = getattr(self.edge, "log_bounds", lambda _tps: {})(tps)
+        self._reset_stored_offsets({tp: first for tp, (first, _end) in bounds.items()} or dict.fromkeys(tps, 0))
+
+    def _reset_stored_offsets(self, offsets: dict[tuple[str, int], int]) -> None:
+        log.warning("offsets stored for %s lie beyond the log (topic re-created?); restarting at %s",
+                    sorted(offsets), offsets)
+        self.stats["offset_resets"] = self.stats.get("offset_resets", 0) + len(offsets)
+        with session_scope(self.engine) as s:
+            save_offsets(s, self.config.group_id, offsets, now=self.clock())
 
     def _on_revoked(self, tps: list[tuple[str, int]]) -> None:
         self.runs.drop_partitions({p for _, p in tps})
@@ -140,6 +170,7 @@ class ControllerService:
         with session_scope(self.engine) as s:
             stored = load_offsets(s, self.config.group_id, self.kafka.metrics_topic)
             self.runs.load_partitions(s, parts)
+        stored = self._drop_offsets_beyond_the_log(tps, stored)
         for topic, part in tps:
             if part in stored:
                 self.edge.seek(topic, part, stored[part])
