@@ -213,6 +213,7 @@ class Publisher:
         self._spill: SpillFile | None = None
         self._producer: Any = None
         self._up = False
+        self._forced_down = False  # simulate_outage(): fault injection
         self._next_probe = 0.0
         self._backoff = self.config.reconnect_min_s
         self._held: list[Record] = []
@@ -272,6 +273,18 @@ class Publisher:
         s = self.stats()
         log.info("publisher closed: sent=%d spilled=%d replayed=%d dropped=%d left in spill=%d",
                  s["sent"], s["spilled"], s["replayed"], s["dropped"], s["spill_pending"])
+
+    def simulate_outage(self, down: bool) -> None:
+        """Fault injection: act as if the broker were unreachable (spill) until called with False.
+
+        Exercises the same path as a real outage: the producer is dropped, events spill to disk,
+        probes are refused, and on recovery the spill is replayed in order before newer events."""
+        if down == self._forced_down:
+            return
+        self._forced_down = down
+        if not down:
+            self._next_probe = 0.0
+        self._wake.set()
 
     def dropped(self) -> int:
         return self._dropped_queue + self._dropped_closed + self._dropped_spill + self._dropped_crash
@@ -345,6 +358,8 @@ class Publisher:
         spill = self._spill
         assert spill is not None
         while True:
+            if self._forced_down and self._up:
+                self._mark_down("simulated outage (fault injection)")
             if not self._held:
                 self._held = self._take()
             closing = self._closing.is_set()
@@ -400,6 +415,9 @@ class Publisher:
 
     def _connect(self) -> None:
         producer = None
+        if self._forced_down:
+            self._next_probe = time.monotonic() + self.config.reconnect_min_s
+            return
         try:
             if self._producer_factory == self._default_producer and not _tcp_reachable(self.kafka):
                 # Nothing even accepts TCP: skip kafka-python's bootstrap, which waits out its timeout.

@@ -63,6 +63,9 @@ class NoFaults:
     def maybe_kill(self, step: int) -> None:
         pass
 
+    def broker_down(self, step: int) -> bool:
+        return False
+
 
 def make_faults(specs: list[str], rank: int, seed: int = 0) -> Any:
     if not specs:
@@ -257,6 +260,9 @@ class Trainer:
             x, y = window[:, :-1], window[:, 1:]
             x, y = x.to(self.accelerator.device), y.to(self.accelerator.device)
         self.faults.delay(step)
+        outage = getattr(agent.sink, "simulate_outage", None)  # the Publisher has it; test sinks may not
+        if outage is not None:
+            outage(self.faults.broker_down(step))
         xs, ys = x.split(self.micro_batch), y.split(self.micro_batch)
         n = len(xs)
         for i, (xb, yb) in enumerate(zip(xs, ys, strict=True)):

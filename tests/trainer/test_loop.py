@@ -151,3 +151,24 @@ def test_bf16_loss_scaling_and_per_layer_clipping_run_and_report(tmp_path):
     assert max(e.data["clipped_layers"] for e in steps) > 0  # a tiny threshold clips some layers
     # The scaler's state is part of what a rollback restores.
     assert tr.capture_state()["loss_scaler"]["scale"] == steps[-1].data["loss_scale"]
+
+
+def test_broker_outage_fault_switches_the_publisher_off_for_its_window(tmp_path):
+    class OutageSink(InMemorySink):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls: list[bool] = []
+
+        def simulate_outage(self, down: bool) -> None:
+            self.calls.append(down)
+
+    from accelerate import Accelerator
+
+    from trainer.loop import Trainer
+
+    sink = OutageSink()
+    tr = Trainer(_cfg(tmp_path, steps=8, faults=["broker_outage@3:2"]), Accelerator(cpu=True), sink=sink,
+                 command_source=FakeCommands())
+    assert tr.run() == 0
+    # one call per step: down for steps 3 and 4 only
+    assert sink.calls == [False, False, False, True, True, False, False, False]
