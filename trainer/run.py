@@ -17,6 +17,16 @@ import sys
 import torch
 
 
+def with_env_secrets(cfg):
+    """The saved config masks secret fields; the launcher hands them over in the environment."""
+    import dataclasses
+
+    password = os.environ.get("CLIFFGUARD_KAFKA__SASL_PLAIN_PASSWORD")
+    if cfg.kafka is not None and password and cfg.kafka.sasl_plain_password is not None:
+        cfg.kafka = dataclasses.replace(cfg.kafka, sasl_plain_password=password)
+    return cfg
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m trainer.run", description=__doc__.splitlines()[0])
     p.add_argument("--config", required=True, help="path of the saved TrainConfig JSON")
@@ -32,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.loop import Trainer
 
     cfg = TrainConfig.load(args.config)
+    cfg = with_env_secrets(cfg)
     cuda = torch.cuda.is_available()
     if not cuda:
         torch.set_num_threads(cfg.threads)

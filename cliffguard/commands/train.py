@@ -32,6 +32,7 @@ from pathlib import Path
 from agent.settings import ConfigError, build_config, load_toml
 
 SECRET_ENV = "CLIFFGUARD_COMMAND_SECRET"
+SASL_PASSWORD_ENV = "CLIFFGUARD_KAFKA__SASL_PLAIN_PASSWORD"
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -164,6 +165,9 @@ def run(args: argparse.Namespace) -> int:
         cfg.save(config_path)
         env = dict(os.environ)
         secret = os.environ.get(SECRET_ENV) or (toml.get("secrets") or {}).get("command")
+        if cfg.kafka is not None and cfg.kafka.sasl_plain_password is not None:
+            # masked in the saved config.json; the workers get it the way they get the secret
+            env[SASL_PASSWORD_ENV] = cfg.kafka.sasl_plain_password
         if secret:
             env[SECRET_ENV] = secret
         elif cfg.kafka is not None:

@@ -172,3 +172,16 @@ def test_broker_outage_fault_switches_the_publisher_off_for_its_window(tmp_path)
     assert tr.run() == 0
     # one call per step: down for steps 3 and 4 only
     assert sink.calls == [False, False, False, True, True, False, False, False]
+
+
+def test_workers_get_the_kafka_password_from_the_environment_not_the_saved_config(tmp_path, monkeypatch):
+    from agent.kafka_config import KafkaConfig
+    from trainer.run import with_env_secrets
+
+    cfg = _cfg(tmp_path, kafka=KafkaConfig(security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN",
+                                           sasl_plain_username="u", sasl_plain_password="hunter2-secret"))
+    cfg.save(tmp_path / "config.json")
+    assert "hunter2-secret" not in (tmp_path / "config.json").read_text()
+    loaded = TrainConfig.load(tmp_path / "config.json")
+    monkeypatch.setenv("CLIFFGUARD_KAFKA__SASL_PLAIN_PASSWORD", "hunter2-secret")
+    assert with_env_secrets(loaded).kafka.sasl_plain_password == "hunter2-secret"
