@@ -74,6 +74,8 @@ class ControllerService:
         self.deliverer: AlertDeliverer | None = None
         self.edge: EdgeConsumer | None = None
         self._last_tick = 0.0
+        self._check_bounds: set[tuple[str, int]] = set()
+        self._recreated = False
         self._failures = 0
         self.stats = {"batches": 0, "events": 0, "dead": 0, "commands": 0, "alerts": 0, "stale": 0, "errors": 0}
 
@@ -121,10 +123,12 @@ class ControllerService:
             parts = {p for _, p in tps}
             self.runs.drop_partitions(parts)
             n = self.runs.load_partitions(s, parts)
-        stored = self._drop_offsets_beyond_the_log(tps, stored)
         for topic, part in tps:
             if part in stored:
                 self.edge.seek(topic, part, stored[part])
+        # Checked on the consumer thread at the next step: this callback runs on kafka-python's
+        # IO thread, where the blocking offset queries of that check are not allowed.
+        self._check_bounds.update(tps)
         log.info("assigned %s: seek to stored offsets %s, %d runs reloaded", tps,
                  {p: stored[p] for p in parts if p in stored}, n)
 
@@ -144,10 +148,28 @@ class ControllerService:
 
     def _on_recreated(self, topic: str) -> None:
         """The edge saw the topic's id change and reads it from the start: so must the store."""
+        self._recreated = True
+
+    def _settle_offsets(self) -> None:
+        """Offset checks that need blocking broker queries, done on the consumer thread."""
         assert self.edge is not None
-        tps = [(t, p) for t, p in self.edge.assignment() if t == topic]
-        bounds = getattr(self.edge, "log_bounds", lambda _tps: {})(tps)
-        self._reset_stored_offsets({tp: first for tp, (first, _end) in bounds.items()} or dict.fromkeys(tps, 0))
+        if self._recreated:
+            tps = [(t, p) for t, p in self.edge.assignment() if t == self.kafka.metrics_topic]
+            bounds = getattr(self.edge, "log_bounds", lambda _tps: {})(tps)
+            if bounds:  # no assignment yet: the check after the next assignment covers it
+                self._recreated = False
+                self._reset_stored_offsets({tp: first for tp, (first, _end) in bounds.items()})
+                for (topic, part), (first, _end) in bounds.items():
+                    self.edge.seek(topic, part, first)
+        if self._check_bounds:
+            tps = sorted(self._check_bounds & set(self.edge.assignment()))
+            self._check_bounds.clear()
+            with session_scope(self.engine) as s:
+                stored = load_offsets(s, self.config.group_id, self.kafka.metrics_topic)
+            settled = self._drop_offsets_beyond_the_log(tps, stored)
+            for topic, part in tps:
+                if part in settled and settled[part] != stored.get(part):
+                    self.edge.seek(topic, part, settled[part])
 
     def _reset_stored_offsets(self, offsets: dict[tuple[str, int], int]) -> None:
         log.warning("offsets stored for %s lie beyond the log (topic re-created?); restarting at %s",
@@ -180,6 +202,7 @@ class ControllerService:
     def step_once(self) -> BatchResult | None:
         """One poll, its transaction, and a tick when due. Never raises for bad input."""
         assert self.edge is not None, "start() first"
+        self._settle_offsets()
         batch = self.edge.poll(self.config.poll_timeout_s)
         res = None
         if batch.next_offsets:
