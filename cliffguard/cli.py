@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # kafka-python logs every connection at INFO; only its warnings are news to an operator.
     logging.getLogger("kafka").setLevel(max(logging.WARNING, logging.getLogger().level))
+    logging.getLogger("alembic").setLevel(max(logging.WARNING, logging.getLogger().level))  # migrations run at every start
     run = getattr(args, "_run", None)
     if run is None:
         parser.print_help()
