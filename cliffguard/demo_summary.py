@@ -11,7 +11,8 @@ update). What each fault should lead to:
 - ``nan``: the guard skipped the update -> any outcome but ``halted`` (``resumed`` expected).
 - ``slow_rank``, ``kill_rank``, ``broker_outage``: no loss incident expected; not judged here.
 
-``ok`` is true when every judged fault has its expected incident and no incident ended ``halted``.
+``ok`` is true when every judged fault has its expected incident and no incident ended ``halted``
+or ``abandoned`` (the run ended before its recovery finished).
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ def judge(faults: list[FaultSpec], incidents: list[dict[str, Any]]) -> tuple[boo
                         "expected": list(expected), "incident": None if inc is None else inc["id"],
                         "outcome": None if inc is None else inc["outcome"], "ok": problem is None,
                         "problem": problem})
-    if any(i["outcome"] == "halted" for i in incidents):
+    if any(i["outcome"] in ("halted", "abandoned") for i in incidents):
         ok = False
     unmatched = [i["id"] for i in by_step if i["id"] not in used]
     return ok, results, unmatched

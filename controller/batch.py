@@ -42,6 +42,7 @@ from controller.recovery_types import (
     ProgressIn,
     RecordTransition,
     RecoveryConfig,
+    RunEndedIn,
     SendCommand,
     TickIn,
     ValidationIn,
@@ -109,6 +110,8 @@ def inputs_for(event: Event, verdicts: list[Verdict], now: float) -> list[Input]
     elif event.type is EventType.COMMAND_ACK:
         out.append(AckIn(cmd_id=d["cmd"], status=AckStatus(d["status"]), now=now, cmd_type=d.get("cmd_type"),
                          detail=d.get("detail") or ""))
+    elif event.type in (EventType.RUN_FINISHED, EventType.RUN_FAILED):
+        out.append(RunEndedIn(now=now, failed=event.type is EventType.RUN_FAILED, detail=str(d.get("error") or "")))
     return out
 
 

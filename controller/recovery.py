@@ -9,9 +9,10 @@
                                                   │                            └──┘                          recovered ─► running
                                                   └─budget_exhausted / no_target ─► halted ◄─ command_gave_up / command_refused
     recovering ─spike─► pausing (same incident)        halted ─operator_resumed─► running
+    pausing | validating | rolling_back | recovering | resuming | halted ─run_ended─► running
 
 ``transition(state, input) -> (state, actions)`` maps each input (a verdict, a step, a checkpoint,
-an ack, a validation result, a tick) to at most one trigger of the table, guarded by the named
+an ack, a validation result, a tick, the run's end) to at most one trigger of the table, guarded by the named
 predicates in ``GUARDS``; inputs that do not concern the current phase (a stale ack, a second
 spike while already pausing) change nothing. ``fire(phase, trigger)`` raises
 ``TransitionNotAllowed`` for a move the table does not declare, so a bug can never walk the
@@ -22,6 +23,11 @@ Rollback target: the newest *stable* checkpoint at or before the incident's onse
 step of the excursion). A checkpoint becomes stable after ``stable_window`` healthy steps follow
 it, or when a validation passes after it. Each rollback multiplies the LR scale by ``lr_factor``
 (cumulative; the command carries the absolute scale).
+
+A run that ends (finished or failed) mid-incident leaves no trainer to answer: the incident closes
+as ``abandoned`` (a halted one keeps ``halted`` and gets its close time), an unanswered command
+is marked ``cancelled``, and the machine goes back to ``running`` with no incident, which is what
+a restarted run under the same id needs and what a late event finds harmless.
 
 Validation without a healthy baseline (no periodic validation seen yet) counts as abnormal: a
 rollback to a stable checkpoint costs some steps, resuming a damaged model costs the run.
@@ -55,6 +61,7 @@ from controller.recovery_types import (
     RecordTransition,
     RecoveryConfig,
     RecoveryState,
+    RunEndedIn,
     SendCommand,
     TickIn,
     ValidationIn,
@@ -94,6 +101,9 @@ for _p in WAITING:
     TRANSITIONS[(_p, "command_retry")] = _p
     TRANSITIONS[(_p, "command_gave_up")] = Phase.HALTED
     TRANSITIONS[(_p, "command_refused")] = Phase.HALTED
+# Every phase that holds an incident; ``running`` never does (each way into it closes the incident).
+for _p in (*WAITING, Phase.RECOVERING, Phase.HALTED):
+    TRANSITIONS[(_p, "run_ended")] = Phase.RUNNING
 
 def fire(phase: Phase, trigger: str) -> Phase:
     """The phase after ``trigger`` in ``phase``; raises TransitionNotAllowed if undeclared."""
@@ -243,6 +253,8 @@ def transition(cfg: RecoveryConfig, state: RecoveryState, inp: Input) -> tuple[R
         _on_validation(st, inp)
     elif isinstance(inp, TickIn):
         _on_tick(st, inp)
+    elif isinstance(inp, RunEndedIn):
+        _on_run_ended(st, inp)
     else:
         raise TypeError(f"not a recovery input: {type(inp).__name__}")
     return st.s, st.actions
@@ -488,6 +500,29 @@ def _retry_or_give_up(st: _Step, why: str, ev: dict[str, Any], now: float) -> No
         st.alert("warn", "command_timeout", f"run {s.run}: {pend.type} unanswered, resent", why, ev)
         return
     st.halt("command_gave_up", f"{why}; gave up after {pend.attempt} attempts", ev, now)
+
+
+def _on_run_ended(st: _Step, inp: RunEndedIn) -> None:
+    s = st.s
+    inc = s.incident
+    if inc is None:
+        return  # running, nothing outstanding: the run's end changes nothing here
+    pend = s.pending
+    how = "failed" if inp.failed else "finished"
+    # halted already asked a human and its incident says so; the end only dates it
+    outcome = "halted" if s.phase is Phase.HALTED else "abandoned"
+    ev = {"phase": str(s.phase), "failed": inp.failed, "detail": inp.detail,
+          "cmd": pend.id if pend else None, "cmd_type": str(pend.type) if pend else None,
+          "rollbacks": inc.rollbacks}
+    reason = f"the run {how} while {s.phase}" + (f" ({inp.detail})" if inp.detail else "") + f"; incident {outcome}"
+    st.move("run_ended", reason, ev, inp.now)
+    if pend is not None and not pend.acked:  # an acked validate was applied: its row is already final
+        st.actions.append(MarkCommand(id=pend.id, status="cancelled", detail=f"the run {how} before answering"))
+    s.pending = None
+    st.actions.append(CloseIncident(id=inc.id, outcome=outcome, closed_at=inp.now, rollback_to=inc.rollback_to,
+                                    lr_scale=s.lr_scale))
+    st.alert("warn", inc.rule, f"run {s.run} {how} mid-incident: {outcome}", reason, ev, action="resolve")
+    s.incident = None
 
 
 def new_state(run: str, salt: str) -> RecoveryState:

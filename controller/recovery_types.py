@@ -149,7 +149,17 @@ class TickIn:
     now: float
 
 
-Input = VerdictIn | ProgressIn | CheckpointIn | AckIn | ValidationIn | TickIn
+@dataclass(frozen=True, slots=True)
+class RunEndedIn:
+    """Rank 0 reported the run finished or failed: no trainer is left to answer commands."""
+
+    now: float
+    failed: bool
+    detail: str = ""
+    """The failure's error text (empty for a finished run)."""
+
+
+Input = VerdictIn | ProgressIn | CheckpointIn | AckIn | ValidationIn | TickIn | RunEndedIn
 
 
 # ---------------------------------------------------------------------------------------------
@@ -170,7 +180,8 @@ class SendCommand:
 
 @dataclass(frozen=True, slots=True)
 class MarkCommand:
-    """A command this machine gave up waiting for (status ``timeout``)."""
+    """A command this machine gave up waiting for: status ``timeout``, or ``cancelled`` when the run
+    ended before answering it."""
 
     id: str
     status: str
@@ -202,7 +213,7 @@ class OpenIncident:
 @dataclass(frozen=True, slots=True)
 class CloseIncident:
     id: str
-    outcome: str  # resumed | rolled_back | halted
+    outcome: str  # resumed | rolled_back | halted | abandoned (the run ended mid-recovery)
     closed_at: float | None
     rollback_to: int | None
     lr_scale: float

@@ -22,7 +22,8 @@ import pandas as pd
 
 BLUE, GREY, AMBER, RED, GREEN, PURPLE = "#1f77b4", "#7f7f7f", "#f0a030", "#d62728", "#2ca02c", "#9467bd"
 FADED_BLUE = "#aec7e8"
-OUTCOME_COLORS = {"open": AMBER, "resumed": GREEN, "rolled_back": RED, "halted": PURPLE}
+# abandoned (the run ended mid-recovery) is grey: nothing was decided, the run just stopped
+OUTCOME_COLORS = {"open": AMBER, "resumed": GREEN, "rolled_back": RED, "halted": PURPLE, "abandoned": GREY}
 STATE_COLORS = {
     "running": GREEN, "pausing": AMBER, "validating": "#bcbd22", "rolling_back": RED,
     "recovering": "#ff9896", "resuming": "#98df8a", "halted": PURPLE,

@@ -154,7 +154,7 @@ class Incident(Base):
     level: Mapped[str] = mapped_column(String(16))
     spike_step: Mapped[int] = mapped_column(Integer)
     onset_step: Mapped[int | None] = mapped_column(Integer)
-    outcome: Mapped[str] = mapped_column(String(16), default="open")  # open | resumed | rolled_back | halted
+    outcome: Mapped[str] = mapped_column(String(16), default="open")  # open | resumed | rolled_back | halted | abandoned
     rollback_to: Mapped[int | None] = mapped_column(Integer)
     lr_scale: Mapped[float | None] = mapped_column(Float)
     evidence: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
@@ -191,7 +191,7 @@ class CommandRow(Base):
     issued_at: Mapped[float] = mapped_column(Float)
     expires_at: Mapped[float] = mapped_column(Float)
     source: Mapped[str] = mapped_column(String(16), default="controller")  # controller | operator
-    # pending (in the outbox) | sent | applied | rejected | failed | expired | duplicate | timeout
+    # pending (in the outbox) | sent | applied | rejected | failed | expired | duplicate | timeout | cancelled
     status: Mapped[str] = mapped_column(String(16), default="pending")
     ack_detail: Mapped[str | None] = mapped_column(Text)
     acked_at: Mapped[float | None] = mapped_column(Float)

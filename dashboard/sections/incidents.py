@@ -14,7 +14,7 @@ from dashboard import charts, derive, queries
 from dashboard.sections.context import Context, show
 
 OUTCOME_BADGES = {"open": ":orange[**open**]", "resumed": ":green[**resumed**]", "rolled_back": ":red[**rolled back**]",
-                  "halted": ":violet[**halted**]"}
+                  "halted": ":violet[**halted**]", "abandoned": ":gray[**abandoned**]"}
 
 
 def render(ctx: Context) -> None:

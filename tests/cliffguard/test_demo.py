@@ -50,6 +50,14 @@ def test_judge_fails_on_a_halted_incident_even_when_faults_match():
     assert not judge(faults, [_inc("a", 101, "resumed"), _inc("h", 250, "halted")])[0]
 
 
+def test_judge_fails_when_an_incident_was_abandoned():
+    faults = [FaultSpec.parse("corrupt@100")]
+    ok, results, _ = judge(faults, [_inc("a", 101, "abandoned")])
+    assert not ok and results[0]["problem"] == "outcome abandoned, expected resumed"
+    # an abandoned incident no fault explains still fails the demo: the run ended mid-recovery
+    assert not judge(faults, [_inc("a", 101, "resumed"), _inc("x", 250, "abandoned")])[0]
+
+
 def test_demo_refuses_to_empty_a_directory_it_did_not_make(tmp_path):
     keep = tmp_path / "notes.txt"
     keep.write_text("mine")

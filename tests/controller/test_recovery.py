@@ -32,6 +32,7 @@ from controller.recovery_types import (
     RecordTransition,
     RecoveryConfig,
     RecoveryState,
+    RunEndedIn,
     SendCommand,
     TickIn,
     ValidationIn,
@@ -471,6 +472,66 @@ def test_each_waiting_phase_retries_gives_up_and_halts_on_refusal(phase):
     assert d2.s.phase is Phase.HALTED
 
 
+ENDABLE = [Phase.PAUSING, Phase.VALIDATING, Phase.ROLLING_BACK, Phase.RECOVERING, Phase.RESUMING, Phase.HALTED]
+
+
+def _drive_to_endable(phase: Phase) -> Driver:
+    if phase is Phase.RECOVERING:
+        d = _drive_to(Phase.ROLLING_BACK)
+        d.ack(detail="memory")
+    elif phase is Phase.HALTED:
+        d = _drive_to(Phase.PAUSING)
+        d.ack(status=AckStatus.REJECTED, detail="bad_signature")
+    else:
+        d = _drive_to(phase)
+    assert d.s.phase is phase and d.s.incident is not None
+    return d
+
+
+@pytest.mark.parametrize("phase", ENDABLE)
+def test_run_end_mid_incident_closes_it_and_cancels_the_unanswered_command(phase):
+    d = _drive_to_endable(phase)
+    inc, pend, lr = d.s.incident, d.s.pending, d.s.lr_scale
+    d.now += 5
+    acts = d.feed(RunEndedIn(now=d.now, failed=True, detail="CUDA error"))
+    assert d.s.phase is Phase.RUNNING and d.s.incident is None and d.s.pending is None
+    rec = [a for a in acts if isinstance(a, RecordTransition)]
+    assert [(r.from_state, r.to_state, r.trigger) for r in rec] == [(phase, Phase.RUNNING, "run_ended")]
+    assert rec[0].incident_id == inc.id and "failed" in rec[0].reason and "CUDA error" in rec[0].reason
+    assert rec[0].evidence["phase"] == phase and rec[0].evidence["cmd"] == (pend.id if pend else None)
+    # halted already asked a human and says so; every other phase was cut short by the run's end
+    outcome = "halted" if phase is Phase.HALTED else "abandoned"
+    assert [a for a in acts if isinstance(a, CloseIncident)] == [
+        CloseIncident(id=inc.id, outcome=outcome, closed_at=d.now, rollback_to=inc.rollback_to, lr_scale=lr)]
+    expect_marks = [MarkCommand(id=pend.id, status="cancelled", detail="the run failed before answering")] if pend else []
+    assert [a for a in acts if isinstance(a, MarkCommand)] == expect_marks
+    assert [(a.level, a.action, a.incident_id) for a in acts if isinstance(a, Alert)] == [("warn", "resolve", inc.id)]
+    assert not any(isinstance(a, SendCommand) for a in acts)
+    # later events are harmless: a second end, a late ack of the cancelled command
+    assert d.feed(RunEndedIn(now=d.now + 1, failed=False)) == []
+    if pend is not None:
+        assert d.ack(cmd_id=pend.id) == [] and d.s.phase is Phase.RUNNING
+
+
+def test_run_end_without_incident_is_a_no_op_and_an_applied_validate_is_not_cancelled():
+    d = Driver()
+    healthy_run(d, 30)
+    before = d.s.state_dict()
+    assert d.feed(RunEndedIn(now=d.now, failed=False)) == [] and d.s.state_dict() == before
+    with pytest.raises(TransitionNotAllowed):
+        fire(Phase.RUNNING, "run_ended")
+    d.spike(step=31)
+    d.ack()  # pause applied
+    d.ack()  # validate applied; its result never comes
+    acts = d.feed(RunEndedIn(now=d.now, failed=False))
+    assert d.s.phase is Phase.RUNNING and not any(isinstance(a, MarkCommand) for a in acts)
+    rec = next(a for a in acts if isinstance(a, RecordTransition))
+    assert rec.reason == "the run finished while validating; incident abandoned"
+    assert [a.outcome for a in acts if isinstance(a, CloseIncident)] == ["abandoned"]
+    d.spike(step=40)  # a restarted run under the same id is watched again
+    assert d.s.phase is Phase.PAUSING and d.s.incident is not None
+
+
 def test_zz_every_declared_transition_is_taken_somewhere():
     """Runs last in this module: replays the scenarios above and collects the edges they took."""
     scenarios = [
@@ -495,6 +556,8 @@ def test_zz_every_declared_transition_is_taken_somewhere():
             fn()
         for phase in (Phase.PAUSING, Phase.VALIDATING, Phase.ROLLING_BACK, Phase.RESUMING):
             test_each_waiting_phase_retries_gives_up_and_halts_on_refusal(phase)
+        for phase in ENDABLE:
+            test_run_end_mid_incident_closes_it_and_cancels_the_unanswered_command(phase)
     finally:
         rec.fire = original
     assert taken == set(TRANSITIONS)

@@ -146,6 +146,39 @@ def test_scripted_streams_produce_exactly_the_expected_commands(kafka_cfg, db):
         assert {10, 20} <= stable
 
 
+def _outcomes(engine, run_id: str) -> list[str]:
+    with session_scope(engine) as s:
+        return [i["outcome"] for i in read.incidents(s, run_id)]
+
+
+def test_run_finished_while_pausing_abandons_the_incident_and_cancels_the_pause(kafka_cfg, tmp_path):
+    with store_engine("sqlite", tmp_path) as (engine, _):
+        t = FakeTrainer(kafka_cfg)
+        try:
+            # its own consumer group: sharing "ctl" made the next test's controller re-read its first
+            # offsets (dead letters counted twice) in 2 of 3 runs on the shared broker
+            with Running(kafka_cfg, engine, group="ctl-end"):
+                prefix(t, "run-end")
+                spike(t, "run-end", 41)
+                pause = t.expect("run-end", "pause")
+                t.send("run-end", "run.finished", 43, {"steps": 44})  # ends instead of acking the pause
+                t.producer.flush()
+                wait_for(lambda: _outcomes(engine, "run-end") == ["abandoned"])
+                t.quiet(1.0)
+            assert t.types("run-end") == ["pause"]  # nothing more is sent to a trainer that is gone
+        finally:
+            t.close()
+        with session_scope(engine) as s:
+            run = s.get(Run, "run-end")
+            assert run.status == "finished" and run.recovery_state == "running"
+            inc = read.incidents(s, "run-end")[0]
+            assert inc["closed_at"] is not None
+            timeline = [(x["from_state"], x["to_state"]) for x in read.transitions(s, "run-end")]
+            assert timeline == [("running", "pausing"), ("pausing", "running")]
+            assert read.transitions(s, "run-end")[-1]["reason"].startswith("run_ended: the run finished while pausing")
+            assert s.get(CommandRow, pause.id).status == "cancelled"
+
+
 def test_malformed_input_goes_to_the_dlq_and_the_service_stays_up(kafka_cfg, db):
     engine, _ = db
     t = FakeTrainer(kafka_cfg)
