@@ -233,6 +233,20 @@ class EdgeConsumer:
             return {}
         return {(tp.topic, tp.partition): (first[tp], end[tp]) for tp in parts}
 
+    def broker_forgot_group(self, tps: list[tuple[str, int]]) -> bool | None:
+        """Does the broker hold no committed offset for any of these partitions? (None: unknown)
+
+        Offsets are committed to Kafka after every batch (best effort), so a broker that has none
+        for partitions this group already read has lost its state: it restarted empty, or the
+        topic was deleted and created again."""
+        from kafka import TopicPartition
+
+        try:
+            return all(self._consumer.committed(TopicPartition(t, p)) is None for t, p in tps)
+        except Exception as exc:  # noqa: BLE001 - unknown: the caller keeps its offsets
+            log.warning("could not read committed offsets of %s: %s", tps, exc)
+            return None
+
     def assignment(self) -> list[tuple[str, int]]:
         return sorted((tp.topic, tp.partition) for tp in self._consumer.assignment())
 

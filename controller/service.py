@@ -133,13 +133,19 @@ class ControllerService:
                  {p: stored[p] for p in parts if p in stored}, n)
 
     def _drop_offsets_beyond_the_log(self, tps: list[tuple[str, int]], stored: dict[int, int]) -> dict[int, int]:
-        """Stored offsets past a partition's end belong to a topic that no longer exists (it was
-        deleted and created again, e.g. a broker that restarted empty). Seeking there would skip
-        the new topic's messages and the batch fence would refuse every batch from offset 0 on,
-        so such a partition restarts at its first offset, in the store too."""
+        """Stored offsets past a partition's end, on a broker that no longer has this group's
+        committed offsets, belong to a topic that no longer exists (deleted and created again, or
+        a broker that restarted empty). Seeking there would skip the new topic's messages and the
+        batch fence would refuse every batch from offset 0 on, so such a partition restarts at
+        its first offset, in the store too."""
         bounds_of = getattr(self.edge, "log_bounds", None)
+        forgot = getattr(self.edge, "broker_forgot_group", None)
         mine = [(t, p) for t, p in tps if p in stored]
-        bounds = bounds_of(mine) if bounds_of is not None and mine else {}
+        # Some brokers (Tansu) report a low end offset for a log written in batches, so "past the
+        # end" alone is not proof; a broker that also lost this group's committed offsets is.
+        if not mine or bounds_of is None or forgot is None or forgot(mine) is not True:
+            return stored
+        bounds = bounds_of(mine)
         reset = {(t, p): first for (t, p), (first, end) in bounds.items() if stored[p] > end}
         if reset:
             self._reset_stored_offsets(reset)
