@@ -14,19 +14,11 @@ from sqlalchemy.engine import make_url
 from agent.events import Command, decode_command, encode_event, make_event
 from agent.kafka_config import KafkaConfig
 from agent.signing import CommandVerifier, Rejection, Secret
+from bench.controller_support import step_data  # one synthetic step payload for tests and bench
 from controller.store.db import init_db, make_engine
 
 SECRET = Secret("test-secret-of-enough-length")
 FAST_GROUP = {"session_timeout_ms": 3000, "heartbeat_interval_ms": 500, "max_poll_interval_ms": 3000}
-
-
-def step_data(loss: float, step: int, batch: int = 8) -> dict:
-    return {
-        "loss": loss, "loss_local": loss, "lr": 1e-3, "lr_scale": 1.0, "grad_norm": 1.0, "tokens": 1024,
-        "step_time_s": 0.05, "data_wait_s": 0.001, "comm_exposed_s": 0.001, "compute_s": 0.048,
-        "tokens_per_s": 20000.0, "mfu": 0.5, "mem_allocated": 1000, "mem_reserved": 1200, "loss_scale": 1.0,
-        "skipped": False, "clipped_layers": 0, "guard": "ok", "sample_range": [step * batch, (step + 1) * batch],
-    }
 
 
 def healthy_loss(step: int) -> float:
