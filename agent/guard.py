@@ -1,6 +1,6 @@
 """The in-process guard (DESIGN §6): the spike rule on the all-reduced loss, before the update.
 
-``Guard.decide(global_loss)`` runs ``agent.spike.SpikeDetector`` — the very code the controller
+``Guard.decide(global_loss)`` runs ``core.spike.SpikeDetector`` — the very code the controller
 runs — on the loss every rank got from the same all-reduce, so every rank reaches the same
 decision without talking:
 
@@ -31,8 +31,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.events import GuardDecision
-from agent.spike import Level, SpikeConfig, SpikeDetector, SpikeVerdict
+from core.enums import GuardDecision, Level
+from core.spike import SpikeConfig, SpikeDetector, SpikeVerdict
 
 TIMEOUT_POLICIES = ("rollback", "resume", "stop")
 

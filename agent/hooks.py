@@ -45,9 +45,10 @@ from agent.collectors.grad_hist import HistConfig, grad_histograms, layer_name
 from agent.collectors.memory import memory_stats
 from agent.collectors.mfu import ModelShape, mfu, resolve_peak
 from agent.collectors.timing import StepClock, attach_comm_timer
-from agent.events import AckStatus, Command, EventType, GuardDecision, make_event
 from agent.guard import Guard, GuardConfig
 from agent.heartbeat import Heartbeat
+from core.enums import AckStatus, EventType, GuardDecision
+from core.events import Command, make_event
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,7 @@ class AgentConfig:
 
 def load_secret(value: str | None = None) -> Any:
     """The command secret from ``value`` or ``CLIFFGUARD_COMMAND_SECRET``; None when neither."""
-    from agent.signing import Secret
+    from core.signing import Secret
 
     raw = value or os.environ.get(SECRET_ENV)
     return Secret(raw) if raw else None
@@ -173,7 +174,7 @@ class Agent:
 
     def _make_listener(self, kafka: Any, secret: Any) -> Any:
         from agent.listener import CommandListener
-        from agent.signing import CommandVerifier
+        from core.signing import CommandVerifier
 
         listener = CommandListener(kafka, self.config.run, CommandVerifier(self.config.run, secret), self._on_reject)
         listener.start()

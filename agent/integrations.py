@@ -29,8 +29,8 @@ from typing import Any
 
 from accelerate.tracking import GeneralTracker
 
-from agent.events import AckStatus, CommandType, EventType
 from agent.hooks import Agent, AgentConfig
+from core.enums import AckStatus, CommandType, EventType
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ replay of an accepted id    ``DUPLICATE``         ``replayed: ...``
 When the broker goes away the consumer keeps retrying. A broker that comes back empty (Tansu
 restarts) gets the topic created again, with offsets from 0: the listener notices the new topic
 id and reads the new topic from its beginning, so commands published after the restart are not
-missed (see ``agent.topic_watch``). A failure inside the thread is logged and
+missed (see ``core.topic_watch``). A failure inside the thread is logged and
 counted (``errors``) and the thread carries on.
 """
 
@@ -37,10 +37,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from agent.events import AckStatus, Command, SchemaError, decode_command
-from agent.kafka_config import KafkaConfig
-from agent.signing import CommandVerifier, Rejection
-from agent.topic_watch import TopicIdWatch
+from core.enums import AckStatus
+from core.events import Command, SchemaError, decode_command
+from core.kafka_config import KafkaConfig
+from core.signing import CommandVerifier, Rejection
+from core.topic_watch import TopicIdWatch
 
 log = logging.getLogger(__name__)
 

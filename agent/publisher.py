@@ -55,9 +55,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from agent.events import Event, EventType, encode_event
-from agent.kafka_config import KafkaConfig
 from agent.spill import SpillFile
+from core.enums import EventType
+from core.events import Event, encode_event
+from core.kafka_config import KafkaConfig
 
 log = logging.getLogger(__name__)
 

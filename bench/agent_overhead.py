@@ -39,8 +39,8 @@ def worker(args: argparse.Namespace) -> None:
     from accelerate import Accelerator
 
     from agent.hooks import Agent, AgentConfig
-    from agent.kafka_config import KafkaConfig
     from agent.publisher import InMemorySink, PublisherConfig
+    from core.kafka_config import KafkaConfig
     from trainer.model import GPT, GPTConfig
 
     acc = Accelerator(cpu=True)
@@ -138,8 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     bootstrap = None
     if args.sink == "kafka":
         try:
-            from agent.kafka_config import KafkaConfig
             from controller.broker import EmbeddedBroker, ensure_topics
+            from core.kafka_config import KafkaConfig
 
             broker = EmbeddedBroker(port=0).start()
             bootstrap = broker.bootstrap

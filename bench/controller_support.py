@@ -6,13 +6,13 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from agent.events import encode_event, make_event
-from agent.kafka_config import KafkaConfig
-from agent.signing import Secret
 from controller.broker import EmbeddedBroker, ensure_topics
 from controller.config import ControllerConfig
 from controller.service import ControllerService
 from controller.store.db import init_db, make_engine
+from core.events import encode_event, make_event
+from core.kafka_config import KafkaConfig
+from core.signing import Secret
 
 SECRET = Secret("bench-secret-bench-secret")
 # The embedded broker's first group join waits about max_poll_interval_ms; 10 s keeps that short

@@ -22,13 +22,13 @@ import os
 import time
 import uuid
 
-from agent.events import decode_event
 from bench.controller_support import controller, fresh_kafka, fresh_store, healthy_loss, step_bytes
 from controller.batch import inputs_for
 from controller.broker import EmbeddedBroker
 from controller.detect import RunDetector
 from controller.recovery import new_state, transition
 from controller.recovery_types import RecoveryConfig
+from core.events import decode_event
 
 
 def core_rates(n: int) -> dict[str, float]:

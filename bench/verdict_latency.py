@@ -25,10 +25,10 @@ import uuid
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from agent.events import decode_command
 from bench.controller_support import controller, fresh_kafka, fresh_store, step_bytes
 from controller.broker import EmbeddedBroker
 from controller.detect import RulesConfig
+from core.events import decode_command
 
 
 def _pct(vals: list[float], q: float) -> float:

@@ -2,7 +2,7 @@
 
 Each component owns its validated dataclass; this module maps TOML sections to them and builds
 the whole tree from ``--config FILE.toml`` < ``CLIFFGUARD_<SECTION>__<FIELD>`` env < flags (see
-``agent/settings.py``), so one file configures the broker address, the store, the rules, the
+``core/settings.py``), so one file configures the broker address, the store, the rules, the
 recovery policy, the alerts, the dashboard and the trainer alike. ``cliffguard config --check``
 validates a file the way each service would at start and prints the resolved values.
 """
@@ -13,12 +13,12 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
-from agent.settings import build_config, config_to_dict, load_toml
+from core.settings import build_config, config_to_dict, load_toml
 
 # section -> "module:Class". The trainer's sections ([train], [model], [data], [checkpoint],
 # [agent]) nest inside TrainConfig; they are listed so one file can carry them all.
 SECTIONS: dict[str, str] = {
-    "kafka": "agent.kafka_config:KafkaConfig",
+    "kafka": "core.kafka_config:KafkaConfig",
     "store": "controller.store.db:StoreConfig",
     "retention": "controller.store.retention:RetentionConfig",
     "controller": "controller.config:ControllerConfig",
@@ -53,7 +53,7 @@ def load_all(
     toml = load_toml(path)
     unknown = set(toml) - set(SECTIONS) - NOT_CONFIG
     if unknown:
-        from agent.settings import ConfigError
+        from core.settings import ConfigError
 
         raise ConfigError(sorted(unknown)[0], path or "config file", f"unknown section; known: {', '.join(SECTIONS)}")
     out: dict[str, Any] = {}

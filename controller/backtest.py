@@ -21,9 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.events import Event, EventType
 from controller.detect import RulesConfig, RunDetector
 from controller.verdict import Action, Verdict
+from core.enums import EventType
+from core.events import Event
+from core.floats import from_json, from_store_kind, to_json
 
 
 class CsvError(ValueError):
@@ -106,7 +108,7 @@ class BacktestEvent:
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "level": self.level, "rule": self.rule, "rule_level": self.rule_level,
                 "action": self.action, "onset_step": self.onset_step, "rank": self.rank,
-                "message": self.message, "evidence": _jsonable(self.evidence)}
+                "message": self.message, "evidence": to_json(self.evidence)}
 
 
 def replay_points(points: Iterable[tuple[int, float]], config: RulesConfig | None = None) -> list[BacktestEvent]:
@@ -137,12 +139,10 @@ def load_run_events(url: str, run_id: str) -> list[Event]:
         engine.dispose()
 
 
-_NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf,
-              "NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
 def _row_event(run_id: str, r: Any) -> Event:
-    loss = _NONFINITE.get(r.nonfinite, math.nan) if r.nonfinite else r.loss
+    loss = from_store_kind(r.nonfinite) if r.nonfinite else r.loss
     data = {
         "loss": math.nan if loss is None else float(loss),
         "grad_norm": r.grad_norm if r.grad_norm is not None else 0.0,
@@ -154,8 +154,7 @@ def _row_event(run_id: str, r: Any) -> Event:
         "mem_allocated": r.mem_allocated or 0,
         "mem_reserved": r.mem_reserved or 0,
         "skipped": bool(r.skipped),
-        "layer_grad_norms": {k: _NONFINITE.get(v, v) if isinstance(v, str) else v
-                             for k, v in (r.layer_grad_norms or {}).items()},
+        "layer_grad_norms": from_json(dict(r.layer_grad_norms or {})),
     }
     return Event(type=EventType.STEP, run=run_id, step=r.step, rank=r.rank, world=max(1, r.rank + 1),
                  ts=r.ts, data=data)
@@ -167,11 +166,3 @@ def summary(events: Sequence[BacktestEvent], n_points: int) -> dict[str, Any]:
             "first_critical_step": crit[0].step if crit else None}
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return value

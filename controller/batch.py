@@ -22,8 +22,6 @@ from dataclasses import dataclass, field
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from agent.events import AckStatus, Event, EventType, _jsonable
-from agent.signing import Secret
 from controller.alerts import AlertsConfig, AlertSpec, enqueue_alert
 from controller.edge import EdgeBatch
 from controller.operator import enqueue_command
@@ -55,6 +53,10 @@ from controller.store.models import CheckpointRow, CommandRow, ConsumerOffset, D
 from controller.store.offsets import save_offsets
 from controller.store.retention import RetentionConfig, downsample_if_due
 from controller.verdict import Verdict
+from core.enums import AckStatus, EventType
+from core.events import Event
+from core.floats import to_json
+from core.signing import Secret
 
 log = logging.getLogger(__name__)
 
@@ -204,13 +206,13 @@ class BatchProcessor:
         elif isinstance(act, RecordTransition):
             session.add(Transition(run_id=run_id, incident_id=act.incident_id, ts=act.ts, step=act.step,
                                    from_state=str(act.from_state), to_state=str(act.to_state),
-                                   reason=f"{act.trigger}: {act.reason}", evidence=_jsonable(act.evidence)))
+                                   reason=f"{act.trigger}: {act.reason}", evidence=to_json(act.evidence)))
             res.transitions.append((run_id, str(act.from_state), str(act.to_state)))
             log.info("run %s: %s -> %s (%s)", run_id, act.from_state, act.to_state, act.reason)
         elif isinstance(act, OpenIncident):
             session.add(Incident(id=act.id, run_id=run_id, opened_at=act.opened_at, rule=act.rule, level=act.level,
                                  spike_step=act.spike_step, onset_step=act.onset_step, outcome="open",
-                                 evidence=_jsonable(act.evidence)))
+                                 evidence=to_json(act.evidence)))
             session.flush()  # no ORM relationships: the incident row must exist before rows naming it
         elif isinstance(act, CloseIncident):
             row = session.get(Incident, act.id)

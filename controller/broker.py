@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from agent.kafka_config import KafkaConfig
+from core.kafka_config import KafkaConfig
 
 log = logging.getLogger(__name__)
 

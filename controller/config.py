@@ -3,7 +3,7 @@
 Rules (``controller.detect.RulesConfig``), recovery (``controller.recovery_types.RecoveryConfig``),
 alerts, Kafka and the store each own their config; this one holds what only the service loop
 needs. The command-signing secret is not a field: it comes from ``CLIFFGUARD_COMMAND_SECRET``
-(or the caller) as an ``agent.signing.Secret`` and is never logged.
+(or the caller) as an ``core.signing.Secret`` and is never logged.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from agent.signing import Secret
+from core.signing import Secret
 
 SECRET_ENV = "CLIFFGUARD_COMMAND_SECRET"
 

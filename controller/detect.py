@@ -26,7 +26,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.events import Event, EventType
 from controller.rules.divergence import DivergenceConfig
 from controller.rules.grad_norm import GradNormConfig, GradNormRule
 from controller.rules.heartbeat import HeartbeatConfig, HeartbeatRule
@@ -36,6 +35,8 @@ from controller.rules.memory import MemoryConfig, MemoryRule
 from controller.rules.mfu import MfuConfig, MfuRule
 from controller.rules.straggler import StragglerConfig, StragglerRule
 from controller.verdict import Verdict
+from core.enums import EventType
+from core.events import Event
 
 
 @dataclass(kw_only=True, slots=True)

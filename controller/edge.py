@@ -28,9 +28,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.events import Event, SchemaError, UnknownVersion, decode_event
-from agent.kafka_config import KafkaConfig
-from agent.topic_watch import TopicIdWatch
+from core.events import Event, SchemaError, UnknownVersion, decode_event
+from core.kafka_config import KafkaConfig
+from core.topic_watch import TopicIdWatch
 
 log = logging.getLogger(__name__)
 

@@ -15,9 +15,11 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from agent.events import CommandType, _jsonable, encode_command, make_command
-from agent.signing import Secret, sign_command
 from controller.store.models import AuditRow, CommandRow, OutboxRow, Run
+from core.enums import CommandType
+from core.events import encode_command, make_command
+from core.floats import to_json
+from core.signing import Secret, sign_command
 
 
 class UnknownRun(LookupError):
@@ -46,7 +48,7 @@ def enqueue_command(
         cmd = replace(cmd, id=cmd_id)
     signed = sign_command(cmd, secret)
     row = CommandRow(id=signed.id, run_id=run_id, incident_id=incident_id, type=str(signed.type),
-                     args=_jsonable(signed.args), issued_at=signed.issued_at, expires_at=signed.expires_at,
+                     args=to_json(signed.args), issued_at=signed.issued_at, expires_at=signed.expires_at,
                      source=source, status="pending", attempt=attempt)
     session.add(row)
     session.add(OutboxRow(id=f"cmd_{signed.id}", kind="command", target=commands_topic, key=run_id,

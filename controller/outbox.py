@@ -20,9 +20,9 @@ from typing import Any
 
 from sqlalchemy import Engine, func, select, update
 
-from agent.kafka_config import KafkaConfig
 from controller.store.db import session_scope
 from controller.store.models import CommandRow, OutboxRow
+from core.kafka_config import KafkaConfig
 
 log = logging.getLogger(__name__)
 

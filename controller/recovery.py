@@ -40,8 +40,6 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from agent.events import AckStatus, CommandType
-from agent.spike import Level
 from controller.recovery_types import (
     AckIn,
     ActionT,
@@ -68,6 +66,7 @@ from controller.recovery_types import (
     VerdictIn,
 )
 from controller.verdict import Action
+from core.enums import AckStatus, CommandType, Level
 
 UNHEALTHY_KEEP = 64
 ISSUED_KEEP = 32

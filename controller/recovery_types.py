@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from agent.events import AckStatus, CommandType
 from controller.verdict import Verdict
+from core.enums import AckStatus, CommandType
 
 
 class Phase(StrEnum):

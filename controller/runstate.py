@@ -17,11 +17,12 @@ from typing import Any, Protocol
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from agent.events import Event, _jsonable
 from controller.recovery import new_state
 from controller.recovery_types import RecoveryState
 from controller.store.models import Run
 from controller.verdict import Verdict
+from core.events import Event
+from core.floats import from_json, to_json
 
 STATE_VERSION = 1
 
@@ -58,7 +59,7 @@ class RunSlot:
     dirty: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return _jsonable({
+        return to_json({
             "v": STATE_VERSION,
             "partition": self.partition,
             "detector": self.detector.state_dict(),
@@ -87,7 +88,7 @@ class RunTable:
     def _from_stored(self, run_id: str, stored: dict[str, Any] | None) -> RunSlot:
         det = self._factory()
         if stored and stored.get("v") == STATE_VERSION:
-            det.load_state_dict(_floats(stored["detector"]))
+            det.load_state_dict(from_json(stored["detector"]))
             rec = RecoveryState.from_state_dict(stored["recovery"])
             return RunSlot(run_id, det, rec, stored.get("partition"))
         return RunSlot(run_id, det, new_state(run_id, uuid.uuid4().hex), None, dirty=True)
@@ -110,15 +111,6 @@ class RunTable:
         self.slots.clear()
 
 
-def _floats(state: Any) -> Any:
-    """Undo ``_jsonable``'s non-finite strings inside a detector's stored state."""
-    if isinstance(state, dict):
-        return {k: _floats(v) for k, v in state.items()}
-    if isinstance(state, list):
-        return [_floats(v) for v in state]
-    if state in ("NaN", "Infinity", "-Infinity"):
-        return float(state.replace("Infinity", "inf"))
-    return state
 
 
 def save_slots(session: Session, slots: list[RunSlot]) -> None:

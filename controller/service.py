@@ -26,8 +26,6 @@ from collections.abc import Callable
 
 from sqlalchemy import Engine
 
-from agent.kafka_config import KafkaConfig
-from agent.signing import Secret
 from controller.alerts import AlertDeliverer, AlertsConfig
 from controller.batch import BatchContext, BatchProcessor, BatchResult, StaleBatch
 from controller.config import ControllerConfig
@@ -39,6 +37,8 @@ from controller.store.db import session_scope
 from controller.store.dlq import count_dead_letter
 from controller.store.offsets import load_offsets, save_offsets
 from controller.store.retention import RetentionConfig
+from core.kafka_config import KafkaConfig
+from core.signing import Secret
 
 log = logging.getLogger(__name__)
 

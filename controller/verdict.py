@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from agent.spike import Level
+from core.enums import Level
 
 
 class Action(StrEnum):

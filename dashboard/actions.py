@@ -14,10 +14,11 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from agent.events import CommandType, SchemaError
-from agent.signing import Secret
 from controller.operator import UnknownRun, issue_operator_command
 from controller.store.db import session_scope
+from core.enums import CommandType
+from core.events import SchemaError
+from core.signing import Secret
 from dashboard.config import DashboardConfig
 
 OPERATOR_ACTIONS = (CommandType.PAUSE, CommandType.RESUME, CommandType.VALIDATE, CommandType.ROLLBACK)

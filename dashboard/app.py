@@ -17,8 +17,8 @@ if __package__ in (None, ""):  # `streamlit run dashboard/app.py` runs this file
 import streamlit as st
 from sqlalchemy import Engine
 
-from agent.settings import ConfigError
 from controller.store.db import make_engine
+from core.settings import ConfigError
 from dashboard import queries
 from dashboard.config import DashboardConfig, load_config
 from dashboard.sections import alerts, checkpoints, gradients, header, incidents, loss, operator, ranks

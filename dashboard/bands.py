@@ -1,8 +1,8 @@
 """The loss chart's statistics, computed by replaying the very spike rule the controller runs.
 
-For each loss (in write order) the band is what ``agent.spike.SpikeDetector`` knew just before
+For each loss (in write order) the band is what ``core.spike.SpikeDetector`` knew just before
 judging it: the median of the recent healthy window and the robust σ of
-``agent.spike.window_stats``; warn = median + k_warn·σ, critical = median + k_crit·σ. Spikes do
+``core.spike.window_stats``; warn = median + k_warn·σ, critical = median + k_crit·σ. Spikes do
 not enter the window, exactly as in the detector, so a spike does not widen its own band.
 
 Rollbacks: the trainer replays steps after a rollback, so step numbers go back. Each stretch
@@ -17,7 +17,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from agent.spike import SpikeConfig, SpikeDetector
+from core.spike import SpikeConfig, SpikeDetector
 
 
 def loss_bands(curve: pd.DataFrame, cfg: SpikeConfig) -> pd.DataFrame:

@@ -14,8 +14,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from agent.settings import build_config, load_toml
-from agent.spike import SpikeConfig
+from core.settings import build_config, load_toml
+from core.spike import SpikeConfig
 
 ENV_DB_URL = "CLIFFGUARD_DASHBOARD__DB_URL"
 ENV_OPERATOR_TOKEN = "CLIFFGUARD_OPERATOR_TOKEN"

@@ -1,6 +1,6 @@
 """Checkpoints: an in-memory ring for fast rollback, and atomic, verified, asynchronous disk copies.
 
-Kinds (``agent.events.CheckpointKind``):
+Kinds (``core.events.CheckpointKind``):
 
 - ``memory``: a CPU deep copy in a ring of the last ``memory_ring`` snapshots (every
   ``snapshot_every`` steps). Rollback from here costs a copy, no I/O.
@@ -57,7 +57,7 @@ from typing import Any
 
 import torch
 
-from agent.events import CheckpointKind
+from core.enums import CheckpointKind
 from trainer.checkpoint_io import (
     CorruptCheckpoint,
     FlatSnapshot,

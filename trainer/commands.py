@@ -33,7 +33,8 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from agent.events import AckStatus, Command, CommandType
+from core.enums import AckStatus, CommandType
+from core.events import Command
 
 if TYPE_CHECKING:
     from trainer.loop import Trainer

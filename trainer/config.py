@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from agent.hooks import AgentConfig
-from agent.kafka_config import KafkaConfig
-from agent.settings import config_to_dict
+from core.kafka_config import KafkaConfig
+from core.settings import config_to_dict
 from trainer.checkpoint import CheckpointConfig
 from trainer.data import DataConfig
 from trainer.model import GPTConfig

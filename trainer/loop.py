@@ -33,8 +33,8 @@ import torch
 import torch.distributed as dist
 
 from agent.collectors.mfu import ModelShape
-from agent.events import EventType, GuardDecision
 from agent.hooks import Agent
+from core.enums import EventType, GuardDecision
 from trainer.checkpoint import CheckpointManager
 from trainer.config import TrainConfig
 from trainer.data import Sampler, load_corpus

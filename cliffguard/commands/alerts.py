@@ -12,8 +12,8 @@ import argparse
 import json
 import time
 
-from agent.settings import ConfigError
 from cliffguard.commands.controller import add_common
+from core.settings import ConfigError
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -51,10 +51,10 @@ def endpoint_table(session) -> list[dict]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from agent.settings import build_config, load_toml
     from controller.alerts.enqueue import set_endpoint_disabled
     from controller.store.db import Store, StoreConfig
     from controller.store.models import AuditRow
+    from core.settings import build_config, load_toml
 
     try:
         store_cfg = build_config(StoreConfig, "store", toml=load_toml(args.config), flags={"url": args.db})

@@ -64,9 +64,9 @@ def _flags(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from agent.settings import ConfigError, build_config, config_to_dict, load_toml
     from controller import backtest as bt
     from controller.detect import RulesConfig
+    from core.settings import ConfigError, build_config, config_to_dict, load_toml
 
     def fail(msg: str) -> int:
         print(f"cliffguard backtest: {msg}", file=sys.stderr)
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     summary = bt.summary(events, n)
     if args.json:
         print(json.dumps({"source": source, "points": n, "events": [e.to_dict() for e in events],
-                          "summary": summary, "config": bt._jsonable(config_to_dict(rules))},
+                          "summary": summary, "config": bt.to_json(config_to_dict(rules))},
                          allow_nan=False))
         return 0
     print(f"{source}: {n} points, {summary['warn']} warn, {summary['critical']} critical")

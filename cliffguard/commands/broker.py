@@ -6,8 +6,8 @@ import argparse
 import signal
 import threading
 
-from agent.kafka_config import KafkaConfig
 from controller.broker import BrokerError, EmbeddedBroker, ensure_topics
+from core.kafka_config import KafkaConfig
 
 
 def add_parser(sub) -> argparse.ArgumentParser:

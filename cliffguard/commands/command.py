@@ -11,9 +11,10 @@ import argparse
 import getpass
 import logging
 
-from agent.events import CommandType, SchemaError
-from agent.settings import ConfigError
 from cliffguard.commands.controller import add_common
+from core.enums import CommandType
+from core.events import SchemaError
+from core.settings import ConfigError
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -56,11 +57,11 @@ def command_args(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from agent.kafka_config import KafkaConfig
-    from agent.settings import build_config, load_toml
     from cliffguard.commands.controller import command_secret
     from controller.operator import UnknownRun, issue_operator_command
     from controller.store.db import Store, StoreConfig
+    from core.kafka_config import KafkaConfig
+    from core.settings import build_config, load_toml
 
     logging.getLogger("alembic").setLevel(logging.WARNING)  # migrations are not news here
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from agent.settings import ConfigError
+from core.settings import ConfigError
 
 
 def add_parser(sub) -> argparse.ArgumentParser:

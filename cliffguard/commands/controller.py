@@ -13,7 +13,7 @@ import logging
 import signal
 import threading
 
-from agent.settings import ConfigError, load_toml
+from core.settings import ConfigError, load_toml
 
 log = logging.getLogger(__name__)
 

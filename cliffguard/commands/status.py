@@ -7,8 +7,8 @@ import json
 import logging
 import time
 
-from agent.settings import ConfigError
 from cliffguard.commands.controller import add_common
+from core.settings import ConfigError
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -27,9 +27,9 @@ def _age(ts: float | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from agent.settings import build_config, load_toml
     from controller.store import read
     from controller.store.db import Store, StoreConfig
+    from core.settings import build_config, load_toml
 
     logging.getLogger("alembic").setLevel(logging.WARNING)  # migrations are not news here
     try:

@@ -29,7 +29,7 @@ import time
 import uuid
 from pathlib import Path
 
-from agent.settings import ConfigError, build_config, load_toml
+from core.settings import ConfigError, build_config, load_toml
 
 SECRET_ENV = "CLIFFGUARD_COMMAND_SECRET"
 SASL_PASSWORD_ENV = "CLIFFGUARD_KAFKA__SASL_PLAIN_PASSWORD"
@@ -97,7 +97,7 @@ def build_train_config(args: argparse.Namespace, *, bootstrap: str | None):
     import dataclasses
 
     from agent.hooks import AgentConfig
-    from agent.kafka_config import KafkaConfig
+    from core.kafka_config import KafkaConfig
     from trainer.checkpoint import CheckpointConfig
     from trainer.config import TrainConfig
     from trainer.data import DataConfig

@@ -24,10 +24,10 @@ import uuid
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from agent.events import _jsonable
 from controller.alerts.config import AlertsConfig
 from controller.alerts.spec import AlertAction, AlertLevel, AlertSpec
 from controller.store.models import Alert, AlertEndpointState, OutboxRow
+from core.floats import to_json
 
 _SEQ = itertools.count()
 
@@ -89,7 +89,7 @@ def enqueue_alert(session: Session, spec: AlertSpec, config: AlertsConfig, now: 
         action=str(spec.action),
         suppressed=suppressed,
         # PostgreSQL's JSON rejects NaN; the schema stores non-finite floats as strings.
-        evidence=_jsonable(spec.evidence),
+        evidence=to_json(spec.evidence),
     )
     session.add(alert)
     if suppressed:

@@ -14,7 +14,7 @@
 Every request carries ``webhook-id`` (the outbox row id, the same on every retry); only the
 generic format is signed, because Slack and PagerDuty authenticate by URL and routing key.
 Evidence may hold NaN/inf (a diverging run): bodies are strict JSON with those written as the
-strings "NaN"/"Infinity" (agent.events.dumps).
+strings "NaN"/"Infinity" (core/floats.py).
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from agent.events import _jsonable, dumps
 from controller.alerts.config import EndpointConfig, EndpointFormat
 from controller.alerts.spec import AlertAction, AlertLevel, AlertMessage
 from controller.alerts.webhook_signing import signed_headers
+from core.floats import dumps, to_json
 
 JSON_HEADERS = {"content-type": "application/json", "user-agent": "cliffguard-alerts/1"}
 PAGERDUTY_SEVERITY = {AlertLevel.CRITICAL: "critical", AlertLevel.WARN: "warning", AlertLevel.INFO: "info"}
@@ -128,7 +128,7 @@ def pagerduty_payload(msg: AlertMessage, routing_key: str) -> dict[str, Any]:
             "component": msg.run_id or "cliffguard",
             "group": "cliffguard",
             "class": msg.rule,
-            "custom_details": _jsonable({"body": msg.body, "alert_id": msg.id, **msg.evidence}),
+            "custom_details": to_json({"body": msg.body, "alert_id": msg.id, **msg.evidence}),
         }
     return event
 

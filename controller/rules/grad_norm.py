@@ -13,9 +13,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from agent.spike import Level
 from controller.rules.robust import LogWindow
 from controller.verdict import Action, Verdict
+from core.enums import Level
 
 
 @dataclass(kw_only=True, slots=True)

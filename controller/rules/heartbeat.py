@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from agent.spike import Level
 from controller.verdict import Action, Verdict
+from core.enums import Level
 
 
 @dataclass(kw_only=True, slots=True)

@@ -21,9 +21,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.spike import Level, SpikeConfig, SpikeDetector
 from controller.rules.divergence import DivergenceConfig, DivergenceDetector
 from controller.verdict import Action, Verdict
+from core.enums import Level
+from core.spike import SpikeConfig, SpikeDetector
 
 
 @dataclass(kw_only=True, slots=True)

@@ -14,8 +14,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from agent.spike import Level
 from controller.verdict import Action, Verdict
+from core.enums import Level
 
 
 @dataclass(kw_only=True, slots=True)

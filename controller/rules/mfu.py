@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from statistics import fmean, median
 from typing import Any
 
-from agent.spike import Level
 from controller.verdict import Action, Verdict
+from core.enums import Level
 
 _PARTS = ("data_wait", "comm_exposed", "compute")
 

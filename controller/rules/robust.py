@@ -13,7 +13,7 @@ import math
 from collections import deque
 from typing import Any
 
-from agent.spike import robust_stats
+from core.spike import robust_stats
 
 
 class LogWindow:

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Any
 
-from agent.spike import Level
 from controller.verdict import Action, Verdict
+from core.enums import Level
 
 
 @dataclass(kw_only=True, slots=True)

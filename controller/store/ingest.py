@@ -18,7 +18,7 @@ event changes nothing.
 Non-finite numbers: a NaN loss is stored as NaN on PostgreSQL and becomes NULL on SQLite, so the
 loss's kind ("nan"/"inf"/"-inf") also goes into the ``nonfinite`` column; ``store.read`` turns it
 back into the float on both. Other float columns hold NaN on PostgreSQL and NULL on SQLite. JSON
-columns (config, histograms, per-layer norms) are passed through ``agent.events._jsonable`` first,
+columns (config, histograms, per-layer norms) are passed through ``core.floats.to_json`` first,
 which writes non-finite floats as the strings "NaN"/"Infinity"/"-Infinity" (PostgreSQL's JSON
 rejects bare NaN).
 """
@@ -26,14 +26,12 @@ rejects bare NaN).
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Iterable
 from typing import Any
 
 from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
-from agent.events import AckStatus, Event, EventType, _jsonable
 from controller.store.fit import fit_row, fit_value
 from controller.store.models import (
     CheckpointRow,
@@ -46,6 +44,9 @@ from controller.store.models import (
     ValidationRow,
 )
 from controller.store.upsert import insert_for
+from core.enums import AckStatus, EventType
+from core.events import Event
+from core.floats import store_kind, to_json
 
 log = logging.getLogger(__name__)
 
@@ -74,13 +75,6 @@ _ID_CHUNK = 5000  # event ids per IN (...) lookup; below SQLite's 32766 bound-pa
 _DECIDED = {str(s) for s in AckStatus if s is not AckStatus.DUPLICATE}
 
 
-def nonfinite_kind(value: float | None) -> str | None:
-    """The kind of a non-finite float ("nan", "inf", "-inf"); None for a finite one or None."""
-    if value is None or math.isfinite(value):
-        return None
-    if math.isnan(value):
-        return "nan"
-    return "inf" if value > 0 else "-inf"
 
 
 def ingest_event(session: Session, event: Event) -> bool:
@@ -173,9 +167,9 @@ def _step_row(ev: Event) -> dict[str, Any]:
         resolution=1,
         loss_min=None,
         loss_max=None,
-        nonfinite=nonfinite_kind(d.get("loss")),
+        nonfinite=store_kind(d.get("loss")),
         guard=str(d["guard"]) if d.get("guard") is not None else None,
-        layer_grad_norms=_jsonable(d["layer_grad_norms"]) if d.get("layer_grad_norms") is not None else None,
+        layer_grad_norms=to_json(d["layer_grad_norms"]) if d.get("layer_grad_norms") is not None else None,
     )
     return fit_row(StepMetric, row)
 
@@ -205,8 +199,8 @@ def _grad_hist(session: Session, ev: Event) -> bool:
             step=ev.step,
             rank=ev.rank,
             ts=ev.ts,
-            edges=_jsonable(ev.data["edges"]),
-            layers=_jsonable(ev.data["layers"]),
+            edges=to_json(ev.data["edges"]),
+            layers=to_json(ev.data["layers"]),
         ),
     )
 
@@ -223,7 +217,7 @@ def _validation(session: Session, ev: Event) -> bool:
             ts=ev.ts,
             cmd=ev.data.get("cmd"),
             val_loss=val_loss,
-            nonfinite=nonfinite_kind(val_loss),
+            nonfinite=store_kind(val_loss),
             batches=ev.data["batches"],
         ),
     )
@@ -307,7 +301,7 @@ def _run_started(session: Session, ev: Event) -> bool:
         update(Run)
         .where(Run.id == ev.run, or_(Run.started_at.is_(None), Run.started_at < ev.ts))
         .values(
-            config=_jsonable(ev.data),
+            config=to_json(ev.data),
             world_size=fit_value(Run, "world_size", ev.data["world_size"]),
             started_at=ev.ts,
         )

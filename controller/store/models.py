@@ -4,7 +4,7 @@ Portable across SQLite and PostgreSQL: generic types only (JSON, not JSONB; Stri
 that may be non-finite (a NaN loss is exactly what we must record) are stored as-is in REAL/
 DOUBLE columns on PostgreSQL; SQLite turns NaN into NULL, so rows also carry ``nonfinite``
 (a short text, "nan"/"inf"/"-inf" for the loss) to keep the fact. JSON columns never hold NaN
-(encoders use ``agent.events._jsonable`` first) because PostgreSQL's JSON rejects it.
+(encoders use ``core.events.to_json`` first) because PostgreSQL's JSON rejects it.
 
 Schema changes go through Alembic migrations in ``controller/store/migrations``.
 """

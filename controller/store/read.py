@@ -36,10 +36,9 @@ from controller.store.models import (
     Transition,
     ValidationRow,
 )
+from core.floats import from_json, from_store_kind
 
 SM = StepMetric
-_NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
-_JSON_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 RANK_COLUMNS: tuple[str, ...] = (
     "loss_local",
@@ -67,15 +66,6 @@ def _num(value: Any) -> Any:
     return float(value) if isinstance(value, Decimal) else value  # PostgreSQL avg() of integers
 
 
-def _floats_back(value: Any) -> Any:
-    """JSON "NaN"/"Infinity"/"-Infinity" strings -> floats, recursively."""
-    if isinstance(value, str):
-        return _JSON_NONFINITE.get(value, value)
-    if isinstance(value, dict):
-        return {k: _floats_back(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_floats_back(v) for v in value]
-    return value
 
 
 # ---------------------------------------------------------------------------------------------
@@ -176,7 +166,7 @@ def loss_curve(
 def _loss_point(step: int, loss: Any, lo: Any, hi: Any, resolution: int, nonfinite: str | None, ts: float):
     loss, lo, hi = _num(loss), _num(lo), _num(hi)
     if nonfinite is not None and (resolution == 1 or loss is None):
-        loss = _NONFINITE.get(nonfinite, math.nan)  # the raw value (NULL on SQLite, NaN on PostgreSQL)
+        loss = from_store_kind(nonfinite)  # the raw value (NULL on SQLite, NaN on PostgreSQL)
     if resolution == 1 and lo is None and hi is None and nonfinite is None:
         lo = hi = loss
     return {
@@ -236,9 +226,9 @@ def latest_rank_steps(session: Session, run_id: str) -> list[dict[str, Any]]:
 def _step_dict(r: StepMetric) -> dict[str, Any]:
     d = _row(r)
     if d["nonfinite"] is not None and d["resolution"] == 1:
-        d["loss"] = _NONFINITE.get(d["nonfinite"], math.nan)
+        d["loss"] = from_store_kind(d["nonfinite"])
     if d["layer_grad_norms"] is not None:
-        d["layer_grad_norms"] = _floats_back(d["layer_grad_norms"])
+        d["layer_grad_norms"] = from_json(d["layer_grad_norms"])
     return d
 
 
@@ -257,7 +247,7 @@ def grad_hists(
     out = []
     for r in rows:
         d = _row(r)
-        d["edges"], d["layers"] = _floats_back(d["edges"]), _floats_back(d["layers"])
+        d["edges"], d["layers"] = from_json(d["edges"]), from_json(d["layers"])
         out.append(d)
     return out
 
@@ -274,7 +264,7 @@ def validations(session: Session, run_id: str, *, limit: int = 500) -> list[dict
     for r in rows:
         d = _row(r)
         if d["nonfinite"] is not None:
-            d["val_loss"] = _NONFINITE.get(d["nonfinite"], math.nan)
+            d["val_loss"] = from_store_kind(d["nonfinite"])
         out.append(d)
     return out[::-1]
 

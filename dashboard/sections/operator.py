@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from agent.events import CommandType
+from core.enums import CommandType
 from dashboard import actions, derive, queries
 from dashboard.sections.context import Context
 

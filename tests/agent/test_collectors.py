@@ -12,9 +12,9 @@ from agent.collectors.grad_hist import HistConfig, grad_histograms, layer_name
 from agent.collectors.memory import memory_stats
 from agent.collectors.mfu import ModelShape, calibrate_peak, mfu, resolve_peak, table_peak
 from agent.collectors.timing import StepClock
-from agent.events import GuardDecision
 from agent.guard import Guard, GuardConfig
-from agent.spike import SpikeConfig
+from core.enums import GuardDecision
+from core.spike import SpikeConfig
 
 
 def _param(grad: torch.Tensor) -> torch.nn.Parameter:

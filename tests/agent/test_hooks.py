@@ -10,11 +10,12 @@ import time
 import pytest
 import torch
 
-from agent.events import AckStatus, CommandType, EventType, make_command
 from agent.guard import GuardConfig
 from agent.hooks import Agent, AgentConfig
 from agent.publisher import InMemorySink
-from agent.spike import SpikeConfig
+from core.enums import AckStatus, CommandType, EventType
+from core.events import make_command
+from core.spike import SpikeConfig
 from trainer.model import GPT, GPTConfig
 
 

@@ -7,10 +7,11 @@ from types import SimpleNamespace
 import torch
 from accelerate import Accelerator
 
-from agent.events import CommandType, EventType, make_command
 from agent.hooks import Agent, AgentConfig
 from agent.integrations import AgentTracker, CliffguardCallback
 from agent.publisher import InMemorySink
+from core.enums import CommandType, EventType
+from core.events import make_command
 from trainer.model import GPT, GPTConfig
 
 

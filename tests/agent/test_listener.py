@@ -8,9 +8,10 @@ import time
 
 import pytest
 
-from agent.events import AckStatus, encode_command, make_command
 from agent.listener import CommandListener
-from agent.signing import CommandVerifier, Secret, sign_command
+from core.enums import AckStatus
+from core.events import encode_command, make_command
+from core.signing import CommandVerifier, Secret, sign_command
 
 SECRET = Secret("listener-secret-0123456789")
 RUN = "run-L"

@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from agent.events import decode_event, make_event
-from agent.kafka_config import KafkaConfig
 from agent.publisher import InMemorySink, NullSink, Publisher, PublisherConfig
 from agent.spill import SpillFile
+from core.events import decode_event, make_event
+from core.kafka_config import KafkaConfig
 
 
 @pytest.fixture

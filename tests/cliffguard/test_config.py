@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from agent.settings import ConfigError
 from cliffguard.cli import main
 from cliffguard.config import SECTIONS, load_all
+from core.settings import ConfigError
 
 
 def test_every_service_section_builds_from_defaults():

@@ -267,9 +267,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     import json
     import time
 
-    from agent.settings import build_config, load_toml
     from controller.backtest import replay_points
     from controller.detect import RulesConfig
+    from core.settings import build_config, load_toml
 
     p = argparse.ArgumentParser(prog="python -m tests.controller.synthetic", description=main.__doc__)
     p.add_argument("--clean", type=int, default=40)

@@ -12,10 +12,11 @@ import uuid
 
 import pytest
 
-from agent.events import EventType, make_event
 from cliffguard.cli import main
 from controller import backtest as bt
 from controller.detect import RulesConfig
+from core.enums import EventType
+from core.events import make_event
 from tests.controller.synthetic import base_curve, inject
 
 

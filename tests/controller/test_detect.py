@@ -8,12 +8,12 @@ import math
 
 import pytest
 
-from agent.events import EventType, decode_event, encode_event, make_event
-from agent.spike import Level
 from controller.detect import RulesConfig, RunDetector
 from controller.rules.mfu import MfuConfig
 from controller.rules.straggler import StragglerConfig
 from controller.verdict import Action
+from core.enums import EventType, Level
+from core.events import decode_event, encode_event, make_event
 
 RUN = "run-1"
 

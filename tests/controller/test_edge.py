@@ -10,7 +10,6 @@ import uuid
 
 import pytest
 
-from agent.events import EventType, encode_event, make_event
 from agent.publisher import Publisher, PublisherConfig
 from controller.edge import (
     OVERSIZED,
@@ -21,7 +20,9 @@ from controller.edge import (
     EdgeConsumer,
     classify,
 )
-from tests.agent.test_events import PAYLOADS, STEP
+from core.enums import EventType
+from core.events import encode_event, make_event
+from tests.core.test_events import PAYLOADS, STEP
 
 FAST_GROUP = {"max_poll_interval_ms": 3000, "session_timeout_ms": 3000, "heartbeat_interval_ms": 500}
 

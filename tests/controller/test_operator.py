@@ -7,12 +7,12 @@ import json
 import pytest
 from sqlalchemy import select
 
-from agent.events import decode_command
-from agent.signing import CommandVerifier
 from cliffguard.cli import main
 from controller.operator import UnknownRun, issue_operator_command
 from controller.store.db import session_scope
 from controller.store.models import AuditRow, CommandRow, OutboxRow, Run
+from core.events import decode_command
+from core.signing import CommandVerifier
 from tests.controller.service_support import SECRET, store_engine
 
 

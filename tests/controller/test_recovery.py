@@ -7,8 +7,6 @@ import math
 
 import pytest
 
-from agent.events import AckStatus, CommandType
-from agent.spike import Level
 from controller.recovery import (
     GUARDS,
     TRANSITIONS,
@@ -39,6 +37,7 @@ from controller.recovery_types import (
     VerdictIn,
 )
 from controller.verdict import Action, Verdict
+from core.enums import AckStatus, CommandType, Level
 
 CFG = RecoveryConfig(stable_window=5, recover_window=5, rollback_budget=2, command_timeout_s=10,
                      validate_timeout_s=20, max_attempts=2, skip_data=True)

@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from agent.spike import Level
 from controller.rules.grad_norm import GradNormConfig, GradNormRule
 from controller.verdict import Action
+from core.enums import Level
 from tests.controller.synthetic import score
 from tests.controller.synthetic_metrics import grad_norm_suite
 

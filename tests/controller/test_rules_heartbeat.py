@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from agent.spike import Level
 from controller.rules.heartbeat import HeartbeatConfig, HeartbeatRule
+from core.enums import Level
 
 
 def test_config_rejects_bad_values_naming_the_field():

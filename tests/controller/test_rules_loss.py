@@ -7,12 +7,12 @@ import math
 
 import pytest
 
-from agent.spike import Level
 from controller.backtest import replay_points
 from controller.detect import RulesConfig
 from controller.rules.divergence import DivergenceConfig
 from controller.rules.loss import LossRules, LossSpikeConfig
 from controller.verdict import Action
+from core.enums import Level
 from tests.controller.synthetic import base_curve, inject, max_trailing_z, score, suite
 
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from agent.spike import Level
 from controller.rules.mfu import MfuConfig, MfuRule
+from core.enums import Level
 from tests.controller.synthetic_metrics import RANK_KINDS, rank_suite
 
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from agent.events import make_event
-from agent.kafka_config import KafkaConfig
 from controller import batch as batch_mod
 from controller.config import ControllerConfig
 from controller.edge import DeadLetter, EdgeBatch, EdgeRecord
@@ -16,6 +14,8 @@ from controller.service import MAX_BATCH_FAILURES, ControllerService
 from controller.store.db import session_scope
 from controller.store.models import CommandRow, ConsumerOffset, DlqCount, Run, StepMetric
 from controller.store.offsets import save_offsets
+from core.events import make_event
+from core.kafka_config import KafkaConfig
 from tests.controller.service_support import SECRET, healthy_loss, step_data, store_engine
 from tests.controller.test_service_outbox import FakeProducer
 

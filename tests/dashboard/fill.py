@@ -1,6 +1,6 @@
 """A filled store for the dashboard tests: a short 2-rank run told through the real write paths.
 
-Agent-side facts go in as real ``agent.events.make_event`` events through the store's
+Agent-side facts go in as real ``core.events.make_event`` events through the store's
 ``ingest_events`` (steps for both ranks, gradient histograms, checkpoints, validations, acks,
 data flags, heartbeats). Controller-side facts are written as the controller writes them:
 incidents, transitions and commands as rows; alerts through ``enqueue_alert`` (with the
@@ -28,7 +28,6 @@ from typing import Any
 
 from sqlalchemy import Engine, update
 
-from agent.events import AckStatus, CommandType, Event, EventType, GuardDecision, make_event, new_id
 from controller.alerts.config import AlertsConfig, EndpointConfig
 from controller.alerts.enqueue import enqueue_alert
 from controller.alerts.spec import AlertSpec
@@ -36,6 +35,8 @@ from controller.store.db import init_db, session_scope
 from controller.store.dlq import count_dead_letter
 from controller.store.ingest import ingest_events
 from controller.store.models import CheckpointRow, CommandRow, Incident, OutboxRow, Run, Transition
+from core.enums import AckStatus, CommandType, EventType, GuardDecision
+from core.events import Event, make_event, new_id
 
 LAYERS = ["wte", "h.0.attn", "h.0.mlp", "h.1.attn", "h.1.mlp", "lm_head"]
 EDGES = [2.0**e for e in range(-24, 1)]  # 25 edges -> 24 log2 bins

@@ -8,8 +8,8 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from agent.spike import SpikeConfig, window_stats
 from controller.store.models import Alert, CheckpointRow, CommandRow, DlqCount, OutboxRow
+from core.spike import SpikeConfig, window_stats
 from tests.dashboard.conftest import chart_with, run_app, texts
 from tests.dashboard.fill import LAYERS, fill_store
 

@@ -7,7 +7,7 @@ import math
 import pandas as pd
 import pytest
 
-from agent.spike import SpikeConfig, SpikeDetector, window_stats
+from core.spike import SpikeConfig, SpikeDetector, window_stats
 from dashboard.bands import loss_bands, rollbacks
 
 CFG = SpikeConfig(window=20, min_history=10)

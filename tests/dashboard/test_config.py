@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.settings import ConfigError
+from core.settings import ConfigError
 from dashboard.config import DashboardConfig, load_config
 
 

@@ -7,9 +7,9 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from agent.events import decode_command
-from agent.signing import CommandVerifier, Secret
 from controller.store.models import AuditRow, CommandRow, OutboxRow
+from core.events import decode_command
+from core.signing import CommandVerifier, Secret
 from dashboard.actions import ActionDenied, issue_command, token_ok
 from dashboard.config import DashboardConfig
 from tests.dashboard.conftest import SECRET, TOKEN, run_app

@@ -10,11 +10,12 @@ import math
 
 import pytest
 
-from agent.events import CommandType, EventType, make_command
 from agent.guard import GuardConfig
 from agent.hooks import AgentConfig
 from agent.publisher import InMemorySink
-from agent.spike import SpikeConfig
+from core.enums import CommandType, EventType
+from core.events import make_command
+from core.spike import SpikeConfig
 from trainer.checkpoint import CheckpointConfig
 from trainer.config import TrainConfig
 from trainer.data import DataConfig
@@ -175,7 +176,7 @@ def test_broker_outage_fault_switches_the_publisher_off_for_its_window(tmp_path)
 
 
 def test_workers_get_the_kafka_password_from_the_environment_not_the_saved_config(tmp_path, monkeypatch):
-    from agent.kafka_config import KafkaConfig
+    from core.kafka_config import KafkaConfig
     from trainer.run import with_env_secrets
 
     cfg = _cfg(tmp_path, kafka=KafkaConfig(security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN",

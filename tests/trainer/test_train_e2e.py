@@ -18,8 +18,9 @@ from collections.abc import Callable
 
 import pytest
 
-from agent.events import CommandType, Event, EventType, decode_event, encode_command, make_command
-from agent.signing import Secret, sign_command
+from core.enums import CommandType, EventType
+from core.events import Event, decode_event, encode_command, make_command
+from core.signing import Secret, sign_command
 from trainer.model import GPT, GPTConfig
 from trainer.schedule import WarmupCosine
 

@@ -1,10 +1,11 @@
-"""Real events (``agent.events.make_event``) with sensible defaults, for the store tests."""
+"""Real events (``core.events.make_event``) with sensible defaults, for the store tests."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from agent.events import Event, EventType, make_event
+from core.enums import EventType
+from core.events import Event, make_event
 
 T0 = 1_764_480_000.0
 

@@ -6,10 +6,9 @@ import math
 
 from sqlalchemy import select
 
-from agent.events import EventType, new_id
 from controller.store import read
 from controller.store.db import session_scope
-from controller.store.ingest import ingest_event, ingest_events, nonfinite_kind
+from controller.store.ingest import ingest_event, ingest_events
 from controller.store.models import (
     Base,
     CheckpointRow,
@@ -21,6 +20,9 @@ from controller.store.models import (
     StepMetric,
     ValidationRow,
 )
+from core.enums import EventType
+from core.events import new_id
+from core.floats import store_kind as nonfinite_kind
 from tests.controller.store import factory as f
 
 

@@ -6,11 +6,11 @@ import math
 
 import pytest
 
-from agent.events import EventType
 from controller.store import read
 from controller.store.db import session_scope
 from controller.store.ingest import ingest_events
 from controller.store.models import Alert, AuditRow, CommandRow, Incident, OutboxRow, Run, Transition
+from core.enums import EventType
 from tests.controller.store import factory as f
 
 

@@ -1,4 +1,4 @@
-"""The spike rule (agent/spike.py): every branch, config validation, persistence."""
+"""The spike rule (core/spike.py): every branch, config validation, persistence."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from agent.spike import Level, SpikeConfig, SpikeDetector, window_stats
+from core.enums import Level
+from core.spike import SpikeConfig, SpikeDetector, window_stats
 
 
 def fed(values, **cfg) -> SpikeDetector:

@@ -1,7 +1,7 @@
 """The event and command contract between the agent (producer) and the controller.
 
-One JSON object per Kafka message, UTF-8, key = run id (DESIGN §3-4). The agent owns this
-module; the controller and the dashboard read it.
+One JSON object per Kafka message, UTF-8, key = run id. Every process reads and writes it
+through this module (``core/``), so producer and consumers cannot drift apart.
 
 Where each event fires in the training loop (Composer-style pseudocode)::
 
@@ -24,11 +24,10 @@ Versioning: ``v`` is the schema's *major* version (an int). Minor revisions only
 fields, which readers ignore, so a newer minor is tolerated; an unknown major is rejected
 (into the DLQ by the controller).
 
-Non-finite floats: JSON has no NaN or infinity, and a diverging run is exactly when they matter.
-A float field holding NaN/+inf/-inf is written as the JSON *string* ``"NaN"``, ``"Infinity"`` or
-``"-Infinity"`` (the spellings JavaScript's ``Number()`` and Python's ``float()`` both accept), and
-decoding turns them back into floats for every field the schema types as a float. The output is
-strict RFC 8259 JSON (``allow_nan=False``), readable by any consumer.
+Non-finite floats are written with the wire spelling of ``core/floats.py`` (``"NaN"``,
+``"Infinity"``, ``"-Infinity"``); decoding turns them back into floats for every field the schema
+types as a float. The output is strict RFC 8259 JSON, readable by any consumer. The enums live in
+``core/enums.py``.
 """
 
 from __future__ import annotations
@@ -42,6 +41,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
+
+from core.enums import AckStatus, CheckpointKind, CommandType, EventType, GuardDecision
+from core.floats import WIRE_NONFINITE as _NONFINITE_IN
+from core.floats import dumps
 
 SCHEMA_VERSION = 1
 MAX_EVENT_BYTES_DEFAULT = 1_000_000
@@ -58,52 +61,6 @@ class SchemaError(ValueError):
 
 class UnknownVersion(SchemaError):
     """A major schema version this reader does not know."""
-
-
-class EventType(StrEnum):
-    RUN_STARTED = "run.started"
-    STEP = "step"
-    GRAD_HIST = "grad_hist"
-    HEARTBEAT = "heartbeat"
-    CHECKPOINT = "checkpoint"
-    VALIDATION = "validation"
-    COMMAND_ACK = "command.ack"
-    DATA_FLAG = "data.flag"
-    RUN_FINISHED = "run.finished"
-    RUN_FAILED = "run.failed"
-
-
-class CommandType(StrEnum):
-    PAUSE = "pause"
-    RESUME = "resume"
-    VALIDATE = "validate"
-    ROLLBACK = "rollback"
-    SET_LR_SCALE = "set_lr_scale"
-    CHECKPOINT_NOW = "checkpoint_now"
-    STOP = "stop"
-
-
-class AckStatus(StrEnum):
-    APPLIED = "applied"
-    REJECTED = "rejected"
-    FAILED = "failed"
-    EXPIRED = "expired"
-    DUPLICATE = "duplicate"
-
-
-class CheckpointKind(StrEnum):
-    MEMORY = "memory"
-    INCREMENTAL = "incremental"
-    FULL = "full"
-
-
-class GuardDecision(StrEnum):
-    """What the in-process guard decided for a step (DESIGN §6)."""
-
-    OK = "ok"
-    WARN = "warn"  # above k_warn: update applied, reported
-    SKIP = "skip"  # above k_crit or non-finite: the update was skipped on every rank
-    HOLD = "hold"  # several consecutive skips: the trainer holds for the controller
 
 
 # ---------------------------------------------------------------------------------------------
@@ -223,39 +180,12 @@ _ENUMS: dict[str, type[StrEnum]] = {
     "AckStatus": AckStatus,
 }
 
-_NONFINITE_IN = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 _ID_RE = re.compile(r"^[0-9a-f]{32}$")
 _RUN_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 
 
 def new_id() -> str:
     return uuid.uuid4().hex
-
-
-# ---------------------------------------------------------------------------------------------
-# Non-finite float encoding
-# ---------------------------------------------------------------------------------------------
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "NaN"
-        if math.isinf(value):
-            return "Infinity" if value > 0 else "-Infinity"
-        return value
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, StrEnum):
-        return str(value)
-    return value
-
-
-def dumps(obj: Mapping[str, Any]) -> bytes:
-    """Strict JSON bytes with non-finite floats written as strings (see module docstring)."""
-    return json.dumps(_jsonable(obj), separators=(",", ":"), allow_nan=False, ensure_ascii=False).encode()
 
 
 def _check(kind: str, value: Any, where: str) -> Any:
@@ -459,7 +389,7 @@ def decode_event(raw: bytes | str, max_bytes: int | None = None) -> Event:
 
 @dataclass(frozen=True, slots=True)
 class Command:
-    """A controller command. ``sig`` is set by ``agent.signing.sign_command``."""
+    """A controller command. ``sig`` is set by ``core.signing.sign_command``."""
 
     type: CommandType
     run: str

@@ -7,25 +7,21 @@ import math
 
 import pytest
 
-from agent.events import (
+from core.enums import AckStatus, CheckpointKind, CommandType, EventType, GuardDecision
+from core.events import (
     COMMAND_ARG_SCHEMAS,
     DATA_SCHEMAS,
     SCHEMA_VERSION,
-    AckStatus,
-    CheckpointKind,
-    CommandType,
-    EventType,
-    GuardDecision,
     SchemaError,
     UnknownVersion,
     decode_command,
     decode_event,
-    dumps,
     encode_command,
     encode_event,
     make_command,
     make_event,
 )
+from core.floats import dumps
 
 HIST_LAYER = {"counts": [1, 2, 3], "zeros": 4, "nonfinite": 0, "p50": 1e-4, "p99": 0.01, "max": 0.5,
               "norm": 1.5, "underflow": 0.0, "numel": 10}

@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from agent.events import decode_command, encode_command, make_command
-from agent.signing import CommandVerifier, Rejection, Secret, sign_command
+from core.events import decode_command, encode_command, make_command
+from core.signing import CommandVerifier, Rejection, Secret, sign_command
 
 SECRET = Secret("s3cret-s3cret-s3cret")
 

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from agent.events import Command, _jsonable
+from core.events import Command
+from core.floats import canonical_json
 
 
 class Secret:
@@ -43,8 +43,6 @@ class Secret:
     __str__ = __repr__
 
 
-def canonical_json(obj: dict[str, Any]) -> bytes:
-    return json.dumps(_jsonable(obj), sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=False).encode()
 
 
 def signature(cmd: Command, secret: Secret) -> str:

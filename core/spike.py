@@ -20,16 +20,13 @@ import math
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
+
+from core.enums import Level
 
 MAD_TO_SIGMA = 1.4826
 
 
-class Level(StrEnum):
-    OK = "ok"
-    WARN = "warn"
-    CRITICAL = "critical"
 
 
 @dataclass(kw_only=True, slots=True)

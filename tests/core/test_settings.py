@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from agent.kafka_config import KafkaConfig
 from agent.publisher import PublisherConfig
-from agent.settings import ConfigError, build_config, config_to_dict, load_toml
+from core.kafka_config import KafkaConfig
+from core.settings import ConfigError, build_config, config_to_dict, load_toml
 
 
 def test_defaults_when_no_source_sets_anything():

@@ -1,0 +1,79 @@
+"""The closed vocabularies every process shares: event and command types, ack statuses, what the
+guard decided, severities, the trainer's modes (also what its heartbeats report) and how an
+incident ended. String enums, so their values are what goes on the wire and into the store."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class EventType(StrEnum):
+    RUN_STARTED = "run.started"
+    STEP = "step"
+    GRAD_HIST = "grad_hist"
+    HEARTBEAT = "heartbeat"
+    CHECKPOINT = "checkpoint"
+    VALIDATION = "validation"
+    COMMAND_ACK = "command.ack"
+    DATA_FLAG = "data.flag"
+    RUN_FINISHED = "run.finished"
+    RUN_FAILED = "run.failed"
+
+
+class CommandType(StrEnum):
+    PAUSE = "pause"
+    RESUME = "resume"
+    VALIDATE = "validate"
+    ROLLBACK = "rollback"
+    SET_LR_SCALE = "set_lr_scale"
+    CHECKPOINT_NOW = "checkpoint_now"
+    STOP = "stop"
+
+
+class AckStatus(StrEnum):
+    APPLIED = "applied"
+    REJECTED = "rejected"
+    FAILED = "failed"
+    EXPIRED = "expired"
+    DUPLICATE = "duplicate"
+
+
+class CheckpointKind(StrEnum):
+    MEMORY = "memory"
+    INCREMENTAL = "incremental"
+    FULL = "full"
+
+
+class GuardDecision(StrEnum):
+    """What the in-process guard decided for a step."""
+
+    OK = "ok"
+    WARN = "warn"  # above k_warn: update applied, reported
+    SKIP = "skip"  # above k_crit or non-finite: the update was skipped on every rank
+    HOLD = "hold"  # several consecutive skips: the trainer holds for the controller
+
+
+class Level(StrEnum):
+    """A rule's severity for one point."""
+
+    OK = "ok"
+    WARN = "warn"
+    CRITICAL = "critical"
+
+
+class TrainerMode(StrEnum):
+    """The trainer's mode; its heartbeats report it as their ``state``."""
+
+    RUNNING = "running"
+    PAUSED = "paused"  # a pause command (or an operator) holds it at a step boundary
+    HELD = "held"  # the guard tripped several steps in a row: waiting for the controller
+    VALIDATING = "validating"  # a forward-only validation pass on frozen weights
+    STOPPING = "stopping"  # leaving the loop (stop command, failure or the end of training)
+
+
+class IncidentOutcome(StrEnum):
+    OPEN = "open"
+    RESUMED = "resumed"  # validation normal: a transient, data-induced excursion
+    ROLLED_BACK = "rolled_back"
+    HALTED = "halted"  # beyond the rollback budget: a human is needed
+    ABANDONED = "abandoned"  # the run ended mid-recovery
