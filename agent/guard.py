@@ -1,4 +1,4 @@
-"""The in-process guard (DESIGN §6): the spike rule on the all-reduced loss, before the update.
+"""The in-process guard: the spike rule on the all-reduced loss, before the update.
 
 ``Guard.decide(global_loss)`` runs ``core.spike.SpikeDetector`` — the very code the controller
 runs — on the loss every rank got from the same all-reduce, so every rank reaches the same
@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.enums import GuardDecision, Level
+from core.policy import LR_FACTOR
 from core.spike import SpikeConfig, SpikeDetector, SpikeVerdict
 
 TIMEOUT_POLICIES = ("rollback", "resume", "stop")
@@ -49,7 +50,7 @@ class GuardConfig:
     """Seconds to wait, held, for a controller command before applying ``on_timeout``."""
     on_timeout: str = "rollback"
     """Local policy when held past the timeout: rollback, resume or stop."""
-    timeout_lr_factor: float = 0.5
+    timeout_lr_factor: float = LR_FACTOR
     """lr_scale multiplier applied by the local rollback policy."""
 
     def __post_init__(self) -> None:

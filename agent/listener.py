@@ -1,4 +1,4 @@
-"""The agent's command inbox: a background consumer on ``<prefix>.commands`` (DESIGN §4).
+"""The agent's command inbox: a background consumer on ``<prefix>.commands``.
 
 A thread reads the commands topic (manual partition assignment: no consumer group, so no
 rebalance wait and every trainer sees every command). It starts at the *end* of the topic, as it

@@ -1,6 +1,6 @@
 """One run's detector: every rule, fed every event of the run in order (pure, no I/O).
 
-``RunDetector.on_event(event) -> list[Verdict]`` is the ``detect(window, event)`` of DESIGN §5
+``RunDetector.on_event(event) -> list[Verdict]`` is the pure detector, ``detect(window, event)``,
 with the window kept inside the object (``state_dict``/``load_state_dict`` persist it with the
 run's controller state); ``tick(now)`` is the only place the wall clock comes in.
 

@@ -19,6 +19,7 @@ from controller.store.models import AuditRow, CommandRow, OutboxRow, Run
 from core.enums import CommandType
 from core.events import encode_command, make_command
 from core.floats import to_json
+from core.policy import COMMAND_TTL_S
 from core.signing import Secret, sign_command
 
 
@@ -66,7 +67,7 @@ def issue_operator_command(
     actor: str,
     secret: Secret,
     commands_topic: str,
-    ttl_s: float = 60.0,
+    ttl_s: float = COMMAND_TTL_S,
 ) -> CommandRow:
     """An operator's command for ``run_id``, with its audit row; raises UnknownRun / SchemaError."""
     if session.get(Run, run_id) is None:

@@ -67,6 +67,7 @@ from controller.recovery_types import (
 )
 from controller.verdict import Action
 from core.enums import AckStatus, CommandType, Level
+from core.policy import rollback_step, rolled_back_lr_scale
 
 UNHEALTHY_KEEP = 64
 ISSUED_KEEP = 32
@@ -135,8 +136,8 @@ def within_budget(cfg: RecoveryConfig, s: RecoveryState, now: float) -> bool:
 
 def rollback_target(cfg: RecoveryConfig, s: RecoveryState, before: int) -> Checkpoint | None:
     """Newest stable checkpoint at or before ``before``."""
-    cands = [c for c in s.checkpoints if c.stable and c.step <= before]
-    return max(cands, key=lambda c: c.step) if cands else None
+    step = rollback_step((c.step for c in s.checkpoints if c.stable), before)
+    return None if step is None else next(c for c in s.checkpoints if c.step == step and c.stable)
 
 
 def can_retry(cfg: RecoveryConfig, s: RecoveryState) -> bool:
@@ -396,7 +397,7 @@ def _start_rollback(st: _Step, trigger: str, target: Checkpoint, why: str, ev: d
     cfg, s = st.cfg, st.s
     inc = s.incident
     assert inc is not None
-    scale = s.lr_scale * cfg.lr_factor if trigger == "validation_abnormal" else s.lr_scale
+    scale = rolled_back_lr_scale(s.lr_scale, cfg.lr_factor) if trigger == "validation_abnormal" else s.lr_scale
     args: dict[str, Any] = {"to_step": target.step, "lr_scale": scale}
     if cfg.skip_data and target.sample_end is not None and inc.sample_end is not None and inc.sample_end > target.sample_end:
         args["skip_data"] = [target.sample_end, inc.sample_end]

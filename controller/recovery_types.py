@@ -14,10 +14,11 @@ from typing import Any
 
 from controller.verdict import Verdict
 from core.enums import AckStatus, CommandType
+from core.policy import COMMAND_TTL_S, LR_FACTOR
 
 
 class Phase(StrEnum):
-    """States of one run's recovery (DESIGN §5)."""
+    """States of one run's recovery."""
 
     RUNNING = "running"  # training, watched
     PAUSING = "pausing"  # pause sent, waiting for its ack
@@ -36,7 +37,7 @@ class RecoveryConfig:
     stays close to the present."""
     recover_window: int = 50
     """Healthy steps after a rollback before the incident closes as recovered."""
-    lr_factor: float = 0.5
+    lr_factor: float = LR_FACTOR
     """LR multiplier per rollback, cumulative (PaLM-style halving)."""
     skip_data: bool = False
     """Also skip the data consumed between the rollback target and the spike (PaLM skipped
@@ -57,7 +58,7 @@ class RecoveryConfig:
     """Seconds to wait for the validation result of a validate command before resending."""
     max_attempts: int = 3
     """Sends of one command (first + retries) before giving up with a critical alert."""
-    command_ttl_s: float = 60.0
+    command_ttl_s: float = COMMAND_TTL_S
     """Lifetime of a sent command (the trainer refuses it as expired afterwards)."""
     health_rules: tuple[str, ...] = ("loss_spike", "divergence", "nonfinite")
     """Rules whose warn/critical verdicts make a step unhealthy (for stability and recovery)."""

@@ -45,6 +45,7 @@ from typing import Any
 from core.enums import AckStatus, CheckpointKind, CommandType, EventType, GuardDecision
 from core.floats import WIRE_NONFINITE as _NONFINITE_IN
 from core.floats import dumps
+from core.policy import COMMAND_TTL_S
 
 SCHEMA_VERSION = 1
 MAX_EVENT_BYTES_DEFAULT = 1_000_000
@@ -420,7 +421,7 @@ def make_command(
     run: str,
     args: Mapping[str, Any] | None = None,
     *,
-    ttl_s: float = 60.0,
+    ttl_s: float = COMMAND_TTL_S,
     now: float | None = None,
 ) -> Command:
     """Build and validate an unsigned command that expires ``ttl_s`` after issue."""

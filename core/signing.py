@@ -1,4 +1,4 @@
-"""HMAC-SHA256 command signing (DESIGN §4).
+"""HMAC-SHA256 command signing.
 
 ``sig`` = hex HMAC-SHA256, keyed with a shared secret, over the canonical JSON of every command
 field except ``sig`` (sorted keys, no whitespace, non-finite floats as strings). The secret comes

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 
 from core.enums import AckStatus, CommandType
 from core.events import Command
+from core.policy import rollback_step, rolled_back_lr_scale
 
 if TYPE_CHECKING:
     from trainer.loop import Trainer
@@ -108,13 +109,12 @@ def apply_timeout_policy(tr: Trainer, policy: str) -> None:
         tr.stop_reason = "failed: guard held past hold_timeout_s with no controller"
     else:  # rollback
         first = guard.first_skip_step if guard.first_skip_step is not None else tr.step
-        candidates = [s for s in tr.available_steps() if s <= first]
-        target = candidates[-1] if candidates else None
+        target = rollback_step(tr.available_steps(), first)
         if target is None:
             tr.mode = "stopping"
             tr.stop_reason = "failed: guard hold timed out and no checkpoint to roll back to"
             return
-        scale = tr.lr_scale.value * guard.config.timeout_lr_factor
+        scale = rolled_back_lr_scale(tr.lr_scale.value, guard.config.timeout_lr_factor)
         try:
             source = tr.rollback(target, scale)
             log.warning("local rollback to step %d from %s, lr_scale=%g", target, source, scale)

@@ -34,7 +34,7 @@ _PARTS = ("data_wait", "comm_exposed", "compute")
 
 @dataclass(kw_only=True, slots=True)
 class MfuConfig:
-    """Defaults: ``mfu_min`` 0.40 is the DESIGN's figure. Measured on
+    """Defaults: ``mfu_min`` 0.40 is the figure the project was specified with. Measured on
     ``synthetic_metrics.rank_suite`` (healthy MFU 0.45-0.55; slowdowns by data wait, exposed
     communication, a straggler, or compute): window 50 -> on seed 1, 32/32 alerts within 60 steps
     with the right cause (median delay 24-25 steps) and 0 alerts on 20 healthy runs; on held-out

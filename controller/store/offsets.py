@@ -1,6 +1,6 @@
 """Consumer offsets kept in the store, in the same transaction as the state they produced.
 
-That is what makes the controller's effect exactly-once (DESIGN §5): after a crash, the
+That is what makes the controller's effect exactly-once: after a crash, the
 controller seeks each partition to the offset saved with the last committed batch, so an event
 is either fully applied with its offset or not at all (and then re-read). The stored value is
 the *next* offset to read, Kafka's convention.

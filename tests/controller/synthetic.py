@@ -1,6 +1,6 @@
 """A labelled synthetic suite of training-loss curves, for choosing and testing the rules' defaults.
 
-Real loss curves are heavy-tailed (DESIGN §5). Every curve here is built from the same parts:
+Real loss curves are heavy-tailed. Every curve here is built from the same parts:
 
 * a power-law decay ``L(t) = L_inf + (L0 - L_inf) * (1 + t / t0) ** -alpha`` from ln(vocab);
 * multiplicative Student-t noise (3-6 degrees of freedom, 0.5-2% scale);
