@@ -39,147 +39,23 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
-from core.enums import AckStatus, CheckpointKind, CommandType, EventType, GuardDecision
+from core.enums import CommandType, EventType
 from core.floats import WIRE_NONFINITE as _NONFINITE_IN
 from core.floats import dumps
+from core.payloads import COMMAND_ARGS, EVENT_PAYLOADS, FieldSpec, schema_of
 from core.policy import COMMAND_TTL_S
+from core.schema import SchemaError, UnknownVersion, check_fields, check_value
 
 SCHEMA_VERSION = 1
 MAX_EVENT_BYTES_DEFAULT = 1_000_000
 
 
-class SchemaError(ValueError):
-    """A message that does not fit the contract. ``field`` names the offending field."""
-
-    def __init__(self, field: str, reason: str) -> None:
-        super().__init__(f"{field}: {reason}")
-        self.field = field
-        self.reason = reason
-
-
-class UnknownVersion(SchemaError):
-    """A major schema version this reader does not know."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Field specs. A spec is (kind, required). Kinds: "float" (finite or the non-finite strings),
-# "int", "str", "bool", "dict", "list", "float_map" (str -> float), "int_list", "float_list",
-# "hist_layers", "enum:<EnumName>", and "any". Extra fields are tolerated (newer minor versions).
-# ---------------------------------------------------------------------------------------------
-
-_F, _I, _S, _B = "float", "int", "str", "bool"
-
-DATA_SCHEMAS: dict[EventType, dict[str, tuple[str, bool]]] = {
-    EventType.RUN_STARTED: {
-        "n_params": (_I, True),
-        "n_layers": (_I, True),
-        "n_heads": (_I, True),
-        "head_dim": (_I, True),
-        "seq_len": (_I, True),
-        "global_batch": (_I, True),
-        "peak_flops": (_F, True),
-        "peak_source": (_S, True),  # "table" | "config" | "calibration"
-        "lr_schedule": ("dict", True),
-        "world_size": (_I, True),
-        "config": ("dict", False),
-    },
-    EventType.STEP: {
-        "loss": (_F, True),
-        "loss_local": (_F, True),
-        "lr": (_F, True),
-        "lr_scale": (_F, True),
-        "grad_norm": (_F, True),
-        "tokens": (_I, True),
-        "step_time_s": (_F, True),
-        "data_wait_s": (_F, True),
-        "comm_exposed_s": (_F, True),
-        "compute_s": (_F, True),
-        "tokens_per_s": (_F, True),
-        "mfu": (_F, True),
-        "mem_allocated": (_I, True),
-        "mem_reserved": (_I, True),
-        "loss_scale": (_F, True),
-        "skipped": (_B, True),
-        "clipped_layers": (_I, True),
-        "guard": ("enum:GuardDecision", True),
-        "layer_grad_norms": ("float_map", False),
-        "sample_range": ("int_list", False),  # [first, last+1) sample indices of this global batch
-    },
-    EventType.GRAD_HIST: {
-        "edges": ("float_list", True),  # log2-spaced |g| bin edges, fixed for the run
-        "layers": ("hist_layers", True),
-    },
-    EventType.HEARTBEAT: {
-        "state": (_S, True),  # running | paused | held | validating | stopping
-    },
-    EventType.CHECKPOINT: {
-        "kind": ("enum:CheckpointKind", True),
-        "path": (_S, True),
-        "bytes": (_I, True),
-        "sha256": (_S, True),
-        "seconds": (_F, True),
-        "verified": (_B, True),
-        "detail": (_S, False),
-    },
-    EventType.VALIDATION: {
-        "cmd": (_S, False),  # command id answered; absent for periodic (val_every) validation
-        "val_loss": (_F, True),
-        "batches": (_I, True),
-    },
-    EventType.COMMAND_ACK: {
-        "cmd": (_S, True),
-        "cmd_type": (_S, False),
-        "status": ("enum:AckStatus", True),
-        "detail": (_S, False),
-    },
-    EventType.DATA_FLAG: {
-        "sample_ids": ("int_list", True),
-        "rule": (_S, True),
-        "score": (_F, True),
-    },
-    EventType.RUN_FINISHED: {
-        "final_loss": (_F, False),
-        "steps": (_I, False),
-    },
-    EventType.RUN_FAILED: {
-        "error": (_S, True),
-    },
-}
-
-HIST_LAYER_SCHEMA: dict[str, tuple[str, bool]] = {
-    "counts": ("int_list", True),
-    "zeros": (_I, True),
-    "nonfinite": (_I, True),
-    "p50": (_F, True),
-    "p99": (_F, True),
-    "max": (_F, True),
-    "norm": (_F, True),
-    "underflow": (_F, True),
-    "numel": (_I, False),
-}
-
-COMMAND_ARG_SCHEMAS: dict[CommandType, dict[str, tuple[str, bool]]] = {
-    CommandType.PAUSE: {"reason": (_S, False)},
-    CommandType.RESUME: {"reason": (_S, False)},
-    CommandType.VALIDATE: {"batches": (_I, False)},
-    CommandType.ROLLBACK: {
-        "to_step": (_I, True),
-        "lr_scale": (_F, True),
-        "skip_data": ("int_list", False),  # [first, last+1) sample indices to skip, or absent
-    },
-    CommandType.SET_LR_SCALE: {"lr_scale": (_F, True)},
-    CommandType.CHECKPOINT_NOW: {"kind": ("enum:CheckpointKind", False)},
-    CommandType.STOP: {"reason": (_S, False)},
-}
-
-_ENUMS: dict[str, type[StrEnum]] = {
-    "GuardDecision": GuardDecision,
-    "CheckpointKind": CheckpointKind,
-    "AckStatus": AckStatus,
-}
+DATA_SCHEMAS: dict[EventType, dict[str, FieldSpec]] = {t: schema_of(p) for t, p in EVENT_PAYLOADS.items()}
+"""Each event type's ``data`` table, derived from its TypedDict in ``core/payloads.py``."""
+COMMAND_ARG_SCHEMAS: dict[CommandType, dict[str, FieldSpec]] = {t: schema_of(p) for t, p in COMMAND_ARGS.items()}
+"""Each command type's ``args`` table."""
 
 _ID_RE = re.compile(r"^[0-9a-f]{32}$")
 _RUN_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
@@ -187,74 +63,6 @@ _RUN_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 
 def new_id() -> str:
     return uuid.uuid4().hex
-
-
-def _check(kind: str, value: Any, where: str) -> Any:
-    """Validate one value against a kind; return it normalised (non-finite strings -> floats)."""
-    if kind == "any":
-        return value
-    if kind == _F:
-        if isinstance(value, bool):
-            raise SchemaError(where, "expected a number, got a boolean")
-        if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str) and value in _NONFINITE_IN:
-            return _NONFINITE_IN[value]
-        raise SchemaError(where, f"expected a number, got {type(value).__name__}")
-    if kind == _I:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise SchemaError(where, f"expected an integer, got {type(value).__name__}")
-        return value
-    if kind == _S:
-        if not isinstance(value, str):
-            raise SchemaError(where, f"expected a string, got {type(value).__name__}")
-        return value
-    if kind == _B:
-        if not isinstance(value, bool):
-            raise SchemaError(where, f"expected true/false, got {type(value).__name__}")
-        return value
-    if kind == "dict":
-        if not isinstance(value, dict):
-            raise SchemaError(where, f"expected an object, got {type(value).__name__}")
-        return value
-    if kind == "list":
-        if not isinstance(value, list):
-            raise SchemaError(where, f"expected a list, got {type(value).__name__}")
-        return value
-    if kind in ("int_list", "float_list"):
-        if not isinstance(value, list):
-            raise SchemaError(where, f"expected a list, got {type(value).__name__}")
-        inner = _I if kind == "int_list" else _F
-        return [_check(inner, v, f"{where}[{i}]") for i, v in enumerate(value)]
-    if kind == "float_map":
-        if not isinstance(value, dict):
-            raise SchemaError(where, f"expected an object, got {type(value).__name__}")
-        return {k: _check(_F, v, f"{where}.{k}") for k, v in value.items()}
-    if kind == "hist_layers":
-        if not isinstance(value, dict):
-            raise SchemaError(where, f"expected an object, got {type(value).__name__}")
-        return {k: _check_fields(HIST_LAYER_SCHEMA, v, f"{where}.{k}") for k, v in value.items()}
-    if kind.startswith("enum:"):
-        enum = _ENUMS[kind[5:]]
-        try:
-            return enum(value)
-        except ValueError:
-            allowed = ", ".join(e.value for e in enum)
-            raise SchemaError(where, f"{value!r} is not one of: {allowed}") from None
-    raise AssertionError(f"unknown field kind {kind}")
-
-
-def _check_fields(schema: Mapping[str, tuple[str, bool]], obj: Any, where: str) -> dict[str, Any]:
-    if not isinstance(obj, dict):
-        raise SchemaError(where, f"expected an object, got {type(obj).__name__}")
-    out = dict(obj)  # unknown fields survive: a newer minor version may add them
-    for name, (kind, required) in schema.items():
-        if name not in obj or obj[name] is None:
-            if required:
-                raise SchemaError(f"{where}.{name}", "missing")
-            continue
-        out[name] = _check(kind, obj[name], f"{where}.{name}")
-    return out
 
 
 def _check_envelope_common(obj: Any) -> None:
@@ -356,17 +164,17 @@ def event_from_dict(obj: Any) -> Event:
         etype = EventType(obj.get("type"))
     except ValueError:
         raise SchemaError("type", f"unknown event type {obj.get('type')!r}") from None
-    rank = _check(_I, obj.get("rank"), "rank")
-    world = _check(_I, obj.get("world"), "world")
+    rank = check_value(int, obj.get("rank"), "rank")
+    world = check_value(int, obj.get("world"), "world")
     if world < 1 or not 0 <= rank < world:
         raise SchemaError("rank", f"rank {rank} outside world of {world}")
-    step = _check(_I, obj.get("step"), "step")
+    step = check_value(int, obj.get("step"), "step")
     if step < 0:
         raise SchemaError("step", "must be >= 0")
-    ts = _check(_F, obj.get("ts"), "ts")
+    ts = check_value(float, obj.get("ts"), "ts")
     if not math.isfinite(ts):
         raise SchemaError("ts", "must be finite")
-    data = _check_fields(DATA_SCHEMAS[etype], obj.get("data"), "data")
+    data = check_fields(DATA_SCHEMAS[etype], obj.get("data"), "data")
     return Event(
         type=etype, run=obj["run"], step=step, data=data, rank=rank, world=world, ts=ts, id=obj["id"], v=obj["v"]
     )
@@ -436,9 +244,9 @@ def command_from_dict(obj: Any) -> Command:
         ctype = CommandType(obj.get("type"))
     except ValueError:
         raise SchemaError("type", f"unknown command type {obj.get('type')!r}") from None
-    args = _check_fields(COMMAND_ARG_SCHEMAS[ctype], obj.get("args", {}), "args")
-    issued = _check(_F, obj.get("issued_at"), "issued_at")
-    expires = _check(_F, obj.get("expires_at"), "expires_at")
+    args = check_fields(COMMAND_ARG_SCHEMAS[ctype], obj.get("args", {}), "args")
+    issued = check_value(float, obj.get("issued_at"), "issued_at")
+    expires = check_value(float, obj.get("expires_at"), "expires_at")
     if not (math.isfinite(issued) and math.isfinite(expires)):
         raise SchemaError("expires_at", "timestamps must be finite")
     sig = obj.get("sig", "")
