@@ -1,0 +1,154 @@
+"""The import graph holds the house's layering (read from the source with ``ast``, so imports
+inside functions and under ``TYPE_CHECKING`` count as much as module-level ones).
+
+- ``core`` imports no other project package: every process can import it.
+- ``agent`` (the in-process runtime) is imported only by the trainer, the integrations inside
+  ``agent`` itself, and benchmarks; never by ``controller``/``dashboard``, and ``cliffguard``
+  never reaches its runtime modules (hooks, publisher, listener).
+- No module imports a private (``_name``) object from another top-level package.
+- There is no import cycle between project modules.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("core", "agent", "trainer", "controller", "dashboard", "cliffguard", "bench")
+AGENT_RUNTIME = ("agent.hooks", "agent.publisher", "agent.listener")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for pkg in PACKAGES:
+        for path in (ROOT / pkg).rglob("*.py"):
+            if "migrations" not in path.parts:
+                found[_module_name(path)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _resolve(importer: str, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    base = importer.split(".")
+    is_pkg = MODULES[importer].name == "__init__.py"
+    base = base if is_pkg else base[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join([*base, node.module] if node.module else base)
+
+
+def imports_of(module: str) -> list[tuple[str, str | None]]:
+    """(imported project module, imported name or None) for every import statement in it."""
+    tree = ast.parse(MODULES[module].read_text(), filename=str(MODULES[module]))
+    out: list[tuple[str, str | None]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(a.name, None) for a in node.names if a.name.split(".")[0] in PACKAGES]
+        elif isinstance(node, ast.ImportFrom):
+            target = _resolve(module, node)
+            if target.split(".")[0] not in PACKAGES:
+                continue
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                out.append((sub, None) if sub in MODULES else (target, alias.name))
+    return out
+
+
+def _edges() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {m: set() for m in MODULES}
+    for module in MODULES:
+        for target, _name in imports_of(module):
+            while target and target not in MODULES:  # `import a.b.c` of a non-module name
+                target = target.rpartition(".")[0]
+            if target and target != module:
+                graph[module].add(target)
+    return graph
+
+
+def test_core_imports_no_other_project_package():
+    bad = [(m, t) for m in MODULES if m.split(".")[0] == "core"
+           for t, _ in imports_of(m) if t.split(".")[0] != "core"]
+    assert bad == []
+
+
+def test_only_the_trainer_and_benchmarks_import_the_agent():
+    bad = []
+    for m in MODULES:
+        top = m.split(".")[0]
+        for t, _ in imports_of(m):
+            if t.split(".")[0] != "agent":
+                continue
+            if top in ("controller", "dashboard", "core"):
+                bad.append((m, t))
+            elif top == "cliffguard" and t.startswith(AGENT_RUNTIME):
+                bad.append((m, t))
+    assert bad == []
+
+
+def test_no_private_name_crosses_a_package():
+    bad = [(m, f"{t}.{name}") for m in MODULES for t, name in imports_of(m)
+           if name and name.startswith("_") and t.split(".")[0] != m.split(".")[0]]
+    assert bad == []
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    counter = 0
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, it = work[-1]
+            nxt = next(it, None)
+            if nxt is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on_stack.discard(w)
+                        comp.append(w)
+                        if w == node:
+                            break
+                    if len(comp) > 1:
+                        out.append(sorted(comp))
+            elif nxt not in index:
+                index[nxt] = low[nxt] = counter
+                counter += 1
+                stack.append(nxt)
+                on_stack.add(nxt)
+                work.append((nxt, iter(sorted(graph[nxt]))))
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+    return out
+
+
+def test_cycle_finder_finds_a_planted_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_import_cycles():
+    assert _cycles(_edges()) == []
