@@ -12,6 +12,7 @@ import pytest
 
 from agent.guard import GuardConfig
 from agent.hooks import AgentConfig
+from agent.lr_scale import LRScale
 from agent.publisher import InMemorySink
 from core.enums import CommandType, EventType
 from core.events import make_command
@@ -20,7 +21,7 @@ from trainer.checkpoint import CheckpointConfig
 from trainer.config import TrainConfig
 from trainer.data import DataConfig
 from trainer.model import GPTConfig
-from trainer.schedule import LRScale, WarmupCosine
+from trainer.schedule import WarmupCosine
 
 
 class FakeCommands:
