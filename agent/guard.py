@@ -19,8 +19,10 @@ Timeout policy while held. If no command arrives within ``hold_timeout_s`` the l
 - ``resume``: clear the hold and train on (for runs where a stall costs more than a bad step);
 - ``stop``: save a checkpoint and end the run with ``run.failed``.
 
-Any command received while held means the controller has taken over: the hold timeout is
-cancelled and the run follows the commands (pause → paused, resume/rollback → training).
+Any command answered while held (applied or failed; a rejected one changes nothing) means the
+controller has taken over: the hold timeout is cancelled and the run follows the commands
+(pause → paused, resume/rollback → training); the moves are agent/dispatch.py's and
+agent/modes.py's.
 The detector's window and the consecutive-skip count are in ``state_dict`` so a rollback restores
 the guard exactly as it was at that step.
 """

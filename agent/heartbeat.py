@@ -1,7 +1,7 @@
 """Per-rank heartbeats on a side thread, every ``interval_s``, whatever the loop is doing.
 
-The thread only reads two plain attributes the loop writes (``state`` and ``step``) and hands a
-``heartbeat`` event to the sink, which never blocks. So a rank that is paused, held by the guard,
+The thread only reads what the loop keeps current (the mode from the agent's ``ModeMachine``,
+agent/modes.py, and the step) and hands a ``heartbeat`` event to the sink, which never blocks. So a rank that is paused, held by the guard,
 validating or stuck in a collective still beats — and a rank whose process died stops, which is
 what the controller's heartbeat-loss rule looks for. A failure to build or publish one beat is
 logged and the thread goes on.

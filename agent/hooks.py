@@ -47,6 +47,8 @@ from agent.collectors.mfu import ModelShape, mfu, resolve_peak
 from agent.collectors.timing import StepClock, attach_comm_timer
 from agent.guard import Guard, GuardConfig
 from agent.heartbeat import Heartbeat
+from agent.lr_scale import LRScale
+from agent.modes import STOPPING, ModeMachine
 from core.enums import AckStatus, EventType, GuardDecision
 from core.events import Command, make_event
 
@@ -134,8 +136,10 @@ class Agent:
             self.shape = ModelShape.infer(model, seq_len)
         self.guard = Guard(config.guard)
         self.step = 0
-        self.state = "running"
-        self.lr_scale = 1.0
+        self.modes = ModeMachine()
+        """The trainer's mode (agent/modes.py): the loop moves it, the heartbeats report it."""
+        self.lr_scale = LRScale()
+        """The run's one LR scale: the loop reads it, the step event reports it, rollbacks set it."""
         self.peak_flops = 0.0
         self.peak_source = ""
         self.sink = sink if sink is not None else self._make_publisher(kafka, publisher_config)
@@ -215,14 +219,14 @@ class Agent:
         self._clock.restart()
 
     def _beat(self) -> None:
-        self.emit(EventType.HEARTBEAT, {"state": self.state})
+        self.emit(EventType.HEARTBEAT, {"state": str(self.modes.mode)})
 
     def close(self, error: BaseException | str | None = None, *, final_loss: float | None = None) -> None:
         """Emit run.finished/run.failed (rank 0) and close everything, each part even if another fails."""
         if self._closed:
             return
         self._closed = True
-        self.state = "stopping"
+        self.modes.move(STOPPING)
         if self.rank == 0:
             if error is not None:
                 self.emit(EventType.RUN_FAILED, {"error": str(error) or type(error).__name__})
@@ -380,7 +384,7 @@ class Agent:
         alloc, reserved = memory_stats(self.device)
         self._raise_calibrated_peak(self._tokens * fpt / total if total > 0 else 0.0)
         data: dict[str, Any] = {
-            "loss": self._global_loss, "loss_local": self._local_loss, "lr": lr, "lr_scale": self.lr_scale,
+            "loss": self._global_loss, "loss_local": self._local_loss, "lr": lr, "lr_scale": self.lr_scale.value,
             "grad_norm": self._grad_norm, "tokens": self._tokens, "step_time_s": total,
             "data_wait_s": data_wait, "comm_exposed_s": comm, "compute_s": compute,
             "tokens_per_s": self._tokens / total if total > 0 else 0.0,
@@ -460,8 +464,8 @@ class Agent:
 
     # ------------------------------------------------------------------ checkpointed state
     def state_dict(self) -> dict[str, Any]:
-        return {"guard": self.guard.state_dict(), "lr_scale": self.lr_scale}
+        return {"guard": self.guard.state_dict(), "lr_scale": self.lr_scale.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.guard.load_state_dict(state["guard"])
-        self.lr_scale = float(state.get("lr_scale", self.lr_scale))
+        self.lr_scale.load_state_dict(state["lr_scale"])

@@ -30,6 +30,7 @@ from typing import Any
 from accelerate.tracking import GeneralTracker
 
 from agent.hooks import Agent, AgentConfig
+from agent.modes import PAUSED, RUNNING
 from core.enums import AckStatus, CommandType, EventType
 
 log = logging.getLogger(__name__)
@@ -91,7 +92,6 @@ class CliffguardCallback:
         self.command_every = command_every
         self.agent: Agent | None = None
         self.optimizer: Any = None
-        self.lr_scale = 1.0
         self._validate_cmd: Any = None
 
     # Events the Trainer calls that need nothing from us.
@@ -114,15 +114,15 @@ class CliffguardCallback:
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         # The scheduler rewrote the LR after the last step; scale it for this step (no compounding).
-        if self.lr_scale != 1.0 and self.optimizer is not None:
+        scale = self.agent.lr_scale.value if self.agent is not None else 1.0
+        if scale != 1.0 and self.optimizer is not None:
             for group in self.optimizer.param_groups:
-                group["lr"] = group["lr"] * self.lr_scale
+                group["lr"] = group["lr"] * scale
         return control
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> Any:
         loss = _scalar(logs or {}, "loss")
         if self.agent is not None and loss is not None:
-            self.agent.lr_scale = self.lr_scale
             self.agent.report_step(loss, step=int(state.global_step), lr=_scalar(logs or {}, "learning_rate"),
                                    grad_norm=_scalar(logs or {}, "grad_norm"))
         return control
@@ -137,10 +137,12 @@ class CliffguardCallback:
                 paused = self._apply(cmd, control, paused)
             if not paused:
                 break
-            self.agent.state = "paused"
+            if self.agent.modes.mode is not PAUSED:
+                self.agent.modes.move(PAUSED)
             time.sleep(self.config.command_tick_s)
             cmds, _ = self.agent.exchange()
-        self.agent.state = "running"
+        if self.agent.modes.mode is PAUSED:
+            self.agent.modes.move(RUNNING)
         return control
 
     def _apply(self, cmd: Any, control: Any, paused: bool) -> bool:
@@ -166,9 +168,12 @@ class CliffguardCallback:
             agent.ack(cmd, AckStatus.APPLIED, "should_save set")
             return paused
         if t is CommandType.SET_LR_SCALE:
-            self.lr_scale = float(cmd.args["lr_scale"])
-            agent.lr_scale = self.lr_scale
-            agent.ack(cmd, AckStatus.APPLIED, f"lr_scale={self.lr_scale:g}")
+            try:
+                agent.lr_scale.set(cmd.args.get("lr_scale"))
+            except ValueError as exc:
+                agent.ack(cmd, AckStatus.REJECTED, f"invalid args: {exc}")
+                return paused
+            agent.ack(cmd, AckStatus.APPLIED, f"lr_scale={agent.lr_scale.value:g}")
             return paused
         agent.ack(cmd, AckStatus.FAILED, f"{t} is not supported by the Hugging Face callback")
         return paused

@@ -15,7 +15,8 @@ One optimizer step (``Trainer.train_step``), in order::
 At each step boundary (``Trainer.run``): commands (``agent.poll_commands`` → trainer/commands.py),
 a hold if the guard asked for one, the paused wait, then before the next step: memory snapshot
 every ``snapshot_every``, disk checkpoints every ``ckpt_every``/``full_every``, validation every
-``val_every``. A checkpoint labelled ``s`` is the state *before* step ``s`` runs, so rolling
+``val_every``. The mode (agent/modes.py) and the LR scale (agent/lr_scale.py) are the agent's:
+the loop moves and reads them there, so the heartbeats and step events report the same values. A checkpoint labelled ``s`` is the state *before* step ``s`` runs, so rolling
 back to ``s`` replays step ``s`` onwards exactly (same data, same RNG, same parameters).
 """
 
@@ -34,13 +35,16 @@ import torch.distributed as dist
 
 from agent.collectors.mfu import ModelShape
 from agent.hooks import Agent
-from core.enums import EventType, GuardDecision
+from agent.lr_scale import LRScale
+from agent.modes import HELD, STOPPING
+from core.enums import CheckpointKind, EventType, GuardDecision
 from trainer.checkpoint import CheckpointManager
+from trainer.commands import TrainerCommands, handle_boundary
 from trainer.config import TrainConfig
 from trainer.data import Sampler, load_corpus
 from trainer.loss_scale import AdaptiveLossScaler, LossScaleConfig
 from trainer.model import GPT
-from trainer.schedule import LRScale, WarmupCosine
+from trainer.schedule import WarmupCosine
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +114,6 @@ class Trainer:
         self.model, self.optimizer = accelerator.prepare(raw, optimizer)
         self.raw_model: GPT = accelerator.unwrap_model(self.model)
         self.schedule = WarmupCosine(cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.steps)
-        self.lr_scale = LRScale()
         self.scaler = AdaptiveLossScaler(LossScaleConfig(enabled=True)) if cfg.loss_scaling else None
         self.faults = make_faults(cfg.faults, self.rank, cfg.seed)
         c = cfg.model
@@ -120,11 +123,16 @@ class Trainer:
                            kafka=cfg.kafka, secret=secret, command_source=command_source)
         self.ckpt = CheckpointManager(cfg.checkpoint, self.rank, self.world, self._on_checkpoint)
         self.val_data = self.sampler.val_batches(cfg.val_batches, cfg.val_batch_size)
+        self.command_target = TrainerCommands(self)
         self.step = 0
-        self.mode = "running"  # running | paused | held | stopping
         self.last_loss = float("nan")
         self.stop_reason = ""
         self._t_progress = (time.perf_counter(), 0)
+
+    @property
+    def lr_scale(self) -> LRScale:
+        """The agent's: the one owner of the run's LR scale."""
+        return self.agent.lr_scale
 
     # ------------------------------------------------------------------ events
     def _on_checkpoint(self, payload: dict[str, Any]) -> None:
@@ -143,7 +151,6 @@ class Trainer:
             "model": self.raw_model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.schedule.state_dict(),
-            "lr_scale": self.lr_scale.state_dict(),
             "sampler": self.sampler.state_dict(),
             "rng": rng,
             "agent": self.agent.state_dict(),
@@ -152,19 +159,17 @@ class Trainer:
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
-        """Everything a rollback restores. The LR scale comes from the checkpoint here; a rollback
-        command's own scale is applied by the caller *after* this (never overwritten by it)."""
+        """Everything a rollback restores. The LR scale comes from the checkpoint here (in the agent's
+        state); a rollback's own scale is applied by the caller *after* this (never overwritten by it)."""
         self.raw_model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.schedule.load_state_dict(state["scheduler"])
-        self.lr_scale.load_state_dict(state["lr_scale"])
         self.sampler.load_state_dict(state["sampler"])
         torch.set_rng_state(state["rng"]["torch"])
         random.setstate(state["rng"]["python"])
         if "cuda" in state["rng"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["rng"]["cuda"])
         self.agent.load_state_dict(state["agent"])
-        self.agent.lr_scale = self.lr_scale.value
         if self.scaler is not None and state.get("loss_scaler"):
             self.scaler.load_state_dict(state["loss_scaler"])
         self.step = int(state["step"])
@@ -196,17 +201,17 @@ class Trainer:
     def available_steps(self) -> list[int]:
         return sorted(self.ckpt.available_steps())
 
-    def rollback(self, to_step: int, lr_scale: float, skip_data: list[int] | None = None) -> str:
+    def rollback(self, to_step: int, lr_scale: float, skip_data: tuple[int, int] | None = None) -> str:
+        """Restore ``to_step``, then set ``lr_scale``, then skip ``[first, stop)``. The mode is the
+        caller's to move (agent/dispatch.py or the guard's timeout policy in trainer/commands.py)."""
         source = self.restore(to_step)
         self.lr_scale.set(lr_scale)
-        self.agent.lr_scale = lr_scale
         if skip_data:
             self.sampler.skip(int(skip_data[0]), int(skip_data[1]))
         self.agent.guard.clear_hold()
-        self.mode = "running"
         return source
 
-    def checkpoint(self, kind: str) -> None:
+    def checkpoint(self, kind: CheckpointKind | str) -> None:
         self.ckpt.save(self.step, self.capture_state(), kind)
 
     # ------------------------------------------------------------------ validation
@@ -214,22 +219,21 @@ class Trainer:
     def validate(self, cmd_id: str | None = None, batches: int | None = None) -> float:
         """Forward-only on the fixed held-out batches with frozen weights; every rank takes a share."""
         data = self.val_data if batches is None else self.sampler.val_batches(batches, self.cfg.val_batch_size)
-        prev, self.agent.state = self.agent.state, "validating"
         was_training = self.model.training
         self.model.eval()
         total = torch.zeros(2, dtype=torch.float64, device=self.accelerator.device)
         try:
-            for i in range(self.rank, len(data), self.world):
-                x, y = data[i]
-                with self._autocast():
-                    _, loss = self.raw_model(x.to(self.accelerator.device), y.to(self.accelerator.device))
-                total[0] += loss.double()
-                total[1] += 1.0
-            if self.distributed:
-                dist.all_reduce(total)
+            with self.agent.modes.validating():
+                for i in range(self.rank, len(data), self.world):
+                    x, y = data[i]
+                    with self._autocast():
+                        _, loss = self.raw_model(x.to(self.accelerator.device), y.to(self.accelerator.device))
+                    total[0] += loss.double()
+                    total[1] += 1.0
+                if self.distributed:
+                    dist.all_reduce(total)
         finally:
             self.model.train(was_training)
-            self.agent.state = prev
         val_loss = float(total[0] / total[1]) if total[1] > 0 else float("nan")
         if self.rank == 0:
             payload: dict[str, Any] = {"val_loss": val_loss, "batches": len(data)}
@@ -249,7 +253,6 @@ class Trainer:
         lr = self.schedule.lr_at(step) * self.lr_scale.value * self.faults.lr_factor(step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        agent.lr_scale = self.lr_scale.value
         extra: dict[str, Any] = {}
         if cfg.debug_digests:
             extra["rng_digest"] = digest_tensors([torch.get_rng_state()])
@@ -338,8 +341,6 @@ class Trainer:
               f"tokens/s {tok_s:,.0f}  mfu {100 * data['mfu']:.2f}%  guard {data['guard']}", flush=True)
 
     def run(self) -> int:
-        from trainer.commands import handle_boundary
-
         error: BaseException | None = None
         try:
             self.agent.start(global_batch=self.cfg.global_batch, lr_schedule=self.schedule.describe(),
@@ -350,16 +351,16 @@ class Trainer:
             if self.rank == 0:
                 for flag in self.corpus.flags:
                     self.agent.emit(EventType.DATA_FLAG, flag.event_data())
-            while self.step < self.cfg.steps and self.mode != "stopping":
+            while self.step < self.cfg.steps and self.agent.modes.mode is not STOPPING:
                 self._boundary_checkpoints()
                 if self.cfg.val_every and self.step > 0 and self.step % self.cfg.val_every == 0:
                     self.validate()
                 self.faults.maybe_kill(self.step)
                 data = self.train_step()
                 if data["guard"] == GuardDecision.HOLD:
-                    self.mode = "held"
+                    self.agent.modes.move(HELD)
                 self._progress(data)
-                handle_boundary(self)
+                handle_boundary(self, self.command_target)
             self.ckpt.wait()
             return 0 if not self.stop_reason.startswith("failed") else 1
         except BaseException as exc:

@@ -7,9 +7,9 @@ every param group at the start of each step. Nothing is accumulated in the optim
 - restoring the optimizer's state (whose param groups hold the *old* LR) cannot leak an old
   scale into the next step: the LR is recomputed before every step;
 - restoring the schedule cannot overwrite the scale (llm-foundry #194: a scheduler whose
-  restored state reset the LR multiplier after a rollback). The scale is its own object with its
-  own ``state_dict``; a rollback restores it from the checkpoint and *then* applies the
-  command's value.
+  restored state reset the LR multiplier after a rollback). The scale is its own object
+  (``LRScale`` in agent/lr_scale.py, owned by the agent) with its own ``state_dict``; a rollback
+  restores it from the checkpoint and *then* applies the command's value.
 """
 
 from __future__ import annotations
@@ -45,22 +45,3 @@ class WarmupCosine:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("kind") != "warmup_cosine":
             raise ValueError(f"scheduler state: unknown kind {state.get('kind')!r}")
-
-
-class LRScale:
-    """The cumulative LR multiplier set by rollbacks and ``set_lr_scale``; checkpointed on its own."""
-
-    def __init__(self, value: float = 1.0) -> None:
-        self.value = 1.0
-        self.set(value)
-
-    def set(self, value: float) -> None:
-        if not (math.isfinite(value) and value > 0):
-            raise ValueError(f"lr_scale: must be a positive finite number, got {value!r}")
-        self.value = float(value)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"value": self.value}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.set(float(state["value"]))

@@ -11,60 +11,15 @@ import math
 import pytest
 
 from agent.guard import GuardConfig
-from agent.hooks import AgentConfig
+from agent.lr_scale import LRScale
 from agent.publisher import InMemorySink
 from core.enums import CommandType, EventType
 from core.events import make_command
 from core.spike import SpikeConfig
-from trainer.checkpoint import CheckpointConfig
+from tests.trainer.support import FakeCommands, make_trainer, small_config, step_events
 from trainer.config import TrainConfig
 from trainer.data import DataConfig
-from trainer.model import GPTConfig
-from trainer.schedule import LRScale, WarmupCosine
-
-
-class FakeCommands:
-    def __init__(self) -> None:
-        self.queue: list = []
-        self.polls = 0
-        self.on_poll = None
-
-    def poll(self):
-        self.polls += 1
-        if self.on_poll:
-            self.on_poll(self)
-        out, self.queue = self.queue, []
-        return out
-
-    def close(self) -> None:
-        pass
-
-
-def _cfg(tmp_path, **kw) -> TrainConfig:
-    guard = kw.pop("guard", GuardConfig(spike=SpikeConfig(window=16, min_history=8)))
-    base = dict(run="loop", steps=12, global_batch=4, grad_accum=2, lr=3e-3, min_lr=3e-4, warmup_steps=2,
-                out_dir=str(tmp_path), val_every=0, progress_every=0,
-                model=GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16),
-                data=DataConfig(seq_len=16, max_bytes=200_000, block_bytes=4096, apply_rules=False),
-                checkpoint=CheckpointConfig(dir=str(tmp_path / "ckpt"), snapshot_every=2, memory_ring=8,
-                                            ckpt_every=0, full_every=0),
-                agent=AgentConfig(run="loop", hist_every=0, heartbeat_s=0.05, calibration_s=0.05,
-                                  command_tick_s=0.02, guard=guard))
-    base.update(kw)
-    return TrainConfig(**base)
-
-
-def _trainer(cfg: TrainConfig):
-    from accelerate import Accelerator
-
-    from trainer.loop import Trainer
-
-    sink, source = InMemorySink(), FakeCommands()
-    return Trainer(cfg, Accelerator(cpu=True), sink=sink, command_source=source), sink, source
-
-
-def _steps(sink):
-    return [e for e in sink.events if e.type is EventType.STEP]
+from trainer.schedule import WarmupCosine
 
 
 def test_warmup_cosine_and_lr_scale():
@@ -81,7 +36,7 @@ def test_warmup_cosine_and_lr_scale():
 
 
 def test_config_round_trip_and_validation(tmp_path):
-    cfg = _cfg(tmp_path, faults=["nan@3"])
+    cfg = small_config(tmp_path, faults=["nan@3"])
     cfg.save(tmp_path / "c.json")
     again = TrainConfig.load(tmp_path / "c.json")
     assert again == cfg and again.agent.run == "loop" and again.checkpoint.snapshot_every == 2
@@ -89,9 +44,9 @@ def test_config_round_trip_and_validation(tmp_path):
     with pytest.raises(ValueError, match="global_batch"):
         cfg.micro_batch(3)
     with pytest.raises(ValueError, match="faults"):
-        _cfg(tmp_path, faults=["meteor@3"])
+        small_config(tmp_path, faults=["meteor@3"])
     with pytest.raises(ValueError, match="seq_len"):
-        _cfg(tmp_path, data=DataConfig(seq_len=64))
+        small_config(tmp_path, data=DataConfig(seq_len=64))
     with pytest.raises(ValueError, match="unknown field"):
         TrainConfig.from_dict({"stepz": 3})
 
@@ -99,10 +54,10 @@ def test_config_round_trip_and_validation(tmp_path):
 def test_guard_hold_times_out_into_a_local_rollback_with_half_lr(tmp_path):
     guard = GuardConfig(spike=SpikeConfig(window=16, min_history=8), hold_after=3, hold_timeout_s=0.3,
                         on_timeout="rollback")
-    cfg = _cfg(tmp_path, guard=guard, faults=["nan@6", "nan@7", "nan@8"])
-    tr, sink, _ = _trainer(cfg)
+    cfg = small_config(tmp_path, guard=guard, faults=["nan@6", "nan@7", "nan@8"])
+    tr, sink, _ = make_trainer(cfg)
     assert tr.run() == 0
-    steps = _steps(sink)
+    steps = step_events(sink)
     by = [(e.step, e.data["guard"], e.data["lr_scale"]) for e in steps]
     assert (6, "skip", 1.0) in by and (7, "skip", 1.0) in by and (8, "hold", 1.0) in by
     held = [e for e in sink.events if e.type is EventType.HEARTBEAT and e.data["state"] == "held"]
@@ -116,8 +71,8 @@ def test_guard_hold_times_out_into_a_local_rollback_with_half_lr(tmp_path):
 
 
 def test_commands_pause_resume_set_lr_scale_checkpoint_and_stop(tmp_path):
-    cfg = _cfg(tmp_path, steps=50)
-    tr, sink, source = _trainer(cfg)
+    cfg = small_config(tmp_path, steps=50)
+    tr, sink, source = make_trainer(cfg)
     pause = make_command(CommandType.PAUSE, "loop")
     scale = make_command(CommandType.SET_LR_SCALE, "loop", {"lr_scale": 0.25})
     ckpt = make_command(CommandType.CHECKPOINT_NOW, "loop", {"kind": "full"})
@@ -134,18 +89,18 @@ def test_commands_pause_resume_set_lr_scale_checkpoint_and_stop(tmp_path):
     paused_at = acks[pause.id][1]
     assert acks[scale.id][1] == acks[resume.id][1] == paused_at  # applied while paused: no step ran
     assert any(e.type is EventType.HEARTBEAT and e.data["state"] == "paused" for e in sink.events)
-    after = [e for e in _steps(sink) if e.step >= paused_at]
+    after = [e for e in step_events(sink) if e.step >= paused_at]
     assert after and all(e.data["lr_scale"] == 0.25 for e in after)
     full = [e for e in sink.events if e.type is EventType.CHECKPOINT and e.data["kind"] == "full"]
     assert full and full[0].step == paused_at and full[0].data["verified"] is True
-    assert _steps(sink)[-1].step < cfg.steps - 1  # stopped early
+    assert step_events(sink)[-1].step < cfg.steps - 1  # stopped early
 
 
 def test_bf16_loss_scaling_and_per_layer_clipping_run_and_report(tmp_path):
-    cfg = _cfg(tmp_path, steps=4, bf16=True, loss_scaling=True, clip_layer_norm=0.05)
-    tr, sink, _ = _trainer(cfg)
+    cfg = small_config(tmp_path, steps=4, bf16=True, loss_scaling=True, clip_layer_norm=0.05)
+    tr, sink, _ = make_trainer(cfg)
     assert tr.run() == 0
-    steps = _steps(sink)
+    steps = step_events(sink)
     assert [e.step for e in steps] == [0, 1, 2, 3]
     assert all(math.isfinite(e.data["loss"]) and e.data["skipped"] is False for e in steps)
     assert all(e.data["loss_scale"] > 1 for e in steps)  # the scaler ran and reported its scale
@@ -168,7 +123,7 @@ def test_broker_outage_fault_switches_the_publisher_off_for_its_window(tmp_path)
     from trainer.loop import Trainer
 
     sink = OutageSink()
-    tr = Trainer(_cfg(tmp_path, steps=8, faults=["broker_outage@3:2"]), Accelerator(cpu=True), sink=sink,
+    tr = Trainer(small_config(tmp_path, steps=8, faults=["broker_outage@3:2"]), Accelerator(cpu=True), sink=sink,
                  command_source=FakeCommands())
     assert tr.run() == 0
     # one call per step: down for steps 3 and 4 only
@@ -179,7 +134,7 @@ def test_workers_get_the_kafka_password_from_the_environment_not_the_saved_confi
     from core.kafka_config import KafkaConfig
     from trainer.run import with_env_secrets
 
-    cfg = _cfg(tmp_path, kafka=KafkaConfig(security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN",
+    cfg = small_config(tmp_path, kafka=KafkaConfig(security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN",
                                            sasl_plain_username="u", sasl_plain_password="hunter2-secret"))
     cfg.save(tmp_path / "config.json")
     assert "hunter2-secret" not in (tmp_path / "config.json").read_text()
