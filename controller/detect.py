@@ -23,9 +23,13 @@ the replayed steps are judged afresh, and ``rewinds`` counts how often it happen
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from controller.rules.base import RankScope, RewindingRule, Rule, TickingRule
 from controller.rules.divergence import DivergenceConfig
 from controller.rules.grad_norm import GradNormConfig, GradNormRule
 from controller.rules.heartbeat import HeartbeatConfig, HeartbeatRule
@@ -33,10 +37,19 @@ from controller.rules.loss import LossRules, LossSpikeConfig
 from controller.rules.loss_scale import LossScaleConfig, LossScaleRule
 from controller.rules.memory import MemoryConfig, MemoryRule
 from controller.rules.mfu import MfuConfig, MfuRule
+from controller.rules.registry import RuleRegistry
 from controller.rules.straggler import StragglerConfig, StragglerRule
-from controller.verdict import Verdict
-from core.enums import EventType
+from controller.verdict import Action, Verdict
+from core.enums import EventType, Level
 from core.events import Event
+
+log = logging.getLogger(__name__)
+
+RULE_ERROR = "rule_error"
+"""``Verdict.rule`` of the alert that reports a rule raising (see ``RunDetector._rule_failed``)."""
+ERROR_MAX = 300
+DETECTOR_STATE_KEYS = frozenset({"loss_rank", "last_step", "catching_up", "rewinds", "rule_errors"})
+"""The detector's own keys in its state, so no rule may be named like one."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -67,93 +80,140 @@ class RulesConfig:
             raise ValueError("evidence_last_n: must be >= 0")
 
 
+RULES: RuleRegistry[RulesConfig] = (
+    RuleRegistry[RulesConfig](reserved=DETECTOR_STATE_KEYS)
+    .with_rule("heartbeat", lambda c: HeartbeatRule(c.heartbeat))
+    .with_rule("straggler", lambda c: StragglerRule(c.straggler))
+    .with_rule("mfu", lambda c: MfuRule(c.mfu))
+    .with_rule("memory", lambda c: MemoryRule(c.memory))
+    .with_rule("loss", lambda c: LossRules(c.spike, c.divergence, last_n=c.evidence_last_n))
+    .with_rule("grad_norm", lambda c: GradNormRule(c.grad_norm))
+    .with_rule("loss_scale", lambda c: LossScaleRule(c.loss_scale))
+)
+"""The controller's rules in calling order (a new rule: its module, a ``RulesConfig`` field and
+one entry here)."""
+
+
 class RunDetector:
-    def __init__(self, config: RulesConfig | None = None) -> None:
+    def __init__(self, config: RulesConfig | None = None, registry: RuleRegistry[RulesConfig] | None = None) -> None:
         self.config = cfg = config or RulesConfig()
-        self.loss = LossRules(cfg.spike, cfg.divergence, last_n=cfg.evidence_last_n)
-        self.grad_norm = GradNormRule(cfg.grad_norm)
-        self.loss_scale = LossScaleRule(cfg.loss_scale)
-        self.straggler = StragglerRule(cfg.straggler)
-        self.mfu = MfuRule(cfg.mfu)
-        self.heartbeat = HeartbeatRule(cfg.heartbeat)
-        self.memory = MemoryRule(cfg.memory)
+        self.rules: dict[str, Rule] = (registry if registry is not None else RULES).build(cfg)
         self._loss_rank: int | None = None
         self._last_step: int | None = None  # newest step judged by the loss rules
         self._catching_up = False
         self.rewinds = 0
+        self.rule_errors: Counter[str] = Counter()
+        """Exceptions per rule name (persisted); see ``_rule_failed``."""
+        self._run_id: str | None = None  # for logs only: the detector is built before it sees its run
 
     # -- events ------------------------------------------------------------------------------
 
     def on_event(self, event: Event) -> list[Verdict]:
-        if event.type is EventType.RUN_STARTED:
-            self.heartbeat.started()
-        self.heartbeat.seen(event.rank, event.ts, event.step)
-        if event.type in (EventType.RUN_FINISHED, EventType.RUN_FAILED):
-            self.heartbeat.ended()
-            return []
-        if event.type is not EventType.STEP:
-            return []
-        data = event.data
-        out: list[Verdict] = []
-        out += self.straggler.observe(event.step, event.rank, data)
-        out += self.mfu.observe(event.step, event.rank, data)
-        out += self.memory.observe(event.step, event.rank, int(data.get("mem_reserved", 0)),
-                                   int(data.get("mem_allocated", 0)))
+        self._run_id = event.run
+        loss_turn, out = self._loss_turn(event) if event.type is EventType.STEP else (False, [])
+        for name, rule in self.rules.items():
+            if event.type not in rule.consumes:
+                continue
+            if rule.scope is RankScope.LOSS_RANK and not loss_turn:
+                continue
+            out += self._call(name, event.step, rule.on_event, event)
+        return out
+
+    def _loss_turn(self, event: Event) -> tuple[bool, list[Verdict]]:
+        """Whether the loss-rank rules judge this step event (rewound first on a replay), and the
+        verdicts of a rewind that raised."""
         if self._loss_rank is None or event.rank < self._loss_rank:
             self._catching_up = self._loss_rank is not None
             self._loss_rank = event.rank
         if event.rank != self._loss_rank:
-            return out
+            return False, []
         if self._catching_up:
             if self._last_step is not None and event.step <= self._last_step:
-                return out
+                return False, []
             self._catching_up = False
-        out += self.observe_loss(event.step, float(data["loss"]))
-        out += self.grad_norm.observe(event.step, data)
-        out += self.loss_scale.observe(event.step, float(data.get("loss_scale", 1.0)))
+        return True, self._advance(event.step)
+
+    def _advance(self, step: int) -> list[Verdict]:
+        out: list[Verdict] = []
+        if self._last_step is not None and step <= self._last_step:
+            for name, rule in self.rules.items():
+                if rule.scope is RankScope.LOSS_RANK and isinstance(rule, RewindingRule):
+                    out += self._call(name, step, rule.rewind)
+            self.rewinds += 1
+        self._last_step = step
         return out
 
     def observe_loss(self, step: int, loss: float) -> list[Verdict]:
         """The loss rules alone, for one global loss (the backtest's entry point)."""
-        if self._last_step is not None and step <= self._last_step:
-            self.loss.rewind()
-            self.rewinds += 1
-        self._last_step = step
-        return self.loss.observe(step, loss)
+        out = self._advance(step)
+        return out + self._call("loss", step, self.loss.observe, step, loss)
 
     def tick(self, now: float) -> list[Verdict]:
-        return self.heartbeat.tick(now)
+        out: list[Verdict] = []
+        for name, rule in self.rules.items():
+            if isinstance(rule, TickingRule):
+                out += self._call(name, self._last_step or 0, rule.tick, now)
+        return out
+
+    @property
+    def loss(self) -> LossRules:
+        rule = self.rules.get("loss")
+        if not isinstance(rule, LossRules):
+            raise LookupError("this detector's registry has no loss rule")
+        return rule
 
     def window_evidence(self) -> dict[str, Any]:
         """The loss window now: median, sigma, n and the newest losses as [step, loss]."""
         return self.loss.window_evidence()
 
+    # -- rule isolation ----------------------------------------------------------------------
+
+    def _call(self, name: str, step: int, fn: Callable[..., list[Verdict] | None], *args: Any) -> list[Verdict]:
+        try:
+            return fn(*args) or []
+        except Exception as exc:  # noqa: BLE001 - one broken rule must not silence the others
+            return self._rule_failed(name, step, exc)
+
+    def _rule_failed(self, name: str, step: int, exc: Exception) -> list[Verdict]:
+        """Count the failure; on the 1st, 10th, 100th ... one, log it and report a ``rule_error``
+        verdict (an alert: warn, so suppressed per run like any repeating alert), so a rule that
+        raises on every event neither floods the log nor goes unnoticed."""
+        n = self.rule_errors[name] = self.rule_errors[name] + 1
+        if not _is_power_of_ten(n):
+            return []
+        error = f"{type(exc).__name__}: {exc}"[:ERROR_MAX]
+        log.error("rule %s raised on run %s at step %d (%d times so far); its verdicts for this input "
+                  "are lost, the other rules go on", name, self._run_id, step, n, exc_info=exc)
+        return [Verdict(rule=RULE_ERROR, level=Level.WARN, step=step, action=Action.ALERT,
+                        message=f"rule {name} raised {error} ({n} times so far); it judged nothing then",
+                        evidence={"rule": name, "error": error, "errors": n})]
+
     # -- persistence -------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
+        # Rule states sit at the top level under the rule's name, beside the detector's own keys
+        # (DETECTOR_STATE_KEYS): the layout stored before rules were registered, kept as is.
         return {
-            "loss": self.loss.state_dict(),
-            "grad_norm": self.grad_norm.state_dict(),
-            "loss_scale": self.loss_scale.state_dict(),
-            "straggler": self.straggler.state_dict(),
-            "mfu": self.mfu.state_dict(),
-            "heartbeat": self.heartbeat.state_dict(),
-            "memory": self.memory.state_dict(),
+            **{name: rule.state_dict() for name, rule in self.rules.items()},
             "loss_rank": self._loss_rank,
             "last_step": self._last_step,
             "catching_up": self._catching_up,
             "rewinds": self.rewinds,
+            "rule_errors": dict(self.rule_errors),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.loss.load_state_dict(state["loss"])
-        self.grad_norm.load_state_dict(state["grad_norm"])
-        self.loss_scale.load_state_dict(state["loss_scale"])
-        self.straggler.load_state_dict(state["straggler"])
-        self.mfu.load_state_dict(state["mfu"])
-        self.heartbeat.load_state_dict(state["heartbeat"])
-        self.memory.load_state_dict(state["memory"])
+        for name, rule in self.rules.items():
+            if name in state:  # a rule registered since the state was stored starts fresh
+                rule.load_state_dict(state[name])
         self._loss_rank = state.get("loss_rank")
         self._last_step = state.get("last_step")
         self._catching_up = bool(state.get("catching_up", False))
         self.rewinds = int(state.get("rewinds", 0))
+        self.rule_errors = Counter({str(k): int(v) for k, v in state.get("rule_errors", {}).items()})
+
+
+def _is_power_of_ten(n: int) -> bool:
+    while n % 10 == 0:
+        n //= 10
+    return n == 1

@@ -13,9 +13,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from controller.rules.base import STEP_EVENTS, RankScope
 from controller.rules.robust import LogWindow
 from controller.verdict import Action, Verdict
 from core.enums import Level
+from core.events import Event
 
 
 @dataclass(kw_only=True, slots=True)
@@ -118,6 +120,10 @@ class NormSpike:
 
 
 class GradNormRule:
+    name = "grad_norm"
+    consumes = STEP_EVENTS
+    scope = RankScope.LOSS_RANK
+
     def __init__(self, config: GradNormConfig | None = None) -> None:
         self.config = config or GradNormConfig()
         self.total = NormSpike(self.config)
@@ -154,6 +160,9 @@ class GradNormRule:
             msg = f"{what} is non-finite ({ev['value']})"
         return Verdict(rule=rule, level=level, step=step, message=msg, action=Action.ALERT,
                        onset_step=onset, evidence=ev)
+
+    def on_event(self, event: Event) -> list[Verdict]:
+        return self.observe(event.step, event.data)
 
     def state_dict(self) -> dict[str, Any]:
         return {"total": self.total.state_dict(), "layers": {k: v.state_dict() for k, v in self.layers.items()}}

@@ -12,8 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from controller.rules.base import ALL_EVENTS, RankScope
 from controller.verdict import Action, Verdict
-from core.enums import Level
+from core.enums import EventType, Level
+from core.events import Event
 
 
 @dataclass(kw_only=True, slots=True)
@@ -34,6 +36,10 @@ class HeartbeatConfig:
 
 
 class HeartbeatRule:
+    name = "heartbeat"
+    consumes = ALL_EVENTS
+    scope = RankScope.EVERY_RANK
+
     def __init__(self, config: HeartbeatConfig | None = None) -> None:
         self.config = config or HeartbeatConfig()
         self._last: dict[int, tuple[float, int]] = {}  # rank -> (ts, step)
@@ -72,6 +78,15 @@ class HeartbeatRule:
                                action=Action.ALERT, evidence={"rank": rank, "last_seen_ts": ts, "silent_s": silent},
                                message=f"rank {rank} silent for {silent:.0f}s (last step {step})"))
         return out
+
+    def on_event(self, event: Event) -> list[Verdict]:
+        """Every event is a sign of life; run.started wakes the rule, run.finished/failed silence it."""
+        if event.type is EventType.RUN_STARTED:
+            self.started()
+        self.seen(event.rank, event.ts, event.step)
+        if event.type in (EventType.RUN_FINISHED, EventType.RUN_FAILED):
+            self.ended()
+        return []
 
     def state_dict(self) -> dict[str, Any]:
         return {"last": {str(r): list(v) for r, v in self._last.items()}, "reported": {str(r): v for r, v in self._reported.items()},

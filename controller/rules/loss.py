@@ -21,9 +21,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from controller.rules.base import STEP_EVENTS, RankScope
 from controller.rules.divergence import DivergenceConfig, DivergenceDetector
 from controller.verdict import Action, Verdict
 from core.enums import Level
+from core.events import Event
 from core.spike import SpikeConfig, SpikeDetector
 
 
@@ -58,6 +60,10 @@ class _Excursion:
 
 
 class LossRules:
+    name = "loss"
+    consumes = STEP_EVENTS
+    scope = RankScope.LOSS_RANK
+
     def __init__(self, spike: LossSpikeConfig | None = None, divergence: DivergenceConfig | None = None,
                  last_n: int = 20) -> None:
         self.spike_config = spike or LossSpikeConfig()
@@ -123,6 +129,9 @@ class LossRules:
             "n": len(self.spike),
             "last": [[s, x] for s, x in self._recent],
         }
+
+    def on_event(self, event: Event) -> list[Verdict]:
+        return self.observe(event.step, float(event.data["loss"]))
 
     def state_dict(self) -> dict[str, Any]:
         exc = self._exc

@@ -14,8 +14,10 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from controller.rules.base import STEP_EVENTS, RankScope
 from controller.verdict import Action, Verdict
 from core.enums import Level
+from core.events import Event
 
 
 @dataclass(kw_only=True, slots=True)
@@ -52,6 +54,10 @@ class LossScaleConfig:
 
 
 class LossScaleRule:
+    name = "loss_scale"
+    consumes = STEP_EVENTS
+    scope = RankScope.LOSS_RANK
+
     def __init__(self, config: LossScaleConfig | None = None) -> None:
         self.config = config or LossScaleConfig()
         # Candidates for the window's largest scale: (index, step, scale), scales decreasing.
@@ -97,6 +103,9 @@ class LossScaleRule:
             msg = f"loss scale is {ev['scale']}"
         return [Verdict(rule="loss_scale", level=level, step=step, message=msg, action=Action.ALERT,
                         onset_step=self._onset, evidence=ev)]
+
+    def on_event(self, event: Event) -> list[Verdict]:
+        return self.observe(event.step, float(event.data.get("loss_scale", 1.0)))
 
     def state_dict(self) -> dict[str, Any]:
         return {"peaks": [list(p) for p in self._peaks], "seen": self._seen, "level": str(self._level),

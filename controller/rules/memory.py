@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Any
 
+from controller.rules.base import STEP_EVENTS, RankScope
 from controller.verdict import Action, Verdict
 from core.enums import Level
+from core.events import Event
 
 
 @dataclass(kw_only=True, slots=True)
@@ -54,6 +56,10 @@ class _RankMemory:
 
 
 class MemoryRule:
+    name = "memory"
+    consumes = STEP_EVENTS
+    scope = RankScope.EVERY_RANK
+
     def __init__(self, config: MemoryConfig | None = None) -> None:
         self.config = config or MemoryConfig()
         self._ranks: dict[int, _RankMemory] = {}
@@ -84,6 +90,10 @@ class MemoryRule:
                         action=Action.ALERT, evidence=ev,
                         message=f"rank {rank}: reserved-but-unallocated memory grew {growth / 2**20:.0f} MiB "
                         f"since step {m.baseline_step}")]
+
+    def on_event(self, event: Event) -> list[Verdict]:
+        data = event.data
+        return self.observe(event.step, event.rank, int(data.get("mem_reserved", 0)), int(data.get("mem_allocated", 0)))
 
     def state_dict(self) -> dict[str, Any]:
         return {str(r): {"recent": list(m.recent), "baseline": m.baseline, "baseline_step": m.baseline_step,

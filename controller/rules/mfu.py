@@ -26,8 +26,10 @@ from dataclasses import dataclass
 from statistics import fmean, median
 from typing import Any
 
+from controller.rules.base import STEP_EVENTS, RankScope
 from controller.verdict import Action, Verdict
 from core.enums import Level
+from core.events import Event
 
 _PARTS = ("data_wait", "comm_exposed", "compute")
 
@@ -70,6 +72,10 @@ class MfuConfig:
 
 
 class MfuRule:
+    name = "mfu"
+    consumes = STEP_EVENTS
+    scope = RankScope.EVERY_RANK
+
     def __init__(self, config: MfuConfig | None = None) -> None:
         self.config = config or MfuConfig()
         # rank -> (step, mfu, step_time_s, data_wait_s, comm_exposed_s)
@@ -149,6 +155,9 @@ class MfuRule:
         if shares[key] >= cfg.min_share:
             return key, f"{key.replace('_', ' ')} ({shares[key]:.0%} of step time)", ev
         return "compute", "compute (no data wait, exposed communication or straggler stands out)", ev
+
+    def on_event(self, event: Event) -> list[Verdict]:
+        return self.observe(event.step, event.rank, event.data)
 
     def state_dict(self) -> dict[str, Any]:
         return {"recent": {str(r): [list(p) for p in q] for r, q in self._recent.items()},

@@ -15,8 +15,10 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Any
 
+from controller.rules.base import STEP_EVENTS, RankScope
 from controller.verdict import Action, Verdict
 from core.enums import Level
+from core.events import Event
 
 
 @dataclass(kw_only=True, slots=True)
@@ -60,6 +62,10 @@ def busy_time(data: dict[str, Any]) -> float | None:
 
 
 class StragglerRule:
+    name = "straggler"
+    consumes = STEP_EVENTS
+    scope = RankScope.EVERY_RANK
+
     def __init__(self, config: StragglerConfig | None = None) -> None:
         self.config = config or StragglerConfig()
         self._busy: dict[int, deque[tuple[int, float]]] = {}
@@ -117,6 +123,9 @@ class StragglerRule:
                                action=Action.ALERT, evidence=ev,
                                message=f"rank {slow} busy {mine:.3f}s/step vs {others:.3f}s on the others ({ratio:.1f}x)"))
         return out
+
+    def on_event(self, event: Event) -> list[Verdict]:
+        return self.observe(event.step, event.rank, event.data)
 
     def state_dict(self) -> dict[str, Any]:
         return {"busy": {str(r): [list(p) for p in q] for r, q in self._busy.items()},

@@ -1,0 +1,63 @@
+"""What a detection rule is to ``controller.detect.RunDetector``: the ``Rule`` protocol.
+
+A rule is a pure, stateful judge of one run's events. It declares which event types it reads
+(``consumes``) and whose events (``scope``): per-rank metrics (step time, MFU, memory) come from
+every rank, while all-reduced metrics (loss, gradient norm, loss scale) are identical on every
+rank, so the detector hands such rules one event per step from the rank that speaks for the run
+(see controller/detect.py). The detector calls the rules in registry order (controller/detect.py,
+``RULES``), each isolated: one raising does not stop the others.
+
+Two hooks are optional, so a rule without them need not carry no-op methods:
+
+* ``tick(now) -> list[Verdict]``: the wall clock, for rules that judge silence (heartbeat).
+* ``rewind()``: the trainer rolled back and replays steps (the loss-rank step went backwards);
+  the rule resets whatever belonged to the abandoned timeline (only ``LOSS_RANK`` rules get it).
+
+``state_dict``/``load_state_dict`` persist the rule with the run's controller state, stored under
+the rule's ``name`` (so a rule's name is also its state key: renaming one drops its state).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Protocol, runtime_checkable
+
+from controller.verdict import Verdict
+from core.enums import EventType
+from core.events import Event
+
+
+class RankScope(StrEnum):
+    EVERY_RANK = "every_rank"
+    """Every rank's events (per-rank metrics, signs of life)."""
+    LOSS_RANK = "loss_rank"
+    """One event per step, from the rank that speaks for the run (all-reduced metrics)."""
+
+
+STEP_EVENTS: frozenset[EventType] = frozenset({EventType.STEP})
+ALL_EVENTS: frozenset[EventType] = frozenset(EventType)
+
+
+@runtime_checkable
+class Rule(Protocol):
+    name: str
+    """Registry key, state key and the name in logs (not necessarily ``Verdict.rule``: one rule
+    may report under several verdict names, e.g. loss -> loss_spike, divergence, nonfinite)."""
+    consumes: frozenset[EventType]
+    scope: RankScope
+
+    def on_event(self, event: Event) -> list[Verdict]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@runtime_checkable
+class TickingRule(Protocol):
+    def tick(self, now: float) -> list[Verdict]: ...
+
+
+@runtime_checkable
+class RewindingRule(Protocol):
+    def rewind(self) -> None: ...
