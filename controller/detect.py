@@ -4,6 +4,12 @@
 with the window kept inside the object (``state_dict``/``load_state_dict`` persist it with the
 run's controller state); ``tick(now)`` is the only place the wall clock comes in.
 
+The rules are the ones registered in ``RULES`` (below), called in that order; each rule says
+which event types it reads and whether it wants every rank's events or the loss rank's (see
+controller/rules/base.py). Each call is isolated: a rule that raises loses its verdicts for that
+input, is counted in ``rule_errors`` and reported as a ``rule_error`` alert verdict, and the other
+rules still run.
+
 Which events feed which rule:
 
 * loss (spike, divergence, non-finite), global grad norm, per-layer grad norms, loss scale: the

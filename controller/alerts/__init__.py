@@ -1,11 +1,15 @@
 """Alerts: levels, suppression, formats (generic Standard Webhooks / Slack / PagerDuty) and
-outbox delivery with backoff. See config.py for configuration, enqueue.py for the write side and
-deliver.py for the send side."""
+outbox delivery with backoff. See config.py for configuration, enqueue.py for the write side,
+deliver.py for the send side and sink.py for where it sends to."""
 
 from controller.alerts.config import AlertsConfig, EndpointConfig, EndpointFormat, SecretStr
 from controller.alerts.deliver import AlertDeliverer
 from controller.alerts.enqueue import enqueue_alert, is_suppressed, set_endpoint_disabled
 from controller.alerts.http import HttpPost, HttpResponse, urllib_post
+from controller.alerts.http_sink import HttpSink
+from controller.alerts.retry import Outcome
+from controller.alerts.sink import AlertSink, Delivery, InMemorySink, NullSink, SinkResult
+from controller.alerts.sink_factory import SinkFactory, configured_sinks
 from controller.alerts.spec import AlertAction, AlertLevel, AlertMessage, AlertSpec
 from controller.alerts.webhook_signing import WebhookVerificationError, sign, verify
 
@@ -14,14 +18,23 @@ __all__ = [
     "AlertDeliverer",
     "AlertLevel",
     "AlertMessage",
+    "AlertSink",
     "AlertSpec",
     "AlertsConfig",
+    "Delivery",
     "EndpointConfig",
     "EndpointFormat",
     "HttpPost",
     "HttpResponse",
+    "HttpSink",
+    "InMemorySink",
+    "NullSink",
+    "Outcome",
     "SecretStr",
+    "SinkFactory",
+    "SinkResult",
     "WebhookVerificationError",
+    "configured_sinks",
     "enqueue_alert",
     "is_suppressed",
     "set_endpoint_disabled",

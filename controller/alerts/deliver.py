@@ -6,9 +6,10 @@ trigger and a dead receiver costs one timed-out request per pass, not one per qu
 
 Each attempt: claim the row (an UPDATE guarded by its current ``next_attempt_at``, pushing it a
 lease into the future, so two controller instances never send the same row at the same time and a
-crash mid-send only delays it), render and sign it with the attempt's timestamp (the
-``webhook-id`` is the row id, the same on every retry), POST, then record the result in its own
-transaction (see retry.py for what each result means). A row that runs out of time becomes
+crash mid-send only delays it), hand it to the endpoint's sink (sink.py; for the HTTP formats
+that renders and signs it with the attempt's timestamp, the ``webhook-id`` being the row id, the
+same on every retry), then record the result in its own transaction (see retry.py for what each
+outcome means). A row that runs out of time becomes
 ``failed`` and is logged as an error; a 410 disables the endpoint (``alert_endpoints``) and parks
 its pending rows as ``disabled``. Rows for an endpoint this instance's config does not name are
 left for an instance that knows it, and marked ``failed`` once past the give-up horizon.
@@ -31,9 +32,9 @@ from sqlalchemy.orm import Session
 
 from controller.alerts.config import AlertsConfig, EndpointConfig
 from controller.alerts.enqueue import set_endpoint_disabled
-from controller.alerts.formats import render
-from controller.alerts.http import HttpPost, HttpResponse, urllib_post
-from controller.alerts.retry import Outcome, UniformSource, classify_status, next_attempt_at, retry_delay
+from controller.alerts.retry import Outcome, UniformSource, next_attempt_at, retry_delay
+from controller.alerts.sink import AlertSink, Delivery, SinkResult
+from controller.alerts.sink_factory import SinkFactory, configured_sinks
 from controller.alerts.spec import AlertMessage
 from controller.store.models import Alert, AlertEndpointState, OutboxRow
 
@@ -49,14 +50,15 @@ class AlertDeliverer:
         self,
         engine: Engine,
         config: AlertsConfig,
-        http_post: HttpPost | None = None,
+        sinks: SinkFactory | None = None,
         *,
         rng: UniformSource | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.engine = engine
         self.config = config
-        self._post: HttpPost = http_post or urllib_post
+        self._sink_for: SinkFactory = sinks or configured_sinks()
+        self._sinks: dict[str, AlertSink] = {}
         self._rng: UniformSource = rng or random.Random()
         self._clock = clock
         self._wake = threading.Event()
@@ -121,32 +123,33 @@ class AlertDeliverer:
             self._finish(row, now, FAILED, error="alert row not found")
             log.error("alert outbox row %s for %s: alert row missing; marked failed", row.id, endpoint.name)
             return Outcome.REJECTED
-        request = render(message, endpoint, msg_id=row.id, now=now)
-        self._stats["attempts"] += 1
-        retry_after: float | None = None
-        try:
-            response: HttpResponse = self._post(request.url, request.body, request.headers, self.config.request_timeout_s)
-            outcome = classify_status(response.status)
-            error = None if outcome == Outcome.DELIVERED else f"HTTP {response.status}: {response.detail[:200]}"
-            retry_after = response.retry_after_s
-        except OSError as exc:  # refused, reset, timeout, DNS
-            outcome, error = Outcome.RETRY, f"{type(exc).__name__}: {exc}"
-        except Exception as exc:  # noqa: BLE001 - a broken poster must not lose the alert
-            log.exception("alert delivery to %s raised; will retry", endpoint.name)
-            outcome, error = Outcome.RETRY, f"{type(exc).__name__}: {exc}"
         attempts = row.attempts + 1
+        delivery = Delivery(message, row.id, now, self.config.request_timeout_s, attempts)
+        self._stats["attempts"] += 1
+        try:
+            result = self._sink(endpoint).send(delivery)
+        except Exception as exc:  # noqa: BLE001 - a broken sink must not lose the alert
+            log.exception("alert delivery to %s raised; will retry", endpoint.name)
+            result = SinkResult(Outcome.RETRY, f"{type(exc).__name__}: {exc}")
+        outcome, error = result.outcome, result.detail or str(result.outcome)
         if outcome == Outcome.DELIVERED:
             self._finish(row, now, DELIVERED, attempts=attempts)
             self._stats["delivered"] += 1
         elif outcome == Outcome.GONE:
-            self._disable(endpoint.name, row, now, attempts, error or "HTTP 410")
+            self._disable(endpoint.name, row, now, attempts, error)
         elif outcome == Outcome.REJECTED:
             self._finish(row, now, FAILED, attempts=attempts, error=f"rejected: {error}")
             self._stats["failed"] += 1
             log.error("alert %s to %s rejected by the receiver (%s); marked failed", row.id, endpoint.name, error)
         else:
-            self._schedule_retry(endpoint.name, row, now, attempts, error or "", retry_after)
+            self._schedule_retry(endpoint.name, row, now, attempts, error, result.retry_after_s)
         return outcome
+
+    def _sink(self, endpoint: EndpointConfig) -> AlertSink:
+        sink = self._sinks.get(endpoint.name)
+        if sink is None:
+            sink = self._sinks[endpoint.name] = self._sink_for(endpoint)
+        return sink
 
     def _schedule_retry(
         self, name: str, row: Any, now: float, attempts: int, error: str, retry_after: float | None
@@ -172,7 +175,7 @@ class AlertDeliverer:
             self._mark(session, row.id, now, DISABLED, attempts=attempts, error=error)
             self._park(session, name)
         self._stats["disabled"] += 1
-        log.error("alert endpoint %s answered 410 Gone; disabled (re-enable with set_endpoint_disabled)", name)
+        log.error("alert endpoint %s is gone (HTTP 410); disabled (re-enable with set_endpoint_disabled)", name)
 
     def _park(self, session: Session, name: str) -> None:
         session.execute(

@@ -1,4 +1,5 @@
-"""AlertDeliverer with a fake HTTP poster over a real SQLite store: backoff, give-up, 410, order."""
+"""AlertDeliverer through the HTTP sinks with a fake HTTP poster over a real SQLite store: backoff,
+give-up, 410, order (the same logic against InMemorySink: test_alerts_sink.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,15 @@ import time
 
 from sqlalchemy import select
 
-from controller.alerts import AlertDeliverer, AlertsConfig, AlertSpec, EndpointConfig, enqueue_alert, verify
+from controller.alerts import (
+    AlertDeliverer,
+    AlertsConfig,
+    AlertSpec,
+    EndpointConfig,
+    configured_sinks,
+    enqueue_alert,
+    verify,
+)
 from controller.store.db import session_scope
 from controller.store.models import AlertEndpointState, OutboxRow
 from tests.controller.alerts_support import GENERIC_SECRET, ConstRng, FakePoster, sqlite_engine
@@ -40,20 +49,20 @@ def rows(engine, target: str | None = None) -> list[OutboxRow]:
 def test_2xx_marks_the_row_delivered_with_a_verifiable_signature(tmp_path):
     engine, cfg, poster = sqlite_engine(tmp_path), config(), FakePoster()
     alert_id = raise_alert(engine, cfg, now=100.0)
-    assert AlertDeliverer(engine, cfg, poster).deliver_due(now=100.5) == 1
+    assert AlertDeliverer(engine, cfg, configured_sinks(poster)).deliver_due(now=100.5) == 1
     [row] = rows(engine)
     assert (row.status, row.attempts, row.delivered_at, row.last_error) == ("delivered", 1, 100.5, None)
     [call] = poster.calls
     assert verify(GENERIC_SECRET, call.headers, call.body, now=101.0) == row.id
     assert json.loads(call.body)["data"]["alert_id"] == alert_id
-    assert AlertDeliverer(engine, cfg, poster).deliver_due(now=200.0) == 0 and len(poster.calls) == 1
+    assert AlertDeliverer(engine, cfg, configured_sinks(poster)).deliver_due(now=200.0) == 0 and len(poster.calls) == 1
 
 
 def test_backoff_schedule_doubles_to_the_cap_and_keeps_the_webhook_id(tmp_path):
     engine, cfg = sqlite_engine(tmp_path), config()
     poster = FakePoster(script=[503, ConnectionRefusedError(111, "refused"), TimeoutError("timed out"), 500, 502, 200])
     raise_alert(engine, cfg, now=0.0)
-    deliverer = AlertDeliverer(engine, cfg, poster, rng=ConstRng(0.5))
+    deliverer = AlertDeliverer(engine, cfg, configured_sinks(poster), rng=ConstRng(0.5))
     now, waits = 0.0, []
     while rows(engine)[0].status == "pending":
         assert deliverer.deliver_due(now=now) in (0, 1)
@@ -77,7 +86,7 @@ def test_gives_up_at_the_horizon_marks_failed_and_reports(tmp_path, caplog):
     engine, cfg = sqlite_engine(tmp_path), config(give_up_after_s=30.0)
     poster = FakePoster(default=503)
     raise_alert(engine, cfg, now=0.0)
-    deliverer = AlertDeliverer(engine, cfg, poster, rng=ConstRng(1.0))
+    deliverer = AlertDeliverer(engine, cfg, configured_sinks(poster), rng=ConstRng(1.0))
     times = []
     with caplog.at_level(logging.WARNING, logger="controller.alerts"):
         while rows(engine)[0].status == "pending":
@@ -103,7 +112,7 @@ def test_http_410_disables_the_endpoint_and_parks_its_queue(tmp_path):
 
     for i in range(3):
         raise_alert(engine, cfg, now=float(i), rule=f"r{i}")
-    deliverer = AlertDeliverer(engine, cfg, route)
+    deliverer = AlertDeliverer(engine, cfg, configured_sinks(route))
     assert deliverer.deliver_due(now=10.0) == 3  # chat got all three
     assert len(gone.calls) == 1  # one 410 is enough
     assert [r.status for r in rows(engine, "hooks")] == ["disabled"] * 3
@@ -123,7 +132,7 @@ def test_a_rejected_request_fails_at_once_and_the_queue_moves_on(tmp_path, caplo
     raise_alert(engine, cfg, now=1.0, rule="a")
     raise_alert(engine, cfg, now=2.0, rule="b")
     with caplog.at_level(logging.ERROR, logger="controller.alerts"):
-        assert AlertDeliverer(engine, cfg, poster).deliver_due(now=3.0) == 1
+        assert AlertDeliverer(engine, cfg, configured_sinks(poster)).deliver_due(now=3.0) == 1
     assert [(r.status, r.attempts) for r in rows(engine)] == [("failed", 1), ("delivered", 1)]
     assert rows(engine)[0].last_error.startswith("rejected: HTTP 400")
     assert "rejected by the receiver" in caplog.text
@@ -135,7 +144,7 @@ def test_queue_is_fifo_per_endpoint_so_a_resolve_never_overtakes_its_trigger(tmp
     poster = FakePoster(script=[503])
     raise_alert(engine, cfg, now=0.0, action="trigger")
     raise_alert(engine, cfg, now=0.0, action="resolve")
-    deliverer = AlertDeliverer(engine, cfg, poster, rng=ConstRng(0.5))
+    deliverer = AlertDeliverer(engine, cfg, configured_sinks(poster), rng=ConstRng(0.5))
     assert deliverer.deliver_due(now=0.0) == 0
     assert len(poster.calls) == 1  # the resolve waited behind the failed trigger
     assert deliverer.deliver_due(now=rows(engine)[0].next_attempt_at) == 2
@@ -148,7 +157,7 @@ def test_a_failing_poster_is_retried_not_lost(tmp_path):
     engine, cfg = sqlite_engine(tmp_path), config()
     poster = FakePoster(script=[ValueError("bug in a poster")])
     raise_alert(engine, cfg, now=0.0)
-    deliverer = AlertDeliverer(engine, cfg, poster, rng=ConstRng(0.5))
+    deliverer = AlertDeliverer(engine, cfg, configured_sinks(poster), rng=ConstRng(0.5))
     assert deliverer.deliver_due(now=0.0) == 0
     row = rows(engine)[0]
     assert row.status == "pending" and row.last_error == "ValueError: bug in a poster"
@@ -162,7 +171,7 @@ def test_secrets_and_urls_never_reach_logs_or_the_outbox(tmp_path, caplog):
     engine, cfg = sqlite_engine(tmp_path), config(HOOKS, chat, pd, give_up_after_s=3.0)
     poster = FakePoster(script=[500, ConnectionRefusedError(111, "Connection refused"), 401, 410], default=503)
     raise_alert(engine, cfg, now=0.0)
-    deliverer = AlertDeliverer(engine, cfg, poster, rng=ConstRng(1.0))
+    deliverer = AlertDeliverer(engine, cfg, configured_sinks(poster), rng=ConstRng(1.0))
     with caplog.at_level(logging.DEBUG):
         for now in (0.0, 2.0, 3.0, 10.0):
             deliverer.deliver_due(now=now)
@@ -185,7 +194,7 @@ def test_two_deliverers_never_send_the_same_row_twice(tmp_path):
             sent.append(headers["webhook-id"])
         return FakePoster()(url, body, headers, timeout_s)
 
-    deliverers = [AlertDeliverer(engine, cfg, slow_ok) for _ in range(2)]
+    deliverers = [AlertDeliverer(engine, cfg, configured_sinks(slow_ok)) for _ in range(2)]
     for _ in range(5):
         threads = [threading.Thread(target=d.deliver_due, args=(100.0,)) for d in deliverers]
         for t in threads:
@@ -201,7 +210,7 @@ def test_rows_for_an_unconfigured_endpoint_wait_then_fail_at_the_horizon(tmp_pat
     old = config(EndpointConfig(name="retired", format="slack", url="http://127.0.0.1:9/x"))
     raise_alert(engine, old, now=0.0)
     current = config(give_up_after_s=100.0)
-    deliverer = AlertDeliverer(engine, current, FakePoster())
+    deliverer = AlertDeliverer(engine, current, configured_sinks(FakePoster()))
     deliverer.deliver_due(now=50.0)
     assert rows(engine)[0].status == "pending"  # another instance may know it
     deliverer.deliver_due(now=100.0)
@@ -211,7 +220,7 @@ def test_rows_for_an_unconfigured_endpoint_wait_then_fail_at_the_horizon(tmp_pat
 def test_background_thread_delivers_on_wake_and_close_stops_it(tmp_path):
     engine, cfg = sqlite_engine(tmp_path), config(poll_interval_s=30.0)
     poster = FakePoster()
-    deliverer = AlertDeliverer(engine, cfg, poster).start()
+    deliverer = AlertDeliverer(engine, cfg, configured_sinks(poster)).start()
     try:
         raise_alert(engine, cfg, now=time.time())
         deliverer.wake()
@@ -230,7 +239,7 @@ def test_background_thread_survives_a_failing_pass_and_keeps_going(tmp_path, cap
     engine = make_engine(f"sqlite:///{tmp_path / 'late.db'}")  # no schema yet: every pass fails
     cfg = config(poll_interval_s=0.05)
     poster = FakePoster()
-    deliverer = AlertDeliverer(engine, cfg, poster).start()
+    deliverer = AlertDeliverer(engine, cfg, configured_sinks(poster)).start()
     try:
         with caplog.at_level(logging.ERROR, logger="controller.alerts"):
             deadline = time.time() + 10

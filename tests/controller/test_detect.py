@@ -1,14 +1,16 @@
 """RunDetector (controller/detect.py): routing of events to rules, the loss rank, rollbacks, ticks,
-persistence. Events go through the real contract (encode -> decode) as the controller sees them."""
+persistence, isolation of a raising rule. Events go through the real contract (encode -> decode) as the controller sees them."""
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 
 import pytest
 
-from controller.detect import RulesConfig, RunDetector
+from controller.detect import RULE_ERROR, RULES, RulesConfig, RunDetector
+from controller.rules.base import STEP_EVENTS, RankScope
 from controller.rules.mfu import MfuConfig
 from controller.rules.straggler import StragglerConfig
 from controller.verdict import Action
@@ -164,3 +166,98 @@ def test_state_dict_round_trips_through_json_mid_incident():
     assert [(v.rule, v.level, v.step, v.onset_step) for v in a] == [(v.rule, v.level, v.step, v.onset_step) for v in b]
     assert [(v.level, v.onset_step) for v in b] == [(Level.CRITICAL, 50)]
     assert twin.state_dict() == json.loads(json.dumps(det.state_dict()))
+
+
+# -- registered rules, isolation ------------------------------------------------------------------
+
+
+class Boom:
+    """A rule that raises on every step event and every tick."""
+
+    name = "boom"
+    consumes = STEP_EVENTS
+    scope = RankScope.EVERY_RANK
+
+    def on_event(self, event):
+        raise ZeroDivisionError("boom")
+
+    def tick(self, now):
+        raise RuntimeError("tick boom")
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        pass
+
+
+def spike_run(det):
+    return run_steps(det, range(50), healthy) + run_steps(det, range(50, 60), lambda s: 6.0)
+
+
+def test_a_raising_rule_does_not_stop_the_loss_rule_and_is_reported(caplog):
+    det = RunDetector(registry=RULES.with_rule("boom", lambda c: Boom()))
+    with caplog.at_level(logging.ERROR, logger="controller.detect"):
+        out = spike_run(det)
+    loss = [(v.rule, v.level, v.step) for v in out if v.rule != RULE_ERROR]
+    assert loss == [(v.rule, v.level, v.step) for v in spike_run(RunDetector())]
+    assert ("loss_spike", Level.CRITICAL, 52) in loss
+    assert det.rule_errors == {"boom": 120}  # 60 steps x 2 ranks
+    errors = [v for v in out if v.rule == RULE_ERROR]
+    assert [(v.evidence["errors"], v.step, v.level, v.action) for v in errors] == [
+        (1, 0, Level.WARN, Action.ALERT), (10, 4, Level.WARN, Action.ALERT), (100, 49, Level.WARN, Action.ALERT)]
+    assert errors[0].evidence["rule"] == "boom" and errors[0].evidence["error"] == "ZeroDivisionError: boom"
+    logged = [r for r in caplog.records if "rule boom raised on run run-1" in r.getMessage()]
+    assert len(logged) == 3 and logged[0].exc_info is not None
+
+
+def test_a_raising_tick_does_not_stop_the_heartbeat_rule():
+    det = RunDetector(registry=RULES.with_rule("boom", lambda c: Boom()))
+    det.on_event(make_event(EventType.HEARTBEAT, RUN, 1, {"state": "running"}, rank=0, world=1, ts=1000.0))
+    out = det.tick(1100.0)
+    assert [(v.rule, v.rank) for v in out] == [("heartbeat", 0), (RULE_ERROR, None)]
+    assert "RuntimeError: tick boom" in out[1].message and det.rule_errors["boom"] == 1
+
+
+def test_rule_error_counts_persist_so_reports_stay_rate_limited_after_a_restart():
+    det = RunDetector(registry=RULES.with_rule("boom", lambda c: Boom()))
+    run_steps(det, range(3), healthy)
+    twin = RunDetector(registry=RULES.with_rule("boom", lambda c: Boom()))
+    twin.load_state_dict(json.loads(json.dumps(det.state_dict())))
+    assert twin.rule_errors == {"boom": 6}
+    assert [v.evidence["errors"] for v in run_steps(twin, range(3, 6), healthy)] == [10]
+
+
+def test_state_stored_before_rule_registration_loads():
+    """The stored layout (rule states under their names beside the detector's keys) is the one
+    written before rules were registered; such a state has no rule_errors and loads as is."""
+    det = RunDetector()
+    run_steps(det, range(50), healthy)
+    run_steps(det, range(50, 52), lambda s: 6.0)
+    old = json.loads(json.dumps(det.state_dict()))
+    del old["rule_errors"]
+    assert set(old) == {"loss", "grad_norm", "loss_scale", "straggler", "mfu", "heartbeat", "memory",
+                        "loss_rank", "last_step", "catching_up", "rewinds"}
+    twin = RunDetector()
+    twin.load_state_dict(old)
+    assert [(v.level, v.onset_step) for v in run_steps(twin, range(52, 55), lambda s: 6.0)] == [(Level.CRITICAL, 50)]
+    assert twin.rule_errors == {}
+
+
+def test_a_rule_registered_after_the_state_was_stored_starts_fresh():
+    det = RunDetector()
+    run_steps(det, range(10), healthy)
+    grown = RunDetector(registry=RULES.with_rule("boom", lambda c: Boom()))
+    grown.load_state_dict(json.loads(json.dumps(det.state_dict())))  # no "boom" key
+    assert grown.state_dict()["boom"] == {} and grown.state_dict()["loss_rank"] == 0
+
+
+def test_without_the_loss_rule_the_others_still_run_and_loss_entry_points_say_why():
+    det = RunDetector(RulesConfig(straggler=StragglerConfig(window=10)), registry=RULES.without("loss"))
+    out = []
+    for s in range(40):
+        out += det.on_event(step_event(s, math.nan, rank=0, step_time_s=0.1))
+        out += det.on_event(step_event(s, math.nan, rank=1, step_time_s=0.4))
+    assert {v.rule for v in out} == {"straggler"}
+    with pytest.raises(LookupError):
+        det.window_evidence()
