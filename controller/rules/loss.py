@@ -92,7 +92,8 @@ class LossRules:
         v = self.spike.observe(loss)
         # A non-finite loss is judged without the window's statistics, but they held all the same
         # (it never enters the window), so its point still carries the band it broke through.
-        held = self.spike.stats() if v.median is None and len(self.spike) >= self.spike_config.min_history else None
+        ready = not math.isfinite(loss) and len(self.spike) >= self.spike_config.min_history
+        held = self.spike.stats() if ready else None
         median, sigma = held if held is not None else (v.median, v.sigma)
         self.last_point = LossPoint(step, median, sigma, v.level)
         out: list[Verdict] = []
