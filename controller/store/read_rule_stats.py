@@ -3,8 +3,8 @@
 ``controller.batch`` writes, on the ``step_metrics`` row of every loss the rule judged, the healthy
 window's median and σ just before that loss and the verdict's level, and on the run the rule's
 settings (``runs.spike_rule``: window, k_warn, k_crit, ...). Reading them back gives the bands of
-the rule that actually decided, never a second run of it. A store made before these columns
-existed (or rows written before) has none: the reader then returns no points and no rule.
+the rule that actually decided, never a second run of it. Rows written before these columns
+existed (migration 0002) have none: the reader then returns no points for them and no rule.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import inspect, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from controller.store.models import Run, StepMetric
@@ -29,15 +29,8 @@ class SpikeRuleStats:
     """One dict per judged loss (keys ``STAT_COLUMNS``), newest ``max_points``, in write order."""
 
 
-def has_rule_stats(session: Session) -> bool:
-    """Whether the store's schema has the rule-statistics columns (migration 0002 and later)."""
-    return "rule_level" in {c["name"] for c in inspect(session.connection()).get_columns(StepMetric.__tablename__)}
-
-
 def spike_rule_stats(session: Session, run_id: str, max_points: int) -> SpikeRuleStats:
     """The stored spike-rule statistics of ``run_id``: its newest ``max_points`` judged losses."""
-    if not has_rule_stats(session):
-        return SpikeRuleStats()
     rule = session.scalar(select(Run.spike_rule).where(Run.id == run_id))
     sm = StepMetric
     rows = session.execute(
