@@ -9,7 +9,9 @@
 4. per event: the run's detector -> verdicts -> recovery inputs -> ``recovery.transition``;
 5. actions -> incidents, transitions, signed command + outbox rows, alert + outbox rows, stable
    checkpoints, timed-out command rows;
-6. run states (``runs.controller_state``) and the consumer offsets.
+6. what the loss-spike rule knew at each judged step (median, σ, level on that ``step_metrics``
+   row; the rule's settings on the run), which the dashboard draws as the loss bands;
+7. run states (``runs.controller_state``) and the consumer offsets.
 
 Nothing is sent from here: commands and alerts leave through the outbox after commit.
 """
@@ -17,7 +19,8 @@ Nothing is sent from here: commands and alerts leave through the outbox after co
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
@@ -46,9 +49,10 @@ from controller.recovery_types import (
     ValidationIn,
     VerdictIn,
 )
-from controller.runstate import RunSlot, RunTable, save_slots
+from controller.rules.loss import LossRules
+from controller.runstate import Detector, RunSlot, RunTable, save_slots
 from controller.store.dlq import count_dead_letter
-from controller.store.ingest import ingest_events
+from controller.store.ingest import ingest_events, record_rule_stats
 from controller.store.models import CheckpointRow, CommandRow, ConsumerOffset, DataFlag, Incident, Transition
 from controller.store.offsets import save_offsets
 from controller.store.retention import RetentionConfig, downsample_if_due
@@ -117,6 +121,11 @@ def inputs_for(event: Event, verdicts: list[Verdict], now: float) -> list[Input]
     return out
 
 
+def _loss_rules(detector: Detector) -> LossRules | None:
+    rules = getattr(detector, "loss", None)  # RunDetector's; a test's stand-in detector may have none
+    return rules if isinstance(rules, LossRules) else None
+
+
 class BatchProcessor:
     def __init__(self, ctx: BatchContext, runs: RunTable) -> None:
         self.ctx = ctx
@@ -132,19 +141,28 @@ class BatchProcessor:
         ingest_events(session, [r.event for r in batch.records])
         touched: dict[str, RunSlot] = {}
         newest: dict[str, int] = {}
+        points: list[dict[str, Any]] = []
+        rules: dict[str, Any] = {}  # run id -> the spike rule's settings it was judged with
         for rec in batch.records:
             ev = rec.event
             newest[ev.run] = max(newest.get(ev.run, 0), ev.step)
             slot = self.runs.get(session, ev.run, rec.partition)
             touched[ev.run] = slot
+            loss = _loss_rules(slot.detector)
+            before = loss.last_point if loss is not None else None
             try:
                 verdicts = slot.detector.on_event(ev)
             except Exception:  # noqa: BLE001 - a rule bug must not stop the other runs
                 log.exception("detector failed on %s event of run %s step %d", ev.type, ev.run, ev.step)
                 verdicts = []
+            if loss is not None and loss.last_point is not None and loss.last_point is not before:
+                p = loss.last_point
+                points.append({"event_id": ev.id, "median": p.median, "sigma": p.sigma, "level": str(p.level)})
+                rules[ev.run] = loss.spike_config
             for inp in inputs_for(ev, verdicts, now):
                 self._feed(session, slot, inp, res)
             slot.dirty = True
+        record_rule_stats(session, points, {run: asdict(cfg) for run, cfg in rules.items()})
         save_slots(session, [s for s in touched.values() if s.dirty])
         for run_id, step in newest.items():
             # one primary-key read per run when not due; folds old steps into buckets when it is

@@ -34,6 +34,9 @@ class ControllerConfig:
     """Seconds between time ticks (heartbeat loss, command timeouts)."""
     outbox_interval_s: float = 0.5
     """The command outbox publisher's poll interval when nobody wakes it (commits do)."""
+    request_poll_s: float = 0.5
+    """Seconds between looks at pending operator command requests (dashboard, ``cliffguard command``):
+    bounds how long an operator waits before the controller signs or rejects a request."""
     outbox_batch: int = 200
     """Outbox rows sent per pass."""
     outbox_retry_s: float = 2.0
@@ -59,6 +62,8 @@ class ControllerConfig:
             raise ValueError("tick_s: must be > 0")
         if self.outbox_interval_s <= 0:
             raise ValueError("outbox_interval_s: must be > 0")
+        if self.request_poll_s <= 0:
+            raise ValueError("request_poll_s: must be > 0")
         if self.outbox_batch < 1:
             raise ValueError("outbox_batch: must be >= 1")
         if self.outbox_retry_s <= 0:

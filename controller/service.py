@@ -7,6 +7,8 @@
                                           command + alert outbox rows · DLQ counts · offsets
                                      └──► after commit: wake the command outbox; commit offsets to Kafka
     every tick_s ──► one transaction: heartbeat-loss verdicts and command timeouts for owned runs
+    every request_poll_s ──► one transaction per pending operator request: sign + audit + outbox
+                             rows, or a rejection (``controller.operator.decide_request``)
 
 Exactly-once effect: offsets live in the store with the state they produced. On every partition
 assignment (start included) the consumer seeks to the stored offsets and the runs of those
@@ -30,6 +32,7 @@ from controller.alerts import AlertDeliverer, AlertsConfig
 from controller.batch import BatchContext, BatchProcessor, BatchResult, StaleBatch
 from controller.config import ControllerConfig
 from controller.edge import DeadLetter, EdgeBatch, EdgeConsumer
+from controller.operator import RequestPass, decide_pending_requests
 from controller.outbox import CommandOutbox
 from controller.recovery_types import RecoveryConfig
 from controller.runstate import DetectorFactory, RunTable, default_detector_factory
@@ -74,10 +77,12 @@ class ControllerService:
         self.deliverer: AlertDeliverer | None = None
         self.edge: EdgeConsumer | None = None
         self._last_tick = 0.0
+        self._last_requests = 0.0
         self._check_bounds: set[tuple[str, int]] = set()
         self._recreated = False
         self._failures = 0
-        self.stats = {"batches": 0, "events": 0, "dead": 0, "commands": 0, "alerts": 0, "stale": 0, "errors": 0}
+        self.stats = {"batches": 0, "events": 0, "dead": 0, "commands": 0, "alerts": 0, "stale": 0, "errors": 0,
+                      "requests_accepted": 0, "requests_rejected": 0}
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -224,7 +229,22 @@ class ControllerService:
                 self.stats["errors"] += 1
                 log.exception("tick failed; run state reloaded from the store")
                 self.runs.clear()
+        if now - self._last_requests >= self.config.request_poll_s:
+            self._last_requests = now
+            self.decide_requests()
         return res
+
+    def decide_requests(self) -> RequestPass:
+        """Decide the pending operator requests; the commands accepted are sent at once."""
+        ctx = self.processor.ctx
+        done = decide_pending_requests(self.engine, secret=ctx.secret, commands_topic=ctx.commands_topic,
+                                       ttl_s=ctx.recovery.command_ttl_s, clock=self.clock)
+        self.stats["requests_accepted"] += done.accepted
+        self.stats["requests_rejected"] += done.rejected
+        self.stats["errors"] += done.errors
+        if done.accepted:
+            self._after_commit(BatchResult(commands=done.accepted))
+        return done
 
     def _process(self, batch: EdgeBatch) -> BatchResult | None:
         assert self.edge is not None

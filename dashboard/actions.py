@@ -1,10 +1,10 @@
-"""Operator actions from the dashboard: token check, then the controller's own command path.
+"""Operator actions from the dashboard: token check, then an unsigned request for the controller.
 
-A command from the page is never sent to Kafka from here. It is written, in one transaction, as
-a signed command row (source="operator"), an audit row and an outbox row by
-``controller.operator.issue_operator_command``; the controller's outbox publisher sends it after
-commit, exactly like the commands the controller decides itself. A wrong or missing token writes
-nothing at all.
+A command from the page is never signed or sent from here: the dashboard holds no signing key.
+``request_command`` writes one row into ``command_requests`` (who asked for what, and when) via
+``controller.store.requests.submit_request``; the controller validates it, signs the command with
+its own secret, topic and lifetime, records it with an audit row and queues it through its outbox,
+or rejects the request with a reason. A wrong or missing token writes nothing at all.
 """
 
 from __future__ import annotations
@@ -12,14 +12,10 @@ from __future__ import annotations
 import hmac
 from typing import Any
 
-from sqlalchemy import Engine
-
-from controller.operator import UnknownRun, issue_operator_command
-from controller.store.db import session_scope
+from controller.store.requests import RequestSource, submit_request
 from core.enums import CommandType
-from core.events import SchemaError
-from core.signing import Secret
 from dashboard.config import DashboardConfig
+from dashboard.store_access import request_writer
 
 OPERATOR_ACTIONS = (CommandType.PAUSE, CommandType.RESUME, CommandType.VALIDATE, CommandType.ROLLBACK)
 
@@ -43,8 +39,7 @@ def rollback_args(to_step: int, lr_scale: float) -> dict[str, Any]:
     return {"to_step": int(to_step), "lr_scale": float(lr_scale)}
 
 
-def issue_command(
-    engine: Engine,
+def request_command(
     cfg: DashboardConfig,
     *,
     run_id: str,
@@ -52,33 +47,18 @@ def issue_command(
     args: dict[str, Any],
     actor: str,
     token: str | None,
-) -> str:
-    """Check the token, then write command + audit + outbox rows in one transaction; the command id."""
+) -> int:
+    """Check the token, then insert the unsigned request; its id (the controller decides it)."""
     if not cfg.operator_token:
         raise ActionDenied("operator actions are disabled: no operator token is configured (CLIFFGUARD_OPERATOR_TOKEN)")
     if not token_ok(token, cfg.operator_token):
         raise ActionDenied("wrong operator token")
-    if not cfg.command_secret:
-        raise ActionDenied("no command secret is configured (CLIFFGUARD_COMMAND_SECRET): commands could not be signed")
     if ctype not in OPERATOR_ACTIONS:
         raise ActionDenied(f"{ctype} is not an operator action here")
     actor = actor.strip() or "anonymous"
     try:
-        secret = Secret(cfg.command_secret)
+        with request_writer(cfg.db_url) as engine:
+            return submit_request(engine, run_id=run_id, type=ctype, args=args, requested_by=f"dashboard:{actor}",
+                                  source=RequestSource.DASHBOARD, reason=args.get("reason"))
     except ValueError as exc:
-        raise ActionDenied(str(exc)) from None
-    try:
-        with session_scope(engine) as session:
-            row = issue_operator_command(
-                session,
-                run_id=run_id,
-                type=ctype,
-                args=args,
-                actor=f"dashboard:{actor}",
-                secret=secret,
-                commands_topic=cfg.commands_topic,
-                ttl_s=cfg.command_ttl_s,
-            )
-            return str(row.id)
-    except (UnknownRun, SchemaError) as exc:  # nothing was committed
         raise ActionDenied(str(exc)) from None

@@ -1,9 +1,9 @@
 """The cliffguard dashboard (Streamlit): ``streamlit run dashboard/app.py``, or
 ``cliffguard dashboard --db URL``.
 
-Reads the store only; operator actions write a command through the controller's outbox. Each
-section is a Streamlit fragment with ``run_every``, so a live update re-runs that section alone,
-never the whole page.
+Reads the store through a read-only engine (``dashboard.store_access``); operator actions only
+insert an unsigned request, which the controller signs and queues. Each section is a Streamlit
+fragment with ``run_every``, so a live update re-runs that section alone, never the whole page.
 """
 
 from __future__ import annotations
@@ -17,17 +17,17 @@ if __package__ in (None, ""):  # `streamlit run dashboard/app.py` runs this file
 import streamlit as st
 from sqlalchemy import Engine
 
-from controller.store.db import make_engine
 from core.settings import ConfigError
 from dashboard import queries
 from dashboard.config import DashboardConfig, load_config
 from dashboard.sections import alerts, checkpoints, gradients, header, incidents, loss, operator, ranks
 from dashboard.sections.context import Context
+from dashboard.store_access import read_only_engine
 
 
 @st.cache_resource(show_spinner=False)
 def _engine(url: str) -> Engine:
-    return make_engine(url)
+    return read_only_engine(url)
 
 
 def _pick_run(ctx_engine: Engine) -> str | None:

@@ -1,9 +1,12 @@
-"""The loss chart's statistics, computed by replaying the very spike rule the controller runs.
+"""The loss chart's statistics: the spike rule's own, as the controller stored them.
 
-For each loss (in write order) the band is what ``core.spike.SpikeDetector`` knew just before
-judging it: the median of the recent healthy window and the robust σ of
-``core.spike.window_stats``; warn = median + k_warn·σ, critical = median + k_crit·σ. Spikes do
-not enter the window, exactly as in the detector, so a spike does not widen its own band.
+For each loss the band is what the controller's spike rule knew just before judging it (stored
+per step by ``controller.batch``, read by ``controller.store.read_rule_stats``): the median of the
+recent healthy window and its robust σ; warn = median + k_warn·σ, critical = median + k_crit·σ,
+with the k's the run was judged with; ``level`` is the rule's verdict. Nothing is recomputed here,
+so the chart's spikes are the controller's spikes. Rows the controller stored no statistics for
+(a store from before they were recorded, other ranks, downsampled buckets) get no band and level
+``ok``.
 
 Rollbacks: the trainer replays steps after a rollback, so step numbers go back. Each stretch
 without a step going back is a *branch*; a row is *superseded* when a later row re-did its step
@@ -12,33 +15,37 @@ without a step going back is a *branch*; a row is *superseded* when a later row 
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pandas as pd
 
-from core.spike import SpikeConfig, SpikeDetector
+from controller.store.read_rule_stats import STAT_COLUMNS, SpikeRuleStats
+from core.floats import from_store_kind
+
+_KEY = ["step", "ts"]  # one step_metrics row of one rank (a replayed step has a later ts)
 
 
-def loss_bands(curve: pd.DataFrame, cfg: SpikeConfig) -> pd.DataFrame:
-    """``curve`` (step, loss, nonfinite, ...) in write order -> the same rows plus median, warn,
+def loss_bands(curve: pd.DataFrame, stats: SpikeRuleStats) -> pd.DataFrame:
+    """``curve`` (step, ts, loss, nonfinite, ...) in write order -> the same rows plus median, warn,
     crit, sigmas, level, branch, superseded and loss_plot (non-finite losses pinned to the top)."""
     out = curve.copy().reset_index(drop=True)
-    det = SpikeDetector(cfg)
-    med, warn, crit, sigmas, levels = [], [], [], [], []
-    for raw, nonfinite in zip(out.get("loss", []), out.get("nonfinite", []), strict=True):
-        loss = _loss_value(raw, nonfinite)
-        stats = det.stats() if len(det) >= cfg.min_history else None
-        verdict = det.observe(loss)
-        if stats is None:
-            med.append(np.nan), warn.append(np.nan), crit.append(np.nan)
-        else:
-            m, s = stats
-            med.append(m), warn.append(m + cfg.k_warn * s), crit.append(m + cfg.k_crit * s)
-        sigmas.append(np.nan if verdict.sigmas is None else verdict.sigmas)
-        levels.append(str(verdict.level))
-    out["median"], out["warn"], out["crit"] = med, warn, crit
-    out["sigmas"], out["level"] = sigmas, levels
+    points = (pd.DataFrame(stats.points, columns=STAT_COLUMNS).astype({"step": "int64", "ts": "float64"})
+              .drop_duplicates(_KEY, keep="last"))
+    if len(out) and "ts" in out:
+        keys = out[_KEY].astype({"step": "int64", "ts": "float64"})
+        judged = keys.merge(points, on=_KEY, how="left")  # a left merge keeps the curve's order
+    else:
+        judged = pd.DataFrame(np.nan, index=out.index, columns=STAT_COLUMNS)
+    median = pd.to_numeric(judged["median"], errors="coerce").to_numpy(dtype=float)
+    sigma = pd.to_numeric(judged["sigma"], errors="coerce").to_numpy(dtype=float)
+    rule = stats.rule or {}
+    k_warn, k_crit = float(rule.get("k_warn", np.nan)), float(rule.get("k_crit", np.nan))
+    loss = np.array([_loss_value(r, k) for r, k in zip(out.get("loss", []), out.get("nonfinite", []), strict=True)],
+                    dtype=float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        sigmas = np.where(np.isfinite(loss), (loss - median) / sigma, np.nan)
+    out["median"], out["warn"], out["crit"] = median, median + k_warn * sigma, median + k_crit * sigma
+    out["sigmas"] = sigmas
+    out["level"] = judged["level"].fillna("ok").astype(str).to_numpy() if len(out) else []
     steps = out["step"].to_numpy() if len(out) else np.array([], dtype=int)
     out["branch"] = np.concatenate([[0], np.cumsum(np.diff(steps) <= 0)]) if len(steps) else []
     out["superseded"] = _superseded(steps)
@@ -69,9 +76,8 @@ def _superseded(steps: np.ndarray) -> np.ndarray:
 
 def _loss_value(raw: object, nonfinite: object) -> float:
     if isinstance(nonfinite, str) and nonfinite:
-        return {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}.get(nonfinite, math.nan)
+        return from_store_kind(nonfinite)
     try:
-        value = float(raw)  # type: ignore[arg-type]
+        return float(raw)  # type: ignore[arg-type]
     except (TypeError, ValueError):
-        return math.nan
-    return value
+        return np.nan

@@ -1,11 +1,13 @@
 """The dashboard's configuration: ``[dashboard]`` in TOML < ``CLIFFGUARD_DASHBOARD__*`` env.
 
 ``cliffguard dashboard --db URL`` passes the store URL to the Streamlit process through
-``CLIFFGUARD_DASHBOARD__DB_URL`` (Streamlit owns the process's argv). Two secrets also have the
-project-wide names operators already set for the CLI and the controller:
-``CLIFFGUARD_OPERATOR_TOKEN`` (what a person types to act on a run) and
-``CLIFFGUARD_COMMAND_SECRET`` (the HMAC key commands are signed with). Without either the page
-stays read-only and says why.
+``CLIFFGUARD_DASHBOARD__DB_URL`` (Streamlit owns the process's argv). The operator token also has
+the project-wide name ``CLIFFGUARD_OPERATOR_TOKEN`` (what a person types to act on a run); without
+it the page stays read-only and says why.
+
+No command secret, topic or command lifetime here: the dashboard only writes unsigned requests
+(``dashboard.actions``), and the controller signs them with its deployment's settings. Likewise no
+spike rule: the loss bands are the statistics the controller stored (``dashboard.bands``).
 """
 
 from __future__ import annotations
@@ -15,18 +17,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from core.settings import build_config, load_toml
-from core.spike import SpikeConfig
 
 ENV_DB_URL = "CLIFFGUARD_DASHBOARD__DB_URL"
 ENV_OPERATOR_TOKEN = "CLIFFGUARD_OPERATOR_TOKEN"
-ENV_COMMAND_SECRET = "CLIFFGUARD_COMMAND_SECRET"
 ENV_CONFIG_FILE = "CLIFFGUARD_CONFIG"
 
 
 @dataclass(kw_only=True, slots=True)
 class DashboardConfig:
     db_url: str = "sqlite:///cliffguard.db"
-    """SQLAlchemy URL of the controller's store (read; operator actions write commands)."""
+    """SQLAlchemy URL of the controller's store (read-only; operator actions insert requests)."""
     refresh_s: float = 5.0
     """Seconds between live updates of each section (Streamlit fragments, not whole-page reruns).
     A full pass over every section costs ~1 s of one CPU on a 100k-row store, so 5 s keeps an open
@@ -39,14 +39,6 @@ class DashboardConfig:
     """Newest gradient-histogram emissions read for the heatmaps."""
     operator_token: str | None = field(default=None, repr=False)
     """Token an operator must type to act on a run; env CLIFFGUARD_OPERATOR_TOKEN also works."""
-    command_secret: str | None = field(default=None, repr=False)
-    """HMAC key for commands (same as the controller's); env CLIFFGUARD_COMMAND_SECRET also works."""
-    topic_prefix: str = "cliffguard"
-    """Kafka topic prefix: operator commands go to <prefix>.commands through the outbox."""
-    command_ttl_s: float = 60.0
-    """Seconds an operator command stays valid after it is issued."""
-    spike: SpikeConfig = field(default_factory=SpikeConfig)
-    """The loss-spike rule whose median and warn/critical bands the loss chart draws."""
 
     def __post_init__(self) -> None:
         if not self.db_url:
@@ -59,26 +51,14 @@ class DashboardConfig:
             raise ValueError("rank_window: must be >= 10")
         if self.hist_limit < 1:
             raise ValueError("hist_limit: must be >= 1")
-        if self.command_ttl_s <= 0:
-            raise ValueError("command_ttl_s: must be > 0")
-
-    @property
-    def commands_topic(self) -> str:
-        return f"{self.topic_prefix}.commands"
 
 
 def load_config(env: Mapping[str, str] | None = None) -> DashboardConfig:
     """Build the config from the TOML file named by CLIFFGUARD_CONFIG (if any) and the env."""
     env = os.environ if env is None else env
     toml = load_toml(env.get(ENV_CONFIG_FILE) or None)
-    flags = {
-        "operator_token": env.get(ENV_OPERATOR_TOKEN) or None,
-        "command_secret": env.get(ENV_COMMAND_SECRET) or None,
-    }
     cfg = build_config(DashboardConfig, "dashboard", toml=toml, env=env)
-    # The project-wide names fill in only what [dashboard] did not set.
-    if cfg.operator_token is None and flags["operator_token"]:
-        cfg.operator_token = flags["operator_token"]
-    if cfg.command_secret is None and flags["command_secret"]:
-        cfg.command_secret = flags["command_secret"]
+    # The project-wide name fills in only what [dashboard] did not set.
+    if cfg.operator_token is None and env.get(ENV_OPERATOR_TOKEN):
+        cfg.operator_token = env[ENV_OPERATOR_TOKEN]
     return cfg

@@ -1,8 +1,12 @@
-"""``cliffguard command RUN TYPE [...]``: an operator command through the controller's outbox.
+"""``cliffguard command RUN TYPE [...]``: ask the controller to send an operator command.
 
-The command is signed, stored with an audit row and queued in the outbox in one transaction; the
-running controller's outbox publisher sends it to ``<prefix>.commands``. Prints the command id;
-``cliffguard status RUN`` shows whether the trainer acked it.
+The CLI holds no signing key: it inserts an unsigned request (who, what, when) into the store
+(``controller.store.requests``). The running controller validates it, signs the command with its
+own secret, topic and lifetime, stores it with an audit row and queues it through its outbox, or
+rejects the request with a reason. By default the CLI waits (``--timeout`` seconds) for that
+decision and prints it; ``--no-wait`` prints the request id and returns. Exit status: 0 accepted
+(or queued with ``--no-wait``), 1 rejected, 2 bad arguments or configuration, 3 no decision in
+time (is the controller running?). ``cliffguard status RUN`` shows whether the trainer acked it.
 """
 
 from __future__ import annotations
@@ -13,12 +17,11 @@ import logging
 
 from cliffguard.commands.controller import add_common
 from core.enums import CommandType
-from core.events import SchemaError
 from core.settings import ConfigError
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("command", help="send an operator command to a run through the controller's outbox")
+    p = sub.add_parser("command", help="ask the controller to sign and send an operator command to a run")
     p.add_argument("run", metavar="RUN", help="run id")
     p.add_argument("type", choices=[c.value for c in CommandType], help="command type")
     add_common(p)
@@ -30,7 +33,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--kind", choices=["memory", "incremental", "full"], help="checkpoint_now: kind")
     p.add_argument("--reason", help="pause/resume/stop: free text recorded with the command")
     p.add_argument("--actor", default=None, help="who is acting (default: the login name)")
-    p.add_argument("--ttl", type=float, default=60.0, help="seconds the command stays valid (default 60)")
+    p.add_argument("--wait", action=argparse.BooleanOptionalAction, default=True,
+                   help="wait for the controller's decision and print it (default: wait)")
+    p.add_argument("--timeout", type=float, default=15.0, help="seconds to wait for the decision (default 15)")
     return p
 
 
@@ -57,33 +62,36 @@ def command_args(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cliffguard.commands.controller import command_secret
-    from controller.operator import UnknownRun, issue_operator_command
     from controller.store.db import Store, StoreConfig
-    from core.kafka_config import KafkaConfig
+    from controller.store.requests import RequestSource, RequestStatus, submit_request, wait_for_decision
     from core.settings import build_config, load_toml
 
     logging.getLogger("alembic").setLevel(logging.WARNING)  # migrations are not news here
     try:
         toml = load_toml(args.config)
-        kafka = build_config(KafkaConfig, "kafka", toml=toml, flags={"topic_prefix": args.topic_prefix})
         store_cfg = build_config(StoreConfig, "store", toml=toml, flags={"url": args.db})
-        secret = command_secret(toml)
         cmd_args = command_args(args)
+        if args.timeout <= 0:
+            raise ValueError("--timeout must be > 0")
     except (ConfigError, ValueError) as exc:
         print(f"cliffguard command: {exc}")
         return 2
     store = Store.open(store_cfg)
     try:
-        with store.session() as s:
-            row = issue_operator_command(s, run_id=args.run, type=args.type, args=cmd_args,
-                                         actor=args.actor or getpass.getuser(), secret=secret,
-                                         commands_topic=kafka.commands_topic, ttl_s=args.ttl)
-            cmd_id = row.id
-    except (UnknownRun, SchemaError) as exc:
-        print(f"cliffguard command: {exc}")
-        return 1
+        request_id = submit_request(store.engine, run_id=args.run, type=args.type, args=cmd_args,
+                                    requested_by=args.actor or getpass.getuser(), source=RequestSource.CLI,
+                                    reason=args.reason)
+        print(f"requested {args.type} for run {args.run}: request {request_id} (the controller signs and queues it)")
+        if not args.wait:
+            return 0
+        state = wait_for_decision(store.engine, request_id, args.timeout)
     finally:
         store.close()
-    print(f"queued {args.type} for run {args.run}: command {cmd_id} (the controller's outbox sends it)")
-    return 0
+    if state.status is RequestStatus.ACCEPTED:
+        print(f"accepted: command {state.command_id} is in the controller's outbox")
+        return 0
+    if state.status is RequestStatus.REJECTED:
+        print(f"rejected: {state.detail}")
+        return 1
+    print(f"no decision within {args.timeout:g}s: is the controller running? (request {request_id} stays pending)")
+    return 3

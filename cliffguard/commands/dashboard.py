@@ -3,8 +3,9 @@
 Runs ``streamlit run dashboard/app.py`` as a child process, headless and without usage
 statistics. The store URL (and any ``--config`` file) reach the app through the environment
 (``CLIFFGUARD_DASHBOARD__DB_URL``, ``CLIFFGUARD_CONFIG``): Streamlit owns the child's argv. The
-operator token and the command secret are read by the app from ``CLIFFGUARD_OPERATOR_TOKEN`` and
-``CLIFFGUARD_COMMAND_SECRET``, never from flags (flags show up in ``ps``).
+operator token is read by the app from ``CLIFFGUARD_OPERATOR_TOKEN``, never from flags (flags show
+up in ``ps``). The command secret is removed from the child's environment: the dashboard only
+writes unsigned requests, and only the controller signs.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
 ENV_DB_URL = "CLIFFGUARD_DASHBOARD__DB_URL"  # dashboard.config reads it (kept here to avoid importing streamlit)
+ENV_COMMAND_SECRET = "CLIFFGUARD_COMMAND_SECRET"  # what the dashboard process must never hold
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -28,6 +31,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--config", default=None, help="TOML file with a [dashboard] section")
     return p
+
+
+def without_command_secret(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` for a dashboard process: everything but the command-signing secret."""
+    return {k: v for k, v in env.items() if k != ENV_COMMAND_SECRET}
 
 
 def streamlit_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
@@ -44,7 +52,7 @@ def streamlit_command(args: argparse.Namespace) -> tuple[list[str], dict[str, st
         "--client.toolbarMode=minimal",
         "--theme.base=light",
     ]
-    env = dict(os.environ)
+    env = without_command_secret(os.environ)
     env[ENV_DB_URL] = args.db
     env["STREAMLIT_BROWSER_GATHER_USAGE_STATS"] = "false"
     if args.config:

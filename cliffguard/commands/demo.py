@@ -6,7 +6,8 @@ Starts, in this order and each in its own process group:
 2. the controller (``cliffguard controller``) over a fresh SQLite store ``<dir>/cliffguard.db``, with
    a command secret generated for this demo (``CLIFFGUARD_COMMAND_SECRET`` in its environment);
 3. the dashboard (``cliffguard dashboard``) on 127.0.0.1:8501 (or a free port) with a generated
-   operator token, both printed;
+   operator token, both printed, and without the command secret (its actions are requests the
+   controller signs);
 4. a 2-process training run (``cliffguard train --nproc 2``) of the default GPT with two faults:
    corrupted data (3 consecutive batches: validation normal -> resume, samples flagged) and an
    LR blow-up (validation abnormal -> rollback to a stable checkpoint with LR x 0.5, resume).
@@ -206,6 +207,7 @@ def run(args: argparse.Namespace) -> int:
     out_dir.mkdir(parents=True)
     marker.write_text("made by `cliffguard demo`, which empties this directory at start\n")
 
+    from cliffguard.commands.dashboard import without_command_secret
     from cliffguard.procs import ProcessSet
     from controller.broker import EmbeddedBroker, ensure_topics
     from controller.store.db import Store
@@ -231,8 +233,10 @@ def run(args: argparse.Namespace) -> int:
         if not args.no_dashboard:
             port = _pick_port(args.dashboard_port, "dashboard")
             token = secrets.token_urlsafe(12)
+            # No secret for the dashboard: its operator actions are requests the controller signs.
             procs.spawn("dashboard", _cli("dashboard", "--db", db_url, "--port", str(port)),
-                        env={**env, "CLIFFGUARD_OPERATOR_TOKEN": token}, log_path=out_dir / "dashboard.log")
+                        env={**without_command_secret(env), "CLIFFGUARD_OPERATOR_TOKEN": token},
+                        log_path=out_dir / "dashboard.log")
             _say(f"dashboard at http://127.0.0.1:{port}  (operator token: {token})")
 
         run_id = f"demo-{time.strftime('%H%M%S')}-{uuid.uuid4().hex[:4]}"

@@ -52,6 +52,18 @@ class LossSpikeConfig(SpikeConfig):
             raise ValueError("rebaseline_after: must be >= 0")
 
 
+@dataclass(frozen=True, slots=True)
+class LossPoint:
+    """What the spike rule knew when it judged one loss: the healthy window's median and σ just
+    before it (None while warming up) and its verdict. The dashboard draws its bands from these
+    (stored per step by ``controller.batch``): median + k_warn·σ and median + k_crit·σ."""
+
+    step: int
+    median: float | None
+    sigma: float | None
+    level: Level
+
+
 @dataclass(slots=True)
 class _Excursion:
     onset: int
@@ -72,6 +84,8 @@ class LossRules:
         self._exc: _Excursion | None = None
         self._diverging = False
         self._recent: deque[tuple[int, float]] = deque(maxlen=last_n)
+        self.last_point: LossPoint | None = None
+        """The newest loss judged (a new object per loss; not state: it only says what just happened)."""
 
     def rewind(self) -> None:
         self._exc = None
@@ -82,6 +96,12 @@ class LossRules:
     def observe(self, step: int, loss: float) -> list[Verdict]:
         self._recent.append((step, loss))
         v = self.spike.observe(loss)
+        # A non-finite loss is judged without the window's statistics, but they held all the same
+        # (it never enters the window), so its point still carries the band it broke through.
+        ready = not math.isfinite(loss) and len(self.spike) >= self.spike_config.min_history
+        held = self.spike.stats() if ready else None
+        median, sigma = held if held is not None else (v.median, v.sigma)
+        self.last_point = LossPoint(step, median, sigma, v.level)
         out: list[Verdict] = []
         if v.level is Level.OK:
             self._exc = None

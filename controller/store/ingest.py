@@ -29,7 +29,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import bindparam, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from controller.store.fit import fit_row, fit_value
@@ -112,6 +112,22 @@ def ingest_events(session: Session, events: Iterable[Event]) -> int:
     if step_rows:
         changed += _insert_step_rows(session, step_rows)
     return changed
+
+
+def record_rule_stats(session: Session, points: list[dict[str, Any]], spike_rules: dict[str, dict[str, Any]]) -> None:
+    """Store what the loss-spike rule knew at each judged step, on that step's row, and the rule's
+    settings on each run, in the caller's (the batch's) transaction. ``points``: dicts with
+    ``event_id``, ``median``, ``sigma``, ``level``; ``spike_rules``: run id -> the rule's settings.
+    A row that is not there (folded into a bucket) is simply not updated."""
+    if points:
+        sm = StepMetric.__table__
+        stmt = (update(sm).where(sm.c.event_id == bindparam("b_event_id"))
+                .values(rule_median=bindparam("b_median"), rule_sigma=bindparam("b_sigma"),
+                        rule_level=bindparam("b_level")))
+        session.connection().execute(stmt, [{"b_event_id": p["event_id"], "b_median": p["median"],
+                                             "b_sigma": p["sigma"], "b_level": p["level"]} for p in points])
+    for run_id, rule in spike_rules.items():
+        session.execute(update(Run).where(Run.id == run_id).values(spike_rule=to_json(rule)))
 
 
 def _insert_step_rows(session: Session, rows: list[dict[str, Any]]) -> int:

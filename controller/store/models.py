@@ -73,6 +73,9 @@ class Run(Base):
     # state_dicts), written in the same transaction as the offsets, so a run whose partition
     # moves to another instance resumes exactly where the previous one stopped.
     controller_state: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    # The loss-spike rule the controller judged this run with ({"window", "k_warn", "k_crit", ...}),
+    # so the dashboard draws the bands of the rule that decided, from step_metrics.rule_* below.
+    spike_rule: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
 class StepMetric(Base):
@@ -116,6 +119,12 @@ class StepMetric(Base):
     guard: Mapped[str | None] = mapped_column(String(8))
     clipped_layers: Mapped[int | None] = mapped_column(Integer)
     layer_grad_norms: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # What the controller's loss-spike rule knew when it judged this row's loss (only on the rows of
+    # the rank that feeds the rule; NULL elsewhere, in buckets and before the rule was recorded):
+    # the healthy window's median and robust sigma just before this point, and its verdict level.
+    rule_median: Mapped[float | None] = mapped_column(Float)
+    rule_sigma: Mapped[float | None] = mapped_column(Float)
+    rule_level: Mapped[str | None] = mapped_column(String(8))
 
 
 class GradHist(Base):
@@ -210,6 +219,31 @@ class AuditRow(Base):
     run_id: Mapped[str | None] = mapped_column(String(128))
     command_id: Mapped[str | None] = mapped_column(String(32))
     detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+class CommandRequest(Base):
+    """An operator's unsigned request for a command (dashboard or CLI), and the controller's decision.
+
+    Written by the requester alone (``controller.store.requests.submit_request``); the controller
+    validates it, and either signs and queues the command (``accepted``, ``command_id`` set) or
+    refuses it (``rejected``, ``detail`` says why). Kept as the audit trail of who asked for what.
+    """
+
+    __tablename__ = "command_requests"
+    __table_args__ = (Index("ix_command_requests_pending", "status", "requested_at"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(String(128))  # no foreign key: a request for an unknown run is rejected
+    type: Mapped[str] = mapped_column(String(32))
+    args: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    requested_by: Mapped[str] = mapped_column(String(128))
+    source: Mapped[str] = mapped_column(String(16))  # dashboard | cli
+    reason: Mapped[str | None] = mapped_column(Text)
+    requested_at: Mapped[float] = mapped_column(Float)
+    status: Mapped[str] = mapped_column(String(16), default="pending")  # pending | accepted | rejected
+    decided_at: Mapped[float | None] = mapped_column(Float)
+    detail: Mapped[str | None] = mapped_column(Text)
+    command_id: Mapped[str | None] = mapped_column(String(32))
 
 
 class CheckpointRow(Base):

@@ -1,10 +1,11 @@
-"""The loss curve with the spike rule's median and bands, spikes, incident spans and rollbacks;
-then the learning rate and lr_scale."""
+"""The loss curve with the spike rule's median and bands (as the controller stored them), spikes,
+incident spans and rollbacks; then the learning rate and lr_scale."""
 
 from __future__ import annotations
 
 import streamlit as st
 
+from controller.store.read_rule_stats import spike_rule_stats
 from dashboard import charts, queries
 from dashboard.bands import loss_bands, rollbacks
 from dashboard.derive import incident_spans
@@ -19,17 +20,20 @@ def render(ctx: Context) -> None:
     if curve.empty:
         st.info("no steps reported yet")
         return
-    spike = ctx.cfg.spike
-    bands = loss_bands(curve, spike)
+    stats = ctx.read(spike_rule_stats, ctx.run_id, ctx.cfg.max_points)
+    bands = loss_bands(curve, stats)
     spans = incident_spans(ctx.read(queries.incidents, ctx.run_id), ctx.read(queries.transitions, ctx.run_id))
     backs = rollbacks(curve)
     show(st, charts.loss_chart(bands, spans, backs, log_y=log_y), key="loss_chart")
     n_warn = int((bands["level"] == "warn").sum())
     n_crit = int((bands["level"] == "critical").sum())
+    rule = stats.rule
+    bands_text = ("no bands: the controller stored no spike-rule statistics for this run" if rule is None else
+                  f"grey: the controller's sliding median of the last {rule['window']} healthy losses · amber/red "
+                  f"dashed: median + {rule['k_warn']:g}σ / + {rule['k_crit']:g}σ (robust σ = 1.4826·MAD)")
     st.caption(
-        f"grey: sliding median of the last {spike.window} healthy losses · amber/red dashed: median + "
-        f"{spike.k_warn:g}σ / + {spike.k_crit:g}σ (robust σ = 1.4826·MAD) · ▲ spikes: {n_warn} warn, "
-        f"{n_crit} critical · shaded: incidents · red rule: rollback ({len(backs)}) · faded: steps later redone"
+        f"{bands_text} · ▲ spikes: {n_warn} warn, {n_crit} critical · shaded: incidents · red rule: rollback "
+        f"({len(backs)}) · faded: steps later redone"
     )
     st.markdown("**Learning rate and lr_scale**")
     show(st, charts.lr_chart(bands), key="lr_chart")

@@ -1,12 +1,16 @@
 """Operator actions: pause, resume, validate, roll back to a chosen stable checkpoint.
 
-Outside the live fragments on purpose: a refresh must not disturb someone typing a token.
+Outside the live fragments on purpose: a refresh must not disturb someone typing a token. A click
+writes an unsigned request; the controller signs and queues it (or rejects it), and the table of
+this run's recent requests shows which.
 """
 
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
+from controller.store.requests import REQUEST_COLUMNS, recent_requests
 from core.enums import CommandType
 from dashboard import actions, derive, queries
 from dashboard.sections.context import Context
@@ -16,7 +20,7 @@ def render(ctx: Context) -> None:
     st.subheader("Operator actions")
     cfg = ctx.cfg
     if not cfg.operator_token:
-        st.info("read-only: set CLIFFGUARD_OPERATOR_TOKEN (and CLIFFGUARD_COMMAND_SECRET) to enable actions")
+        st.info("read-only: set CLIFFGUARD_OPERATOR_TOKEN to enable actions")
         return
     targets = derive.stable_targets(ctx.read(queries.checkpoints, ctx.run_id))
     run = ctx.read(queries.get_run, ctx.run_id)
@@ -30,8 +34,15 @@ def render(ctx: Context) -> None:
         actor = cols[3].text_input("your name", key="op_actor")
         token = cols[4].text_input("operator token", type="password", key="op_token")
         submitted = st.form_submit_button("send command")
-    if not submitted:
-        return
+    if submitted:
+        _submit(ctx, action, to_step, lr_scale, actor, token)
+    requests = ctx.read(recent_requests, ctx.run_id)
+    if requests:
+        st.caption("recent requests for this run (the controller signs and queues accepted ones)")
+        st.dataframe(pd.DataFrame(requests, columns=REQUEST_COLUMNS), hide_index=True, key="op_requests")
+
+
+def _submit(ctx: Context, action: str, to_step: object, lr_scale: float, actor: str, token: str) -> None:
     ctype = CommandType(action)
     try:
         args: dict = {"reason": f"operator via dashboard ({actor or 'anonymous'})"} if ctype in (
@@ -40,8 +51,9 @@ def render(ctx: Context) -> None:
             if to_step is None:
                 raise actions.ActionDenied("no stable checkpoint to roll back to")
             args = actions.rollback_args(int(to_step), float(lr_scale))
-        cmd_id = actions.issue_command(ctx.engine, cfg, run_id=ctx.run_id, ctype=ctype, args=args, actor=actor, token=token)
+        request_id = actions.request_command(ctx.cfg, run_id=ctx.run_id, ctype=ctype, args=args, actor=actor,
+                                             token=token)
     except actions.ActionDenied as exc:
         st.error(f"refused: {exc}")
         return
-    st.success(f"{ctype} queued in the controller's outbox as command {cmd_id[:8]} (audited)")
+    st.success(f"{ctype} requested (request {request_id}): the controller signs and queues it, or says why not")

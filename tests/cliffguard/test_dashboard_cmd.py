@@ -12,13 +12,17 @@ def _args(*argv: str) -> argparse.Namespace:
     return build_parser(only="dashboard").parse_args(["dashboard", *argv])
 
 
-def test_streamlit_is_headless_without_usage_stats_and_gets_the_db_by_env(tmp_path):
+def test_streamlit_is_headless_without_usage_stats_and_gets_the_db_by_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("CLIFFGUARD_COMMAND_SECRET", "a-secret-the-controller-needs")
+    monkeypatch.setenv("CLIFFGUARD_OPERATOR_TOKEN", "tok")
     args = _args("--db", f"sqlite:///{tmp_path}/s.db", "--port", "8600", "--host", "0.0.0.0")
     argv, env = dashboard.streamlit_command(args)
     assert argv[1:4] == ["-m", "streamlit", "run"] and argv[4].endswith("dashboard/app.py")
     assert "--server.headless=true" in argv and "--browser.gatherUsageStats=false" in argv
     assert "--server.port=8600" in argv and "--server.address=0.0.0.0" in argv
     assert env["CLIFFGUARD_DASHBOARD__DB_URL"] == f"sqlite:///{tmp_path}/s.db"
+    # only the controller signs: the dashboard process never holds the command secret
+    assert "CLIFFGUARD_COMMAND_SECRET" not in env and env["CLIFFGUARD_OPERATOR_TOKEN"] == "tok"
 
 
 def test_defaults():

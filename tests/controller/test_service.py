@@ -11,15 +11,25 @@ import time
 
 import pytest
 from kafka import KafkaConsumer, TopicPartition
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from controller.config import ControllerConfig
 from controller.recovery_types import RecoveryConfig
+from controller.rules.loss import LossSpikeConfig
 from controller.service import ControllerService
 from controller.store import read
 from controller.store.db import session_scope
-from controller.store.models import Alert, AuditRow, CommandRow, DlqCount, Run
-from tests.controller.service_support import FAST_GROUP, SECRET, FakeTrainer, store_engine
+from controller.store.models import Alert, AuditRow, CommandRow, DlqCount, Run, StepMetric
+from controller.store.requests import RequestStatus, request_state, submit_request
+from core.spike import SpikeDetector
+from tests.controller.service_support import (
+    FAST_GROUP,
+    SECRET,
+    FakeTrainer,
+    healthy_loss,
+    step_data,
+    store_engine,
+)
 
 pytestmark = pytest.mark.broker
 
@@ -210,32 +220,97 @@ def test_malformed_input_goes_to_the_dlq_and_the_service_stays_up(kafka_cfg, db)
     assert b"\xff\xfe not json" in got and len(got) == 3
 
 
-def test_operator_command_goes_through_the_outbox_with_an_audit_row(kafka_cfg, tmp_path):
-    from controller.operator import UnknownRun, issue_operator_command
+def _decided(engine, request_id: int):
+    with session_scope(engine) as s:
+        state = request_state(s, request_id)
+    return state if state is not None and state.status is not RequestStatus.PENDING else None
 
-    with store_engine("sqlite", tmp_path) as (engine, _):
-        t = FakeTrainer(kafka_cfg)
-        try:
-            with Running(kafka_cfg, engine):
-                t.steps("run-op", 0, 2)
-                wait_for(lambda: _has_run(engine, "run-op"))
-                with session_scope(engine) as s:
-                    with pytest.raises(UnknownRun):
-                        issue_operator_command(s, run_id="nope", type="pause", args={}, actor="alice",
-                                               secret=SECRET, commands_topic=kafka_cfg.commands_topic)
-                    row = issue_operator_command(s, run_id="run-op", type="rollback",
-                                                 args={"to_step": 1, "lr_scale": 0.5}, actor="alice",
-                                                 secret=SECRET, commands_topic=kafka_cfg.commands_topic)
-                    cmd_id = row.id
-                cmd = t.expect("run-op", "rollback")
-                assert cmd.id == cmd_id and cmd.args == {"to_step": 1, "lr_scale": 0.5}
-        finally:
-            t.close()
-        with session_scope(engine) as s:
-            assert s.get(CommandRow, cmd_id).source == "operator"
-            assert s.get(CommandRow, cmd_id).status == "sent"
-            audit = s.scalars(select(AuditRow)).all()
-            assert [(a.actor, a.action, a.command_id) for a in audit] == [("alice", "command.rollback", cmd_id)]
+
+def _halt(t: FakeTrainer, run: str) -> None:
+    """Two spikes with a rollback between them: the budget of one is spent, the run halts."""
+    prefix(t, run)
+    spike(t, run, 41)
+    t.ack(t.expect(run, "pause"))
+    val = t.expect(run, "validate")
+    t.ack(val)
+    t.validation(run, 43, 3.0, cmd=val)
+    t.ack(t.expect(run, "rollback"))
+    t.steps(run, 21, 23)
+    spike(t, run, 24)
+    t.ack(t.expect(run, "pause"))
+    val = t.expect(run, "validate")
+    t.ack(val)
+    t.validation(run, 26, 3.0, cmd=val)
+
+
+def test_operator_requests_are_signed_by_the_controller_and_verified_by_the_trainer(kafka_cfg, db):
+    engine, _ = db
+    t = FakeTrainer(kafka_cfg)
+    try:
+        with Running(kafka_cfg, engine, group="ctl-requests") as svc:
+            _halt(t, "run-op")
+            wait_for(lambda: _run(engine, "run-op").recovery_state == "halted")
+            bad = submit_request(engine, run_id="ghost", type="pause", args={}, requested_by="mallory", source="cli")
+            wait_for(lambda: _decided(engine, bad) is not None, 10)
+            assert "not in the store" in _decided(engine, bad).detail
+            good = submit_request(engine, run_id="run-op", type="resume", args={"reason": "checked by hand"},
+                                  requested_by="dashboard:alice", source="dashboard")
+            resume = t.expect("run-op", "resume")  # FakeTrainer.poll verified its signature (core.signing)
+            assert _decided(engine, good).command_id == resume.id
+            assert resume.args == {"reason": "checked by hand"}
+            t.ack(resume, detail="resumed by hand")
+            wait_for(lambda: _run(engine, "run-op").recovery_state == "running")
+            t.quiet(0.5)
+            assert svc.stats["requests_accepted"] == 1 and svc.stats["requests_rejected"] == 1
+        assert t.types("run-op") == ["pause", "validate", "rollback", "pause", "validate", "resume"]
+    finally:
+        t.close()
+    with session_scope(engine) as s:
+        cmd = s.get(CommandRow, resume.id)
+        assert (cmd.source, cmd.status) == ("operator", "applied")
+        audit = s.scalars(select(AuditRow)).all()
+        assert [(a.actor, a.action, a.command_id) for a in audit] == [("dashboard:alice", "command.resume", resume.id)]
+        last = read.transitions(s, "run-op")[-1]
+        assert (last["from_state"], last["to_state"]) == ("halted", "running")
+        assert last["reason"].startswith("operator_resumed")
+        assert [i["outcome"] for i in read.incidents(s, "run-op")] == ["halted"]  # one incident, closed by hand
+        assert s.scalars(select(func.count()).select_from(CommandRow).where(CommandRow.run_id == "ghost")).one() == 0
+
+
+def test_stored_rule_statistics_are_what_the_spike_rule_knew(kafka_cfg, db):
+    engine, _ = db
+    t = FakeTrainer(kafka_cfg)
+    losses = {s: healthy_loss(s) for s in range(30)} | {30: float("nan")} | {s: healthy_loss(s) for s in range(31, 36)}
+    try:
+        with Running(kafka_cfg, engine, group="ctl-stats"):
+            for step, loss in losses.items():
+                t.send("run-st", "step", step, step_data(loss, step), world=2)
+                t.send("run-st", "step", step, step_data(loss, step), rank=1, world=2)
+            t.producer.flush()
+            wait_for(lambda: _run(engine, "run-st") is not None and _run(engine, "run-st").last_step == 35)
+            t.quiet(0.5)
+    finally:
+        t.close()
+    det = SpikeDetector(LossSpikeConfig())
+    expected = []
+    for loss in losses.values():
+        stats = det.stats() if len(det) >= det.config.min_history else None
+        expected.append((*(stats or (None, None)), str(det.observe(loss).level)))
+    with session_scope(engine) as s:
+        rows = s.execute(select(StepMetric.rank, StepMetric.rule_median, StepMetric.rule_sigma, StepMetric.rule_level)
+                         .where(StepMetric.run_id == "run-st").order_by(StepMetric.step, StepMetric.rank)).all()
+        rule = _run(engine, "run-st").spike_rule
+    assert [(r.rule_median, r.rule_sigma, r.rule_level) for r in rows if r.rank == 1] == [(None, None, None)] * 36
+    got = [(r.rule_median, r.rule_sigma, r.rule_level) for r in rows if r.rank == 0]
+    assert [g[2] for g in got] == [e[2] for e in expected] and got[30][2] == "critical"
+    for (gm, gs, _), (em, es, _) in zip(got, expected, strict=True):
+        assert (gm is None) == (em is None) and (gm is None or (gm, gs) == pytest.approx((em, es)))
+    assert rule["k_warn"] == LossSpikeConfig().k_warn and rule["k_crit"] == LossSpikeConfig().k_crit
+
+
+def _run(engine, run_id: str) -> Run | None:
+    with session_scope(engine) as s:
+        return s.get(Run, run_id)
 
 
 @pytest.mark.slow

@@ -20,7 +20,6 @@ from tests.dashboard.fill import FilledRun, fill_store
 
 APP = str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py")
 TOKEN = "operator-token-for-tests"
-SECRET = "command-secret-for-tests-0123456789"
 
 
 @dataclass

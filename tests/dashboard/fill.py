@@ -4,7 +4,9 @@ Agent-side facts go in as real ``core.events.make_event`` events through the sto
 ``ingest_events`` (steps for both ranks, gradient histograms, checkpoints, validations, acks,
 data flags, heartbeats). Controller-side facts are written as the controller writes them:
 incidents, transitions and commands as rows; alerts through ``enqueue_alert`` (with the
-deliverer's outcome then recorded on the outbox rows); DLQ counts through ``count_dead_letter``.
+deliverer's outcome then recorded on the outbox rows); DLQ counts through ``count_dead_letter``;
+the spike rule's statistics per step through ``record_rule_stats``, from the controller's own
+``RunDetector`` fed the same events.
 
 The story (``steps`` = 120 by default; the step numbers scale with it):
   * steps 0..61 at lr_scale 1; rank 1 is a straggler (slower steps, more data wait);
@@ -23,7 +25,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sqlalchemy import Engine, update
@@ -31,9 +33,10 @@ from sqlalchemy import Engine, update
 from controller.alerts.config import AlertsConfig, EndpointConfig
 from controller.alerts.enqueue import enqueue_alert
 from controller.alerts.spec import AlertSpec
+from controller.detect import RunDetector
 from controller.store.db import init_db, session_scope
 from controller.store.dlq import count_dead_letter
-from controller.store.ingest import ingest_events
+from controller.store.ingest import ingest_events, record_rule_stats
 from controller.store.models import CheckpointRow, CommandRow, Incident, OutboxRow, Run, Transition
 from core.enums import AckStatus, CommandType, EventType, GuardDecision
 from core.events import Event, make_event, new_id
@@ -164,8 +167,10 @@ def fill_store(engine: Engine, run_id: str = "demo-run", *, steps: int = 120, wo
             events.append(_ckpt_event(run_id, step, "incremental", world, ts + 0.3))
     events.append(_hist_event(run_id, spike, 0, world, ts + 0.05, 6))
     t_spike = t0 + spike * DT
+    detector = RunDetector()
     with session_scope(engine) as s:
         ingest_events(s, events)
+        _judge(s, detector, events)
         s.execute(update(CheckpointRow).where(CheckpointRow.run_id == run_id, CheckpointRow.step <= back_to)
                   .values(stable=True, stable_reason="20 healthy steps after it"))
     info.stable_steps = [st for st in range(0, back_to + 1, 10)]
@@ -246,6 +251,7 @@ def fill_store(engine: Engine, run_id: str = "demo-run", *, steps: int = 120, wo
         ]))
         s.flush()
         ingest_events(s, ev2)
+        _judge(s, detector, ev2)
         s.execute(update(CheckpointRow).where(CheckpointRow.run_id == run_id, CheckpointRow.step == late)
                   .values(stable=True, stable_reason="20 healthy steps after it"))
         info.stable_steps.append(late)
@@ -257,6 +263,18 @@ def fill_store(engine: Engine, run_id: str = "demo-run", *, steps: int = 120, wo
         count_dead_letter(s, "cliffguard.metrics", "invalid_json", "invalid JSON at line 1 column 7", n=3, now=t_spike)
         count_dead_letter(s, "cliffguard.metrics", "unknown_version", "unknown major schema version 9", now=t_spike)
     return info
+
+
+def _judge(s: Any, detector: RunDetector, events: list[Event]) -> None:
+    """The controller's spike-rule statistics for these events, stored as its batch stores them."""
+    points = []
+    for ev in events:
+        before = detector.loss.last_point
+        detector.on_event(ev)
+        p = detector.loss.last_point
+        if p is not None and p is not before:
+            points.append({"event_id": ev.id, "median": p.median, "sigma": p.sigma, "level": str(p.level)})
+    record_rule_stats(s, points, {events[0].run: asdict(detector.config.spike)})
 
 
 def _alerts(s: Any, info: FilledRun, inc1: str, inc2: str, t1: float, t2: float) -> list[str]:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from controller.store.models import Alert, CheckpointRow, CommandRow, DlqCount, OutboxRow
-from core.spike import SpikeConfig, window_stats
+from controller.store.models import Alert, CheckpointRow, CommandRow, DlqCount, OutboxRow, Run, StepMetric
 from tests.dashboard.conftest import chart_with, run_app, texts
 from tests.dashboard.fill import LAYERS, fill_store
 
@@ -46,17 +46,25 @@ def test_loss_chart_has_median_bands_spikes_incidents_and_rollback(filled):
     assert len(df) == filled.run.n_step_events // filled.run.world
     redone = df[df["superseded"]]
     assert set(redone["step"]) == set(range(filled.run.rollback_to + 1, filled.run.spike_step + 2))
-    # the band is what the spike rule knew: median/σ of the healthy window before that point
-    cfg = SpikeConfig()
-    healthy = [float(v) for v in df["loss"].iloc[: cfg.min_history]]
-    med, sigma = window_stats(healthy, cfg.sigma_floor_rel)
-    row = df.iloc[cfg.min_history]
-    assert row["median"] == pytest.approx(med)
-    assert row["warn"] == pytest.approx(med + cfg.k_warn * sigma)
-    assert row["crit"] == pytest.approx(med + cfg.k_crit * sigma)
-    # spikes: the blow-up and the corrupted batch are critical
-    crit_steps = set(df.loc[df["level"] == "critical", "step"])
-    assert filled.run.spike_step in crit_steps and filled.run.corrupt_step in crit_steps
+    # the bands are the controller's stored statistics of its spike rule, row for row
+    with Session(filled.engine) as s:
+        stored = s.execute(select(StepMetric.rule_median, StepMetric.rule_sigma, StepMetric.rule_level)
+                           .where(StepMetric.run_id == filled.run.run_id, StepMetric.rank == 0)
+                           .order_by(StepMetric.ts, StepMetric.id)).all()
+        rule = s.get(Run, filled.run.run_id).spike_rule
+    assert len(stored) == len(df) and all(level is not None for _, _, level in stored)
+    median = [np.nan if m is None else m for m, _, _ in stored]
+    crit = [np.nan if m is None else m + rule["k_crit"] * sg for m, sg, _ in stored]
+    warn = [np.nan if m is None else m + rule["k_warn"] * sg for m, sg, _ in stored]
+    assert df["median"].to_numpy() == pytest.approx(np.array(median), nan_ok=True)
+    assert df["warn"].to_numpy() == pytest.approx(np.array(warn), nan_ok=True)
+    assert df["crit"].to_numpy() == pytest.approx(np.array(crit), nan_ok=True)
+    assert list(df["level"]) == [level for _, _, level in stored]
+    # the blow-up is critical for the controller's rule; the one-step corrupted batch only warns
+    # (its patience), exactly what the controller decided
+    assert filled.run.spike_step in set(df.loc[df["level"] == "critical", "step"])
+    assert df.loc[df["step"] == filled.run.corrupt_step, "level"].tolist() == ["warn"]
+    assert f"+ {rule['k_crit']:g}σ" in texts(at)
     layers = spec["layer"]
     spans = next(ly for ly in layers if ly["mark"]["type"] == "rect")["data"]["values"]
     assert {s["outcome"] for s in spans} == {"rolled_back", "resumed"}

@@ -1,4 +1,4 @@
-"""The loss chart's bands are the spike rule's own statistics, replayed."""
+"""The loss chart's bands are the statistics the controller stored, never a second run of the rule."""
 
 from __future__ import annotations
 
@@ -7,49 +7,69 @@ import math
 import pandas as pd
 import pytest
 
-from core.spike import SpikeConfig, SpikeDetector, window_stats
+from controller.store.read_rule_stats import SpikeRuleStats
 from dashboard.bands import loss_bands, rollbacks
 
-CFG = SpikeConfig(window=20, min_history=10)
+RULE = {"window": 20, "k_warn": 3.0, "k_crit": 5.0, "min_history": 10}
 
 
 def _curve(losses: list[float], steps: list[int] | None = None) -> pd.DataFrame:
     steps = list(range(len(losses))) if steps is None else steps
-    return pd.DataFrame({"step": steps, "loss": losses, "nonfinite": [None] * len(losses)})
+    return pd.DataFrame({"step": steps, "ts": [100.0 + i for i in range(len(losses))], "loss": losses,
+                         "nonfinite": [None] * len(losses)})
 
 
-def test_band_is_the_detectors_window_before_each_point():
-    losses = [2.0 + 0.01 * ((i * 7) % 5) for i in range(30)]
-    losses[20] = 5.0  # a spike
-    out = loss_bands(_curve(losses), CFG)
-    det = SpikeDetector(CFG)
-    for i, loss in enumerate(losses):
-        if len(det) >= CFG.min_history:
-            med, sigma = window_stats(list(det.state_dict()["window"]), CFG.sigma_floor_rel)
-            assert out.loc[i, "median"] == pytest.approx(med)
-            assert out.loc[i, "warn"] == pytest.approx(med + CFG.k_warn * sigma)
-            assert out.loc[i, "crit"] == pytest.approx(med + CFG.k_crit * sigma)
-        else:
-            assert math.isnan(out.loc[i, "median"])
-        assert out.loc[i, "level"] == str(det.observe(loss).level)
-    assert out.loc[20, "level"] == "critical"
-    # the spike did not enter the window: the band after it is the band before it
-    assert out.loc[21, "median"] == pytest.approx(out.loc[20, "median"])
+def _point(step: int, ts: float, median: float | None, sigma: float | None, level: str) -> dict:
+    return {"step": step, "ts": ts, "median": median, "sigma": sigma, "level": level}
 
 
-def test_nonfinite_loss_is_critical_and_pinned_to_the_top():
-    losses = [2.0] * 12 + [float("nan")] + [2.0]
-    curve = _curve(losses)
+def test_bands_levels_and_sigmas_are_the_stored_statistics():
+    curve = _curve([2.0, 2.1, 4.0, 2.0])
+    stats = SpikeRuleStats(rule=RULE, points=[
+        _point(0, 100.0, None, None, "ok"),  # warming up: no band yet
+        _point(1, 101.0, 2.0, 0.1, "ok"),
+        _point(2, 102.0, 2.0, 0.1, "critical"),
+        _point(3, 103.0, 2.05, 0.2, "ok"),
+    ])
+    out = loss_bands(curve, stats)
+    assert math.isnan(out.loc[0, "median"]) and math.isnan(out.loc[0, "warn"])
+    assert (out.loc[2, "median"], out.loc[2, "warn"], out.loc[2, "crit"]) == pytest.approx((2.0, 2.3, 2.5))
+    assert out.loc[2, "sigmas"] == pytest.approx(20.0)
+    assert out.loc[3, "crit"] == pytest.approx(2.05 + 5 * 0.2)
+    assert list(out["level"]) == ["ok", "ok", "critical", "ok"]
+
+
+def test_rows_without_stored_statistics_get_no_band_and_level_ok():
+    curve = _curve([2.0, 2.0, 9.0])
+    for stats in (SpikeRuleStats(), SpikeRuleStats(rule=RULE, points=[_point(0, 100.0, 2.0, 0.1, "ok")])):
+        out = loss_bands(curve, stats)
+        assert out.loc[1:, "median"].isna().all() and out.loc[1:, "crit"].isna().all()
+        assert list(out["level"]) == ["ok", "ok", "ok"]  # 9.0 is not re-judged here
+    assert math.isnan(loss_bands(curve, SpikeRuleStats()).loc[0, "median"])
+
+
+def test_a_replayed_step_takes_the_statistics_of_its_own_row():
+    steps = [0, 1, 2, 1, 2]
+    curve = _curve([2.0, 2.0, 9.0, 2.0, 2.0], steps)
+    stats = SpikeRuleStats(rule=RULE, points=[_point(2, 102.0, 2.0, 0.1, "critical"), _point(2, 104.0, 2.0, 0.1, "ok")])
+    out = loss_bands(curve, stats)
+    assert list(out["level"]) == ["ok", "ok", "critical", "ok", "ok"]
+    assert list(out["superseded"]) == [False, True, True, False, False]
+
+
+def test_nonfinite_loss_is_pinned_to_the_top_with_the_stored_level():
+    curve = _curve([2.0] * 12 + [float("nan")] + [2.0])
     curve.loc[12, "loss"] = None
     curve.loc[12, "nonfinite"] = "nan"  # how SQLite keeps a NaN loss
-    out = loss_bands(curve, CFG)
-    assert out.loc[12, "level"] == "critical"
+    out = loss_bands(curve, SpikeRuleStats(rule=RULE, points=[_point(12, 112.0, 2.0, 0.02, "critical")]))
+    assert out.loc[12, "level"] == "critical" and math.isnan(out.loc[12, "sigmas"])
+    assert out.loc[12, "median"] == pytest.approx(2.0)
     assert out.loc[12, "loss_plot"] == pytest.approx(2.0)
 
 
 def test_rollback_makes_a_new_branch_and_marks_redone_steps():
     steps = [0, 1, 2, 3, 4, 5, 3, 4, 5, 6]
-    out = loss_bands(_curve([2.0] * len(steps), steps), CFG)
+    out = loss_bands(_curve([2.0] * len(steps), steps), SpikeRuleStats())
     assert list(out["branch"]) == [0] * 6 + [1] * 4
     assert list(out["superseded"]) == [False, False, False, True, True, True, False, False, False, False]
     back = rollbacks(_curve([2.0] * len(steps), steps))
@@ -57,5 +77,5 @@ def test_rollback_makes_a_new_branch_and_marks_redone_steps():
 
 
 def test_empty_curve():
-    out = loss_bands(_curve([]), CFG)
+    out = loss_bands(_curve([]), SpikeRuleStats(rule=RULE))
     assert out.empty and rollbacks(_curve([])).empty

@@ -1,4 +1,4 @@
-"""DashboardConfig: env names, the project-wide secret names, validation naming the field."""
+"""DashboardConfig: env names, the project-wide token name, no signing settings, validation naming the field."""
 
 from __future__ import annotations
 
@@ -8,18 +8,19 @@ from core.settings import ConfigError
 from dashboard.config import DashboardConfig, load_config
 
 
-def test_env_and_project_wide_secrets():
+def test_env_and_project_wide_token_and_no_signing_settings():
     cfg = load_config({
         "CLIFFGUARD_DASHBOARD__DB_URL": "sqlite:///x.db",
         "CLIFFGUARD_DASHBOARD__REFRESH_S": "1.5",
-        "CLIFFGUARD_DASHBOARD__SPIKE__K_WARN": "2.5",
         "CLIFFGUARD_OPERATOR_TOKEN": "tok",
-        "CLIFFGUARD_COMMAND_SECRET": "s" * 20,
+        "CLIFFGUARD_COMMAND_SECRET": "s" * 20,  # set for other processes: the dashboard ignores it
     })
-    assert cfg.db_url == "sqlite:///x.db" and cfg.refresh_s == 1.5 and cfg.spike.k_warn == 2.5
-    assert cfg.operator_token == "tok" and cfg.command_secret == "s" * 20
+    assert cfg.db_url == "sqlite:///x.db" and cfg.refresh_s == 1.5
+    assert cfg.operator_token == "tok"
     assert "tok" not in repr(cfg)  # secrets stay out of reprs
-    assert cfg.commands_topic == "cliffguard.commands"
+    names = set(DashboardConfig.__dataclass_fields__)
+    assert not names & {"command_secret", "topic_prefix", "command_ttl_s", "spike"}  # the controller's business
+    assert "s" * 20 not in repr(cfg)
 
 
 def test_dashboard_section_wins_over_project_wide_token():

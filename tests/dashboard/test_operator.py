@@ -1,25 +1,34 @@
-"""Operator actions on the page: a wrong token writes nothing; the right one writes a signed
-command, an audit row and an outbox row through the controller's operator path."""
+"""Operator actions on the page: a wrong token writes nothing; the right one writes one unsigned
+request and nothing else (no command, audit or outbox row: the controller signs and queues it).
+The page itself reads through an engine that cannot write."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, insert, select
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from controller.store.models import AuditRow, CommandRow, OutboxRow
+from controller.operator import decide_pending_requests
+from controller.store.models import AuditRow, CommandRequest, CommandRow, OutboxRow, Run
 from core.events import decode_command
 from core.signing import CommandVerifier, Secret
-from dashboard.actions import ActionDenied, issue_command, token_ok
+from dashboard.actions import ActionDenied, request_command, token_ok
 from dashboard.config import DashboardConfig
-from tests.dashboard.conftest import SECRET, TOKEN, run_app
+from dashboard.store_access import read_only_engine
+from tests.dashboard.conftest import TOKEN, run_app
 
 pytestmark = pytest.mark.timeout(180)
 
+SECRET = Secret("the-controllers-own-secret-0123")  # only the controller side of these tests has it
 
-def _counts(engine) -> tuple[int, int, int]:
+
+def _counts(engine) -> tuple[int, int, int, int]:
     with Session(engine) as s:
         return (
+            s.scalar(select(func.count()).select_from(CommandRequest)),
             s.scalar(select(func.count()).select_from(CommandRow).where(CommandRow.source == "operator")),
             s.scalar(select(func.count()).select_from(AuditRow)),
             s.scalar(select(func.count()).select_from(OutboxRow).where(OutboxRow.kind == "command")),
@@ -41,11 +50,10 @@ def _submit(at, action: str, token: str, **fields):
 @pytest.fixture
 def with_token(filled, monkeypatch):
     monkeypatch.setenv("CLIFFGUARD_OPERATOR_TOKEN", TOKEN)
-    monkeypatch.setenv("CLIFFGUARD_COMMAND_SECRET", SECRET)
     return filled
 
 
-def test_wrong_token_writes_no_command_and_no_outbox_row(with_token):
+def test_wrong_token_writes_nothing(with_token):
     before = _counts(with_token.engine)
     at = run_app()
     _submit(at, "pause", "not-the-token")
@@ -53,36 +61,43 @@ def test_wrong_token_writes_no_command_and_no_outbox_row(with_token):
     assert _counts(with_token.engine) == before
 
 
-def test_right_token_rollback_to_a_stable_checkpoint_writes_command_audit_and_outbox(with_token):
+def test_right_token_rollback_writes_only_a_request_which_the_controller_signs(with_token):
     before = _counts(with_token.engine)
     at = run_app()
     targets = list(at.selectbox(key="op_to_step").options)
     assert [int(t) for t in targets] == sorted(with_token.run.stable_steps, reverse=True)  # stable only
     _submit(at, "rollback", TOKEN, to_step=with_token.run.rollback_to, lr_scale=0.25)
-    assert any("queued in the controller's outbox" in s.value for s in at.success)
-    assert _counts(with_token.engine) == (before[0] + 1, before[1] + 1, before[2] + 1)
+    assert any("the controller signs and queues it" in s.value for s in at.success)
+    assert _counts(with_token.engine) == (before[0] + 1, *before[1:])  # the request, nothing signed
     with Session(with_token.engine) as s:
-        cmd = s.scalars(select(CommandRow).where(CommandRow.source == "operator")).one()
-        audit = s.scalars(select(AuditRow)).one()
+        req = s.scalars(select(CommandRequest)).one()
+    assert (req.run_id, req.type, req.args) == (with_token.run.run_id, "rollback",
+                                                {"to_step": with_token.run.rollback_to, "lr_scale": 0.25})
+    assert (req.requested_by, req.source, req.status) == ("dashboard:alice", "dashboard", "pending")
+    # the controller's side: it signs with its secret, audits and queues
+    done = decide_pending_requests(with_token.engine, secret=SECRET, commands_topic="prod.commands", ttl_s=60)
+    assert done.accepted == 1
+    assert _counts(with_token.engine) == (before[0] + 1, before[1] + 1, before[2] + 1, before[3] + 1)
+    with Session(with_token.engine) as s:
         out = s.scalars(select(OutboxRow).where(OutboxRow.kind == "command")).one()
-    assert cmd.type == "rollback" and cmd.args == {"to_step": with_token.run.rollback_to, "lr_scale": 0.25}
-    assert cmd.status == "pending" and cmd.run_id == with_token.run.run_id
-    assert audit.actor == "dashboard:alice" and audit.command_id == cmd.id
-    assert out.target == "cliffguard.commands" and out.key == with_token.run.run_id
-    # the outbox payload is a correctly signed command the trainer would accept
+        audit = s.scalars(select(AuditRow)).one()
+    assert out.target == "prod.commands"  # the controller's deployment topic, not a dashboard copy
     signed = decode_command(out.payload)
-    assert signed.id == cmd.id
-    assert CommandVerifier(with_token.run.run_id, Secret(SECRET)).verify(signed).ok
+    assert CommandVerifier(with_token.run.run_id, SECRET).verify(signed).ok
+    assert audit.actor == "dashboard:alice" and audit.command_id == signed.id
+    at.run()  # the page shows the decision
+    frame = next(d.value for d in at.dataframe if "requested_by" in d.value.columns)
+    assert list(frame["status"]) == ["accepted"] and list(frame["command_id"]) == [signed.id]
 
 
-def test_right_token_pause_resume_validate(with_token):
+def test_right_token_pause_validate_resume_are_requests_in_order(with_token):
     at = run_app()
     for action in ("pause", "validate", "resume"):
         _submit(at, action, TOKEN)
     with Session(with_token.engine) as s:
-        types = list(s.scalars(select(CommandRow.type).where(CommandRow.source == "operator")
-                               .order_by(CommandRow.issued_at)))
+        types = list(s.scalars(select(CommandRequest.type).order_by(CommandRequest.id)))
     assert types == ["pause", "validate", "resume"]
+    assert _counts(with_token.engine)[1:] == (0, 0, 0)
 
 
 def test_token_compare():
@@ -92,16 +107,45 @@ def test_token_compare():
     assert not token_ok("abc", None)  # no configured token: nobody may act
 
 
-def test_issue_command_refuses_without_secret_and_writes_nothing(filled):
+def test_request_command_refuses_non_operator_actions_and_bad_tokens(filled):
     cfg = DashboardConfig(db_url=filled.url, operator_token=TOKEN)
-    before = _counts(filled.engine)
-    with pytest.raises(ActionDenied, match="command secret"):
-        issue_command(filled.engine, cfg, run_id=filled.run.run_id, ctype="pause", args={}, actor="x", token=TOKEN)
-    assert _counts(filled.engine) == before
-
-
-def test_issue_command_for_unknown_run_is_refused(filled):
-    cfg = DashboardConfig(db_url=filled.url, operator_token=TOKEN, command_secret=SECRET)
-    with pytest.raises(ActionDenied, match="not in the store"):
-        issue_command(filled.engine, cfg, run_id="nope", ctype="pause", args={}, actor="x", token=TOKEN)
+    with pytest.raises(ActionDenied, match="not an operator action"):
+        request_command(cfg, run_id=filled.run.run_id, ctype="stop", args={}, actor="x", token=TOKEN)
+    with pytest.raises(ActionDenied, match="no operator token"):
+        request_command(DashboardConfig(db_url=filled.url), run_id="r", ctype="pause", args={}, actor="x", token="t")
     assert _counts(filled.engine)[0] == 0
+
+
+def test_the_dashboard_engine_reads_and_cannot_write(filled):
+    engine = read_only_engine(filled.url)
+    try:
+        with Session(engine) as s:
+            assert s.get(Run, filled.run.run_id) is not None
+        for stmt in (insert(CommandRequest).values(run_id="r", type="pause", args={}, requested_by="x", source="cli",
+                                                   requested_at=time.time(), status="pending"),
+                     Run.__table__.update().values(lr_scale=0.1)):
+            with pytest.raises(DBAPIError, match="readonly|read-only"):
+                with engine.begin() as conn:
+                    conn.execute(stmt)
+    finally:
+        engine.dispose()
+    assert _counts(filled.engine)[0] == 0
+
+
+@pytest.mark.postgres
+def test_the_dashboard_engine_cannot_write_postgresql(pg_url, tmp_path):
+    from tests.controller.service_support import store_engine
+
+    with store_engine("postgres", tmp_path, pg_url) as (writer, url):
+        with writer.begin() as conn:
+            conn.execute(insert(Run).values(id="r", controller_state={}, config={}))
+        engine = read_only_engine(url)
+        try:
+            for _ in range(2):  # a pooled connection keeps refusing after its first transaction
+                with Session(engine) as s:
+                    assert s.get(Run, "r") is not None
+                with pytest.raises(DBAPIError, match="read-only"):
+                    with engine.begin() as conn:
+                        conn.execute(Run.__table__.update().values(lr_scale=0.1))
+        finally:
+            engine.dispose()
