@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import streamlit as st
 
+from controller.store import read
 from core.enums import CommandType
-from dashboard import actions, derive, queries
+from dashboard import actions, derive
 from dashboard.sections.context import Context
 
 
@@ -18,14 +19,14 @@ def render(ctx: Context) -> None:
     if not cfg.operator_token:
         st.info("read-only: set CLIFFGUARD_OPERATOR_TOKEN (and CLIFFGUARD_COMMAND_SECRET) to enable actions")
         return
-    targets = derive.stable_targets(ctx.read(queries.checkpoints, ctx.run_id))
-    run = ctx.read(queries.get_run, ctx.run_id)
+    targets = derive.stable_targets(ctx.frame(read.checkpoints, ctx.run_id, keys=derive.CHECKPOINT_COLUMNS))
+    run = ctx.read(read.get_run, ctx.run_id)
     with st.form("operator_form", clear_on_submit=False):
         cols = st.columns([2, 2, 2, 2, 2])
         action = cols[0].selectbox("action", [a.value for a in actions.OPERATOR_ACTIONS], key="op_action")
         to_step = cols[1].selectbox("roll back to (stable)", targets or [None], key="op_to_step",
                                     help="verified and stable checkpoints, newest first")
-        default_scale = min(1.0, max(0.01, (run.lr_scale if run else 1.0) * 0.5))
+        default_scale = min(1.0, max(0.01, (run["lr_scale"] if run else 1.0) * 0.5))
         lr_scale = cols[2].number_input("lr_scale after rollback", 0.01, 1.0, float(default_scale), 0.05, key="op_lr_scale")
         actor = cols[3].text_input("your name", key="op_actor")
         token = cols[4].text_input("operator token", type="password", key="op_token")
