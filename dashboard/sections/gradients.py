@@ -12,8 +12,7 @@ from dashboard.sections.context import Context, show
 def render(ctx: Context) -> None:
     st.subheader("Gradients")
     hists = ctx.read(read.grad_hists, ctx.run_id, limit=ctx.cfg.hist_limit)[::-1]
-    norms = derive.layer_norm_rows(
-        ctx.read(read.step_rows, ctx.run_id, newest=ctx.cfg.hist_limit * 10, with_layer_norms=True))
+    norms = derive.layer_norm_rows(ctx.read(read.step_rows, ctx.run_id, newest=ctx.cfg.hist_limit * 10))
     if norms.empty and hists:
         norms = derive.hist_layer_norms(hists)
     if not hists and norms.empty:

@@ -108,7 +108,6 @@ def step_rows(
     all_ranks: bool = False,
     newest: int | None = None,
     full_resolution: bool = False,
-    with_layer_norms: bool = False,
     order: Literal["reported", "ingested"] = "reported",
 ) -> list[dict[str, Any]]:
     """Step rows (every column; a non-finite loss and the per-layer norms back as floats) of the
@@ -117,8 +116,7 @@ def step_rows(
     ``order``: "reported" sorts by the trainer's ts (then ingest id), so after a rollback both
     branches appear as the trainer reported them; "ingested" sorts by ingest id, the order the
     controller consumed them. ``newest`` keeps only that many of the last rows;
-    ``full_resolution`` leaves out rows retention folded; ``with_layer_norms`` keeps only rows
-    that carry per-layer grad norms.
+    ``full_resolution`` leaves out rows retention folded.
     """
     conds = [SM.run_id == run_id]
     if not all_ranks:
@@ -128,8 +126,6 @@ def step_rows(
         conds.append(SM.rank == rank)
     if full_resolution:
         conds.append(SM.resolution == 1)
-    if with_layer_norms:
-        conds.append(SM.layer_grad_norms.is_not(None))
     keys = (SM.ts, SM.id) if order == "reported" else (SM.id,)
     stmt = select(SM).where(*conds).order_by(*(k.desc() for k in keys)).limit(newest)
     return [step_dict(r) for r in session.scalars(stmt)][::-1]
