@@ -25,7 +25,7 @@ from controller.detect import RulesConfig, RunDetector
 from controller.verdict import Action, Verdict
 from core.enums import EventType
 from core.events import Event
-from core.floats import from_json, from_store_kind, to_json
+from core.floats import to_json
 
 
 class CsvError(ValueError):
@@ -122,42 +122,37 @@ def replay_events(events: Iterable[Event], config: RulesConfig | None = None) ->
 
 
 def load_run_events(url: str, run_id: str) -> list[Event]:
-    """The stored step events of a run, in the order they were ingested (full resolution only)."""
-    from sqlalchemy import create_engine, select
-    from sqlalchemy.orm import Session
+    """The stored step events of a run, every rank, in the order the controller ingested them
+    (full resolution only: rows retention folded are not events)."""
+    from controller.store import read
+    from controller.store.db import Store
 
-    from controller.store.models import StepMetric as SM
-
-    engine = create_engine(url)
+    store = Store.open(url, migrate=False)
     try:
-        with Session(engine) as session:
-            rows = session.scalars(
-                select(SM).where(SM.run_id == run_id, SM.resolution == 1).order_by(SM.id)
-            ).all()
-            return [_row_event(run_id, r) for r in rows]
+        with store.session() as session:
+            rows = read.step_rows(session, run_id, all_ranks=True, full_resolution=True, order="ingested")
     finally:
-        engine.dispose()
+        store.close()
+    return [_row_event(run_id, r) for r in rows]
 
 
-
-
-def _row_event(run_id: str, r: Any) -> Event:
-    loss = from_store_kind(r.nonfinite) if r.nonfinite else r.loss
+def _row_event(run_id: str, r: dict[str, Any]) -> Event:
+    """A ``read.step_rows`` row as the step event it was ingested from (missing values neutral)."""
     data = {
-        "loss": math.nan if loss is None else float(loss),
-        "grad_norm": r.grad_norm if r.grad_norm is not None else 0.0,
-        "loss_scale": r.loss_scale if r.loss_scale is not None else 1.0,
-        "mfu": r.mfu or 0.0,
-        "step_time_s": r.step_time_s or 0.0,
-        "data_wait_s": r.data_wait_s or 0.0,
-        "comm_exposed_s": r.comm_exposed_s or 0.0,
-        "mem_allocated": r.mem_allocated or 0,
-        "mem_reserved": r.mem_reserved or 0,
-        "skipped": bool(r.skipped),
-        "layer_grad_norms": from_json(dict(r.layer_grad_norms or {})),
+        "loss": math.nan if r["loss"] is None else float(r["loss"]),
+        "grad_norm": r["grad_norm"] if r["grad_norm"] is not None else 0.0,
+        "loss_scale": r["loss_scale"] if r["loss_scale"] is not None else 1.0,
+        "mfu": r["mfu"] or 0.0,
+        "step_time_s": r["step_time_s"] or 0.0,
+        "data_wait_s": r["data_wait_s"] or 0.0,
+        "comm_exposed_s": r["comm_exposed_s"] or 0.0,
+        "mem_allocated": r["mem_allocated"] or 0,
+        "mem_reserved": r["mem_reserved"] or 0,
+        "skipped": bool(r["skipped"]),
+        "layer_grad_norms": dict(r["layer_grad_norms"] or {}),
     }
-    return Event(type=EventType.STEP, run=run_id, step=r.step, rank=r.rank, world=max(1, r.rank + 1),
-                 ts=r.ts, data=data)
+    return Event(type=EventType.STEP, run=run_id, step=r["step"], rank=r["rank"], world=max(1, r["rank"] + 1),
+                 ts=r["ts"], data=data)
 
 
 def summary(events: Sequence[BacktestEvent], n_points: int) -> dict[str, Any]:

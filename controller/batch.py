@@ -60,6 +60,7 @@ from controller.verdict import Verdict
 from core.enums import AckStatus, EventType
 from core.events import Event
 from core.floats import to_json
+from core.ranks import RUN_RANK
 from core.signing import Secret
 
 log = logging.getLogger(__name__)
@@ -98,9 +99,10 @@ class BatchResult:
 
 
 def inputs_for(event: Event, verdicts: list[Verdict], now: float) -> list[Input]:
-    """The recovery inputs one event yields (after its verdicts). Rank 0 speaks for the run."""
+    """The recovery inputs one event yields (after its verdicts); only ``core.ranks.RUN_RANK``'s
+    events yield run-level inputs."""
     out: list[Input] = [VerdictIn(verdict=v, now=now) for v in verdicts]
-    if event.rank != 0:
+    if event.rank != RUN_RANK:
         return out
     d = event.data
     if event.type is EventType.STEP:

@@ -14,8 +14,9 @@ Which events feed which rule:
 
 * loss (spike, divergence, non-finite), global grad norm, per-layer grad norms, loss scale: the
   all-reduced values, identical on every rank, so one ``step`` event per step is used — the one
-  from the *loss rank*, the lowest rank seen so far (rank 0 in practice). If a lower rank turns
-  up later, the detector switches to it and skips its steps up to the newest one already judged.
+  from the *loss rank*, the rank that speaks for the run (``core.ranks``: the lowest rank seen so
+  far, rank 0 in practice). If a lower rank turns up later, the detector switches to it and
+  skips its steps up to the newest one already judged.
 * step time, MFU and memory are per rank: every rank's ``step`` events feed the straggler, MFU
   and memory rules.
 * every event from a rank is a sign of life for the heartbeat rule; ``run.finished``/``failed``
@@ -48,6 +49,7 @@ from controller.rules.straggler import StragglerConfig, StragglerRule
 from controller.verdict import Action, Verdict
 from core.enums import EventType, Level
 from core.events import Event
+from core.ranks import takes_over
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +130,7 @@ class RunDetector:
     def _loss_turn(self, event: Event) -> tuple[bool, list[Verdict]]:
         """Whether the loss-rank rules judge this step event (rewound first on a replay), and the
         verdicts of a rewind that raised."""
-        if self._loss_rank is None or event.rank < self._loss_rank:
+        if takes_over(event.rank, self._loss_rank):
             self._catching_up = self._loss_rank is not None
             self._loss_rank = event.rank
         if event.rank != self._loss_rank:

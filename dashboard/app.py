@@ -17,8 +17,8 @@ if __package__ in (None, ""):  # `streamlit run dashboard/app.py` runs this file
 import streamlit as st
 from sqlalchemy import Engine
 
+from controller.store import read
 from core.settings import ConfigError
-from dashboard import queries
 from dashboard.config import DashboardConfig, load_config
 from dashboard.sections import alerts, checkpoints, gradients, header, incidents, loss, operator, ranks
 from dashboard.sections.context import Context
@@ -34,11 +34,11 @@ def _pick_run(ctx_engine: Engine) -> str | None:
     from sqlalchemy.orm import Session
 
     with Session(ctx_engine) as session:
-        runs = queries.list_runs(session)
-    if runs.empty:
+        runs = read.list_runs(session, limit=None)
+    if not runs:
         return None
-    ids = list(runs["id"])
-    labels = {r.id: f"{r.id} · {r.status} · {r.recovery_state} · step {r.last_step}" for r in runs.itertuples()}
+    ids = [r["id"] for r in runs]
+    labels = {r["id"]: f"{r['id']} · {r['status']} · {r['recovery_state']} · step {r['last_step']}" for r in runs}
     wanted = st.query_params.get("run")
     index = ids.index(wanted) if wanted in ids else 0
     run_id = st.sidebar.selectbox("run", ids, index=index, format_func=labels.get, key="run_picker")

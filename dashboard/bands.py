@@ -1,7 +1,7 @@
 """The loss chart's statistics: the spike rule's own, as the controller stored them.
 
 For each loss the band is what the controller's spike rule knew just before judging it (stored
-per step by ``controller.batch``, read by ``controller.store.read_rule_stats``): the median of the
+per step by ``controller.batch``, read by ``controller.store.read.rule_stats``): the median of the
 recent healthy window and its robust σ; warn = median + k_warn·σ, critical = median + k_crit·σ,
 with the k's the run was judged with; ``level`` is the rule's verdict. Nothing is recomputed here,
 so the chart's spikes are the controller's spikes. Rows the controller stored no statistics for
@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from controller.store.read_rule_stats import STAT_COLUMNS, SpikeRuleStats
+from controller.store.read.rule_stats import STAT_COLUMNS, SpikeRuleStats
 from core.floats import from_store_kind
 
 _KEY = ["step", "ts"]  # one step_metrics row of one rank (a replayed step has a later ts)
@@ -49,9 +49,10 @@ def loss_bands(curve: pd.DataFrame, stats: SpikeRuleStats) -> pd.DataFrame:
     steps = out["step"].to_numpy() if len(out) else np.array([], dtype=int)
     out["branch"] = np.concatenate([[0], np.cumsum(np.diff(steps) <= 0)]) if len(steps) else []
     out["superseded"] = _superseded(steps)
-    finite = pd.to_numeric(out.get("loss"), errors="coerce")
-    top = float(np.nanmax(finite)) if finite.notna().any() else 1.0
-    out["loss_plot"] = finite.where(finite.notna() & np.isfinite(finite), top)
+    numeric = pd.to_numeric(out.get("loss"), errors="coerce")
+    finite = numeric.where(np.isfinite(numeric))  # inf arrives as inf from the read API on any database
+    top = float(finite.max()) if finite.notna().any() else 1.0
+    out["loss_plot"] = finite.fillna(top)
     return out
 
 

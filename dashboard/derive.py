@@ -1,4 +1,5 @@
-"""Pure reshaping of store frames into what the charts draw (no Streamlit, no SQL)."""
+"""Pure reshaping of what ``controller.store.read`` returns into what the charts draw (no
+Streamlit, no SQL), and the columns each section frames the read API's rows in."""
 
 from __future__ import annotations
 
@@ -10,6 +11,13 @@ import pandas as pd
 
 STRAGGLER_RATIO = 1.25
 """A rank whose mean step time is this much above the median of the others is a straggler."""
+
+INCIDENT_COLUMNS = ("id", "opened_at", "closed_at", "rule", "level", "spike_step", "onset_step", "outcome",
+                    "rollback_to", "lr_scale", "evidence")
+TRANSITION_COLUMNS = ("incident_id", "ts", "step", "from_state", "to_state", "reason", "evidence")
+CHECKPOINT_COLUMNS = ("step", "kind", "verified", "stable", "stable_reason", "bytes", "seconds", "path", "sha256", "ts")
+ALERT_DELIVERY_COLUMNS = ("id", "ts", "level", "rule", "title", "action", "suppressed", "incident_id",
+                          "endpoint", "delivery", "attempts", "last_error", "delivered_at")
 
 
 def incident_spans(incidents: pd.DataFrame, transitions: pd.DataFrame) -> pd.DataFrame:
@@ -107,6 +115,29 @@ def hist_layer_norms(hists: list[dict[str, Any]]) -> pd.DataFrame:
     """(step, layer, norm) from the histograms, for runs whose step rows carry no per-layer norms."""
     rows = [(h["step"], name, float(e.get("norm", math.nan))) for h in hists for name, e in (h["layers"] or {}).items()]
     return pd.DataFrame(rows, columns=["step", "layer", "norm"])
+
+
+def layer_norm_rows(steps: list[dict[str, Any]]) -> pd.DataFrame:
+    """(step, layer, norm) long form of step rows' per-layer grad norms (a missing norm is NaN)."""
+    rows = [(r["step"], name, math.nan if v is None else float(v))
+            for r in steps for name, v in (r["layer_grad_norms"] or {}).items()]
+    return pd.DataFrame(rows, columns=["step", "layer", "norm"])
+
+
+def alert_deliveries(alerts: list[dict[str, Any]]) -> pd.DataFrame:
+    """One row per (alert, endpoint), oldest alert first, from ``read.alerts`` (newest first, with
+    deliveries): ``delivery`` is the outbox status, "suppressed", or "no endpoint" (endpoint "-")."""
+    rows = []
+    for a in reversed(alerts):
+        base = {k: a[k] for k in ALERT_DELIVERY_COLUMNS[:8]}
+        for d in a["deliveries"] or [None]:
+            status = "no endpoint" if d is None else d["status"]
+            rows.append({**base, "endpoint": "-" if d is None else d["target"],
+                         "delivery": "suppressed" if a["suppressed"] else status,
+                         "attempts": None if d is None else d["attempts"],
+                         "last_error": None if d is None else d["last_error"],
+                         "delivered_at": None if d is None else d["delivered_at"]})
+    return pd.DataFrame(rows, columns=list(ALERT_DELIVERY_COLUMNS))
 
 
 def stable_targets(ckpts: pd.DataFrame) -> list[int]:

@@ -28,30 +28,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
-def _blank(name: str) -> dict:
-    return {"endpoint": name, "disabled": False, "reason": None, "counts": {}}
-
-
-def endpoint_table(session) -> list[dict]:
-    """One row per endpoint seen in the outbox or in the endpoint states, with its outbox row
-    counts by status (delivered, pending, failed, disabled)."""
-    from sqlalchemy import func, select
-
-    from controller.store.models import AlertEndpointState, OutboxRow
-
-    rows: dict[str, dict] = {}
-    for target, status, n in session.execute(
-        select(OutboxRow.target, OutboxRow.status, func.count()).where(OutboxRow.kind == "alert")
-        .group_by(OutboxRow.target, OutboxRow.status)
-    ):
-        rows.setdefault(target, _blank(target))["counts"][status] = int(n)
-    for st in session.scalars(select(AlertEndpointState)):
-        rows.setdefault(st.name, _blank(st.name)).update(disabled=st.disabled, reason=st.disabled_reason)
-    return [rows[k] for k in sorted(rows)]
-
-
 def run(args: argparse.Namespace) -> int:
     from controller.alerts.enqueue import set_endpoint_disabled
+    from controller.store import read
     from controller.store.db import Store, StoreConfig
     from controller.store.models import AuditRow
     from core.settings import build_config, load_toml
@@ -74,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
                 set_endpoint_disabled(s, args.name, disabled=disabled, reason=reason, now=now)
                 s.add(AuditRow(ts=now, actor=args.actor, action=f"alerts.{args.action}", run_id=None,
                                detail={"endpoint": args.name, "reason": reason}))
-            table = endpoint_table(s)
+            table = read.alert_endpoints(s)
     finally:
         store.close()
     if args.json:

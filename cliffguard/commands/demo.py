@@ -151,20 +151,16 @@ class StoreWatch:
 
 def collect(store: Any, run_id: str) -> dict[str, Any]:
     """Incidents (oldest first, with transitions), loss figures and steps lost, from the store."""
-    from sqlalchemy import func, select
-
     from cliffguard.demo_summary import incident_summary
     from controller.store import read
-    from controller.store.models import StepMetric as SM
 
     with store.session() as s:
         run = read.get_run(s, run_id)
-        incs = read.incidents(s, run_id)[::-1]
-        out = [incident_summary(i, read.transitions(s, run_id, incident_id=i["id"])) for i in incs]
+        incs = read.incidents(s, run_id, limit=None)[::-1]
+        out = [incident_summary(i, read.transitions(s, run_id, incident_id=i["id"], limit=None)) for i in incs]
         curve = read.loss_curve(s, run_id, max_points=None)
-        flags = [f for f in read.data_flags(s, run_id, limit=10_000) if f["rule"] == "transient_spike"]
-        rows, distinct = s.execute(select(func.count(), func.count(func.distinct(SM.step)))
-                                   .where(SM.run_id == run_id, SM.rank == 0)).one()
+        flags = [f for f in read.data_flags(s, run_id, limit=None) if f["rule"] == "transient_spike"]
+        steps_lost = read.redone_steps(s, run_id)
     finite = [p for p in curve if p["loss"] is not None and math.isfinite(p["loss"])]
     tail = sorted(finite, key=lambda p: p["ts"])[-10:]
     return {
@@ -174,7 +170,7 @@ def collect(store: Any, run_id: str) -> dict[str, Any]:
         "incidents": out,
         "initial_loss": finite[0]["loss"] if finite else None,
         "final_loss": sum(p["loss"] for p in tail) / len(tail) if tail else None,
-        "steps_lost": int(rows - distinct),
+        "steps_lost": steps_lost,
         "flagged_samples": sum(len(f["sample_ids"]) for f in flags),
     }
 

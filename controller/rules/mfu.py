@@ -14,8 +14,8 @@ from the newest quarter of the window:
 * a run that was never healthy has no baseline: the largest of data wait and exposed
   communication if it is at least ``min_share`` of the step time, else ``compute``.
 
-Judged once per step, on the lowest rank's event. MFU values of 0 or non-finite (peak unknown)
-are ignored.
+Judged once per step, on the event of the rank that speaks for the run (core.ranks). MFU values
+of 0 or non-finite (peak unknown) are ignored.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from controller.rules.base import STEP_EVENTS, RankScope
 from controller.verdict import Action, Verdict
 from core.enums import Level
 from core.events import Event
+from core.ranks import speaker
 
 _PARTS = ("data_wait", "comm_exposed", "compute")
 
@@ -91,8 +92,8 @@ class MfuRule:
         q = self._recent.setdefault(rank, deque(maxlen=cfg.window))
         q.append((step, mfu, float(data.get("step_time_s", 0.0)), float(data.get("data_wait_s", 0.0)),
                   float(data.get("comm_exposed_s", 0.0))))
-        if len(q) < cfg.window or rank != min(self._recent):
-            return []  # judged once per step, on the lowest rank's event
+        if len(q) < cfg.window or rank != speaker(self._recent):
+            return []  # judged once per step, on the speaking rank's event (core.ranks)
         run_mfu = median(median(p[1] for p in rq) for rq in self._recent.values() if rq)
         if run_mfu >= cfg.mfu_min:
             self._low_since = None

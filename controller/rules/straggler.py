@@ -19,6 +19,7 @@ from controller.rules.base import STEP_EVENTS, RankScope
 from controller.verdict import Action, Verdict
 from core.enums import Level
 from core.events import Event
+from core.ranks import speaker
 
 
 @dataclass(kw_only=True, slots=True)
@@ -101,8 +102,8 @@ class StragglerRule:
             return []
         q = self._busy.setdefault(rank, deque(maxlen=cfg.window))
         q.append((step, busy))
-        if rank != min(self._busy):
-            return []  # judged once per step, on the lowest rank's event (cost: O(world·window))
+        if rank != speaker(self._busy):
+            return []  # judged once per step, on the speaking rank's event (cost: O(world·window))
         worst = self.worst()
         if worst is None:
             return []

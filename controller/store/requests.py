@@ -109,17 +109,3 @@ def wait_for_decision(
         if state.status is not RequestStatus.PENDING or clock() >= deadline:
             return state
         sleep(poll_s)
-
-
-REQUEST_COLUMNS = ["id", "requested_at", "requested_by", "source", "type", "status", "detail", "command_id"]
-
-
-def recent_requests(session: Session, run_id: str, limit: int = 10) -> list[dict[str, Any]]:
-    """The newest requests for ``run_id`` (newest first), as the columns of ``REQUEST_COLUMNS``."""
-    rows = session.execute(
-        select(*(getattr(CommandRequest, c) for c in REQUEST_COLUMNS))
-        .where(CommandRequest.run_id == run_id)
-        .order_by(CommandRequest.requested_at.desc(), CommandRequest.id.desc())
-        .limit(limit)
-    ).all()
-    return [dict(zip(REQUEST_COLUMNS, r, strict=True)) for r in rows]

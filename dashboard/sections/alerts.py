@@ -6,7 +6,8 @@ from datetime import UTC, datetime
 
 import streamlit as st
 
-from dashboard import queries
+from controller.store import read
+from dashboard import derive
 from dashboard.sections.context import Context
 
 ALERT_COLUMNS = ["ts", "level", "action", "title", "endpoint", "delivery", "attempts", "last_error", "rule"]
@@ -15,7 +16,7 @@ ALERT_COLUMNS = ["ts", "level", "action", "title", "endpoint", "delivery", "atte
 def render(ctx: Context) -> None:
     st.subheader("Alerts and dead letters")
     st.markdown("**Alerts** (one row per endpoint; delivery from the outbox)")
-    alerts = ctx.read(queries.alerts_with_delivery, ctx.run_id)
+    alerts = derive.alert_deliveries(ctx.read(read.alerts, ctx.run_id, limit=None))
     if alerts.empty:
         st.caption("no alerts for this run")
     else:
@@ -27,7 +28,7 @@ def render(ctx: Context) -> None:
     left, right = st.columns(2)
     with left:
         st.markdown("**Dead-letter queue** (all runs)")
-        dlq = ctx.read(queries.dlq_counts)
+        dlq = ctx.frame(read.dlq_counts, keys=("topic", "reason", "count", "last_ts", "last_detail"))
         if dlq.empty:
             st.caption("no dead letters")
         else:
@@ -35,7 +36,8 @@ def render(ctx: Context) -> None:
             st.dataframe(dlq[["reason", "count", "topic", "last_detail"]], hide_index=True, width="stretch")
     with right:
         st.markdown("**Flagged data**")
-        flags = ctx.read(queries.data_flags, ctx.run_id)
+        flags = ctx.frame(read.data_flags, ctx.run_id, limit=None, oldest_first=True,
+                          keys=("step", "ts", "rule", "score", "sample_ids"))
         if flags.empty:
             st.caption("no samples flagged")
         else:

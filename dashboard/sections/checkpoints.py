@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import charts, queries
+from controller.store import read
+from dashboard import charts, derive
 from dashboard.sections.context import Context, show
 
 
 def render(ctx: Context) -> None:
     st.subheader("Checkpoints")
-    ckpts = ctx.read(queries.checkpoints, ctx.run_id)
+    ckpts = ctx.frame(read.checkpoints, ctx.run_id, keys=derive.CHECKPOINT_COLUMNS, oldest_first=True)
     if ckpts.empty:
         st.info("no checkpoints reported yet")
         return

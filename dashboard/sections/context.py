@@ -1,11 +1,13 @@
-"""What every section needs: the engine, the config and the chosen run."""
+"""What every section needs: the engine, the config, the chosen run, and reads of the store
+through its one read API (``controller.store.read``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import pandas as pd
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
@@ -21,10 +23,19 @@ class Context:
     cfg: DashboardConfig
     run_id: str
 
-    def read(self, query: Callable[..., T], *args: Any) -> T:
+    def read(self, query: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run one read query in its own short session (no write lock is ever held)."""
         with Session(self.engine) as session:
-            return query(session, *args)
+            return query(session, *args, **kwargs)
+
+    def frame(
+        self, query: Callable[..., list[dict[str, Any]]], *args: Any, keys: Sequence[str], oldest_first: bool = False,
+        **kwargs: Any,
+    ) -> pd.DataFrame:
+        """A read query's rows as a frame of ``keys`` (so an empty answer still has its columns);
+        ``oldest_first`` turns a newest-first log around."""
+        rows = self.read(query, *args, **kwargs)
+        return pd.DataFrame(rows[::-1] if oldest_first else rows, columns=list(keys))
 
 
 def show(where: Any, chart: Chart, *, key: str, **kwargs: Any) -> None:

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import charts, derive, queries
+from controller.store import read
+from dashboard import charts, derive
 from dashboard.sections.context import Context, show
 
 
 def render(ctx: Context) -> None:
     st.subheader("Gradients")
-    hists = ctx.read(queries.grad_hists, ctx.run_id, ctx.cfg.hist_limit)
-    norms = ctx.read(queries.layer_grad_norms, ctx.run_id, ctx.cfg.hist_limit * 10)
+    hists = ctx.read(read.grad_hists, ctx.run_id, limit=ctx.cfg.hist_limit)[::-1]
+    norms = derive.layer_norm_rows(ctx.read(read.step_rows, ctx.run_id, newest=ctx.cfg.hist_limit * 10))
     if norms.empty and hists:
         norms = derive.hist_layer_norms(hists)
     if not hists and norms.empty:

@@ -6,25 +6,26 @@ import time
 
 import streamlit as st
 
-from dashboard import derive, queries
+from controller.store import read
+from dashboard import derive
 from dashboard.sections.context import Context
 
 
 def render(ctx: Context) -> None:
-    run = ctx.read(queries.get_run, ctx.run_id)
+    run = ctx.read(read.get_run, ctx.run_id)
     if run is None:
         st.warning(f"run {ctx.run_id} is not in the store")
         return
-    curve = ctx.read(queries.loss_curve, ctx.run_id, 1)
-    beats = ctx.read(queries.heartbeats, ctx.run_id)
+    newest = ctx.read(read.step_rows, ctx.run_id, newest=1)
+    beats = ctx.frame(read.heartbeats, ctx.run_id, keys=("rank", "ts", "step", "state"))
     cols = st.columns(6)
-    cols[0].metric("status", run.status)
-    cols[1].metric("recovery state", run.recovery_state.replace("_", " "))
-    cols[2].metric("last step", f"{run.last_step:,}")
-    cols[3].metric("lr_scale", f"{run.lr_scale:g}")
-    last_loss = curve["loss"].iloc[-1] if len(curve) else None
+    cols[0].metric("status", run["status"])
+    cols[1].metric("recovery state", run["recovery_state"].replace("_", " "))
+    cols[2].metric("last step", f"{run['last_step']:,}")
+    cols[3].metric("lr_scale", f"{run['lr_scale']:g}")
+    last_loss = newest[-1]["loss"] if newest else None
     cols[4].metric("loss", "—" if last_loss is None else f"{last_loss:.4f}")
-    cols[5].metric("world size", run.world_size)
+    cols[5].metric("world size", run["world_size"])
     if len(beats):
         now = time.time()
         parts = [f"rank {b.rank}: {b.state}, step {b.step}, {derive.age(now - b.ts)} ago" for b in beats.itertuples()]

@@ -10,25 +10,28 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, derive, queries
+from controller.store import read
+from dashboard import charts, derive
 from dashboard.sections.context import Context, show
 
 OUTCOME_BADGES = {"open": ":orange[**open**]", "resumed": ":green[**resumed**]", "rolled_back": ":red[**rolled back**]",
                   "halted": ":violet[**halted**]", "abandoned": ":gray[**abandoned**]"}
+COMMAND_COLUMNS = ("id", "incident_id", "type", "args", "source", "status", "ack_detail", "issued_at", "acked_at",
+                   "attempt")
 
 
 def render(ctx: Context) -> None:
     st.subheader("Incidents")
-    incs = ctx.read(queries.incidents, ctx.run_id)
-    trans = ctx.read(queries.transitions, ctx.run_id)
+    incs = ctx.frame(read.incidents, ctx.run_id, limit=None, keys=derive.INCIDENT_COLUMNS, oldest_first=True)
+    trans = ctx.frame(read.transitions, ctx.run_id, limit=None, keys=derive.TRANSITION_COLUMNS)
     if incs.empty:
         st.success("no incidents in this run")
         return
     segments = derive.state_segments(incs, trans, time.time())
     if not segments.empty:
         show(st, charts.incident_timeline(segments), key="incident_timeline")
-    cmds = ctx.read(queries.commands, ctx.run_id)
-    vals = ctx.read(queries.validations, ctx.run_id)
+    cmds = ctx.frame(read.commands, ctx.run_id, limit=None, keys=COMMAND_COLUMNS, oldest_first=True)
+    vals = ctx.frame(read.validations, ctx.run_id, limit=None, keys=("step", "ts", "cmd", "val_loss", "batches"))
     for inc in reversed(list(incs.itertuples(index=False))):
         title = (f"{OUTCOME_BADGES.get(inc.outcome, inc.outcome)} · {inc.rule} ({inc.level}) at step {inc.spike_step}"
                  + (f" → rolled back to {int(inc.rollback_to)}" if derive._is_num(inc.rollback_to) else "")

@@ -5,24 +5,27 @@ from __future__ import annotations
 
 import streamlit as st
 
-from controller.store.read_rule_stats import spike_rule_stats
-from dashboard import charts, queries
+from controller.store import read
+from dashboard import charts, derive
 from dashboard.bands import loss_bands, rollbacks
-from dashboard.derive import incident_spans
 from dashboard.sections.context import Context, show
+
+LOSS_COLUMNS = ("step", "ts", "loss", "nonfinite", "lr", "lr_scale", "grad_norm", "guard", "skipped", "loss_scale")
 
 
 def render(ctx: Context) -> None:
     head, opt = st.columns([5, 1])
     head.subheader("Loss")
     log_y = opt.toggle("log scale", value=False, key="loss_log_y")
-    curve = ctx.read(queries.loss_curve, ctx.run_id, ctx.cfg.max_points)
+    curve = ctx.frame(read.step_rows, ctx.run_id, newest=ctx.cfg.max_points, keys=LOSS_COLUMNS)
     if curve.empty:
         st.info("no steps reported yet")
         return
-    stats = ctx.read(spike_rule_stats, ctx.run_id, ctx.cfg.max_points)
+    stats = ctx.read(read.spike_rule_stats, ctx.run_id, ctx.cfg.max_points)
     bands = loss_bands(curve, stats)
-    spans = incident_spans(ctx.read(queries.incidents, ctx.run_id), ctx.read(queries.transitions, ctx.run_id))
+    spans = derive.incident_spans(
+        ctx.frame(read.incidents, ctx.run_id, limit=None, keys=derive.INCIDENT_COLUMNS, oldest_first=True),
+        ctx.frame(read.transitions, ctx.run_id, limit=None, keys=derive.TRANSITION_COLUMNS))
     backs = rollbacks(curve)
     show(st, charts.loss_chart(bands, spans, backs, log_y=log_y), key="loss_chart")
     n_warn = int((bands["level"] == "warn").sum())

@@ -10,9 +10,9 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from controller.store.requests import REQUEST_COLUMNS, recent_requests
+from controller.store import read
 from core.enums import CommandType
-from dashboard import actions, derive, queries
+from dashboard import actions, derive
 from dashboard.sections.context import Context
 
 
@@ -22,24 +22,24 @@ def render(ctx: Context) -> None:
     if not cfg.operator_token:
         st.info("read-only: set CLIFFGUARD_OPERATOR_TOKEN to enable actions")
         return
-    targets = derive.stable_targets(ctx.read(queries.checkpoints, ctx.run_id))
-    run = ctx.read(queries.get_run, ctx.run_id)
+    targets = derive.stable_targets(ctx.frame(read.checkpoints, ctx.run_id, keys=derive.CHECKPOINT_COLUMNS))
+    run = ctx.read(read.get_run, ctx.run_id)
     with st.form("operator_form", clear_on_submit=False):
         cols = st.columns([2, 2, 2, 2, 2])
         action = cols[0].selectbox("action", [a.value for a in actions.OPERATOR_ACTIONS], key="op_action")
         to_step = cols[1].selectbox("roll back to (stable)", targets or [None], key="op_to_step",
                                     help="verified and stable checkpoints, newest first")
-        default_scale = min(1.0, max(0.01, (run.lr_scale if run else 1.0) * 0.5))
+        default_scale = min(1.0, max(0.01, (run["lr_scale"] if run else 1.0) * 0.5))
         lr_scale = cols[2].number_input("lr_scale after rollback", 0.01, 1.0, float(default_scale), 0.05, key="op_lr_scale")
         actor = cols[3].text_input("your name", key="op_actor")
         token = cols[4].text_input("operator token", type="password", key="op_token")
         submitted = st.form_submit_button("send command")
     if submitted:
         _submit(ctx, action, to_step, lr_scale, actor, token)
-    requests = ctx.read(recent_requests, ctx.run_id)
+    requests = ctx.read(read.recent_requests, ctx.run_id)
     if requests:
         st.caption("recent requests for this run (the controller signs and queues accepted ones)")
-        st.dataframe(pd.DataFrame(requests, columns=REQUEST_COLUMNS), hide_index=True, key="op_requests")
+        st.dataframe(pd.DataFrame(requests, columns=read.REQUEST_COLUMNS), hide_index=True, key="op_requests")
 
 
 def _submit(ctx: Context, action: str, to_step: object, lr_scale: float, actor: str, token: str) -> None:

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import charts, derive, queries
+from controller.store import read
+from dashboard import charts, derive
 from dashboard.sections.context import Context, show
+
+RANK_COLUMNS = ("mfu", "tokens_per_s", "step_time_s", "data_wait_s", "comm_exposed_s", "compute_s", "mem_allocated",
+                "mem_reserved")
 
 
 def render(ctx: Context) -> None:
     st.subheader("Ranks: throughput, stalls, memory")
-    df = ctx.read(queries.rank_metrics, ctx.run_id, ctx.cfg.rank_window)
+    df = ctx.frame(read.rank_metrics, ctx.run_id, columns=RANK_COLUMNS, last_steps=ctx.cfg.rank_window,
+                   max_points=None, keys=("step", "rank", *RANK_COLUMNS))
     if df.empty:
         st.info("no per-rank step metrics yet")
         return

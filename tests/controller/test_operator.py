@@ -16,9 +16,9 @@ from cliffguard.cli import main
 from controller.operator import decide_pending_requests, decide_request, issue_operator_command
 from controller.store.db import session_scope
 from controller.store.models import AuditRow, CommandRequest, CommandRow, OutboxRow, Run
+from controller.store.read import recent_requests
 from controller.store.requests import (
     RequestStatus,
-    recent_requests,
     request_state,
     submit_request,
     wait_for_decision,

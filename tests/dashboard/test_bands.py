@@ -7,7 +7,7 @@ import math
 import pandas as pd
 import pytest
 
-from controller.store.read_rule_stats import SpikeRuleStats
+from controller.store.read.rule_stats import SpikeRuleStats
 from dashboard.bands import loss_bands, rollbacks
 
 RULE = {"window": 20, "k_warn": 3.0, "k_crit": 5.0, "min_history": 10}
@@ -79,3 +79,17 @@ def test_rollback_makes_a_new_branch_and_marks_redone_steps():
 def test_empty_curve():
     out = loss_bands(_curve([]), SpikeRuleStats(rule=RULE))
     assert out.empty and rollbacks(_curve([])).empty
+
+
+def test_infinite_loss_is_pinned_to_the_largest_finite_loss():
+    import math
+
+    import pandas as pd
+
+    from controller.store.read.rule_stats import SpikeRuleStats
+    from dashboard.bands import loss_bands
+
+    curve = pd.DataFrame({"step": [1, 2, 3], "ts": [1.0, 2.0, 3.0], "loss": [2.0, math.inf, 3.0],
+                          "nonfinite": [None, None, None]})
+    out = loss_bands(curve, SpikeRuleStats())
+    assert list(out["loss_plot"]) == [2.0, 3.0, 3.0]

@@ -1,0 +1,56 @@
+"""Incidents and the recovery state machine's transitions; one incident's whole story."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from controller.store.models import Incident, Transition
+from controller.store.read._rows import row_dict
+from controller.store.read.alerts import alerts
+from controller.store.read.commands import commands
+from controller.store.read.validations import validations
+from core.enums import IncidentOutcome
+
+
+def incidents(
+    session: Session, run_id: str | None = None, *, open_only: bool = False, limit: int | None = 100
+) -> list[dict[str, Any]]:
+    """Incidents, newest first; all runs when ``run_id`` is None."""
+    stmt = select(Incident)
+    if run_id is not None:
+        stmt = stmt.where(Incident.run_id == run_id)
+    if open_only:
+        stmt = stmt.where(Incident.outcome == IncidentOutcome.OPEN)
+    return [row_dict(r) for r in session.scalars(stmt.order_by(Incident.opened_at.desc()).limit(limit))]
+
+
+def transitions(
+    session: Session, run_id: str, *, incident_id: str | None = None, limit: int | None = 1000
+) -> list[dict[str, Any]]:
+    """State-machine transitions of a run (or one incident), oldest first: the timeline (the
+    newest ``limit`` of them)."""
+    stmt = select(Transition).where(Transition.run_id == run_id)
+    if incident_id is not None:
+        stmt = stmt.where(Transition.incident_id == incident_id)
+    rows = session.scalars(stmt.order_by(Transition.ts.desc(), Transition.id.desc()).limit(limit))
+    return [row_dict(r) for r in rows][::-1]
+
+
+def incident_detail(session: Session, incident_id: str) -> dict[str, Any] | None:
+    """One incident with its whole story, or None: the incident's columns plus ``transitions``
+    (oldest first), ``commands`` (oldest first, each with its ack), ``validations`` (the results
+    answering its validate commands) and ``alerts`` (newest first, with deliveries)."""
+    inc = session.get(Incident, incident_id)
+    if inc is None:
+        return None
+    out = row_dict(inc)
+    out["transitions"] = transitions(session, inc.run_id, incident_id=incident_id, limit=None)
+    out["commands"] = commands(session, inc.run_id, incident_id=incident_id, limit=None)[::-1]
+    cmd_ids = [c["id"] for c in out["commands"]]
+    answers = [v for v in validations(session, inc.run_id, limit=None) if v["cmd"] in cmd_ids] if cmd_ids else []
+    out["validations"] = answers
+    out["alerts"] = alerts(session, inc.run_id, incident_id=incident_id, limit=None)
+    return out

@@ -1,0 +1,83 @@
+"""Per-rank step metrics (stragglers, MFU, memory) and each rank's newest step.
+
+The rank whose rows speak for the whole run is decided by ``core.ranks``; in SQL that is
+``_rows.speaker_rank`` (the lowest rank with rows), which the curve and histogram readers use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from controller.store.models import StepMetric as SM
+from controller.store.read._rows import num, step_dict
+from controller.store.read.curves import bucket_width, step_filter
+
+RANK_COLUMNS: tuple[str, ...] = (
+    "loss_local",
+    "lr",
+    "lr_scale",
+    "grad_norm",
+    "tokens_per_s",
+    "mfu",
+    "step_time_s",
+    "data_wait_s",
+    "comm_exposed_s",
+    "compute_s",
+    "mem_allocated",
+    "mem_reserved",
+    "loss_scale",
+)
+"""Per-rank numeric columns ``rank_metrics`` returns (averaged within a bucket when decimated)."""
+
+
+def rank_metrics(
+    session: Session,
+    run_id: str,
+    *,
+    columns: Sequence[str] = RANK_COLUMNS,
+    max_points: int | None = 2000,
+    from_step: int | None = None,
+    to_step: int | None = None,
+    last_steps: int | None = None,
+) -> list[dict[str, Any]]:
+    """Per-rank step metrics for straggler/MFU/memory charts: keys step, rank and ``columns``,
+    ordered by (step, rank). Averaged in equal step buckets when there are more than
+    ``max_points`` points per rank (``step`` is then the bucket's first step). ``last_steps``
+    keeps the newest that many steps (counted back from the run's highest step; it overrides
+    ``from_step``)."""
+    unknown = set(columns) - set(RANK_COLUMNS)
+    if unknown:
+        raise ValueError(f"columns: not per-rank metrics: {sorted(unknown)}")
+    if last_steps is not None:
+        last = session.scalar(select(func.max(SM.step)).where(SM.run_id == run_id))
+        if last is None:
+            return []
+        from_step = last - last_steps + 1
+    conds = step_filter(run_id, from_step, to_step)
+    n_ranks = session.scalar(select(func.count(func.distinct(SM.rank))).where(*conds)) or 1
+    width = bucket_width(session, conds, max_points, series=n_ranks)
+    cols = [getattr(SM, c) for c in columns]
+    if width == 1:
+        stmt = select(SM.step, SM.rank, *cols).where(*conds).order_by(SM.step, SM.rank, SM.ts)
+    else:
+        bucket = SM.step // width
+        stmt = (
+            select(func.min(SM.step), SM.rank, *[func.avg(c) for c in cols])
+            .where(*conds)
+            .group_by(bucket, SM.rank)
+            .order_by(bucket, SM.rank)
+        )
+    keys = ("step", "rank", *columns)
+    return [dict(zip(keys, map(num, r), strict=True)) for r in session.execute(stmt).all()]
+
+
+def latest_rank_steps(session: Session, run_id: str) -> list[dict[str, Any]]:
+    """Each rank's newest step row (every column), ordered by rank: the 'ranks now' table."""
+    order = func.row_number().over(partition_by=SM.rank, order_by=(SM.step.desc(), SM.ts.desc()))
+    newest = select(SM.id, order.label("n")).where(SM.run_id == run_id).subquery()
+    rows = session.scalars(select(SM).join(newest, SM.id == newest.c.id).where(newest.c.n == 1).order_by(SM.rank))
+    return [step_dict(r) for r in rows]

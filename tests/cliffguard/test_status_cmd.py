@@ -1,0 +1,47 @@
+"""``cliffguard status`` over the store recorded by a real demo run (tests/dashboard/data)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from cliffguard.cli import main
+
+DATA = Path(__file__).resolve().parents[1] / "dashboard" / "data"
+
+
+@pytest.fixture
+def recorded(tmp_path, monkeypatch):
+    monkeypatch.delenv("CLIFFGUARD_CONFIG", raising=False)
+    db = tmp_path / "demo_store.db"
+    shutil.copy(DATA / "demo_store.db", db)
+    return f"sqlite:///{db}", json.loads((DATA / "demo_store.json").read_text())
+
+
+def test_status_lists_the_runs(recorded, capsys):
+    url, summary = recorded
+    assert main(["status", "--db", url]) == 0
+    out = capsys.readouterr().out
+    assert summary["run"] in out and summary["run_status"] in out
+    assert main(["status", "--db", url, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [r["id"] for r in doc["runs"]] == [summary["run"]]
+    assert "controller_state" not in doc["runs"][0]
+
+
+def test_status_of_one_run_tells_its_incidents_and_commands(recorded, capsys):
+    url, summary = recorded
+    assert main(["status", summary["run"], "--db", url, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert "controller_state" not in doc["run"]
+    assert {i["id"] for i in doc["incidents"]} == {i["id"] for i in summary["incidents"]}
+    assert {c["type"] for c in doc["commands"]} >= {"pause", "validate", "rollback", "resume"}
+    # the timeline: oldest first, ending where the newest incident's timeline ends
+    assert doc["transitions"][-1]["to_state"] == summary["incidents"][-1]["transitions"][-1]["to"]
+    assert main(["status", summary["run"], "--db", url]) == 0
+    text = capsys.readouterr().out
+    assert all(f"incident {i['id'][:8]}" in text for i in summary["incidents"])
+    assert main(["status", "no-such-run", "--db", url]) == 1
