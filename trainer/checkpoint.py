@@ -158,8 +158,18 @@ class _ProcessWriter:
             proc.stdin.flush()
             return pickle.loads(read_frame(proc.stdout))
         except (OSError, EOFError) as exc:
-            code = proc.poll()
-            raise RuntimeError(f"writer process died (exit {code}): {exc!r}") from exc
+            raise RuntimeError(f"writer process died (exit {self._reap(proc)}): {exc!r}") from exc
+
+    @staticmethod
+    def _reap(proc: subprocess.Popen[bytes]) -> int:
+        """Exit code of a writer whose pipe broke. Its pipes close before the kernel reports the
+        exit, so poll() alone can still say "running" (seen on a loaded machine); a writer that
+        closed its pipe is no use, so one that does not exit promptly is killed."""
+        try:
+            return proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.wait()
 
     def close(self) -> None:
         if self.proc is None:
