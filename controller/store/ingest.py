@@ -43,6 +43,7 @@ from controller.store.models import (
     StepMetric,
     ValidationRow,
 )
+from controller.store.step_metrics import STEP_METRICS
 from controller.store.upsert import insert_for
 from core.enums import AckStatus, EventType
 from core.events import Event
@@ -50,26 +51,6 @@ from core.floats import store_kind, to_json
 
 log = logging.getLogger(__name__)
 
-# step event payload fields stored as columns of the same name
-_STEP_COLUMNS = (
-    "loss",
-    "loss_local",
-    "lr",
-    "lr_scale",
-    "grad_norm",
-    "tokens",
-    "tokens_per_s",
-    "mfu",
-    "step_time_s",
-    "data_wait_s",
-    "comm_exposed_s",
-    "compute_s",
-    "mem_allocated",
-    "mem_reserved",
-    "loss_scale",
-    "skipped",
-    "clipped_layers",
-)
 _ID_CHUNK = 5000  # event ids per IN (...) lookup; below SQLite's 32766 bound-parameter limit
 # an ack status the trainer decided (a later "duplicate" ack must not replace it)
 _DECIDED = {str(s) for s in AckStatus if s is not AckStatus.DUPLICATE}
@@ -173,7 +154,8 @@ def _touch_runs(session: Session, events: list[Event]) -> None:
 
 def _step_row(ev: Event) -> dict[str, Any]:
     d = ev.data
-    row: dict[str, Any] = {k: d.get(k) for k in _STEP_COLUMNS}
+    row: dict[str, Any] = {m.name: d.get(m.name) for m in STEP_METRICS}
+    row["loss"] = d.get("loss")
     row.update(
         event_id=ev.id,
         run_id=ev.run,

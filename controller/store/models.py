@@ -32,6 +32,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from controller.store.step_metrics import STEP_METRICS
+
 # Named constraints: Alembic's batch mode (SQLite) can only drop or alter constraints it can name.
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -78,7 +80,14 @@ class Run(Base):
     spike_rule: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
-class StepMetric(Base):
+def _step_metric_columns() -> type:
+    """A mixin with one nullable column per row of ``STEP_METRICS`` (``controller/store/step_metrics.py``)."""
+    columns = {m.name: mapped_column(m.sql_type(), nullable=m.default is None, default=m.default)
+               for m in STEP_METRICS}
+    return type("StepMetricColumns", (), columns)
+
+
+class StepMetric(_step_metric_columns(), Base):  # type: ignore[misc]
     """One row per (run, step, rank) at full resolution; older ranges are downsampled
     (``resolution`` > 1 = one row summarising that many steps; see store.retention)."""
 
@@ -96,28 +105,12 @@ class StepMetric(Base):
     ts: Mapped[float] = mapped_column(Float)
     resolution: Mapped[int] = mapped_column(Integer, default=1)
     loss: Mapped[float | None] = mapped_column(Float)
-    loss_local: Mapped[float | None] = mapped_column(Float)
     # Buckets (resolution > 1): the smallest and largest finite loss in the bucket, so spikes stay
     # visible after downsampling; NULL on full-resolution rows (there loss is the value).
     loss_min: Mapped[float | None] = mapped_column(Float)
     loss_max: Mapped[float | None] = mapped_column(Float)
     nonfinite: Mapped[str | None] = mapped_column(String(8))
-    lr: Mapped[float | None] = mapped_column(Float)
-    lr_scale: Mapped[float | None] = mapped_column(Float)
-    grad_norm: Mapped[float | None] = mapped_column(Float)
-    tokens: Mapped[int | None] = mapped_column(Integer)
-    tokens_per_s: Mapped[float | None] = mapped_column(Float)
-    mfu: Mapped[float | None] = mapped_column(Float)
-    step_time_s: Mapped[float | None] = mapped_column(Float)
-    data_wait_s: Mapped[float | None] = mapped_column(Float)
-    comm_exposed_s: Mapped[float | None] = mapped_column(Float)
-    compute_s: Mapped[float | None] = mapped_column(Float)
-    mem_allocated: Mapped[int | None] = mapped_column(BigInteger)
-    mem_reserved: Mapped[int | None] = mapped_column(BigInteger)
-    loss_scale: Mapped[float | None] = mapped_column(Float)
-    skipped: Mapped[bool] = mapped_column(Boolean, default=False)
     guard: Mapped[str | None] = mapped_column(String(8))
-    clipped_layers: Mapped[int | None] = mapped_column(Integer)
     layer_grad_norms: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     # What the controller's loss-spike rule knew when it judged this row's loss (only on the rows of
     # the rank that feeds the rule; NULL elsewhere, in buckets and before the rule was recorded):

@@ -53,6 +53,7 @@ from sqlalchemy import Float, case, cast, delete, func, insert, literal, or_, se
 from sqlalchemy.orm import Session
 
 from controller.store.models import Run, StepMetric
+from controller.store.step_metrics import STEP_METRICS, Fold, StepMetricSpec
 
 SM = StepMetric
 
@@ -123,6 +124,27 @@ def _wavg(col: Any, finite: Any = None) -> Any:
     return func.sum(case((ok, col * w))) / func.nullif(func.sum(case((ok, w))), 0)
 
 
+def _folded(metric: StepMetricSpec, finite: Any) -> Any:
+    """The SQL aggregate that summarises ``metric`` over a bucket (``Fold`` says how)."""
+    col = getattr(SM, metric.name)
+    match metric.fold:
+        case Fold.MEAN:
+            return _wavg(col)
+        case Fold.MEAN_FINITE:
+            return _wavg(col, finite)
+        case Fold.MIN:
+            return func.min(col)
+        case Fold.MAX:
+            return func.max(col)
+        case Fold.MAX_FINITE:
+            return func.max(case((finite, col)))
+        case Fold.SUM:
+            return func.sum(col)
+        case Fold.ANY:
+            return func.max(case((col, 1), else_=0)) > 0
+    raise AssertionError(f"no fold for {metric.fold}")
+
+
 def _fold(session: Session, run_id: str, lo: int, hi: int, width: int) -> int:
     """Replace rows finer than ``width`` in steps [lo, hi) by one bucket row per (rank, bucket);
     returns how many rows were folded away."""
@@ -141,22 +163,7 @@ def _fold(session: Session, run_id: str, lo: int, hi: int, width: int) -> int:
         "loss_min": func.min(case((finite, func.coalesce(SM.loss_min, SM.loss)))),
         "loss_max": func.max(case((finite, func.coalesce(SM.loss_max, SM.loss)))),
         "nonfinite": func.max(SM.nonfinite),
-        "loss_local": _wavg(SM.loss_local, finite),
-        "lr": _wavg(SM.lr),
-        "lr_scale": func.min(SM.lr_scale),
-        "grad_norm": func.max(case((finite, SM.grad_norm))),
-        "tokens": func.sum(SM.tokens),
-        "tokens_per_s": _wavg(SM.tokens_per_s),
-        "mfu": _wavg(SM.mfu),
-        "step_time_s": _wavg(SM.step_time_s),
-        "data_wait_s": _wavg(SM.data_wait_s),
-        "comm_exposed_s": _wavg(SM.comm_exposed_s),
-        "compute_s": _wavg(SM.compute_s),
-        "mem_allocated": func.max(SM.mem_allocated),
-        "mem_reserved": func.max(SM.mem_reserved),
-        "loss_scale": func.min(SM.loss_scale),
-        "skipped": func.max(case((SM.skipped, 1), else_=0)) > 0,
-        "clipped_layers": func.max(SM.clipped_layers),
+        **{m.name: _folded(m, finite) for m in STEP_METRICS},
     }
     source = select(*columns.values()).where(*where).group_by(SM.rank, bucket)
     session.execute(insert(SM).from_select(list(columns), source))

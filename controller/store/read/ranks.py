@@ -15,22 +15,9 @@ from sqlalchemy.orm import Session
 from controller.store.models import StepMetric as SM
 from controller.store.read._rows import num, step_dict
 from controller.store.read.curves import bucket_width, step_filter
+from controller.store.step_metrics import PER_RANK_METRICS
 
-RANK_COLUMNS: tuple[str, ...] = (
-    "loss_local",
-    "lr",
-    "lr_scale",
-    "grad_norm",
-    "tokens_per_s",
-    "mfu",
-    "step_time_s",
-    "data_wait_s",
-    "comm_exposed_s",
-    "compute_s",
-    "mem_allocated",
-    "mem_reserved",
-    "loss_scale",
-)
+RANK_COLUMNS: tuple[str, ...] = PER_RANK_METRICS
 """Per-rank numeric columns ``rank_metrics`` returns (averaged within a bucket when decimated)."""
 
 
