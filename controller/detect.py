@@ -23,7 +23,7 @@ the replayed steps are judged afresh, and ``rewinds`` counts how often it happen
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from controller.rules.divergence import DivergenceConfig
@@ -37,14 +37,19 @@ from controller.rules.straggler import StragglerConfig, StragglerRule
 from controller.verdict import Verdict
 from core.enums import EventType
 from core.events import Event
+from core.settings import shared_field
+from core.spike import SpikeConfig
 
 
 @dataclass(kw_only=True, slots=True)
 class RulesConfig:
-    """Every rule's settings (``[rules.<name>]`` in TOML, ``CLIFFGUARD_RULES__<NAME>__<FIELD>``)."""
+    """Every rule's settings (``[rules.<name>]`` in TOML, ``CLIFFGUARD_RULES__<NAME>__<FIELD>``),
+    except the spike rule's, which the guard shares: that is the deployment's ``[spike]``."""
 
-    spike: LossSpikeConfig = field(default_factory=LossSpikeConfig)
-    """Loss spike and non-finite loss (critical -> recover)."""
+    spike: SpikeConfig = shared_field("spike", SpikeConfig)
+    """Loss spike and non-finite loss (critical -> recover): the deployment's ``[spike]``."""
+    spike_rebaseline_after: int = LossSpikeConfig().rebaseline_after
+    """Steps a reported loss excursion may last before it becomes the new baseline (0 = never)."""
     divergence: DivergenceConfig = field(default_factory=DivergenceConfig)
     """Slow divergence of the loss (critical -> recover)."""
     grad_norm: GradNormConfig = field(default_factory=GradNormConfig)
@@ -65,12 +70,21 @@ class RulesConfig:
     def __post_init__(self) -> None:
         if self.evidence_last_n < 0:
             raise ValueError("evidence_last_n: must be >= 0")
+        try:
+            self.loss_spike()
+        except ValueError as exc:  # only rebaseline_after can be wrong: the spike rule was checked
+            raise ValueError(f"spike_{exc}") from None
+
+    def loss_spike(self) -> LossSpikeConfig:
+        """The spike rule as the controller's loss rules run it."""
+        shared = {f.name: getattr(self.spike, f.name) for f in fields(SpikeConfig)}
+        return LossSpikeConfig(**shared, rebaseline_after=self.spike_rebaseline_after)
 
 
 class RunDetector:
     def __init__(self, config: RulesConfig | None = None) -> None:
         self.config = cfg = config or RulesConfig()
-        self.loss = LossRules(cfg.spike, cfg.divergence, last_n=cfg.evidence_last_n)
+        self.loss = LossRules(cfg.loss_spike(), cfg.divergence, last_n=cfg.evidence_last_n)
         self.grad_norm = GradNormRule(cfg.grad_norm)
         self.loss_scale = LossScaleRule(cfg.loss_scale)
         self.straggler = StragglerRule(cfg.straggler)

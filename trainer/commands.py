@@ -114,7 +114,7 @@ def apply_timeout_policy(tr: Trainer, policy: str) -> None:
             tr.mode = "stopping"
             tr.stop_reason = "failed: guard hold timed out and no checkpoint to roll back to"
             return
-        scale = rolled_back_lr_scale(tr.lr_scale.value, guard.config.timeout_lr_factor)
+        scale = rolled_back_lr_scale(tr.lr_scale.value, guard.config.policy.lr_factor)
         try:
             source = tr.rollback(target, scale)
             log.warning("local rollback to step %d from %s, lr_scale=%g", target, source, scale)

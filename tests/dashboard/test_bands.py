@@ -10,7 +10,7 @@ import pytest
 from core.spike import SpikeConfig, SpikeDetector, window_stats
 from dashboard.bands import loss_bands, rollbacks
 
-CFG = SpikeConfig(window=20, min_history=10)
+CFG = SpikeConfig(window=20, min_history=10, patience=1)
 
 
 def _curve(losses: list[float], steps: list[int] | None = None) -> pd.DataFrame:
