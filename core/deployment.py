@@ -110,6 +110,8 @@ def build_deployment(
     the field and its source."""
     env = os.environ if env is None else env
     flags = flags or {}
+    if flags.get("secrets"):
+        raise ConfigError("secrets.command", "flags", f"not taken from a flag (flags show in ps): set {SECRET_ENV}")
 
     def section(cls: type, name: str) -> Any:
         return build_config(cls, name, toml=toml, env=env, flags=flags.get(name), toml_source=toml_source)

@@ -67,8 +67,14 @@ def _flags(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     return out
 
 
-def run(args: argparse.Namespace) -> int:
+def resolve(args: argparse.Namespace):
+    """The controller's rules (with the deployment's [spike]) as this backtest runs them."""
     from cliffguard.config import load_all
+
+    return load_all(args.config, flags=_flags(args), sections=["rules"])
+
+
+def run(args: argparse.Namespace) -> int:
     from controller import backtest as bt
     from core.settings import ConfigError, config_to_dict
 
@@ -81,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     if args.run is not None and not args.db:
         return fail("--run needs --db URL")
     try:
-        rules = load_all(args.config, flags=_flags(args), sections=["rules"])["rules"]
+        rules = resolve(args)["rules"]
     except (ConfigError, ValueError) as exc:
         return fail(str(exc))
     try:

@@ -25,12 +25,17 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
-def run(args: argparse.Namespace) -> int:
+def resolve(args: argparse.Namespace):
+    """The deployment config whose [kafka] topic layout the broker creates."""
     from cliffguard.config import load_deployment
 
+    return load_deployment(args.config, flags={"kafka": {"topic_prefix": args.topic_prefix,
+                                                         "partitions": args.partitions}})
+
+
+def run(args: argparse.Namespace) -> int:
     try:
-        kafka = load_deployment(args.config, flags={"kafka": {"topic_prefix": args.topic_prefix,
-                                                              "partitions": args.partitions}}).kafka
+        kafka = resolve(args).kafka
     except ConfigError as exc:
         print(f"cliffguard broker: {exc}")
         return 2
