@@ -15,11 +15,13 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Mapping
+from pathlib import Path
 
 import torch
 
 
-def with_env_secrets(cfg, env=None):
+def with_env_secrets(cfg, env: Mapping[str, str] | None = None):
     """The saved config masks secret fields; the launcher hands them over in the environment."""
     import dataclasses
 
@@ -29,7 +31,7 @@ def with_env_secrets(cfg, env=None):
     return cfg
 
 
-def worker_config(path, env=None):
+def worker_config(path: str | Path, env: Mapping[str, str] | None = None):
     """(TrainConfig, command secret or None) of a worker: the saved config plus the secrets of its
     environment, the secret by the deployment's one rule (``core/deployment.py``)."""
     from core.deployment import resolve_secret

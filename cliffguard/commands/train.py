@@ -29,10 +29,15 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from core.deployment import SECRET_ENV
+from core.deployment import SECRET_ENV, DeploymentConfig
 from core.settings import ConfigError
+
+if TYPE_CHECKING:
+    from trainer.config import TrainConfig
 
 SASL_PASSWORD_ENV = "CLIFFGUARD_KAFKA__SASL_PLAIN_PASSWORD"
 
@@ -96,7 +101,7 @@ def default_run_id() -> str:
     return f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
 
 
-def build_train_config(args: argparse.Namespace, *, bootstrap: str | None, env=None):
+def build_train_config(args: argparse.Namespace, *, bootstrap: str | None, env: Mapping[str, str] | None = None):
     """The deployment config and the TrainConfig tree built with it, from TOML < env < flags
     (raises ConfigError naming field and source)."""
     import dataclasses
@@ -137,7 +142,7 @@ def build_train_config(args: argparse.Namespace, *, bootstrap: str | None, env=N
     return deployment, cfg
 
 
-def worker_env(deployment, cfg, env=None) -> dict[str, str]:
+def worker_env(deployment: DeploymentConfig, cfg: TrainConfig, env: Mapping[str, str] | None = None) -> dict[str, str]:
     """The workers' environment: the secrets the saved config masks travel here, never in argv."""
     out = dict(os.environ if env is None else env)
     if cfg.kafka is not None and cfg.kafka.sasl_plain_password is not None:
