@@ -14,8 +14,9 @@ Timeout policy while held. If no command arrives within ``hold_timeout_s`` the l
 ``on_timeout``, decided by rank 0 and broadcast so all ranks act at the same boundary:
 
 - ``rollback`` (default): restore the newest checkpoint at or before the first skipped step
-  (memory ring first, then disk) and multiply ``lr_scale`` by ``timeout_lr_factor`` (0.5) — what
-  the controller would have done for a real spike, taken locally when it is unreachable;
+  (memory ring first, then disk) and multiply ``lr_scale`` by the deployment's ``[policy]
+  lr_factor`` — what the controller would have done for a real spike, taken locally when it is
+  unreachable (the same rule, ``core/policy.py``);
 - ``resume``: clear the hold and train on (for runs where a stall costs more than a bad step);
 - ``stop``: save a checkpoint and end the run with ``run.failed``.
 
@@ -29,12 +30,14 @@ the guard exactly as it was at that step.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
+from core.deployment import PolicyConfig
 from core.enums import GuardDecision, Level
-from core.policy import LR_FACTOR
+from core.settings import shared_field
 from core.spike import SpikeConfig, SpikeDetector, SpikeVerdict
 
 TIMEOUT_POLICIES = ("rollback", "resume", "stop")
@@ -44,16 +47,19 @@ TIMEOUT_POLICIES = ("rollback", "resume", "stop")
 class GuardConfig:
     enabled: bool = True
     """Skip updates on critical losses. When false the guard only reports (never skips)."""
-    spike: SpikeConfig = field(default_factory=SpikeConfig)
-    """The spike rule's parameters (shared with the controller's rule)."""
+    spike: SpikeConfig = shared_field("spike", SpikeConfig)
+    """The deployment's spike rule (``[spike]``, the controller's too); the guard acts after
+    ``guard_patience`` consecutive criticals where the controller waits ``patience``."""
     hold_after: int = 3
     """Consecutive skipped steps after which the trainer holds for the controller."""
     hold_timeout_s: float = 120.0
     """Seconds to wait, held, for a controller command before applying ``on_timeout``."""
     on_timeout: str = "rollback"
     """Local policy when held past the timeout: rollback, resume or stop."""
-    timeout_lr_factor: float = LR_FACTOR
-    """lr_scale multiplier applied by the local rollback policy."""
+    policy: PolicyConfig = shared_field("policy", PolicyConfig)
+    """The deployment's rollback policy (``[policy]``): the local rollback cuts the LR by its factor."""
+
+    MOVED: ClassVar[dict[str, str]] = {"timeout_lr_factor": "[policy] lr_factor"}
 
     def __post_init__(self) -> None:
         if self.hold_after < 1:
@@ -62,8 +68,6 @@ class GuardConfig:
             raise ValueError("hold_timeout_s: must be > 0")
         if self.on_timeout not in TIMEOUT_POLICIES:
             raise ValueError(f"on_timeout: must be one of {', '.join(TIMEOUT_POLICIES)}")
-        if not 0 < self.timeout_lr_factor <= 1:
-            raise ValueError("timeout_lr_factor: must be in (0, 1]")
 
 
 class Guard:
@@ -71,7 +75,8 @@ class Guard:
 
     def __init__(self, config: GuardConfig | None = None) -> None:
         self.config = config or GuardConfig()
-        self.detector = SpikeDetector(self.config.spike)
+        spike = self.config.spike
+        self.detector = SpikeDetector(dataclasses.replace(spike, patience=spike.guard_patience))
         self.consecutive_skips = 0
         self.first_skip_step: int | None = None
         self.last_verdict: SpikeVerdict | None = None

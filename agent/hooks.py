@@ -35,72 +35,31 @@ import os
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from agent.collectors.grad_hist import HistConfig, grad_histograms, layer_name
+from agent.collectors.grad_hist import grad_histograms, layer_name
 from agent.collectors.memory import memory_stats
 from agent.collectors.mfu import ModelShape, mfu, resolve_peak
 from agent.collectors.timing import StepClock, attach_comm_timer
-from agent.guard import Guard, GuardConfig
+from agent.config import AgentConfig
+from agent.guard import Guard
 from agent.heartbeat import Heartbeat
 from agent.lr_scale import LRScale
 from agent.modes import STOPPING, ModeMachine
+from core.deployment import SECRET_ENV, resolve_secret
 from core.enums import AckStatus, EventType, GuardDecision
 from core.events import Command, make_event
 
 log = logging.getLogger(__name__)
 
-SECRET_ENV = "CLIFFGUARD_COMMAND_SECRET"
-
-
-@dataclass(kw_only=True, slots=True)
-class AgentConfig:
-    run: str
-    """Run id: the Kafka key of every event and the run commands must name."""
-    hist_every: int = 100
-    """Emit per-layer gradient histograms every this many steps (0 = never)."""
-    layer_norms: bool = True
-    """Put per-layer gradient norms in every step event (carried by the same all-reduce)."""
-    heartbeat_s: float = 5.0
-    """Seconds between heartbeats of each rank (also while paused)."""
-    command_tick_s: float = 0.2
-    """While paused or held: seconds between command polls (each is one broadcast)."""
-    peak_flops: float | None = None
-    """Peak FLOP/s per device for MFU; unset = device table, else a matmul calibration."""
-    calibration_s: float = 0.3
-    """Seconds of matmul calibration when the peak is neither configured nor in the table."""
-    guard: GuardConfig = field(default_factory=GuardConfig)
-    """The in-process guard (spike rule before optimizer.step())."""
-    hist: HistConfig = field(default_factory=HistConfig)
-    """Fixed log2 bin edges of the gradient histograms."""
-    spill_dir: str = ""
-    """Where each rank's publisher spills events while the broker is down (default: temp dir)."""
-
-    def __post_init__(self) -> None:
-        if not self.run:
-            raise ValueError("run: must be set")
-        if self.hist_every < 0:
-            raise ValueError("hist_every: must be >= 0")
-        if self.heartbeat_s <= 0:
-            raise ValueError("heartbeat_s: must be > 0")
-        if self.command_tick_s <= 0:
-            raise ValueError("command_tick_s: must be > 0")
-        if self.peak_flops is not None and self.peak_flops <= 0:
-            raise ValueError("peak_flops: must be > 0")
-        if self.calibration_s <= 0:
-            raise ValueError("calibration_s: must be > 0")
-
 
 def load_secret(value: str | None = None) -> Any:
-    """The command secret from ``value`` or ``CLIFFGUARD_COMMAND_SECRET``; None when neither."""
-    from core.signing import Secret
-
-    raw = value or os.environ.get(SECRET_ENV)
-    return Secret(raw) if raw else None
+    """The command secret by the deployment's one rule (``core/deployment.py``): ``value`` (what a
+    config file says) < ``CLIFFGUARD_COMMAND_SECRET``; None when neither is set."""
+    return resolve_secret({"secrets": {"command": value}} if value else {})[0]
 
 
 class Agent:

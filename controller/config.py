@@ -1,19 +1,14 @@
 """The controller service's own settings (``[controller]`` in TOML, ``CLIFFGUARD_CONTROLLER__*``).
 
 Rules (``controller.detect.RulesConfig``), recovery (``controller.recovery_types.RecoveryConfig``),
-alerts, Kafka and the store each own their config; this one holds what only the service loop
-needs. The command-signing secret is not a field: it comes from ``CLIFFGUARD_COMMAND_SECRET``
-(or the caller) as an ``core.signing.Secret`` and is never logged.
+alerts and the store each own their config; Kafka, the spike rule, the rollback policy and the
+command-signing secret are the deployment's (``core/deployment.py``). This one holds what only
+the service loop needs.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-
-from core.signing import Secret
-
-SECRET_ENV = "CLIFFGUARD_COMMAND_SECRET"
 
 
 @dataclass(kw_only=True, slots=True)
@@ -81,10 +76,3 @@ class ControllerConfig:
             "max_poll_interval_ms": self.max_poll_interval_ms,
         }
 
-
-def secret_from_env(value: str | None = None, env: dict[str, str] | None = None) -> Secret:
-    """The command secret from ``value`` or ``CLIFFGUARD_COMMAND_SECRET``; a clear error if neither."""
-    raw = value if value else (os.environ if env is None else env).get(SECRET_ENV)
-    if not raw:
-        raise ValueError(f"command secret: set {SECRET_ENV} (at least 16 bytes, shared with the trainers)")
-    return Secret(raw)

@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from controller.rules.base import RankScope, RewindingRule, Rule, TickingRule
@@ -50,6 +50,8 @@ from controller.verdict import Action, Verdict
 from core.enums import EventType, Level
 from core.events import Event
 from core.ranks import takes_over
+from core.settings import shared_field
+from core.spike import SpikeConfig
 
 log = logging.getLogger(__name__)
 
@@ -62,10 +64,13 @@ DETECTOR_STATE_KEYS = frozenset({"loss_rank", "last_step", "catching_up", "rewin
 
 @dataclass(kw_only=True, slots=True)
 class RulesConfig:
-    """Every rule's settings (``[rules.<name>]`` in TOML, ``CLIFFGUARD_RULES__<NAME>__<FIELD>``)."""
+    """Every rule's settings (``[rules.<name>]`` in TOML, ``CLIFFGUARD_RULES__<NAME>__<FIELD>``),
+    except the spike rule's, which the guard shares: that is the deployment's ``[spike]``."""
 
-    spike: LossSpikeConfig = field(default_factory=LossSpikeConfig)
-    """Loss spike and non-finite loss (critical -> recover)."""
+    spike: SpikeConfig = shared_field("spike", SpikeConfig)
+    """Loss spike and non-finite loss (critical -> recover): the deployment's ``[spike]``."""
+    spike_rebaseline_after: int = LossSpikeConfig().rebaseline_after
+    """Steps a reported loss excursion may last before it becomes the new baseline (0 = never)."""
     divergence: DivergenceConfig = field(default_factory=DivergenceConfig)
     """Slow divergence of the loss (critical -> recover)."""
     grad_norm: GradNormConfig = field(default_factory=GradNormConfig)
@@ -86,6 +91,15 @@ class RulesConfig:
     def __post_init__(self) -> None:
         if self.evidence_last_n < 0:
             raise ValueError("evidence_last_n: must be >= 0")
+        try:
+            self.loss_spike()
+        except ValueError as exc:  # only rebaseline_after can be wrong: the spike rule was checked
+            raise ValueError(f"spike_{exc}") from None
+
+    def loss_spike(self) -> LossSpikeConfig:
+        """The spike rule as the controller's loss rules run it."""
+        shared = {f.name: getattr(self.spike, f.name) for f in fields(SpikeConfig)}
+        return LossSpikeConfig(**shared, rebaseline_after=self.spike_rebaseline_after)
 
 
 RULES: RuleRegistry[RulesConfig] = (
@@ -94,7 +108,7 @@ RULES: RuleRegistry[RulesConfig] = (
     .with_rule("straggler", lambda c: StragglerRule(c.straggler))
     .with_rule("mfu", lambda c: MfuRule(c.mfu))
     .with_rule("memory", lambda c: MemoryRule(c.memory))
-    .with_rule("loss", lambda c: LossRules(c.spike, c.divergence, last_n=c.evidence_last_n))
+    .with_rule("loss", lambda c: LossRules(c.loss_spike(), c.divergence, last_n=c.evidence_last_n))
     .with_rule("grad_norm", lambda c: GradNormRule(c.grad_norm))
     .with_rule("loss_scale", lambda c: LossScaleRule(c.loss_scale))
 )

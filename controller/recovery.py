@@ -21,7 +21,7 @@ evidence (window stats, verdict, validation numbers).
 
 Rollback target: the newest *stable* checkpoint at or before the incident's onset step (the first
 step of the excursion). A checkpoint becomes stable after ``stable_window`` healthy steps follow
-it, or when a validation passes after it. Each rollback multiplies the LR scale by ``lr_factor``
+it, or when a validation passes after it. Each rollback multiplies the LR scale by ``[policy] lr_factor``
 (cumulative; the command carries the absolute scale).
 
 A run that ends (finished or failed) mid-incident leaves no trainer to answer: the incident closes
@@ -216,7 +216,7 @@ class _Step:
         self.actions.append(
             SendCommand(
                 id=cmd_id, type=ctype, args=args, incident_id=s.incident.id if s.incident else None,
-                attempt=attempt, ttl_s=self.cfg.command_ttl_s, reason=reason,
+                attempt=attempt, ttl_s=self.cfg.policy.command_ttl_s, reason=reason,
             )
         )
 
@@ -397,7 +397,7 @@ def _start_rollback(st: _Step, trigger: str, target: Checkpoint, why: str, ev: d
     cfg, s = st.cfg, st.s
     inc = s.incident
     assert inc is not None
-    scale = rolled_back_lr_scale(s.lr_scale, cfg.lr_factor) if trigger == "validation_abnormal" else s.lr_scale
+    scale = rolled_back_lr_scale(s.lr_scale, cfg.policy.lr_factor) if trigger == "validation_abnormal" else s.lr_scale
     args: dict[str, Any] = {"to_step": target.step, "lr_scale": scale}
     if cfg.skip_data and target.sample_end is not None and inc.sample_end is not None and inc.sample_end > target.sample_end:
         args["skip_data"] = [target.sample_end, inc.sample_end]

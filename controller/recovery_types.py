@@ -10,11 +10,12 @@ import hashlib
 import math
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
-from typing import Any
+from typing import Any, ClassVar
 
 from controller.verdict import Verdict
+from core.deployment import PolicyConfig
 from core.enums import AckStatus, CommandType
-from core.policy import COMMAND_TTL_S, LR_FACTOR
+from core.settings import shared_field
 
 
 class Phase(StrEnum):
@@ -37,8 +38,8 @@ class RecoveryConfig:
     stays close to the present."""
     recover_window: int = 50
     """Healthy steps after a rollback before the incident closes as recovered."""
-    lr_factor: float = LR_FACTOR
-    """LR multiplier per rollback, cumulative (PaLM-style halving)."""
+    policy: PolicyConfig = shared_field("policy", PolicyConfig)
+    """The deployment's rollback policy (``[policy]``): LR cut per rollback and command lifetime."""
     skip_data: bool = False
     """Also skip the data consumed between the rollback target and the spike (PaLM skipped
     ~200-500 batches around each spike)."""
@@ -58,20 +59,18 @@ class RecoveryConfig:
     """Seconds to wait for the validation result of a validate command before resending."""
     max_attempts: int = 3
     """Sends of one command (first + retries) before giving up with a critical alert."""
-    command_ttl_s: float = COMMAND_TTL_S
-    """Lifetime of a sent command (the trainer refuses it as expired afterwards)."""
     health_rules: tuple[str, ...] = ("loss_spike", "divergence", "nonfinite")
     """Rules whose warn/critical verdicts make a step unhealthy (for stability and recovery)."""
     max_checkpoints: int = 64
     """Checkpoints remembered per run (oldest forgotten first; stable ones last)."""
+
+    MOVED: ClassVar[dict[str, str]] = {"lr_factor": "[policy] lr_factor", "command_ttl_s": "[policy] command_ttl_s"}
 
     def __post_init__(self) -> None:
         if self.stable_window < 1:
             raise ValueError("stable_window: must be >= 1")
         if self.recover_window < 1:
             raise ValueError("recover_window: must be >= 1")
-        if not 0 < self.lr_factor <= 1:
-            raise ValueError("lr_factor: must be in (0, 1]")
         if self.rollback_budget < 0:
             raise ValueError("rollback_budget: must be >= 0")
         if self.rollback_window_s <= 0:
@@ -84,8 +83,6 @@ class RecoveryConfig:
             raise ValueError("command_timeout_s: timeouts must be > 0")
         if self.max_attempts < 1:
             raise ValueError("max_attempts: must be >= 1")
-        if self.command_ttl_s <= 0:
-            raise ValueError("command_ttl_s: must be > 0")
         if self.max_checkpoints < 1:
             raise ValueError("max_checkpoints: must be >= 1")
 

@@ -10,8 +10,13 @@ Naming: section ``kafka`` field ``bootstrap`` is ``[kafka] bootstrap = ...`` in 
 ``CLIFFGUARD_KAFKA__BOOTSTRAP`` in the environment (double underscore between section and field)
 and ``{"bootstrap": ...}`` in the flags mapping the CLI passes for that section.
 
-It lives in ``agent/`` because that is the lowest layer: the trainer, the controller and the
-dashboard can all import it without breaking the direction of imports.
+Shared fields: a setting every process must agree on (the spike rule, the rollback policy, Kafka)
+is one section of the deployment config (``core/deployment.py``). A component that needs it
+declares the field with ``shared_field("spike", SpikeConfig)``: ``build_config`` then takes its
+value from ``shared={"spike": ...}`` (what the one resolver, ``cliffguard/config.py``, resolved)
+and refuses to read it from the component's own section, so there is one place to set it. A
+class attribute ``MOVED = {"old_field": "[section] field"}`` does the same for a field that
+moved to a shared section, so an old config file fails at start naming the new place.
 """
 
 from __future__ import annotations
@@ -21,12 +26,14 @@ import os
 import tomllib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 ENV_PREFIX = "CLIFFGUARD_"
+SHARED = "cliffguard.shared_section"
+"""Field metadata key: the deployment section whose value the field carries."""
 
 
 class ConfigError(ValueError):
@@ -35,6 +42,29 @@ class ConfigError(ValueError):
         self.field = field
         self.source = source
         self.reason = reason
+
+
+def shared_field(section: str, default_factory: Callable[[], Any]) -> Any:
+    """A field whose value is the deployment's ``[section]``, handed in by the resolver.
+
+    Its default (``default_factory()``) is the section's default, for components built in code."""
+    return dataclasses.field(default_factory=default_factory, metadata={SHARED: section})
+
+
+def shared_sections(cls: type) -> dict[str, str]:
+    """Field name -> deployment section, for ``cls``'s shared fields."""
+    return {f.name: f.metadata[SHARED] for f in dataclasses.fields(cls) if SHARED in f.metadata}
+
+
+def _elsewhere(cls: type, key: str) -> str | None:
+    """Where ``key`` is set instead, when it is a shared field or a field that moved (``MOVED``)."""
+    carried = shared_sections(cls)
+    if key in carried:
+        return f"set it in [{carried[key]}], the one section every process reads"
+    moved = getattr(cls, "MOVED", {})
+    if key in moved:
+        return f"moved: set it as {moved[key]}, the one place every process reads"
+    return None
 
 
 def load_toml(path: str | Path | None) -> dict[str, Any]:
@@ -130,17 +160,26 @@ def build_config(
     env: Mapping[str, str] | None = None,
     flags: Mapping[str, Any] | None = None,
     toml_source: str = "config file",
+    shared: Mapping[str, Any] | None = None,
 ) -> T:
-    """Build ``cls`` for ``section`` from TOML < env < flags; errors name field and source."""
+    """Build ``cls`` for ``section`` from TOML < env < flags; errors name field and source.
+
+    ``shared`` maps deployment sections to their resolved values; every ``shared_field`` (at any
+    depth) takes its value from there (its default when the section is not given) and setting it
+    in this section's TOML, env or flags is an error naming the section to use instead."""
     env = os.environ if env is None else env
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls) if f.init}
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
+    carried = shared_sections(cls)
+    for name, to in carried.items():
+        if shared is not None and to in shared:
+            values[name] = shared[to]
 
-    # Nested config dataclasses (rules.spike, ...) are sections of their own: [rules.spike] in
-    # TOML, CLIFFGUARD_RULES__SPIKE__K_CRIT in the environment, flags={"spike": {...}}.
-    nested = {n for n in names if dataclasses.is_dataclass(hints[n]) and isinstance(hints[n], type)}
+    # Nested config dataclasses (agent.guard, ...) are sections of their own: [agent.guard] in
+    # TOML, CLIFFGUARD_AGENT__GUARD__HOLD_AFTER in the environment, flags={"guard": {...}}.
+    nested = {n for n in names if dataclasses.is_dataclass(hints[n]) and isinstance(hints[n], type)} - set(carried)
     for name in nested:
         sub_flags = (flags or {}).get(name)
         values[name] = build_config(
@@ -150,6 +189,7 @@ def build_config(
             env=env,
             flags=sub_flags if isinstance(sub_flags, Mapping) else None,
             toml_source=toml_source,
+            shared=shared,
         )
 
     table: Any = toml or {}
@@ -158,6 +198,8 @@ def build_config(
     table = {k: v for k, v in dict(table or {}).items() if k not in nested}
     for key, raw in table.items():
         where = f"{toml_source} [{section}]"
+        if (instead := _elsewhere(cls, key)) is not None:
+            raise ConfigError(f"{section}.{key}", where, instead)
         if key not in names:
             raise ConfigError(f"{section}.{key}", where, f"unknown field; known: {', '.join(sorted(names))}")
         try:
@@ -171,9 +213,12 @@ def build_config(
         if not var.startswith(prefix):
             continue
         key = var[len(prefix):].lower()
+        where = f"env {var}"
+        head = key.split("__", 1)[0]
+        if (instead := _elsewhere(cls, head)) is not None:
+            raise ConfigError(f"{section}.{head}", where, instead)
         if "__" in key:
             continue  # belongs to a nested section
-        where = f"env {var}"
         if key not in names:
             raise ConfigError(f"{section}.{key}", where, f"unknown field; known: {', '.join(sorted(names))}")
         try:
@@ -186,6 +231,8 @@ def build_config(
         if raw is None or key in nested:
             continue  # a flag that was not given, or a nested section handled above
         where = f"flag --{key.replace('_', '-')}"
+        if (instead := _elsewhere(cls, key)) is not None:
+            raise ConfigError(f"{section}.{key}", where, instead)
         if key not in names:
             raise ConfigError(f"{section}.{key}", where, "unknown field")
         try:
@@ -204,15 +251,18 @@ def build_config(
         raise ConfigError(f"{section}.{field}", where, msg.split(":", 1)[-1].strip()) from None
 
 
-def config_to_dict(cfg: Any) -> dict[str, Any]:
-    """A config as plain data, for saving with the run. Secrets (``Secret``, ``repr=False`` fields) are masked."""
+def config_to_dict(cfg: Any, *, with_shared: bool = True) -> dict[str, Any]:
+    """A config as plain data, for saving with the run. Secrets (``Secret``, ``repr=False`` fields)
+    are masked. ``with_shared=False`` leaves out shared fields (printed once, as their own sections)."""
     out: dict[str, Any] = {}
     for f in dataclasses.fields(cfg):
+        if not with_shared and SHARED in f.metadata:
+            continue
         v = getattr(cfg, f.name)
         if not f.repr and v is not None:
             v = "********"  # fields kept out of repr (passwords) are kept out of saved configs too
         elif dataclasses.is_dataclass(v):
-            v = config_to_dict(v)
+            v = config_to_dict(v, with_shared=with_shared)
         elif not isinstance(v, (int, float, str, bool, list, tuple, dict, type(None))):
             v = repr(v)
         out[f.name] = v

@@ -136,7 +136,7 @@ def apply_timeout_policy(tr: TrainerParts, target: CommandTarget, policy: str) -
     if to_step is None:
         _fail(tr, "guard hold timed out and no checkpoint to roll back to")
         return
-    scale = rolled_back_lr_scale(tr.agent.lr_scale.value, guard.config.timeout_lr_factor)
+    scale = rolled_back_lr_scale(tr.agent.lr_scale.value, guard.config.policy.lr_factor)
     try:
         outcome = target.rollback(to_step, scale, None)
     except Exception as exc:  # noqa: BLE001 - no controller to tell: end the run as failed

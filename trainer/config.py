@@ -4,7 +4,9 @@
 checkpoints, agent, Kafka). ``cliffguard train`` builds it from TOML < env < flags, writes it to
 ``<out_dir>/<run>/config.json`` and every torchrun worker reads that file back
 (``TrainConfig.from_dict``), so all ranks run exactly the configuration that was saved.
-The command secret is never part of it: it comes from ``CLIFFGUARD_COMMAND_SECRET``.
+The deployment's shared sections arrive resolved (``[spike]`` and ``[policy]`` in
+``agent.guard``, ``[kafka]`` as ``kafka``); the command secret is never part of it: the workers
+get it in their environment (``trainer/run.py``).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.hooks import AgentConfig
+from agent.config import AgentConfig
 from core.kafka_config import KafkaConfig
 from core.settings import config_to_dict
 from trainer.checkpoint import CheckpointConfig

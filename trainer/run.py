@@ -4,7 +4,9 @@
 --nproc_per_node N -m trainer.run --config ...`` (on GPUs ``accelerate launch -m trainer.run``
 works the same way). Every worker reads the same saved config, builds an ``Accelerator`` (CPU:
 gloo, ``torch.set_num_threads(threads)`` so the processes do not fight over the cores) and runs
-the ``Trainer``. The command secret comes from ``CLIFFGUARD_COMMAND_SECRET`` in the environment.
+the ``Trainer``. Everything but the secrets is in the saved config (the launcher resolved the
+deployment's ``[kafka]``, ``[spike]`` and ``[policy]`` into it); the command secret and a SASL
+password come in the environment the launcher set (``worker_config``).
 """
 
 from __future__ import annotations
@@ -13,18 +15,30 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Mapping
+from pathlib import Path
 
 import torch
 
 
-def with_env_secrets(cfg):
+def with_env_secrets(cfg, env: Mapping[str, str] | None = None):
     """The saved config masks secret fields; the launcher hands them over in the environment."""
     import dataclasses
 
-    password = os.environ.get("CLIFFGUARD_KAFKA__SASL_PLAIN_PASSWORD")
+    password = (os.environ if env is None else env).get("CLIFFGUARD_KAFKA__SASL_PLAIN_PASSWORD")
     if cfg.kafka is not None and password and cfg.kafka.sasl_plain_password is not None:
         cfg.kafka = dataclasses.replace(cfg.kafka, sasl_plain_password=password)
     return cfg
+
+
+def worker_config(path: str | Path, env: Mapping[str, str] | None = None):
+    """(TrainConfig, command secret or None) of a worker: the saved config plus the secrets of its
+    environment, the secret by the deployment's one rule (``core/deployment.py``)."""
+    from core.deployment import resolve_secret
+    from trainer.config import TrainConfig
+
+    env = os.environ if env is None else env
+    return with_env_secrets(TrainConfig.load(path), env), resolve_secret({}, env)[0]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,18 +51,15 @@ def main(argv: list[str] | None = None) -> int:
 
     from accelerate import Accelerator
 
-    from agent.hooks import load_secret
-    from trainer.config import TrainConfig
     from trainer.loop import Trainer
 
-    cfg = TrainConfig.load(args.config)
-    cfg = with_env_secrets(cfg)
+    cfg, secret = worker_config(args.config)
     cuda = torch.cuda.is_available()
     if not cuda:
         torch.set_num_threads(cfg.threads)
     accelerator = Accelerator(cpu=not cuda)
     try:
-        trainer = Trainer(cfg, accelerator, secret=load_secret())
+        trainer = Trainer(cfg, accelerator, secret=secret)
         return trainer.run()
     finally:
         if torch.distributed.is_initialized():

@@ -12,7 +12,7 @@ import argparse
 import json
 import time
 
-from cliffguard.commands.controller import add_common
+from cliffguard.commands.controller import add_common, resolve_common
 from core.settings import ConfigError
 
 
@@ -31,12 +31,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from controller.alerts.enqueue import set_endpoint_disabled
     from controller.store import read
-    from controller.store.db import Store, StoreConfig
+    from controller.store.db import Store
     from controller.store.models import AuditRow
-    from core.settings import build_config, load_toml
 
     try:
-        store_cfg = build_config(StoreConfig, "store", toml=load_toml(args.config), flags={"url": args.db})
+        store_cfg = resolve_common(args, ["store"])["store"]
     except ConfigError as exc:
         print(f"cliffguard alerts: {exc}")
         return 2

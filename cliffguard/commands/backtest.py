@@ -1,10 +1,10 @@
 """``cliffguard backtest``: replay a ``step,loss`` CSV (or a stored run) through the controller's rules.
 
-The rules and their defaults are exactly the controller's: ``[rules]`` in ``--config`` (the same
-TOML ``cliffguard controller`` reads), then ``CLIFFGUARD_RULES__*`` variables, then the options
-below. Prints one line per step where the controller would warn or act (``critical`` = it would
-pause the run) with the window stats; ``--json`` prints one JSON object instead. A CSV it cannot
-read is an error naming the line (exit 2).
+The rules and their defaults are exactly the controller's: the same resolution of ``--config``
+(``cliffguard/config.py``: ``[spike]`` and ``[rules]``, then ``CLIFFGUARD_SPIKE__*`` /
+``CLIFFGUARD_RULES__*`` variables), then the options below. Prints one line per step where the
+controller would warn or act (``critical`` = it would pause the run) with the window stats;
+``--json`` prints one JSON object instead. A CSV it cannot read is an error naming the line (exit 2).
 """
 
 from __future__ import annotations
@@ -14,18 +14,18 @@ import json
 import sys
 from typing import Any
 
-# Option -> (section, field). Only options given on the command line override the controller's.
-_FLAGS: dict[str, tuple[str, str]] = {
-    "k_warn": ("spike", "k_warn"),
-    "k_crit": ("spike", "k_crit"),
-    "window": ("spike", "window"),
-    "min_history": ("spike", "min_history"),
-    "sigma_floor_rel": ("spike", "sigma_floor_rel"),
-    "patience": ("spike", "patience"),
-    "divergence_method": ("divergence", "method"),
-    "cusum_drift": ("divergence", "drift"),
-    "divergence_threshold": ("divergence", "threshold"),
-    "divergence_grace_steps": ("divergence", "grace_steps"),
+# Option -> (section path, field). Only options given on the command line override the controller's.
+_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
+    "k_warn": (("spike",), "k_warn"),
+    "k_crit": (("spike",), "k_crit"),
+    "window": (("spike",), "window"),
+    "min_history": (("spike",), "min_history"),
+    "sigma_floor_rel": (("spike",), "sigma_floor_rel"),
+    "patience": (("spike",), "patience"),
+    "divergence_method": (("rules", "divergence"), "method"),
+    "cusum_drift": (("rules", "divergence"), "drift"),
+    "divergence_threshold": (("rules", "divergence"), "threshold"),
+    "divergence_grace_steps": (("rules", "divergence"), "grace_steps"),
 }
 
 
@@ -35,7 +35,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("csv", nargs="?", help="CSV with step,loss rows (a header naming them is optional)")
     p.add_argument("--run", help="replay this stored run instead of a CSV (needs --db)")
     p.add_argument("--db", help="store URL for --run (e.g. sqlite:///cliffguard.db)")
-    p.add_argument("--config", help="TOML file whose [rules] section the controller uses")
+    p.add_argument("--config", help="TOML file whose [spike] and [rules] sections the controller uses")
     p.add_argument("--json", action="store_true", help="print one JSON object: {source, points, events, summary, config}")
     g = p.add_argument_group("rule options (default: the controller's)")
     g.add_argument("--k-warn", type=float, help="spike: σ above the median that warns")
@@ -53,20 +53,30 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def _flags(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {"spike": {}, "divergence": {}}
-    for opt, (section, field) in _FLAGS.items():
+    """Flags for the resolver: {"spike": {...}, "rules": {"divergence": {...}}}."""
+    out: dict[str, Any] = {"spike": {}, "rules": {"divergence": {}}}
+    for opt, (path, field) in _FLAGS.items():
         value = getattr(args, opt, None)
         if value is not None:
-            out[section][field] = value
+            table = out
+            for part in path:
+                table = table[part]
+            table[field] = value
     if args.no_divergence:
-        out["divergence"]["enabled"] = False
+        out["rules"]["divergence"]["enabled"] = False
     return out
+
+
+def resolve(args: argparse.Namespace):
+    """The controller's rules (with the deployment's [spike]) as this backtest runs them."""
+    from cliffguard.config import load_all
+
+    return load_all(args.config, flags=_flags(args), sections=["rules"])
 
 
 def run(args: argparse.Namespace) -> int:
     from controller import backtest as bt
-    from controller.detect import RulesConfig
-    from core.settings import ConfigError, build_config, config_to_dict, load_toml
+    from core.settings import ConfigError, config_to_dict
 
     def fail(msg: str) -> int:
         print(f"cliffguard backtest: {msg}", file=sys.stderr)
@@ -77,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     if args.run is not None and not args.db:
         return fail("--run needs --db URL")
     try:
-        rules = build_config(RulesConfig, "rules", toml=load_toml(args.config), flags=_flags(args))
+        rules = resolve(args)["rules"]
     except (ConfigError, ValueError) as exc:
         return fail(str(exc))
     try:

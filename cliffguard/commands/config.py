@@ -10,8 +10,8 @@ from core.settings import ConfigError
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("config", help="validate a TOML config (+ CLIFFGUARD_* env) and print the resolved values")
-    p.add_argument("--config", help="TOML file (sections: kafka, store, controller, recovery, rules, alerts, "
-                                    "dashboard, train, model, data, checkpoint, agent)")
+    p.add_argument("--config", help="TOML file (sections: kafka, spike, policy, secrets, store, retention, controller, "
+                                    "recovery, rules, alerts, dashboard, train, model, data, checkpoint, agent)")
     p.add_argument("--section", action="append", help="only this section (repeatable)")
     return p
 

@@ -1,9 +1,9 @@
 """``cliffguard controller``: run the controller service until SIGINT/SIGTERM.
 
-Settings come from ``--config FILE.toml`` < ``CLIFFGUARD_<SECTION>__<FIELD>`` env < flags, per
-section: ``[kafka]``, ``[store]``, ``[controller]``, ``[recovery]``, ``[rules]``, ``[alerts]``.
-The command-signing secret comes from ``CLIFFGUARD_COMMAND_SECRET`` (or ``[secrets] command``
-in the TOML file) and is never printed.
+Settings come from ``--config FILE.toml`` < ``CLIFFGUARD_<SECTION>__<FIELD>`` env < flags
+(``cliffguard/config.py``): the deployment's ``[kafka]``, ``[spike]``, ``[policy]`` and command
+secret (``[secrets] command`` < ``CLIFFGUARD_COMMAND_SECRET``, never printed), and the
+controller's ``[store]``, ``[controller]``, ``[recovery]``, ``[rules]``, ``[alerts]``, ``[retention]``.
 """
 
 from __future__ import annotations
@@ -13,13 +13,14 @@ import logging
 import signal
 import threading
 
-from core.settings import ConfigError, load_toml
+from core.settings import ConfigError
 
 log = logging.getLogger(__name__)
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="TOML file with [kafka], [store], [controller], [recovery], [rules], [alerts]")
+    p.add_argument("--config", help="TOML file with [kafka], [spike], [policy], [secrets], [store], [controller], "
+                                    "[recovery], [rules], [alerts]")
     p.add_argument("--db", help="store URL (default sqlite:///cliffguard.db)")
     p.add_argument("--topic-prefix", help="Kafka topic prefix (default cliffguard)")
 
@@ -34,13 +35,20 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def command_secret(toml: dict):
-    from controller.config import secret_from_env
+    """The deployment's command secret by its one rule (``cliffguard command`` signs with it);
+    a ValueError saying where to set it when there is none."""
+    from core.deployment import DeploymentConfig, resolve_secret
 
-    return secret_from_env((toml.get("secrets") or {}).get("command"))
+    secret, source = resolve_secret(toml)
+    return DeploymentConfig(secret=secret, secret_source=source).require_secret()
 
 
-def build_sections(args: argparse.Namespace) -> dict:
-    """Every section the controller needs, via the one config entry point (cliffguard.config)."""
+CONTROLLER_SECTIONS = ["kafka", "spike", "policy", "store", "controller", "recovery", "rules", "alerts", "retention"]
+
+
+def resolve_common(args: argparse.Namespace, sections: list[str]):
+    """The deployment and ``sections`` via the one config resolver (cliffguard/config.py), with
+    the options of ``add_common`` (and the controller's, where the command has them) as flags."""
     from cliffguard.config import load_all
 
     flags = {
@@ -49,10 +57,12 @@ def build_sections(args: argparse.Namespace) -> dict:
         "store": {"url": args.db},
         "controller": {"group_id": getattr(args, "group", None)},
     }
-    out = load_all(args.config, flags=flags, sections=["kafka", "store", "controller", "recovery", "rules", "alerts",
-                                                            "retention"])
-    out["toml"] = load_toml(args.config)
-    return out
+    return load_all(args.config, flags=flags, sections=sections)
+
+
+def build_sections(args: argparse.Namespace):
+    """Every section the controller needs."""
+    return resolve_common(args, CONTROLLER_SECTIONS)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -63,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         cfg = build_sections(args)
-        secret = command_secret(cfg["toml"])
+        secret = cfg.deployment.require_secret()
     except (ConfigError, ValueError) as exc:
         print(f"cliffguard controller: {exc}")
         return 2

@@ -18,9 +18,10 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from core.deployment import SECRET_ENV  # what the dashboard process must never hold
+
 APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
 ENV_DB_URL = "CLIFFGUARD_DASHBOARD__DB_URL"  # dashboard.config reads it (kept here to avoid importing streamlit)
-ENV_COMMAND_SECRET = "CLIFFGUARD_COMMAND_SECRET"  # what the dashboard process must never hold
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -35,7 +36,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def without_command_secret(env: Mapping[str, str]) -> dict[str, str]:
     """``env`` for a dashboard process: everything but the command-signing secret."""
-    return {k: v for k, v in env.items() if k != ENV_COMMAND_SECRET}
+    return {k: v for k, v in env.items() if k != SECRET_ENV}
 
 
 def streamlit_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:

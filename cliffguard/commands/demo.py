@@ -37,6 +37,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from core.deployment import SECRET_ENV
+
 DEFAULT_STEPS = 600
 DEFAULT_DIR = "cliffguard-demo"
 MARKER = ".cliffguard-demo"
@@ -221,7 +223,7 @@ def run(args: argparse.Namespace) -> int:
         db_url = f"sqlite:///{out_dir / 'cliffguard.db'}"
         store = Store.open(db_url)  # migrate before anyone else touches it
         secret = secrets.token_hex(24)
-        env = {**os.environ, "CLIFFGUARD_COMMAND_SECRET": secret, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, SECRET_ENV: secret, "PYTHONUNBUFFERED": "1"}
         controller = procs.spawn("controller", _cli("controller", "--db", db_url, "--bootstrap", broker.bootstrap),
                                  env={**env, **CONTROLLER_ENV}, log_path=out_dir / "controller.log")
         _say(f"controller started (pid {controller.proc.pid}); store {db_url}; log {out_dir / 'controller.log'}")

@@ -7,7 +7,7 @@ import json
 import logging
 import time
 
-from cliffguard.commands.controller import add_common
+from cliffguard.commands.controller import add_common, resolve_common
 from core.settings import ConfigError
 
 
@@ -28,12 +28,11 @@ def _age(ts: float | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from controller.store import read
-    from controller.store.db import Store, StoreConfig
-    from core.settings import build_config, load_toml
+    from controller.store.db import Store
 
     logging.getLogger("alembic").setLevel(logging.WARNING)  # migrations are not news here
     try:
-        store_cfg = build_config(StoreConfig, "store", toml=load_toml(args.config), flags={"url": args.db})
+        store_cfg = resolve_common(args, ["store"])["store"]
     except ConfigError as exc:
         print(f"cliffguard status: {exc}")
         return 2

@@ -1,17 +1,19 @@
 """``cliffguard train``: the bundled GPT trainer under torchrun, with the agent attached.
 
-Settings: ``--config FILE.toml`` < ``CLIFFGUARD_<SECTION>__<FIELD>`` env < flags, per section:
-``[train]`` (the loop), ``[model]``, ``[data]``, ``[checkpoint]``, ``[agent]`` (with
-``[agent.guard]``, ``[agent.guard.spike]``, ``[agent.hist]``) and ``[kafka]``. The resolved
-configuration is saved to ``<out-dir>/<run>/config.json`` and every worker reads that file.
+Settings: ``--config FILE.toml`` < ``CLIFFGUARD_<SECTION>__<FIELD>`` env < flags, by the one
+resolver (``cliffguard/config.py``): the deployment's ``[kafka]``, ``[spike]`` (the guard uses its
+``guard_patience``), ``[policy]`` and command secret, and the trainer's ``[train]`` (the loop),
+``[model]``, ``[data]``, ``[checkpoint]``, ``[agent]`` (with ``[agent.guard]``, ``[agent.hist]``).
+The resolved configuration is saved to ``<out-dir>/<run>/config.json`` and every worker reads
+that file.
 
 Broker: ``--bootstrap HOST:PORT`` streams to an existing Kafka cluster; without it an embedded
 broker (Tansu) is started for the run's lifetime and its address printed, so a controller can
 be pointed at it. ``--no-monitor`` runs without any stream.
 
-Commands: the signing secret comes from ``CLIFFGUARD_COMMAND_SECRET`` (or ``[secrets] command``
-in the TOML file); without one the trainer does not listen for commands. It reaches the workers
-through their environment, never through the command line or the saved config.
+Commands: the signing secret is the deployment's (``[secrets] command`` < ``CLIFFGUARD_COMMAND_SECRET``,
+as for the controller); without one the trainer does not listen for commands. It reaches the
+workers through their environment, never through the command line or the saved config.
 
 Launch: ``python -m torch.distributed.run --standalone --nproc_per_node N -m trainer.run``.
 On CPUs this is the way to get N processes (``accelerate launch --cpu --num_processes N``
@@ -27,18 +29,24 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from core.settings import ConfigError, build_config, load_toml
+from core.deployment import SECRET_ENV, DeploymentConfig
+from core.settings import ConfigError
 
-SECRET_ENV = "CLIFFGUARD_COMMAND_SECRET"
+if TYPE_CHECKING:
+    from trainer.config import TrainConfig
+
 SASL_PASSWORD_ENV = "CLIFFGUARD_KAFKA__SASL_PLAIN_PASSWORD"
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="launch the bundled GPT trainer under torchrun with the agent attached",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", help="TOML file with [train] [model] [data] [checkpoint] [agent] [kafka] sections")
+    p.add_argument("--config", help="TOML file with [train] [model] [data] [checkpoint] [agent] [kafka] [spike] "
+                                    "[policy] [secrets] sections")
     p.add_argument("--nproc", type=int, default=2, help="processes (ranks) to start on this machine (default 2)")
     p.add_argument("--run", help="run id (default run-<date>-<time>-<random>)")
     p.add_argument("--out-dir", help="root of run directories (default runs/)")
@@ -84,7 +92,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument("--guard-off", action="store_true", help="the guard reports but never skips an update")
     g.add_argument("--hold-timeout-s", type=float, help="guard hold: seconds to wait for the controller (default 120)")
     g.add_argument("--on-timeout", choices=["rollback", "resume", "stop"],
-                   help="guard hold past the timeout: roll back locally with lr x0.5 (default), resume, or stop")
+                   help="guard hold past the timeout: roll back locally with the [policy] LR cut (default), "
+                        "resume, or stop")
     return p
 
 
@@ -92,18 +101,22 @@ def default_run_id() -> str:
     return f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
 
 
-def build_train_config(args: argparse.Namespace, *, bootstrap: str | None):
-    """The TrainConfig tree from TOML < env < flags (raises ConfigError naming field and source)."""
+def build_train_config(args: argparse.Namespace, *, bootstrap: str | None, env: Mapping[str, str] | None = None):
+    """The deployment config and the TrainConfig tree built with it, from TOML < env < flags
+    (raises ConfigError naming field and source)."""
     import dataclasses
 
-    from agent.hooks import AgentConfig
-    from core.kafka_config import KafkaConfig
-    from trainer.checkpoint import CheckpointConfig
-    from trainer.config import TrainConfig
-    from trainer.data import DataConfig
-    from trainer.model import GPTConfig
+    from cliffguard.config import build_section, load_deployment, read_toml
 
-    toml = load_toml(args.config)
+    env = os.environ if env is None else env
+    toml = read_toml(args.config)
+    source = str(args.config or "config file")
+    deployment = load_deployment(args.config, toml=toml, env=env,
+                                 flags={"kafka": {"bootstrap": bootstrap, "topic_prefix": args.topic_prefix}})
+
+    def section(name: str, flags: dict):
+        return build_section(name, deployment, toml=toml, env=env, flags=flags, toml_source=source)
+
     train_flags = {
         "steps": args.steps, "global_batch": args.global_batch, "grad_accum": args.grad_accum, "lr": args.lr,
         "min_lr": args.min_lr, "warmup_steps": args.warmup_steps, "bf16": args.bf16, "seed": args.seed,
@@ -111,25 +124,33 @@ def build_train_config(args: argparse.Namespace, *, bootstrap: str | None):
         "progress_every": args.progress_every, "threads": args.threads, "resume": args.resume,
         "faults": args.faults, "run": args.run, "out_dir": args.out_dir,
     }
-    base = build_config(TrainConfig, "train", toml=toml, flags=train_flags)
-    run = args.run or ((toml.get("train") or {}).get("run")) or os.environ.get("CLIFFGUARD_TRAIN__RUN") or default_run_id()
-    model = build_config(GPTConfig, "model", toml=toml, flags={
-        "n_layer": args.n_layer, "n_head": args.n_head, "n_embd": args.n_embd, "block_size": args.seq_len})
-    data = build_config(DataConfig, "data", toml=toml, flags={
-        "seq_len": args.seq_len, "paths": args.data_paths, "max_bytes": args.max_bytes})
+    base = section("train", train_flags)
+    run = args.run or ((toml.get("train") or {}).get("run")) or env.get("CLIFFGUARD_TRAIN__RUN") or default_run_id()
+    model = section("model", {"n_layer": args.n_layer, "n_head": args.n_head, "n_embd": args.n_embd,
+                              "block_size": args.seq_len})
+    data = section("data", {"seq_len": args.seq_len, "paths": args.data_paths, "max_bytes": args.max_bytes})
     run_dir = Path(base.out_dir) / run
-    ckpt = build_config(CheckpointConfig, "checkpoint", toml=toml, flags={
+    ckpt = section("checkpoint", {
         "dir": ((toml.get("checkpoint") or {}).get("dir")) or str(run_dir / "checkpoints"),
         "snapshot_every": args.snapshot_every, "ckpt_every": args.ckpt_every, "full_every": args.full_every})
     guard_flags = {"hold_timeout_s": args.hold_timeout_s, "on_timeout": args.on_timeout,
                    "enabled": False if args.guard_off else None}
-    agent = build_config(AgentConfig, "agent", toml=toml, flags={
-        "run": run, "hist_every": args.hist_every, "heartbeat_s": args.heartbeat_s, "peak_flops": args.peak_flops,
-        "guard": guard_flags})
-    kafka = None
-    if not args.no_monitor:
-        kafka = build_config(KafkaConfig, "kafka", toml=toml, flags={"bootstrap": bootstrap, "topic_prefix": args.topic_prefix})
-    return dataclasses.replace(base, run=run, model=model, data=data, checkpoint=ckpt, agent=agent, kafka=kafka)
+    agent = section("agent", {"run": run, "hist_every": args.hist_every, "heartbeat_s": args.heartbeat_s,
+                              "peak_flops": args.peak_flops, "guard": guard_flags})
+    kafka = None if args.no_monitor else deployment.kafka
+    cfg = dataclasses.replace(base, run=run, model=model, data=data, checkpoint=ckpt, agent=agent, kafka=kafka)
+    return deployment, cfg
+
+
+def worker_env(deployment: DeploymentConfig, cfg: TrainConfig, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The workers' environment: the secrets the saved config masks travel here, never in argv."""
+    out = dict(os.environ if env is None else env)
+    if cfg.kafka is not None and cfg.kafka.sasl_plain_password is not None:
+        out[SASL_PASSWORD_ENV] = cfg.kafka.sasl_plain_password
+    out.pop(SECRET_ENV, None)
+    if deployment.secret is not None:
+        out[SECRET_ENV] = deployment.secret.reveal().decode()
+    return out
 
 
 def torchrun_command(nproc: int, config_path: str | Path) -> list[str]:
@@ -141,7 +162,6 @@ def run(args: argparse.Namespace) -> int:
     if args.nproc < 1:
         print("cliffguard train: --nproc: must be >= 1", file=sys.stderr)
         return 2
-    toml = load_toml(args.config) if args.config else {}
     broker = None
     bootstrap = args.bootstrap
     try:
@@ -152,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
             bootstrap = broker.bootstrap
             print(f"embedded broker on {bootstrap} (point the controller here: --bootstrap {bootstrap})", flush=True)
         try:
-            cfg = build_train_config(args, bootstrap=bootstrap)
+            deployment, cfg = build_train_config(args, bootstrap=bootstrap)
             cfg.micro_batch(args.nproc)
         except (ConfigError, ValueError) as exc:
             print(f"cliffguard train: {exc}", file=sys.stderr)
@@ -163,15 +183,10 @@ def run(args: argparse.Namespace) -> int:
             ensure_topics(cfg.kafka)
         config_path = cfg.run_dir / "config.json"
         cfg.save(config_path)
-        env = dict(os.environ)
-        secret = os.environ.get(SECRET_ENV) or (toml.get("secrets") or {}).get("command")
-        if cfg.kafka is not None and cfg.kafka.sasl_plain_password is not None:
-            # masked in the saved config.json; the workers get it the way they get the secret
-            env[SASL_PASSWORD_ENV] = cfg.kafka.sasl_plain_password
-        if secret:
-            env[SECRET_ENV] = secret
-        elif cfg.kafka is not None:
-            print(f"cliffguard train: no {SECRET_ENV}: the run will not accept commands", file=sys.stderr)
+        env = worker_env(deployment, cfg)
+        if deployment.secret is None and cfg.kafka is not None:
+            print(f"cliffguard train: no {SECRET_ENV} (or [secrets] command): the run will not accept commands",
+                  file=sys.stderr)
         print(f"run {cfg.run}: {args.nproc} process(es), config {config_path}", flush=True)
         proc = subprocess.Popen(torchrun_command(args.nproc, config_path), env=env)
         try:

@@ -31,18 +31,11 @@ from core.spike import SpikeConfig, SpikeDetector
 
 @dataclass(kw_only=True, slots=True)
 class LossSpikeConfig(SpikeConfig):
-    """The spike rule as the controller runs it (the guard keeps ``SpikeConfig``'s patience 1:
-    skipping one batch is cheap, a pause is not).
+    """The spike rule (the deployment's ``[spike]``, patience measured in ``core/spike.py``) plus
+    the controller's re-baselining. Held out (seed 11, 270k steps, all defaults): few-step/step-up/
+    NaN/single recall 1.00 (delays 2/2/0/0 steps), 0 of 788 outliers critical, 73 false *warns* per
+    10k steps (Student-t noise past 3σ: warns are alerts, deduplicated downstream)."""
 
-    ``patience`` measured on ``synthetic.suite(20, 8, seed=1)`` (120k steps, 300 benign +15-70%
-    outliers): 1 -> 267/300 outliers critical, 27.5 false criticals per 10k steps; 2 -> 0.083 per
-    10k; 3 -> 0 false criticals, few-step/step-up recall 1.00 at a 2-step delay; 4 -> few-step
-    recall 0.875. Hence 3. Held out (seed 11, 270k steps, all defaults): few-step/step-up/NaN/single
-    recall 1.00 (delays 2/2/0/0 steps), 0 of 788 outliers critical, 73 false *warns* per 10k
-    steps (Student-t noise past 3σ: warns are alerts, deduplicated downstream)."""
-
-    patience: int = 3
-    """Consecutive points at or above k_crit before the verdict is critical."""
     rebaseline_after: int = 200
     """Steps a reported excursion may last before it becomes the new baseline (0 = never)."""
 

@@ -148,10 +148,10 @@ def test_cli_options_override_the_controller_defaults(tmp_path, capsys):
 def test_cli_reads_the_controllers_toml_and_env(tmp_path, capsys, monkeypatch):
     path = spike_csv(tmp_path)
     toml = tmp_path / "cliffguard.toml"
-    toml.write_text("[rules.spike]\npatience = 1\n")
+    toml.write_text("[spike]\npatience = 1\n")
     _, out, _ = cli(capsys, path, "--json", "--config", toml)
     assert json.loads(out)["config"]["spike"]["patience"] == 1
-    monkeypatch.setenv("CLIFFGUARD_RULES__SPIKE__PATIENCE", "2")
+    monkeypatch.setenv("CLIFFGUARD_SPIKE__PATIENCE", "2")
     _, out, _ = cli(capsys, path, "--json", "--config", toml)
     assert json.loads(out)["config"]["spike"]["patience"] == 2  # env beats the file
     _, out, _ = cli(capsys, path, "--json", "--config", toml, "--patience", "4")

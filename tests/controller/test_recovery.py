@@ -37,6 +37,7 @@ from controller.recovery_types import (
     VerdictIn,
 )
 from controller.verdict import Action, Verdict
+from core.deployment import PolicyConfig
 from core.enums import AckStatus, CommandType, Level
 
 CFG = RecoveryConfig(stable_window=5, recover_window=5, rollback_budget=2, command_timeout_s=10,
@@ -127,6 +128,19 @@ def test_every_undeclared_move_raises(phase):
 def test_non_input_raises_type_error():
     with pytest.raises(TypeError):
         transition(CFG, new_state("r", "s"), object())  # type: ignore[arg-type]
+
+
+def test_the_deployments_policy_sets_the_lr_cut_and_the_command_lifetime():
+    import dataclasses
+
+    d = Driver(dataclasses.replace(CFG, policy=PolicyConfig(lr_factor=0.25, command_ttl_s=12.0)))
+    healthy_run(d, 40)
+    d.spike(step=41, onset=39)
+    d.ack()
+    d.answer_validate(2.5)
+    sent = [a for a in d.actions if isinstance(a, SendCommand)]
+    assert sent[-1].args["lr_scale"] == 0.25
+    assert {a.ttl_s for a in sent} == {12.0}
 
 
 def test_spike_then_abnormal_validation_rolls_back_to_newest_stable_checkpoint_before_onset():
@@ -432,9 +446,9 @@ def test_every_guard_is_exercised_by_name():
 
 
 @pytest.mark.parametrize("field,value", [
-    ("stable_window", 0), ("recover_window", 0), ("lr_factor", 0), ("lr_factor", 1.5), ("rollback_budget", -1),
+    ("stable_window", 0), ("recover_window", 0), ("rollback_budget", -1),
     ("rollback_window_s", 0), ("val_margin_rel", -1), ("baseline_window", 0), ("command_timeout_s", 0),
-    ("max_attempts", 0), ("command_ttl_s", 0), ("max_checkpoints", 0),
+    ("max_attempts", 0), ("max_checkpoints", 0),
 ])
 def test_config_rejects_bad_values_naming_the_field(field, value):
     with pytest.raises(ValueError) as exc:

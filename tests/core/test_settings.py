@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import pytest
 
 from agent.publisher import PublisherConfig
 from core.kafka_config import KafkaConfig
-from core.settings import ConfigError, build_config, config_to_dict, load_toml
+from core.settings import ConfigError, build_config, config_to_dict, load_toml, shared_field
+from core.spike import SpikeConfig
 
 
 def test_defaults_when_no_source_sets_anything():
@@ -103,3 +107,26 @@ def test_config_to_dict_masks_secrets():
     assert saved["bootstrap"] == cfg.bootstrap
     assert "hunter2" not in repr(saved) and saved["sasl_plain_password"] == "********"
     assert config_to_dict(KafkaConfig())["sasl_plain_password"] is None
+
+
+@dataclass(kw_only=True, slots=True)
+class Part:
+    spike: SpikeConfig = shared_field("spike", SpikeConfig)
+    n: int = 1
+    MOVED: ClassVar[dict[str, str]] = {"old": "[spike] k_crit"}
+
+
+def test_shared_fields_take_the_resolved_section_and_refuse_their_own():
+    resolved = SpikeConfig(k_crit=7.0)
+    assert build_config(Part, "part", env={}, shared={"spike": resolved}).spike is resolved
+    assert build_config(Part, "part", env={}).spike == SpikeConfig()  # in code: the section's default
+    for kw, source in (({"toml": {"part": {"spike": {"k_crit": 6.0}}}}, "config file [part]"),
+                       ({"env": {"CLIFFGUARD_PART__SPIKE__K_CRIT": "6"}}, "env CLIFFGUARD_PART__SPIKE__K_CRIT"),
+                       ({"flags": {"spike": {"k_crit": 6.0}}}, "flag --spike")):
+        with pytest.raises(ConfigError) as err:
+            build_config(Part, "part", **{"env": {}, **kw})
+        assert err.value.field == "part.spike" and err.value.source == source and "[spike]" in err.value.reason
+    with pytest.raises(ConfigError, match=r"moved: set it as \[spike\] k_crit"):
+        build_config(Part, "part", toml={"part": {"old": 1}}, env={})
+    assert "spike" not in config_to_dict(Part(), with_shared=False)
+    assert config_to_dict(Part())["spike"]["k_crit"] == SpikeConfig().k_crit

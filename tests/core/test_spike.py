@@ -12,7 +12,7 @@ from core.spike import SpikeConfig, SpikeDetector, window_stats
 
 
 def fed(values, **cfg) -> SpikeDetector:
-    det = SpikeDetector(SpikeConfig(**cfg))
+    det = SpikeDetector(SpikeConfig(**{"patience": 1, **cfg}))
     for v in values:
         det.observe(v)
     return det
@@ -34,6 +34,7 @@ def noisy(n: int, center: float = 2.0, amp: float = 0.02) -> list[float]:
         ({"sigma_floor_rel": 1.0}, "sigma_floor_rel"),
         ({"sigma_floor_rel": -0.1}, "sigma_floor_rel"),
         ({"patience": 0}, "patience"),
+        ({"guard_patience": 0}, "guard_patience"),
     ],
 )
 def test_config_rejects_bad_values_naming_the_field(kwargs, field):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from agent.config import AgentConfig
 from agent.guard import GuardConfig
-from agent.hooks import AgentConfig
 from agent.publisher import InMemorySink
 from core.enums import EventType
 from core.spike import SpikeConfig

@@ -13,6 +13,7 @@ import pytest
 from agent.guard import GuardConfig
 from agent.lr_scale import LRScale
 from agent.publisher import InMemorySink
+from core.deployment import PolicyConfig
 from core.enums import CommandType, EventType
 from core.events import make_command
 from core.spike import SpikeConfig
@@ -51,9 +52,10 @@ def test_config_round_trip_and_validation(tmp_path):
         TrainConfig.from_dict({"stepz": 3})
 
 
-def test_guard_hold_times_out_into_a_local_rollback_with_half_lr(tmp_path):
+@pytest.mark.parametrize("lr_factor", [0.5, 0.25])
+def test_guard_hold_times_out_into_a_local_rollback_with_the_policys_lr_cut(tmp_path, lr_factor):
     guard = GuardConfig(spike=SpikeConfig(window=16, min_history=8), hold_after=3, hold_timeout_s=0.3,
-                        on_timeout="rollback")
+                        on_timeout="rollback", policy=PolicyConfig(lr_factor=lr_factor))
     cfg = small_config(tmp_path, guard=guard, faults=["nan@6", "nan@7", "nan@8"])
     tr, sink, _ = make_trainer(cfg)
     assert tr.run() == 0
@@ -62,11 +64,11 @@ def test_guard_hold_times_out_into_a_local_rollback_with_half_lr(tmp_path):
     assert (6, "skip", 1.0) in by and (7, "skip", 1.0) in by and (8, "hold", 1.0) in by
     held = [e for e in sink.events if e.type is EventType.HEARTBEAT and e.data["state"] == "held"]
     assert held  # heartbeats went on while held
-    # Rolled back to the newest snapshot at or before the first skipped step (6), lr x0.5, and trained on:
-    # the one-shot NaNs do not recur on the replay.
-    replay = [e for e in steps if e.step == 6 and e.data["lr_scale"] == 0.5]
+    # Rolled back to the newest snapshot at or before the first skipped step (6), lr x[policy] lr_factor,
+    # and trained on: the one-shot NaNs do not recur on the replay.
+    replay = [e for e in steps if e.step == 6 and e.data["lr_scale"] == lr_factor]
     assert replay and replay[0].data["guard"] == "ok"
-    assert steps[-1].step == cfg.steps - 1 and steps[-1].data["lr_scale"] == 0.5
+    assert steps[-1].step == cfg.steps - 1 and steps[-1].data["lr_scale"] == lr_factor
     assert any(e.type is EventType.RUN_FINISHED for e in sink.events)
 
 

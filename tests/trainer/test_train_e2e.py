@@ -63,7 +63,7 @@ command_tick_s = 0.05
 [agent.guard]
 hold_after = 3
 
-[agent.guard.spike]
+[spike]
 window = 32
 min_history = 16
 """

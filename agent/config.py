@@ -1,0 +1,51 @@
+"""The agent's own settings (``[agent]``, with ``[agent.guard]`` and ``[agent.hist]``).
+
+Kept apart from ``agent/hooks.py`` (the runtime: distributed hooks, publisher, command listener)
+so the CLI and the config map build and validate it without importing the runtime. The spike rule and the rollback policy
+the guard uses are the deployment's ``[spike]`` and ``[policy]`` (``core/deployment.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from agent.collectors.grad_hist import HistConfig
+from agent.guard import GuardConfig
+
+
+@dataclass(kw_only=True, slots=True)
+class AgentConfig:
+    run: str
+    """Run id: the Kafka key of every event and the run commands must name."""
+    hist_every: int = 100
+    """Emit per-layer gradient histograms every this many steps (0 = never)."""
+    layer_norms: bool = True
+    """Put per-layer gradient norms in every step event (carried by the same all-reduce)."""
+    heartbeat_s: float = 5.0
+    """Seconds between heartbeats of each rank (also while paused)."""
+    command_tick_s: float = 0.2
+    """While paused or held: seconds between command polls (each is one broadcast)."""
+    peak_flops: float | None = None
+    """Peak FLOP/s per device for MFU; unset = device table, else a matmul calibration."""
+    calibration_s: float = 0.3
+    """Seconds of matmul calibration when the peak is neither configured nor in the table."""
+    guard: GuardConfig = field(default_factory=GuardConfig)
+    """The in-process guard (spike rule before optimizer.step())."""
+    hist: HistConfig = field(default_factory=HistConfig)
+    """Fixed log2 bin edges of the gradient histograms."""
+    spill_dir: str = ""
+    """Where each rank's publisher spills events while the broker is down (default: temp dir)."""
+
+    def __post_init__(self) -> None:
+        if not self.run:
+            raise ValueError("run: must be set")
+        if self.hist_every < 0:
+            raise ValueError("hist_every: must be >= 0")
+        if self.heartbeat_s <= 0:
+            raise ValueError("heartbeat_s: must be > 0")
+        if self.command_tick_s <= 0:
+            raise ValueError("command_tick_s: must be > 0")
+        if self.peak_flops is not None and self.peak_flops <= 0:
+            raise ValueError("peak_flops: must be > 0")
+        if self.calibration_s <= 0:
+            raise ValueError("calibration_s: must be > 0")
