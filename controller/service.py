@@ -238,7 +238,7 @@ class ControllerService:
         """Decide the pending operator requests; the commands accepted are sent at once."""
         ctx = self.processor.ctx
         done = decide_pending_requests(self.engine, secret=ctx.secret, commands_topic=ctx.commands_topic,
-                                       ttl_s=ctx.recovery.command_ttl_s, clock=self.clock)
+                                       ttl_s=ctx.recovery.policy.command_ttl_s, clock=self.clock)
         self.stats["requests_accepted"] += done.accepted
         self.stats["requests_rejected"] += done.rejected
         self.stats["errors"] += done.errors
