@@ -183,8 +183,9 @@ def outcomes(points: Sequence[tuple[int, float]], events: Sequence[BacktestEvent
     A replay has no validation set; the loss of the next ``VALIDATION_POINTS`` logged points
     stands in for it (new batches through the weights the spike left behind). Their median
     within the recovery's validation margin of the window median means validation would have come
-    back normal: the controller resumes and flags the samples, as for a single bad batch. No
-    window median (non-finite loss before any history) or no point after the event: rollback."""
+    back normal: the controller resumes and flags the samples, as for a single bad batch. A
+    divergence is a sustained rise, never a bad batch: rollback. So is a critical with no window
+    median (non-finite loss before any history) or no point after it."""
     margin = RecoveryConfig().val_margin_rel
     index = {s: i for i, (s, _) in enumerate(points)}
     out: list[str | None] = []
@@ -195,7 +196,7 @@ def outcomes(points: Sequence[tuple[int, float]], events: Sequence[BacktestEvent
         ref = e.evidence.get("median")
         i = index.get(e.step)
         after = [x for _, x in points[i + 1: i + 1 + VALIDATION_POINTS]] if i is not None else []
-        if ref is None or not after or not all(math.isfinite(x) for x in after):
+        if e.rule == "divergence" or ref is None or not after or not all(math.isfinite(x) for x in after):
             out.append("rollback")
             continue
         out.append("resume" if median(after) <= ref * (1 + margin) else "rollback")

@@ -18,6 +18,10 @@ def fed(values, **cfg) -> SpikeDetector:
     return det
 
 
+MODERATE = 2.2
+"""On ``noisy(40)`` (median 2, σ 0.03): 6.7σ and +10%, past k_crit but short of the extreme rule."""
+
+
 def noisy(n: int, center: float = 2.0, amp: float = 0.02) -> list[float]:
     # a deterministic cycle of center + {-2,-1,0,1,2}·amp: median = center, MAD = amp
     return [center + amp * ((i % 5) - 2) for i in range(n)]
@@ -86,42 +90,42 @@ def test_sigma_floor_keeps_a_flat_curve_from_alarming():
 
 def test_patience_reports_warn_until_enough_consecutive_criticals():
     det = fed(noisy(40), patience=3)
-    levels = [det.observe(10.0).level for _ in range(3)]
+    levels = [det.observe(MODERATE).level for _ in range(3)]
     assert levels == [Level.WARN, Level.WARN, Level.CRITICAL]
-    assert "patience" in fed(noisy(40), patience=3).observe(10.0).reason
+    assert "patience" in fed(noisy(40), patience=3).observe(MODERATE).reason
     det.observe(2.0)  # a healthy point resets the run
-    assert det.observe(10.0).level is Level.WARN
+    assert det.observe(MODERATE).level is Level.WARN
 
 
 def test_nonfinite_counts_toward_patience_and_is_critical_regardless():
     det = fed(noisy(40), patience=2)
     assert det.observe(math.nan).level is Level.CRITICAL
-    assert det.observe(10.0).level is Level.CRITICAL  # second consecutive point above k_crit
+    assert det.observe(MODERATE).level is Level.CRITICAL  # second consecutive point above k_crit
 
 
 def test_peek_does_not_change_state():
     det = fed(noisy(40), patience=2)
     state = det.state_dict()
-    det.peek(10.0)
+    det.peek(MODERATE)
     det.peek(2.0)
     assert det.state_dict() == state
 
 
 def test_state_dict_round_trips_through_json():
     det = fed(noisy(40), patience=3)
-    det.observe(10.0)
+    det.observe(MODERATE)
     state = json.loads(json.dumps(det.state_dict()))
     twin = SpikeDetector(SpikeConfig(patience=3))
     twin.load_state_dict(state)
-    assert twin.observe(10.0).level == det.observe(10.0).level == Level.WARN
-    assert twin.observe(10.0).level is Level.CRITICAL
+    assert twin.observe(MODERATE).level == det.observe(MODERATE).level == Level.WARN
+    assert twin.observe(MODERATE).level is Level.CRITICAL
     assert twin.stats() == det.stats()
 
 
 def test_load_state_dict_without_crit_run_defaults_to_zero():
     det = SpikeDetector(SpikeConfig(patience=2))
     det.load_state_dict({"window": noisy(40)})
-    assert det.observe(10.0).level is Level.WARN
+    assert det.observe(MODERATE).level is Level.WARN
 
 
 def test_stats_need_two_points_and_take_an_explicit_floor():
