@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from controller import backtest_score as sc
-from controller.detect import RulesConfig
-from core.settings import build_config, load_toml
+from core.settings import load_toml
 
 
 def parse_sets(items: list[str]) -> dict[str, dict[str, Any]]:
@@ -35,15 +34,6 @@ def parse_sets(items: list[str]) -> dict[str, dict[str, Any]]:
         section, _, name = key.strip().rpartition(".")
         out.setdefault(section or "spike", {})[name] = value.strip()
     return out
-
-
-def rules_maker(toml: dict[str, Any], base: dict[str, dict[str, Any]]):
-    def make(extra: dict[str, dict[str, Any]]) -> RulesConfig:
-        flags = {k: dict(v) for k, v in base.items()}
-        for section, fields in extra.items():
-            flags.setdefault(section, {}).update(fields)
-        return build_config(RulesConfig, "rules", toml=toml, flags=flags, env={})
-    return make
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
 
     folder = Path(args.curves)
     labels = sc.load_labels(args.labels or folder / "labels.json")
-    make = rules_maker(load_toml(args.config), parse_sets(args.set))
+    make = sc.rules_maker(load_toml(args.config), parse_sets(args.set), env={})
     t0 = time.perf_counter()
     if args.sweep:
         key, _, values = args.sweep.partition("=")

@@ -181,6 +181,20 @@ def summary_line(s: dict[str, Any]) -> str:
             f"median delay {f(s['median_delay_steps'], 'g')} steps ({f(s['median_delay_points'], 'g')} points)")
 
 
+def rules_maker(toml: dict[str, Any], flags: dict[str, dict[str, Any]],
+                env: dict[str, str] | None = None) -> Callable[[dict[str, dict[str, Any]]], RulesConfig]:
+    """A function from extra ``{section: {field: value}}`` overrides to the rules config built
+    from ``toml`` < ``env`` (the process environment when None) < ``flags`` < the overrides."""
+    from core.settings import build_config
+
+    def make(extra: dict[str, dict[str, Any]]) -> RulesConfig:
+        merged = {k: dict(v) for k, v in flags.items()}
+        for section, fields in extra.items():
+            merged.setdefault(section, {}).update(fields)
+        return build_config(RulesConfig, "rules", toml=toml, flags=merged, env=env)
+    return make
+
+
 def sweep(folder: str | Path, labels: Labels, field_path: str, values: Sequence[str],
           make: Callable[[dict[str, dict[str, Any]]], RulesConfig]) -> list[dict[str, Any]]:
     """One summary per value of ``section.field`` (a bare field means ``spike``)."""
@@ -194,13 +208,13 @@ def sweep(folder: str | Path, labels: Labels, field_path: str, values: Sequence[
 
 
 def sweep_table(results: Sequence[dict[str, Any]]) -> list[str]:
-    out = [f"{'setting':28} {'recall':>8} {'crit/10k neg':>12} {'false pos':>9} {'outlier rb/crit':>15} "
+    out = [f"{'setting':28} {'recall':>11} {'crit/10k neg':>12} {'false pos':>9} {'outlier rb/crit':>15} "
            f"{'hard rb/crit':>12} {'delay steps (pts)':>18}"]
     for r in results:
         rec = "-" if r["recall"] is None else f"{r['recall']:.2f} {r['caught']}/{r['windows']}"
         fa = "-" if r["criticals_per_10k_negative_points"] is None else f"{r['criticals_per_10k_negative_points']:.2f}"
         delay = f"{r['median_delay_steps']} ({r['median_delay_points']})"
-        out.append(f"{r['field'] + '=' + str(r['value']):28} {rec:>8} {fa:>12} {r['false_criticals_on_positive_curves']:>9} "
+        out.append(f"{r['field'] + '=' + str(r['value']):28} {rec:>11} {fa:>12} {r['false_criticals_on_positive_curves']:>9} "
                    f"{str(r['data_outlier_rollbacks']) + '/' + str(r['data_outlier_criticals']):>15} "
                    f"{str(r['hard_negative_rollbacks']) + '/' + str(r['hard_negative_criticals']):>12} {delay:>18}")
     return out

@@ -72,8 +72,8 @@ class SpikeConfig:
             raise ValueError("sigma_floor_rel: must be in [0, 1)")
         if self.patience < 1:
             raise ValueError("patience: must be >= 1")
-        if self.k_extreme < self.k_crit:
-            raise ValueError("k_extreme: must be >= k_crit")
+        if self.k_extreme <= 0:
+            raise ValueError("k_extreme: must be > 0 (it only matters at or above k_crit)")
         if self.jump_extreme < 0:
             raise ValueError("jump_extreme: must be >= 0")
         if self.window_steps < 0:

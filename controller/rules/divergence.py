@@ -18,7 +18,8 @@ Three tests, run together by default (``method = "all"``):
 * ``shift`` — the same smoothed log loss against the spike window's median: alarm when it is
   ``log(1 + shift_rise)`` *and* ``shift_k`` standard errors above it. This is a level shift (a
   burst of elevated points) that no single point makes a spike, on a plateau where the running
-  minimum is far below. Its onset is the first point of the smoothing window above the median.
+  minimum is far below. Its onset is the first point of the smoothing window at least half that
+  rise above the median.
 
 See ``DivergenceConfig`` for the defaults and the figures behind them.
 """
@@ -226,7 +227,8 @@ class DivergenceDetector:
         bar = max(math.log1p(cfg.shift_rise), cfg.shift_k * self._noise(m))
         if rise < bar:
             return None
-        onset = next(s for s, x in list(self._recent)[-m:] if x > math.log(med))
+        # the first point of the burst: above the median by at least half the smoothed rise
+        onset = next(s for s, x in list(self._recent)[-m:] if x >= math.log(med) + rise / 2)
         return DivergenceVerdict(True, rise, onset, "shift")
 
     def _runmin(self, step: int, loss: float, med: float | None, sigma: float | None,
