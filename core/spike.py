@@ -45,7 +45,7 @@ class SpikeConfig:
     negatives, 5 per-rank speedrun logs with one-step +15-70% data outliers): recall 11/11, 0.68
     criticals per 10k negative points, 0 rollbacks (16 paused-and-resumed criticals) on the
     data-outlier curves, spike delay 0-1 logged points. ``window_steps`` 0 (a 100-point window,
-    1000 steps of a falling curve logged every 10) misses the two single-point spikes of that set;
+    1000 steps of a falling curve logged every 10) misses 3 of its 4 spike windows (recall 8/11);
     ``k_crit`` 4/5/6 -> recall 11/11, 11/11, 10/11 at 2.27/0.68/0 criticals per 10k negative
     points; ``jump_extreme`` 0.15/0.25/0.5 -> 21/16/0 criticals on the data-outlier curves, all
     resumed. On the synthetic suite (seed 11) the extreme rule pauses for 583 of 788 benign
