@@ -63,7 +63,7 @@ class DivergenceConfig:
     The ``runmin`` and ``shift`` tests were added for real curves (``bench/detection.py``, a dev
     set of 25 public curves): with the CUSUM alone recall was 6/11 — of its 3 early divergences
     (an upward turn 10-50 steps after the minimum, logged every 10 steps) one was missed, one
-    caught only at its blow-up 170 steps in, and 0 of 4 plateau bursts were caught.
+    caught only at its blow-up 170 steps in, and 3 of its 4 plateau bursts were missed.
     With all three: 11/11 windows, early divergences caught 40-90 steps after onset, bursts 0-2
     points after. ``shift_k`` 2/4/6 -> 0.91/0.68/0.68 criticals per 10k negative points at the same
     recall; without the noise bars (``shift_k = rise_k = 0``) a 6%-noise healthy curve alarms.
