@@ -19,9 +19,11 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 from controller.detect import RulesConfig, RunDetector
+from controller.recovery_types import RecoveryConfig
 from controller.verdict import Action, Verdict
 from core.enums import EventType
 from core.events import Event
@@ -37,13 +39,25 @@ class CsvError(ValueError):
         self.reason = reason
 
 
-def read_loss_csv(text: str, source: str = "<csv>") -> list[tuple[int, float]]:
+@dataclass(frozen=True, slots=True)
+class LossCsv:
+    points: list[tuple[int, float]]
+    grad_norms: list[float] | None = None
+    """One per point when the CSV has a ``grad_norm`` column (NaN where that cell is empty)."""
+    skipped_empty: int = 0
+    """Rows whose loss cell was empty (evaluation rows of an exported Trainer log history)."""
+
+
+def parse_loss_csv(text: str, source: str = "<csv>") -> LossCsv:
     """``step,loss`` rows -> points. A header naming ``step`` and ``loss`` columns (any order,
-    extra columns ignored) is optional; blank lines and ``#`` comments are skipped; ``nan`` and
+    extra columns ignored, an optional ``grad_norm`` column read) is optional; blank lines and
+    ``#`` comments are skipped; rows with an empty loss cell are skipped and counted; ``nan`` and
     ``inf`` are valid losses (they are what the rules must catch)."""
     points: list[tuple[int, float]] = []
-    step_col, loss_col = 0, 1
+    norms: list[float] = []
+    step_col, loss_col, norm_col = 0, 1, None
     seen_data = False
+    skipped = 0
     for lineno, row in enumerate(csv.reader(io.StringIO(text)), start=1):
         cells = [c.strip() for c in row]
         if not cells or all(not c for c in cells) or cells[0].startswith("#"):
@@ -53,6 +67,7 @@ def read_loss_csv(text: str, source: str = "<csv>") -> list[tuple[int, float]]:
             if "step" not in names or "loss" not in names:
                 raise CsvError(source, lineno, f"header must name 'step' and 'loss' columns, got {row!r}")
             step_col, loss_col = names.index("step"), names.index("loss")
+            norm_col = names.index("grad_norm") if "grad_norm" in names else None
             seen_data = True  # only one header, and only first
             continue
         seen_data = True
@@ -60,14 +75,28 @@ def read_loss_csv(text: str, source: str = "<csv>") -> list[tuple[int, float]]:
             raise CsvError(source, lineno, f"expected at least {max(step_col, loss_col) + 1} columns, got {len(cells)}")
         if not _is_int(cells[step_col]):
             raise CsvError(source, lineno, f"step {cells[step_col]!r} is not a non-negative integer")
+        if not cells[loss_col]:
+            skipped += 1
+            continue
         try:
             loss = float(cells[loss_col])
         except ValueError:
             raise CsvError(source, lineno, f"loss {cells[loss_col]!r} is not a number") from None
         points.append((int(cells[step_col]), loss))
+        if norm_col is not None:
+            cell = cells[norm_col] if norm_col < len(cells) else ""
+            try:
+                norms.append(float(cell) if cell else math.nan)
+            except ValueError:
+                raise CsvError(source, lineno, f"grad_norm {cell!r} is not a number") from None
     if not points:
-        raise CsvError(source, 1, "no data rows")
-    return points
+        raise CsvError(source, 1, "no data rows" if not skipped else f"no data rows ({skipped} with an empty loss)")
+    return LossCsv(points, norms if norm_col is not None else None, skipped)
+
+
+def read_loss_csv(text: str, source: str = "<csv>") -> list[tuple[int, float]]:
+    """The points of ``parse_loss_csv``."""
+    return parse_loss_csv(text, source).points
 
 
 def _is_int(text: str) -> bool:
@@ -75,6 +104,10 @@ def _is_int(text: str) -> bool:
 
 
 def read_loss_csv_file(path: str | Path) -> list[tuple[int, float]]:
+    return parse_loss_csv_file(path).points
+
+
+def parse_loss_csv_file(path: str | Path) -> LossCsv:
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -83,7 +116,7 @@ def read_loss_csv_file(path: str | Path) -> list[tuple[int, float]]:
     except UnicodeDecodeError as exc:
         line = p.read_bytes()[: exc.start].count(b"\n") + 1
         raise CsvError(str(p), line, "not UTF-8 text") from None
-    return read_loss_csv(text, str(p))
+    return parse_loss_csv(text, str(p))
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,9 +144,63 @@ class BacktestEvent:
                 "message": self.message, "evidence": to_json(self.evidence)}
 
 
-def replay_points(points: Iterable[tuple[int, float]], config: RulesConfig | None = None) -> list[BacktestEvent]:
+def replay_points(points: Iterable[tuple[int, float]], config: RulesConfig | None = None,
+                  grad_norms: Sequence[float | None] | None = None) -> list[BacktestEvent]:
+    """The loss rules over ``points``; with ``grad_norms`` (one per point, None = not logged) the
+    grad-norm rule too, which runs first on each step so its z-score can lead the loss rule."""
     det = RunDetector(config)
-    return [BacktestEvent.from_verdict(v) for step, loss in points for v in det.observe_loss(step, loss)]
+    out: list[BacktestEvent] = []
+    for i, (step, loss) in enumerate(points):
+        g = grad_norms[i] if grad_norms is not None else None
+        verdicts = det.grad_norm.observe(step, {"grad_norm": g}) if g is not None else []
+        out += [BacktestEvent.from_verdict(v) for v in verdicts + det.observe_loss(step, loss)]
+    return out
+
+
+def infer_interval(steps: Sequence[int]) -> float:
+    """The logging interval in steps: the median gap between consecutive logged steps (1 if fewer
+    than two points). A W&B-sampled export has irregular gaps; the median is its typical one."""
+    gaps = sorted(b - a for a, b in zip(steps, steps[1:], strict=False) if b > a)
+    return float(median(gaps)) if gaps else 1.0
+
+
+def cadence(steps: Sequence[int]) -> dict[str, Any]:
+    """What ``backtest`` reports about the logging: interval, largest gap, whether gaps vary."""
+    gaps = [b - a for a, b in zip(steps, steps[1:], strict=False) if b > a]
+    interval = infer_interval(steps)
+    return {"interval_steps": interval, "max_gap_steps": max(gaps, default=0),
+            "irregular": bool(gaps) and max(gaps) > 2 * interval}
+
+
+VALIDATION_POINTS = 3
+"""Logged points after a critical whose median stands in for the controller's validation."""
+
+
+def outcomes(points: Sequence[tuple[int, float]], events: Sequence[BacktestEvent]) -> list[str | None]:
+    """What the controller would most likely do after each event: ``rollback``, ``resume`` (a
+    transient, recorded as a data outlier) or None (not critical).
+
+    A replay has no validation set; the loss of the next ``VALIDATION_POINTS`` logged points
+    stands in for it (new batches through the weights the spike left behind). Their median
+    within the recovery's validation margin of the window median means validation would have come
+    back normal: the controller resumes and flags the samples, as for a single bad batch. A
+    divergence is a sustained rise, never a bad batch: rollback. So is a critical with no window
+    median (non-finite loss before any history) or no point after it."""
+    margin = RecoveryConfig().val_margin_rel
+    index = {s: i for i, (s, _) in enumerate(points)}
+    out: list[str | None] = []
+    for e in events:
+        if e.level != "critical":
+            out.append(None)
+            continue
+        ref = e.evidence.get("median")
+        i = index.get(e.step)
+        after = [x for _, x in points[i + 1: i + 1 + VALIDATION_POINTS]] if i is not None else []
+        if e.rule == "divergence" or ref is None or not after or not all(math.isfinite(x) for x in after):
+            out.append("rollback")
+            continue
+        out.append("resume" if median(after) <= ref * (1 + margin) else "rollback")
+    return out
 
 
 def replay_events(events: Iterable[Event], config: RulesConfig | None = None) -> list[BacktestEvent]:

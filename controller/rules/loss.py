@@ -11,7 +11,12 @@ right baseline for the replayed steps) and the replayed steps are judged afresh.
 
 A level shift that persists for ``rebaseline_after`` steps after being reported is accepted as
 the new normal (the window is refilled from it); otherwise the window, which never takes a
-spike point, would stay critical forever after an operator chose to resume.
+spike point, would stay critical forever after an operator chose to resume. A reported divergence
+likewise becomes the divergence rule's new baseline after ``rebaseline_after`` steps.
+
+Everything is counted in steps: ``StepCadence`` infers the logging interval from the step
+numbers, and the spike rule's patience and window and the divergence rule's smoothing follow it,
+so a curve logged every 10 or 50 steps, or sampled at irregular gaps, is judged like a per-step one.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.rules.base import STEP_EVENTS, RankScope
+from controller.rules.cadence import StepCadence
 from controller.rules.divergence import DivergenceConfig, DivergenceDetector
 from controller.verdict import Action, Verdict
 from core.enums import Level
@@ -74,21 +80,24 @@ class LossRules:
         self.spike_config = spike or LossSpikeConfig()
         self.spike = SpikeDetector(self.spike_config)
         self.divergence = DivergenceDetector(divergence)
+        self.cadence = StepCadence()
         self._exc: _Excursion | None = None
-        self._diverging = False
+        self._diverging: int | None = None  # step at which the reported divergence was reported
         self._recent: deque[tuple[int, float]] = deque(maxlen=last_n)
         self.last_point: LossPoint | None = None
         """The newest loss judged (a new object per loss; not state: it only says what just happened)."""
 
     def rewind(self) -> None:
         self._exc = None
-        self._diverging = False
+        self._diverging = None
         self.spike.load_state_dict({"window": self.spike.state_dict()["window"], "crit_run": 0})
         self.divergence.reset()
 
     def observe(self, step: int, loss: float) -> list[Verdict]:
         self._recent.append((step, loss))
-        v = self.spike.observe(loss)
+        gap = self.cadence.observe(step)
+        interval = self.cadence.interval
+        v = self.spike.observe(loss, gap, interval)
         # A non-finite loss is judged without the window's statistics, but they held all the same
         # (it never enters the window), so its point still carries the band it broke through.
         ready = not math.isfinite(loss) and len(self.spike) >= self.spike_config.min_history
@@ -106,12 +115,12 @@ class LossRules:
                 nonfinite = not math.isfinite(loss)
                 out.append(Verdict(
                     rule="nonfinite" if nonfinite else "loss_spike", level=v.level, step=step,
-                    onset_step=exc.onset, evidence={**v.evidence(), **self.window_evidence()},
+                    onset_step=exc.onset, evidence={**self.window_evidence(), **v.evidence()},
                     action=Action.RECOVER if v.level is Level.CRITICAL else Action.ALERT,
                     message=(f"loss is {loss}" if nonfinite else
                              f"loss {loss:.4g} is {v.sigmas:.1f}σ above the median {v.median:.4g}")))
             reb = self.spike_config.rebaseline_after
-            if reb and exc.level is not Level.OK and len(exc.points) >= reb:
+            if reb and exc.level is not Level.OK and step - exc.onset >= reb:
                 finite = [x for x in exc.points if math.isfinite(x)][-self.spike_config.window:]
                 if len(finite) >= self.spike_config.min_history:
                     self.spike.load_state_dict({"window": finite, "crit_run": 0})
@@ -119,23 +128,33 @@ class LossRules:
                     self.divergence.reset()
         if self._exc is not None and self._exc.level is Level.CRITICAL:
             # A reported spike is being dealt with; its points would only re-report it as a "divergence".
-            self.divergence.reset()
+            self.divergence.reset_cusum()
             return out
         ready = len(self.spike) >= self.spike_config.min_history
-        stats = self.spike.stats(self.divergence.config.sigma_floor_rel) if ready else None
-        dv = self.divergence.observe(step, loss, *(stats or (None, None)))
-        if dv.fired and not self._diverging:
-            self._diverging = True
+        stats = self.spike.stats(self.divergence.config.sigma_floor_rel, interval) if ready else None
+        dv = self.divergence.observe(step, loss, *(stats or (None, None)), interval=interval)
+        reb = self.spike_config.rebaseline_after
+        if dv.fired and self._diverging is None:
+            self._diverging = step
+            what = {"cusum": f"CUSUM {dv.statistic:.0f}",
+                    "runmin": f"smoothed loss {math.expm1(dv.statistic):+.0%} over its running minimum",
+                    "shift": f"smoothed loss {math.expm1(dv.statistic):+.0%} over the window median"}[dv.test]
             out.append(Verdict(
                 rule="divergence", level=Level.CRITICAL, step=step, onset_step=dv.onset_step,
-                action=Action.RECOVER, evidence={**dv.evidence(), **self.window_evidence()},
-                message=f"loss has been rising since step {dv.onset_step} (CUSUM {dv.statistic:.0f})"))
-        elif dv.statistic == 0:
-            self._diverging = False
+                action=Action.RECOVER, evidence={**self.window_evidence(), **dv.evidence()},
+                message=f"loss has been rising since step {dv.onset_step} ({what})"))
+        elif self._diverging is not None:
+            if not dv.fired and self.divergence.cusum_sum == 0:
+                self._diverging = None  # back to normal: the next rise is a new divergence
+            elif reb and step - self._diverging >= reb:
+                # still up after rebaseline_after steps: the new normal; only a further rise alarms
+                self.divergence.rebaseline()
+                self.divergence.reset_cusum()
+                self._diverging = None
         return out
 
     def window_evidence(self) -> dict[str, Any]:
-        stats = self.spike.stats()
+        stats = self.spike.stats(interval=self.cadence.interval)
         return {
             "median": stats[0] if stats else None,
             "sigma": stats[1] if stats else None,
@@ -154,6 +173,7 @@ class LossRules:
             "excursion": None if exc is None else {"onset": exc.onset, "level": str(exc.level),
                                                    "points": list(exc.points)},
             "diverging": self._diverging,
+            "cadence": self.cadence.state_dict(),
             "recent": [[s, x] for s, x in self._recent],
         }
 
@@ -163,5 +183,8 @@ class LossRules:
         exc = state.get("excursion")
         self._exc = None if exc is None else _Excursion(int(exc["onset"]), Level(exc["level"]),
                                                         [float(x) for x in exc["points"]])
-        self._diverging = bool(state.get("diverging", False))
+        diverging = state.get("diverging")
+        # older states stored a bool; True there means "reported, step unknown": count from now
+        self._diverging = None if diverging in (None, False) else (int(diverging) if diverging is not True else 0)
+        self.cadence.load_state_dict(state.get("cadence", {}))
         self._recent = deque(((int(s), float(x)) for s, x in state.get("recent", [])), maxlen=self._recent.maxlen)

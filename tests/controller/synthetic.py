@@ -20,7 +20,12 @@ Injected events (at most one per curve, ``Label`` says where and what is expecte
 
 ``score`` counts recall (an alarm at least as severe as expected inside ``[onset, deadline]``)
 and false alarms (a critical alarm outside every label's ``[onset, end]``; benign outliers,
-bumps and plateaus are not labelled, so alarming on them counts against the rule).
+bumps and plateaus are not labelled, so alarming on them counts against the rule). A critical
+after which the loss is back to normal (``controller.backtest.outcomes`` says ``resume``: the
+controller pauses, validates and resumes, flagging the batch as a data outlier) is level
+``resumed``: as severe as a warn for recall, counted apart from false criticals. Real curves
+(the extreme-point rule of ``core/spike.py``) made that distinction necessary: a single +35%
+point is worth a pause and a validation, not a rollback.
 
 Everything is seeded: ``suite(n_clean, n_each, seed)`` returns the same curves every time.
 """
@@ -181,7 +186,7 @@ def max_trailing_z(curve: Curve, window: int = 100) -> float:
 # Scoring
 # ---------------------------------------------------------------------------------------------
 
-_SEVERITY = {"warn": 1, "critical": 2}
+_SEVERITY = {"warn": 1, "resumed": 1, "critical": 2}
 
 
 @dataclass(slots=True)
@@ -192,11 +197,14 @@ class Score:
     hits: dict[str, int] = field(default_factory=dict)
     delays: dict[str, list[int]] = field(default_factory=dict)
     false_critical: int = 0
+    false_resumed: int = 0
+    """Criticals outside every label that the loss recovered from at once (pause-validate-resume)."""
     false_warn: int = 0
     clean_curves: int = 0
     clean_curves_with_false_critical: int = 0
     outliers: int = 0
     outliers_called_critical: int = 0
+    outliers_resumed: int = 0
 
     def recall(self, kind: str | None = None) -> float:
         kinds = [kind] if kind else list(self.labels)
@@ -221,14 +229,25 @@ class Score:
             "recall_all": round(self.recall(), 3),
             "median_delay": {k: self.median_delay(k) for k in sorted(self.labels)},
             "false_critical_per_10k_steps": round(self.false_critical_per_10k(), 3),
+            "false_resumed_per_10k_steps": round(1e4 * self.false_resumed / max(1, self.steps), 2),
             "false_warn_per_10k_steps": round(self.false_warn_per_10k(), 2),
             "clean_curves_with_false_critical": f"{self.clean_curves_with_false_critical}/{self.clean_curves}",
             "outliers_called_critical": f"{self.outliers_called_critical}/{self.outliers}",
+            "outliers_resumed": f"{self.outliers_resumed}/{self.outliers}",
         }
 
 
 Alarms = Iterable[tuple[int, str]]
-"""(step, level) pairs a rule raised on one curve; level is "warn" or "critical"."""
+"""(step, level) pairs a rule raised on one curve; level is "warn", "resumed" or "critical"."""
+
+
+def replay_alarms(curve: Curve, config: object = None) -> list[tuple[int, str]]:
+    """The controller's rules (``controller.backtest``) on ``curve`` as alarms for ``score``."""
+    from controller.backtest import outcomes, replay_points
+
+    pts = curve.points()
+    events = replay_points(pts, config)  # type: ignore[arg-type]
+    return [(e.step, "resumed" if o == "resume" else e.level) for e, o in zip(events, outcomes(pts, events), strict=True)]
 
 
 def score(curves: Sequence[Curve], run: Callable[[Curve], Alarms]) -> Score:
@@ -244,13 +263,16 @@ def score(curves: Sequence[Curve], run: Callable[[Curve], Alarms]) -> Score:
             if on_time:
                 out.hits[lab.kind] = out.hits.get(lab.kind, 0) + 1
                 out.delays.setdefault(lab.kind, []).append(min(on_time) - lab.onset)
-        crit_steps = set()
+        crit_steps, resumed_steps = set(), set()
         for s, lv in alarms:
             if any(lab.onset <= s <= lab.end for lab in curve.labels):
                 continue
             if lv == "critical":
                 out.false_critical += 1
                 crit_steps.add(s)
+            elif lv == "resumed":
+                out.false_resumed += 1
+                resumed_steps.add(s)
             else:
                 out.false_warn += 1
         if curve.clean:
@@ -258,6 +280,7 @@ def score(curves: Sequence[Curve], run: Callable[[Curve], Alarms]) -> Score:
             out.clean_curves_with_false_critical += bool(crit_steps)
         out.outliers += len(curve.outlier_steps)
         out.outliers_called_critical += len(crit_steps.intersection(curve.outlier_steps))
+        out.outliers_resumed += len(resumed_steps.intersection(curve.outlier_steps))
     return out
 
 
@@ -267,7 +290,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     import json
     import time
 
-    from controller.backtest import replay_points
     from controller.detect import RulesConfig
     from core.settings import build_config, load_toml
 
@@ -282,7 +304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rules = build_config(RulesConfig, "rules", toml=load_toml(args.config))
     curves = suite(args.clean, args.each, seed=args.seed, length=args.length)
     t0 = time.perf_counter()
-    result = score(curves, lambda c: [(e.step, e.level) for e in replay_points(c.points(), rules)])
+    result = score(curves, lambda c: replay_alarms(c, rules))
     figures = {**result.summary(), "seconds": round(time.perf_counter() - t0, 1)}
     print(json.dumps(figures, indent=2))
     if args.json:

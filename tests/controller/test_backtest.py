@@ -24,8 +24,12 @@ def healthy(i: int) -> float:
     return 2.0 + 0.02 * ((i % 5) - 2)
 
 
+MODERATE = 2.2
+"""+10% and 6.7σ over healthy(): past k_crit, short of the extreme rule, so patience applies."""
+
+
 def spike_csv(tmp_path, name="loss.csv", spike_at=60, header="step,loss\n"):
-    rows = [(s, 6.0 if spike_at <= s < spike_at + 5 else healthy(s)) for s in range(100)]
+    rows = [(s, MODERATE if spike_at <= s < spike_at + 5 else healthy(s)) for s in range(100)]
     path = tmp_path / name
     path.write_text(header + "".join(f"{s},{x}\n" for s, x in rows))
     return path
@@ -72,7 +76,7 @@ def test_file_errors_are_csv_errors(tmp_path):
 
 
 def test_replay_reports_warn_and_critical_with_the_onset_and_window_stats():
-    events = bt.replay_points([(s, 6.0 if 60 <= s < 65 else healthy(s)) for s in range(100)])
+    events = bt.replay_points([(s, MODERATE if 60 <= s < 65 else healthy(s)) for s in range(100)])
     assert [(e.step, e.level, e.rule, e.onset_step) for e in events] == [
         (60, "warn", "loss_spike", 60), (62, "critical", "loss_spike", 60)]
     d = events[1].to_dict()
@@ -183,8 +187,8 @@ def test_cli_as_a_subprocess(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "cliffguard.cli", "backtest", str(path), "--json"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    crit = [e for e in json.loads(proc.stdout)["events"] if e["level"] == "critical"]
-    assert crit[0]["step"] == curve.labels[0].onset and crit[0]["rule"] == "nonfinite"
+    crit = [e for e in json.loads(proc.stdout)["events"] if e["rule"] == "nonfinite"]
+    assert crit[0]["step"] == curve.labels[0].onset and crit[0]["level"] == "critical"
 
 
 # -- stored runs -----------------------------------------------------------------------------
@@ -206,7 +210,7 @@ def store_run(url: str) -> str:
     run = f"bt-{uuid.uuid4().hex[:8]}"
     events = []
     for s in range(80):
-        loss = math.nan if s == 70 else (6.0 if 50 <= s < 55 else healthy(s))
+        loss = math.nan if s == 70 else (MODERATE if 50 <= s < 55 else healthy(s))
         for rank in (0, 1):
             events.append(make_event(EventType.STEP, run, s, _step_data(loss), rank=rank, world=2, ts=1000.0 + s))
     engine = make_engine(url)
@@ -243,3 +247,94 @@ def test_stored_run_from_postgresql(pg_url, capsys):
 def test_unreadable_store_is_a_clear_error(tmp_path, capsys):
     rc, _, err = cli(capsys, "--run", "r", "--db", f"sqlite:///{tmp_path / 'empty.db'}")
     assert rc == 2 and "OperationalError" in err
+
+
+# -- real-curve input shapes, interval, folders --------------------------------------------------
+
+
+def test_empty_loss_rows_are_skipped_and_counted_extra_columns_ignored():
+    text = "step,loss,eval_loss,lr\n10,2.5,,1e-3\n20,,2.4,1e-3\n30,2.4,,1e-3\n"
+    parsed = bt.parse_loss_csv(text)
+    assert parsed.points == [(10, 2.5), (30, 2.4)] and parsed.skipped_empty == 1 and parsed.grad_norms is None
+    with pytest.raises(bt.CsvError, match="no data rows \\(2 with an empty loss\\)"):
+        bt.parse_loss_csv("step,loss\n1,\n2,\n")
+
+
+def test_grad_norm_column_feeds_the_grad_norm_rule_and_leads_the_loss():
+    # the norm jumps x20 one logged point before the loss does: the alert comes first
+    rows = [(s, healthy(s), 1.0 + 0.01 * (s % 3)) for s in range(60)]
+    rows += [(60, healthy(60), 20.0)] + [(61 + i, 2.0 * 1.5, 30.0) for i in range(3)]
+    text = "step,loss,grad_norm\n" + "".join(f"{s},{x},{g}\n" for s, x, g in rows)
+    parsed = bt.parse_loss_csv(text)
+    events = bt.replay_points(parsed.points, None, parsed.grad_norms)
+    first_norm = min(e.step for e in events if e.rule == "grad_norm")
+    first_loss = min(e.step for e in events if e.rule == "loss_spike" and e.level == "critical")
+    assert first_norm == 60 < first_loss == 61
+
+
+def test_cadence_reports_the_inferred_interval():
+    assert bt.cadence([10, 20, 30, 40]) == {"interval_steps": 10.0, "max_gap_steps": 10, "irregular": False}
+    assert bt.cadence([0, 40, 80, 120, 500])["irregular"] is True
+    assert bt.infer_interval([5]) == 1.0
+
+
+def test_cli_json_of_a_csv_carries_the_interval_and_skipped_rows(tmp_path, capsys):
+    path = tmp_path / "sparse.csv"
+    path.write_text("step,loss,eval_loss\n" + "".join(f"{10 * s},{healthy(s)},\n" for s in range(1, 60))
+                    + "600,,2.0\n")
+    rc, out, _ = cli(capsys, path, "--json")
+    doc = json.loads(out)
+    assert rc == 0 and doc["interval"]["interval_steps"] == 10.0 and doc["skipped_rows"] == 1
+    rc, out, _ = cli(capsys, path)
+    assert "logged every 10 steps" in out.splitlines()[0] and "1 rows with an empty loss skipped" in out
+
+
+def labelled_folder(tmp_path):
+    folder = tmp_path / "curves"
+    folder.mkdir()
+    (folder / "pos.csv").write_text("step,loss\n" + "".join(
+        f"{s},{MODERATE if 60 <= s < 65 else healthy(s)}\n" for s in range(100)))
+    (folder / "neg.csv").write_text("step,loss\n" + "".join(f"{s},{healthy(s)}\n" for s in range(100)))
+    (folder / "labels.json").write_text(json.dumps({"positives": {"pos": [[60, 70]]}, "negatives": ["neg"]}))
+    return folder
+
+
+def test_cli_scores_a_labelled_folder(tmp_path, capsys):
+    folder = labelled_folder(tmp_path)
+    rc, out, _ = cli(capsys, folder, "--json")
+    doc = json.loads(out)
+    assert rc == 0 and doc["summary"]["recall"] == 1.0 and doc["summary"]["negative_criticals"] == 0
+    pos = next(c for c in doc["curves"] if c["name"] == "pos")
+    assert pos["delays_steps"] == [2] and pos["delays_points"] == [2]  # patience 3 at one step a point
+    rc, out, _ = cli(capsys, folder, "--labels", folder / "labels.json")
+    assert rc == 0 and out.splitlines()[-1].startswith("recall 1.00 (1/1)")
+
+
+def test_cli_sweep_prints_the_trade_off(tmp_path, capsys):
+    rc, out, _ = cli(capsys, labelled_folder(tmp_path), "--sweep", "k_crit=5,50")
+    lines = out.splitlines()
+    assert rc == 0 and lines[1].startswith("spike.k_crit=5") and "1.00 1/1" in lines[1]
+    assert lines[2].startswith("spike.k_crit=50") and "0.00 0/1" in lines[2]
+    rc, _, err = cli(capsys, spike_csv(tmp_path), "--sweep", "k_crit=5")
+    assert rc == 2 and "need a folder" in err
+    rc, _, err = cli(capsys, tmp_path / "curves", "--sweep", "k_crit")
+    assert rc == 2 and "expected FIELD=V1,V2" in err
+
+
+def test_cli_text_of_a_stored_run_with_grad_norm_evidence(tmp_path, capsys):
+    from controller.store.db import init_db, make_engine, session_scope
+    from controller.store.ingest import ingest_events
+
+    url = f"sqlite:///{tmp_path / 'gn.db'}"
+    events = [make_event(EventType.STEP, "gn", s, _step_data(healthy(s), grad_norm=1000.0 if s == 40 else 1.0),
+                         ts=1000.0 + s) for s in range(45)]
+    engine = make_engine(url)
+    try:
+        init_db(engine)
+        with session_scope(engine) as session:
+            ingest_events(session, events)
+    finally:
+        engine.dispose()
+    rc, out, err = cli(capsys, "--run", "gn", "--db", url)
+    assert rc == 0, err
+    assert "grad_norm" in out and "logged every 1 steps" in out.splitlines()[0]

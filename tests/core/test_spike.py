@@ -18,6 +18,10 @@ def fed(values, **cfg) -> SpikeDetector:
     return det
 
 
+MODERATE = 2.2
+"""On ``noisy(40)`` (median 2, σ 0.03): 6.7σ and +10%, past k_crit but short of the extreme rule."""
+
+
 def noisy(n: int, center: float = 2.0, amp: float = 0.02) -> list[float]:
     # a deterministic cycle of center + {-2,-1,0,1,2}·amp: median = center, MAD = amp
     return [center + amp * ((i % 5) - 2) for i in range(n)]
@@ -87,42 +91,42 @@ def test_sigma_floor_keeps_a_flat_curve_from_alarming():
 
 def test_patience_reports_warn_until_enough_consecutive_criticals():
     det = fed(noisy(40), patience=3)
-    levels = [det.observe(10.0).level for _ in range(3)]
+    levels = [det.observe(MODERATE).level for _ in range(3)]
     assert levels == [Level.WARN, Level.WARN, Level.CRITICAL]
-    assert "patience" in fed(noisy(40), patience=3).observe(10.0).reason
+    assert "patience" in fed(noisy(40), patience=3).observe(MODERATE).reason
     det.observe(2.0)  # a healthy point resets the run
-    assert det.observe(10.0).level is Level.WARN
+    assert det.observe(MODERATE).level is Level.WARN
 
 
 def test_nonfinite_counts_toward_patience_and_is_critical_regardless():
     det = fed(noisy(40), patience=2)
     assert det.observe(math.nan).level is Level.CRITICAL
-    assert det.observe(10.0).level is Level.CRITICAL  # second consecutive point above k_crit
+    assert det.observe(MODERATE).level is Level.CRITICAL  # second consecutive point above k_crit
 
 
 def test_peek_does_not_change_state():
     det = fed(noisy(40), patience=2)
     state = det.state_dict()
-    det.peek(10.0)
+    det.peek(MODERATE)
     det.peek(2.0)
     assert det.state_dict() == state
 
 
 def test_state_dict_round_trips_through_json():
     det = fed(noisy(40), patience=3)
-    det.observe(10.0)
+    det.observe(MODERATE)
     state = json.loads(json.dumps(det.state_dict()))
     twin = SpikeDetector(SpikeConfig(patience=3))
     twin.load_state_dict(state)
-    assert twin.observe(10.0).level == det.observe(10.0).level == Level.WARN
-    assert twin.observe(10.0).level is Level.CRITICAL
+    assert twin.observe(MODERATE).level == det.observe(MODERATE).level == Level.WARN
+    assert twin.observe(MODERATE).level is Level.CRITICAL
     assert twin.stats() == det.stats()
 
 
 def test_load_state_dict_without_crit_run_defaults_to_zero():
     det = SpikeDetector(SpikeConfig(patience=2))
     det.load_state_dict({"window": noisy(40)})
-    assert det.observe(10.0).level is Level.WARN
+    assert det.observe(MODERATE).level is Level.WARN
 
 
 def test_stats_need_two_points_and_take_an_explicit_floor():
@@ -139,3 +143,42 @@ def test_evidence_names_the_window_stats():
     ev = det.observe(10.0).evidence()
     assert ev["level"] == "critical" and ev["n"] == 40 and ev["median"] == pytest.approx(2.0)
     assert ev["sigmas"] > 5 and ev["loss"] == 10.0
+
+
+def test_an_extreme_point_is_critical_at_once_a_moderate_one_waits_for_patience():
+    det = fed(noisy(40), patience=3)
+    v = det.peek(2.0 * 1.35)  # +35%, ~24σ: both extreme thresholds
+    assert v.level is Level.CRITICAL and "extreme" in v.reason
+    assert det.peek(MODERATE).level is Level.WARN  # +10%: past k_crit, below jump_extreme
+    # both thresholds must hold: far in σ but a small jump, or a big jump but few σ
+    assert fed(noisy(40), patience=3, jump_extreme=0.5).peek(2.0 * 1.35).level is Level.WARN
+    assert fed(noisy(40), patience=3, k_extreme=50).peek(2.0 * 1.35).level is Level.WARN
+
+
+def test_patience_is_counted_in_steps_a_sparse_point_covers_its_gap():
+    det = fed(noisy(40), patience=3)
+    assert det.peek(MODERATE, gap=10).level is Level.CRITICAL  # one point logged every 10 steps
+    assert det.peek(MODERATE, gap=2).level is Level.WARN
+    det.observe(MODERATE, gap=2)
+    assert det.observe(MODERATE, gap=1).level is Level.CRITICAL  # 2 + 1 steps
+    assert det.state_dict()["crit_run"] == 3
+
+
+def test_window_steps_judges_on_the_newest_stretch_of_training():
+    # a falling curve: 100 points logged every 10 steps; only the newest 200 steps (20 points) count
+    falling = [4.0 - 0.01 * i for i in range(100)]
+    det = fed(falling, window_steps=200, min_history=20, sigma_floor_rel=0.0)
+    med, _ = det.stats(interval=10.0)
+    assert med == pytest.approx(3.105)  # median of the newest 20 (3.20 .. 3.01)
+    assert det.stats(interval=1.0)[0] == pytest.approx(3.505)  # per step: all 100
+    assert det.peek(3.5, interval=10.0).level is Level.CRITICAL  # 5.3σ over the newest 200 steps
+    assert det.peek(3.5, interval=1.0).level is Level.OK  # the whole falling window: its median
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [({"k_extreme": 0}, "k_extreme"), ({"jump_extreme": -0.1}, "jump_extreme"), ({"window_steps": -1}, "window_steps")],
+)
+def test_new_fields_are_validated(kwargs, field):
+    with pytest.raises(ValueError, match=f"^{field}:"):
+        SpikeConfig(**kwargs)
