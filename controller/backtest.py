@@ -152,7 +152,7 @@ def replay_points(points: Iterable[tuple[int, float]], config: RulesConfig | Non
     out: list[BacktestEvent] = []
     for i, (step, loss) in enumerate(points):
         g = grad_norms[i] if grad_norms is not None else None
-        verdicts = det.grad_norm.observe(step, {"grad_norm": g}) if g is not None else []
+        verdicts = det.rules["grad_norm"].observe(step, {"grad_norm": g}) if g is not None else []
         out += [BacktestEvent.from_verdict(v) for v in verdicts + det.observe_loss(step, loss)]
     return out
 

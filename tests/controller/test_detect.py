@@ -196,7 +196,7 @@ class Boom:
 
 
 def spike_run(det):
-    return run_steps(det, range(50), healthy) + run_steps(det, range(50, 60), lambda s: 6.0)
+    return run_steps(det, range(50), healthy) + run_steps(det, range(50, 60), lambda s: MODERATE)
 
 
 def test_a_raising_rule_does_not_stop_the_loss_rule_and_is_reported(caplog):
@@ -237,14 +237,14 @@ def test_state_stored_before_rule_registration_loads():
     written before rules were registered; such a state has no rule_errors and loads as is."""
     det = RunDetector()
     run_steps(det, range(50), healthy)
-    run_steps(det, range(50, 52), lambda s: 6.0)
+    run_steps(det, range(50, 52), lambda s: MODERATE)
     old = json.loads(json.dumps(det.state_dict()))
     del old["rule_errors"]
     assert set(old) == {"loss", "grad_norm", "loss_scale", "straggler", "mfu", "heartbeat", "memory",
                         "loss_rank", "last_step", "catching_up", "rewinds"}
     twin = RunDetector()
     twin.load_state_dict(old)
-    assert [(v.level, v.onset_step) for v in run_steps(twin, range(52, 55), lambda s: 6.0)] == [(Level.CRITICAL, 50)]
+    assert [(v.level, v.onset_step) for v in run_steps(twin, range(52, 55), lambda s: MODERATE)] == [(Level.CRITICAL, 50)]
     assert twin.rule_errors == {}
 
 

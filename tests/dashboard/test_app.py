@@ -60,10 +60,11 @@ def test_loss_chart_has_median_bands_spikes_incidents_and_rollback(filled):
     assert df["warn"].to_numpy() == pytest.approx(np.array(warn), nan_ok=True)
     assert df["crit"].to_numpy() == pytest.approx(np.array(crit), nan_ok=True)
     assert list(df["level"]) == [level for _, _, level in stored]
-    # the blow-up is critical for the controller's rule; the one-step corrupted batch only warns
-    # (its patience), exactly what the controller decided
+    # the blow-up is critical for the controller's rule; so is the one-step corrupted batch, far
+    # beyond the rule's extreme threshold (critical at once, patience or not: core/spike.py),
+    # exactly what the controller decided
     assert filled.run.spike_step in set(df.loc[df["level"] == "critical", "step"])
-    assert df.loc[df["step"] == filled.run.corrupt_step, "level"].tolist() == ["warn"]
+    assert df.loc[df["step"] == filled.run.corrupt_step, "level"].tolist() == ["critical"]
     assert f"+ {rule['k_crit']:g}σ" in texts(at)
     layers = spec["layer"]
     spans = next(ly for ly in layers if ly["mark"]["type"] == "rect")["data"]["values"]
