@@ -370,7 +370,9 @@ def _on_validation(st: _Step, inp: ValidationIn) -> None:
     if not is_abnormal(cfg, s, inp.val_loss):
         _mark_stable(st, f"validation passed at step {inp.step}", upto=inp.step)
         reason = f"validation normal: {inp.val_loss:.4f} within margin of baseline {base:.4f}"
-        ranges = tuple((a, b) for step, a, b in s.unhealthy_samples if inc.onset_step <= step <= inc.spike_step)
+        # every unhealthy step of the excursion, also those the trainer ran while the pause was on
+        # its way (an extreme spike is critical at its first step, before the rest of a bad stretch)
+        ranges = tuple((a, b) for step, a, b in s.unhealthy_samples if inc.onset_step <= step)
         if ranges:  # transient and data-induced: the batches that caused it are worth a look
             assert base is not None
             st.actions.append(FlagSamples(step=inc.spike_step, ranges=ranges, score=inp.val_loss / base if base else 0.0,

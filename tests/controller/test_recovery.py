@@ -203,6 +203,21 @@ def test_spike_then_normal_validation_resumes_and_stabilises_checkpoints():
     assert any(isinstance(a, Alert) and a.action == "resolve" for a in d.actions)
 
 
+def test_a_normal_validation_flags_the_bad_steps_run_while_the_pause_was_on_its_way():
+    d = Driver()
+    healthy_run(d, 25)
+    d.spike(step=26, onset=26)  # an extreme spike: critical at its first step
+    d.steps(26, 26)
+    for step in (27, 28):  # the rest of the bad stretch ran before the pause landed
+        warn = Verdict(rule="loss_spike", level=Level.WARN, step=step, message="still high", action=Action.ALERT)
+        d.feed(VerdictIn(verdict=warn, now=d.now))
+        d.steps(step, step)
+    d.ack()
+    d.answer_validate(2.05)
+    flags = [a for a in d.actions if isinstance(a, FlagSamples)]
+    assert [(f.step, f.ranges) for f in flags] == [(26, ((208, 216), (216, 224), (224, 232)))]
+
+
 def test_repeated_spikes_exhaust_the_budget_and_halt():
     d = Driver()
     healthy_run(d, 40)
