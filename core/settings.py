@@ -196,17 +196,21 @@ def build_config(
     for part in section.split("."):
         table = table.get(part, {}) if isinstance(table, Mapping) else {}
     table = {k: v for k, v in dict(table or {}).items() if k not in nested}
-    for key, raw in table.items():
-        where = f"{toml_source} [{section}]"
+    def take(key: str, raw: Any, where: str, from_text: bool, known: bool = True) -> None:
+        """One value from one source, checked; the error names the field and the source."""
         if (instead := _elsewhere(cls, key)) is not None:
             raise ConfigError(f"{section}.{key}", where, instead)
         if key not in names:
-            raise ConfigError(f"{section}.{key}", where, f"unknown field; known: {', '.join(sorted(names))}")
+            listing = f"; known: {', '.join(sorted(names))}" if known else ""
+            raise ConfigError(f"{section}.{key}", where, f"unknown field{listing}")
         try:
-            values[key] = _coerce(raw, hints[key], from_text=False)
+            values[key] = _coerce(raw, hints[key], from_text=from_text)
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{section}.{key}", where, str(exc)) from None
         sources[key] = where
+
+    for key, raw in table.items():
+        take(key, raw, f"{toml_source} [{section}]", from_text=False)
 
     prefix = f"{ENV_PREFIX}{section.upper().replace('.', '__')}__"
     for var, raw in env.items():
@@ -219,27 +223,12 @@ def build_config(
             raise ConfigError(f"{section}.{head}", where, instead)
         if "__" in key:
             continue  # belongs to a nested section
-        if key not in names:
-            raise ConfigError(f"{section}.{key}", where, f"unknown field; known: {', '.join(sorted(names))}")
-        try:
-            values[key] = _coerce(raw, hints[key], from_text=True)
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"{section}.{key}", where, str(exc)) from None
-        sources[key] = where
+        take(key, raw, where, from_text=True)
 
     for key, raw in (flags or {}).items():
         if raw is None or key in nested:
             continue  # a flag that was not given, or a nested section handled above
-        where = f"flag --{key.replace('_', '-')}"
-        if (instead := _elsewhere(cls, key)) is not None:
-            raise ConfigError(f"{section}.{key}", where, instead)
-        if key not in names:
-            raise ConfigError(f"{section}.{key}", where, "unknown field")
-        try:
-            values[key] = _coerce(raw, hints[key], from_text=isinstance(raw, str))
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"{section}.{key}", where, str(exc)) from None
-        sources[key] = where
+        take(key, raw, f"flag --{key.replace('_', '-')}", from_text=isinstance(raw, str), known=False)
 
     try:
         return cls(**values)
