@@ -18,6 +18,7 @@ import streamlit as st
 from sqlalchemy import Engine
 
 from controller.store import read
+from controller.store.db import schema_at_head
 from core.settings import ConfigError
 from dashboard.config import DashboardConfig, load_config
 from dashboard.sections import alerts, checkpoints, gradients, header, incidents, loss, operator, ranks
@@ -56,6 +57,12 @@ def main() -> None:
     engine = _engine(cfg.db_url)
     st.sidebar.title("cliffguard")
     st.sidebar.caption(f"store: `{engine.url.render_as_string(hide_password=True)}`")
+    if not schema_at_head(engine):
+        # the dashboard only reads: the controller owns the schema and migrates it when it starts
+        st.title("cliffguard")
+        st.error("this store's schema is not the one this dashboard reads: start `cliffguard controller "
+                 "--db <the same URL>` of this version once (it migrates the store), then reload")
+        return
     run_id = _pick_run(engine)
     if run_id is None:
         st.title("cliffguard")

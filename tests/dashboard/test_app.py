@@ -187,3 +187,13 @@ def test_operator_actions_read_only_without_token(filled):
     assert any("read-only" in i.value for i in at.info)
     with Session(filled.engine) as s:
         assert s.scalar(select(func.count()).select_from(CommandRow).where(CommandRow.source == "operator")) == 0
+
+
+def test_a_store_at_an_older_schema_says_to_start_the_controller(filled):
+    from alembic import command
+
+    from controller.store.db import alembic_config
+
+    command.downgrade(alembic_config(filled.engine), "0001")
+    at = run_app()
+    assert "start `cliffguard controller" in texts(at) and not at.get("vega_lite_chart")
