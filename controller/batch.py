@@ -57,7 +57,7 @@ from controller.store.models import CheckpointRow, CommandRow, ConsumerOffset, D
 from controller.store.offsets import save_offsets
 from controller.store.retention import RetentionConfig, downsample_if_due
 from controller.verdict import Verdict
-from core.enums import AckStatus, EventType
+from core.enums import AckStatus, EventType, Level
 from core.events import Event
 from core.floats import to_json
 from core.ranks import RUN_RANK
@@ -98,9 +98,9 @@ class BatchResult:
     transitions: list[tuple[str, str, str]] = field(default_factory=list)
 
 
-def inputs_for(event: Event, verdicts: list[Verdict], now: float) -> list[Input]:
+def inputs_for(event: Event, verdicts: list[Verdict], now: float, loss_level: Level | None = None) -> list[Input]:
     """The recovery inputs one event yields (after its verdicts); only ``core.ranks.RUN_RANK``'s
-    events yield run-level inputs."""
+    events yield run-level inputs. ``loss_level``: what the loss rule judged this step's loss."""
     out: list[Input] = [VerdictIn(verdict=v, now=now) for v in verdicts]
     if event.rank != RUN_RANK:
         return out
@@ -109,7 +109,7 @@ def inputs_for(event: Event, verdicts: list[Verdict], now: float) -> list[Input]
         rng = d.get("sample_range")
         ok = bool(rng) and len(rng) == 2
         out.append(ProgressIn(step=event.step, now=now, sample_end=rng[1] if ok else None,
-                              sample_start=rng[0] if ok else None))
+                              sample_start=rng[0] if ok else None, loss_level=loss_level))
     elif event.type is EventType.CHECKPOINT:
         out.append(CheckpointIn(step=event.step, kind=str(d["kind"]), verified=bool(d["verified"]), now=now))
     elif event.type is EventType.VALIDATION:
@@ -157,11 +157,13 @@ class BatchProcessor:
             except Exception:  # noqa: BLE001 - a rule bug must not stop the other runs
                 log.exception("detector failed on %s event of run %s step %d", ev.type, ev.run, ev.step)
                 verdicts = []
+            level = None
             if loss is not None and loss.last_point is not None and loss.last_point is not before:
                 p = loss.last_point
                 points.append({"event_id": ev.id, "median": p.median, "sigma": p.sigma, "level": str(p.level)})
                 rules[ev.run] = loss.spike_config
-            for inp in inputs_for(ev, verdicts, now):
+                level = p.level
+            for inp in inputs_for(ev, verdicts, now, level):
                 self._feed(session, slot, inp, res)
             slot.dirty = True
         record_rule_stats(session, points, {run: asdict(cfg) for run, cfg in rules.items()})

@@ -277,6 +277,7 @@ def _on_verdict(st: _Step, inp: VerdictIn) -> None:
         return  # already handling an incident (or halted): the verdict is in the stored metrics
     evidence = _verdict_evidence(v)
     onset = v.onset_step if v.onset_step is not None else v.step
+    s.flagging = None  # a resumed excursion that turns into a new incident is that incident's now
     if s.incident is None:
         inc = Incident(id=s.new_id("incident"), rule=v.rule, level=str(v.level), spike_step=v.step,
                        onset_step=onset, opened_at=inp.now, sample_end=s.last_sample_end, evidence=evidence)
@@ -298,10 +299,7 @@ def _on_progress(st: _Step, inp: ProgressIn) -> None:
     s.last_step = max(s.last_step, inp.step) if s.phase is not Phase.RECOVERING else inp.step
     if inp.sample_end is not None:
         s.last_sample_end = inp.sample_end
-        # Every recent step, not only those with a verdict: the spike rule reports an excursion's
-        # onset and its critical step, and the steps between them took the same suspect data.
-        if inp.sample_start is not None:
-            s.unhealthy_samples = (*s.unhealthy_samples, (inp.step, inp.sample_start, inp.sample_end))[-UNHEALTHY_KEEP:]
+    _note_samples(st, inp)
     _mark_stable(st, f"{cfg.stable_window} healthy steps followed it")
     if s.phase is Phase.RECOVERING and is_recovered(cfg, s):
         inc = s.incident
@@ -315,6 +313,24 @@ def _on_progress(st: _Step, inp: ProgressIn) -> None:
         st.alert("info", inc.rule, f"run {s.run} recovered", f"healthy since the rollback to step {inc.rollback_to}",
                  ev, action="resolve")
         s.incident = None
+
+
+def _note_samples(st: _Step, inp: ProgressIn) -> None:
+    """Remember the samples of a step in an excursion (the spike rule reports only an excursion's
+    onset and its critical step; the steps between, warn or critical, took the same suspect data).
+    A step the loss rule did not judge counts too. While a resumed transient excursion goes on, its
+    further bad steps are flagged as they come; the first healthy (or unjudged) step ends that."""
+    s = st.s
+    bad = inp.loss_level in (Level.WARN, Level.CRITICAL)
+    if s.flagging is not None and not bad:
+        s.flagging = None
+    if inp.loss_level is Level.OK or inp.sample_start is None or inp.sample_end is None:
+        return
+    s.unhealthy_samples = (*s.unhealthy_samples, (inp.step, inp.sample_start, inp.sample_end))[-UNHEALTHY_KEEP:]
+    if s.flagging is not None and s.phase in (Phase.RESUMING, Phase.RUNNING):
+        _, score, reason = s.flagging
+        st.actions.append(FlagSamples(step=inp.step, ranges=((inp.sample_start, inp.sample_end),), score=score,
+                                      reason=reason))
 
 
 def _mark_stable(st: _Step, reason: str, upto: int | None = None) -> None:
@@ -370,13 +386,16 @@ def _on_validation(st: _Step, inp: ValidationIn) -> None:
     if not is_abnormal(cfg, s, inp.val_loss):
         _mark_stable(st, f"validation passed at step {inp.step}", upto=inp.step)
         reason = f"validation normal: {inp.val_loss:.4f} within margin of baseline {base:.4f}"
-        # every unhealthy step of the excursion, also those the trainer ran while the pause was on
-        # its way (an extreme spike is critical at its first step, before the rest of a bad stretch)
+        # every bad step of the excursion so far, also those the trainer ran while the pause was on its
+        # way (an extreme spike is critical at its first step, before the rest of a bad stretch); the
+        # rest, run after the resume, are flagged as they arrive (_note_samples)
         ranges = tuple((a, b) for step, a, b in s.unhealthy_samples if inc.onset_step <= step)
+        assert base is not None
+        score = inp.val_loss / base if base else 0.0
+        flag_reason = f"{inc.rule} at step {inc.spike_step} was transient (validation normal)"
         if ranges:  # transient and data-induced: the batches that caused it are worth a look
-            assert base is not None
-            st.actions.append(FlagSamples(step=inc.spike_step, ranges=ranges, score=inp.val_loss / base if base else 0.0,
-                                          reason=f"{inc.rule} at step {inc.spike_step} was transient (validation normal)"))
+            st.actions.append(FlagSamples(step=inc.spike_step, ranges=ranges, score=score, reason=flag_reason))
+        s.flagging = (inc.onset_step, score, flag_reason)
         st.move("validation_normal", reason, ev, inp.now)
         st.send(CommandType.RESUME, {"reason": "validation normal"}, inp.now, reason)
         return

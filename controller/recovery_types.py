@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 from controller.verdict import Verdict
 from core.deployment import PolicyConfig
-from core.enums import AckStatus, CommandType
+from core.enums import AckStatus, CommandType, Level
 from core.settings import shared_field
 
 
@@ -110,6 +110,9 @@ class ProgressIn:
     """End (exclusive) of the sample indices this step consumed, when the trainer reports it."""
     sample_start: int | None = None
     """First sample index this step consumed."""
+    loss_level: Level | None = None
+    """The loss rule's level for this step's loss (None when the rule did not judge it): warn or
+    critical marks the step's samples as part of an excursion."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,8 +314,11 @@ class RecoveryState:
     unhealthy_steps: tuple[int, ...] = ()
     """Most recent unhealthy steps (bounded), for stability and recovery windows."""
     unhealthy_samples: tuple[tuple[int, int, int], ...] = ()
-    """(step, first, end) sample ranges of the most recent steps (healthy or not: the steps between an
-    excursion's onset and its critical verdict carry no verdict), to flag a transient spike's data."""
+    """(step, first, end) sample ranges of the most recent steps whose loss the loss rule judged warn or
+    critical (or that it did not judge), to flag a transient spike's data."""
+    flagging: tuple[int, float, str] | None = None
+    """(onset, score, reason) of a transient excursion that validation called normal while it was
+    still going on: its later unhealthy steps are flagged as they arrive, until a healthy one."""
     checkpoints: tuple[Checkpoint, ...] = ()
     val_baseline: tuple[float, ...] = ()
     rollback_times: tuple[float, ...] = ()
@@ -352,6 +358,7 @@ class RecoveryState:
             "incident": asdict(self.incident) if self.incident else None,
             "pending": {**asdict(self.pending), "type": str(self.pending.type)} if self.pending else None,
             "issued": list(self.issued),
+            "flagging": list(self.flagging) if self.flagging else None,
         }
 
     @classmethod
@@ -374,6 +381,7 @@ class RecoveryState:
             incident=Incident(**inc) if inc else None,
             pending=Pending(**{**pend, "type": CommandType(pend["type"])}) if pend else None,
             issued=tuple(d.get("issued", ())),
+            flagging=(int(d["flagging"][0]), float(d["flagging"][1]), str(d["flagging"][2])) if d.get("flagging") else None,
         )
 
     def load_state_dict(self, d: dict[str, Any]) -> None:

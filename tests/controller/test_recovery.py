@@ -60,10 +60,10 @@ class Driver:
         self.actions += acts
         return acts
 
-    def steps(self, first: int, last: int, per_step_samples: int = 8):
+    def steps(self, first: int, last: int, per_step_samples: int = 8, level: Level | None = None):
         for step in range(first, last + 1):
             self.feed(ProgressIn(step=step, now=self.now, sample_start=step * per_step_samples,
-                                 sample_end=(step + 1) * per_step_samples))
+                                 sample_end=(step + 1) * per_step_samples, loss_level=level))
 
     def spike(self, step: int, onset: int | None = None, rule: str = "loss_spike"):
         v = Verdict(rule=rule, level=Level.CRITICAL, step=step, message="7.1σ above median",
@@ -207,15 +207,48 @@ def test_a_normal_validation_flags_the_bad_steps_run_while_the_pause_was_on_its_
     d = Driver()
     healthy_run(d, 25)
     d.spike(step=26, onset=26)  # an extreme spike: critical at its first step
-    d.steps(26, 26)
-    for step in (27, 28):  # the rest of the bad stretch ran before the pause landed
-        warn = Verdict(rule="loss_spike", level=Level.WARN, step=step, message="still high", action=Action.ALERT)
-        d.feed(VerdictIn(verdict=warn, now=d.now))
-        d.steps(step, step)
+    d.steps(26, 26, level=Level.CRITICAL)
+    d.steps(27, 28, level=Level.WARN)  # the rest of the bad stretch ran before the pause landed
+    d.steps(29, 30, level=Level.OK)  # healthy again before the pause landed: not flagged
     d.ack()
     d.answer_validate(2.05)
     flags = [a for a in d.actions if isinstance(a, FlagSamples)]
     assert [(f.step, f.ranges) for f in flags] == [(26, ((208, 216), (216, 224), (224, 232)))]
+
+
+def test_a_resumed_excursion_that_goes_on_is_flagged_step_by_step_until_healthy():
+    d = Driver()
+    healthy_run(d, 25)
+    d.spike(step=26, onset=26)
+    d.steps(26, 26, level=Level.CRITICAL)
+    d.ack()
+    d.answer_validate(2.05)
+    assert d.s.flagging == (26, pytest.approx(2.05 / 2.0), "loss_spike at step 26 was transient (validation normal)")
+    restored = RecoveryState.from_state_dict(json.loads(json.dumps(d.s.state_dict())))
+    assert restored.flagging == d.s.flagging
+    d.ack()  # resumed: the rest of the bad stretch runs now
+    assert d.s.phase is Phase.RUNNING
+    d.steps(27, 27, level=Level.CRITICAL)
+    d.steps(28, 28, level=Level.WARN)
+    d.steps(29, 29, level=Level.OK)  # the excursion is over
+    d.steps(30, 30, level=Level.WARN)  # a later warn is not this excursion's
+    flags = [(f.step, f.ranges) for f in d.actions if isinstance(f, FlagSamples)]
+    assert flags == [(26, ((208, 216),)), (27, ((216, 224),)), (28, ((224, 232),))]
+    assert d.s.flagging is None
+
+
+def test_a_new_incident_ends_the_flagging_of_a_resumed_excursion():
+    d = Driver()
+    healthy_run(d, 25)
+    d.spike(step=26, onset=26)
+    d.steps(26, 26, level=Level.CRITICAL)
+    d.ack()
+    d.answer_validate(2.05)
+    d.ack()
+    d.spike(step=27, onset=27)
+    assert d.s.flagging is None and d.s.phase is Phase.PAUSING
+    d.steps(27, 27, level=Level.CRITICAL)
+    assert [f.step for f in d.actions if isinstance(f, FlagSamples)] == [26]
 
 
 def test_repeated_spikes_exhaust_the_budget_and_halt():
