@@ -154,6 +154,7 @@ class DivergenceDetector:
         self._sum = 0.0
         self._start: int | None = None  # first step of the current positive CUSUM run
         self._recent: deque[tuple[int, float]] = deque(maxlen=self.config.smooth)  # (step, log loss)
+        self._memo: dict[tuple[str, int], float] = {}  # smoothed level and noise of _recent as it is now
         self._min: float | None = None
         self._min_step: int | None = None
 
@@ -161,6 +162,7 @@ class DivergenceDetector:
         """Forget everything (after a rollback)."""
         self.reset_cusum()
         self._recent.clear()
+        self._memo.clear()
         self._min = None
         self._min_step = None
 
@@ -180,7 +182,10 @@ class DivergenceDetector:
             self._min, self._min_step = self._smoothed(len(self._recent)), self._recent[-1][0]
 
     def _smoothed(self, m: int) -> float:
-        return median(x for _, x in list(self._recent)[-m:])
+        key = ("smoothed", m)
+        if key not in self._memo:  # the run-minimum and shift tests ask for the same one per point
+            self._memo[key] = median(x for _, x in list(self._recent)[-m:])
+        return self._memo[key]
 
     def observe(self, step: int, loss: float, med: float | None, sigma: float | None,
                 interval: float = 1.0) -> DivergenceVerdict:
@@ -221,11 +226,14 @@ class DivergenceDetector:
         """Standard error of the median of ``m`` log losses, from the point-to-point noise of the
         recent ones (1.4826·MAD of successive differences / √2): unlike the window's σ it is not
         inflated by a trend or by the very level shifts it is used to judge."""
-        xs = [x for _, x in self._recent]
-        if len(xs) < 3:
-            return 0.0
-        diffs = [b - a for a, b in zip(xs, xs[1:], strict=False)]
-        return MEDIAN_NOISE * robust_stats(diffs)[1] / math.sqrt(2) / math.sqrt(m)
+        key = ("noise", m)
+        if key not in self._memo:
+            xs = [x for _, x in self._recent]
+            if len(xs) < 3:
+                return 0.0
+            diffs = [b - a for a, b in zip(xs, xs[1:], strict=False)]
+            self._memo[key] = MEDIAN_NOISE * robust_stats(diffs)[1] / math.sqrt(2) / math.sqrt(m)
+        return self._memo[key]
 
     def _shift(self, loss: float, med: float | None, interval: float) -> DivergenceVerdict | None:
         cfg = self.config
@@ -244,6 +252,7 @@ class DivergenceDetector:
                 interval: float) -> DivergenceVerdict:
         cfg = self.config
         self._recent.append((step, math.log(loss)))
+        self._memo.clear()
         m = self._span(interval)
         if len(self._recent) < m:
             return DivergenceVerdict(False, 0.0, None)
@@ -270,5 +279,6 @@ class DivergenceDetector:
         self._start = state.get("start")
         recent = [r for r in state.get("recent", []) if isinstance(r, list | tuple)]  # old states held bare losses
         self._recent = deque(((int(s), float(x)) for s, x in recent), maxlen=self.config.smooth)
+        self._memo.clear()
         self._min = state.get("min")
         self._min_step = state.get("min_step")
