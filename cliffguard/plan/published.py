@@ -64,6 +64,12 @@ PUBLISHED: tuple[PublishedRun, ...] = (
     _narayanan("529.6B", 128, 20480, 105, 8, 35, 2520, 2520, 163.0),
     _narayanan("1008.0B", 160, 25600, 128, 8, 64, 3072, 3072, 163.0),
     PublishedRun(
+        name="GPT-3 175B", source=NARAYANAN.replace("Table 1", "§5.1 (end-to-end training time)"),
+        model=ModelShape(96, 12288, 96, 51200, 2048), tp=8, pp=8, gpus=1024, global_batch=1536,
+        tflops_per_gpu=140.0, flops="hardware", hardware=A100, zero=0, recompute=(Recompute.FULL,),
+        note="1024 A100s, batch 1536, 140 TFLOP/s per GPU (34 days for 300B tokens); the passage does "
+             "not give the degrees: TP 8 x PP 8 is assumed, as in the 145.6B row"),
+    PublishedRun(
         name="Llama 3 405B, 16k GPUs", source=LLAMA3, model=ModelShape(126, 16384, 128, 128256, 8192),
         tp=8, pp=16, gpus=16384, global_batch=2048, tflops_per_gpu=400.0, flops="model", hardware=H100,
         zero=2, note="CP 1, DP 128, 16M-token batch, 41% BF16 MFU; the paper's interleaved pipeline "
