@@ -29,11 +29,11 @@ import torch
 
 from agent.config import AgentConfig
 from agent.guard import GuardConfig
+from cliffguard.hpo.divergence import DivergenceCheck
+from cliffguard.hpo.space import SearchSpace, TrialParams
 from core.enums import CheckpointKind
 from core.kafka_config import KafkaConfig
 from core.spike import SpikeConfig
-from cliffguard.hpo.divergence import DivergenceCheck
-from cliffguard.hpo.space import SearchSpace, TrialParams
 from trainer.checkpoint import CheckpointConfig, CheckpointManager
 from trainer.config import TrainConfig
 from trainer.data import DataConfig
