@@ -39,6 +39,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--out-dir", default="runs", help="root of the trials' run directories (default runs/)")
     p.add_argument("--config", help="TOML file: its [kafka] and [spike] sections are used")
     p.add_argument("--bootstrap", help="Kafka bootstrap HOST:PORT: stream the trials' events (default: in memory)")
+    p.add_argument("--fault", action="append", dest="faults", metavar="TRIAL:SPEC", default=[],
+                   help="inject a trainer fault into one trial (repeatable), e.g. 3:lr_blowup@5x1000:10 "
+                        "(trainer/faults.py specs): to see a diverged trial pruned")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     g = p.add_argument_group("model and data (tiny defaults for CPU)")
     g.add_argument("--n-layer", type=int, default=2)
@@ -61,6 +64,7 @@ def build_config(args: argparse.Namespace):
     from cliffguard.hpo.objective import HpoConfig
     from cliffguard.hpo.storage import study_storage
     from trainer.data import DataConfig
+    from trainer.faults import FaultSpec
     from trainer.model import GPTConfig
 
     if args.trials < 1:
@@ -71,6 +75,16 @@ def build_config(args: argparse.Namespace):
         raise ValueError("--warmup: must be >= 1")
     if args.report_every < 0:
         raise ValueError("--report-every: must be >= 0")
+    faults: dict[int, list[str]] = {}
+    for item in args.faults:
+        number, sep, spec = item.partition(":")
+        if not sep or not number.isdigit():
+            raise ValueError(f"--fault: {item!r} is not TRIAL:SPEC (e.g. 3:lr_blowup@5x1000:10)")
+        try:
+            FaultSpec.parse(spec)
+        except ValueError as exc:
+            raise ValueError(f"--fault: {exc}") from None
+        faults.setdefault(int(number), []).append(spec)
     url = study_storage(args.storage, args.db, args.out_dir)
     deployment = load_deployment(args.config, flags={"kafka": {"bootstrap": args.bootstrap}})
     try:
@@ -80,7 +94,7 @@ def build_config(args: argparse.Namespace):
         raise ValueError(f"model/data options: {exc}") from None
     cfg = HpoConfig(study=args.study, window=args.window, warmup=args.warmup, report_every=args.report_every,
                     seed=1337, threads=args.threads, out_dir=args.out_dir, model=model, data=data,
-                    spike=deployment.spike, kafka=deployment.kafka if args.bootstrap else None)
+                    spike=deployment.spike, kafka=deployment.kafka if args.bootstrap else None, faults=faults)
     return cfg, url
 
 
@@ -89,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
         cfg, url = build_config(args)
     except (ConfigError, ValueError) as exc:
         return _fail(str(exc))
+    from cliffguard.hpo.objective import StartMismatch
     from cliffguard.hpo.report import importances, summary_json, summary_text, trial_line
     from cliffguard.hpo.study import run_search
 
@@ -107,7 +122,10 @@ def run(args: argparse.Namespace) -> int:
 
     print(f"study {cfg.study} in {url}: {args.trials} trial(s) of {cfg.window} steps "
           f"(common start: {cfg.warmup}-step warm-up)", file=sys.stderr, flush=True)
-    study = run_search(cfg, url, args.trials, seed=args.seed, on_trial=progress)
+    try:
+        study = run_search(cfg, url, args.trials, seed=args.seed, on_trial=progress)
+    except StartMismatch as exc:
+        return _fail(str(exc))
     seconds = time.perf_counter() - t0
     imps = importances(study)
     print(summary_text(study, imps) + f"\n({seconds:.0f} s)", file=sys.stderr, flush=True)

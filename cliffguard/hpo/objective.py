@@ -33,6 +33,7 @@ from cliffguard.hpo.divergence import DivergenceCheck
 from cliffguard.hpo.space import SearchSpace, TrialParams
 from core.enums import CheckpointKind
 from core.kafka_config import KafkaConfig
+from core.settings import config_to_dict
 from core.spike import SpikeConfig
 from trainer.checkpoint import CheckpointConfig, CheckpointManager
 from trainer.config import TrainConfig
@@ -129,6 +130,10 @@ def train_config(cfg: HpoConfig, run: str, *, steps: int, lr: float, global_batc
     )
 
 
+class StartMismatch(ValueError):
+    """The study's saved common start was made with other settings."""
+
+
 @dataclass(frozen=True, slots=True)
 class Start:
     dir: Path
@@ -138,13 +143,24 @@ class Start:
     """Training samples the warm-up consumed (trials skip them)."""
 
 
+def start_shape(cfg: HpoConfig) -> dict[str, Any]:
+    """What the common start depends on: a study reused with other values must not share it."""
+    return json.loads(json.dumps({"model": config_to_dict(cfg.model), "data": config_to_dict(cfg.data),
+                                  "warmup": cfg.warmup, "warmup_lr": cfg.warmup_lr,
+                                  "warmup_batch": cfg.warmup_batch, "seed": cfg.seed}))
+
+
 def common_start(cfg: HpoConfig, sink_factory: Any = None) -> Start:
     """The study's starting checkpoint: made by a warm-up run, or found from an earlier one."""
     run = f"{cfg.study}-warmup"
     run_dir = Path(cfg.out_dir) / run
     meta_path = run_dir / "start.json"
+    shape = start_shape(cfg)
     if meta_path.exists():
         meta = json.loads(meta_path.read_text())
+        if meta.get("shape") != shape:
+            raise StartMismatch(f"--study: the common start in {run_dir} was made for another model/data/warm-up "
+                             "(use another --study or --out-dir)")
         return Start(run_dir / "checkpoints", int(meta["step"]), float(meta["val_loss"]), int(meta["samples"]))
     tc = train_config(cfg, run, steps=cfg.warmup, lr=cfg.warmup_lr, global_batch=cfg.warmup_batch, val_every=0)
     trainer = WindowTrainer(tc, _accelerator(cfg.threads), sink=sink_factory(run) if sink_factory else None,
@@ -152,7 +168,7 @@ def common_start(cfg: HpoConfig, sink_factory: Any = None) -> Start:
     trainer.run()
     val_loss = trainer.val_history[-1][1]
     samples = cfg.warmup * cfg.warmup_batch
-    meta_path.write_text(json.dumps({"step": trainer.step, "val_loss": val_loss, "samples": samples}))
+    meta_path.write_text(json.dumps({"step": trainer.step, "val_loss": val_loss, "samples": samples, "shape": shape}))
     return Start(Path(tc.checkpoint.dir), trainer.step, val_loss, samples)
 
 

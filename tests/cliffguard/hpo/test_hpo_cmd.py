@@ -6,7 +6,8 @@ from cliffguard.cli import main
 
 
 @pytest.mark.parametrize("argv,option", [(["--trials", "0"], "--trials"), (["--window", "0"], "--window"),
-                                         (["--storage", "mysql://h/db"], "--storage"), (["--db", "redis://h"], "--db")])
+                                         (["--storage", "mysql://h/db"], "--storage"), (["--db", "redis://h"], "--db"),
+                                         (["--fault", "lr_blowup@1x5:2"], "--fault"), (["--fault", "1:boom@3"], "--fault")])
 def test_bad_input_exits_2_naming_the_option(argv, option, capsys, tmp_path):
     assert main(["hpo", "--out-dir", str(tmp_path), *argv]) == 2
     assert option in capsys.readouterr().err

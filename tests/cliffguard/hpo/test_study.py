@@ -63,3 +63,13 @@ def test_bad_config_names_the_field():
         HpoConfig(window=0)
     with pytest.raises(ValueError, match="warmup"):
         HpoConfig(warmup=0)
+
+
+def test_common_start_of_another_model_is_refused(tmp_path):
+    from cliffguard.hpo.objective import StartMismatch
+
+    run_search(tiny(tmp_path), f"sqlite:///{tmp_path}/optuna.db", 1, seed=1)
+    other = tiny(tmp_path)
+    other.model = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32)
+    with pytest.raises(StartMismatch, match="--study"):
+        run_search(other, f"sqlite:///{tmp_path}/optuna.db", 1, seed=1)
