@@ -28,6 +28,7 @@ SUBCOMMANDS: dict[str, str] = {
     "backtest": "replay a step,loss CSV (or a stored run) through the controller's rules",
     "dashboard": "serve the Streamlit dashboard over a store",
     "plan": "search parallelism layouts (TP/PP/DP, ZeRO, recomputation) with memory and step-time estimates",
+    "hpo": "Bayesian hyperparameter search (Optuna TPE + pruning) on validation-loss windows",
     "config": "validate a TOML config (+ CLIFFGUARD_* env) and print the resolved values",
 }
 

@@ -1,0 +1,1 @@
+"""``cliffguard hpo``: Bayesian search (Optuna TPE + median pruning) over validation-loss windows."""
