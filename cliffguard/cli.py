@@ -27,6 +27,7 @@ SUBCOMMANDS: dict[str, str] = {
     "alerts": "alert endpoints' delivery state; re-enable one disabled by HTTP 410",
     "backtest": "replay a step,loss CSV (or a stored run) through the controller's rules",
     "dashboard": "serve the Streamlit dashboard over a store",
+    "data": "data-quality pass over a text corpus: near-duplicates, contamination, reweighting, curriculum",
     "config": "validate a TOML config (+ CLIFFGUARD_* env) and print the resolved values",
 }
 
