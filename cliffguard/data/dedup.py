@@ -69,7 +69,9 @@ class Deduplicator:
 
     def __init__(self, cfg: DedupConfig | None = None) -> None:
         self.cfg = cfg or DedupConfig()
-        self.lsh = MinHashLSH(threshold=self.cfg.threshold, num_perm=self.cfg.num_perm)
+        # LSH only proposes candidates and the signature estimate then confirms them, so its bands are
+        # tuned against false negatives (a missed duplicate is never looked at again).
+        self.lsh = MinHashLSH(threshold=self.cfg.threshold, num_perm=self.cfg.num_perm, weights=(0.1, 0.9))
         self.signatures: dict[str, MinHash] = {}
         self.clusters: dict[str, list[str]] = {}
         """representative -> its removed duplicates (only clusters with at least one)."""
