@@ -52,7 +52,8 @@ class ByteTrigramLM:
     def train(self, text: str) -> None:
         data = text.encode("utf-8")[: self.cfg.max_doc_bytes]
         if len(data) >= 3:
-            self.tri += np.bincount(_trigram_ids(data), minlength=1 << 24).astype(np.uint32)
+            ids, counts = np.unique(_trigram_ids(data), return_counts=True)  # sparse: a document is small
+            self.tri[ids] += counts.astype(np.uint32)
             self._ctx = None
 
     def perplexity(self, text: str) -> float | None:
