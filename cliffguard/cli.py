@@ -29,6 +29,7 @@ SUBCOMMANDS: dict[str, str] = {
     "dashboard": "serve the Streamlit dashboard over a store",
     "plan": "search parallelism layouts (TP/PP/DP, ZeRO, recomputation) with memory and step-time estimates",
     "hpo": "Bayesian hyperparameter search (Optuna TPE + pruning) on validation-loss windows",
+    "data": "data-quality pass over a text corpus: near-duplicates, contamination, reweighting, curriculum",
     "config": "validate a TOML config (+ CLIFFGUARD_* env) and print the resolved values",
 }
 

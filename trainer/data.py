@@ -24,10 +24,18 @@ found transient) get a weight < 1. A stream position whose sample is flagged kee
 probability = its weight; otherwise it redraws, deterministically from (seed, global index,
 try), until a sample is kept. Flags are knowledge about the data, not training progress, so
 ``load_state_dict`` (a rollback) keeps flags learned since that state was saved.
+
+Manifest. ``weights_manifest`` names a JSON manifest (``cliffguard data`` writes it: per file a
+weight, 0 for a removed one, and a category; curriculum phases with per-category weights by
+fraction of ``curriculum_steps``). A sample belongs to the file its first byte came from; its
+weight is its flag weight x its file's weight x its category's weight in the phase of the step
+its stream position falls in (phase weights scaled so the phase's largest is 1; only relative
+weights matter to the redraw). A sample of weight 0 is never drawn.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sysconfig
@@ -58,6 +66,10 @@ class DataConfig:
     """File suffixes read when a named path is a directory (the default corpus reads only .py)."""
     apply_rules: bool = True
     """Scan the train samples with the data rules at load time and down-weight flagged ones."""
+    weights_manifest: str = ""
+    """A ``cliffguard data`` manifest: per-file weights and curriculum phases the sampler follows ("" = none)."""
+    curriculum_steps: int = 0
+    """Total training steps the manifest's phase fractions refer to (0 = phases ignored)."""
 
     def __post_init__(self) -> None:
         if self.seq_len < 2:
@@ -71,6 +83,10 @@ class DataConfig:
         for p in self.paths:
             if not Path(p).exists():
                 raise ValueError(f"paths: {p!r} does not exist")
+        if self.weights_manifest and not Path(self.weights_manifest).is_file():
+            raise ValueError(f"weights_manifest: {self.weights_manifest!r} does not exist")
+        if self.curriculum_steps < 0:
+            raise ValueError("curriculum_steps: must be >= 0")
 
 
 def _default_files() -> list[Path]:
@@ -94,9 +110,16 @@ def _named_files(paths: list[str], suffixes: list[str]) -> list[Path]:
 
 def read_text_bytes(cfg: DataConfig) -> tuple[bytes, list[str]]:
     """The corpus bytes (capped at max_bytes) and the files they came from."""
+    text, used, _ = _read_corpus(cfg)
+    return text, used
+
+
+def _read_corpus(cfg: DataConfig) -> tuple[bytes, list[str], list[int]]:
+    """read_text_bytes plus each used file's start offset in the bytes."""
     files = _named_files(cfg.paths, cfg.suffixes) if cfg.paths else _default_files()
     parts: list[bytes] = []
     used: list[str] = []
+    starts: list[int] = []
     total = 0
     for f in files:
         if total >= cfg.max_bytes:
@@ -107,11 +130,12 @@ def read_text_bytes(cfg: DataConfig) -> tuple[bytes, list[str]]:
             continue  # unreadable file (permissions, vanished): the corpus is what can be read
         parts.append(data + b"\n")
         used.append(str(f))
+        starts.append(total)
         total += len(data) + 1
     text = b"".join(parts)[: cfg.max_bytes]
     if len(text) < 4 * cfg.block_bytes:
         raise ValueError(f"paths: corpus too small ({len(text)} bytes; need >= {4 * cfg.block_bytes})")
-    return text, used
+    return text, used, starts
 
 
 @dataclass(slots=True)
@@ -124,6 +148,8 @@ class Corpus:
     seq_len: int
     flags: list[Any] = field(default_factory=list)
     """DataFlag records from the load-time scan (trainer.data_rules)."""
+    sample_files: torch.Tensor | None = None
+    """Index into ``files`` of each train sample's first byte (set when a manifest is configured)."""
 
     @property
     def n_train_samples(self) -> int:
@@ -144,7 +170,7 @@ def _windows(tokens: torch.Tensor, ids: torch.Tensor, t: int) -> tuple[torch.Ten
 
 
 def load_corpus(cfg: DataConfig) -> Corpus:
-    text, files = read_text_bytes(cfg)
+    text, files, starts = _read_corpus(cfg)
     tokens = torch.frombuffer(bytearray(text), dtype=torch.uint8)
     n_blocks = math.ceil(tokens.numel() / cfg.block_bytes)
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -158,6 +184,12 @@ def load_corpus(cfg: DataConfig) -> Corpus:
     if (val.numel() - 1) // cfg.seq_len < 1:
         raise ValueError("val_fraction: held-out split holds no complete sequence")
     corpus = Corpus(train=train, val=val, files=files, seq_len=cfg.seq_len)
+    if cfg.weights_manifest:
+        # train offset -> offset in the whole text: train is the non-val blocks, in order
+        train_blocks = torch.nonzero(~is_val).squeeze(1)
+        off = torch.arange(corpus.n_train_samples) * cfg.seq_len
+        orig = train_blocks[off // cfg.block_bytes] * cfg.block_bytes + off % cfg.block_bytes
+        corpus.sample_files = torch.searchsorted(torch.tensor(starts), orig, right=True) - 1
     if cfg.apply_rules:
         from trainer.data_rules import DataRules
 
@@ -186,6 +218,46 @@ class Sampler:
         self._perm_cache: tuple[int, torch.Tensor] | None = None
         for flag in corpus.flags:
             self.flag(flag.sample_ids, flag.weight)
+        self._base: torch.Tensor | None = None  # per-sample manifest weight
+        self._category: torch.Tensor | None = None
+        self._phases: list[tuple[int, torch.Tensor]] = []  # (end step, weight per category id)
+        if cfg.weights_manifest:
+            self._load_manifest(cfg)
+
+    def _load_manifest(self, cfg: DataConfig) -> None:
+        try:
+            man = json.loads(Path(cfg.weights_manifest).read_text(encoding="utf-8"))
+            docs = {str(Path(d["path"]).resolve()): (float(d["weight"]), str(d.get("category", "")))
+                    for d in man["documents"]}
+            cur = man.get("curriculum") or {}
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"weights_manifest: {cfg.weights_manifest!r} is not a manifest ({exc})") from None
+        names = sorted({c for _, c in docs.values()} | {str(cur.get("default", ""))})
+        cat_id = {c: i for i, c in enumerate(names)}
+        default = (1.0, str(cur.get("default", "")))
+        per_file = [docs.get(str(Path(f).resolve()), default) for f in self.corpus.files]
+        assert self.corpus.sample_files is not None
+        sf = self.corpus.sample_files
+        self._base = torch.tensor([w for w, _ in per_file], dtype=torch.float64)[sf]
+        self._category = torch.tensor([cat_id[c] for _, c in per_file], dtype=torch.long)[sf]
+        if cfg.curriculum_steps:
+            for ph in cur.get("phases", []):
+                w = torch.tensor([float(ph.get("weights", {}).get(c, 1.0)) for c in names], dtype=torch.float64)
+                end = math.ceil(float(ph["until"]) * cfg.curriculum_steps)
+                self._phases.append((end, w / w.max() if float(w.max()) > 0 else w))
+        if not bool((self._base > 0).any()):
+            raise ValueError(f"weights_manifest: {cfg.weights_manifest!r} gives every training sample weight 0")
+
+    def sample_weight(self, sid: int, g: int) -> float:
+        """Sample ``sid``'s weight at global index ``g`` (flags x manifest x curriculum phase)."""
+        w = self.weights.get(sid, 1.0)
+        if self._base is not None and self._category is not None:
+            w *= float(self._base[sid])
+            if self._phases:
+                step = g // self.global_batch
+                phase = next((pw for end, pw in self._phases if step < end), self._phases[-1][1])
+                w *= float(phase[self._category[sid]])
+        return w
 
     # -- order ---------------------------------------------------------------------------
     def _perm(self, epoch: int) -> torch.Tensor:
@@ -204,12 +276,13 @@ class Sampler:
 
     def _sample_id(self, g: int) -> int:
         sid = int(self._perm(g // self.n)[g % self.n])
-        if not self.weights:
+        if not self.weights and self._base is None:
             return sid
         tries = 0
-        while (w := self.weights.get(sid, 1.0)) < 1.0:
+        while (w := self.sample_weight(sid, g)) < 1.0:
             gen = torch.Generator().manual_seed(hash((self.seed, g, tries)) & 0x7FFF_FFFF_FFFF)
-            if float(torch.rand(1, generator=gen)) < w or tries >= 64:
+            # past 64 tries any sample of weight > 0 will do; weight 0 means never drawn
+            if float(torch.rand(1, generator=gen)) < w or (tries >= 64 and w > 0) or tries >= 100_000:
                 break
             tries += 1
             sid = int(torch.randint(self.n, (1,), generator=gen))

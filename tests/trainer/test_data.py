@@ -119,3 +119,62 @@ def test_validation_batches_are_fixed_and_held_out(corpus, cfg):
     train_text = bytes(corpus.train.tolist())
     hits = sum(bytes(x.tolist()) in train_text for x, _ in v1 for x in x)
     assert hits < 12  # held-out text is not the training windows (short repeats may occur)
+
+
+# -- manifest (cliffguard data) ------------------------------------------------------------
+def _manifest_corpus(tmp_path, phases=None):
+    import json
+
+    for name, byte in (("a.py", b"a"), ("b.py", b"b"), ("c.py", b"c"), ("d.md", b"d")):
+        (tmp_path / name).write_bytes(byte * 16_383)
+    docs = [
+        {"path": str(tmp_path / "a.py"), "kept": True, "weight": 1.0, "category": "code", "reasons": []},
+        {"path": str(tmp_path / "b.py"), "kept": False, "weight": 0.0, "category": "code", "reasons": []},
+        {"path": str(tmp_path / "c.py"), "kept": True, "weight": 0.25, "category": "code", "reasons": []},
+        {"path": str(tmp_path / "d.md"), "kept": True, "weight": 1.0, "category": "prose", "reasons": []},
+    ]
+    man = tmp_path / "manifest.json"
+    man.write_text(json.dumps({"version": 1, "documents": docs,
+                               "curriculum": {"categories": {}, "default": "other", "phases": phases or []}}))
+    cfg = DataConfig(paths=[str(tmp_path)], seq_len=16, max_bytes=100_000, block_bytes=1024, val_fraction=0.05,
+                     apply_rules=False, weights_manifest=str(man), curriculum_steps=100)
+    return cfg, load_corpus(cfg)
+
+
+def _letters(sampler, steps):
+    from collections import Counter
+
+    counts = Counter()
+    for step in steps:
+        x, _, _ = sampler.batch(step)
+        counts.update(chr(int(row[0])) for row in x)
+    return counts
+
+
+def test_sampler_follows_manifest_weights_and_never_draws_a_removed_file(tmp_path):
+    cfg, corpus = _manifest_corpus(tmp_path)
+    assert corpus.sample_files is not None and corpus.sample_files.numel() == corpus.n_train_samples
+    counts = _letters(Sampler(corpus, cfg, global_batch=32), range(60))
+    assert counts["b"] == 0
+    assert 0.15 < counts["c"] / counts["a"] < 0.35  # weight 0.25
+    assert 0.8 < counts["d"] / counts["a"] < 1.25
+
+
+def test_sampler_follows_curriculum_phases(tmp_path):
+    phases = [{"until": 0.5, "weights": {"prose": 1.0, "code": 0.0}},
+              {"until": 1.0, "weights": {"prose": 0.0, "code": 1.0}}]
+    cfg, corpus = _manifest_corpus(tmp_path, phases)
+    s = Sampler(corpus, cfg, global_batch=16)
+    assert set(_letters(s, range(0, 50, 5))) == {"d"}
+    assert set(_letters(s, range(50, 100, 5))) == {"a", "c"}
+
+
+def test_manifest_errors(tmp_path):
+    with pytest.raises(ValueError, match="^weights_manifest:"):
+        DataConfig(weights_manifest=str(tmp_path / "nope.json"))
+    (tmp_path / "x.txt").write_bytes(b"x" * 20_000)
+    (tmp_path / "m.json").write_text("{}")
+    cfg = DataConfig(paths=[str(tmp_path / "x.txt")], seq_len=16, max_bytes=100_000, block_bytes=1024,
+                     weights_manifest=str(tmp_path / "m.json"))
+    with pytest.raises(ValueError, match="is not a manifest"):
+        Sampler(load_corpus(cfg), cfg, global_batch=4)
