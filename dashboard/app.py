@@ -21,7 +21,17 @@ from controller.store import read
 from controller.store.db import schema_at_head
 from core.settings import ConfigError
 from dashboard.config import DashboardConfig, load_config
-from dashboard.sections import alerts, checkpoints, gradients, header, incidents, loss, operator, ranks
+from dashboard.sections import (
+    alerts,
+    checkpoints,
+    data_quality,
+    gradients,
+    header,
+    incidents,
+    loss,
+    operator,
+    ranks,
+)
 from dashboard.sections.context import Context
 from dashboard.store_access import read_only_engine
 
@@ -56,6 +66,10 @@ def main() -> None:
         return
     engine = _engine(cfg.db_url)
     st.sidebar.title("cliffguard")
+    if (cfg.data_report or cfg.data_manifest) and st.sidebar.radio(
+            "view", ["runs", "data quality"], key="view", horizontal=True) == "data quality":
+        data_quality.render(cfg)
+        return
     st.sidebar.caption(f"store: `{engine.url.render_as_string(hide_password=True)}`")
     if not schema_at_head(engine):
         # the dashboard only reads: the controller owns the schema and migrates it when it starts

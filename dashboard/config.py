@@ -39,6 +39,10 @@ class DashboardConfig:
     """Newest gradient-histogram emissions read for the heatmaps."""
     operator_token: str | None = field(default=None, repr=False)
     """Token an operator must type to act on a run; env CLIFFGUARD_OPERATOR_TOKEN also works."""
+    data_report: str = ""
+    """A ``cliffguard data --report`` JSON file to show on the data-quality page ("" = none)."""
+    data_manifest: str = ""
+    """The ``cliffguard data --out`` manifest whose curriculum and weights the page shows ("" = none)."""
 
     def __post_init__(self) -> None:
         if not self.db_url:

@@ -69,7 +69,7 @@ class DataConfig:
     weights_manifest: str = ""
     """A ``cliffguard data`` manifest: per-file weights and curriculum phases the sampler follows ("" = none)."""
     curriculum_steps: int = 0
-    """Total training steps the manifest's phase fractions refer to (0 = phases ignored)."""
+    """Total training steps the manifest's phase fractions refer to (0 = the run's ``steps``)."""
 
     def __post_init__(self) -> None:
         if self.seq_len < 2:

@@ -23,6 +23,7 @@ back to ``s`` replays step ``s`` onwards exactly (same data, same RNG, same para
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import math
@@ -103,7 +104,9 @@ class Trainer:
         random.seed(cfg.seed)
         self.micro_batch = cfg.micro_batch(self.world)
         self.corpus = load_corpus(cfg.data)
-        self.sampler = Sampler(self.corpus, cfg.data, cfg.global_batch, self.rank, self.world)
+        # a manifest's curriculum phases are fractions of the run unless a length is configured
+        data_cfg = cfg.data if cfg.data.curriculum_steps else dataclasses.replace(cfg.data, curriculum_steps=cfg.steps)
+        self.sampler = Sampler(self.corpus, data_cfg, cfg.global_batch, self.rank, self.world)
         raw = GPT(cfg.model)
         decay = [p for n, p in raw.named_parameters() if p.dim() >= 2]
         no_decay = [p for n, p in raw.named_parameters() if p.dim() < 2]

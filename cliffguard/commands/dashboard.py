@@ -31,6 +31,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8501, help="port to serve on (default 8501)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--config", default=None, help="TOML file with a [dashboard] section")
+    p.add_argument("--data-report", default=None, help="a `cliffguard data --report` JSON for the data-quality page")
+    p.add_argument("--data-manifest", default=None, help="a `cliffguard data --out` manifest (curriculum, weights)")
     return p
 
 
@@ -58,6 +60,10 @@ def streamlit_command(args: argparse.Namespace) -> tuple[list[str], dict[str, st
     env["STREAMLIT_BROWSER_GATHER_USAGE_STATS"] = "false"
     if args.config:
         env["CLIFFGUARD_CONFIG"] = str(Path(args.config).resolve())
+    for flag, var in (("data_report", "CLIFFGUARD_DASHBOARD__DATA_REPORT"),
+                      ("data_manifest", "CLIFFGUARD_DASHBOARD__DATA_MANIFEST")):
+        if getattr(args, flag, None):
+            env[var] = str(Path(getattr(args, flag)).resolve())
     return argv, env
 
 
