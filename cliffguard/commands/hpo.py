@@ -69,12 +69,6 @@ def build_config(args: argparse.Namespace):
 
     if args.trials < 1:
         raise ValueError("--trials: must be >= 1")
-    if args.window < 1:
-        raise ValueError("--window: must be >= 1")
-    if args.warmup < 1:
-        raise ValueError("--warmup: must be >= 1")
-    if args.report_every < 0:
-        raise ValueError("--report-every: must be >= 0")
     faults: dict[int, list[str]] = {}
     for item in args.faults:
         number, sep, spec = item.partition(":")
@@ -92,9 +86,13 @@ def build_config(args: argparse.Namespace):
         data = DataConfig(seq_len=args.seq_len, max_bytes=args.max_bytes, paths=args.data_paths or [])
     except ValueError as exc:
         raise ValueError(f"model/data options: {exc}") from None
-    cfg = HpoConfig(study=args.study, window=args.window, warmup=args.warmup, report_every=args.report_every,
-                    seed=1337, threads=args.threads, out_dir=args.out_dir, model=model, data=data,
-                    spike=deployment.spike, kafka=deployment.kafka if args.bootstrap else None, faults=faults)
+    try:
+        cfg = HpoConfig(study=args.study, window=args.window, warmup=args.warmup, report_every=args.report_every,
+                        seed=1337, threads=args.threads, out_dir=args.out_dir, model=model, data=data,
+                        spike=deployment.spike, kafka=deployment.kafka if args.bootstrap else None, faults=faults)
+    except ValueError as exc:  # HpoConfig names its field ("window: ..."): name the option instead
+        field, _, reason = str(exc).partition(":")
+        raise ValueError(f"--{field.strip().replace('_', '-')}:{reason}") from None
     return cfg, url
 
 
