@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from agent.collectors.grad_hist import HistConfig
 from agent.guard import GuardConfig
+from core.events import check_run_id
 
 
 @dataclass(kw_only=True, slots=True)
@@ -39,6 +40,7 @@ class AgentConfig:
     def __post_init__(self) -> None:
         if not self.run:
             raise ValueError("run: must be set")
+        check_run_id(self.run)  # else the broker side would drop every event of the run
         if self.hist_every < 0:
             raise ValueError("hist_every: must be >= 0")
         if self.heartbeat_s <= 0:

@@ -127,7 +127,8 @@ class Agent:
         if kafka is None:
             return pub.NullSink()
         if publisher_config is None:
-            spill_dir = self.config.spill_dir or tempfile.gettempdir()
+            # a per-user directory: agent/spill.py refuses one owned by someone else (like /tmp)
+            spill_dir = self.config.spill_dir or os.path.join(tempfile.gettempdir(), f"cliffguard-spill-{os.geteuid()}")
             publisher_config = pub.PublisherConfig(
                 spill_path=os.path.join(spill_dir, f"cliffguard-spill-{self.config.run}-r{self.rank}.bin")
             )

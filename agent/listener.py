@@ -26,6 +26,12 @@ restarts) gets the topic created again, with offsets from 0: the listener notice
 id and reads the new topic from its beginning, so commands published after the restart are not
 missed (see ``core.topic_watch``). A failure inside the thread is logged and
 counted (``errors``) and the thread carries on.
+
+A junk flood is bounded: at most ``inbox_max`` records wait for ``poll()`` (so one step boundary
+decodes at most that many); records past it are dropped and counted (``dropped``; a real command
+among them is never acked, so the controller's timeout handles it). Refusal log lines are limited
+to the first ``log_first`` and then one summary line per ``log_interval_s``; every refusal is still
+acked through ``on_reject``.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -56,6 +63,35 @@ _STATUS = {
 }
 
 
+class LogLimiter:
+    """Lets the first ``first`` lines through, then one summary of the suppressed per ``interval_s``."""
+
+    def __init__(self, what: str, *, first: int = 20, interval_s: float = 60.0) -> None:
+        self.what = what
+        self.first = first
+        self.interval_s = interval_s
+        self.lines = 0
+        self.suppressed = 0  # since the last summary
+        self._last_summary = time.monotonic()
+
+    def warning(self, msg: str, *args: Any) -> None:
+        if self.lines < self.first:
+            self.lines += 1
+            log.warning(msg, *args)
+            if self.lines == self.first:
+                log.warning("%s: further lines suppressed; one summary every %.0fs", self.what, self.interval_s)
+            return
+        self.suppressed += 1
+        self.flush()
+
+    def flush(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if self.suppressed and (force or now - self._last_summary >= self.interval_s):
+            log.warning("%s: %d more in the last %.0fs", self.what, self.suppressed, now - self._last_summary)
+            self.suppressed = 0
+            self._last_summary = now
+
+
 def _best_effort_ids(raw: bytes | None) -> tuple[str, str]:
     """The id and type of an undecodable command, when they can still be read, for its ack."""
     try:
@@ -76,7 +112,12 @@ class CommandListener:
         *,
         poll_interval_s: float = 0.1,
         consumer_factory: Callable[[], Any] | None = None,
+        inbox_max: int = 256,
+        log_first: int = 20,
+        log_interval_s: float = 60.0,
     ) -> None:
+        if inbox_max < 1:
+            raise ValueError("inbox_max: must be >= 1")
         self.kafka = kafka
         self.run = run
         self.topic = kafka.commands_topic
@@ -86,7 +127,10 @@ class CommandListener:
         self._key = run.encode()
         self._consumer_factory = consumer_factory or self._default_consumer
         self._consumer: Any = None
+        self.inbox_max = inbox_max
         self._inbox: deque[tuple[bytes | None, str]] = deque()  # (raw value, where) in arrival order
+        self._refusals = LogLimiter("command listener: refused commands", first=log_first, interval_s=log_interval_s)
+        self.dropped = 0  # records past inbox_max
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._thread: threading.Thread | None = None
@@ -166,8 +210,7 @@ class CommandListener:
                     for rec in records:
                         if rec.key != self._key:
                             continue
-                        self.received += 1
-                        self._inbox.append((rec.value, f"{tp.topic}[{tp.partition}]@{rec.offset}"))
+                        self._enqueue(rec.value, f"{tp.topic}[{tp.partition}]@{rec.offset}")
                 backoff = 0.2
             except Exception as exc:  # noqa: BLE001 - logged and retried, never raised into training
                 self.errors += 1
@@ -184,6 +227,17 @@ class CommandListener:
             except Exception:  # noqa: BLE001
                 pass
 
+    def _enqueue(self, raw: bytes | None, where: str) -> None:
+        """Called by the consumer thread for each record keyed by this run."""
+        self.received += 1
+        if len(self._inbox) >= self.inbox_max:
+            self.dropped += 1
+            if self.dropped == 1 or self.dropped % 10_000 == 0:
+                log.warning("command listener: inbox full (%d waiting); dropped %d commands so far",
+                            self.inbox_max, self.dropped)
+            return
+        self._inbox.append((raw, where))
+
     def poll(self) -> list[Command]:
         """Commands to apply now, in arrival order. Non-blocking; refusals go to ``on_reject``."""
         accepted: list[Command] = []
@@ -193,7 +247,7 @@ class CommandListener:
                 cmd = decode_command(raw if raw is not None else b"", max_bytes=MAX_COMMAND_BYTES)
             except SchemaError as exc:
                 cid, ctype = _best_effort_ids(raw)
-                log.warning("command at %s refused: undecodable: %s", where, exc)
+                self._refusals.warning("command at %s refused: undecodable: %s", where, exc)
                 self._reject(cid, ctype, AckStatus.REJECTED, f"undecodable: {exc}")
                 continue
             result = self.verifier.verify(cmd)
@@ -201,8 +255,9 @@ class CommandListener:
                 accepted.append(cmd)
                 continue
             assert result.reason is not None
-            log.warning("command %s (%s) refused: %s: %s", cmd.id, cmd.type, result.reason, result.detail)
+            self._refusals.warning("command %s (%s) refused: %s: %s", cmd.id, cmd.type, result.reason, result.detail)
             self._reject(cmd.id, str(cmd.type), _STATUS[result.reason], f"{result.reason}: {result.detail}")
+        self._refusals.flush()
         return accepted
 
     def _reject(self, cmd_id: str, cmd_type: str, status: AckStatus, detail: str) -> None:
@@ -213,6 +268,7 @@ class CommandListener:
             log.exception("on_reject callback failed for command %s", cmd_id)
 
     def close(self, timeout: float = 5.0) -> None:
+        self._refusals.flush(force=True)
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)

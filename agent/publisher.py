@@ -306,6 +306,8 @@ class Publisher:
             "broker_up": self._up,
             "spill_pending": spill.pending_records if spill is not None else 0,
             "spill_bytes": spill.pending_bytes if spill is not None else 0,
+            "spill_corrupt": spill.corrupt_records if spill is not None else 0,
+            "spill_write_errors": spill.write_errors if spill is not None else 0,
             "last_error": self.last_error,
         }
 

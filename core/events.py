@@ -65,6 +65,19 @@ def new_id() -> str:
     return uuid.uuid4().hex
 
 
+def check_run_id(run: object) -> None:
+    """Raise ``SchemaError("run", ...)`` (a ``ValueError``) unless ``run`` is a valid run id.
+
+    The one rule for run ids: every envelope is checked with it, and so is the agent's config, so
+    a run whose events would all be rejected is refused when it starts."""
+    if not isinstance(run, str) or not _RUN_RE.match(run):
+        raise SchemaError("run", f"expected a run id of 1-128 characters [A-Za-z0-9._:-] "
+                                 f"starting with a letter or digit, got {run!r}")
+    if run in _NONFINITE_IN:
+        # "NaN"/"Infinity" is how a non-finite float is written on the wire: never a real run id.
+        raise SchemaError("run", f"{run!r} is the encoding of a non-finite number, not a run id")
+
+
 def _check_envelope_common(obj: Any) -> None:
     if not isinstance(obj, dict):
         raise SchemaError("$", f"expected a JSON object, got {type(obj).__name__}")
@@ -76,12 +89,7 @@ def _check_envelope_common(obj: Any) -> None:
     ident = obj.get("id")
     if not isinstance(ident, str) or not _ID_RE.match(ident):
         raise SchemaError("id", "expected 32 lowercase hex characters")
-    run = obj.get("run")
-    if not isinstance(run, str) or not _RUN_RE.match(run):
-        raise SchemaError("run", "expected a run id of 1-128 characters [A-Za-z0-9._:-]")
-    if run in _NONFINITE_IN:
-        # "NaN"/"Infinity" is how a non-finite float is written on the wire: never a real run id.
-        raise SchemaError("run", f"{run!r} is the encoding of a non-finite number, not a run id")
+    check_run_id(obj.get("run"))
 
 
 def _parse_json(raw: bytes | str) -> Any:

@@ -133,6 +133,10 @@ def test_commands_reach_the_step_boundary_and_acks_are_emitted():
 def test_agent_config_validation():
     with pytest.raises(ValueError, match="run"):
         AgentConfig(run="")
+    for bad in ["team a/run 7", "-lead", "NaN", "x" * 129]:
+        with pytest.raises(ValueError, match="^run: "):
+            AgentConfig(run=bad)
+    AgentConfig(run="team-a.run_7:x")
     with pytest.raises(ValueError, match="heartbeat_s"):
         AgentConfig(run="r", heartbeat_s=0)
 

@@ -11,6 +11,7 @@ import pytest
 from agent.listener import CommandListener
 from core.enums import AckStatus
 from core.events import encode_command, make_command
+from core.kafka_config import KafkaConfig
 from core.signing import CommandVerifier, Secret, sign_command
 
 SECRET = Secret("listener-secret-0123456789")
@@ -145,3 +146,22 @@ def test_listener_survives_a_broker_restart_that_loses_the_topic(tmp_path):
             listener.close()
     finally:
         broker.stop()
+
+
+def test_a_junk_flood_keeps_the_inbox_bounded_and_the_log_short(caplog):
+    rejects = []
+    listener = CommandListener(KafkaConfig(), RUN, CommandVerifier(RUN, SECRET), lambda *a: rejects.append(a),
+                               inbox_max=256, log_first=20, consumer_factory=lambda: None)
+    caplog.set_level("WARNING", logger="agent.listener")
+    for i in range(5000):  # what the consumer thread hands over, as fast as the broker delivers
+        listener._enqueue(b"junk %d" % i, f"cmds[0]@{i}")
+        if i % 1000 == 999:
+            assert listener.poll() == []
+    good = _cmd()
+    listener._enqueue(encode_command(good), "cmds[0]@5000")
+    assert [c.id for c in listener.poll()] == [good.id]
+    listener.close()
+    assert listener.received == 5001 and listener.dropped == 5000 - 5 * 256
+    assert len(rejects) == 5 * 256  # every refused record that was kept is still acked
+    assert len(caplog.records) <= 30, len(caplog.records)
+    assert any("more in the last" in r.getMessage() for r in caplog.records)

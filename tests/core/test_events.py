@@ -14,6 +14,7 @@ from core.events import (
     SCHEMA_VERSION,
     SchemaError,
     UnknownVersion,
+    check_run_id,
     decode_command,
     decode_event,
     encode_command,
@@ -241,3 +242,11 @@ def test_make_event_validates_before_sending():
 def test_dumps_is_compact_utf8():
     raw = dumps({"a": "é", "b": math.nan})
     assert raw == '{"a":"é","b":"NaN"}'.encode()
+
+
+def test_check_run_id_is_the_envelope_rule():
+    check_run_id("team-a.run_7:x")
+    for bad in ["team a/run 7", "", "NaN", 7]:
+        with pytest.raises(SchemaError, match="^run: "):
+            check_run_id(bad)
+        _reject(json.dumps(_event(run=bad)), "run")
