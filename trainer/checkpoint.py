@@ -64,12 +64,13 @@ from trainer.checkpoint_io import (
     ckpt_path,
     clone_tensors,
     delete_entry,
-    disk_entries,
     file_sha256,
     flatten,
     load_checked,
     read_frame,
+    scan_sidecars,
     send_frame,
+    sidecar_name_fields,
     write_checkpoint,
 )
 
@@ -202,6 +203,8 @@ class CheckpointManager:
             stale.unlink(missing_ok=True)
         self.ring: OrderedDict[int, FlatSnapshot] = OrderedDict()
         self.last_detail = ""
+        self.malformed_sidecars: dict[str, str] = {}
+        """Sidecars skipped as malformed (path -> reason); each is logged and reported once."""
         # Snapshots neither in the ring nor queued for the writer, recycled as copy targets.
         self._spare: list[FlatSnapshot] = []
         self._in_flight: dict[int, int] = {}  # id(snapshot) -> queued writes
@@ -317,8 +320,24 @@ class CheckpointManager:
         return self._process.write(header, snap)
 
     # -- reading -------------------------------------------------------------------------
+    def _entries(self) -> list[dict[str, Any]]:
+        """Committed checkpoints; a malformed sidecar is skipped (it commits nothing), and
+        reported the first time it is seen, so one bad file cannot stop saves or rollbacks."""
+        entries, bad = scan_sidecars(self.root)
+        for side, reason in bad:
+            if str(side) in self.malformed_sidecars:
+                continue
+            self.malformed_sidecars[str(side)] = reason
+            log.warning("malformed checkpoint sidecar %s skipped: %s", side, reason)
+            named = sidecar_name_fields(side)
+            if named is not None:
+                kind, step = named
+                self._emit({"kind": kind, "step": step, "path": str(side), "bytes": 0, "sha256": "",
+                            "seconds": 0.0, "verified": False, "detail": f"malformed sidecar skipped: {reason}"})
+        return entries
+
     def disk_steps(self) -> list[int]:
-        return sorted({m["step"] for m in disk_entries(self.root)})
+        return sorted({m["step"] for m in self._entries()})
 
     def available_steps(self) -> list[int]:
         """Steps a rollback can reach: the ring and committed disk checkpoints, ascending."""
@@ -335,7 +354,7 @@ class CheckpointManager:
             state = clone_tensors(snap.materialize()) if snap is not None else None
         source = "memory"
         if state is None:
-            metas = [m for m in disk_entries(self.root) if m["step"] == step]
+            metas = [m for m in self._entries() if m["step"] == step]
             if not metas:
                 raise KeyError(f"step {step}: no checkpoint (available: {self.available_steps()})")
             source = "disk"
@@ -365,7 +384,7 @@ class CheckpointManager:
     def latest_verified(self) -> int | None:
         """The newest disk step whose file passes the sha256 check now (corrupt ones reported)."""
         self.wait()
-        for meta in reversed(disk_entries(self.root)):
+        for meta in reversed(self._entries()):
             path = ckpt_path(self.root, meta["step"], meta["kind"])
             try:
                 if file_sha256(path) == meta["sha256"]:
@@ -382,7 +401,7 @@ class CheckpointManager:
         ones are skipped and named in detail. KeyError when none is usable."""
         self.wait()
         skipped: list[str] = []
-        for meta in reversed(disk_entries(self.root)):
+        for meta in reversed(self._entries()):
             try:
                 state = self._load_meta(meta)["state"]
             except CorruptCheckpoint as exc:
@@ -401,7 +420,7 @@ class CheckpointManager:
         with self._lock:
             for s in [s for s in self.ring if s > step]:
                 self._release(self.ring.pop(s))
-        for meta in disk_entries(self.root):
+        for meta in self._entries():
             if meta["step"] > step:
                 delete_entry(self.root, meta)
 

@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import pickle
+import re
 import struct
 import sys
 import time
@@ -180,15 +181,54 @@ def file_sha256(path: Path) -> str:
     return sha.hexdigest()
 
 
-def disk_entries(root: Path) -> list[dict[str, Any]]:
-    """Committed checkpoints (their sidecars), oldest first; full after incremental on one step."""
-    out = []
+_SIDECAR_NAME = re.compile(r"^(full|incremental)-(\d{9,})\.pt\.json$")
+
+
+def sidecar_name_fields(side: Path) -> tuple[str, int] | None:
+    """(kind, step) that a sidecar's file name claims, or None for a name we never write."""
+    m = _SIDECAR_NAME.match(side.name)
+    return (m[1], int(m[2])) if m else None
+
+
+def parse_sidecar(side: Path) -> dict[str, Any]:
+    """A sidecar's fields, each checked (files on disk are untrusted); ValueError says what is wrong."""
+    named = sidecar_name_fields(side)
+    if named is None:
+        raise ValueError("not a checkpoint sidecar name")
+    try:
+        meta = json.loads(side.read_text())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"unreadable ({exc})") from exc
+    except ValueError as exc:
+        raise ValueError(f"not valid JSON ({exc})") from exc
+    if not isinstance(meta, dict):
+        raise ValueError("not a JSON object")
+    for field, typ in (("step", int), ("kind", str), ("sha256", str), ("bytes", int)):
+        value = meta.get(field)
+        if not isinstance(value, typ) or isinstance(value, bool):
+            raise ValueError(f"{field}: missing or not {typ.__name__}")
+    if (meta["kind"], meta["step"]) != named:
+        raise ValueError(f"kind/step {meta['kind']}/{meta['step']} do not match the file name")
+    if not isinstance(meta.get("run_id", ""), str):
+        raise ValueError("run_id: not str")
+    return meta
+
+
+def scan_sidecars(root: Path) -> tuple[list[dict[str, Any]], list[tuple[Path, str]]]:
+    """(committed checkpoints oldest first, full after incremental on one step; malformed
+    sidecars as (path, reason)). A malformed sidecar commits nothing and is skipped."""
+    good, bad = [], []
     for side in root.glob("*.pt.json"):
         try:
-            out.append(json.loads(side.read_text()))
-        except (OSError, ValueError):
-            log.warning("unreadable checkpoint sidecar %s ignored", side)
-    return sorted(out, key=lambda m: (m["step"], m["kind"] == "full"))
+            good.append(parse_sidecar(side))
+        except ValueError as exc:
+            bad.append((side, str(exc)))
+    return sorted(good, key=lambda m: (m["step"], m["kind"] == "full")), bad
+
+
+def disk_entries(root: Path) -> list[dict[str, Any]]:
+    """Committed checkpoints (their well-formed sidecars), oldest first; see ``scan_sidecars``."""
+    return scan_sidecars(root)[0]
 
 
 def delete_entry(root: Path, meta: dict[str, Any]) -> None:

@@ -275,3 +275,51 @@ def test_each_rank_writes_and_restores_its_own_files(tmp_path):
     for r in range(2):
         state, _ = CheckpointManager(cfg, rank=r, world=2).restore(50)
         assert torch.equal(state["rng"], torch.full((4,), float(r)))
+
+
+def plant_malformed_sidecars(root: Path) -> list[Path]:
+    """An empty object, a truncated file and wrong types, at steps above the real checkpoints."""
+    bad = {
+        "full-000000900.pt.json": "{}",
+        "incremental-000000950.pt.json": '{"step": 950, "kind": "incr',
+        "full-000000990.pt.json": '{"step": "990", "kind": "full", "sha256": 7, "bytes": true}',
+        "incremental-000000999.pt.json": "[1, 2]",
+    }
+    for name, text in bad.items():
+        (root / name).write_text(text)
+    return [root / name for name in bad]
+
+
+@pytest.mark.parametrize("writer", ["process", "thread"])
+def test_malformed_sidecars_are_skipped_reported_once_and_break_nothing(tmp_path, writer):
+    events: list[dict] = []
+    m = manager(tmp_path, events, writer=writer, keep_full=2)
+    bad = plant_malformed_sidecars(m.root)
+    _, _, state = training_state()
+    try:
+        for step in (100, 200, 300):
+            m.save(step, state, "full")
+        m.wait()
+        saved = [e for e in events if e["kind"] == "full" and e["path"].endswith(".pt")]
+        assert [e["verified"] for e in saved] == [True, True, True], saved
+        assert m.disk_steps() == [200, 300]  # pruning still ran, past the bad sidecars
+        m.snapshot(350, state)
+        assert m.available_steps() == [200, 300, 350]
+        restored, source = m.restore(350, discard_newer=False)  # a memory rollback
+        assert source == "memory"
+        assert_state_equal(restored, state)
+        restored, source = m.restore(200)  # a disk rollback, discarding newer
+        assert source == "disk"
+        assert_state_equal(restored, state)
+        assert m.restore_latest()[0] == 200
+        m.save(400, state, "full")
+        m.wait()
+        assert m.disk_steps() == [200, 400]
+    finally:
+        m.close()
+    assert sorted(m.malformed_sidecars) == sorted(str(p) for p in bad)
+    assert all(p.exists() for p in bad)  # reported, not silently deleted
+    reports = [e for e in events if e["detail"].startswith("malformed sidecar")]
+    assert sorted((e["kind"], e["step"]) for e in reports) == [
+        ("full", 900), ("full", 990), ("incremental", 950), ("incremental", 999)]  # once each
+    assert all(e["verified"] is False for e in reports)
