@@ -31,6 +31,11 @@ Reading: ``restore(step)`` uses the ring when it has the step, else disk, re-che
 newer than the restored step belong to the abandoned timeline: they are dropped from the ring and
 from disk, so a later rollback cannot land on them.
 
+Runs: sidecars carry the manager's ``run_id`` (and a per-start ``instance``); a manager lists,
+restores, discards and prunes only its own run's checkpoints, so a reused directory's older run
+neither prunes the new run's files nor is pruned by it. Sidecars are untrusted input: a malformed
+one is skipped, logged once, kept in ``malformed_sidecars`` and reported as ``verified=False``.
+
 Ranks: every rank writes its own files under ``<dir>/rank<r>/`` and restores from them alone, with
 no collective. RNG states (and, with sharded optimizers, optimizer state) differ per rank, and a
 shared rank-0 file would need a broadcast on every restore. For this replicated small model the
@@ -49,6 +54,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -61,9 +67,9 @@ from core.enums import CheckpointKind
 from trainer.checkpoint_io import (
     CorruptCheckpoint,
     FlatSnapshot,
-    ckpt_path,
     clone_tensors,
     delete_entry,
+    entry_path,
     file_sha256,
     flatten,
     load_checked,
@@ -191,10 +197,15 @@ class CheckpointManager:
         rank: int = 0,
         world: int = 1,
         on_event: Callable[[dict[str, Any]], None] | None = None,
+        run_id: str = "",
     ) -> None:
         self.cfg = cfg
         self.rank = rank
         self.world = world
+        self.run_id = run_id
+        """Sidecars are tagged with it; only this run's checkpoints are listed, restored and pruned."""
+        self.instance = uuid.uuid4().hex
+        """Tells this start's checkpoints from an earlier start of the same run (forensics only)."""
         self.on_event = on_event or (lambda payload: None)
         self.root = Path(cfg.dir) / f"rank{rank}"
         self.root.mkdir(parents=True, exist_ok=True)
@@ -314,9 +325,10 @@ class CheckpointManager:
                 CheckpointKind.INCREMENTAL.value: self.cfg.keep_incremental}
         if self._process is None:
             return write_checkpoint(self.root, step, kind.value, self.rank, self.world,
-                                    clone_tensors(snap.materialize()), keep)
+                                    clone_tensors(snap.materialize()), keep, self.run_id, self.instance)
         header = {"step": step, "kind": kind.value, "rank": self.rank, "world": self.world,
-                  "skeleton": snap.skeleton, "metas": snap.metas, "nbytes": snap.nbytes, "keep": keep}
+                  "skeleton": snap.skeleton, "metas": snap.metas, "nbytes": snap.nbytes, "keep": keep,
+                  "run_id": self.run_id, "instance": self.instance}
         return self._process.write(header, snap)
 
     # -- reading -------------------------------------------------------------------------
@@ -324,6 +336,7 @@ class CheckpointManager:
         """Committed checkpoints; a malformed sidecar is skipped (it commits nothing), and
         reported the first time it is seen, so one bad file cannot stop saves or rollbacks."""
         entries, bad = scan_sidecars(self.root)
+        entries = [m for m in entries if m.get("run_id", "") == self.run_id]
         for side, reason in bad:
             if str(side) in self.malformed_sidecars:
                 continue
@@ -331,7 +344,7 @@ class CheckpointManager:
             log.warning("malformed checkpoint sidecar %s skipped: %s", side, reason)
             named = sidecar_name_fields(side)
             if named is not None:
-                kind, step = named
+                kind, step, _tag = named
                 self._emit({"kind": kind, "step": step, "path": str(side), "bytes": 0, "sha256": "",
                             "seconds": 0.0, "verified": False, "detail": f"malformed sidecar skipped: {reason}"})
         return entries
@@ -373,7 +386,7 @@ class CheckpointManager:
         return state, source
 
     def _load_meta(self, meta: dict[str, Any]) -> dict[str, Any]:
-        path = ckpt_path(self.root, meta["step"], meta["kind"])
+        path = entry_path(self.root, meta)
         try:
             return load_checked(path, meta["sha256"])
         except CorruptCheckpoint as exc:
@@ -385,7 +398,7 @@ class CheckpointManager:
         """The newest disk step whose file passes the sha256 check now (corrupt ones reported)."""
         self.wait()
         for meta in reversed(self._entries()):
-            path = ckpt_path(self.root, meta["step"], meta["kind"])
+            path = entry_path(self.root, meta)
             try:
                 if file_sha256(path) == meta["sha256"]:
                     return meta["step"]

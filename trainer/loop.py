@@ -124,7 +124,7 @@ class Trainer:
                            n_heads=c.n_head, head_dim=c.n_embd // c.n_head, seq_len=cfg.data.seq_len)
         self.agent = Agent(accelerator, self.model, self.optimizer, cfg.agent, shape=shape, sink=sink,
                            kafka=cfg.kafka, secret=secret, command_source=command_source)
-        self.ckpt = CheckpointManager(cfg.checkpoint, self.rank, self.world, self._on_checkpoint)
+        self.ckpt = CheckpointManager(cfg.checkpoint, self.rank, self.world, self._on_checkpoint, run_id=cfg.agent.run)
         self.val_data = self.sampler.val_batches(cfg.val_batches, cfg.val_batch_size)
         self.command_target = TrainerCommands(self)
         self.step = 0

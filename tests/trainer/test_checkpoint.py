@@ -323,3 +323,45 @@ def test_malformed_sidecars_are_skipped_reported_once_and_break_nothing(tmp_path
     assert sorted((e["kind"], e["step"]) for e in reports) == [
         ("full", 900), ("full", 990), ("incremental", 950), ("incremental", 999)]  # once each
     assert all(e["verified"] is False for e in reports)
+
+
+@pytest.mark.parametrize("writer", ["process", "thread"])
+def test_a_reused_directory_prunes_and_restores_only_the_runs_own_checkpoints(tmp_path, writer):
+    _, _, state = training_state(0)
+    _, _, other_state = training_state(1)
+    old = CheckpointManager(CheckpointConfig(dir=str(tmp_path), writer="thread", keep_full=4), run_id="old-run")
+    try:
+        for step in (100, 500, 600, 700):  # higher steps than the new run reaches, and one shared step
+            old.save(step, other_state, "full")
+        old.wait()
+    finally:
+        old.close()
+    others = sorted(p.name for p in (tmp_path / "rank0").iterdir())
+    assert len(others) == 8  # 4 kept, each with its sidecar
+    events: list[dict] = []
+    cfg = CheckpointConfig(dir=str(tmp_path), writer=writer, keep_full=2)
+    m = CheckpointManager(cfg, on_event=events.append, run_id="new-run")
+    try:
+        assert m.disk_steps() == [] and m.available_steps() == []  # another run's are not ours
+        with pytest.raises(KeyError):
+            m.restore_latest()
+        for step in (100, 200, 300, 400):
+            m.save(step, state, "full")
+        m.wait()
+        assert [e["verified"] for e in events if e["kind"] == "full"] == [True] * 4
+        assert m.disk_steps() == [300, 400]  # its newest two survive the other run's higher steps
+        step, restored, _, _ = m.restore_latest()
+        assert step == 400
+        assert_state_equal(restored, state)
+        m.discard_after(300)
+        assert m.disk_steps() == [300]
+    finally:
+        m.close()
+    left = {p.name for p in (tmp_path / "rank0").iterdir()}
+    assert set(others) <= left  # every file of the other run is still there
+    again = CheckpointManager(CheckpointConfig(dir=str(tmp_path), writer="thread"), run_id="old-run")
+    try:
+        assert again.disk_steps() == [100, 500, 600, 700]
+        assert_state_equal(again.restore(700, discard_newer=False)[0], other_state)
+    finally:
+        again.close()
