@@ -365,3 +365,27 @@ def test_a_reused_directory_prunes_and_restores_only_the_runs_own_checkpoints(tm
         assert_state_equal(again.restore(700, discard_newer=False)[0], other_state)
     finally:
         again.close()
+
+
+def test_a_failing_restore_changes_nothing_newer_checkpoints_stay(tmp_path):
+    events: list[dict] = []
+    m = manager(tmp_path, events, keep_full=3)
+    _, _, state = training_state()
+    try:
+        for step in (100, 200, 300):
+            m.save(step, state, "full")
+        m.snapshot(350, state)
+        m.wait()
+        target = tmp_path / "rank0" / "full-000000100.pt"
+        target.write_bytes(target.read_bytes()[:-64])  # truncated: fails its sha256 check
+        before = sorted(p.name for p in (tmp_path / "rank0").iterdir())
+        with pytest.raises(KeyError, match="corrupt"):
+            m.restore(100)
+        with pytest.raises(KeyError, match="no checkpoint"):
+            m.restore(150)
+        assert m.available_steps() == [100, 200, 300, 350]  # the ring and disk keep the newer states
+        assert sorted(p.name for p in (tmp_path / "rank0").iterdir()) == before
+        assert m.restore(200)[1] == "disk"  # a restore that succeeds discards only then
+        assert m.available_steps() == [100, 200]
+    finally:
+        m.close()
