@@ -189,11 +189,12 @@ class Trainer:
         state: dict[str, Any] | None = None
         source = ""
         try:
-            state, source = self.ckpt.restore(to_step)
+            state, source = self.ckpt.restore(to_step, discard_newer=False)
         except Exception as exc:  # noqa: BLE001 - any rank failing means no rank restores
             log.warning("rank %d cannot restore step %d: %s", self.rank, to_step, exc)
         if not self._all_ranks(state is not None):
             raise RollbackUnavailable(f"step {to_step} is not available on every rank (have {self.available_steps()})")
+        self.ckpt.discard_after(to_step)  # only now that every rank restored: a refused rollback changes nothing
         # restore() hands out a copy (memory) or a fresh load (disk): optimizer.load_state_dict aliases
         # the tensors it is given, so the ring must never be passed in directly.
         self.load_state(state)
