@@ -33,7 +33,8 @@ from disk, so a later rollback cannot land on them.
 
 Runs: sidecars carry the manager's ``run_id`` (and a per-start ``instance``); a manager lists,
 restores, discards and prunes only its own run's checkpoints, so a reused directory's older run
-neither prunes the new run's files nor is pruned by it. Sidecars are untrusted input: a malformed
+neither prunes the new run's files nor is pruned by it (``run_id=None`` reads every run's: the
+explicit way to start from another run's checkpoint; it still prunes only untagged ones). Sidecars are untrusted input: a malformed
 one is skipped, logged once, kept in ``malformed_sidecars`` and reported as ``verified=False``.
 
 Ranks: every rank writes its own files under ``<dir>/rank<r>/`` and restores from them alone, with
@@ -197,13 +198,16 @@ class CheckpointManager:
         rank: int = 0,
         world: int = 1,
         on_event: Callable[[dict[str, Any]], None] | None = None,
-        run_id: str = "",
+        run_id: str | None = None,
     ) -> None:
         self.cfg = cfg
         self.rank = rank
         self.world = world
         self.run_id = run_id
-        """Sidecars are tagged with it; only this run's checkpoints are listed, restored and pruned."""
+        """Sidecars are tagged with it; only this run's checkpoints are listed and restored. None (for
+        one-run directories and readers of another run's checkpoints, e.g. a study's common start)
+        lists every run's. Pruning and discarding touch only the writer's own run ("" when None)."""
+        self._own_run = run_id or ""
         self.instance = uuid.uuid4().hex
         """Tells this start's checkpoints from an earlier start of the same run (forensics only)."""
         self.on_event = on_event or (lambda payload: None)
@@ -325,10 +329,10 @@ class CheckpointManager:
                 CheckpointKind.INCREMENTAL.value: self.cfg.keep_incremental}
         if self._process is None:
             return write_checkpoint(self.root, step, kind.value, self.rank, self.world,
-                                    clone_tensors(snap.materialize()), keep, self.run_id, self.instance)
+                                    clone_tensors(snap.materialize()), keep, self._own_run, self.instance)
         header = {"step": step, "kind": kind.value, "rank": self.rank, "world": self.world,
                   "skeleton": snap.skeleton, "metas": snap.metas, "nbytes": snap.nbytes, "keep": keep,
-                  "run_id": self.run_id, "instance": self.instance}
+                  "run_id": self._own_run, "instance": self.instance}
         return self._process.write(header, snap)
 
     # -- reading -------------------------------------------------------------------------
@@ -336,7 +340,8 @@ class CheckpointManager:
         """Committed checkpoints; a malformed sidecar is skipped (it commits nothing), and
         reported the first time it is seen, so one bad file cannot stop saves or rollbacks."""
         entries, bad = scan_sidecars(self.root)
-        entries = [m for m in entries if m.get("run_id", "") == self.run_id]
+        if self.run_id is not None:
+            entries = [m for m in entries if m.get("run_id", "") == self.run_id]
         for side, reason in bad:
             if str(side) in self.malformed_sidecars:
                 continue
@@ -434,7 +439,7 @@ class CheckpointManager:
             for s in [s for s in self.ring if s > step]:
                 self._release(self.ring.pop(s))
         for meta in self._entries():
-            if meta["step"] > step:
+            if meta["step"] > step and meta.get("run_id", "") == self._own_run:
                 delete_entry(self.root, meta)
 
     # -- lifecycle -----------------------------------------------------------------------

@@ -365,6 +365,11 @@ def test_a_reused_directory_prunes_and_restores_only_the_runs_own_checkpoints(tm
         assert_state_equal(again.restore(700, discard_newer=False)[0], other_state)
     finally:
         again.close()
+    reader = CheckpointManager(CheckpointConfig(dir=str(tmp_path), writer="thread"), run_id=None)
+    try:  # run_id=None is the explicit ask for every run's checkpoints
+        assert reader.disk_steps() == [100, 300, 500, 600, 700]
+    finally:
+        reader.close()
 
 
 def test_a_failing_restore_changes_nothing_newer_checkpoints_stay(tmp_path):
