@@ -31,6 +31,12 @@ Reading: ``restore(step)`` uses the ring when it has the step, else disk, re-che
 newer than the restored step belong to the abandoned timeline: they are dropped from the ring and
 from disk, so a later rollback cannot land on them.
 
+Runs: sidecars carry the manager's ``run_id`` (and a per-start ``instance``); a manager lists,
+restores, discards and prunes only its own run's checkpoints, so a reused directory's older run
+neither prunes the new run's files nor is pruned by it (``run_id=None`` reads every run's: the
+explicit way to start from another run's checkpoint; it still prunes only untagged ones). Sidecars are untrusted input: a malformed
+one is skipped, logged once, kept in ``malformed_sidecars`` and reported as ``verified=False``.
+
 Ranks: every rank writes its own files under ``<dir>/rank<r>/`` and restores from them alone, with
 no collective. RNG states (and, with sharded optimizers, optimizer state) differ per rank, and a
 shared rank-0 file would need a broadcast on every restore. For this replicated small model the
@@ -49,6 +55,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -61,15 +68,16 @@ from core.enums import CheckpointKind
 from trainer.checkpoint_io import (
     CorruptCheckpoint,
     FlatSnapshot,
-    ckpt_path,
     clone_tensors,
     delete_entry,
-    disk_entries,
+    entry_path,
     file_sha256,
     flatten,
     load_checked,
     read_frame,
+    scan_sidecars,
     send_frame,
+    sidecar_name_fields,
     write_checkpoint,
 )
 
@@ -190,10 +198,18 @@ class CheckpointManager:
         rank: int = 0,
         world: int = 1,
         on_event: Callable[[dict[str, Any]], None] | None = None,
+        run_id: str | None = None,
     ) -> None:
         self.cfg = cfg
         self.rank = rank
         self.world = world
+        self.run_id = run_id
+        """Sidecars are tagged with it; only this run's checkpoints are listed and restored. None (for
+        one-run directories and readers of another run's checkpoints, e.g. a study's common start)
+        lists every run's. Pruning and discarding touch only the writer's own run ("" when None)."""
+        self._own_run = run_id or ""
+        self.instance = uuid.uuid4().hex
+        """Tells this start's checkpoints from an earlier start of the same run (forensics only)."""
         self.on_event = on_event or (lambda payload: None)
         self.root = Path(cfg.dir) / f"rank{rank}"
         self.root.mkdir(parents=True, exist_ok=True)
@@ -202,6 +218,8 @@ class CheckpointManager:
             stale.unlink(missing_ok=True)
         self.ring: OrderedDict[int, FlatSnapshot] = OrderedDict()
         self.last_detail = ""
+        self.malformed_sidecars: dict[str, str] = {}
+        """Sidecars skipped as malformed (path -> reason); each is logged and reported once."""
         # Snapshots neither in the ring nor queued for the writer, recycled as copy targets.
         self._spare: list[FlatSnapshot] = []
         self._in_flight: dict[int, int] = {}  # id(snapshot) -> queued writes
@@ -311,14 +329,33 @@ class CheckpointManager:
                 CheckpointKind.INCREMENTAL.value: self.cfg.keep_incremental}
         if self._process is None:
             return write_checkpoint(self.root, step, kind.value, self.rank, self.world,
-                                    clone_tensors(snap.materialize()), keep)
+                                    clone_tensors(snap.materialize()), keep, self._own_run, self.instance)
         header = {"step": step, "kind": kind.value, "rank": self.rank, "world": self.world,
-                  "skeleton": snap.skeleton, "metas": snap.metas, "nbytes": snap.nbytes, "keep": keep}
+                  "skeleton": snap.skeleton, "metas": snap.metas, "nbytes": snap.nbytes, "keep": keep,
+                  "run_id": self._own_run, "instance": self.instance}
         return self._process.write(header, snap)
 
     # -- reading -------------------------------------------------------------------------
+    def _entries(self) -> list[dict[str, Any]]:
+        """Committed checkpoints; a malformed sidecar is skipped (it commits nothing), and
+        reported the first time it is seen, so one bad file cannot stop saves or rollbacks."""
+        entries, bad = scan_sidecars(self.root)
+        if self.run_id is not None:
+            entries = [m for m in entries if m.get("run_id", "") == self.run_id]
+        for side, reason in bad:
+            if str(side) in self.malformed_sidecars:
+                continue
+            self.malformed_sidecars[str(side)] = reason
+            log.warning("malformed checkpoint sidecar %s skipped: %s", side, reason)
+            named = sidecar_name_fields(side)
+            if named is not None:
+                kind, step, _tag = named
+                self._emit({"kind": kind, "step": step, "path": str(side), "bytes": 0, "sha256": "",
+                            "seconds": 0.0, "verified": False, "detail": f"malformed sidecar skipped: {reason}"})
+        return entries
+
     def disk_steps(self) -> list[int]:
-        return sorted({m["step"] for m in disk_entries(self.root)})
+        return sorted({m["step"] for m in self._entries()})
 
     def available_steps(self) -> list[int]:
         """Steps a rollback can reach: the ring and committed disk checkpoints, ascending."""
@@ -335,7 +372,7 @@ class CheckpointManager:
             state = clone_tensors(snap.materialize()) if snap is not None else None
         source = "memory"
         if state is None:
-            metas = [m for m in disk_entries(self.root) if m["step"] == step]
+            metas = [m for m in self._entries() if m["step"] == step]
             if not metas:
                 raise KeyError(f"step {step}: no checkpoint (available: {self.available_steps()})")
             source = "disk"
@@ -354,7 +391,7 @@ class CheckpointManager:
         return state, source
 
     def _load_meta(self, meta: dict[str, Any]) -> dict[str, Any]:
-        path = ckpt_path(self.root, meta["step"], meta["kind"])
+        path = entry_path(self.root, meta)
         try:
             return load_checked(path, meta["sha256"])
         except CorruptCheckpoint as exc:
@@ -365,8 +402,8 @@ class CheckpointManager:
     def latest_verified(self) -> int | None:
         """The newest disk step whose file passes the sha256 check now (corrupt ones reported)."""
         self.wait()
-        for meta in reversed(disk_entries(self.root)):
-            path = ckpt_path(self.root, meta["step"], meta["kind"])
+        for meta in reversed(self._entries()):
+            path = entry_path(self.root, meta)
             try:
                 if file_sha256(path) == meta["sha256"]:
                     return meta["step"]
@@ -382,7 +419,7 @@ class CheckpointManager:
         ones are skipped and named in detail. KeyError when none is usable."""
         self.wait()
         skipped: list[str] = []
-        for meta in reversed(disk_entries(self.root)):
+        for meta in reversed(self._entries()):
             try:
                 state = self._load_meta(meta)["state"]
             except CorruptCheckpoint as exc:
@@ -401,8 +438,8 @@ class CheckpointManager:
         with self._lock:
             for s in [s for s in self.ring if s > step]:
                 self._release(self.ring.pop(s))
-        for meta in disk_entries(self.root):
-            if meta["step"] > step:
+        for meta in self._entries():
+            if meta["step"] > step and meta.get("run_id", "") == self._own_run:
                 delete_entry(self.root, meta)
 
     # -- lifecycle -----------------------------------------------------------------------

@@ -4,7 +4,10 @@ Split from ``trainer/checkpoint.py`` so the writer can run in its own process: i
 this module. Layout under a rank's directory::
 
     full-000000300.pt          torch.save({"step", "kind", "rank", "world", "state"})
-    full-000000300.pt.json     sidecar: step, kind, sha256, bytes — its presence commits the file
+    full-000000300.pt.json     sidecar: step, kind, sha256, bytes, run_id, instance — its presence
+                               commits the file; a malformed one commits nothing (skipped, reported)
+    full-000000300-<tag>.pt(.json)   the same for a run with an id (tag = run_tag(run_id)), so runs
+                               sharing a directory never overwrite, list or prune each other's files
     incremental-000000400.pt(.json)
     *.tmp                      unfinished writes (removed by the next manager)
 
@@ -28,6 +31,7 @@ import json
 import logging
 import os
 import pickle
+import re
 import struct
 import sys
 import time
@@ -160,8 +164,19 @@ class _HashingWriter:
         self.fh.flush()
 
 
-def ckpt_path(root: Path, step: int, kind: str) -> Path:
-    return root / f"{kind}-{step:09d}.pt"
+def run_tag(run_id: str) -> str:
+    """A file-name-safe tag for a run id ("" for untagged, pre-run-id checkpoints)."""
+    return hashlib.sha256(run_id.encode()).hexdigest()[:12] if run_id else ""
+
+
+def ckpt_path(root: Path, step: int, kind: str, run_id: str = "") -> Path:
+    # The run's tag is in the name so two runs sharing a directory never overwrite each other.
+    tag = run_tag(run_id)
+    return root / (f"{kind}-{step:09d}-{tag}.pt" if tag else f"{kind}-{step:09d}.pt")
+
+
+def entry_path(root: Path, meta: dict[str, Any]) -> Path:
+    return ckpt_path(root, meta["step"], meta["kind"], meta.get("run_id", ""))
 
 
 def fsync_dir(path: Path) -> None:
@@ -180,19 +195,60 @@ def file_sha256(path: Path) -> str:
     return sha.hexdigest()
 
 
-def disk_entries(root: Path) -> list[dict[str, Any]]:
-    """Committed checkpoints (their sidecars), oldest first; full after incremental on one step."""
-    out = []
+_SIDECAR_NAME = re.compile(r"^(full|incremental)-(\d{9,})(?:-([0-9a-f]{12}))?\.pt\.json$")
+
+
+def sidecar_name_fields(side: Path) -> tuple[str, int, str] | None:
+    """(kind, step, run tag) that a sidecar's file name claims, or None for a name we never write."""
+    m = _SIDECAR_NAME.match(side.name)
+    return (m[1], int(m[2]), m[3] or "") if m else None
+
+
+def parse_sidecar(side: Path) -> dict[str, Any]:
+    """A sidecar's fields, each checked (files on disk are untrusted); ValueError says what is wrong."""
+    named = sidecar_name_fields(side)
+    if named is None:
+        raise ValueError("not a checkpoint sidecar name")
+    try:
+        meta = json.loads(side.read_text())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"unreadable ({exc})") from exc
+    except ValueError as exc:
+        raise ValueError(f"not valid JSON ({exc})") from exc
+    if not isinstance(meta, dict):
+        raise ValueError("not a JSON object")
+    for field, typ in (("step", int), ("kind", str), ("sha256", str), ("bytes", int)):
+        value = meta.get(field)
+        if not isinstance(value, typ) or isinstance(value, bool):
+            raise ValueError(f"{field}: missing or not {typ.__name__}")
+    if not isinstance(meta.get("run_id", ""), str):
+        raise ValueError("run_id: not str")
+    if (meta["kind"], meta["step"], run_tag(meta.get("run_id", ""))) != named:
+        raise ValueError(f"kind/step/run {meta['kind']}/{meta['step']}/{meta.get('run_id', '')!r} "
+                         "do not match the file name")
+    return meta
+
+
+def scan_sidecars(root: Path) -> tuple[list[dict[str, Any]], list[tuple[Path, str]]]:
+    """(committed checkpoints oldest first, full after incremental on one step; malformed
+    sidecars as (path, reason)). A malformed sidecar commits nothing and is skipped."""
+    good, bad = [], []
     for side in root.glob("*.pt.json"):
         try:
-            out.append(json.loads(side.read_text()))
-        except (OSError, ValueError):
-            log.warning("unreadable checkpoint sidecar %s ignored", side)
-    return sorted(out, key=lambda m: (m["step"], m["kind"] == "full"))
+            good.append(parse_sidecar(side))
+        except ValueError as exc:
+            bad.append((side, str(exc)))
+    return sorted(good, key=lambda m: (m["step"], m["kind"] == "full")), bad
+
+
+def disk_entries(root: Path, run_id: str | None = None) -> list[dict[str, Any]]:
+    """Committed checkpoints (their well-formed sidecars), oldest first, of run ``run_id`` only
+    unless it is None (untagged sidecars belong to run ""); see ``scan_sidecars``."""
+    return [m for m in scan_sidecars(root)[0] if run_id is None or m.get("run_id", "") == run_id]
 
 
 def delete_entry(root: Path, meta: dict[str, Any]) -> None:
-    path = ckpt_path(root, meta["step"], meta["kind"])
+    path = entry_path(root, meta)
     path.with_name(path.name + ".json").unlink(missing_ok=True)  # sidecar first: it is the commit
     path.unlink(missing_ok=True)
 
@@ -212,10 +268,11 @@ def load_checked(path: Path, sha: str) -> dict[str, Any]:
 
 
 def write_checkpoint(root: Path, step: int, kind: str, rank: int, world: int, state: Any,
-                     keep: dict[str, int]) -> dict[str, Any]:
-    """Temp + fsync + rename, verify by loading, commit the sidecar, prune; the event payload."""
+                     keep: dict[str, int], run_id: str = "", instance: str = "") -> dict[str, Any]:
+    """Temp + fsync + rename, verify by loading, commit the sidecar, prune this run's own older
+    ones (another run's files in the directory are never touched); the event payload."""
     t0 = time.perf_counter()
-    final = ckpt_path(root, step, kind)
+    final = ckpt_path(root, step, kind, run_id)
     tmp = final.with_name(final.name + ".tmp")
     with tmp.open("wb") as fh:
         writer = _HashingWriter(fh)
@@ -236,12 +293,12 @@ def write_checkpoint(root: Path, step: int, kind: str, rank: int, world: int, st
     side_tmp = side.with_name(side.name + ".tmp")
     with side_tmp.open("w") as fh:
         json.dump({"step": step, "kind": kind, "sha256": sha, "bytes": writer.n, "rank": rank, "world": world,
-                   "written_at": time.time()}, fh)
+                   "run_id": run_id, "instance": instance, "written_at": time.time()}, fh)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(side_tmp, side)
     fsync_dir(root)
-    entries = [m for m in disk_entries(root) if m["kind"] == kind]
+    entries = [m for m in disk_entries(root, run_id) if m["kind"] == kind]
     for meta in entries[: -keep[kind]]:  # pruned only now that a newer one verified
         delete_entry(root, meta)
     return {**payload, "seconds": time.perf_counter() - t0, "verified": True, "detail": ""}
@@ -291,7 +348,7 @@ def writer_main(root: str) -> int:
         state = clone_tensors(materialize(header["skeleton"], header["metas"], flat))
         try:
             payload = write_checkpoint(path, header["step"], header["kind"], header["rank"], header["world"],
-                                       state, header["keep"])
+                                       state, header["keep"], header.get("run_id", ""), header.get("instance", ""))
         except Exception as exc:  # noqa: BLE001 - report and serve the next job
             payload = {"kind": header["kind"], "step": header["step"], "path": "", "bytes": 0, "sha256": "",
                        "seconds": 0.0, "verified": False, "detail": f"write failed: {exc!r}"}

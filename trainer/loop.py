@@ -124,7 +124,7 @@ class Trainer:
                            n_heads=c.n_head, head_dim=c.n_embd // c.n_head, seq_len=cfg.data.seq_len)
         self.agent = Agent(accelerator, self.model, self.optimizer, cfg.agent, shape=shape, sink=sink,
                            kafka=cfg.kafka, secret=secret, command_source=command_source)
-        self.ckpt = CheckpointManager(cfg.checkpoint, self.rank, self.world, self._on_checkpoint)
+        self.ckpt = CheckpointManager(cfg.checkpoint, self.rank, self.world, self._on_checkpoint, run_id=cfg.agent.run)
         self.val_data = self.sampler.val_batches(cfg.val_batches, cfg.val_batch_size)
         self.command_target = TrainerCommands(self)
         self.step = 0
@@ -189,11 +189,12 @@ class Trainer:
         state: dict[str, Any] | None = None
         source = ""
         try:
-            state, source = self.ckpt.restore(to_step)
+            state, source = self.ckpt.restore(to_step, discard_newer=False)
         except Exception as exc:  # noqa: BLE001 - any rank failing means no rank restores
             log.warning("rank %d cannot restore step %d: %s", self.rank, to_step, exc)
         if not self._all_ranks(state is not None):
             raise RollbackUnavailable(f"step {to_step} is not available on every rank (have {self.available_steps()})")
+        self.ckpt.discard_after(to_step)  # only now that every rank restored: a refused rollback changes nothing
         # restore() hands out a copy (memory) or a fresh load (disk): optimizer.load_state_dict aliases
         # the tensors it is given, so the ring must never be passed in directly.
         self.load_state(state)

@@ -275,3 +275,122 @@ def test_each_rank_writes_and_restores_its_own_files(tmp_path):
     for r in range(2):
         state, _ = CheckpointManager(cfg, rank=r, world=2).restore(50)
         assert torch.equal(state["rng"], torch.full((4,), float(r)))
+
+
+def plant_malformed_sidecars(root: Path) -> list[Path]:
+    """An empty object, a truncated file and wrong types, at steps above the real checkpoints."""
+    bad = {
+        "full-000000900.pt.json": "{}",
+        "incremental-000000950.pt.json": '{"step": 950, "kind": "incr',
+        "full-000000990.pt.json": '{"step": "990", "kind": "full", "sha256": 7, "bytes": true}',
+        "incremental-000000999.pt.json": "[1, 2]",
+    }
+    for name, text in bad.items():
+        (root / name).write_text(text)
+    return [root / name for name in bad]
+
+
+@pytest.mark.parametrize("writer", ["process", "thread"])
+def test_malformed_sidecars_are_skipped_reported_once_and_break_nothing(tmp_path, writer):
+    events: list[dict] = []
+    m = manager(tmp_path, events, writer=writer, keep_full=2)
+    bad = plant_malformed_sidecars(m.root)
+    _, _, state = training_state()
+    try:
+        for step in (100, 200, 300):
+            m.save(step, state, "full")
+        m.wait()
+        saved = [e for e in events if e["kind"] == "full" and e["path"].endswith(".pt")]
+        assert [e["verified"] for e in saved] == [True, True, True], saved
+        assert m.disk_steps() == [200, 300]  # pruning still ran, past the bad sidecars
+        m.snapshot(350, state)
+        assert m.available_steps() == [200, 300, 350]
+        restored, source = m.restore(350, discard_newer=False)  # a memory rollback
+        assert source == "memory"
+        assert_state_equal(restored, state)
+        restored, source = m.restore(200)  # a disk rollback, discarding newer
+        assert source == "disk"
+        assert_state_equal(restored, state)
+        assert m.restore_latest()[0] == 200
+        m.save(400, state, "full")
+        m.wait()
+        assert m.disk_steps() == [200, 400]
+    finally:
+        m.close()
+    assert sorted(m.malformed_sidecars) == sorted(str(p) for p in bad)
+    assert all(p.exists() for p in bad)  # reported, not silently deleted
+    reports = [e for e in events if e["detail"].startswith("malformed sidecar")]
+    assert sorted((e["kind"], e["step"]) for e in reports) == [
+        ("full", 900), ("full", 990), ("incremental", 950), ("incremental", 999)]  # once each
+    assert all(e["verified"] is False for e in reports)
+
+
+@pytest.mark.parametrize("writer", ["process", "thread"])
+def test_a_reused_directory_prunes_and_restores_only_the_runs_own_checkpoints(tmp_path, writer):
+    _, _, state = training_state(0)
+    _, _, other_state = training_state(1)
+    old = CheckpointManager(CheckpointConfig(dir=str(tmp_path), writer="thread", keep_full=4), run_id="old-run")
+    try:
+        for step in (100, 500, 600, 700):  # higher steps than the new run reaches, and one shared step
+            old.save(step, other_state, "full")
+        old.wait()
+    finally:
+        old.close()
+    others = sorted(p.name for p in (tmp_path / "rank0").iterdir())
+    assert len(others) == 8  # 4 kept, each with its sidecar
+    events: list[dict] = []
+    cfg = CheckpointConfig(dir=str(tmp_path), writer=writer, keep_full=2)
+    m = CheckpointManager(cfg, on_event=events.append, run_id="new-run")
+    try:
+        assert m.disk_steps() == [] and m.available_steps() == []  # another run's are not ours
+        with pytest.raises(KeyError):
+            m.restore_latest()
+        for step in (100, 200, 300, 400):
+            m.save(step, state, "full")
+        m.wait()
+        assert [e["verified"] for e in events if e["kind"] == "full"] == [True] * 4
+        assert m.disk_steps() == [300, 400]  # its newest two survive the other run's higher steps
+        step, restored, _, _ = m.restore_latest()
+        assert step == 400
+        assert_state_equal(restored, state)
+        m.discard_after(300)
+        assert m.disk_steps() == [300]
+    finally:
+        m.close()
+    left = {p.name for p in (tmp_path / "rank0").iterdir()}
+    assert set(others) <= left  # every file of the other run is still there
+    again = CheckpointManager(CheckpointConfig(dir=str(tmp_path), writer="thread"), run_id="old-run")
+    try:
+        assert again.disk_steps() == [100, 500, 600, 700]
+        assert_state_equal(again.restore(700, discard_newer=False)[0], other_state)
+    finally:
+        again.close()
+    reader = CheckpointManager(CheckpointConfig(dir=str(tmp_path), writer="thread"), run_id=None)
+    try:  # run_id=None is the explicit ask for every run's checkpoints
+        assert reader.disk_steps() == [100, 300, 500, 600, 700]
+    finally:
+        reader.close()
+
+
+def test_a_failing_restore_changes_nothing_newer_checkpoints_stay(tmp_path):
+    events: list[dict] = []
+    m = manager(tmp_path, events, keep_full=3)
+    _, _, state = training_state()
+    try:
+        for step in (100, 200, 300):
+            m.save(step, state, "full")
+        m.snapshot(350, state)
+        m.wait()
+        target = tmp_path / "rank0" / "full-000000100.pt"
+        target.write_bytes(target.read_bytes()[:-64])  # truncated: fails its sha256 check
+        before = sorted(p.name for p in (tmp_path / "rank0").iterdir())
+        with pytest.raises(KeyError, match="corrupt"):
+            m.restore(100)
+        with pytest.raises(KeyError, match="no checkpoint"):
+            m.restore(150)
+        assert m.available_steps() == [100, 200, 300, 350]  # the ring and disk keep the newer states
+        assert sorted(p.name for p in (tmp_path / "rank0").iterdir()) == before
+        assert m.restore(200)[1] == "disk"  # a restore that succeeds discards only then
+        assert m.available_steps() == [100, 200]
+    finally:
+        m.close()

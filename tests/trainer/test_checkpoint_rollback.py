@@ -1,0 +1,30 @@
+"""A rollback that fails on any rank changes nothing: the trainer discards the abandoned timeline's
+checkpoints only after every rank restored (world 1 here; another rank's failure is simulated)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.trainer.support import make_trainer, small_config
+from trainer.loop import RollbackUnavailable
+
+
+def test_a_rollback_refused_by_another_rank_keeps_every_newer_checkpoint(tmp_path):
+    tr, _, _ = make_trainer(small_config(tmp_path))
+    try:
+        for step in (2, 4, 6):
+            tr.ckpt.snapshot(step, tr.capture_state())
+        tr.ckpt.save(8, tr.capture_state(), "full")
+        tr.ckpt.wait()
+        before = tr.available_steps()
+        assert before == [2, 4, 6, 8]
+        tr._all_ranks = lambda ok: False  # another rank could not load step 4
+        with pytest.raises(RollbackUnavailable):
+            tr.restore(4)
+        assert tr.available_steps() == before
+        del tr._all_ranks
+        assert tr.restore(4) == "memory"
+        assert tr.available_steps() == [2, 4]  # discarded only once every rank restored
+    finally:
+        tr.ckpt.close()
+        tr.agent.close(None)
