@@ -21,7 +21,7 @@ from controller.store.models import (
     ValidationRow,
 )
 from core.enums import EventType
-from core.events import new_id
+from core.events import MAX_STEP, new_id
 from core.floats import store_kind as nonfinite_kind
 from tests.controller.store import factory as f
 
@@ -309,7 +309,7 @@ def test_nonfinite_kind():
 def test_values_too_big_for_their_columns_are_clipped_not_fatal(engine, caplog):
     """PostgreSQL would reject the whole batch (and the controller re-read it forever)."""
     events = [
-        f.step(2**40, tokens=2**40, clipped_layers=-(2**40)),
+        f.step(MAX_STEP, tokens=2**40, clipped_layers=-(2**40)),  # larger steps never decode
         f.event(
             EventType.CHECKPOINT,
             4,
