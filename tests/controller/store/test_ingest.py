@@ -239,6 +239,17 @@ def test_ack_sets_status_once_and_duplicate_acks_never_overwrite_it(engine):
         assert (cmd.status, cmd.ack_detail, cmd.acked_at) == ("applied", "done", f.T0 + 10)
 
 
+def test_an_ack_from_another_run_changes_nothing(engine, caplog):
+    with session_scope(engine) as s:
+        cmd_id = _command(s)  # run-a's command
+    with session_scope(engine) as s:
+        assert not ingest_event(s, f.ack(cmd_id, "applied", run="run-b", ts=f.T0 + 10))
+    with session_scope(engine) as s:
+        cmd = s.get(CommandRow, cmd_id)
+        assert (cmd.status, cmd.acked_at) == ("sent", None)
+    assert "ignored" in caplog.text
+
+
 def test_late_ack_replaces_a_controller_timeout(engine):
     with session_scope(engine) as s:
         cmd_id = _command(s, status="timeout")
