@@ -257,8 +257,8 @@ def command_from_dict(obj: Any) -> Command:
     except ValueError:
         raise SchemaError("type", f"unknown command type {obj.get('type')!r}") from None
     args = check_fields(COMMAND_ARG_SCHEMAS[ctype], obj.get("args", {}), "args")
-    if "to_step" in args:
-        _check_step(args["to_step"], "args.to_step")
+    if args.get("to_step", 0) > MAX_STEP:  # below 0 is the trainer's to refuse (agent/dispatch.py)
+        raise SchemaError("args.to_step", f"must be <= {MAX_STEP}")
     issued = check_value(float, obj.get("issued_at"), "issued_at")
     expires = check_value(float, obj.get("expires_at"), "expires_at")
     if not (math.isfinite(issued) and math.isfinite(expires)):
