@@ -52,7 +52,7 @@ from controller.recovery_types import (
 from controller.rules.loss import LossRules
 from controller.runstate import Detector, RunSlot, RunTable, save_slots
 from controller.store.dlq import count_dead_letter
-from controller.store.ingest import ingest_events, record_rule_stats
+from controller.store.ingest import acked_command, ingest_events, record_rule_stats
 from controller.store.models import CheckpointRow, CommandRow, ConsumerOffset, DataFlag, Incident, Transition
 from controller.store.offsets import save_offsets
 from controller.store.retention import RetentionConfig, downsample_if_due
@@ -164,6 +164,8 @@ class BatchProcessor:
                 rules[ev.run] = loss.spike_config
                 level = p.level
             for inp in inputs_for(ev, verdicts, now, level):
+                if isinstance(inp, AckIn) and acked_command(session, ev) is None:
+                    continue  # an unknown command, or another run's: it must not move this run
                 self._feed(session, slot, inp, res)
             slot.dirty = True
         record_rule_stats(session, points, {run: asdict(cfg) for run, cfg in rules.items()})

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from controller.edge import ClockWindow
+
 
 @dataclass(kw_only=True, slots=True)
 class ControllerConfig:
@@ -25,6 +27,10 @@ class ControllerConfig:
     by it (kafka-python's default of 500 ms would dominate the verdict latency)."""
     max_event_bytes: int = 1_000_000
     """Larger messages go to the DLQ as oversized."""
+    max_clock_skew_s: float = 3600.0
+    """Events timestamped further ahead of the controller's clock go to the DLQ as clock_skew."""
+    max_event_age_s: float = 30 * 86400.0
+    """Events timestamped further behind it do too (wide: spills and backlogs are replayed late)."""
     tick_s: float = 1.0
     """Seconds between time ticks (heartbeat loss, command timeouts)."""
     outbox_interval_s: float = 0.5
@@ -53,6 +59,7 @@ class ControllerConfig:
             raise ValueError("fetch_max_wait_ms: must be >= 0")
         if self.max_event_bytes < 1024:
             raise ValueError("max_event_bytes: must be >= 1024")
+        self.clock_window()  # ClockWindow checks its fields under the same names
         if self.tick_s <= 0:
             raise ValueError("tick_s: must be > 0")
         if self.outbox_interval_s <= 0:
@@ -67,6 +74,9 @@ class ControllerConfig:
             raise ValueError("heartbeat_interval_ms: must be > 0 and < session_timeout_ms")
         if self.max_poll_interval_ms < 1000:
             raise ValueError("max_poll_interval_ms: must be >= 1000")
+
+    def clock_window(self) -> ClockWindow:
+        return ClockWindow(max_clock_skew_s=self.max_clock_skew_s, max_event_age_s=self.max_event_age_s)
 
     def consumer_overrides(self) -> dict[str, int]:
         return {

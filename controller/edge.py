@@ -7,6 +7,10 @@ not. Reasons (a closed set, used as the DLQ count key):
 - ``undecodable`` — no value, not UTF-8, not JSON, or JSON nested too deeply
 - ``unknown_version`` — a ``v`` this reader does not know (a newer major version)
 - ``schema_invalid`` — JSON that breaks the contract; ``detail`` names the field
+- ``clock_skew`` — a ``ts`` outside the ``ClockWindow`` around the controller's clock: a forged
+  far-future time would otherwise freeze the run's last step (events only move it forward in
+  time) and mask heartbeat silence. The window is wide behind (an agent replays its spill after
+  an outage, the controller re-reads a backlog) and narrow ahead (clock skew only).
 
 ``EdgeConsumer`` is the thin I/O around it: a consumer group on ``<prefix>.metrics`` with
 auto-commit off (the controller stores offsets with its state and commits them itself). Each dead
@@ -23,6 +27,7 @@ counted (``dlq_send_errors``), and the dead letter is still returned so the call
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,7 +43,30 @@ OVERSIZED = "oversized"
 UNDECODABLE = "undecodable"
 UNKNOWN_VERSION = "unknown_version"
 SCHEMA_INVALID = "schema_invalid"
-REASONS = (OVERSIZED, UNDECODABLE, UNKNOWN_VERSION, SCHEMA_INVALID)
+CLOCK_SKEW = "clock_skew"
+REASONS = (OVERSIZED, UNDECODABLE, UNKNOWN_VERSION, SCHEMA_INVALID, CLOCK_SKEW)
+
+
+@dataclass(frozen=True, slots=True)
+class ClockWindow:
+    """How far an event's ``ts`` may be from the controller's clock (see the module docstring)."""
+
+    max_clock_skew_s: float = 3600.0
+    max_event_age_s: float = 30 * 86400.0
+
+    def __post_init__(self) -> None:
+        if not self.max_clock_skew_s > 0:
+            raise ValueError("max_clock_skew_s: must be > 0")
+        if not self.max_event_age_s > 0:
+            raise ValueError("max_event_age_s: must be > 0")
+
+    def violation(self, ts: float, now: float) -> str | None:
+        """Why ``ts`` is outside the window around ``now``, or None when it is inside."""
+        if ts > now + self.max_clock_skew_s:
+            return f"ts: {ts!r} is more than {self.max_clock_skew_s:g} s ahead of the controller's clock ({now:.0f})"
+        if ts < now - self.max_event_age_s:
+            return f"ts: {ts!r} is more than {self.max_event_age_s:g} s behind the controller's clock ({now:.0f})"
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,8 +106,9 @@ class EdgeBatch:
 
 
 def classify(raw: bytes | None, *, topic: str, partition: int, offset: int, max_bytes: int,
-             key: bytes | None = None) -> Event | DeadLetter:
-    """One message -> its validated Event, or a DeadLetter with the reason. Never raises."""
+             key: bytes | None = None, clock: tuple[ClockWindow, float] | None = None) -> Event | DeadLetter:
+    """One message -> its validated Event, or a DeadLetter with the reason. Never raises.
+    ``clock``: (window, now) to check the event's ``ts`` against; None skips the check."""
     def dead(reason: str, detail: str) -> DeadLetter:
         return DeadLetter(reason, detail, topic, partition, offset, raw or b"", key)
 
@@ -88,7 +117,7 @@ def classify(raw: bytes | None, *, topic: str, partition: int, offset: int, max_
     if len(raw) > max_bytes:
         return dead(OVERSIZED, f"$: message of {len(raw)} bytes exceeds the limit of {max_bytes}")
     try:
-        return decode_event(raw)
+        event = decode_event(raw)
     except UnknownVersion as exc:
         return dead(UNKNOWN_VERSION, str(exc))
     except SchemaError as exc:
@@ -96,6 +125,11 @@ def classify(raw: bytes | None, *, topic: str, partition: int, offset: int, max_
         return dead(reason, str(exc))
     except Exception as exc:  # noqa: BLE001 - a decoder bug must not kill the consumer
         return dead(SCHEMA_INVALID, f"$: {type(exc).__name__}: {exc}")
+    if clock is not None:
+        why = clock[0].violation(event.ts, clock[1])
+        if why is not None:
+            return dead(CLOCK_SKEW, why)
+    return event
 
 
 class _Rebalance:
@@ -137,12 +171,16 @@ class EdgeConsumer:
         consumer_overrides: dict[str, Any] | None = None,
         max_poll_records: int = 2_000,
         on_recreated: Callable[[str], None] | None = None,
+        clock_window: ClockWindow | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         from kafka import KafkaConsumer, KafkaProducer
 
         self.kafka = kafka
         self.group_id = group_id
         self.max_bytes = max_bytes
+        self.clock_window = clock_window or ClockWindow()
+        self._clock = clock
         self.topic = kafka.metrics_topic
         self.dead_count_by_reason: Counter[str] = Counter()
         self.dlq_send_errors = 0
@@ -186,10 +224,11 @@ class EdgeConsumer:
             if self._on_recreated is not None:
                 self._on_recreated(self.topic)
             return batch
+        now = self._clock()
         for tp, messages in polled.items():
             for msg in messages:
                 out = classify(msg.value, topic=tp.topic, partition=tp.partition, offset=msg.offset,
-                               max_bytes=self.max_bytes, key=msg.key)
+                               max_bytes=self.max_bytes, key=msg.key, clock=(self.clock_window, now))
                 if isinstance(out, DeadLetter):
                     batch.dead.append(out)
                 else:

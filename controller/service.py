@@ -91,7 +91,8 @@ class ControllerService:
                                  on_assigned=self._on_assigned, on_revoked=self._on_revoked,
                                  on_recreated=self._on_recreated,
                                  consumer_overrides=self.config.consumer_overrides(),
-                                 max_poll_records=self.config.max_poll_records)
+                                 max_poll_records=self.config.max_poll_records,
+                                 clock_window=self.config.clock_window())
         self.outbox.start()
         if self.alerts.endpoints:
             self.deliverer = AlertDeliverer(self.engine, self.alerts)

@@ -50,6 +50,11 @@ from core.schema import SchemaError, UnknownVersion, check_fields, check_value
 
 SCHEMA_VERSION = 1
 MAX_EVENT_BYTES_DEFAULT = 1_000_000
+MAX_STEP = 2**31 - 1
+"""The largest step the wire accepts: the store's step columns are 32-bit integers on
+PostgreSQL, and a larger value must reach the DLQ, never the state machine or SQL."""
+MAX_WORLD = 1_000_000
+"""The largest world size the wire accepts (far above any real job)."""
 
 
 DATA_SCHEMAS: dict[EventType, dict[str, FieldSpec]] = {t: schema_of(p) for t, p in EVENT_PAYLOADS.items()}
@@ -166,6 +171,13 @@ def make_event(
     return event_from_dict(ev.to_dict())
 
 
+def _check_step(value: Any, path: str) -> int:
+    step = check_value(int, value, path)
+    if not 0 <= step <= MAX_STEP:
+        raise SchemaError(path, f"must be in [0, {MAX_STEP}]")
+    return step
+
+
 def event_from_dict(obj: Any) -> Event:
     _check_envelope_common(obj)
     try:
@@ -174,11 +186,11 @@ def event_from_dict(obj: Any) -> Event:
         raise SchemaError("type", f"unknown event type {obj.get('type')!r}") from None
     rank = check_value(int, obj.get("rank"), "rank")
     world = check_value(int, obj.get("world"), "world")
-    if world < 1 or not 0 <= rank < world:
+    if not 1 <= world <= MAX_WORLD:
+        raise SchemaError("world", f"must be in [1, {MAX_WORLD}]")
+    if not 0 <= rank < world:
         raise SchemaError("rank", f"rank {rank} outside world of {world}")
-    step = check_value(int, obj.get("step"), "step")
-    if step < 0:
-        raise SchemaError("step", "must be >= 0")
+    step = _check_step(obj.get("step"), "step")
     ts = check_value(float, obj.get("ts"), "ts")
     if not math.isfinite(ts):
         raise SchemaError("ts", "must be finite")
@@ -253,6 +265,8 @@ def command_from_dict(obj: Any) -> Command:
     except ValueError:
         raise SchemaError("type", f"unknown command type {obj.get('type')!r}") from None
     args = check_fields(COMMAND_ARG_SCHEMAS[ctype], obj.get("args", {}), "args")
+    if args.get("to_step", 0) > MAX_STEP:  # below 0 is the trainer's to refuse (agent/dispatch.py)
+        raise SchemaError("args.to_step", f"must be <= {MAX_STEP}")
     issued = check_value(float, obj.get("issued_at"), "issued_at")
     expires = check_value(float, obj.get("expires_at"), "expires_at")
     if not (math.isfinite(issued) and math.isfinite(expires)):

@@ -15,7 +15,9 @@ from the newest quarter of the window:
   communication if it is at least ``min_share`` of the step time, else ``compute``.
 
 Judged once per step, on the event of the rank that speaks for the run (core.ranks). MFU values
-of 0 or non-finite (peak unknown) are ignored.
+of 0 or non-finite (peak unknown) are ignored. A rank's step going back (a rollback's replay)
+drops its points from that step on, so the window refills with the replayed steps; until every
+rank's window overlaps again the rule judges nothing.
 """
 
 from __future__ import annotations
@@ -90,10 +92,14 @@ class MfuRule:
         if not cfg.enabled or not (math.isfinite(mfu) and mfu > 0):
             return []
         q = self._recent.setdefault(rank, deque(maxlen=cfg.window))
+        while q and q[-1][0] >= step:
+            q.pop()  # replaced by the replay of a rollback
         q.append((step, mfu, float(data.get("step_time_s", 0.0)), float(data.get("data_wait_s", 0.0)),
                   float(data.get("comm_exposed_s", 0.0))))
         if len(q) < cfg.window or rank != speaker(self._recent):
             return []  # judged once per step, on the speaking rank's event (core.ranks)
+        if self._parts(1) is None:
+            return []  # the ranks' windows do not overlap yet (one is still replaying)
         run_mfu = median(median(p[1] for p in rq) for rq in self._recent.values() if rq)
         if run_mfu >= cfg.mfu_min:
             self._low_since = None
@@ -110,13 +116,16 @@ class MfuRule:
                         message=f"MFU {run_mfu:.1%} below {cfg.mfu_min:.0%} for {cfg.window} steps; "
                         f"likely cause: {detail}")]
 
-    def _parts(self, newest: int) -> tuple[dict[str, float], dict[int, float], float]:
-        """Mean seconds per step of each part over the newest points, per-rank busy, step time."""
+    def _parts(self, newest: int) -> tuple[dict[str, float], dict[int, float], float] | None:
+        """Mean seconds per step of each part over the newest points, per-rank busy, step time;
+        None when the ranks have no step in common there."""
         # The same steps for every rank (see straggler.py: a rank one step ahead would stand out).
         horizon = min(q[-1][0] for q in self._recent.values())
         lo = max(horizon - newest, max(q[0][0] for q in self._recent.values()) - 1)
         per_rank = {r: [p for p in q if lo < p[0] <= horizon] for r, q in self._recent.items()}
         per_rank = {r: rows for r, rows in per_rank.items() if rows}
+        if not per_rank:
+            return None
         # Medians per rank (a x3 hiccup on one rank makes every other rank wait), then the mean.
         step_time = fmean(median(p[2] for p in rr) for rr in per_rank.values())
         data = fmean(median(p[3] for p in rr) for rr in per_rank.values())
@@ -126,7 +135,10 @@ class MfuRule:
         return {"data_wait": data, "comm_exposed": comm, "compute": compute}, busy, step_time
 
     def _update_baseline(self) -> None:
-        parts, _, _ = self._parts(1)
+        measured = self._parts(1)
+        if measured is None:
+            return
+        parts = measured[0]
         if self._baseline is None:
             self._baseline = parts
         else:
@@ -136,7 +148,9 @@ class MfuRule:
     def cause(self) -> tuple[str, str, dict[str, Any]]:
         """(cause key, a phrase for people, evidence) from the newest quarter of the windows."""
         cfg = self.config
-        parts, busy, step_time = self._parts(max(4, cfg.window // 4))
+        measured = self._parts(max(4, cfg.window // 4))  # a superset of _parts(1), which observe checked
+        assert measured is not None, "cause() is only asked once the ranks' windows overlap"
+        parts, busy, step_time = measured
         ev: dict[str, Any] = {"seconds_per_step": parts, "baseline_seconds_per_step": self._baseline}
         if len(busy) >= 2:
             rank = max(busy, key=busy.__getitem__)

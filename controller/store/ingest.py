@@ -9,9 +9,9 @@ event changes nothing.
   reflects: heartbeats and checkpoints (``ts`` column), the run's last step (``last_event_ts``),
   its lifecycle (``started_at`` / ``ended_at``). A re-delivery carries the same ``ts`` and so
   changes nothing; an out-of-order older event cannot roll state back.
-- ``command.ack`` sets the command's status once an ack arrives; a later ``duplicate`` ack (the
-  trainer saw a re-sent command) never overwrites what the first ack said, and an older ack never
-  overwrites a newer one.
+- ``command.ack`` sets the command's status once an ack from the command's own run arrives; a
+  later ``duplicate`` ack (the trainer saw a re-sent command) never overwrites what the first ack
+  said, and an older ack never overwrites a newer one.
 - Step rows below ``runs.downsampled_below`` are skipped: those steps were already folded into
   buckets by ``store.retention``, and a re-delivery must not add a second copy beside the bucket.
 
@@ -276,11 +276,23 @@ def _checkpoint(session: Session, ev: Event) -> bool:
     return _wrote(session, stmt, CheckpointRow.id)
 
 
-def _command_ack(session: Session, ev: Event) -> bool:
+def acked_command(session: Session, ev: Event) -> CommandRow | None:
+    """The command a ``command.ack`` event acknowledges, or None (logged) when there is no such
+    command or it belongs to another run: a run's acks never speak for another run's commands."""
     cmd_id = ev.data["cmd"]
     row = session.get(CommandRow, cmd_id)
     if row is None:
         log.warning("ack for unknown command %s (run %s): %s", cmd_id, ev.run, ev.data.get("status"))
+        return None
+    if row.run_id != ev.run:
+        log.warning("ack from run %s for command %s of run %s ignored", ev.run, cmd_id, row.run_id)
+        return None
+    return row
+
+
+def _command_ack(session: Session, ev: Event) -> bool:
+    row = acked_command(session, ev)
+    if row is None:
         return False
     status = str(ev.data["status"])
     already_decided = row.status in _DECIDED and row.acked_at is not None

@@ -38,13 +38,19 @@ loss_curve(max_points=...)`` bounds what a chart fetches regardless.
 folded range in ``runs.downsampled_below``; ``store.ingest`` ignores step events below it, so a
 re-delivered old event cannot add a second copy beside its bucket. The controller calls
 ``downsample_if_due(session, run_id, newest_step)`` in its batch transaction (a no-op until
-``every_steps`` more steps have aged); a maintenance job can call ``downsample_all``. Measured on
+``every_steps`` more steps have aged); a maintenance job can call ``downsample_all``.
+
+Retention only advances from a newest step that the run's other rows corroborate: a step with no
+other stored row within ``max_step_jump`` below it (one forged or corrupt event with step 10^15)
+is logged and passed over, else it would fold every real row into a bucket and the ingest
+watermark would drop every later real step. Measured on
 SQLite (2 busy CPU cores): a one-shot pass over a 1,000,000-step run took about 35 s, an
 incremental pass over 1,000 new steps 0.2 s.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -56,6 +62,8 @@ from controller.store.models import Run, StepMetric
 from controller.store.step_metrics import STEP_METRICS, Fold, StepMetricSpec
 
 SM = StepMetric
+log = logging.getLogger(__name__)
+_MAX_OUTLIERS = 8  # uncorroborated steps passed over before a pass gives up for this time
 
 
 @dataclass(kw_only=True, slots=True)
@@ -73,6 +81,9 @@ class RetentionConfig:
     every_steps: int = 1_000
     """``downsample_if_due`` folds once this many more steps have aged out of full resolution
     (each pass then touches about this many steps per rank, a fraction of a second)."""
+    max_step_jump: int = 1_000_000
+    """A newest step with no other row of its run within this many steps below it is not trusted
+    to age the run's rows (see the module docstring)."""
 
     def __post_init__(self) -> None:
         if self.full_steps < 0:
@@ -85,6 +96,8 @@ class RetentionConfig:
             raise ValueError("far_bucket: must be a multiple of mid_bucket")
         if self.every_steps < 1:
             raise ValueError("every_steps: must be >= 1")
+        if self.max_step_jump < 1:
+            raise ValueError("max_step_jump: must be >= 1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,17 +184,38 @@ def _fold(session: Session, run_id: str, lo: int, hi: int, width: int) -> int:
     return session.connection().execute(delete(SM).where(*where)).rowcount
 
 
+def trusted_newest(session: Session, run_id: str, candidate: int | None, cfg: RetentionConfig) -> int | None:
+    """The newest step at or below ``candidate`` (default: the newest stored) that another row of
+    the run corroborates, i.e. has a stored row within ``max_step_jump`` below it; None if none."""
+    if candidate is None:
+        candidate = session.scalar(select(func.max(SM.step)).where(SM.run_id == run_id))
+    for _ in range(_MAX_OUTLIERS):
+        if candidate is None:
+            return None
+        near = select(SM.step).where(
+            SM.run_id == run_id, SM.step < candidate, SM.step >= candidate - cfg.max_step_jump
+        ).limit(1)
+        if session.scalar(near) is not None:
+            return candidate
+        log.warning(
+            "run %s: step %d has no other row within %d steps below it; retention ignores it",
+            run_id, candidate, cfg.max_step_jump,
+        )
+        candidate = session.scalar(select(func.max(SM.step)).where(SM.run_id == run_id, SM.step < candidate))
+    return None
+
+
 def downsample(
     session: Session, run_id: str, config: RetentionConfig | None = None, *, newest_step: int | None = None
 ) -> DownsampleResult:
     """Apply the retention policy to one run in the caller's transaction.
 
-    ``newest_step`` defaults to the newest step stored for the run.
+    ``newest_step`` defaults to the newest step stored for the run; either way only a step that
+    ``trusted_newest`` accepts ages the rows.
     """
     cfg = config or RetentionConfig()
     rows_before = session.scalar(select(func.count()).where(SM.run_id == run_id)) or 0
-    if newest_step is None:
-        newest_step = session.scalar(select(func.max(SM.step)).where(SM.run_id == run_id))
+    newest_step = trusted_newest(session, run_id, newest_step, cfg)
     if newest_step is None:
         return DownsampleResult(rows_before, rows_before, 0, 0)
     far_below, mid_below = tier_edges(newest_step, cfg)

@@ -11,11 +11,14 @@ import uuid
 import pytest
 
 from agent.publisher import Publisher, PublisherConfig
+from controller.config import ControllerConfig
 from controller.edge import (
+    CLOCK_SKEW,
     OVERSIZED,
     SCHEMA_INVALID,
     UNDECODABLE,
     UNKNOWN_VERSION,
+    ClockWindow,
     DeadLetter,
     EdgeConsumer,
     classify,
@@ -44,13 +47,38 @@ def test_classify_good_event():
     (b'{"v":2,"id":"x"}', UNKNOWN_VERSION, "v"),
     (json.dumps({**make_event("step", "r", 1, STEP).to_dict(), "step": "one"}).encode(), SCHEMA_INVALID, "step"),
     (json.dumps({**make_event("step", "r", 1, STEP).to_dict(), "id": "NaN"}).encode(), SCHEMA_INVALID, "id"),
-], ids=["none", "not-utf8", "truncated", "deep", "version", "wrong-type", "nan-id"])
+    (json.dumps({**make_event("step", "r", 1, STEP).to_dict(), "step": 2**63}).encode(), SCHEMA_INVALID, "step"),
+], ids=["none", "not-utf8", "truncated", "deep", "version", "wrong-type", "nan-id", "step-past-int64"])
 def test_classify_bad_input_gives_reason_and_origin(raw, reason, field):
     out = _classify(raw)
     assert isinstance(out, DeadLetter)
     assert out.reason == reason and out.detail.startswith(f"{field}:")
     assert (out.topic, out.partition, out.offset) == ("t.metrics", 1, 42)
     assert out.raw == (raw or b"")
+
+
+@pytest.mark.parametrize(("ts", "dead"), [
+    (1e300, True),            # forged: would freeze the run's last step and mask heartbeat silence
+    (1e9 + 3601, True),       # past the skew allowed ahead
+    (1e9 + 3599, False),
+    (1e9 - 29 * 86400, False),  # a spill replayed a month late is still fine
+    (1e9 - 31 * 86400, True),
+    (-1e300, True),
+])
+def test_classify_dead_letters_timestamps_far_from_the_controller_clock(ts, dead):
+    raw = encode_event(make_event("heartbeat", "run-1", 3, PAYLOADS[EventType.HEARTBEAT], ts=ts))
+    window = ControllerConfig().clock_window()
+    out = classify(raw, topic="t.metrics", partition=1, offset=42, max_bytes=10_000, clock=(window, 1e9))
+    assert isinstance(out, DeadLetter) is dead
+    if dead:
+        assert out.reason == CLOCK_SKEW and out.detail.startswith("ts:")
+
+
+def test_clock_window_fields_are_checked_under_the_config_names():
+    with pytest.raises(ValueError, match="^max_clock_skew_s:"):
+        ControllerConfig(max_clock_skew_s=0)
+    with pytest.raises(ValueError, match="^max_event_age_s:"):
+        ClockWindow(max_event_age_s=-1)
 
 
 def test_classify_oversized_before_parsing():

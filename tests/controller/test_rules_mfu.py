@@ -6,8 +6,10 @@ import json
 
 import pytest
 
+from controller.detect import RULE_ERROR, RunDetector
 from controller.rules.mfu import MfuConfig, MfuRule
-from core.enums import Level
+from core.enums import EventType, Level
+from core.events import Event, make_event
 from tests.controller.synthetic_metrics import RANK_KINDS, rank_suite
 
 
@@ -103,3 +105,21 @@ def test_defaults_on_the_rank_suite():
         on_time = [v for v in out if lab.onset <= v.step <= lab.deadline]
         right[run.cause] += bool(on_time) and on_time[0].evidence["cause"] == run.cause
     assert right == {k: 3 for k in RANK_KINDS} and false == 0
+
+
+def _step(step: int, rank: int, mfu: float) -> Event:
+    data = {"loss": 2.0, "loss_local": 2.0, "lr": 1e-3, "lr_scale": 1.0, "grad_norm": 1.0, "tokens": 4096,
+            "step_time_s": 0.1, "data_wait_s": 0.0, "comm_exposed_s": 0.0, "compute_s": 0.1,
+            "tokens_per_s": 40960.0, "mfu": mfu, "mem_allocated": 0, "mem_reserved": 0, "loss_scale": 1.0,
+            "skipped": False, "clipped_layers": 0, "guard": "ok"}
+    return make_event(EventType.STEP, "run-1", step, data, rank=rank, world=2, ts=1000.0 + step)
+
+
+def test_a_rollback_deeper_than_the_window_waits_for_it_to_refill():
+    """Replayed steps after a rollback further back than the window: no rule error, and the rule
+    still judges (and alerts) once the window has refilled with the replay's steps."""
+    det = RunDetector()
+    out = [v for s in range(301) for r in (0, 1) for v in det.on_event(_step(s, r, 0.5))]
+    out += [v for s in range(250, 400) for r in (0, 1) for v in det.on_event(_step(s, r, 0.2))]
+    assert [v.rule for v in out if v.rule == RULE_ERROR] == []
+    assert [(v.rule, v.step) for v in out if v.rule == "mfu_low"] == [("mfu_low", 250 + MfuConfig().window - 1)]

@@ -11,6 +11,8 @@ from core.enums import AckStatus, CheckpointKind, CommandType, EventType, GuardD
 from core.events import (
     COMMAND_ARG_SCHEMAS,
     DATA_SCHEMAS,
+    MAX_STEP,
+    MAX_WORLD,
     SCHEMA_VERSION,
     SchemaError,
     UnknownVersion,
@@ -156,6 +158,10 @@ def test_truncated_json_is_rejected_at_the_root():
     ("step", "5", "step"),
     ("step", -1, "step"),
     ("step", True, "step"),
+    ("step", 2**63, "step"),
+    ("step", MAX_STEP + 1, "step"),
+    ("world", MAX_WORLD + 1, "world"),
+    ("world", 0, "world"),
     ("rank", 1.5, "rank"),
     ("rank", 3, "rank"),
     ("ts", "yesterday", "ts"),
@@ -229,6 +235,15 @@ def test_command_validation_names_the_field():
         with pytest.raises(SchemaError) as err:
             decode_command(json.dumps({**good, **over}))
         assert err.value.field == field
+
+
+def test_a_step_beyond_the_store_columns_never_decodes():
+    assert decode_event(json.dumps(_event(step=MAX_STEP))).step == MAX_STEP
+    good = make_command("rollback", "r", ARGS[CommandType.ROLLBACK]).to_dict()
+    for to_step in (MAX_STEP + 1, 2**63):
+        with pytest.raises(SchemaError) as err:
+            decode_command(json.dumps({**good, "args": {**good["args"], "to_step": to_step}}))
+        assert err.value.field == "args.to_step"
 
 
 def test_make_event_validates_before_sending():

@@ -21,7 +21,7 @@ from controller.store.models import (
     ValidationRow,
 )
 from core.enums import EventType
-from core.events import new_id
+from core.events import MAX_STEP, new_id
 from core.floats import store_kind as nonfinite_kind
 from tests.controller.store import factory as f
 
@@ -239,6 +239,17 @@ def test_ack_sets_status_once_and_duplicate_acks_never_overwrite_it(engine):
         assert (cmd.status, cmd.ack_detail, cmd.acked_at) == ("applied", "done", f.T0 + 10)
 
 
+def test_an_ack_from_another_run_changes_nothing(engine, caplog):
+    with session_scope(engine) as s:
+        cmd_id = _command(s)  # run-a's command
+    with session_scope(engine) as s:
+        assert not ingest_event(s, f.ack(cmd_id, "applied", run="run-b", ts=f.T0 + 10))
+    with session_scope(engine) as s:
+        cmd = s.get(CommandRow, cmd_id)
+        assert (cmd.status, cmd.acked_at) == ("sent", None)
+    assert "ignored" in caplog.text
+
+
 def test_late_ack_replaces_a_controller_timeout(engine):
     with session_scope(engine) as s:
         cmd_id = _command(s, status="timeout")
@@ -309,7 +320,7 @@ def test_nonfinite_kind():
 def test_values_too_big_for_their_columns_are_clipped_not_fatal(engine, caplog):
     """PostgreSQL would reject the whole batch (and the controller re-read it forever)."""
     events = [
-        f.step(2**40, tokens=2**40, clipped_layers=-(2**40)),
+        f.step(MAX_STEP, tokens=2**40, clipped_layers=-(2**40)),  # larger steps never decode
         f.event(
             EventType.CHECKPOINT,
             4,

@@ -27,6 +27,7 @@ from controller.store.retention import (
     projected_rows,
     tier_edges,
 )
+from core.events import MAX_STEP
 from tests.controller.store import factory as f
 
 SCALED = RetentionConfig(full_steps=500, mid_steps=5_000, mid_bucket=10, far_bucket=100)
@@ -253,3 +254,21 @@ def test_downsample_if_due_waits_for_every_steps_of_aged_rows(engine):
         assert first is not None and first.downsampled_below == 1_100
         assert downsample_if_due(s, "due", 1_599, cfg) is None  # nothing new has aged
     assert rows_per_rank(engine, "due") == projected_rows(1_600, cfg)
+
+
+def test_one_far_ahead_step_does_not_fold_the_real_rows(engine):
+    """One valid event with step 10^15 among real steps: retention must not age the run to it."""
+    cfg = RetentionConfig(full_steps=1_000, mid_steps=5_000, every_steps=100, max_step_jump=10_000)
+    with session_scope(engine) as s:
+        for n in range(300):
+            ingest_event(s, f.step(n, ts=f.T0 + n))
+            downsample_if_due(s, "run-a", n, cfg)
+        ingest_event(s, f.step(MAX_STEP, ts=f.T0 + 300))
+        downsample_if_due(s, "run-a", MAX_STEP, cfg)
+        downsample_all(s, cfg)
+        for n in range(300, 600):
+            ingest_event(s, f.step(n, ts=f.T0 + n + 1))
+            downsample_if_due(s, "run-a", n, cfg)
+        rows = s.execute(select(StepMetric.step, StepMetric.resolution).where(StepMetric.step < MAX_STEP)).all()
+        assert s.scalar(select(Run.downsampled_below).where(Run.id == "run-a")) == 0
+    assert sorted(rows) == [(n, 1) for n in range(600)]

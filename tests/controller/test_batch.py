@@ -1,0 +1,58 @@
+"""BatchProcessor (controller/batch.py): what a batch feeds the recovery machines."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.alerts import AlertsConfig
+from controller.batch import BatchContext, BatchProcessor
+from controller.edge import EdgeBatch, EdgeRecord
+from controller.recovery_types import Incident, Phase, RecoveryConfig, RecoveryState
+from controller.runstate import RunTable, default_detector_factory
+from controller.store.db import init_db, make_engine, session_scope
+from controller.store.models import CommandRow, Run
+from controller.store.models import Incident as IncidentRow
+from core.enums import EventType
+from core.events import make_event, new_id
+from core.signing import Secret
+
+T0 = 1_700_000_000.0
+
+
+@pytest.fixture
+def engine(tmp_path):
+    eng = make_engine(f"sqlite:///{tmp_path / 'batch.db'}")
+    init_db(eng)
+    yield eng
+    eng.dispose()
+
+
+def _halted(session, run: str) -> RecoveryState:
+    inc = Incident(id=new_id(), rule="loss_spike", level="critical", spike_step=5, onset_step=5, opened_at=T0)
+    session.add(IncidentRow(id=inc.id, run_id=run, opened_at=T0, rule=inc.rule, level=inc.level, spike_step=5))
+    return RecoveryState(run=run, salt="s", phase=Phase.HALTED, incident=inc)
+
+
+def _operator_resume(session, run: str) -> str:
+    cmd_id = new_id()
+    session.add(CommandRow(id=cmd_id, run_id=run, type="resume", args={}, issued_at=T0, expires_at=T0 + 60,
+                           status="sent", source="operator"))
+    return cmd_id
+
+
+@pytest.mark.parametrize(("owner", "moved"), [("run-b", True), ("run-a", False)])
+def test_an_ack_moves_only_the_run_whose_command_it_names(engine, owner, moved):
+    """An operator resume of run-b resumes halted run-b; an ack from run-b naming run-a's command
+    changes nothing."""
+    runs = RunTable(default_detector_factory())
+    ctx = BatchContext(group_id="g", commands_topic="cmds", secret=Secret("test-secret-of-enough-length"),
+                       recovery=RecoveryConfig(), alerts=AlertsConfig())
+    with session_scope(engine) as s:
+        s.add_all([Run(id="run-a"), Run(id="run-b")])
+        s.flush()
+        cmd_id = _operator_resume(s, owner)
+        runs.get(s, "run-b").recovery = _halted(s, "run-b")
+        ack = make_event(EventType.COMMAND_ACK, "run-b", 10, {"cmd": cmd_id, "cmd_type": "resume",
+                                                                "status": "applied"}, ts=T0 + 10)
+        BatchProcessor(ctx, runs).process(s, EdgeBatch(records=[EdgeRecord("events", 0, 0, ack)]), now=T0 + 10)
+    assert (runs.slots["run-b"].recovery.phase is Phase.RUNNING) is moved
