@@ -142,5 +142,8 @@ def resolved(configs: Resolved) -> dict[str, dict[str, Any]]:
     secret masked with where it came from."""
     out = {name: config_to_dict(cfg, with_shared=False) for name, cfg in configs.sections.items()}
     dep = configs.deployment
-    out["secrets"] = {"command": None if dep.secret is None else "********", "command_from": dep.secret_source}
+    out["secrets"] = {"command": None if dep.secret is None else "********", "command_from": dep.secret_source,
+                      "command_private_key": None if dep.private_key is None else "********",
+                      "command_public_key": dep.public_fingerprint,
+                      "agent_secret": None if dep.agent_secret is None else "********"}
     return out

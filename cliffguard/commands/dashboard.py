@@ -18,7 +18,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from core.deployment import SECRET_ENV  # what the dashboard process must never hold
+from core.deployment import scrub_keys  # the dashboard process holds no key
 
 APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
 ENV_DB_URL = "CLIFFGUARD_DASHBOARD__DB_URL"  # dashboard.config reads it (kept here to avoid importing streamlit)
@@ -37,8 +37,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def without_command_secret(env: Mapping[str, str]) -> dict[str, str]:
-    """``env`` for a dashboard process: everything but the command-signing secret."""
-    return {k: v for k, v in env.items() if k != SECRET_ENV}
+    """``env`` for a dashboard process: everything but key material (``core.deployment.KEY_ENVS``)."""
+    return scrub_keys(env)
 
 
 def streamlit_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
