@@ -30,6 +30,7 @@ from sqlalchemy import Engine
 
 from controller.alerts import AlertDeliverer, AlertsConfig
 from controller.batch import BatchContext, BatchProcessor, BatchResult, StaleBatch
+from controller.bounds import StepBounds
 from controller.config import ControllerConfig
 from controller.edge import DeadLetter, EdgeBatch, EdgeConsumer
 from controller.operator import RequestPass, decide_pending_requests
@@ -71,6 +72,8 @@ class ControllerService:
         self.clock = clock
         self.event_verifier = event_verifier
         """Checks each event's signature (``core/keys.py``); None: events are not checked."""
+        self.step_bounds = StepBounds(config.max_step_jump)
+        """Each run's step bounds (``controller/bounds.py``); ``rewound(run)`` after a reload."""
         self.runs = RunTable(detector_factory or default_detector_factory())
         ctx = BatchContext(group_id=config.group_id, commands_topic=kafka.commands_topic, secret=secret,
                            recovery=recovery or RecoveryConfig(), alerts=self.alerts,
@@ -97,7 +100,8 @@ class ControllerService:
                                  consumer_overrides=self.config.consumer_overrides(),
                                  max_poll_records=self.config.max_poll_records,
                                  clock_window=self.config.clock_window(),
-                                 event_verifier=self.event_verifier)
+                                 event_verifier=self.event_verifier,
+                                 step_bounds=self.step_bounds)
         self.outbox.start()
         if self.alerts.endpoints:
             self.deliverer = AlertDeliverer(self.engine, self.alerts)
