@@ -208,9 +208,11 @@ def _key_source(table: Mapping[str, Any], env: Mapping[str, str], env_name: str,
 
 def resolve_keys(
     toml: Mapping[str, Any], env: Mapping[str, str] | None = None, *, toml_source: str = "config file",
+    names: tuple[str, ...] = ("private_key", "public_key", "agent_secret"),
 ) -> dict[str, Any]:
     """The Ed25519 command keys and the agent secret: ``private_key``, ``public_key``,
-    ``agent_secret`` (each None when unset); ConfigError names the key and its source."""
+    ``agent_secret`` (each None when unset; only ``names`` are read); ConfigError names the key
+    and its source."""
     env = os.environ if env is None else env
     table = toml.get("secrets") or {}
     if not isinstance(table, Mapping):
@@ -222,6 +224,8 @@ def resolve_keys(
         ("agent_secret", AGENT_SECRET_ENV, "agent_secret_file", Secret, lambda p: Secret(read_owner_only(p).strip())),
     )
     for name, env_name, toml_key, inline, from_file in readers:
+        if name not in names:
+            continue
         source, value, path = _key_source(table, env, env_name, toml_key, toml_source)
         try:
             out[name] = inline(value) if value else from_file(path) if path else None
@@ -234,10 +238,10 @@ def agent_verifying_key(env: Mapping[str, str] | None = None, *, secret: str | N
     """What a trainer verifies commands with: the Ed25519 public key when one is configured
     (HMAC-signed commands are then refused), else the HMAC secret (``secret``: a config file's
     value, below ``CLIFFGUARD_COMMAND_SECRET``); None when neither is set."""
-    keys = resolve_keys({}, env)
-    dep = DeploymentConfig(private_key=keys["private_key"], public_key=keys["public_key"],
-                           secret=resolve_secret({"secrets": {"command": secret}} if secret else {}, env)[0])
-    return dep.verifying_key()
+    public = resolve_keys({}, env, names=("public_key",))["public_key"]  # a trainer reads no private key
+    if public is not None:
+        return public
+    return resolve_secret({"secrets": {"command": secret}} if secret else {}, env)[0]
 
 
 def agent_event_signer(run: str, env: Mapping[str, str] | None = None) -> EventSigner | None:
@@ -249,7 +253,7 @@ def agent_event_signer(run: str, env: Mapping[str, str] | None = None) -> EventS
             return EventSigner(bytes.fromhex(env[EVENT_KEY_ENV]))
         except ValueError as exc:
             raise ConfigError("event_key", f"env {EVENT_KEY_ENV}", str(exc)) from None
-    agent_secret = resolve_keys({}, env)["agent_secret"]
+    agent_secret = resolve_keys({}, env, names=("agent_secret",))["agent_secret"]
     return None if agent_secret is None else EventSigner(event_key(agent_secret.reveal(), run))
 
 
