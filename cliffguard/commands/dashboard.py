@@ -4,7 +4,7 @@ Runs ``streamlit run dashboard/app.py`` as a child process, headless and without
 statistics. The store URL (and any ``--config`` file) reach the app through the environment
 (``CLIFFGUARD_DASHBOARD__DB_URL``, ``CLIFFGUARD_CONFIG``): Streamlit owns the child's argv. The
 operator token is read by the app from ``CLIFFGUARD_OPERATOR_TOKEN``, never from flags (flags show
-up in ``ps``). The command secret is removed from the child's environment: the dashboard only
+up in ``ps``). Every key (``core.deployment.KEY_ENVS``) is removed from the child's environment: the dashboard only
 writes unsigned requests, and only the controller signs.
 """
 
