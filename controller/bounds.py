@@ -7,8 +7,10 @@ bound (ranks report out of order; one rank may replay its spill); further back o
 run told the controller it rewound: an applied ``rollback`` ack, a ``run.started`` (a restart
 or an elastic reload from a checkpoint), or ``rewound(run)`` called by code that knows of one.
 Each of those forgets the run's high mark, so its next event sets it again. The first event of
-a run the controller has not seen (or forgot after a restart) sets the mark: with event
-signatures on (``core/keys.py``) a forged event cannot be that first one.
+a run the controller has not seen (or forgot after a restart) sets a *provisional* mark, which
+a second event within the bound confirms; one that disagrees replaces it (still provisional).
+So a lone forged first event (possible only without event signatures, ``core/keys.py``) cannot
+lock the run's real events out; retention ignores its step (``store/retention.py``).
 
 ``out_of_range``: every integer an event carries must fit where it is stored. Fields that land in
 a 32-bit ``Integer`` column (``controller/store/fit.py`` knows the columns) must fit 32 bits; any
@@ -62,15 +64,23 @@ class StepBounds:
             raise ValueError("max_step_jump: must be >= 1")
         self.max_step_jump = max_step_jump
         self._high: OrderedDict[str, int] = OrderedDict()
+        self._confirmed: set[str] = set()
         self._max_runs = max_runs
 
     def check(self, event: Event) -> str | None:
         """Why ``event``'s step is out of bounds (None: accepted, and the run's mark moved)."""
         run, step = event.run, event.step
-        if event.type == EventType.RUN_STARTED:
-            self.rewound(run)
+        if event.type == EventType.RUN_STARTED or (
+                event.type == EventType.COMMAND_ACK and event.data.get("cmd_type") == CommandType.ROLLBACK
+                and event.data.get("status") == AckStatus.APPLIED):
+            self.rewound(run)  # before the check: the ack itself carries the rolled-back step
         high = self._high.get(run)
-        if high is not None:
+        if high is not None and run not in self._confirmed:
+            if abs(step - high) <= self.max_step_jump:
+                self._confirmed.add(run)
+            else:
+                high = None  # two unconfirmed marks disagree: the newer one stands, unconfirmed
+        elif high is not None:
             if step > high + self.max_step_jump:
                 return (f"step: {step} is more than {self.max_step_jump} steps ahead of run {run!r}'s "
                         f"newest accepted step {high}")
@@ -80,16 +90,15 @@ class StepBounds:
             self._high.move_to_end(run)
         if high is None or step > high:
             self._high[run] = step
+            self._high.move_to_end(run)
             while len(self._high) > self._max_runs:
-                self._high.popitem(last=False)
-        if (event.type == EventType.COMMAND_ACK and event.data.get("cmd_type") == CommandType.ROLLBACK
-                and event.data.get("status") == AckStatus.APPLIED):
-            self.rewound(run)
+                self._confirmed.discard(self._high.popitem(last=False)[0])
         return None
 
     def rewound(self, run: str) -> None:
         """The run went back (a rollback or reload): its next event sets the mark again."""
         self._high.pop(run, None)
+        self._confirmed.discard(run)
 
     def high(self, run: str) -> int | None:
         return self._high.get(run)

@@ -146,15 +146,16 @@ def test_classify_dead_letters_a_step_jump_and_accepts_going_back_only_after_a_r
         return classify(raw, topic="t", partition=0, offset=n, max_bytes=10_000, steps=bounds)
 
     assert not isinstance(step(5_000), DeadLetter)
+    assert not isinstance(step(5_001), DeadLetter)  # confirms the run's mark
     forged = step(2**31 - 1)
     assert isinstance(forged, DeadLetter) and forged.reason == STEP_JUMP and forged.detail.startswith("step:")
-    assert bounds.high("run-1") == 5_000  # the forged step moved nothing
+    assert bounds.high("run-1") == 5_001  # the forged step moved nothing
     assert not isinstance(step(4_200), DeadLetter)  # out of order within the bound: fine
     assert step(3_000).reason == STEP_JUMP            # far back with no rollback reported
     ack = {"cmd": "c1", "cmd_type": "rollback", "status": "applied", "detail": ""}
-    assert not isinstance(step(5_001, "command.ack", ack), DeadLetter)
-    assert not isinstance(step(3_000), DeadLetter)    # after the applied rollback
-    assert step(5_000 + 3_000).reason == STEP_JUMP
+    assert not isinstance(step(3_000, "command.ack", ack), DeadLetter)  # acked at the rolled-back step
+    assert not isinstance(step(3_001), DeadLetter)    # after the applied rollback
+    assert step(3_001 + 3_000).reason == STEP_JUMP
     started = {**PAYLOADS[EventType.RUN_STARTED]}
     assert not isinstance(step(0, "run.started", started), DeadLetter)  # a restart from step 0
     assert not isinstance(step(1), DeadLetter)
