@@ -378,3 +378,14 @@ def test_ranks_arrays_become_per_rank_rows_and_node_heartbeats_per_rank_beats(en
     with session_scope(engine) as s:
         assert ingest_events(s, events) == 0
     assert snapshot(engine) == before
+
+
+def test_rank_detail_reads_full_per_rank_rows_not_the_array_rows(engine):
+    detail = [f.step(s, 2.5, rank=r, world=4, detail=True) for s in (11, 12) for r in (1, 2)]
+    with session_scope(engine) as s:
+        ingest_events(s, [f.step(10, 2.5, rank=0, world=4), _ranks(10), *detail])
+    with session_scope(engine) as s:
+        assert [r["step"] for r in read.rank_detail(s, "run-a", steps=1)] == [12, 12]
+        rows = read.rank_detail(s, "run-a", steps=5)
+        assert [(r["step"], r["rank"]) for r in rows] == [(10, 0), (11, 1), (11, 2), (12, 1), (12, 2)]  # not (10, 1..3)
+        assert read.rank_detail(s, "other") == []
