@@ -124,6 +124,8 @@ class Agent:
         self._collective = ""  # the agent collective the training thread is inside (node heartbeats)
         self._perf = PerfAccumulator()
         self._detail = DetailWindow()
+        if config.detail_steps:
+            self._detail.open(0, config.detail_steps)
         self._losses: list[float] = []  # every rank's loss at this step (from the packed all-reduce)
         self._pending: list[Command] = []
         self._flag_seen = False
