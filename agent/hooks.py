@@ -277,9 +277,12 @@ class Agent:
         self._loss_sum = d if self._loss_sum is None else self._loss_sum + d
         self._micro += 1
         self._tokens += int(tokens)
+        if self.distributed and self.comm is not None:
+            self._collective = "backward"  # DDP's gradient all-reduce runs (and waits) inside it
 
     def after_backward(self) -> None:
         """Closes the backward: exposed gradient communication from the DDP hook."""
+        self._collective = ""
         if self.comm is not None and self.comm.last_launch is not None:
             self._clock.comm_exposed += self.comm.exposed_since(time.perf_counter())
             self.comm.reset()

@@ -25,5 +25,7 @@ def test_four_ranks_publish_o1_step_events_and_are_judged_from_the_arrays(broker
     assert res["straggler"]["found"] == [2]
     frozen = res["frozen"]
     assert frozen["named"] and frozen["named_step"] >= frozen["stopped_after_step"] - 1
-    assert frozen["others_named"] == [] and frozen["others_wait_in"] == ["all_reduce"]
+    # blocked in the step's packed all-reduce, or in DDP's gradient all-reduce when it froze mid-backward
+    assert frozen["others_named"] == [] and frozen["others_wait_in"] and set(frozen["others_wait_in"]) <= {
+        "all_reduce", "backward"}
     assert frozen["time_to_name_s"] < 60
