@@ -12,6 +12,9 @@ event changes nothing.
 - ``command.ack`` sets the command's status once an ack from the command's own run arrives; a
   later ``duplicate`` ack (the trainer saw a re-sent command) never overwrites what the first ack
   said, and an older ack never overwrites a newer one.
+- A ``ranks`` event becomes one ``step_metrics`` row per rank (but rank 0, whose run-level step
+  event has its row), with an id derived from the event's; a node heartbeat updates each of its
+  ranks' ``heartbeats`` row.
 - Step rows below ``runs.downsampled_below`` are skipped: those steps were already folded into
   buckets by ``store.retention``, and a re-delivery must not add a second copy beside the bucket.
 
@@ -25,6 +28,7 @@ rejects bare NaN).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Iterable
 from typing import Any
@@ -48,6 +52,8 @@ from controller.store.upsert import insert_for
 from core.enums import AckStatus, EventType
 from core.events import Event
 from core.floats import store_kind, to_json
+from core.rank_arrays import rank_entries
+from core.ranks import RUN_RANK
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +92,10 @@ def ingest_events(session: Session, events: Iterable[Event]) -> int:
         if ev.type is EventType.STEP:
             if ev.step >= watermark.get(ev.run, 0):
                 step_rows.append(_step_row(ev))
+            continue
+        if ev.type is EventType.RANKS:
+            if ev.step >= watermark.get(ev.run, 0):
+                step_rows.extend(_rank_rows(ev))
             continue
         handler = _HANDLERS.get(ev.type)
         if handler is not None and handler(session, ev):
@@ -152,15 +162,31 @@ def _touch_runs(session: Session, events: list[Event]) -> None:
         )
 
 
-def _step_row(ev: Event) -> dict[str, Any]:
-    d = ev.data
+def _rank_rows(ev: Event) -> list[dict[str, Any]]:
+    """A ``ranks`` event -> one per-rank ``step_metrics`` row per rank but ``RUN_RANK`` (whose
+    run-level step event already has its row), so the per-rank reads and charts work unchanged.
+    Each row's id derives from the event's, so a re-delivery adds nothing."""
+    rows = []
+    for rank, fields in rank_entries(ev.data):
+        if rank == RUN_RANK:
+            continue
+        busy = fields["step_time_s"] - fields["data_wait_s"] - fields["comm_exposed_s"]
+        data = {**fields, "compute_s": busy, "skipped": False}
+        row_id = hashlib.blake2b(f"{ev.id}:{rank}".encode(), digest_size=16).hexdigest()
+        rows.append(_step_row(ev, data=data, event_id=row_id, rank=rank))
+    return rows
+
+
+def _step_row(ev: Event, *, data: dict[str, Any] | None = None, event_id: str | None = None,
+              rank: int | None = None) -> dict[str, Any]:
+    d = ev.data if data is None else data
     row: dict[str, Any] = {m.name: d.get(m.name) for m in STEP_METRICS}
     row["loss"] = d.get("loss")
     row.update(
-        event_id=ev.id,
+        event_id=ev.id if event_id is None else event_id,
         run_id=ev.run,
         step=ev.step,
-        rank=ev.rank,
+        rank=ev.rank if rank is None else rank,
         ts=ev.ts,
         resolution=1,
         loss_min=None,
@@ -238,9 +264,12 @@ def _data_flag(session: Session, ev: Event) -> bool:
 
 
 def _heartbeat(session: Session, ev: Event) -> bool:
+    d = ev.data
+    if d.get("ranks") is not None:
+        return _node_heartbeat(session, ev)
     ins = insert_for(session, Heartbeat).values(
         **fit_row(
-            Heartbeat, dict(run_id=ev.run, rank=ev.rank, ts=ev.ts, step=ev.step, state=ev.data["state"])
+            Heartbeat, dict(run_id=ev.run, rank=ev.rank, ts=ev.ts, step=ev.step, state=d["state"])
         )
     )
     stmt = ins.on_conflict_do_update(
@@ -249,6 +278,26 @@ def _heartbeat(session: Session, ev: Event) -> bool:
         where=Heartbeat.ts < ins.excluded.ts,
     )
     return _wrote(session, stmt, Heartbeat.rank)
+
+
+def _node_heartbeat(session: Session, ev: Event) -> bool:
+    """A node heartbeat: each of its ranks' row, at the time that rank was last alive."""
+    d = ev.data
+    stored = dict(session.execute(select(Heartbeat.rank, Heartbeat.ts).where(
+        Heartbeat.run_id == ev.run, Heartbeat.rank.in_(d["ranks"]))).all())
+    rows = [fit_row(Heartbeat, dict(run_id=ev.run, rank=r, ts=ev.ts - age, step=step, state=d["state"]))
+            for r, step, age in zip(d["ranks"], d["steps"], d["ages_s"], strict=True)
+            if r not in stored or stored[r] < ev.ts - age]
+    if not rows:
+        return False  # a re-delivery, or nothing newer than what is stored
+    ins = insert_for(session, Heartbeat)
+    stmt = ins.on_conflict_do_update(
+        index_elements=["run_id", "rank"],
+        set_={"ts": ins.excluded.ts, "step": ins.excluded.step, "state": ins.excluded.state},
+        where=Heartbeat.ts < ins.excluded.ts,
+    )
+    session.connection().execute(stmt, rows)
+    return True
 
 
 def _checkpoint(session: Session, ev: Event) -> bool:
