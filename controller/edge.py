@@ -286,6 +286,45 @@ class EdgeConsumer:
             log.warning("could not read committed offsets of %s: %s", tps, exc)
             return None
 
+    def seek_to_beginning(self, topic: str, partition: int) -> None:
+        from kafka import TopicPartition
+
+        self._consumer.seek_to_beginning(TopicPartition(topic, partition))
+
+    def pause(self, tps: list[tuple[str, int]]) -> None:
+        """Stop fetching these partitions (``poll`` returns nothing of them) without leaving the group."""
+        from kafka import TopicPartition
+
+        mine = self._consumer.assignment()
+        parts = [TopicPartition(t, p) for t, p in tps if TopicPartition(t, p) in mine]
+        if parts:
+            self._consumer.pause(*parts)
+
+    def resume(self, tps: list[tuple[str, int]]) -> None:
+        from kafka import TopicPartition
+
+        mine = self._consumer.assignment()
+        parts = [TopicPartition(t, p) for t, p in tps if TopicPartition(t, p) in mine]
+        if parts:
+            self._consumer.resume(*parts)
+
+    def committed_offsets(self, tps: list[tuple[str, int]]) -> dict[tuple[str, int], int | None]:
+        """The group's committed offset of each partition at the broker (empty on failure)."""
+        from kafka import TopicPartition
+
+        try:
+            return {(t, p): self._consumer.committed(TopicPartition(t, p)) for t, p in tps}
+        except Exception as exc:  # noqa: BLE001 - only a warning depends on it
+            log.warning("could not read committed offsets of %s: %s", tps, exc)
+            return {}
+
+    def connected(self) -> bool:
+        """Whether the client holds a connection to a broker (for /readyz)."""
+        try:
+            return bool(self._consumer.bootstrap_connected())
+        except Exception:  # noqa: BLE001
+            return False
+
     def assignment(self) -> list[tuple[str, int]]:
         return sorted((tp.topic, tp.partition) for tp in self._consumer.assignment())
 
