@@ -26,7 +26,10 @@ class ControllerConfig:
     """How long the broker may hold a fetch to fill it. Low: a spike's command latency is bounded
     by it (kafka-python's default of 500 ms would dominate the verdict latency)."""
     max_event_bytes: int = 1_000_000
-    """Larger messages go to the DLQ as oversized."""
+    """Larger messages go to the DLQ as oversized (cut to their first 64 KiB there)."""
+    max_fetch_bytes: int = 64 * 1_048_576
+    """Per-partition fetch limit: a message larger than this (that the broker accepted) stalls
+    its partition, so keep it above the broker's largest message (``message.max.bytes``)."""
     max_clock_skew_s: float = 3600.0
     """Events timestamped further ahead of the controller's clock go to the DLQ as clock_skew."""
     max_event_age_s: float = 30 * 86400.0
@@ -69,6 +72,8 @@ class ControllerConfig:
             raise ValueError("fetch_max_wait_ms: must be >= 0")
         if self.max_event_bytes < 1024:
             raise ValueError("max_event_bytes: must be >= 1024")
+        if self.max_fetch_bytes < self.max_event_bytes:
+            raise ValueError("max_fetch_bytes: must be >= max_event_bytes")
         self.clock_window()  # ClockWindow checks its fields under the same names
         if self.tick_s <= 0:
             raise ValueError("tick_s: must be > 0")

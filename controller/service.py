@@ -128,7 +128,8 @@ class ControllerService:
                                  on_recreated=self._on_recreated,
                                  consumer_overrides=self.config.consumer_overrides(),
                                  max_poll_records=self.config.max_poll_records,
-                                 clock_window=self.config.clock_window())
+                                 clock_window=self.config.clock_window(),
+                                 max_fetch_bytes=self.config.max_fetch_bytes)
         self.outbox.start()
         if self.config.health_port and self.health_server is None:
             self.health_server = HealthServer(self.config.health_host, self.config.health_port,
