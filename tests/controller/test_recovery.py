@@ -622,3 +622,16 @@ def test_zz_every_declared_transition_is_taken_somewhere():
     finally:
         rec.fire = original
     assert taken == set(TRANSITIONS)
+
+
+def test_an_unverified_checkpoint_raises_an_alert_with_the_trainers_reason():
+    d = Driver()
+    d.steps(0, 5)
+    _, acts = transition(d.cfg, d.s, CheckpointIn(step=5, kind="full", verified=False, now=d.now,
+                                                  detail="write failed: No space left on device"))
+    (alert,) = [a for a in acts if isinstance(a, Alert)]
+    assert (alert.rule, alert.level) == ("checkpoint_unverified", "warn")
+    assert "step 5" in alert.title and "No space left" in alert.body
+    assert alert.evidence == {"step": 5, "kind": "full", "detail": "write failed: No space left on device"}
+    _, acts = transition(d.cfg, d.s, CheckpointIn(step=5, kind="full", verified=True, now=d.now))
+    assert not [a for a in acts if isinstance(a, Alert)]
