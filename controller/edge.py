@@ -345,10 +345,15 @@ class EdgeConsumer:
             return {}
 
     def connected(self) -> bool:
-        """Whether the client holds a connection to a broker (for /readyz)."""
+        """Whether the client holds a connection to a broker (for /readyz). kafka-python has no
+        public call for it once the bootstrap connection is closed, so its client is asked."""
+        client = getattr(self._consumer, "_client", None)
         try:
+            if client is not None:
+                nodes = [getattr(b, "node_id", getattr(b, "nodeId", None)) for b in client.cluster.brokers()]
+                return any(client.connected(n) for n in nodes if n is not None)
             return bool(self._consumer.bootstrap_connected())
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - an internals change: report unknown as not connected
             return False
 
     def assignment(self) -> list[tuple[str, int]]:

@@ -230,15 +230,7 @@ class ControllerService:
     def _settle_offsets(self) -> None:
         """Offset checks that need blocking broker queries, done on the consumer thread."""
         assert self.edge is not None
-        if self._unstored:
-            tps, self._unstored = sorted(self._unstored), set()
-            committed = getattr(self.edge, "committed_offsets", lambda _tps: {})(tps)
-            ahead = {tp: o for tp, o in committed.items() if o}
-            if ahead:
-                self.stats["store_rebuilds"] += len(ahead)
-                log.warning("the store has no offsets for %s but group %s committed %s at the broker: "
-                            "the store is empty or new; rebuilding it from the log start", sorted(ahead),
-                            self.config.group_id, ahead)
+        self._report_rebuilds()
         if self._reseek_pending:
             tps = sorted(self._reseek_pending & set(self.edge.assignment()))
             self._reseek(tps)  # raises while the store is unreadable: step_once retries later
@@ -261,6 +253,21 @@ class ControllerService:
             for topic, part in tps:
                 if part in settled and settled[part] != stored.get(part):
                     self.edge.seek(topic, part, settled[part])
+
+    def _report_rebuilds(self) -> None:
+        """Say so when a partition read from the log start (no stored offset) had offsets
+        committed at the broker: the store is empty or new, and is being rebuilt. Runs before the
+        first batch's offsets go to Kafka, so the broker's numbers are still the old ones."""
+        if not self._unstored or self.edge is None:
+            return
+        tps, self._unstored = sorted(self._unstored), set()
+        committed = getattr(self.edge, "committed_offsets", lambda _tps: {})(tps)
+        ahead = {tp: o for tp, o in committed.items() if o}
+        if ahead:
+            self.stats["store_rebuilds"] += len(ahead)
+            log.warning("the store has no offsets for %s but group %s committed %s at the broker: the store "
+                        "is empty or new; rebuilding it from the log start", sorted(ahead), self.config.group_id,
+                        ahead)
 
     def _reset_stored_offsets(self, offsets: dict[tuple[str, int], int]) -> None:
         log.warning("offsets stored for %s lie beyond the log (topic re-created?); restarting at %s",
@@ -341,6 +348,7 @@ class ControllerService:
 
     def _process(self, batch: EdgeBatch) -> BatchResult | None:
         assert self.edge is not None
+        self._report_rebuilds()
         try:
             with session_scope(self.engine) as s:
                 res = self.processor.process(s, batch, self.clock())
