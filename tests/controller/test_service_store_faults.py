@@ -240,3 +240,34 @@ def test_a_lost_store_in_a_batch_stops_the_service(db, monkeypatch):
     with pytest.raises(StoreLost, match="readonly"):
         svc.step_once()
     assert svc.edge.committed == [] and steps_and_dead(engine) == ([], {})
+
+
+@pytest.mark.postgres
+def test_a_postgres_lock_timeout_is_waited_out_with_no_dead_letter(tmp_path, pg_url):
+    from sqlalchemy import text
+
+    from tests.controller.service_support import store_engine
+
+    with store_engine("postgres", tmp_path, pg_url) as (_eng, url):
+        opts = make_url(url).query["options"] + " -clock_timeout=100"
+        engine = make_engine(make_url(url).update_query_dict({"options": opts}).render_as_string(hide_password=False))
+        holder = make_engine(url)
+        try:
+            svc = service(engine)
+            svc.edge = PausingEdge([as_batch(records("r", 0, 4, offset=0))])
+            conn = holder.connect()
+            tx = conn.begin()
+            conn.execute(text("LOCK TABLE step_metrics IN ACCESS EXCLUSIVE MODE"))
+            threading.Timer(1.5, tx.rollback).start()
+            start = time.monotonic()
+            svc.step_once()
+            assert svc._held is not None and svc.stats["store_retries"] == 1
+            while svc._held is not None and time.monotonic() - start < 20:
+                svc.step_once()
+            conn.close()
+            assert svc.stats["store_retries"] > 1
+            assert steps_and_dead(engine) == (list(range(5)), {})
+            assert stored_offset(engine) == 5 and svc.edge.committed == [{(TOPIC, 0): 5}]
+        finally:
+            engine.dispose()
+            holder.dispose()
