@@ -474,7 +474,9 @@ class ControllerService:
         self._runs_stale = False
 
     def _hold(self, batch: EdgeBatch) -> None:
-        new = set(batch.next_offsets) - self._held_paused
+        # Every assigned partition pauses, not only the batch's: the held batch goes first.
+        assigned = set(self.edge.assignment()) if self.edge is not None else set()
+        new = (set(batch.next_offsets) | assigned) - self._held_paused
         self._pause(sorted(new))
         self._held_paused |= new
         self._held = batch

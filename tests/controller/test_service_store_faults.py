@@ -35,6 +35,9 @@ from tests.controller.test_service_outbox import FakeProducer
 class PausingEdge(StubEdge):
     """StubEdge that honours pause/resume like kafka-python: nothing is polled while paused."""
 
+    def assignment(self):
+        return [(TOPIC, 0), (TOPIC, 1)]
+
     def __init__(self, batches) -> None:
         super().__init__(batches)
         self.paused: set = set()
@@ -107,7 +110,7 @@ def test_a_store_locked_for_seconds_is_waited_out_with_no_dead_letter_and_no_los
         threading.Timer(2.0, lambda: holder.execute("ROLLBACK")).start()
         start = time.monotonic()
         svc.step_once()
-        assert svc._held is not None and svc.edge.paused == {(TOPIC, 0)}
+        assert svc._held is not None and svc.edge.paused == {(TOPIC, 0), (TOPIC, 1)}  # all of them
         assert stored_offset(engine) == 5 and len(svc.edge.committed) == 1  # no offset moved
         svc.step_once()
         status, body = get(f"http://127.0.0.1:{health.port}/readyz")
