@@ -13,6 +13,9 @@ connection's mapping faults (reproduced with ``os.truncate(db + "-shm", 0)`` und
 connection: the process dies with SIGBUS). Checking the identity before connecting means no
 connection of ours ever opens the replaced file.
 
+A file or directory that turned read-only (permissions, or a read-only mount over the path, which
+connections opened before do not see) fails ``os.access(W_OK)`` in the same check.
+
 ``probe_write`` is a real write rolled back (the Alembic version row updated to itself): a
 read-only file, a read-only PostgreSQL transaction or missing privileges fail it with the
 database's own message, which ``StoreLost`` carries to the operator.
@@ -73,6 +76,11 @@ class StoreGuard:
         if now != self._identity:
             raise StoreLost(f"store {self.path}: the database file was replaced while the controller ran "
                             "(another file now has its name); restart the controller to use it")
+        for what in (self.path, self.path.parent):  # the directory holds the -wal and -shm files
+            if not os.access(what, os.W_OK):
+                raise StoreLost(f"store {self.path}: {what} became read-only while the controller ran "
+                                "(a read-only mount or permissions); connections opened before keep "
+                                "writing to it, new ones cannot: make it writable and restart")
 
     def probe_write(self) -> None:
         """A write rolled back; raise ``StoreLost`` with the database's message if it fails for

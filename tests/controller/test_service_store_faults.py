@@ -274,3 +274,16 @@ def test_a_postgres_lock_timeout_is_waited_out_with_no_dead_letter(tmp_path, pg_
         finally:
             engine.dispose()
             holder.dispose()
+
+
+def test_a_store_that_turns_read_only_stops_the_service(db, monkeypatch):
+    engine, path = db
+    svc = service(engine)
+    svc.edge = PausingEdge([as_batch(records("r", 0, 4, offset=0)), as_batch(records("r", 5, 9, offset=5))])
+    svc.step_once()
+    real = os.access
+    # as after `mount -o remount,bind,ro` over the directory (root ignores file modes, not mounts)
+    monkeypatch.setattr(os, "access", lambda p, mode: False if str(p).startswith(str(path.parent)) else real(p, mode))
+    with pytest.raises(StoreLost, match="read-only"):
+        svc.step_once()
+    assert svc.edge.committed == [{(TOPIC, 0): 5}]
