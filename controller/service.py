@@ -46,6 +46,7 @@ from controller.batch import BatchContext, BatchProcessor, BatchResult, StaleBat
 from controller.config import ControllerConfig
 from controller.edge import DeadLetter, EdgeBatch, EdgeConsumer, EdgeRecord
 from controller.health import HealthServer, HealthSnapshot
+from controller.held import HeldBatch, pause, resume
 from controller.operator import RequestPass, decide_pending_requests
 from controller.outbox import CommandOutbox
 from controller.recovery_types import RecoveryConfig
@@ -98,11 +99,7 @@ class ControllerService:
         self._recreated = False
         self._failures = 0
         self.guard = StoreGuard(store_engine)
-        self.backoff = Backoff(config.store_retry_initial_s, config.store_retry_max_s)
-        self._held: EdgeBatch | None = None  # a batch kept through store failures
-        self._held_paused: set[tuple[str, int]] = set()
-        self._held_transient = 0
-        self._retry_at = 0.0
+        self.held = HeldBatch(Backoff(config.store_retry_initial_s, config.store_retry_max_s))
         self._runs_stale = False  # the run table must be reloaded before the next tick
         self._reseek_pending: set[tuple[str, int]] = set()
         self._unstored: set[tuple[str, int]] = set()  # assigned with no stored offset: log start
@@ -186,7 +183,7 @@ class ControllerService:
             log.warning("store unreadable at assignment of %s (%s); paused until it is", tps, exc)
             self._reseek_pending.update(tps)
             self._runs_stale = True
-            self._pause(tps)
+            pause(self.edge, tps)
             return
         for topic, part in tps:
             if part in stored:
@@ -235,7 +232,7 @@ class ControllerService:
             tps = sorted(self._reseek_pending & set(self.edge.assignment()))
             self._reseek(tps)  # raises while the store is unreadable: step_once retries later
             self._reseek_pending.clear()
-            self._resume(tps)
+            resume(self.edge, tps)
         if self._recreated:
             tps = [(t, p) for t, p in self.edge.assignment() if t == self.kafka.metrics_topic]
             bounds = getattr(self.edge, "log_bounds", lambda _tps: {})(tps)
@@ -312,7 +309,7 @@ class ControllerService:
         res = None
         if self._runs_stale:
             self._try_store(self._reload_runs)
-        if self._held is not None:
+        if self.held.batch is not None:
             res = self._retry_held()
         elif self._try_store(self._settle_offsets):
             batch = self.edge.poll(self.config.poll_timeout_s)
@@ -441,7 +438,7 @@ class ControllerService:
         """Run a store read outside a batch; False (logged, retried later) on a transient error."""
         try:
             fn()
-            if self._held is None:
+            if self.held.batch is None:
                 self.last_store_error = ""
             return True
         except StoreLost:
@@ -452,18 +449,16 @@ class ControllerService:
                 raise
             self.last_store_error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
             log.warning("store unavailable (%s); trying again", self.last_store_error)
-            time.sleep(min(self.config.poll_timeout_s, self.backoff.max_s))
+            time.sleep(self.config.poll_timeout_s)
             return False
 
     def _retry_later(self, exc: BaseException) -> None:
         """The held batch waits out a transient store error (capped exponential backoff)."""
-        self._held_transient += 1
         self.stats["store_retries"] += 1
-        delay = self.backoff.delay(self._held_transient)
-        self._retry_at = time.monotonic() + delay
+        delay = self.held.wait_transient()
         self.last_store_error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
         log.warning("store busy (%s); batch kept, retry %d in %.1f s", self.last_store_error,
-                    self._held_transient, delay)
+                    self.held.transient_failures, delay)
 
     def _reload_runs(self) -> None:
         assert self.edge is not None
@@ -474,45 +469,25 @@ class ControllerService:
         self._runs_stale = False
 
     def _hold(self, batch: EdgeBatch) -> None:
-        # Every assigned partition pauses, not only the batch's: the held batch goes first.
-        assigned = set(self.edge.assignment()) if self.edge is not None else set()
-        new = (set(batch.next_offsets) | assigned) - self._held_paused
-        self._pause(sorted(new))
-        self._held_paused |= new
-        self._held = batch
+        self.held.hold(batch, self.edge)
 
     def _drop_hold(self) -> None:
-        self._held = None
-        if self._held_paused:
-            paused, self._held_paused = sorted(self._held_paused), set()
-            self._resume(paused)
-        self._held_transient = 0
-        self._retry_at = 0.0
-
-    def _pause(self, tps: list[tuple[str, int]]) -> None:
-        pause = getattr(self.edge, "pause", None)
-        if pause is not None:
-            pause(tps)
-
-    def _resume(self, tps: list[tuple[str, int]]) -> None:
-        resume = getattr(self.edge, "resume", None)
-        if resume is not None:
-            resume(tps)
+        self.held.release(self.edge)
 
     def _retry_held(self) -> BatchResult | None:
-        assert self.edge is not None and self._held is not None
-        wait = self._retry_at - time.monotonic()
+        assert self.edge is not None and self.held.batch is not None
+        wait = self.held.wait_left_s()
         if wait > 0:
             # Polling the paused partitions keeps the group membership (max_poll_interval_ms).
             polled = self.edge.poll(min(wait, self.config.poll_timeout_s))
-            if self._held is None:  # a rebalance dropped it: what came is from the stored offsets
+            if self.held.batch is None:  # a rebalance dropped it: what came is from the stored offsets
                 return self._process(polled) if polled.next_offsets else None
             if polled.next_offsets:  # a partition not paused: the store's offsets say where to go
                 log.warning("records polled while a batch is held; re-reading from the store's offsets")
                 self._drop_hold()
                 self._reseek_pending.update(self.edge.assignment())
             return None
-        return self._process(self._held)
+        return self._process(self.held.batch)
 
     def _after_commit(self, res: BatchResult) -> None:
         self.stats["commands"] += res.commands

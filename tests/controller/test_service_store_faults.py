@@ -110,13 +110,13 @@ def test_a_store_locked_for_seconds_is_waited_out_with_no_dead_letter_and_no_los
         threading.Timer(2.0, lambda: holder.execute("ROLLBACK")).start()
         start = time.monotonic()
         svc.step_once()
-        assert svc._held is not None and svc.edge.paused == {(TOPIC, 0), (TOPIC, 1)}  # all of them
+        assert svc.held.batch is not None and svc.edge.paused == {(TOPIC, 0), (TOPIC, 1)}  # all of them
         assert stored_offset(engine) == 5 and len(svc.edge.committed) == 1  # no offset moved
         svc.step_once()
         status, body = get(f"http://127.0.0.1:{health.port}/readyz")
         assert status == 503 and "locked" in body["reason"] and body["ok"] is False
         assert get(f"http://127.0.0.1:{health.port}/healthz")[0] == 200  # alive, just waiting
-        while svc._held is not None and time.monotonic() - start < 20:
+        while svc.held.batch is not None and time.monotonic() - start < 20:
             svc.step_once()
         holder.close()
         assert time.monotonic() - start >= 1.9
@@ -151,7 +151,7 @@ def test_a_lock_met_while_isolating_a_poisonous_event_keeps_the_rest_of_the_batc
     svc = service(engine)
     svc.edge = PausingEdge([as_batch(recs)])
     deadline = time.monotonic() + 10
-    while (svc._held is not None or not svc.edge.committed) and time.monotonic() < deadline:
+    while (svc.held.batch is not None or not svc.edge.committed) and time.monotonic() < deadline:
         svc.step_once()
     assert locked_once
     assert steps_and_dead(engine) == ([0, 2, 3, 4], {"processing_error": 1})  # only the poison
@@ -264,8 +264,8 @@ def test_a_postgres_lock_timeout_is_waited_out_with_no_dead_letter(tmp_path, pg_
             threading.Timer(1.5, tx.rollback).start()
             start = time.monotonic()
             svc.step_once()
-            assert svc._held is not None and svc.stats["store_retries"] == 1
-            while svc._held is not None and time.monotonic() - start < 20:
+            assert svc.held.batch is not None and svc.stats["store_retries"] == 1
+            while svc.held.batch is not None and time.monotonic() - start < 20:
                 svc.step_once()
             conn.close()
             assert svc.stats["store_retries"] > 1
