@@ -6,12 +6,13 @@ guard remembers the file's identity (device, inode) when the controller opens it
 after every commit and every tick (one ``stat``), and refuses to open a new pooled connection to a
 different file.
 
-That refusal also avoids a SIGBUS: a WAL database's wal-index (``-shm``) is memory-mapped by every
-connection; a connection that opens a *replaced* file finds no lock held on the new inode, takes
-itself for the first opener and truncates the shared ``-shm``, and the next access through an older
-connection's mapping faults (reproduced with ``os.truncate(db + "-shm", 0)`` under a live
-connection: the process dies with SIGBUS). Checking the identity before connecting means no
-connection of ours ever opens the replaced file.
+Why stop rather than go on: a WAL database's wal-index (``-shm``) is memory-mapped by every
+connection, and a ``-shm`` truncated under a live mapping kills the process with SIGBUS (reproduced
+with ``os.truncate(db + "-shm", 0)`` under an open connection). SQLite rebuilds (truncates) the
+``-shm`` when a connection believes it is the first on a database; a deleted, replaced or read-only
+database file is where that belief can go wrong, so the controller opens no new connection to one.
+(A read-only bind mount and a replaced file did not raise SIGBUS when tried here; the original
+report's exact trigger is not reproduced, only this mechanism.)
 
 A file or directory that turned read-only (permissions, or a read-only mount over the path, which
 connections opened before do not see) fails ``os.access(W_OK)`` in the same check.
