@@ -287,3 +287,30 @@ def test_a_store_that_turns_read_only_stops_the_service(db, monkeypatch):
     with pytest.raises(StoreLost, match="read-only"):
         svc.step_once()
     assert svc.edge.committed == [{(TOPIC, 0): 5}]
+
+
+def test_an_assignment_while_the_store_is_unreadable_pauses_until_the_offsets_can_be_read(db, monkeypatch):
+    from controller import service as service_mod
+    from controller.store.offsets import save_offsets
+
+    engine, _ = db
+    with session_scope(engine) as s:
+        save_offsets(s, "g", {(TOPIC, 0): 5})
+    svc = service(engine)
+    svc.edge = PausingEdge([])
+    real = service_mod.load_offsets
+    fail = [True]
+
+    def load(session, group, topic):
+        if fail[0]:
+            raise OperationalError("SELECT", {}, sqlite3.OperationalError("database is locked"))
+        return real(session, group, topic)
+
+    monkeypatch.setattr(service_mod, "load_offsets", load)
+    svc._on_assigned([(TOPIC, 0)])  # kafka-python would swallow an exception here and read on
+    assert svc.edge.paused == {(TOPIC, 0)} and svc.edge.seeks == []
+    svc.step_once()  # still unreadable: stays paused, nothing read
+    assert svc.edge.paused == {(TOPIC, 0)}
+    fail[0] = False
+    svc.step_once()
+    assert svc.edge.seeks == [(TOPIC, 0, 5)] and svc.edge.paused == set()
