@@ -111,7 +111,8 @@ def inputs_for(event: Event, verdicts: list[Verdict], now: float, loss_level: Le
         out.append(ProgressIn(step=event.step, now=now, sample_end=rng[1] if ok else None,
                               sample_start=rng[0] if ok else None, loss_level=loss_level))
     elif event.type is EventType.CHECKPOINT:
-        out.append(CheckpointIn(step=event.step, kind=str(d["kind"]), verified=bool(d["verified"]), now=now))
+        out.append(CheckpointIn(step=event.step, kind=str(d["kind"]), verified=bool(d["verified"]), now=now,
+                                detail=str(d.get("detail") or "")))
     elif event.type is EventType.VALIDATION:
         out.append(ValidationIn(step=event.step, val_loss=d["val_loss"], batches=d["batches"], now=now,
                                 cmd=d.get("cmd")))

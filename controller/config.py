@@ -26,7 +26,10 @@ class ControllerConfig:
     """How long the broker may hold a fetch to fill it. Low: a spike's command latency is bounded
     by it (kafka-python's default of 500 ms would dominate the verdict latency)."""
     max_event_bytes: int = 1_000_000
-    """Larger messages go to the DLQ as oversized."""
+    """Larger messages go to the DLQ as oversized (cut to their first 64 KiB there)."""
+    max_fetch_bytes: int = 64 * 1_048_576
+    """Per-partition fetch limit: a message larger than this (that the broker accepted) stalls
+    its partition, so keep it above the broker's largest message (``message.max.bytes``)."""
     max_clock_skew_s: float = 3600.0
     """Events timestamped further ahead of the controller's clock go to the DLQ as clock_skew."""
     max_event_age_s: float = 30 * 86400.0
@@ -50,6 +53,16 @@ class ControllerConfig:
     heartbeat_interval_ms: int = 1_000
     max_poll_interval_ms: int = 30_000
     """Kafka's limit between polls; a first group join waits about this long on some brokers."""
+    store_retry_initial_s: float = 0.2
+    """First wait before retrying a batch after a transient store error (locked, connection lost);
+    doubles per failure up to ``store_retry_max_s``. Such a batch is retried forever, never skipped."""
+    store_retry_max_s: float = 5.0
+    health_port: int = 0
+    """HTTP port of /healthz and /readyz (``controller/health.py``); 0 = no endpoint."""
+    health_host: str = "127.0.0.1"
+    """Address the health endpoint listens on (0.0.0.0 inside a container, for the kubelet)."""
+    health_max_loop_age_s: float = 30.0
+    """/healthz fails when the consumer loop has not come round for this long (a hung process)."""
 
     def __post_init__(self) -> None:
         if not self.group_id:
@@ -62,6 +75,8 @@ class ControllerConfig:
             raise ValueError("fetch_max_wait_ms: must be >= 0")
         if self.max_event_bytes < 1024:
             raise ValueError("max_event_bytes: must be >= 1024")
+        if self.max_fetch_bytes < self.max_event_bytes:
+            raise ValueError("max_fetch_bytes: must be >= max_event_bytes")
         self.clock_window()  # ClockWindow checks its fields under the same names
         if self.max_step_jump < 1:
             raise ValueError("max_step_jump: must be >= 1")
@@ -79,6 +94,16 @@ class ControllerConfig:
             raise ValueError("heartbeat_interval_ms: must be > 0 and < session_timeout_ms")
         if self.max_poll_interval_ms < 1000:
             raise ValueError("max_poll_interval_ms: must be >= 1000")
+        if not self.store_retry_initial_s > 0:
+            raise ValueError("store_retry_initial_s: must be > 0")
+        if self.store_retry_max_s < self.store_retry_initial_s:
+            raise ValueError("store_retry_max_s: must be >= store_retry_initial_s")
+        if not 0 <= self.health_port <= 65535:
+            raise ValueError("health_port: must be 0 (off) or a TCP port")
+        if not self.health_host:
+            raise ValueError("health_host: must not be empty")
+        if self.health_max_loop_age_s <= 0:
+            raise ValueError("health_max_loop_age_s: must be > 0")
 
     def clock_window(self) -> ClockWindow:
         return ClockWindow(max_clock_skew_s=self.max_clock_skew_s, max_event_age_s=self.max_event_age_s)

@@ -23,6 +23,12 @@ auto-commit off (the controller stores offsets with its state and commits them i
 letter is produced to ``<prefix>.dlq`` before ``poll`` returns: the value is the original bytes
 untouched, the key the original key, and the metadata rides in headers (``cliffguard.reason``,
 ``cliffguard.detail``, ``cliffguard.topic``, ``cliffguard.partition``, ``cliffguard.offset``).
+A dead letter's value is cut to its first ``DLQ_KEEP_BYTES`` when larger (an oversized message
+of many MB would otherwise exceed what the DLQ producer and the broker take, and be lost); the
+headers then say ``cliffguard.truncated: 1`` and ``cliffguard.original_size``, and
+``dlq_truncated`` counts them. The consumer fetches up to ``max_fetch_bytes`` per partition so a
+message far over ``max_bytes`` still arrives to be dead-lettered: a fetch limit below a message's
+size stalls the partition on it for good (nothing is returned and nothing is raised).
 A recreated metrics topic (new topic id, offsets from 0 again: e.g. a broker that restarted
 empty) is read again from its beginning, the batch polled at the stale positions is dropped, and
 ``on_recreated(topic)`` tells the owner that offsets it stored for the old topic mean nothing now.
@@ -56,6 +62,8 @@ UNSIGNED = "unsigned"
 BAD_SIGNATURE = "bad_signature"
 REASONS = (OVERSIZED, UNDECODABLE, UNKNOWN_VERSION, SCHEMA_INVALID, CLOCK_SKEW, UNSIGNED, BAD_SIGNATURE,
            OUT_OF_RANGE, STEP_JUMP)
+DLQ_KEEP_BYTES = 64 * 1024
+"""A dead letter's value beyond this is cut off in the DLQ (its first bytes say what it was)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,13 +99,24 @@ class DeadLetter:
     key: bytes | None = None
 
     def headers(self) -> list[tuple[str, bytes]]:
-        return [
+        out = [
             ("cliffguard.reason", self.reason.encode()),
-            ("cliffguard.detail", self.detail.encode()),
+            ("cliffguard.detail", self.detail[:1000].encode()),
             ("cliffguard.topic", self.topic.encode()),
             ("cliffguard.partition", str(self.partition).encode()),
             ("cliffguard.offset", str(self.offset).encode()),
         ]
+        if self.truncated:
+            out += [("cliffguard.truncated", b"1"), ("cliffguard.original_size", str(len(self.raw)).encode())]
+        return out
+
+    @property
+    def truncated(self) -> bool:
+        return len(self.raw) > DLQ_KEEP_BYTES
+
+    def dlq_value(self) -> bytes:
+        """What goes to the DLQ: the original bytes, or their first ``DLQ_KEEP_BYTES``."""
+        return self.raw[:DLQ_KEEP_BYTES]
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +228,7 @@ class EdgeConsumer:
         clock: Callable[[], float] = time.time,
         event_verifier: EventVerifier | None = None,
         step_bounds: StepBounds | None = None,
+        max_fetch_bytes: int = 64 * 1_048_576,
     ) -> None:
         from kafka import KafkaConsumer, KafkaProducer
 
@@ -222,6 +242,7 @@ class EdgeConsumer:
         self.topic = kafka.metrics_topic
         self.dead_count_by_reason: Counter[str] = Counter()
         self.dlq_send_errors = 0
+        self.dlq_truncated = 0
         self.topic_recreations = 0
         self._topic_watch = TopicIdWatch(self.topic)
         self._on_recreated = on_recreated
@@ -235,14 +256,16 @@ class EdgeConsumer:
             # losing events is worse than re-reading them (ingest is idempotent by event id).
             "auto_offset_reset": "earliest",
             "max_poll_records": max_poll_records,
-            # Let oversized messages through to classify(), which dead-letters them.
-            "max_partition_fetch_bytes": max(1_048_576, max_bytes * 2),
+            # Let oversized messages through to classify(), which dead-letters them: a message
+            # larger than the fetch limit is never returned and stalls its partition.
+            "max_partition_fetch_bytes": max(max_fetch_bytes, max_bytes * 2),
+            "fetch_max_bytes": max(52_428_800, max_fetch_bytes, max_bytes * 2),
             **(consumer_overrides or {}),
         }
         self._consumer = KafkaConsumer(**kw)
         self._consumer.subscribe([self.topic], listener=_Rebalance(on_assigned, on_revoked).listener())
         self._dlq = KafkaProducer(**kafka.client_kwargs(), client_id=f"cliffguard-dlq-{group_id}",
-                                  acks="all", max_request_size=max(1_048_576, max_bytes * 3))
+                                  acks="all", max_request_size=max(1_048_576, max_bytes + 65_536, DLQ_KEEP_BYTES * 2))
 
     def poll(self, timeout_s: float = 1.0) -> EdgeBatch:
         batch = EdgeBatch()
@@ -285,7 +308,10 @@ class EdgeConsumer:
             self.dead_count_by_reason[d.reason] += 1
             log.warning("dead letter %s[%d]@%d: %s: %s", d.topic, d.partition, d.offset, d.reason, d.detail[:200])
             try:
-                futures.append(self._dlq.send(self.kafka.dlq_topic, key=d.key, value=d.raw, headers=d.headers()))
+                if d.truncated:
+                    self.dlq_truncated += 1
+                futures.append(self._dlq.send(self.kafka.dlq_topic, key=d.key, value=d.dlq_value(),
+                                              headers=d.headers()))
             except Exception as exc:  # noqa: BLE001
                 self.dlq_send_errors += 1
                 log.error("could not send a dead letter to %s: %s", self.kafka.dlq_topic, exc)
@@ -326,6 +352,50 @@ class EdgeConsumer:
         except Exception as exc:  # noqa: BLE001 - unknown: the caller keeps its offsets
             log.warning("could not read committed offsets of %s: %s", tps, exc)
             return None
+
+    def seek_to_beginning(self, topic: str, partition: int) -> None:
+        from kafka import TopicPartition
+
+        self._consumer.seek_to_beginning(TopicPartition(topic, partition))
+
+    def pause(self, tps: list[tuple[str, int]]) -> None:
+        """Stop fetching these partitions (``poll`` returns nothing of them) without leaving the group."""
+        from kafka import TopicPartition
+
+        mine = self._consumer.assignment()
+        parts = [TopicPartition(t, p) for t, p in tps if TopicPartition(t, p) in mine]
+        if parts:
+            self._consumer.pause(*parts)
+
+    def resume(self, tps: list[tuple[str, int]]) -> None:
+        from kafka import TopicPartition
+
+        mine = self._consumer.assignment()
+        parts = [TopicPartition(t, p) for t, p in tps if TopicPartition(t, p) in mine]
+        if parts:
+            self._consumer.resume(*parts)
+
+    def committed_offsets(self, tps: list[tuple[str, int]]) -> dict[tuple[str, int], int | None]:
+        """The group's committed offset of each partition at the broker (empty on failure)."""
+        from kafka import TopicPartition
+
+        try:
+            return {(t, p): self._consumer.committed(TopicPartition(t, p)) for t, p in tps}
+        except Exception as exc:  # noqa: BLE001 - only a warning depends on it
+            log.warning("could not read committed offsets of %s: %s", tps, exc)
+            return {}
+
+    def connected(self) -> bool:
+        """Whether the client holds a connection to a broker (for /readyz). kafka-python has no
+        public call for it once the bootstrap connection is closed, so its client is asked."""
+        client = getattr(self._consumer, "_client", None)
+        try:
+            if client is not None:
+                nodes = [getattr(b, "node_id", getattr(b, "nodeId", None)) for b in client.cluster.brokers()]
+                return any(client.connected(n) for n in nodes if n is not None)
+            return bool(self._consumer.bootstrap_connected())
+        except Exception:  # noqa: BLE001 - an internals change: report unknown as not connected
+            return False
 
     def assignment(self) -> list[tuple[str, int]]:
         return sorted((tp.topic, tp.partition) for tp in self._consumer.assignment())

@@ -363,6 +363,13 @@ def _mark_stable(st: _Step, reason: str, upto: int | None = None) -> None:
 
 def _on_checkpoint(st: _Step, inp: CheckpointIn) -> None:
     s = st.s
+    if not inp.verified:
+        # the trainer reports a write that failed or a checkpoint found corrupt: a rollback
+        # target may be missing, which the operator must hear of before one is needed
+        st.alert("warn", "checkpoint_unverified",
+                 f"run {s.run}: {inp.kind} checkpoint at step {inp.step} failed verification",
+                 inp.detail or "the trainer reported it unverified", {"step": inp.step, "kind": inp.kind,
+                                                                        "detail": inp.detail})
     if not inp.verified and inp.kind != "memory":
         return  # an unverified disk checkpoint is no rollback target (its verified event follows)
     if any(c.step == inp.step for c in s.checkpoints):

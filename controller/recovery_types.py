@@ -129,6 +129,8 @@ class CheckpointIn:
     kind: str
     verified: bool
     now: float
+    detail: str = ""
+    """Why the trainer reports it unverified (write failed, corrupt, malformed sidecar)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,9 +14,22 @@ Exactly-once effect: offsets live in the store with the state they produced. On 
 assignment (start included) the consumer seeks to the stored offsets and the runs of those
 partitions are reloaded from the store; on revocation their cached state is dropped. A batch whose
 partition another instance already advanced is refused (``StaleBatch``) and re-read from the store's
-offset. A batch that fails is rolled back and re-read; if the same batch fails three times, its
-events are applied one by one and an event that fails alone is counted as a dead letter
-(``processing_error``) and skipped, so one poisonous event cannot stop the service.
+offset. A batch that fails is rolled back and kept (its partitions paused, so the consumer keeps
+its place and its group membership), the run table is reloaded from the store, and the failure is
+classified (``controller/store/errors.py``):
+
+- a transient store error (locked, connection lost, serialization failure) is retried with capped
+  exponential backoff, forever: it never skips an event nor moves an offset;
+- a lost store (read-only, deleted, replaced, tables gone) raises ``StoreLost``: the controller
+  stops with the reason and a non-zero exit (``cliffguard controller``), a supervisor restarts it;
+- anything else is the batch's own fault: after three failures its events are applied one by one
+  and an event that fails alone is counted as a dead letter (``processing_error``) and skipped, so
+  one poisonous event cannot stop the service.
+
+``StoreGuard`` (``controller/store/guard.py``) checks at start (a write probe) and after every
+commit, before the offsets go to Kafka, that the SQLite file is still the one opened.
+A partition the store has no offset for is read from the log start (an empty or new store next to
+a consumer group with committed offsets is rebuilt from the log, never resumed from Kafka's offsets).
 """
 
 from __future__ import annotations
@@ -32,13 +45,17 @@ from controller.alerts import AlertDeliverer, AlertsConfig
 from controller.batch import BatchContext, BatchProcessor, BatchResult, StaleBatch
 from controller.bounds import StepBounds
 from controller.config import ControllerConfig
-from controller.edge import DeadLetter, EdgeBatch, EdgeConsumer
+from controller.edge import DeadLetter, EdgeBatch, EdgeConsumer, EdgeRecord
+from controller.health import HealthServer, HealthSnapshot
+from controller.held import HeldBatch, pause, resume
 from controller.operator import RequestPass, decide_pending_requests
 from controller.outbox import CommandOutbox
 from controller.recovery_types import RecoveryConfig
 from controller.runstate import DetectorFactory, RunTable, default_detector_factory
 from controller.store.db import session_scope
 from controller.store.dlq import count_dead_letter
+from controller.store.errors import Backoff, StoreLost, is_store_lost, is_transient
+from controller.store.guard import StoreGuard
 from controller.store.offsets import load_offsets, save_offsets
 from controller.store.retention import RetentionConfig
 from core.kafka_config import KafkaConfig
@@ -88,12 +105,28 @@ class ControllerService:
         self._check_bounds: set[tuple[str, int]] = set()
         self._recreated = False
         self._failures = 0
+        self.guard = StoreGuard(store_engine)
+        self.held = HeldBatch(Backoff(config.store_retry_initial_s, config.store_retry_max_s))
+        self._runs_stale = False  # the run table must be reloaded before the next tick
+        self._reseek_pending: set[tuple[str, int]] = set()
+        self._unstored: set[tuple[str, int]] = set()  # assigned with no stored offset: log start
+        self.last_store_error = ""
+        self.health = HealthSnapshot()
+        self.health_server: HealthServer | None = None
         self.stats = {"batches": 0, "events": 0, "dead": 0, "commands": 0, "alerts": 0, "stale": 0, "errors": 0,
-                      "requests_accepted": 0, "requests_rejected": 0}
+                      "requests_accepted": 0, "requests_rejected": 0, "store_retries": 0, "store_rebuilds": 0}
 
     # -- lifecycle ----------------------------------------------------------------------------
 
     def start(self) -> ControllerService:
+        try:
+            self.guard.probe_write()
+        except StoreLost:
+            raise
+        except Exception as exc:  # noqa: BLE001 - busy now: the loop retries every write anyway
+            if not is_transient(exc):
+                raise
+            log.warning("store busy at start (%s); the loop retries", exc)
         self.edge = EdgeConsumer(self.kafka, self.config.group_id, max_bytes=self.config.max_event_bytes,
                                  on_assigned=self._on_assigned, on_revoked=self._on_revoked,
                                  on_recreated=self._on_recreated,
@@ -101,8 +134,12 @@ class ControllerService:
                                  max_poll_records=self.config.max_poll_records,
                                  clock_window=self.config.clock_window(),
                                  event_verifier=self.event_verifier,
-                                 step_bounds=self.step_bounds)
+                                 step_bounds=self.step_bounds,
+                                 max_fetch_bytes=self.config.max_fetch_bytes)
         self.outbox.start()
+        if self.config.health_port and self.health_server is None:
+            self.health_server = HealthServer(self.config.health_host, self.config.health_port,
+                                              lambda: self.health, self.config.health_max_loop_age_s)
         if self.alerts.endpoints:
             self.deliverer = AlertDeliverer(self.engine, self.alerts)
             self.deliverer.start()
@@ -120,7 +157,8 @@ class ControllerService:
 
     def close(self) -> None:
         for name, closer in (("edge", self.edge and self.edge.close), ("outbox", self.outbox.close),
-                             ("alerts", self.deliverer and self.deliverer.close)):
+                             ("alerts", self.deliverer and self.deliverer.close),
+                             ("health endpoint", self.health_server and self.health_server.close)):
             if not closer:
                 continue
             try:
@@ -128,19 +166,43 @@ class ControllerService:
             except Exception:  # noqa: BLE001 - close the others anyway
                 log.exception("closing the controller's %s", name)
         self.edge = None
+        self.health_server = None
+
+    def _take_health(self) -> None:
+        """What /healthz and /readyz report, taken on the loop thread (``controller/health.py``)."""
+        edge = self.edge
+        connected = getattr(edge, "connected", None)
+        self.health = HealthSnapshot(
+            loop_at=time.monotonic(), store_error=self.last_store_error,
+            broker_connected=bool(connected()) if connected is not None else edge is not None,
+            assigned=sum(1 for t, _ in edge.assignment() if t == self.kafka.metrics_topic) if edge else 0)
 
     # -- rebalance ----------------------------------------------------------------------------
 
     def _on_assigned(self, tps: list[tuple[str, int]]) -> None:
         assert self.edge is not None
-        with session_scope(self.engine) as s:
-            stored = load_offsets(s, self.config.group_id, self.kafka.metrics_topic)
-            parts = {p for _, p in tps}
-            self.runs.drop_partitions(parts)
-            n = self.runs.load_partitions(s, parts)
+        self._drop_hold()  # a rebalance: the store's offsets say where each partition resumes
+        try:
+            with session_scope(self.engine) as s:
+                stored = load_offsets(s, self.config.group_id, self.kafka.metrics_topic)
+                parts = {p for _, p in tps}
+                self.runs.drop_partitions(parts)
+                n = self.runs.load_partitions(s, parts)
+        except Exception as exc:  # noqa: BLE001 - kafka-python would swallow it and read on unseeked
+            log.warning("store unreadable at assignment of %s (%s); paused until it is", tps, exc)
+            self._reseek_pending.update(tps)
+            self._runs_stale = True
+            pause(self.edge, tps)
+            return
         for topic, part in tps:
             if part in stored:
                 self.edge.seek(topic, part, stored[part])
+            elif topic == self.kafka.metrics_topic:
+                # No stored offset: a new partition, or an empty store next to a group that has
+                # committed offsets at the broker. Resuming from those would lose every event
+                # before them; the log start rebuilds the store (ingest is idempotent).
+                self.edge.seek_to_beginning(topic, part)
+                self._unstored.add((topic, part))
         # Checked on the consumer thread at the next step: this callback runs on kafka-python's
         # IO thread, where the blocking offset queries of that check are not allowed.
         self._check_bounds.update(tps)
@@ -174,6 +236,12 @@ class ControllerService:
     def _settle_offsets(self) -> None:
         """Offset checks that need blocking broker queries, done on the consumer thread."""
         assert self.edge is not None
+        self._report_rebuilds()
+        if self._reseek_pending:
+            tps = sorted(self._reseek_pending & set(self.edge.assignment()))
+            self._reseek(tps)  # raises while the store is unreadable: step_once retries later
+            self._reseek_pending.clear()
+            resume(self.edge, tps)
         if self._recreated:
             tps = [(t, p) for t, p in self.edge.assignment() if t == self.kafka.metrics_topic]
             bounds = getattr(self.edge, "log_bounds", lambda _tps: {})(tps)
@@ -192,6 +260,21 @@ class ControllerService:
                 if part in settled and settled[part] != stored.get(part):
                     self.edge.seek(topic, part, settled[part])
 
+    def _report_rebuilds(self) -> None:
+        """Say so when a partition read from the log start (no stored offset) had offsets
+        committed at the broker: the store is empty or new, and is being rebuilt. Runs before the
+        first batch's offsets go to Kafka, so the broker's numbers are still the old ones."""
+        if not self._unstored or self.edge is None:
+            return
+        tps, self._unstored = sorted(self._unstored), set()
+        committed = getattr(self.edge, "committed_offsets", lambda _tps: {})(tps)
+        ahead = {tp: o for tp, o in committed.items() if o}
+        if ahead:
+            self.stats["store_rebuilds"] += len(ahead)
+            log.warning("the store has no offsets for %s but group %s committed %s at the broker: the store "
+                        "is empty or new; rebuilding it from the log start", sorted(ahead), self.config.group_id,
+                        ahead)
+
     def _reset_stored_offsets(self, offsets: dict[tuple[str, int], int]) -> None:
         log.warning("offsets stored for %s lie beyond the log (topic re-created?); restarting at %s",
                     sorted(offsets), offsets)
@@ -200,6 +283,7 @@ class ControllerService:
             save_offsets(s, self.config.group_id, offsets, now=self.clock())
 
     def _on_revoked(self, tps: list[tuple[str, int]]) -> None:
+        self._drop_hold()
         self.runs.drop_partitions({p for _, p in tps})
 
     def _reseek(self, partitions: list[tuple[str, int]] | None = None) -> None:
@@ -221,24 +305,36 @@ class ControllerService:
     # -- the loop -----------------------------------------------------------------------------
 
     def step_once(self) -> BatchResult | None:
-        """One poll, its transaction, and a tick when due. Never raises for bad input."""
+        """One poll (or a retry of the batch kept through a store failure), its transaction, and
+        a tick when due. Never raises for bad input; raises ``StoreLost`` when the store is lost."""
         assert self.edge is not None, "start() first"
-        self._settle_offsets()
-        batch = self.edge.poll(self.config.poll_timeout_s)
+        self._take_health()
+        try:
+            self.guard.check()
+        except StoreLost as exc:
+            self.last_store_error = str(exc)
+            self._take_health()
+            raise
         res = None
-        if batch.next_offsets:
-            res = self._process(batch)
+        if self._runs_stale:
+            self._try_store(self._reload_runs)
+        if self.held.batch is not None:
+            res = self._retry_held()
+        elif self._try_store(self._settle_offsets):
+            batch = self.edge.poll(self.config.poll_timeout_s)
+            if batch.next_offsets:
+                res = self._process(batch)
         now = self.clock()
-        if now - self._last_tick >= self.config.tick_s:
+        if now - self._last_tick >= self.config.tick_s and not self._runs_stale:
             self._last_tick = now
             try:
                 with session_scope(self.engine) as s:
                     tick = self.processor.tick(s, now)
                 self._after_commit(tick)
-            except Exception:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001
                 self.stats["errors"] += 1
                 log.exception("tick failed; run state reloaded from the store")
-                self.runs.clear()
+                self._lost_or_stale(exc)
         if now - self._last_requests >= self.config.request_poll_s:
             self._last_requests = now
             self.decide_requests()
@@ -258,25 +354,34 @@ class ControllerService:
 
     def _process(self, batch: EdgeBatch) -> BatchResult | None:
         assert self.edge is not None
+        self._report_rebuilds()
         try:
             with session_scope(self.engine) as s:
                 res = self.processor.process(s, batch, self.clock())
         except StaleBatch as exc:
+            self._drop_hold()
             self.stats["stale"] += 1
             log.warning("stale batch, re-reading from the store's offset: %s", exc)
-            self._reseek([(exc.topic, exc.partition)])
+            stale = [(exc.topic, exc.partition)]
+            self._try_store(lambda: self._reseek(stale))
             return None
-        except Exception:  # noqa: BLE001 - roll back, re-read, and isolate a poisonous event
+        except Exception as exc:  # noqa: BLE001 - keep the batch; retry, or isolate a poisonous event
             self.stats["errors"] += 1
+            self._lost_or_stale(exc)
+            self._hold(batch)
+            if is_transient(exc):
+                self._retry_later(exc)
+                return None
             self._failures += 1
-            log.exception("batch failed (%d in a row); rolled back, re-reading", self._failures)
-            self.runs.clear()
+            log.exception("batch failed (%d in a row); rolled back, kept for a retry", self._failures)
             if self._failures >= MAX_BATCH_FAILURES:
                 self._failures = 0
                 return self._process_one_by_one(batch)
-            self._reseek()
             return None
         self._failures = 0
+        self.guard.check()  # before Kafka hears of it: a commit into a deleted file is no commit
+        self._drop_hold()
+        self.last_store_error = ""
         self.stats["batches"] += 1
         self.stats["events"] += res.events
         self.stats["dead"] += res.dead
@@ -284,32 +389,114 @@ class ControllerService:
         self.edge.commit_offsets(batch.next_offsets)
         return res
 
-    def _process_one_by_one(self, batch: EdgeBatch) -> BatchResult:
-        """Apply a failing batch message by message, in offset order; skip what fails alone."""
+    def _process_one_by_one(self, batch: EdgeBatch) -> BatchResult | None:
+        """Apply a failing batch message by message, in offset order; skip what fails alone.
+        A store failure on the way keeps the rest of the batch for a retry (never a dead letter)."""
         total = BatchResult()
         items = sorted([*batch.records, *batch.dead], key=lambda x: (x.topic, x.partition, x.offset))
-        for item in items:
+        for i, item in enumerate(items):
             nxt = {(item.topic, item.partition): item.offset + 1}
-            if isinstance(item, DeadLetter):
-                with session_scope(self.engine) as s:
-                    count_dead_letter(s, item.topic, item.reason, item.detail)
-                    save_offsets(s, self.config.group_id, nxt)
-                total.dead += 1
-                continue
+            one = (EdgeBatch(dead=[item], next_offsets=nxt) if isinstance(item, DeadLetter)
+                   else EdgeBatch(records=[item], next_offsets=nxt))
             try:
-                with session_scope(self.engine) as s:
-                    res = self.processor.process(s, EdgeBatch(records=[item], next_offsets=nxt), self.clock())
-                self._after_commit(res)
-                total.events += 1
-            except Exception as exc:  # noqa: BLE001
-                self.runs.clear()
-                log.exception("event %s of run %s fails on its own: skipped (dead letter)",
-                              item.event.id, item.event.run)
-                with session_scope(self.engine) as s:
-                    count_dead_letter(s, item.topic, "processing_error",
-                                      f"{item.event.id}: {type(exc).__name__}: {exc}")
-                    save_offsets(s, self.config.group_id, nxt)
+                try:
+                    with session_scope(self.engine) as s:
+                        res = self.processor.process(s, one, self.clock())
+                    self._after_commit(res)
+                    total.events += res.events
+                    total.dead += res.dead
+                    continue
+                except Exception as exc:  # noqa: BLE001
+                    self._lost_or_stale(exc)
+                    if is_transient(exc):
+                        raise
+                    assert isinstance(item, EdgeRecord)
+                    log.exception("event %s of run %s fails on its own: skipped (dead letter)",
+                                  item.event.id, item.event.run)
+                    with session_scope(self.engine) as s:
+                        count_dead_letter(s, item.topic, "processing_error",
+                                          f"{item.event.id}: {type(exc).__name__}: {exc}")
+                        save_offsets(s, self.config.group_id, nxt)
+            except Exception as exc:  # noqa: BLE001 - the store, not the event: keep the rest
+                self._lost_or_stale(exc)
+                if not is_transient(exc):
+                    raise
+                self._hold(_batch_of(items[i:], batch.next_offsets))
+                self._retry_later(exc)
+                return None
+        self._drop_hold()
+        self.guard.check()
+        if self.edge is not None:
+            self.edge.commit_offsets(batch.next_offsets)
         return total
+
+    # -- store failures -----------------------------------------------------------------------
+
+    def _lost_or_stale(self, exc: BaseException) -> None:
+        """After a failed transaction: stop on a lost store, else reload the runs before going on."""
+        self.runs.clear()
+        self._runs_stale = True
+        self.guard.check()
+        if is_store_lost(exc):
+            orig = getattr(exc, "orig", None) or exc
+            self.last_store_error = (f"store {self.guard.describe()} lost: {type(orig).__name__}: "
+                                     f"{str(orig).splitlines()[0] if str(orig) else ''}")
+            raise StoreLost(self.last_store_error) from exc
+
+    def _try_store(self, fn: Callable[[], object]) -> bool:
+        """Run a store read outside a batch; False (logged, retried later) on a transient error."""
+        try:
+            fn()
+            if self.held.batch is None:
+                self.last_store_error = ""
+            return True
+        except StoreLost:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            if is_store_lost(exc) or not is_transient(exc):
+                self._lost_or_stale(exc)
+                raise
+            self.last_store_error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            log.warning("store unavailable (%s); trying again", self.last_store_error)
+            time.sleep(self.config.poll_timeout_s)
+            return False
+
+    def _retry_later(self, exc: BaseException) -> None:
+        """The held batch waits out a transient store error (capped exponential backoff)."""
+        self.stats["store_retries"] += 1
+        delay = self.held.wait_transient()
+        self.last_store_error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        log.warning("store busy (%s); batch kept, retry %d in %.1f s", self.last_store_error,
+                    self.held.transient_failures, delay)
+
+    def _reload_runs(self) -> None:
+        assert self.edge is not None
+        parts = {p for t, p in self.edge.assignment() if t == self.kafka.metrics_topic}
+        with session_scope(self.engine) as s:
+            self.runs.clear()
+            self.runs.load_partitions(s, parts)
+        self._runs_stale = False
+
+    def _hold(self, batch: EdgeBatch) -> None:
+        self.held.hold(batch, self.edge)
+
+    def _drop_hold(self) -> None:
+        self.held.release(self.edge)
+
+    def _retry_held(self) -> BatchResult | None:
+        assert self.edge is not None and self.held.batch is not None
+        wait = self.held.wait_left_s()
+        if wait > 0:
+            # Polling the paused partitions keeps the group membership (max_poll_interval_ms).
+            polled = self.edge.poll(min(wait, self.config.poll_timeout_s))
+            if self.held.batch is None:  # a rebalance dropped it: what came is from the stored offsets
+                return self._process(polled) if polled.next_offsets else None
+            if polled.next_offsets:  # a partition not paused: the store's offsets say where to go
+                log.warning("records polled while a batch is held; re-reading from the store's offsets")
+                self._drop_hold()
+                self._reseek_pending.update(self.edge.assignment())
+            return None
+        return self._process(self.held.batch)
 
     def _after_commit(self, res: BatchResult) -> None:
         self.stats["commands"] += res.commands
@@ -324,3 +511,12 @@ class ControllerService:
             wake = getattr(self.deliverer, "wake", None)
             if wake is not None:
                 wake()
+
+
+def _batch_of(items: list, next_offsets: dict[tuple[str, int], int]) -> EdgeBatch:
+    """The rest of a batch (records and dead letters, in offset order) as a batch of its own."""
+    out = EdgeBatch(next_offsets={tp: o for tp, o in next_offsets.items()
+                                  if any((x.topic, x.partition) == tp for x in items)})
+    for x in items:
+        (out.dead if isinstance(x, DeadLetter) else out.records).append(x)
+    return out

@@ -15,7 +15,8 @@ STRAGGLER_RATIO = 1.25
 INCIDENT_COLUMNS = ("id", "opened_at", "closed_at", "rule", "level", "spike_step", "onset_step", "outcome",
                     "rollback_to", "lr_scale", "evidence")
 TRANSITION_COLUMNS = ("incident_id", "ts", "step", "from_state", "to_state", "reason", "evidence")
-CHECKPOINT_COLUMNS = ("step", "kind", "verified", "stable", "stable_reason", "bytes", "seconds", "path", "sha256", "ts")
+CHECKPOINT_COLUMNS = ("step", "kind", "verified", "stable", "stable_reason", "bytes", "seconds", "path", "sha256", "ts",
+                      "detail")
 ALERT_DELIVERY_COLUMNS = ("id", "ts", "level", "rule", "title", "action", "suppressed", "incident_id",
                           "endpoint", "delivery", "attempts", "last_error", "delivered_at")
 

@@ -71,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
     from controller.runstate import default_detector_factory
     from controller.service import ControllerService
     from controller.store.db import Store
+    from controller.store.errors import StoreLost
 
     try:
         cfg = build_sections(args)
@@ -81,7 +82,11 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    store = Store.open(cfg["store"])
+    try:
+        store = Store.open(cfg["store"])
+    except Exception as exc:  # noqa: BLE001 - say what is wrong with the store, then exit
+        print(f"cliffguard controller: cannot open the store: {_store_message(exc)}", flush=True)
+        return STORE_LOST_EXIT
     try:
         ensure_topics(cfg["kafka"])
         svc = ControllerService(cfg["controller"], cfg["kafka"], store.engine, secret, cfg["alerts"],
@@ -95,6 +100,21 @@ def run(args: argparse.Namespace) -> int:
               f"events {'checked' if dep.agent_secret else 'NOT checked (no agent secret)'}", flush=True)
         svc.run_forever(stop)
         log.info("controller stopped: %s", svc.stats)
+    except StoreLost as exc:
+        # A supervisor restarts us; running on would write into a void or lose the offsets.
+        print(f"cliffguard controller: stopped, the store is lost: {exc}", flush=True)
+        return STORE_LOST_EXIT
     finally:
         store.close()
     return 0
+
+
+STORE_LOST_EXIT = 3
+"""Exit status when the store is gone, read-only or replaced (2: a configuration error)."""
+
+
+def _store_message(exc: BaseException) -> str:
+    """The database's own first line, without the SQL or a URL's password."""
+    orig = getattr(exc, "orig", None) or exc
+    first = str(orig).splitlines()[0] if str(orig) else ""
+    return f"{type(orig).__name__}: {first}"

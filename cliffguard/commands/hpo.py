@@ -104,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
     from cliffguard.hpo.objective import StartMismatch
     from cliffguard.hpo.report import importances, summary_json, summary_text, trial_line
     from cliffguard.hpo.study import run_search
+    from controller.store.db import masked_url
 
     if cfg.kafka is not None:
         from controller.broker import ensure_topics
@@ -118,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
         print(trial_line(trial, best) + f"  [{done[0]}/{args.trials}, {time.perf_counter() - t0:.0f}s]",
               file=sys.stderr, flush=True)
 
-    print(f"study {cfg.study} in {url}: {args.trials} trial(s) of {cfg.window} steps "
+    print(f"study {cfg.study} in {masked_url(url)}: {args.trials} trial(s) of {cfg.window} steps "
           f"(common start: {cfg.warmup}-step warm-up)", file=sys.stderr, flush=True)
     try:
         study = run_search(cfg, url, args.trials, seed=args.seed, on_trial=progress)
@@ -128,5 +129,5 @@ def run(args: argparse.Namespace) -> int:
     imps = importances(study)
     print(summary_text(study, imps) + f"\n({seconds:.0f} s)", file=sys.stderr, flush=True)
     if args.json:
-        print(json.dumps(summary_json(study, imps, url, seconds)))
+        print(json.dumps(summary_json(study, imps, masked_url(url), seconds)))
     return 0

@@ -13,6 +13,7 @@ fresh file and a database made by an older cliffguard both end up at the current
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -38,7 +39,8 @@ class StoreConfig:
 
     url: str = "sqlite:///cliffguard.db"
     """SQLAlchemy URL: ``sqlite:///path.db`` (default, a file in the working directory) or
-    ``postgresql+psycopg://user:pass@host/db`` at scale."""
+    ``postgresql+psycopg://user@host/db`` at scale. Leave the password out of it: psycopg takes it
+    from ``PGPASSWORD`` or the pgpass file (``~/.pgpass``, ``PGPASSFILE``), as libpq does."""
     echo: bool = False
     """Log every SQL statement (debugging only)."""
     busy_timeout_ms: int = 10_000
@@ -59,6 +61,14 @@ class StoreConfig:
             raise ValueError("busy_timeout_ms: must be >= 0")
         if self.pool_size < 1:
             raise ValueError("pool_size: must be >= 1")
+
+
+def masked_url(url: str) -> str:
+    """``url`` fit for a log line or a printout: its password replaced by ``***``."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:  # not a SQLAlchemy URL: mask a ``user:password@`` part if there is one
+        return re.sub(r"(//[^:/@]+:)[^@/]*@", r"\1***@", url)
 
 
 def _sqlite_pragmas(busy_timeout_ms: int, in_memory: bool):

@@ -22,5 +22,9 @@ def render(ctx: Context) -> None:
         f"{len(ckpts)} checkpoints · {int(ckpts['verified'].astype(bool).sum())} verified · {len(stable)} stable"
         + (f" · newest stable: step {newest}" if newest is not None else "")
     )
+    failed = ckpts[~ckpts["verified"].astype(bool)]
+    if len(failed):
+        st.warning("failed verification (not a rollback target): " + "; ".join(
+            f"step {int(r.step)} {r.kind}" + (f" ({r.detail})" if r.detail else "") for r in failed.itertuples()))
     with st.expander("checkpoint table"):
         st.dataframe(ckpts.drop(columns=["sha256"]), hide_index=True, width="stretch")

@@ -78,3 +78,27 @@ def test_broker_command_port_taken_fails_with_a_message(tmp_path):
         proc = _start(port, tmp_path)
         assert proc.wait(30) == 1
     assert "is taken" in (tmp_path / f"broker-{port}.out").read_text()
+
+
+def test_a_sigkilled_broker_command_takes_the_tansu_child_with_it(tmp_path):
+    from tests.controller.test_broker import _broker_available
+
+    _broker_available()
+    port = free_port()
+    proc = _start(port, tmp_path)
+    try:
+        _wait_listening(proc, port, tmp_path)
+        proc.kill()  # SIGKILL: no handler runs, only the kernel's parent-death signal
+        proc.wait(15)
+        end = time.monotonic() + 10
+        while _accepts("127.0.0.1", port) and time.monotonic() < end:
+            time.sleep(0.1)
+        assert not _accepts("127.0.0.1", port), "the orphaned Tansu child still serves the port"
+        end = time.monotonic() + 5
+        while not port_is_free("127.0.0.1", port) and time.monotonic() < end:
+            time.sleep(0.1)
+        assert port_is_free("127.0.0.1", port), "the next start would find the port taken"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

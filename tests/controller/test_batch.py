@@ -56,3 +56,24 @@ def test_an_ack_moves_only_the_run_whose_command_it_names(engine, owner, moved):
                                                                 "status": "applied"}, ts=T0 + 10)
         BatchProcessor(ctx, runs).process(s, EdgeBatch(records=[EdgeRecord("events", 0, 0, ack)]), now=T0 + 10)
     assert (runs.slots["run-b"].recovery.phase is Phase.RUNNING) is moved
+
+
+def test_an_unverified_checkpoint_event_is_stored_and_alerted(engine):
+    from sqlalchemy import select
+
+    from controller.store.models import Alert as AlertRow
+    from controller.store.models import CheckpointRow
+
+    runs = RunTable(default_detector_factory())
+    ctx = BatchContext(group_id="g", commands_topic="cmds", secret=Secret("test-secret-of-enough-length"),
+                       recovery=RecoveryConfig(), alerts=AlertsConfig())
+    ev = make_event(EventType.CHECKPOINT, "run-a", 7, {"kind": "full", "path": "/ck/7", "bytes": 0, "sha256": "",
+                                                       "seconds": 0.0, "verified": False,
+                                                       "detail": "corrupt: sha256 mismatch"}, ts=T0)
+    with session_scope(engine) as s:
+        res = BatchProcessor(ctx, runs).process(s, EdgeBatch(records=[EdgeRecord("events", 0, 0, ev)]), now=T0)
+    assert res.alerts == 1
+    with session_scope(engine) as s:
+        (alert,) = s.scalars(select(AlertRow)).all()
+        assert alert.rule == "checkpoint_unverified" and alert.run_id == "run-a" and "sha256" in alert.body
+        assert s.scalar(select(CheckpointRow.verified)) is False

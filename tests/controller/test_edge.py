@@ -16,6 +16,7 @@ from controller.config import ControllerConfig
 from controller.edge import (
     BAD_SIGNATURE,
     CLOCK_SKEW,
+    DLQ_KEEP_BYTES,
     OUT_OF_RANGE,
     OVERSIZED,
     SCHEMA_INVALID,
@@ -260,6 +261,43 @@ def test_malformed_messages_go_to_the_dlq_and_the_consumer_keeps_going(kafka_cfg
         assert int(h["cliffguard.partition"]) == part
         assert int(h["cliffguard.offset"]) in {d.offset for d in dead}
         assert h["cliffguard.detail"]
+
+
+def test_a_large_dead_letter_goes_to_the_dlq_cut_short_with_its_size():
+    raw = b"x" * (DLQ_KEEP_BYTES + 10)
+    d = DeadLetter(OVERSIZED, "too big", "t", 0, 5, raw)
+    h = dict(d.headers())
+    assert d.dlq_value() == raw[:DLQ_KEEP_BYTES]
+    assert h["cliffguard.truncated"] == b"1" and int(h["cliffguard.original_size"]) == len(raw)
+    small = DeadLetter(OVERSIZED, "x", "t", 0, 5, b"abc")
+    assert small.dlq_value() == b"abc" and "cliffguard.truncated" not in dict(small.headers())
+
+
+@pytest.mark.broker
+def test_a_message_of_several_megabytes_reaches_the_dlq_truncated_and_the_partition_moves_on(kafka_cfg):
+    from kafka import KafkaProducer
+
+    huge = b'{"pad": "' + b"x" * 4_000_000 + b'"}'  # over the old 2 MB fetch limit: it stalled the partition
+    after = make_event("step", "run-x", 2, STEP)
+    producer = KafkaProducer(**kafka_cfg.client_kwargs(), max_request_size=8_000_000)
+    producer.send(kafka_cfg.metrics_topic, key=b"run-x", value=huge)
+    producer.send(kafka_cfg.metrics_topic, key=b"run-x", value=encode_event(after))
+    producer.flush(10)
+    producer.close()
+
+    edge = EdgeConsumer(kafka_cfg, f"g{uuid.uuid4().hex[:6]}", consumer_overrides=FAST_GROUP)
+    try:
+        records, dead = _collect(edge, 1, 1, timeout=60)
+        assert [r.event.id for r in records] == [after.id]
+        assert [d.reason for d in dead] == [OVERSIZED]
+        assert edge.dlq_truncated == 1 and edge.dlq_send_errors == 0
+    finally:
+        edge.close()
+    (msg,) = _dlq_messages(kafka_cfg, 1)
+    h = dict(msg.headers)
+    assert msg.value == huge[:DLQ_KEEP_BYTES] and msg.key == b"run-x"
+    assert h["cliffguard.reason"] == OVERSIZED.encode() and h["cliffguard.truncated"] == b"1"
+    assert int(h["cliffguard.original_size"]) == len(huge)
 
 
 @pytest.mark.broker

@@ -639,3 +639,15 @@ def test_a_straggler_alert_also_asks_for_per_rank_detail_without_taking_the_comm
     assert after.pending is None
     other = Verdict(rule="mfu_low", level=Level.WARN, step=50, message="low")
     assert not [a for a in step_machine(cfg, state, VerdictIn(verdict=other, now=1.0))[1] if isinstance(a, SendCommand)]
+
+def test_an_unverified_checkpoint_raises_an_alert_with_the_trainers_reason():
+    d = Driver()
+    d.steps(0, 5)
+    _, acts = transition(d.cfg, d.s, CheckpointIn(step=5, kind="full", verified=False, now=d.now,
+                                                  detail="write failed: No space left on device"))
+    (alert,) = [a for a in acts if isinstance(a, Alert)]
+    assert (alert.rule, alert.level) == ("checkpoint_unverified", "warn")
+    assert "step 5" in alert.title and "No space left" in alert.body
+    assert alert.evidence == {"step": 5, "kind": "full", "detail": "write failed: No space left on device"}
+    _, acts = transition(d.cfg, d.s, CheckpointIn(step=5, kind="full", verified=True, now=d.now))
+    assert not [a for a in acts if isinstance(a, Alert)]

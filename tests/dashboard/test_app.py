@@ -108,6 +108,10 @@ def test_ranks_show_the_straggler(filled):
 
 
 def test_checkpoint_timeline(filled):
+    with Session(filled.engine) as s:  # one the trainer reported failed: the page marks it
+        s.add(CheckpointRow(run_id=filled.run.run_id, step=999_999, kind="full", path="/ck/x", bytes=0, sha256="",
+                            seconds=0.0, verified=False, detail="write failed: disk full", ts=1.0))
+        s.commit()
     at = run_app()
     _, df = chart_with(at, "unverified")
     with Session(filled.engine) as s:
@@ -117,6 +121,7 @@ def test_checkpoint_timeline(filled):
     assert (df["state"] == "stable").sum() == n_stable
     assert set(df["kind"]) == {"memory", "incremental", "full"}
     assert f"{n_stable} stable" in texts(at)
+    assert "failed verification" in texts(at) and "step 999999 full (write failed: disk full)" in texts(at)
 
 
 def test_incident_timeline_with_evidence(filled):

@@ -230,3 +230,38 @@ def test_in_memory_sqlite_is_one_database_shared_by_threads():
 def session_scope_ids(engine) -> list[str]:
     with session_scope(engine) as s:
         return list(s.scalars(select(Run.id)))
+
+
+def test_masked_url_hides_the_password_in_any_url():
+    from controller.store.db import masked_url
+
+    assert masked_url("postgresql+psycopg://u:s3cret@h:5432/db") == "postgresql+psycopg://u:***@h:5432/db"
+    assert "s3cret" not in masked_url("not a url://u:s3cret@h/0")
+    assert masked_url("sqlite:///a.db") == "sqlite:///a.db"
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("source", ["PGPASSWORD", "PGPASSFILE"])
+def test_the_postgres_password_comes_from_the_environment_or_a_pgpass_file(pg_url, tmp_path, monkeypatch, source):
+    from sqlalchemy.engine import URL, make_url
+
+    url = make_url(pg_url)
+    if not url.password:
+        pytest.skip("the test URL has no password to move out of it")
+    if source == "PGPASSWORD":
+        monkeypatch.setenv("PGPASSWORD", url.password)
+    else:
+        pgpass = tmp_path / "pgpass"
+        pgpass.write_text(f"{url.host}:{url.port or 5432}:{url.database}:{url.username}:{url.password}\n")
+        pgpass.chmod(0o600)
+        monkeypatch.setenv("PGPASSFILE", str(pgpass))
+        monkeypatch.delenv("PGPASSWORD", raising=False)
+    bare = URL.create(url.drivername, username=url.username, host=url.host, port=url.port,
+                      database=url.database).render_as_string(hide_password=False)
+    assert f":{url.password}@" not in bare
+    eng = make_engine(bare)
+    try:
+        with eng.connect() as conn:
+            assert conn.execute(text("SELECT 1")).scalar() == 1
+    finally:
+        eng.dispose()
