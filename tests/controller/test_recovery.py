@@ -640,6 +640,7 @@ def test_a_straggler_alert_also_asks_for_per_rank_detail_without_taking_the_comm
     other = Verdict(rule="mfu_low", level=Level.WARN, step=50, message="low")
     assert not [a for a in step_machine(cfg, state, VerdictIn(verdict=other, now=1.0))[1] if isinstance(a, SendCommand)]
 
+
 def test_an_unverified_checkpoint_raises_an_alert_with_the_trainers_reason():
     d = Driver()
     d.steps(0, 5)
