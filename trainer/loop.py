@@ -168,10 +168,14 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.schedule.load_state_dict(state["scheduler"])
         self.sampler.load_state_dict(state["sampler"])
-        torch.set_rng_state(state["rng"]["torch"])
-        random.setstate(state["rng"]["python"])
-        if "cuda" in state["rng"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+        if "rng" in state:
+            torch.set_rng_state(state["rng"]["torch"])
+            random.setstate(state["rng"]["python"])
+            if "cuda" in state["rng"] and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+        else:  # a rank the checkpoint's (smaller) world did not have: seeded, reproducibly
+            torch.manual_seed(self.cfg.seed + 1_000_003 * self.rank + int(state["step"]))
+            random.seed(self.cfg.seed + 1_000_003 * self.rank + int(state["step"]))
         self.agent.load_state_dict(state["agent"])
         if self.scaler is not None and state.get("loss_scaler"):
             self.scaler.load_state_dict(state["loss_scaler"])
