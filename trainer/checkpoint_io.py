@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.tensor import DTensor
 
 log = logging.getLogger(__name__)
 _ALIGN = 64
@@ -51,6 +52,17 @@ class Slot:
     """Stands for tensor ``index`` of a flat snapshot inside the skeleton."""
 
     index: int
+
+
+@dataclass(frozen=True, slots=True)
+class ShardSlot:
+    """A DTensor in the skeleton: its local shard is tensor ``index``; the rest rebuilds it."""
+
+    index: int
+    mesh: Any
+    placements: tuple[Any, ...]
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
 
 
 @dataclass(slots=True)
@@ -77,6 +89,10 @@ class FlatSnapshot:
 def _strip(obj: Any, tensors: list[torch.Tensor]) -> Any:
     import copy
 
+    if isinstance(obj, DTensor):  # staged as its local shard; DCP needs it back as a DTensor
+        tensors.append(obj.to_local().detach())
+        return ShardSlot(len(tensors) - 1, obj.device_mesh, tuple(obj.placements), tuple(obj.shape),
+                         tuple(obj.stride()))
     if isinstance(obj, torch.Tensor):
         tensors.append(obj.detach())
         return Slot(len(tensors) - 1)
@@ -112,6 +128,10 @@ def flatten(state: Any, spare: FlatSnapshot | None = None) -> FlatSnapshot:
 
 
 def materialize(skeleton: Any, metas: list[tuple[int, torch.dtype, tuple[int, ...]]], flat: torch.Tensor) -> Any:
+    if isinstance(skeleton, ShardSlot):
+        local = materialize(Slot(skeleton.index), metas, flat)
+        return DTensor.from_local(local, skeleton.mesh, skeleton.placements, run_check=False,
+                                  shape=torch.Size(skeleton.shape), stride=skeleton.stride)
     if isinstance(skeleton, Slot):
         o, dtype, shape = metas[skeleton.index]
         n = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
@@ -407,16 +427,11 @@ def load_checked(path: Path, meta: dict[str, Any], rank: int = 0) -> dict[str, A
     return {"step": meta["step"], "kind": meta["kind"], "world": meta["world"], "state": from_dcp_state(saved, rank)}
 
 
-def _global_shape(value: Any) -> tuple[int, ...] | None:
-    if isinstance(value, torch.Tensor):
-        return tuple(value.shape)  # a DTensor's shape is its global shape
-    return None
-
-
-def load_resharded(path: Path, target: dict[str, Any], process_group: Any = None) -> None:
-    """Load ``{"shared": ...}`` of a checkpoint into ``target`` in place, resharding DTensors to the
-    target's meshes (collective over ``process_group`` when distributed). Every tensor of the
-    target must exist in the checkpoint with the same global shape, else ReshardError naming it."""
+def load_resharded(path: Path, target: dict[str, Any], rank: int = 0, process_group: Any = None) -> dict[str, Any]:
+    """The checkpoint loaded into ``target``'s tensors in place, DTensors resharded to the target's
+    meshes (collective over ``process_group`` when distributed); returns the state (``target``'s
+    structure, objects from the checkpoint). Every tensor of the target must exist in the
+    checkpoint with the same global shape, else ReshardError naming it, before anything is read."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint._nested_dict import flatten_state_dict
@@ -424,20 +439,22 @@ def load_resharded(path: Path, target: dict[str, Any], process_group: Any = None
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     md = _read_metadata(path)
-    flat, _ = flatten_state_dict(target)
+    encoded = to_dcp_state(target, rank)
+    flat, _ = flatten_state_dict(encoded)
     for key, value in flat.items():
-        shape = _global_shape(value)
-        if shape is None:
+        if not isinstance(value, torch.Tensor):
             continue
+        shape = tuple(value.shape)  # a DTensor's shape is its global shape
         saved = md.state_dict_metadata.get(key)
         if saved is None:
-            raise ReshardError(f"{key}: not in the checkpoint {path.name}; it cannot be resharded into this model")
+            raise ReshardError(f"{key}: not in checkpoint {path.name}; it cannot be resharded into this state")
         if not isinstance(saved, TensorStorageMetadata) or tuple(saved.size) != shape:
             got = tuple(saved.size) if isinstance(saved, TensorStorageMetadata) else type(saved).__name__
-            raise ReshardError(f"{key}: the checkpoint holds {got}, this topology needs global shape {shape}")
-    no_dist = not (dist.is_available() and dist.is_initialized())
-    _load_state_dict(target, storage_reader=dcp.FileSystemReader(str(path)), process_group=process_group,
+            raise ReshardError(f"{key}: checkpoint {path.name} holds {got}, this topology needs global shape {shape}")
+    no_dist = not (dist.is_available() and dist.is_initialized()) or process_group is None
+    _load_state_dict(encoded, storage_reader=dcp.FileSystemReader(str(path)), process_group=process_group,
                      no_dist=no_dist)
+    return from_dcp_state(encoded, rank)
 
 
 def write_checkpoint(root: Path, step: int, kind: str, rank: int, world: int, state: Any,
