@@ -44,6 +44,7 @@ from torch.distributed.tensor import DTensor
 
 log = logging.getLogger(__name__)
 _ALIGN = 64
+_ATOMIC = (int, float, str, bytes, bool, type(None))
 
 
 # -- flat snapshots --------------------------------------------------------------------------
@@ -72,6 +73,8 @@ class FlatSnapshot:
     """(byte offset, dtype, shape) per tensor slot."""
     flat: torch.Tensor
     """uint8 CPU buffer holding every tensor's bytes."""
+    views: list[torch.Tensor] | None = None
+    """Typed views of the non-empty slots (built once per buffer, reused by every copy into it)."""
 
     @property
     def layout(self) -> tuple[tuple[torch.dtype, tuple[int, ...]], ...]:
@@ -99,6 +102,8 @@ def _strip(obj: Any, tensors: list[torch.Tensor]) -> Any:
     if isinstance(obj, dict):
         out = {k: _strip(v, tensors) for k, v in obj.items()}
         return out if type(obj) is dict else type(obj)(out)
+    if isinstance(obj, list | tuple) and all(isinstance(v, _ATOMIC) for v in obj):
+        return list(obj) if isinstance(obj, list) else obj  # e.g. random.getstate(): nothing to walk
     if isinstance(obj, list):
         return [_strip(v, tensors) for v in obj]
     if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
@@ -116,15 +121,16 @@ def flatten(state: Any, spare: FlatSnapshot | None = None) -> FlatSnapshot:
         metas.append((off, t.dtype, tuple(t.shape)))
         off += -(-t.numel() * t.element_size() // _ALIGN) * _ALIGN
     layout = tuple((d, s) for _, d, s in metas)
-    if spare is not None and spare.layout == layout and spare.nbytes == off:
-        flat = spare.flat
+    if spare is not None and spare.layout == layout and spare.nbytes == off and spare.views is not None:
+        flat, views = spare.flat, spare.views
     else:
         flat = torch.empty(off, dtype=torch.uint8)
-    for t, (o, dtype, shape) in zip(tensors, metas, strict=True):
-        n = t.numel() * t.element_size()
-        if n:
-            flat[o : o + n].view(dtype).view(shape).copy_(t)
-    return FlatSnapshot(skeleton=skeleton, metas=metas, flat=flat)
+        views = [flat[o : o + t.numel() * t.element_size()].view(d).view(sh)
+                 for t, (o, d, sh) in zip(tensors, metas, strict=True) if t.numel()]
+    srcs = [t for t in tensors if t.numel()]
+    if srcs:
+        torch._foreach_copy_(views, srcs)  # one call: the per-tensor dispatch was most of the stall
+    return FlatSnapshot(skeleton=skeleton, metas=metas, flat=flat, views=views)
 
 
 def materialize(skeleton: Any, metas: list[tuple[int, torch.dtype, tuple[int, ...]]], flat: torch.Tensor) -> Any:

@@ -53,6 +53,12 @@ PAYLOADS: dict[EventType, dict] = {
     EventType.DATA_FLAG: {"sample_ids": [1, 2, 3], "rule": "garbled", "score": 0.9},
     EventType.RUN_FINISHED: {"final_loss": 1.9, "steps": 100},
     EventType.RUN_FAILED: {"error": "boom"},
+    EventType.ELASTIC_SCALED_DOWN: {"from_world": 4, "to_world": 2, "from_global_batch": 16, "global_batch": 8,
+                                    "grad_accum": 1, "lr": 2e-3, "lr_factor": 0.7071, "steps_lost": 3,
+                                    "seconds_lost": 12.5, "backoff_s": 0.0, "policy": "proportional", "lr_rule": "sqrt"},
+    EventType.ELASTIC_SCALED_UP: {"from_world": 2, "to_world": 4, "from_global_batch": 8, "global_batch": 16,
+                                  "grad_accum": 1, "lr": 2e-3, "lr_factor": 1.0, "steps_lost": 0,
+                                  "seconds_lost": 20.0, "backoff_s": 0.0, "policy": "proportional", "lr_rule": "sqrt"},
 }
 
 ARGS: dict[CommandType, dict] = {
