@@ -201,17 +201,33 @@ class Elastic:
                           backoff_s=backoff, policy=self.cfg.batch_policy, lr_rule=self.cfg.lr_rule)
 
     # -- the progress mark (rank 0) ---------------------------------------------------------
-    def mark_progress(self, step: int, now: float | None = None) -> None:
+    def mark_progress(self, step: int, loss: float | None = None, now: float | None = None,
+                      force: bool = False) -> None:
         now = time.time() if now is None else now
-        if self.progress_path is None or now - self._last_mark < 1.0:
+        if self.progress_path is None or (now - self._last_mark < 1.0 and not force):
             return
         self._last_mark = now
         tmp = self.progress_path.with_name(self.progress_path.name + ".tmp")
+        mark = {"step": step, "time": now, "world": self.world, "global_batch": self.plan.global_batch}
+        if loss is not None and math.isfinite(loss):
+            mark["loss"] = loss
         try:
-            tmp.write_text(json.dumps({"step": step, "time": now, "world": self.world}))
+            tmp.write_text(json.dumps(mark))
             os.replace(tmp, self.progress_path)
         except OSError:
             pass  # a lost mark only makes the next report of seconds lost less exact
+
+    def log_event(self, event: ScaleEvent, lr: float) -> None:
+        """Append the scale event to ``elastic-events[-tag].jsonl`` beside the mark (rank 0; for runs
+        without a monitoring stream, e.g. ``cliffguard demo --elastic``)."""
+        if self.progress_path is None:
+            return
+        path = self.progress_path.with_name(self.progress_path.name.replace("progress", "events") + "l")
+        try:
+            with path.open("a") as fh:
+                fh.write(json.dumps({"step": event.step, **event.data(lr)}) + "\n")
+        except OSError:
+            pass
 
     def read_progress(self) -> dict[str, Any] | None:
         try:

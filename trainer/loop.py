@@ -208,6 +208,9 @@ class Trainer:
         dist.all_reduce(t, op=dist.ReduceOp.MIN)
         return bool(t.item())
 
+    def _any_rank(self, ok: bool) -> bool:
+        return not self._all_ranks(not ok)
+
     def restore(self, to_step: int) -> str:
         """Restore the checkpoint labelled ``to_step`` on every rank, or none. Returns the source."""
         state: dict[str, Any] | None = None
@@ -355,6 +358,9 @@ class Trainer:
             _step, state, _source, detail = self.ckpt.restore_latest()
         except KeyError as exc:
             detail = str(exc)
+        if self.cfg.elastic.enabled and not self._any_rank(state is not None):
+            log.info("elastic run: no checkpoint yet, starting at step 0 (%s)", detail)  # its first start
+            return
         if not self._all_ranks(state is not None):
             raise RollbackUnavailable(f"cannot resume on every rank: {detail}")
         self.load_state(state)
@@ -371,6 +377,7 @@ class Trainer:
         if self.rank == 0:
             kind = EventType.ELASTIC_SCALED_UP if event.scaled_up else EventType.ELASTIC_SCALED_DOWN
             self.agent.emit(kind, event.data(self._lr(self.step)), step=self.step)
+            self.elastic.log_event(event, self._lr(self.step))
             print(f"elastic: world {event.from_world} -> {event.to_world} at step {event.step}, global batch "
                   f"{event.from_global_batch} -> {event.global_batch}, lr x{event.lr_factor:.3f}, "
                   f"{event.steps_lost} steps and {event.seconds_lost:.1f} s lost", flush=True)
@@ -410,9 +417,10 @@ class Trainer:
                 if data["guard"] == GuardDecision.HOLD:
                     self.agent.modes.move(HELD)
                 self._progress(data)
-                self.elastic.mark_progress(self.step)
+                self.elastic.mark_progress(self.step, self.last_loss)
                 handle_boundary(self, self.command_target)
             self.ckpt.wait()
+            self.elastic.mark_progress(self.step, self.last_loss, force=True)
             return 0 if not self.stop_reason.startswith("failed") else 1
         except BaseException as exc:
             error = exc
