@@ -188,13 +188,14 @@ def parse_nnodes(value: str) -> tuple[int, int]:
 
 
 def torchrun_command(nproc: int, config_path: str | Path, *, nnodes: str | None = None, rdzv_endpoint: str = "",
-                     rdzv_id: str = "", max_restarts: int = 0, rdzv_timeout_s: float = 120.0) -> list[str]:
+                     rdzv_id: str = "", max_restarts: int = 0, rdzv_timeout_s: float = 120.0,
+                     last_call_s: int = 30) -> list[str]:
     if not nnodes:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                 "-m", "trainer.run", "--config", str(config_path)]
     return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc_per_node={nproc}",
             "--rdzv_backend=c10d", f"--rdzv_endpoint={rdzv_endpoint}", f"--rdzv_id={rdzv_id}",
-            f"--max_restarts={max_restarts}", f"--rdzv_conf=join_timeout={int(rdzv_timeout_s)}",
+            f"--max_restarts={max_restarts}", f"--rdzv_conf=join_timeout={int(rdzv_timeout_s)},last_call_timeout={last_call_s}",
             "-m", "trainer.run", "--config", str(config_path)]
 
 
@@ -232,6 +233,10 @@ def run(args: argparse.Namespace) -> int:
                   file=sys.stderr)
         print(f"run {cfg.run}: {args.nproc} process(es), config {config_path}", flush=True)
         e = cfg.elastic
+        if args.nnodes:
+            # Workers of each restart keep a TCPStore of their own: on the agent's shared store, a
+            # restarted smaller world found the dead world's gloo addresses and failed to connect.
+            env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         proc = subprocess.Popen(torchrun_command(args.nproc, config_path, nnodes=args.nnodes,
                                                  rdzv_endpoint=args.rdzv_endpoint, rdzv_id=cfg.run,
                                                  max_restarts=e.max_restarts, rdzv_timeout_s=e.rdzv_timeout_s), env=env)

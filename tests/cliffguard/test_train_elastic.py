@@ -30,7 +30,7 @@ def test_nnodes_makes_an_elastic_resuming_config_and_an_elastic_torchrun_command
                                  max_restarts=e.max_restarts, rdzv_timeout_s=e.rdzv_timeout_s)
     assert "--standalone" not in cmd
     for flag in ("--nnodes=1:2", "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:29400", "--rdzv_id=el",
-                 "--max_restarts=3", "--rdzv_conf=join_timeout=30"):
+                 "--max_restarts=3", "--rdzv_conf=join_timeout=30,last_call_timeout=30"):
         assert flag in cmd
     _, plain = train.build_train_config(_args("--no-monitor", "--out-dir", str(tmp_path)), bootstrap=None, env={})
     assert not plain.elastic.enabled and not plain.resume
