@@ -38,6 +38,7 @@ from typing import Any
 
 from controller.rules.base import RankScope, RewindingRule, Rule, TickingRule
 from controller.rules.divergence import DivergenceConfig
+from controller.rules.elastic import SCALE_EVENTS, ElasticScaleRule
 from controller.rules.grad_norm import GradNormConfig, GradNormRule
 from controller.rules.heartbeat import HeartbeatConfig, HeartbeatRule
 from controller.rules.loss import LossRules, LossSpikeConfig
@@ -111,6 +112,7 @@ RULES: RuleRegistry[RulesConfig] = (
     .with_rule("loss", lambda c: LossRules(c.loss_spike(), c.divergence, last_n=c.evidence_last_n))
     .with_rule("grad_norm", lambda c: GradNormRule(c.grad_norm))
     .with_rule("loss_scale", lambda c: LossScaleRule(c.loss_scale))
+    .with_rule("elastic", lambda c: ElasticScaleRule())
 )
 """The controller's rules in calling order (a new rule: its module, a ``RulesConfig`` field and
 one entry here)."""
@@ -133,6 +135,9 @@ class RunDetector:
     def on_event(self, event: Event) -> list[Verdict]:
         self._run_id = event.run
         loss_turn, out = self._loss_turn(event) if event.type is EventType.STEP else (False, [])
+        if event.type in SCALE_EVENTS and "loss" in self.rules:
+            # A new global batch changes the loss's noise: the jump is not a spike (controller/rules/elastic.py).
+            out += self._call("loss", event.step, self.loss.rebaseline)
         for name, rule in self.rules.items():
             if event.type not in rule.consumes:
                 continue
