@@ -44,6 +44,7 @@ from typing import Any
 
 from controller.rules.base import RankScope, RewindingRule, Rule, TickingRule
 from controller.rules.divergence import DivergenceConfig
+from controller.rules.elastic import SCALE_EVENTS, ElasticScaleRule
 from controller.rules.grad_norm import GradNormConfig, GradNormRule
 from controller.rules.heartbeat import HeartbeatConfig, HeartbeatRule
 from controller.rules.loss import LossRules, LossSpikeConfig
@@ -118,6 +119,7 @@ RULES: RuleRegistry[RulesConfig] = (
     .with_rule("loss", lambda c: LossRules(c.loss_spike(), c.divergence, last_n=c.evidence_last_n))
     .with_rule("grad_norm", lambda c: GradNormRule(c.grad_norm))
     .with_rule("loss_scale", lambda c: LossScaleRule(c.loss_scale))
+    .with_rule("elastic", lambda c: ElasticScaleRule())
 )
 """The controller's rules in calling order (a new rule: its module, a ``RulesConfig`` field and
 one entry here)."""
@@ -141,6 +143,9 @@ class RunDetector:
         self._run_id = event.run
         judged = event.type is EventType.STEP and not is_detail(event.data)
         loss_turn, out = self._loss_turn(event) if judged else (False, [])
+        if event.type in SCALE_EVENTS and "loss" in self.rules:
+            # A new global batch changes the loss's noise: the jump is not a spike (controller/rules/elastic.py).
+            out += self._call("loss", event.step, self.loss.rebaseline)
         for name, rule in self.rules.items():
             if event.type not in rule.consumes:
                 continue

@@ -19,6 +19,8 @@ class EventType(StrEnum):
     DATA_FLAG = "data.flag"
     RUN_FINISHED = "run.finished"
     RUN_FAILED = "run.failed"
+    ELASTIC_SCALED_DOWN = "elastic.scaled_down"  # the run resumed on fewer ranks (trainer/elastic.py)
+    ELASTIC_SCALED_UP = "elastic.scaled_up"  # ranks rejoined: back towards the declared batch
 
 
 class CommandType(StrEnum):

@@ -151,6 +151,23 @@ class RunFailedData(TypedDict):
     error: str
 
 
+class ElasticScaleData(TypedDict):
+    """A membership change the run resumed from (the event's step: the restored step)."""
+
+    from_world: int
+    to_world: int
+    from_global_batch: int
+    global_batch: int
+    grad_accum: int
+    lr: float  # the learning rate at the restored step, ramping to lr_factor's over the rescale warm-up
+    lr_factor: float  # the new batch's LR factor (its rule: lr_rule)
+    steps_lost: int  # steps done after the restored checkpoint, redone
+    seconds_lost: float  # from the last progress before the change to training again (rendezvous + reload)
+    backoff_s: float  # a declared pause for a flapping node (0 = none)
+    policy: str  # the batch policy: halve | keep | proportional
+    lr_rule: str  # sqrt | linear | none
+
+
 EVENT_PAYLOADS: dict[EventType, type] = {
     EventType.RUN_STARTED: RunStartedData,
     EventType.STEP: StepData,
@@ -163,6 +180,8 @@ EVENT_PAYLOADS: dict[EventType, type] = {
     EventType.DATA_FLAG: DataFlagData,
     EventType.RUN_FINISHED: RunFinishedData,
     EventType.RUN_FAILED: RunFailedData,
+    EventType.ELASTIC_SCALED_DOWN: ElasticScaleData,
+    EventType.ELASTIC_SCALED_UP: ElasticScaleData,
 }
 
 

@@ -12,17 +12,20 @@ Kinds (``core.events.CheckpointKind``):
   state and adds a fragile dependency on its base.
 
 Writing (``save``): on the training thread the state is copied into a flat CPU buffer (the only
-stall; evicted buffers are recycled, so it is a copy into warm memory). A background thread hands
-the buffer to the writer — by default a separate low-priority process (``writer="process"``; see
-``trainer/checkpoint_io.py``): a writer *thread* shares the GIL with the training loop and was
-measured to slow the steps around each checkpoint by more than a synchronous ``torch.save`` costs
-(``bench/checkpoint_stall.py``). The writer serialises to ``<name>.pt.tmp`` while hashing it
-(sha256), fsyncs, renames it to ``<name>.pt`` and fsyncs the directory (atomic: a reader sees the
-old set or the new file, never half a file), then *verifies* it — re-reads the file, checks the sha256 and
-``torch.load``s it — and only then writes the ``<name>.pt.json`` sidecar (itself temp + rename)
-and reports ``verified=True``. A checkpoint without its sidecar does not exist; a writer killed at
-any point leaves the previous checkpoints intact and, at worst, a ``.tmp`` file that the next
-manager removes; a dead writer process is reported (``verified=False``) and restarted. Old checkpoints are pruned only after a newer one verified.
+stall; evicted buffers are recycled, so it is a copy into warm, preallocated memory — the
+staging step of an asynchronous DCP save, see ``trainer/checkpoint_io.py``). A background thread
+then saves it with ``torch.distributed.checkpoint`` into ``<name>.tmp/``: with a process group,
+collectively on the manager's own gloo group (so its collectives never interleave with the
+training loop's), each rank writing its share. One ordered writer thread, rather than
+``dcp.async_save``'s executor per call, keeps successive saves' collectives in order and never
+makes the training thread wait for the previous write. The coordinator (rank 0) then hashes every
+file (sha256; the re-read is the verification), checks that the metadata loads and that no item
+lies past its file's end, renames the directory to ``<name>/``, fsyncs, and only then writes the
+``<name>.json`` sidecar (temp + rename) and reports ``verified=True``. A checkpoint without its
+sidecar does not exist; a writer killed at any point leaves the previous checkpoints intact and,
+at worst, a ``.tmp`` directory that the run's next manager removes; a failed write is reported
+(``verified=False``) and never reaches the training thread. Old checkpoints are pruned only after
+a newer one verified.
 
 Reading: ``restore(step)`` uses the ring when it has the step, else disk, re-checking the sha256.
 ``restore_latest()`` walks back from the newest disk checkpoint past any that fail the check
@@ -37,23 +40,20 @@ neither prunes the new run's files nor is pruned by it (``run_id=None`` reads ev
 explicit way to start from another run's checkpoint; it still prunes only untagged ones). Sidecars are untrusted input: a malformed
 one is skipped, logged once, kept in ``malformed_sidecars`` and reported as ``verified=False``.
 
-Ranks: every rank writes its own files under ``<dir>/rank<r>/`` and restores from them alone, with
-no collective. RNG states (and, with sharded optimizers, optimizer state) differ per rank, and a
-shared rank-0 file would need a broadcast on every restore. For this replicated small model the
-cost is ``world`` copies of the weights on disk; a sharded (FSDP) trainer would write one shard
-each the same way. ``on_event`` is called from the writer's feeder thread for disk checkpoints (it must be
-thread-safe, as the agent's publisher is). Files are written by this process and loaded with ``weights_only=False``
-(they hold RNG states and plain objects): load only checkpoints you wrote.
+Ranks and world sizes: the directory is shared by every rank (one filesystem, as DCP expects).
+Replicated values are written once; the per-rank part (RNG states, ``PER_RANK_KEYS``) under the
+rank's own key. Restoring needs no collective: each rank rebuilds the full state from the
+metadata (``load_full``), so a checkpoint saved at world 4 restores at world 2 or 3 (a rank new
+to the run gets no RNG state; the trainer seeds it). DTensor (sharded) states are resharded by
+``checkpoint_io.load_resharded``. ``on_event`` is called from the writer thread for disk
+checkpoints (it must be thread-safe, as the agent's publisher is). Objects in checkpoints are
+unpickled (they hold RNG states and plain objects): load only checkpoints you wrote.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import pickle
 import queue
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -64,6 +64,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 
 from core.enums import CheckpointKind
 from trainer.checkpoint_io import (
@@ -72,13 +73,12 @@ from trainer.checkpoint_io import (
     clone_tensors,
     delete_entry,
     entry_path,
-    file_sha256,
     flatten,
     load_checked,
-    read_frame,
+    remove_unfinished,
     scan_sidecars,
-    send_frame,
     sidecar_name_fields,
+    verify_files,
     write_checkpoint,
 )
 
@@ -90,7 +90,7 @@ __all__ = ["CheckpointConfig", "CheckpointManager", "CorruptCheckpoint", "cpu_co
 @dataclass(kw_only=True, slots=True)
 class CheckpointConfig:
     dir: str = "checkpoints"
-    """Root directory; each rank writes under <dir>/rank<r>/."""
+    """Root directory, shared by every rank (DCP checkpoints: one directory per checkpoint)."""
     memory_ring: int = 8
     """In-memory snapshots kept (the newest K)."""
     snapshot_every: int = 10
@@ -105,8 +105,10 @@ class CheckpointConfig:
     """Incremental checkpoints kept on disk (newest)."""
     emit_memory_events: bool = True
     """Report every in-memory snapshot as a checkpoint event (the controller learns rollback targets)."""
-    writer: str = "process"
-    """process: a low-priority writer process (no GIL shared with training); thread: in-process."""
+    writer: str = "thread"
+    """thread: DCP saves from a background thread (the only writer; "process" was the pre-DCP one)."""
+    collective_timeout_s: float = 120.0
+    """Timeout of the checkpoint process group's collectives (a dead peer fails a save, never hangs it)."""
 
     def __post_init__(self) -> None:
         if not self.dir:
@@ -120,8 +122,10 @@ class CheckpointConfig:
             raise ValueError("keep_full: must be >= 1")
         if self.keep_incremental < 1:
             raise ValueError("keep_incremental: must be >= 1")
-        if self.writer not in ("process", "thread"):
-            raise ValueError("writer: must be 'process' or 'thread'")
+        if self.writer != "thread":
+            raise ValueError("writer: must be 'thread' (DCP saves collectively from a background thread)")
+        if self.collective_timeout_s <= 0:
+            raise ValueError("collective_timeout_s: must be > 0")
 
 
 def cpu_copy(obj: Any) -> Any:
@@ -138,62 +142,6 @@ def cpu_copy(obj: Any) -> Any:
     if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
         return tuple(cpu_copy(v) for v in obj)
     return copy.deepcopy(obj)
-
-
-class _ProcessWriter:
-    """One ``python -m trainer.checkpoint_io`` child; restarted after it dies."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def _ensure(self) -> subprocess.Popen[bytes]:
-        if self.proc is None or self.proc.poll() is not None:
-            from core.deployment import scrub_keys
-
-            # The writer only writes files: it gets no key (a command or agent secret) from us.
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "trainer.checkpoint_io", str(self.root)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=str(Path(__file__).resolve().parents[1]),
-                env=scrub_keys(os.environ),
-            )
-        return self.proc
-
-    def start(self) -> None:
-        self._ensure()  # the child imports torch while training runs; the first job need not wait
-
-    def write(self, header: dict[str, Any], snap: FlatSnapshot) -> dict[str, Any]:
-        proc = self._ensure()
-        assert proc.stdin is not None and proc.stdout is not None
-        try:
-            send_frame(proc.stdin, pickle.dumps(header))
-            proc.stdin.write(memoryview(snap.flat.numpy()).cast("B"))
-            proc.stdin.flush()
-            return pickle.loads(read_frame(proc.stdout))
-        except (OSError, EOFError) as exc:
-            raise RuntimeError(f"writer process died (exit {self._reap(proc)}): {exc!r}") from exc
-
-    @staticmethod
-    def _reap(proc: subprocess.Popen[bytes]) -> int:
-        """Exit code of a writer whose pipe broke. Its pipes close before the kernel reports the
-        exit, so poll() alone can still say "running" (seen on a loaded machine); a writer that
-        closed its pipe is no use, so one that does not exit promptly is killed."""
-        try:
-            return proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            return proc.wait()
-
-    def close(self) -> None:
-        if self.proc is None:
-            return
-        try:
-            if self.proc.stdin:
-                self.proc.stdin.close()
-            self.proc.wait(timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
-            self.proc.kill()
-            self.proc.wait()
 
 
 class CheckpointManager:
@@ -216,11 +164,13 @@ class CheckpointManager:
         self.instance = uuid.uuid4().hex
         """Tells this start's checkpoints from an earlier start of the same run (forensics only)."""
         self.on_event = on_event or (lambda payload: None)
-        self.root = Path(cfg.dir) / f"rank{rank}"
+        self.root = Path(cfg.dir)
         self.root.mkdir(parents=True, exist_ok=True)
-        for stale in self.root.glob("*.tmp"):  # left by a writer that died mid-write
-            log.warning("removing unfinished checkpoint file %s", stale)
-            stale.unlink(missing_ok=True)
+        self.coordinator = rank == 0
+        """Commits, prunes and discards disk checkpoints (the directory is shared)."""
+        self._group = self._checkpoint_group(world, cfg.collective_timeout_s)
+        if self.coordinator:
+            remove_unfinished(self.root, self._own_run)  # left by a writer that died mid-write
         self.ring: OrderedDict[int, FlatSnapshot] = OrderedDict()
         self.last_detail = ""
         self.malformed_sidecars: dict[str, str] = {}
@@ -231,12 +181,24 @@ class CheckpointManager:
         # Guards the ring, the spare pool and the in-flight counts between the two threads.
         self._lock = threading.RLock()
         self._jobs: queue.Queue[tuple[int, CheckpointKind, FlatSnapshot] | None] = queue.Queue()
-        self._process = _ProcessWriter(self.root) if cfg.writer == "process" else None
-        if self._process is not None and (cfg.ckpt_every or cfg.full_every):
-            self._process.start()  # else started by the first save (e.g. a checkpoint_now command)
         self._feeder = threading.Thread(target=self._write_loop, name=f"ckpt-writer-{rank}", daemon=True)
         self._feeder.start()
         self._closed = False
+
+    @staticmethod
+    def _checkpoint_group(world: int, timeout_s: float) -> Any:
+        """A gloo group of its own for the writer thread's collectives (None when not distributed)."""
+        import datetime
+
+        import torch.distributed as dist
+
+        if world == 1:
+            return None
+        if not (dist.is_available() and dist.is_initialized()):
+            raise ValueError("world: > 1 needs an initialized process group (DCP saves collectively)")
+        if dist.get_world_size() != world:
+            raise ValueError(f"world: {world} is not the process group's size {dist.get_world_size()}")
+        return dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
 
     # -- schedule ------------------------------------------------------------------------
     def kinds_due(self, step: int) -> list[CheckpointKind]:
@@ -314,7 +276,8 @@ class CheckpointManager:
                 if job is None:
                     return
                 self._emit(self._write(*job))
-            except Exception as exc:  # noqa: BLE001 - the writer logs and goes on; training must not die
+            # DCP's CheckpointException is a BaseException: caught by name, or the writer thread dies
+            except (Exception, CheckpointException) as exc:  # noqa: BLE001 - the writer logs and goes on; training must not die
                 log.exception("checkpoint write failed")
                 step, kind, _ = job  # type: ignore[misc]
                 self._emit({"kind": kind.value, "step": step, "path": "", "bytes": 0, "sha256": "",
@@ -332,13 +295,10 @@ class CheckpointManager:
     def _write(self, step: int, kind: CheckpointKind, snap: FlatSnapshot) -> dict[str, Any]:
         keep = {CheckpointKind.FULL.value: self.cfg.keep_full,
                 CheckpointKind.INCREMENTAL.value: self.cfg.keep_incremental}
-        if self._process is None:
-            return write_checkpoint(self.root, step, kind.value, self.rank, self.world,
-                                    clone_tensors(snap.materialize()), keep, self._own_run, self.instance)
-        header = {"step": step, "kind": kind.value, "rank": self.rank, "world": self.world,
-                  "skeleton": snap.skeleton, "metas": snap.metas, "nbytes": snap.nbytes, "keep": keep,
-                  "run_id": self._own_run, "instance": self.instance}
-        return self._process.write(header, snap)
+        # Views into one buffer: DCP copies each tensor whose storage is larger than itself.
+        return write_checkpoint(self.root, step, kind.value, self.rank, self.world, snap.materialize(), keep,
+                                self._own_run, self.instance, process_group=self._group,
+                                coordinator=self.coordinator)
 
     # -- reading -------------------------------------------------------------------------
     def _entries(self) -> list[dict[str, Any]]:
@@ -398,7 +358,7 @@ class CheckpointManager:
     def _load_meta(self, meta: dict[str, Any]) -> dict[str, Any]:
         path = entry_path(self.root, meta)
         try:
-            return load_checked(path, meta["sha256"])
+            return load_checked(path, meta, self.rank)
         except CorruptCheckpoint as exc:
             self._emit({"kind": meta["kind"], "step": meta["step"], "path": str(path), "bytes": meta["bytes"],
                         "sha256": meta["sha256"], "seconds": 0.0, "verified": False, "detail": f"corrupt: {exc}"})
@@ -410,13 +370,11 @@ class CheckpointManager:
         for meta in reversed(self._entries()):
             path = entry_path(self.root, meta)
             try:
-                if file_sha256(path) == meta["sha256"]:
-                    return meta["step"]
-            except OSError:
-                pass
-            self._emit({"kind": meta["kind"], "step": meta["step"], "path": str(path), "bytes": meta["bytes"],
-                        "sha256": meta["sha256"], "seconds": 0.0, "verified": False,
-                        "detail": "corrupt: sha256 mismatch or unreadable"})
+                verify_files(path, meta)
+                return meta["step"]
+            except CorruptCheckpoint as exc:
+                self._emit({"kind": meta["kind"], "step": meta["step"], "path": str(path), "bytes": meta["bytes"],
+                            "sha256": meta["sha256"], "seconds": 0.0, "verified": False, "detail": f"corrupt: {exc}"})
         return None
 
     def restore_latest(self) -> tuple[int, dict[str, Any], str, str]:
@@ -443,6 +401,8 @@ class CheckpointManager:
         with self._lock:
             for s in [s for s in self.ring if s > step]:
                 self._release(self.ring.pop(s))
+        if not self.coordinator:  # the shared directory's files are the coordinator's to delete
+            return
         for meta in self._entries():
             if meta["step"] > step and meta.get("run_id", "") == self._own_run:
                 delete_entry(self.root, meta)
@@ -456,12 +416,8 @@ class CheckpointManager:
         if self._closed:
             return
         self._closed = True
-        try:
-            self._jobs.put(None)
-            self._feeder.join()
-        finally:
-            if self._process is not None:
-                self._process.close()
+        self._jobs.put(None)
+        self._feeder.join()
 
     def _emit(self, payload: dict[str, Any]) -> None:
         payload = {**payload, "bytes": int(payload["bytes"]), "seconds": round(float(payload["seconds"]), 6)}

@@ -1,48 +1,50 @@
-"""The checkpoint disk format and the writer process (``python -m trainer.checkpoint_io``).
+"""The checkpoint disk format (torch.distributed.checkpoint) and the flat staging buffers.
 
-Split from ``trainer/checkpoint.py`` so the writer can run in its own process: it imports only
-this module. Layout under a rank's directory::
+A disk checkpoint is one DCP directory shared by every rank, committed by a sidecar::
 
-    full-000000300.pt          torch.save({"step", "kind", "rank", "world", "state"})
-    full-000000300.pt.json     sidecar: step, kind, sha256, bytes, run_id, instance — its presence
-                               commits the file; a malformed one commits nothing (skipped, reported)
-    full-000000300-<tag>.pt(.json)   the same for a run with an id (tag = run_tag(run_id)), so runs
+    full-000000300/            DCP files: __<rank>_0.distcp (each rank's share), .metadata
+    full-000000300.json        sidecar: format, step, kind, world, files {name: sha256}, sha256
+                               (of that manifest), bytes, run_id, instance — its presence commits the
+                               directory; a malformed one commits nothing (skipped, reported)
+    full-000000300-<tag>/ (.json)   the same for a run with an id (tag = run_tag(run_id)), so runs
                                sharing a directory never overwrite, list or prune each other's files
-    incremental-000000400.pt(.json)
-    *.tmp                      unfinished writes (removed by the next manager)
+    incremental-000000400/ (.json)
+    *.tmp/                     unfinished writes (the run's own are removed by its next manager)
+
+The state is saved as ``{"shared": <everything but PER_RANK_KEYS>, "ranks": {"<r>": <rank r's
+PER_RANK_KEYS>}}``. DCP writes a tensor or object that several ranks hold under one key once
+(its planner de-duplicates), so a replicated model costs one copy; DTensor (sharded) values keep
+their global shape and are resharded by DCP to whatever mesh the loader passes
+(``load_resharded``). ``load_full`` needs no collective and no target: it rebuilds the whole
+state from the metadata, which is what a replicated trainer at any world size restores from.
 
 Snapshots travel as a *flat* snapshot: every tensor of the state copied into one CPU byte
 buffer (64-byte aligned slots) plus a small picklable skeleton in which each tensor is a
-``Slot``. One buffer is cheap to recycle (the next snapshot copies into warm memory) and cheap to
-hand to the writer process (one pipe write, no pickling of tensor data on the training thread).
-
-Writer protocol (stdin/stdout of the child, 8-byte big-endian length-prefixed frames):
-parent -> child: pickled header ``{step, kind, rank, world, skeleton, metas, nbytes, keep}`` then
-the raw buffer; child -> parent: the pickled checkpoint payload dict. The child runs at a lower
-CPU priority (nice 10) so serialising, hashing and verifying yield to the training processes,
-and it has its own GIL, which a writer *thread* would share with the training loop.
+``Slot``. One buffer is cheap to recycle (the next snapshot copies into warm memory): it is the
+preallocated staging area of the asynchronous save (``FlatStager``) and the in-memory ring's
+storage.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
 import os
-import pickle
 import re
-import struct
-import sys
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.tensor import DTensor
 
 log = logging.getLogger(__name__)
 _ALIGN = 64
+_ATOMIC = (int, float, str, bytes, bool, type(None))
 
 
 # -- flat snapshots --------------------------------------------------------------------------
@@ -53,6 +55,17 @@ class Slot:
     index: int
 
 
+@dataclass(frozen=True, slots=True)
+class ShardSlot:
+    """A DTensor in the skeleton: its local shard is tensor ``index``; the rest rebuilds it."""
+
+    index: int
+    mesh: Any
+    placements: tuple[Any, ...]
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+
+
 @dataclass(slots=True)
 class FlatSnapshot:
     skeleton: Any
@@ -60,6 +73,8 @@ class FlatSnapshot:
     """(byte offset, dtype, shape) per tensor slot."""
     flat: torch.Tensor
     """uint8 CPU buffer holding every tensor's bytes."""
+    views: list[torch.Tensor] | None = None
+    """Typed views of the non-empty slots (built once per buffer, reused by every copy into it)."""
 
     @property
     def layout(self) -> tuple[tuple[torch.dtype, tuple[int, ...]], ...]:
@@ -77,12 +92,18 @@ class FlatSnapshot:
 def _strip(obj: Any, tensors: list[torch.Tensor]) -> Any:
     import copy
 
+    if isinstance(obj, DTensor):  # staged as its local shard; DCP needs it back as a DTensor
+        tensors.append(obj.to_local().detach())
+        return ShardSlot(len(tensors) - 1, obj.device_mesh, tuple(obj.placements), tuple(obj.shape),
+                         tuple(obj.stride()))
     if isinstance(obj, torch.Tensor):
         tensors.append(obj.detach())
         return Slot(len(tensors) - 1)
     if isinstance(obj, dict):
         out = {k: _strip(v, tensors) for k, v in obj.items()}
         return out if type(obj) is dict else type(obj)(out)
+    if isinstance(obj, list | tuple) and all(isinstance(v, _ATOMIC) for v in obj):
+        return list(obj) if isinstance(obj, list) else obj  # e.g. random.getstate(): nothing to walk
     if isinstance(obj, list):
         return [_strip(v, tensors) for v in obj]
     if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
@@ -100,18 +121,28 @@ def flatten(state: Any, spare: FlatSnapshot | None = None) -> FlatSnapshot:
         metas.append((off, t.dtype, tuple(t.shape)))
         off += -(-t.numel() * t.element_size() // _ALIGN) * _ALIGN
     layout = tuple((d, s) for _, d, s in metas)
-    if spare is not None and spare.layout == layout and spare.nbytes == off:
-        flat = spare.flat
+    if spare is not None and spare.layout == layout and spare.nbytes == off and spare.views is not None:
+        flat, views = spare.flat, spare.views
     else:
-        flat = torch.empty(off, dtype=torch.uint8)
-    for t, (o, dtype, shape) in zip(tensors, metas, strict=True):
-        n = t.numel() * t.element_size()
-        if n:
-            flat[o : o + n].view(dtype).view(shape).copy_(t)
-    return FlatSnapshot(skeleton=skeleton, metas=metas, flat=flat)
+        # pinned where a GPU exists: the device-to-host copy then runs at full speed, without a bounce buffer
+        pinned = torch.cuda.is_available() and any(t.is_cuda for t in tensors)
+        flat = torch.empty(off, dtype=torch.uint8, pin_memory=pinned)
+        views = [flat[o : o + t.numel() * t.element_size()].view(d).view(sh)
+                 for t, (o, d, sh) in zip(tensors, metas, strict=True) if t.numel()]
+    srcs = [t for t in tensors if t.numel()]
+    if srcs:
+        cuda = any(t.is_cuda for t in srcs)
+        torch._foreach_copy_(views, srcs, non_blocking=cuda)  # one call: per-tensor dispatch was most of the stall
+        if cuda:
+            torch.cuda.synchronize()  # the snapshot is complete when flatten returns
+    return FlatSnapshot(skeleton=skeleton, metas=metas, flat=flat, views=views)
 
 
 def materialize(skeleton: Any, metas: list[tuple[int, torch.dtype, tuple[int, ...]]], flat: torch.Tensor) -> Any:
+    if isinstance(skeleton, ShardSlot):
+        local = materialize(Slot(skeleton.index), metas, flat)
+        return DTensor.from_local(local, skeleton.mesh, skeleton.placements, run_check=False,
+                                  shape=torch.Size(skeleton.shape), stride=skeleton.stride)
     if isinstance(skeleton, Slot):
         o, dtype, shape = metas[skeleton.index]
         n = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
@@ -142,41 +173,65 @@ def clone_tensors(obj: Any) -> Any:
     return obj
 
 
+class FlatStager:
+    """A DCP ``AsyncStager`` (``dcp.async_save(..., async_stager=FlatStager())``) that stages into a
+    recycled flat CPU buffer: after the first save, staging is one copy into warm memory, where DCP's
+    ``DefaultStager`` rebuilds its staging dict each time. The buffer is reused by the next
+    ``stage``, so wait for the previous upload before staging again (CheckpointManager queues its
+    writes and recycles buffers only when they are free)."""
+
+    _synchronize_after_execute = False
+
+    def __init__(self) -> None:
+        self._last: FlatSnapshot | None = None
+
+    @property
+    def should_synchronize_after_execute(self) -> bool:
+        return False
+
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        self._last = flatten(state_dict, self._last)
+        return self._last.materialize()
+
+    def synchronize_staging(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self._last = None
+
+
 # -- the disk format -------------------------------------------------------------------------
+FORMAT = "dcp-1"
+PER_RANK_KEYS = ("rng",)
+"""Top-level state keys that differ per rank (saved under the rank's own key, never de-duplicated)."""
+
+
 class CorruptCheckpoint(Exception):
     pass
 
 
-class _HashingWriter:
-    """File-like wrapper: torch.save streams through it, so the sha256 costs no second read."""
-
-    def __init__(self, fh: BinaryIO) -> None:
-        self.fh = fh
-        self.sha = hashlib.sha256()
-        self.n = 0
-
-    def write(self, data: bytes) -> int:
-        self.sha.update(data)
-        self.n += len(data)
-        return self.fh.write(data)
-
-    def flush(self) -> None:
-        self.fh.flush()
+class ReshardError(ValueError):
+    """A checkpoint that cannot be loaded into the new topology's state; the message says why."""
 
 
 def run_tag(run_id: str) -> str:
-    """A file-name-safe tag for a run id ("" for untagged, pre-run-id checkpoints)."""
+    """A file-name-safe tag for a run id ("" for untagged checkpoints)."""
     return hashlib.sha256(run_id.encode()).hexdigest()[:12] if run_id else ""
 
 
 def ckpt_path(root: Path, step: int, kind: str, run_id: str = "") -> Path:
-    # The run's tag is in the name so two runs sharing a directory never overwrite each other.
+    """The checkpoint's DCP directory. The run's tag is in the name so two runs sharing a
+    directory never overwrite each other."""
     tag = run_tag(run_id)
-    return root / (f"{kind}-{step:09d}-{tag}.pt" if tag else f"{kind}-{step:09d}.pt")
+    return root / (f"{kind}-{step:09d}-{tag}" if tag else f"{kind}-{step:09d}")
 
 
 def entry_path(root: Path, meta: dict[str, Any]) -> Path:
     return ckpt_path(root, meta["step"], meta["kind"], meta.get("run_id", ""))
+
+
+def sidecar_path(path: Path) -> Path:
+    return path.with_name(path.name + ".json")
 
 
 def fsync_dir(path: Path) -> None:
@@ -195,7 +250,12 @@ def file_sha256(path: Path) -> str:
     return sha.hexdigest()
 
 
-_SIDECAR_NAME = re.compile(r"^(full|incremental)-(\d{9,})(?:-([0-9a-f]{12}))?\.pt\.json$")
+def manifest_sha256(files: dict[str, str]) -> str:
+    """One digest for a checkpoint directory: over its files' names and digests."""
+    return hashlib.sha256("".join(f"{n}\0{files[n]}\n" for n in sorted(files)).encode()).hexdigest()
+
+
+_SIDECAR_NAME = re.compile(r"^(full|incremental)-(\d{9,})(?:-([0-9a-f]{12}))?\.json$")
 
 
 def sidecar_name_fields(side: Path) -> tuple[str, int, str] | None:
@@ -217,10 +277,21 @@ def parse_sidecar(side: Path) -> dict[str, Any]:
         raise ValueError(f"not valid JSON ({exc})") from exc
     if not isinstance(meta, dict):
         raise ValueError("not a JSON object")
-    for field, typ in (("step", int), ("kind", str), ("sha256", str), ("bytes", int)):
+    for field, typ in (("step", int), ("kind", str), ("sha256", str), ("bytes", int), ("world", int)):
         value = meta.get(field)
         if not isinstance(value, typ) or isinstance(value, bool):
             raise ValueError(f"{field}: missing or not {typ.__name__}")
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"format: {meta.get('format')!r} is not {FORMAT!r}")
+    files = meta.get("files")
+    if not isinstance(files, dict) or not files or not all(
+            isinstance(k, str) and "/" not in k and k not in ("", ".", "..") and isinstance(v, str)
+            for k, v in files.items()):
+        raise ValueError("files: missing or not a {name: sha256} object of plain file names")
+    if manifest_sha256(files) != meta["sha256"]:
+        raise ValueError("sha256: does not match the files' digests")
+    if meta["world"] < 1:
+        raise ValueError("world: must be >= 1")
     if not isinstance(meta.get("run_id", ""), str):
         raise ValueError("run_id: not str")
     if (meta["kind"], meta["step"], run_tag(meta.get("run_id", ""))) != named:
@@ -233,7 +304,9 @@ def scan_sidecars(root: Path) -> tuple[list[dict[str, Any]], list[tuple[Path, st
     """(committed checkpoints oldest first, full after incremental on one step; malformed
     sidecars as (path, reason)). A malformed sidecar commits nothing and is skipped."""
     good, bad = [], []
-    for side in root.glob("*.pt.json"):
+    for side in root.glob("*.json"):
+        if sidecar_name_fields(side) is None:
+            continue  # not ours (the run's config.json may share the directory)
         try:
             good.append(parse_sidecar(side))
         except ValueError as exc:
@@ -249,51 +322,190 @@ def disk_entries(root: Path, run_id: str | None = None) -> list[dict[str, Any]]:
 
 def delete_entry(root: Path, meta: dict[str, Any]) -> None:
     path = entry_path(root, meta)
-    path.with_name(path.name + ".json").unlink(missing_ok=True)  # sidecar first: it is the commit
-    path.unlink(missing_ok=True)
+    sidecar_path(path).unlink(missing_ok=True)  # the sidecar first: it is the commit
+    shutil.rmtree(path, ignore_errors=True)
 
 
-def load_checked(path: Path, sha: str) -> dict[str, Any]:
+def remove_unfinished(root: Path, run_id: str) -> None:
+    """Remove this run's ``*.tmp`` directories (a writer died mid-write); another run's stay."""
+    tag = run_tag(run_id)
+    for stale in root.glob("*.tmp"):
+        name = stale.name.removesuffix(".tmp").removesuffix(".json")
+        if (name.rsplit("-", 1)[-1] == tag) if tag else name.count("-") == 1:
+            log.warning("removing unfinished checkpoint %s", stale)
+            shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
+
+
+_INT_KEYS = "__int_keys__"
+_EMPTY = "__empty_dict__"
+
+
+def _encode(obj: Any) -> Any:
+    """DCP addresses values by string paths: int-keyed dicts (an optimizer's ``state``) are tagged
+    so they come back with int keys, and empty dicts (which DCP drops) are kept as a marker."""
+    if isinstance(obj, dict):
+        if not obj:
+            return _EMPTY
+        if all(isinstance(k, int) and not isinstance(k, bool) for k in obj):
+            return {_INT_KEYS: {str(k): _encode(v) for k, v in obj.items()}}
+        if not all(isinstance(k, str) for k in obj):
+            raise TypeError(f"checkpoint state: dict keys must be all str or all int, got {list(obj)[:4]!r}")
+        return {k: _encode(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_encode(v) for v in obj]
+    return obj
+
+
+def _decode(obj: Any) -> Any:
+    if isinstance(obj, str) and obj == _EMPTY:
+        return {}
+    if isinstance(obj, dict):
+        if set(obj) == {_INT_KEYS}:
+            return {int(k): _decode(v) for k, v in obj[_INT_KEYS].items()}
+        return {k: _decode(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_decode(v) for v in obj]
+    return obj
+
+
+def to_dcp_state(state: dict[str, Any], rank: int) -> dict[str, Any]:
+    shared = {k: v for k, v in state.items() if k not in PER_RANK_KEYS}
+    own = {k: state[k] for k in PER_RANK_KEYS if k in state}
+    out = {"shared": _encode(shared)}
+    if own:
+        out["ranks"] = {str(rank): _encode(own)}
+    return out
+
+
+def from_dcp_state(saved: dict[str, Any], rank: int) -> dict[str, Any]:
+    """The state for ``rank``: the shared part plus the rank's own part when the saving world had
+    that rank (a rank new to the run gets none: the caller seeds it)."""
+    shared = _decode(saved.get("shared", {}))
+    own = _decode(saved.get("ranks", {}).get(str(rank), {}))
+    return {**(shared or {}), **(own or {})}
+
+
+def verify_files(path: Path, meta: dict[str, Any]) -> None:
+    """Every file the sidecar lists is present with its sha256 (re-read; CorruptCheckpoint if not)."""
+    for name, sha in sorted(meta["files"].items()):
+        try:
+            actual = file_sha256(path / name)
+        except OSError as exc:
+            raise CorruptCheckpoint(f"{path.name}/{name}: unreadable ({exc})") from exc
+        if actual != sha:
+            raise CorruptCheckpoint(f"{path.name}/{name}: sha256 mismatch (expected {sha[:12]}…, got {actual[:12]}…)")
+
+
+def _read_metadata(path: Path) -> Any:
+    import torch.distributed.checkpoint as dcp
+
+    return dcp.FileSystemReader(str(path)).read_metadata()
+
+
+def check_layout(path: Path) -> None:
+    """The metadata loads and every item it names lies inside its file (a truncated shard fails)."""
     try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise CorruptCheckpoint(f"{path.name}: unreadable ({exc})") from exc
-    actual = hashlib.sha256(data).hexdigest()
-    if actual != sha:
-        raise CorruptCheckpoint(f"{path.name}: sha256 mismatch (expected {sha[:12]}…, got {actual[:12]}…)")
+        md = _read_metadata(path)
+    except Exception as exc:  # noqa: BLE001 - an unreadable metadata file means the checkpoint is bad
+        raise CorruptCheckpoint(f"{path.name}: metadata does not load ({exc!r})") from exc
+    for info in (md.storage_data or {}).values():
+        file = path / info.relative_path
+        if not file.is_file() or info.offset + info.length > file.stat().st_size:
+            raise CorruptCheckpoint(f"{path.name}/{info.relative_path}: shorter than its metadata says")
+
+
+def load_full(path: Path) -> dict[str, Any]:
+    """The whole saved state, rebuilt from the metadata (no target, no collective): every tensor
+    at its global shape, DTensors gathered, objects unpickled."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    out: dict[str, Any] = {}
+    _load_state_dict(out, storage_reader=dcp.FileSystemReader(str(path)), planner=_EmptyStateDictLoadPlanner(),
+                     no_dist=True)
+    return out
+
+
+def load_checked(path: Path, meta: dict[str, Any], rank: int = 0) -> dict[str, Any]:
+    """``{"step", "kind", "world", "state"}`` for ``rank`` after the files' sha256 check."""
+    verify_files(path, meta)
     try:
-        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
-    except Exception as exc:  # noqa: BLE001 - any unpickling failure means the file is bad
+        saved = load_full(path)
+    # DCP raises CheckpointException, a BaseException
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - any failure to read means the checkpoint is bad
         raise CorruptCheckpoint(f"{path.name}: does not load ({exc!r})") from exc
+    return {"step": meta["step"], "kind": meta["kind"], "world": meta["world"], "state": from_dcp_state(saved, rank)}
+
+
+def load_resharded(path: Path, target: dict[str, Any], rank: int = 0, process_group: Any = None) -> dict[str, Any]:
+    """The checkpoint loaded into ``target``'s tensors in place, DTensors resharded to the target's
+    meshes (collective over ``process_group`` when distributed); returns the state (``target``'s
+    structure, objects from the checkpoint). Every tensor of the target must exist in the
+    checkpoint with the same global shape, else ReshardError naming it, before anything is read."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    md = _read_metadata(path)
+    encoded = to_dcp_state(target, rank)
+    flat, _ = flatten_state_dict(encoded)
+    for key, value in flat.items():
+        if not isinstance(value, torch.Tensor):
+            continue
+        shape = tuple(value.shape)  # a DTensor's shape is its global shape
+        saved = md.state_dict_metadata.get(key)
+        if saved is None:
+            raise ReshardError(f"{key}: not in checkpoint {path.name}; it cannot be resharded into this state")
+        if not isinstance(saved, TensorStorageMetadata) or tuple(saved.size) != shape:
+            got = tuple(saved.size) if isinstance(saved, TensorStorageMetadata) else type(saved).__name__
+            raise ReshardError(f"{key}: checkpoint {path.name} holds {got}, this topology needs global shape {shape}")
+    no_dist = not (dist.is_available() and dist.is_initialized()) or process_group is None
+    _load_state_dict(encoded, storage_reader=dcp.FileSystemReader(str(path)), process_group=process_group,
+                     no_dist=no_dist)
+    return from_dcp_state(encoded, rank)
 
 
 def write_checkpoint(root: Path, step: int, kind: str, rank: int, world: int, state: Any,
-                     keep: dict[str, int], run_id: str = "", instance: str = "") -> dict[str, Any]:
-    """Temp + fsync + rename, verify by loading, commit the sidecar, prune this run's own older
-    ones (another run's files in the directory are never touched); the event payload."""
+                     keep: dict[str, int], run_id: str = "", instance: str = "", *,
+                     process_group: Any = None, coordinator: bool = True) -> dict[str, Any]:
+    """Save with DCP into ``<name>.tmp/`` (collectively over ``process_group`` when given), then, on
+    the coordinator only: hash every file, check the layout, rename to ``<name>/``, commit the
+    sidecar (temp + rename) and prune this run's own older ones (another run's files in the
+    directory are never touched). Returns the event payload."""
+    import torch.distributed.checkpoint as dcp
+
     t0 = time.perf_counter()
     final = ckpt_path(root, step, kind, run_id)
     tmp = final.with_name(final.name + ".tmp")
-    with tmp.open("wb") as fh:
-        writer = _HashingWriter(fh)
-        torch.save({"step": step, "kind": kind, "rank": rank, "world": world, "state": state}, writer)
-        fh.flush()
-        os.fsync(fh.fileno())
-    sha = writer.sha.hexdigest()
-    os.replace(tmp, final)
-    fsync_dir(root)
-    payload = {"kind": kind, "step": step, "path": str(final), "bytes": writer.n, "sha256": sha}
+    if coordinator and tmp.exists():
+        shutil.rmtree(tmp, ignore_errors=True)
+    dcp.save(to_dcp_state(state, rank), storage_writer=dcp.FileSystemWriter(str(tmp)),
+             process_group=process_group, no_dist=process_group is None)
+    payload = {"kind": kind, "step": step, "path": str(final), "bytes": 0, "sha256": ""}
+    if not coordinator:  # the coordinator commits and reports the whole checkpoint
+        return {**payload, "seconds": time.perf_counter() - t0, "verified": True, "detail": f"rank {rank} share written"}
+    files = {p.name: file_sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
+    nbytes = sum((tmp / n).stat().st_size for n in files)
+    sha = manifest_sha256(files)
+    payload.update(bytes=nbytes, sha256=sha)
     try:
-        load_checked(final, sha)
+        check_layout(tmp)
     except CorruptCheckpoint as exc:
-        final.unlink(missing_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
         return {**payload, "seconds": time.perf_counter() - t0, "verified": False,
                 "detail": f"verification failed: {exc}"}
-    side = final.with_name(final.name + ".json")
+    if final.exists():  # an uncommitted leftover of the same step (its sidecar is absent)
+        delete_entry(root, {"step": step, "kind": kind, "run_id": run_id})
+    os.replace(tmp, final)
+    fsync_dir(root)
+    side = sidecar_path(final)
     side_tmp = side.with_name(side.name + ".tmp")
     with side_tmp.open("w") as fh:
-        json.dump({"step": step, "kind": kind, "sha256": sha, "bytes": writer.n, "rank": rank, "world": world,
-                   "run_id": run_id, "instance": instance, "written_at": time.time()}, fh)
+        json.dump({"format": FORMAT, "step": step, "kind": kind, "sha256": sha, "bytes": nbytes, "files": files,
+                   "world": world, "run_id": run_id, "instance": instance, "written_at": time.time()}, fh)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(side_tmp, side)
@@ -302,64 +514,3 @@ def write_checkpoint(root: Path, step: int, kind: str, rank: int, world: int, st
     for meta in entries[: -keep[kind]]:  # pruned only now that a newer one verified
         delete_entry(root, meta)
     return {**payload, "seconds": time.perf_counter() - t0, "verified": True, "detail": ""}
-
-
-# -- the writer process ----------------------------------------------------------------------
-def send_frame(fh: BinaryIO, data: bytes | memoryview) -> None:
-    fh.write(struct.pack(">Q", len(data)))
-    fh.write(data)
-
-
-def read_exact(fh: BinaryIO, n: int) -> bytearray:
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = fh.readinto(view[got:])  # type: ignore[attr-defined]
-        if not k:
-            raise EOFError("checkpoint writer pipe closed")
-        got += k
-    return buf
-
-
-def read_frame(fh: BinaryIO) -> bytearray:
-    (n,) = struct.unpack(">Q", read_exact(fh, 8))
-    return read_exact(fh, n)
-
-
-def writer_main(root: str) -> int:
-    """Serve write jobs until stdin closes. stdout carries only frames; logs go to stderr."""
-    out = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)
-    inp = sys.stdin.buffer
-    try:
-        os.nice(10)
-    except OSError:
-        pass
-    torch.set_num_threads(1)
-    path = Path(root)
-    while True:
-        try:
-            header = pickle.loads(read_frame(inp))
-        except EOFError:
-            return 0
-        flat = torch.frombuffer(read_exact(inp, header["nbytes"]), dtype=torch.uint8) if header["nbytes"] else (
-            torch.empty(0, dtype=torch.uint8))
-        state = clone_tensors(materialize(header["skeleton"], header["metas"], flat))
-        try:
-            payload = write_checkpoint(path, header["step"], header["kind"], header["rank"], header["world"],
-                                       state, header["keep"], header.get("run_id", ""), header.get("instance", ""))
-        except Exception as exc:  # noqa: BLE001 - report and serve the next job
-            payload = {"kind": header["kind"], "step": header["step"], "path": "", "bytes": 0, "sha256": "",
-                       "seconds": 0.0, "verified": False, "detail": f"write failed: {exc!r}"}
-        send_frame(out, pickle.dumps(payload))
-        out.flush()
-
-
-if __name__ == "__main__":
-    logging.basicConfig(level=logging.WARNING)
-    # Run the importable module's copy, not __main__'s: the skeleton's Slots unpickle as
-    # trainer.checkpoint_io.Slot, and isinstance must compare against that class.
-    from trainer import checkpoint_io
-
-    raise SystemExit(checkpoint_io.writer_main(sys.argv[1]))

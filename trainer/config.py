@@ -23,6 +23,7 @@ from core.kafka_config import KafkaConfig
 from core.settings import config_to_dict
 from trainer.checkpoint import CheckpointConfig
 from trainer.data import DataConfig
+from trainer.elastic import ElasticConfig
 from trainer.model import GPTConfig
 
 
@@ -75,6 +76,8 @@ class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     checkpoint: CheckpointConfig | None = None
     """Checkpoint settings; default: CheckpointConfig(dir=<out_dir>/<run>/checkpoints)."""
+    elastic: ElasticConfig = field(default_factory=ElasticConfig)
+    """Elastic runs (torchrun --nnodes MIN:MAX): batch policy, LR rule, timeouts (trainer/elastic.py)."""
     agent: AgentConfig | None = None
     """Agent settings; its run id is always this config's run."""
     kafka: KafkaConfig | None = None

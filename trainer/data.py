@@ -14,6 +14,11 @@ global batch is stream positions ``[step*B, (step+1)*B)``; rank ``r`` of ``w`` t
 contiguous slice ``[r*B/w, (r+1)*B/w)`` of it. Nothing is iterated, so ``batch(step)`` is the
 same batch whenever it is asked for: resuming at step ``s`` is exact by construction.
 
+Batch changes. An elastic run changes the global batch at a step (``rebatch``): the stream is
+cut into segments ``(first step, first position, batch)``, so positions stay contiguous and no
+sample of an epoch is seen twice or skipped across a scale change; the segments are part of the
+sampler's state.
+
 Skipping. ``skip(first, stop)`` removes the half-open window ``[first, stop)`` of *global
 indices* (the ``sample_range`` a ``step`` event reports, the ``skip_data`` a ``rollback`` command
 carries) from the stream: positions at or past ``first`` shift by the window's length, so the
@@ -214,6 +219,8 @@ class Sampler:
         self.world = world
         self.n = corpus.n_train_samples
         self.skips: list[tuple[int, int]] = []
+        self.segments: list[tuple[int, int, int]] = [(0, 0, global_batch)]
+        """(first step, first stream position, global batch), ascending: the batch changes."""
         self.weights: dict[int, float] = {}
         self._perm_cache: tuple[int, torch.Tensor] | None = None
         for flag in corpus.flags:
@@ -254,7 +261,7 @@ class Sampler:
         if self._base is not None and self._category is not None:
             w *= float(self._base[sid])
             if self._phases:
-                step = g // self.global_batch
+                step = self.step_of(g)
                 phase = next((pw for end, pw in self._phases if step < end), self._phases[-1][1])
                 w *= float(phase[self._category[sid]])
         return w
@@ -288,14 +295,39 @@ class Sampler:
             sid = int(torch.randint(self.n, (1,), generator=gen))
         return sid
 
+    def _segment(self, step: int) -> tuple[int, int, int]:
+        return next(seg for seg in reversed(self.segments) if seg[0] <= step)
+
+    def position(self, step: int) -> int:
+        """First stream position of the step's global batch."""
+        first, pos, batch = self._segment(step)
+        return pos + (step - first) * batch
+
+    def batch_size(self, step: int) -> int:
+        return self._segment(step)[2]
+
+    def step_of(self, position: int) -> int:
+        first, pos, batch = next(seg for seg in reversed(self.segments) if seg[1] <= position)
+        return first + (position - pos) // batch
+
+    def rebatch(self, step: int, global_batch: int, world: int, rank: int) -> None:
+        """From ``step`` on, batches of ``global_batch`` over ``world`` ranks (earlier steps unchanged)."""
+        if global_batch < 1 or global_batch % world or not 0 <= rank < world:
+            raise ValueError(f"global_batch: {global_batch} does not split over {world} ranks")
+        pos = self.position(step)
+        self.segments = [seg for seg in self.segments if seg[0] < step] + [(step, pos, global_batch)]
+        self.global_batch, self.world, self.rank = global_batch, world, rank
+
     def step_range(self, step: int) -> tuple[int, int]:
         """[first, last+1) global indices of the step's global batch (the step event's sample_range)."""
-        p = step * self.global_batch
-        return self.global_index(p), self.global_index(p + self.global_batch - 1) + 1
+        p = self.position(step)
+        return self.global_index(p), self.global_index(p + self.batch_size(step) - 1) + 1
 
     def sample_ids(self, step: int) -> list[int]:
-        per = self.global_batch // self.world
-        start = step * self.global_batch + self.rank * per
+        per, rem = divmod(self.batch_size(step), self.world)
+        if rem:  # a loaded state at another world's batch that nobody rebatched: never a silent wrong batch
+            raise ValueError(f"global_batch: {self.batch_size(step)} at step {step} does not split over {self.world} ranks")
+        start = self.position(step) + self.rank * per
         return [self._sample_id(self.global_index(p)) for p in range(start, start + per)]
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
@@ -345,11 +377,18 @@ class Sampler:
             "n": self.n,
             "skips": [list(w) for w in self.skips],
             "weights": {int(k): float(v) for k, v in self.weights.items()},
+            "segments": [list(seg) for seg in self.segments],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state["n"] != self.n or state["global_batch"] != self.global_batch:
+        """A state saved at another global batch is taken with its segments (the caller then
+        ``rebatch``es to its own); one without segments must match this sampler's batch."""
+        segments = [tuple(int(v) for v in seg) for seg in state.get("segments", [])]
+        if state["n"] != self.n or (not segments and state["global_batch"] != self.global_batch):
             raise ValueError("sampler state: saved for a different corpus or global batch")
+        if segments:
+            self.segments = segments  # type: ignore[assignment]
+            self.global_batch = segments[-1][2]
         self.seed = int(state["seed"])
         self._perm_cache = None
         self.skips = [tuple(w) for w in state["skips"]]  # type: ignore[misc]

@@ -43,6 +43,7 @@ from trainer.checkpoint import CheckpointManager
 from trainer.commands import TrainerCommands, handle_boundary
 from trainer.config import TrainConfig
 from trainer.data import Sampler, load_corpus
+from trainer.elastic import Elastic
 from trainer.loss_scale import AdaptiveLossScaler, LossScaleConfig
 from trainer.model import GPT
 from trainer.schedule import WarmupCosine
@@ -102,11 +103,14 @@ class Trainer:
         self.distributed = self.world > 1 and dist.is_initialized()
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
-        self.micro_batch = cfg.micro_batch(self.world)
+        # An elastic run's batch for this world (its policy); else the declared one, which must split.
+        self.elastic = Elastic(cfg.elastic, cfg.global_batch, cfg.grad_accum, self.world,
+                               progress_path=self._progress_mark_path(cfg) if cfg.elastic.enabled and self.rank == 0 else None)
+        self.micro_batch = self.elastic.plan.micro_batch
         self.corpus = load_corpus(cfg.data)
         # a manifest's curriculum phases are fractions of the run unless a length is configured
         data_cfg = cfg.data if cfg.data.curriculum_steps else dataclasses.replace(cfg.data, curriculum_steps=cfg.steps)
-        self.sampler = Sampler(self.corpus, data_cfg, cfg.global_batch, self.rank, self.world)
+        self.sampler = Sampler(self.corpus, data_cfg, self.elastic.plan.global_batch, self.rank, self.world)
         raw = GPT(cfg.model)
         decay = [p for n, p in raw.named_parameters() if p.dim() >= 2]
         no_decay = [p for n, p in raw.named_parameters() if p.dim() < 2]
@@ -127,10 +131,20 @@ class Trainer:
         self.ckpt = CheckpointManager(cfg.checkpoint, self.rank, self.world, self._on_checkpoint, run_id=cfg.agent.run)
         self.val_data = self.sampler.val_batches(cfg.val_batches, cfg.val_batch_size)
         self.command_target = TrainerCommands(self)
+        self.scale_event: Any = None  # set by load_state when a checkpoint of another world was restored
         self.step = 0
         self.last_loss = float("nan")
         self.stop_reason = ""
         self._t_progress = (time.perf_counter(), 0)
+
+    @staticmethod
+    def _progress_mark_path(cfg: TrainConfig) -> Any:
+        from pathlib import Path
+
+        from trainer.checkpoint_io import run_tag
+
+        tag = run_tag(cfg.run)
+        return Path(cfg.checkpoint.dir) / (f"elastic-progress-{tag}.json" if tag else "elastic-progress.json")
 
     @property
     def lr_scale(self) -> LRScale:
@@ -158,6 +172,7 @@ class Trainer:
             "rng": rng,
             "agent": self.agent.state_dict(),
             "loss_scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "elastic": self.elastic.state_dict(),
             "config": self.cfg.to_dict(),
         }
 
@@ -168,10 +183,19 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.schedule.load_state_dict(state["scheduler"])
         self.sampler.load_state_dict(state["sampler"])
-        torch.set_rng_state(state["rng"]["torch"])
-        random.setstate(state["rng"]["python"])
-        if "cuda" in state["rng"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+        # Saved at another world: the elastic policy's batch from the restored step on (trainer/elastic.py).
+        self.scale_event = self.elastic.on_restore(state.get("elastic"), int(state["step"]))
+        if self.sampler.global_batch != self.elastic.plan.global_batch:
+            self.sampler.rebatch(int(state["step"]), self.elastic.plan.global_batch, self.world, self.rank)
+        self.micro_batch = self.elastic.plan.micro_batch
+        if "rng" in state:
+            torch.set_rng_state(state["rng"]["torch"])
+            random.setstate(state["rng"]["python"])
+            if "cuda" in state["rng"] and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+        else:  # a rank the checkpoint's (smaller) world did not have: seeded, reproducibly
+            torch.manual_seed(self.cfg.seed + 1_000_003 * self.rank + int(state["step"]))
+            random.seed(self.cfg.seed + 1_000_003 * self.rank + int(state["step"]))
         self.agent.load_state_dict(state["agent"])
         if self.scaler is not None and state.get("loss_scaler"):
             self.scaler.load_state_dict(state["loss_scaler"])
@@ -183,6 +207,9 @@ class Trainer:
         t = torch.tensor([1 if ok else 0], dtype=torch.int64, device=self.accelerator.device)  # NCCL: on device
         dist.all_reduce(t, op=dist.ReduceOp.MIN)
         return bool(t.item())
+
+    def _any_rank(self, ok: bool) -> bool:
+        return not self._all_ranks(not ok)
 
     def restore(self, to_step: int) -> str:
         """Restore the checkpoint labelled ``to_step`` on every rank, or none. Returns the source."""
@@ -252,9 +279,13 @@ class Trainer:
         return contextlib.nullcontext()
 
     # ------------------------------------------------------------------ one step
+    def _lr(self, step: int) -> float:
+        return (self.schedule.lr_at(step) * self.lr_scale.value * self.faults.lr_factor(step)
+                * self.elastic.lr_factor(step))
+
     def train_step(self) -> dict[str, Any]:
         step, cfg, agent = self.step, self.cfg, self.agent
-        lr = self.schedule.lr_at(step) * self.lr_scale.value * self.faults.lr_factor(step)
+        lr = self._lr(step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         extra: dict[str, Any] = {}
@@ -327,11 +358,33 @@ class Trainer:
             _step, state, _source, detail = self.ckpt.restore_latest()
         except KeyError as exc:
             detail = str(exc)
+        if self.cfg.elastic.enabled and not self._any_rank(state is not None):
+            log.info("elastic run: no checkpoint yet, starting at step 0 (%s)", detail)  # its first start
+            return
         if not self._all_ranks(state is not None):
             raise RollbackUnavailable(f"cannot resume on every rank: {detail}")
         self.load_state(state)
         self.agent.set_step(self.step)
         log.info("resumed: %s", detail)
+        self._report_scale()
+
+    def _report_scale(self) -> None:
+        """After a resume at another world: the scale event (rank 0) and a flapping node's back-off."""
+        event = self.scale_event
+        if event is None:
+            return
+        self.scale_event = None
+        if self.rank == 0:
+            kind = EventType.ELASTIC_SCALED_UP if event.scaled_up else EventType.ELASTIC_SCALED_DOWN
+            self.agent.emit(kind, event.data(self._lr(self.step)), step=self.step)
+            self.elastic.log_event(event, self._lr(self.step))
+            print(f"elastic: world {event.from_world} -> {event.to_world} at step {event.step}, global batch "
+                  f"{event.from_global_batch} -> {event.global_batch}, lr x{event.lr_factor:.3f}, "
+                  f"{event.steps_lost} steps and {event.seconds_lost:.1f} s lost", flush=True)
+        if event.backoff_s:
+            log.warning("elastic: %d scale changes within %.0f s (a flapping node): pausing %.0f s",
+                        len(self.elastic.changes), self.cfg.elastic.flap_window_s, event.backoff_s)
+            time.sleep(event.backoff_s)
 
     def _progress(self, data: dict[str, Any]) -> None:
         every = self.cfg.progress_every
@@ -347,7 +400,7 @@ class Trainer:
     def run(self) -> int:
         error: BaseException | None = None
         try:
-            self.agent.start(global_batch=self.cfg.global_batch, lr_schedule=self.schedule.describe(),
+            self.agent.start(global_batch=self.elastic.plan.global_batch, lr_schedule=self.schedule.describe(),
                              config=self.cfg.to_dict())
             if self.cfg.resume:
                 self.resume_latest()
@@ -364,8 +417,10 @@ class Trainer:
                 if data["guard"] == GuardDecision.HOLD:
                     self.agent.modes.move(HELD)
                 self._progress(data)
+                self.elastic.mark_progress(self.step, self.last_loss)
                 handle_boundary(self, self.command_target)
             self.ckpt.wait()
+            self.elastic.mark_progress(self.step, self.last_loss, force=True)
             return 0 if not self.stop_reason.startswith("failed") else 1
         except BaseException as exc:
             error = exc

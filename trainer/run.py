@@ -59,7 +59,14 @@ def main(argv: list[str] | None = None) -> int:
     cuda = torch.cuda.is_available()
     if not cuda:
         torch.set_num_threads(cfg.threads)
-    accelerator = Accelerator(cpu=not cuda)
+    handlers = []
+    if cfg.elastic.enabled:  # a dead peer fails a collective after this, not the 30-minute default
+        import datetime
+
+        from accelerate.utils import InitProcessGroupKwargs
+
+        handlers.append(InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=cfg.elastic.collective_timeout_s)))
+    accelerator = Accelerator(cpu=not cuda, kwargs_handlers=handlers)
     try:
         trainer = Trainer(cfg, accelerator, secret=secret)
         return trainer.run()

@@ -91,6 +91,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--broker-port", type=int, default=9092, help="broker port (default 9092; a free one if taken)")
     p.add_argument("--dashboard-port", type=int, default=8501, help="dashboard port (default 8501; a free one if taken)")
     p.add_argument("--nproc", type=int, default=2, help="training processes (default 2)")
+    p.add_argument("--elastic", action="store_true",
+                   help="the elastic demo instead: two torchrun agents of 2 processes, one killed and brought back "
+                        "(cliffguard/demo_elastic.py; --dir and --json apply)")
     p.add_argument("--settle-s", type=float, default=60.0,
                    help="after training ends, wait at most this long for the controller to close open incidents")
     return p
@@ -182,6 +185,12 @@ def collect(store: Any, run_id: str) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     from trainer.faults import FaultSpec
+
+    if args.elastic:
+        from cliffguard import demo_elastic
+
+        argv = ["--dir", args.dir if args.dir != DEFAULT_DIR else "cliffguard-demo-elastic"]
+        return demo_elastic.main(argv + (["--json", args.json_path] if args.json_path else []))
 
     if args.steps < 50:
         print("cliffguard demo: --steps: must be >= 50", file=sys.stderr)

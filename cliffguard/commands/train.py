@@ -18,6 +18,10 @@ trainer does not listen for commands. Keys reach the workers through their envir
 through the command line or the saved config.
 
 Launch: ``python -m torch.distributed.run --standalone --nproc_per_node N -m trainer.run``.
+Elastic (``--nnodes MIN:MAX``): torchrun's elastic agent with a c10d rendezvous at
+``--rdzv-endpoint`` (id: the run id, so give every node the same ``--run``), ``--max-restarts``
+and a rendezvous join timeout; the workers resume from the newest checkpoint at whatever world
+the rendezvous formed and rescale the batch and LR by ``[train.elastic]`` (trainer/elastic.py).
 On CPUs this is the way to get N processes (``accelerate launch --cpu --num_processes N``
 starts only one); each process uses ``--threads`` torch threads and the gloo backend.
 """
@@ -75,6 +79,16 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument("--fault", action="append", dest="faults", metavar="SPEC",
                    help="inject a fault (repeatable): lr_blowup@S xF:N, corrupt@S, nan@S, slow_rank@R:SEC, "
                         "kill_rank@R:S, broker_outage@S:N")
+    g = p.add_argument_group("elastic (torchrun's elastic agent)")
+    g.add_argument("--nnodes", help="MIN:MAX nodes (agents) of an elastic run, e.g. 1:2; each node runs --nproc ranks")
+    g.add_argument("--rdzv-endpoint", default="127.0.0.1:29400",
+                   help="c10d rendezvous HOST:PORT, the same on every node (default 127.0.0.1:29400)")
+    g.add_argument("--max-restarts", type=int, help="worker-group restarts allowed (default 10)")
+    g.add_argument("--rdzv-timeout-s", type=float, help="rendezvous join timeout: no quorum by then ends the launch (default 120)")
+    g.add_argument("--batch-policy", choices=["halve", "keep", "proportional"],
+                   help="global batch on another world (default proportional)")
+    g.add_argument("--lr-rule", choices=["sqrt", "linear", "none"], help="LR factor for the new batch (default sqrt)")
+    g.add_argument("--collective-timeout-s", type=float, help="collective timeout: a dead peer fails a step after this (default 60)")
     g = p.add_argument_group("model and data")
     g.add_argument("--n-layer", type=int, help="transformer blocks (default 4)")
     g.add_argument("--n-head", type=int, help="attention heads (default 4)")
@@ -126,6 +140,14 @@ def build_train_config(args: argparse.Namespace, *, bootstrap: str | None, env: 
         "progress_every": args.progress_every, "threads": args.threads, "resume": args.resume,
         "faults": args.faults, "run": args.run, "out_dir": args.out_dir,
     }
+    nodes = getattr(args, "nnodes", None)
+    if nodes:
+        _min_nodes, max_nodes = parse_nnodes(nodes)
+        train_flags["resume"] = True  # every restart of the worker group resumes from the newest checkpoint
+        train_flags["elastic"] = {
+            "enabled": True, "base_world": args.nproc * max_nodes, "max_restarts": args.max_restarts,
+            "rdzv_timeout_s": args.rdzv_timeout_s, "batch_policy": args.batch_policy, "lr_rule": args.lr_rule,
+            "collective_timeout_s": args.collective_timeout_s}
     base = section("train", train_flags)
     run = args.run or ((toml.get("train") or {}).get("run")) or env.get("CLIFFGUARD_TRAIN__RUN") or default_run_id()
     model = section("model", {"n_layer": args.n_layer, "n_head": args.n_head, "n_embd": args.n_embd,
@@ -160,8 +182,27 @@ def worker_env(deployment: DeploymentConfig, cfg: TrainConfig, env: Mapping[str,
     return out
 
 
-def torchrun_command(nproc: int, config_path: str | Path) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+def parse_nnodes(value: str) -> tuple[int, int]:
+    """``MIN:MAX`` (or ``N``) nodes; ValueError naming the flag."""
+    try:
+        lo, _, hi = value.partition(":")
+        lo_n, hi_n = int(lo), int(hi or lo)
+    except ValueError:
+        raise ValueError(f"--nnodes: {value!r} is not MIN:MAX") from None
+    if not 1 <= lo_n <= hi_n:
+        raise ValueError(f"--nnodes: need 1 <= MIN <= MAX, got {value!r}")
+    return lo_n, hi_n
+
+
+def torchrun_command(nproc: int, config_path: str | Path, *, nnodes: str | None = None, rdzv_endpoint: str = "",
+                     rdzv_id: str = "", max_restarts: int = 0, rdzv_timeout_s: float = 120.0,
+                     last_call_s: int = 30) -> list[str]:
+    if not nnodes:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+                "-m", "trainer.run", "--config", str(config_path)]
+    return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc_per_node={nproc}",
+            "--rdzv_backend=c10d", f"--rdzv_endpoint={rdzv_endpoint}", f"--rdzv_id={rdzv_id}",
+            f"--max_restarts={max_restarts}", f"--rdzv_conf=join_timeout={int(rdzv_timeout_s)},last_call_timeout={last_call_s}",
             "-m", "trainer.run", "--config", str(config_path)]
 
 
@@ -179,8 +220,11 @@ def run(args: argparse.Namespace) -> int:
             bootstrap = broker.bootstrap
             print(f"embedded broker on {bootstrap} (point the controller here: --bootstrap {bootstrap})", flush=True)
         try:
+            if args.nnodes and not args.run:
+                raise ValueError("--run: an elastic run needs the same explicit run id on every node")
             deployment, cfg = build_train_config(args, bootstrap=bootstrap)
-            cfg.micro_batch(args.nproc)
+            if not args.nnodes:
+                cfg.micro_batch(args.nproc)
         except (ConfigError, ValueError) as exc:
             print(f"cliffguard train: {exc}", file=sys.stderr)
             return 2
@@ -195,12 +239,24 @@ def run(args: argparse.Namespace) -> int:
             print(f"cliffguard train: no {PUBLIC_KEY_ENV}[_FILE] (or {SECRET_ENV}): the run will not accept commands",
                   file=sys.stderr)
         print(f"run {cfg.run}: {args.nproc} process(es), config {config_path}", flush=True)
-        proc = subprocess.Popen(torchrun_command(args.nproc, config_path), env=env)
+        e = cfg.elastic
+        if args.nnodes:
+            # Workers of each restart keep a TCPStore of their own: on the agent's shared store, a
+            # restarted smaller world found the dead world's gloo addresses and failed to connect.
+            env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+        proc = subprocess.Popen(torchrun_command(args.nproc, config_path, nnodes=args.nnodes,
+                                                 rdzv_endpoint=args.rdzv_endpoint, rdzv_id=cfg.run,
+                                                 max_restarts=e.max_restarts, rdzv_timeout_s=e.rdzv_timeout_s), env=env)
         try:
-            return proc.wait()
+            code = proc.wait()
         except KeyboardInterrupt:
             proc.send_signal(signal.SIGINT)  # torchrun forwards it to the workers
-            return proc.wait()
+            code = proc.wait()
+        if code and args.nnodes:
+            print(f"cliffguard train: the elastic launch ended with exit {code}: the workers failed more than "
+                  f"--max-restarts ({e.max_restarts}) times, or no rendezvous of {args.nnodes} nodes at "
+                  f"{args.rdzv_endpoint} completed within {e.rdzv_timeout_s:.0f} s", file=sys.stderr)
+        return code
     finally:
         if broker is not None:
             broker.stop()

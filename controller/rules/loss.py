@@ -93,6 +93,15 @@ class LossRules:
         self.spike.load_state_dict({"window": self.spike.state_dict()["window"], "crit_run": 0})
         self.divergence.reset()
 
+    def rebaseline(self) -> list[Verdict]:
+        """After an elastic scale change: the spike window and the divergence baseline start afresh
+        (the spike rule judges again after ``min_history`` points at the new batch)."""
+        self._exc = None
+        self._diverging = None
+        self.spike = SpikeDetector(self.spike_config)
+        self.divergence.reset()
+        return []
+
     def observe(self, step: int, loss: float) -> list[Verdict]:
         self._recent.append((step, loss))
         gap = self.cadence.observe(step)

@@ -56,6 +56,12 @@ PAYLOADS: dict[EventType, dict] = {
     EventType.RANKS: {"first_rank": 0, "steps": 10, "step_time_s": [0.05], "data_wait_s": [0.001],
                       "comm_exposed_s": [0.002], "mfu": [0.4], "tokens_per_s": [8e4], "mem_allocated": [1 << 20],
                       "mem_reserved": [2 << 20], "loss_local": [2.4]},
+    EventType.ELASTIC_SCALED_DOWN: {"from_world": 4, "to_world": 2, "from_global_batch": 16, "global_batch": 8,
+                                    "grad_accum": 1, "lr": 2e-3, "lr_factor": 0.7071, "steps_lost": 3,
+                                    "seconds_lost": 12.5, "backoff_s": 0.0, "policy": "proportional", "lr_rule": "sqrt"},
+    EventType.ELASTIC_SCALED_UP: {"from_world": 2, "to_world": 4, "from_global_batch": 8, "global_batch": 16,
+                                  "grad_accum": 1, "lr": 2e-3, "lr_factor": 1.0, "steps_lost": 0,
+                                  "seconds_lost": 20.0, "backoff_s": 0.0, "policy": "proportional", "lr_rule": "sqrt"},
 }
 
 ARGS: dict[CommandType, dict] = {

@@ -1,0 +1,219 @@
+"""``cliffguard demo --elastic``: scale down and back up under torchrun's elastic agent, on CPUs.
+
+Two ``cliffguard train --nnodes 1:2 --nproc 2`` launches (two torchrun agents of 2 processes,
+one c10d rendezvous on a free local port) train one run at world 4. When the run passes
+``kill_at`` the second agent and its worker group are killed (SIGKILL to its process group):
+the survivors' next collective fails, their agent restarts them, the rendezvous completes with
+one node, and they resume from the newest disk checkpoint at world 2 with half the global batch
+(``proportional``) and the LR factor of the ``sqrt`` rule. When the run passes ``rejoin_at`` the
+agent is started again: the first agent sees a node waiting, restarts its workers, and the run
+resumes at world 4 with the declared batch. The trainers' rank 0 appends each scale event to
+``elastic-events-<tag>.jsonl`` and keeps a progress mark (step, loss) beside the checkpoints;
+the summary comes from those. No broker or controller here (``cliffguard demo`` has them):
+``incidents`` is empty by construction.
+
+``ok`` only when exactly the expected events happened: a scale-down 4 -> 2 with global batch
+B/2, then a scale-up 2 -> 4 with B, and the run reached its last step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass(kw_only=True, slots=True)
+class ElasticDemoConfig:
+    steps: int = 150
+    kill_at: int = 20
+    rejoin_at: int = 30
+    global_batch: int = 16
+    ckpt_every: int = 5
+    out_dir: str = "cliffguard-demo-elastic"
+    run: str = "elastic-demo"
+    timeout_s: float = 1100.0
+    model: tuple[int, int, int] = (2, 2, 64)  # layers, heads, width
+    max_bytes: int = 400_000
+    pace_s: float = 0.4
+    """Rank 0 sleeps this long every step (the slow_rank fault), so that on 2 loaded cores the
+    rejoining agent (tens of seconds to start) joins while the run still has steps to go."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.kill_at < self.rejoin_at < self.steps:
+            raise ValueError("kill_at: need 0 < kill_at < rejoin_at < steps")
+        if self.global_batch % 8:
+            raise ValueError("global_batch: must split over 4 ranks and, halved, over 2 (a multiple of 8)")
+        if self.ckpt_every < 1 or self.ckpt_every >= self.rejoin_at - self.kill_at:
+            raise ValueError("ckpt_every: must be >= 1 and below rejoin_at - kill_at")
+
+
+def train_argv(cfg: ElasticDemoConfig, endpoint: str, world_nodes: str = "1:2", nproc: int = 2) -> list[str]:
+    layers, heads, width = cfg.model
+    return [sys.executable, "-m", "cliffguard", "train", "--nnodes", world_nodes, "--nproc", str(nproc),
+            "--run", cfg.run, "--out-dir", cfg.out_dir, "--no-monitor", "--rdzv-endpoint", endpoint,
+            "--steps", str(cfg.steps), "--global-batch", str(cfg.global_batch), "--warmup-steps", "5",
+            "--ckpt-every", str(cfg.ckpt_every), "--full-every", "0", "--snapshot-every", str(cfg.ckpt_every),
+            "--val-every", "0", "--progress-every", "5", "--n-layer", str(layers), "--n-head", str(heads),
+            "--n-embd", str(width), "--max-bytes", str(cfg.max_bytes), "--batch-policy", "proportional",
+            "--lr-rule", "sqrt", "--collective-timeout-s", "30", "--rdzv-timeout-s", "300", "--max-restarts", "6",
+            *(["--fault", f"slow_rank@0:{cfg.pace_s}"] if cfg.pace_s else [])]
+
+
+def _paths(cfg: ElasticDemoConfig) -> tuple[Path, Path]:
+    from trainer.checkpoint_io import run_tag
+
+    ckpt = Path(cfg.out_dir) / cfg.run / "checkpoints"
+    tag = run_tag(cfg.run)
+    return ckpt / f"elastic-progress-{tag}.json", ckpt / f"elastic-events-{tag}.jsonl"
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _events(path: Path) -> list[dict[str, Any]]:
+    try:
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except (OSError, ValueError):
+        return []
+
+
+def run_uninterrupted(cfg: ElasticDemoConfig) -> dict[str, Any]:
+    """The same run on one agent of 4 processes, never interrupted (the loss baseline)."""
+    from controller.broker import free_port
+
+    run_dir = Path(cfg.out_dir) / cfg.run
+    if run_dir.exists():
+        import shutil
+
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    t0 = time.time()
+    proc = _start(train_argv(cfg, f"127.0.0.1:{free_port()}", world_nodes="1:1", nproc=4), run_dir / "agent.log")
+    try:
+        code = proc.wait(timeout=cfg.timeout_s)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        code = -1
+    mark = _read_json(_paths(cfg)[0]) or {}
+    return {"exit": code, "final_loss": mark.get("loss"), "final_step": mark.get("step"),
+            "seconds": round(time.time() - t0, 1)}
+
+
+def _start(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
+    fh = log.open("ab")
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.Popen(argv, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the launch and every process under it: torchrun starts each worker in a session of
+    its own, so killing the launch's process group alone would leave the workers training."""
+    import psutil
+
+    try:
+        tree = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        tree = []
+    for p in [psutil.Process(proc.pid), *tree] if proc.poll() is None else tree:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    proc.wait()
+
+
+def run_elastic_demo(cfg: ElasticDemoConfig, log=print) -> dict[str, Any]:
+    from controller.broker import free_port
+
+    run_dir = Path(cfg.out_dir) / cfg.run
+    if run_dir.exists():
+        import shutil
+
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    mark_path, events_path = _paths(cfg)
+    endpoint = f"127.0.0.1:{free_port()}"
+    t0 = time.time()
+    first = _start(train_argv(cfg, endpoint), run_dir / "agent-a.log")
+    time.sleep(3.0)  # the first agent hosts the rendezvous store: it must outlive the second
+    second = _start(train_argv(cfg, endpoint), run_dir / "agent-b.log")
+    killed_at = rejoined_at = None
+    try:
+        while first.poll() is None and time.time() - t0 < cfg.timeout_s:
+            time.sleep(0.5)
+            mark = _read_json(mark_path) or {}
+            step = int(mark.get("step", -1))
+            if killed_at is None and step >= cfg.kill_at:
+                log(f"elastic demo: step {step}: killing the second agent's worker group")
+                _kill_group(second)
+                killed_at = step
+            elif killed_at is not None and rejoined_at is None and step >= cfg.rejoin_at and _events(events_path):
+                log(f"elastic demo: step {step} at world 2: the second agent rejoins")
+                second = _start(train_argv(cfg, endpoint), run_dir / "agent-b.log")
+                rejoined_at = step
+        code = first.poll()
+        if code is None:
+            log("elastic demo: timed out")
+        if rejoined_at is not None:
+            try:
+                second.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                pass
+    finally:
+        for proc in (first, second):
+            if proc.poll() is None:
+                _kill_group(proc)
+    events = _events(events_path)
+    mark = _read_json(mark_path) or {}
+    scale = [{"step": e["step"], "from_world": e["from_world"], "to_world": e["to_world"],
+              "global_batch": e["global_batch"], "lr": e["lr"], "lr_factor": e["lr_factor"],
+              "steps_lost": e["steps_lost"], "seconds_lost": e["seconds_lost"]} for e in events]
+    expected = [(4, 2, cfg.global_batch // 2), (2, 4, cfg.global_batch)]
+    got = [(e["from_world"], e["to_world"], e["global_batch"]) for e in scale]
+    finished = int(mark.get("step", -1)) >= cfg.steps and first.returncode == 0
+    ok = got == expected and finished
+    problems = [] if ok else [f"scale events {got}, expected {expected}" if got != expected else "",
+                              "" if finished else f"run ended at step {mark.get('step')} (exit {first.returncode})"]
+    return {"ok": ok, "scale_events": scale, "incidents": [], "final_loss": mark.get("loss"),
+            "final_step": mark.get("step"), "killed_at": killed_at, "rejoined_at": rejoined_at,
+            "seconds": round(time.time() - t0, 1), "problems": [p for p in problems if p],
+            "logs": [str(run_dir / "agent-a.log"), str(run_dir / "agent-b.log")]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="cliffguard demo --elastic", description=__doc__.splitlines()[0])
+    d = ElasticDemoConfig()
+    p.add_argument("--steps", type=int, default=d.steps)
+    p.add_argument("--kill-at", type=int, default=d.kill_at)
+    p.add_argument("--rejoin-at", type=int, default=d.rejoin_at)
+    p.add_argument("--dir", default="cliffguard-demo-elastic")
+    p.add_argument("--json", dest="json_path")
+    args = p.parse_args(argv)
+    try:
+        cfg = ElasticDemoConfig(steps=args.steps, kill_at=args.kill_at, rejoin_at=args.rejoin_at, out_dir=args.dir)
+    except ValueError as exc:
+        print(f"cliffguard demo --elastic: {exc}", file=sys.stderr)
+        return 2
+    summary = run_elastic_demo(cfg)
+    print(json.dumps(summary, indent=2))
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps(summary, indent=2) + "\n")
+    return 0 if summary["ok"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
