@@ -29,13 +29,39 @@ What each command does (the protocol agreed with the controller):
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+import torch
+
+from agent.hooks import Agent
 from agent.recovery.kit import RecoveryKit
 from core.enums import CheckpointKind
+from trainer.checkpoint import CheckpointManager
+from trainer.config import TrainConfig
+from trainer.data import Sampler
 
-if TYPE_CHECKING:
-    from trainer.loop import Trainer
+
+class Trainer(Protocol):
+    """What the kit needs from the bundled trainer (trainer/loop.py's ``Trainer``)."""
+
+    agent: Agent
+    cfg: TrainConfig
+    model: torch.nn.Module
+    optimizer: Any
+    ckpt: CheckpointManager
+    sampler: Sampler
+    step: int
+    _t_progress: tuple[float, int]
+
+    def capture_state(self) -> dict[str, Any]: ...
+
+    def load_state(self, state: dict[str, Any]) -> None: ...
+
+    def val_loss(self, batches: int | None = None) -> tuple[float, int]: ...
+
+    def checkpoint(self, kind: CheckpointKind) -> None: ...
+
+    def param_digest(self) -> str: ...
 
 
 class _TrainerState:
