@@ -110,6 +110,8 @@ class RecoveryKit:
         self.skip_data_fn = skip_data
         self.checkpoint_fn = checkpoint_fn
         self.kept: deque[Any] = deque(maxlen=self.config.val_keep or None)
+        """The held-back slice: recent training batches of steps the guard passed as ok."""
+        self._pending_batches: list[Any] = []
         self.stop_reason = ""
         """Why the run ends early ("failed: ..." when a timeout policy failed it)."""
         self._apply_update = True
@@ -152,13 +154,18 @@ class RecoveryKit:
 
     # ------------------------------------------------------------------ per step
     def remember(self, batch: Any) -> None:
-        """Keep a CPU copy of a training batch for validation without a validation set."""
+        """Keep a CPU copy of a training batch for validation without a validation set. It joins
+        the held-back slice only if the guard passes its step as ``ok``: a corrupted batch must not
+        become the yardstick that judges the weights."""
         if self.config.val_keep and self.loss_fn is not None:
-            self.kept.append(cpu_copy(batch))
+            self._pending_batches.append(cpu_copy(batch))
 
     def before_optimizer_step(self) -> bool:
         """The agent's all-reduce and the guard. True = apply this update (the same on every rank)."""
         ok = self.agent.before_optimizer_step()
+        if self.agent.decision is GuardDecision.OK:
+            self.kept.extend(self._pending_batches)
+        self._pending_batches = []
         self._apply_update = ok
         self._hold_pending = self.agent.decision is GuardDecision.HOLD
         return ok
