@@ -199,7 +199,8 @@ class RecoveryKit:
 
     # ------------------------------------------------------------------ the boundary
     def at_boundary(self, step: int | None = None) -> bool:
-        """Between steps: ``handle_commands``, then a memory snapshot when due. False when the run
+        """Between steps: ``handle_commands``, then a memory snapshot and a validation (the
+        controller's baseline, every ``val_every``) when due. False when the run
         must stop. ``step`` is checked against the agent's (the one counter; after a rollback
         read ``kit.step``)."""
         if step is not None and step != self.agent.step and not self._warned_step:
@@ -208,7 +209,14 @@ class RecoveryKit:
                         "(read kit.step after a rollback)", step, self.agent.step)
         if not self.handle_commands():
             return False
-        self.store.on_step(self.agent.step, lambda: self.state.capture(self.agent.step))
+        step = self.agent.step
+        self.store.on_step(step, lambda: self.state.capture(step))
+        every = self.config.val_every
+        if every and step and step % every == 0 and CommandType.VALIDATE in self.capabilities:
+            try:
+                self.run_validation()  # the controller's baseline
+            except Exception as exc:  # noqa: BLE001 - a periodic validation never stops training
+                log.warning("periodic validation at step %d failed: %s", step, exc)
         return True
 
     def handle_commands(self) -> bool:
