@@ -80,14 +80,15 @@ class Corrupting:
         return {"input_ids": ids, "labels": ids.clone()}
 
 
-def _trainer(tmp_path, cb, *, steps=30, collator=None, eval_dataset=None):
+def _trainer(tmp_path, cb, *, steps=30, collator=None, eval_dataset=None, **targs):
     torch.manual_seed(0)
     cfg = transformers.GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=32, n_layer=2, n_head=2)
     model = transformers.GPT2LMHeadModel(cfg)
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path / "out"), max_steps=steps, per_device_train_batch_size=4, learning_rate=LR,
-        lr_scheduler_type="constant", warmup_steps=0, save_strategy="no", report_to=[], use_cpu=True,
-        disable_tqdm=True, dataloader_num_workers=0, seed=0, max_grad_norm=0.0, remove_unused_columns=False)
+        lr_scheduler_type="constant", warmup_steps=0, report_to=[], use_cpu=True, disable_tqdm=True,
+        dataloader_num_workers=0, seed=0, max_grad_norm=0.0, remove_unused_columns=False,
+        **{"save_strategy": "no", **targs})
     return transformers.Trainer(model=model, args=args, train_dataset=Data(), eval_dataset=eval_dataset,
                                 data_collator=collator or Corrupting(set()), callbacks=[cb])
 
@@ -95,7 +96,7 @@ def _trainer(tmp_path, cb, *, steps=30, collator=None, eval_dataset=None):
 def _callback(script: Script | None = None, **recovery):
     guard = GuardConfig(spike=SpikeConfig(window=16, min_history=6), hold_after=3)
     cfg = AgentConfig(run="hf", hist_every=0, heartbeat_s=60, calibration_s=0.05, command_tick_s=0.01, guard=guard,
-                      recovery=KitConfig(snapshot_every=4, ring_size=4, **recovery))
+                      recovery=KitConfig(**{"snapshot_every": 4, "ring_size": 4, **recovery}))
     sink = InMemorySink()
     cb = CliffguardCallback(cfg, sink=sink, command_source=script or Script())
     if script is not None:
@@ -181,6 +182,30 @@ def test_rollback_from_the_ring_applies_and_reports_lr_scale_and_checkpoint_now_
     saved = [e for e in sink.events if e.type is EventType.CHECKPOINT and e.data["kind"] == "full"]
     assert saved and (tmp_path / "out" / f"checkpoint-{saved[0].step}").is_dir()
     assert trainer.state.global_step == 18
+
+
+@pytest.mark.slow
+def test_a_step_older_than_the_ring_is_restored_from_the_trainers_own_checkpoint(tmp_path):
+    script = Script()
+    cb, sink = _callback(script, ring_size=1)  # the ring keeps only the newest snapshot
+    rollback = make_command(CommandType.ROLLBACK, "hf", {"to_step": 4, "lr_scale": 0.5})
+    script.at_step[10] = [rollback]
+    trainer = _trainer(tmp_path, cb, steps=12, save_strategy="steps", save_steps=4)
+    saved_w = {}
+    orig = cb.on_save
+
+    def spy(args, state, control, **kw):
+        saved_w[state.global_step] = kw["model"].transformer.h[0].mlp.c_fc.weight.detach().clone()
+        return orig(args, state, control, **kw)
+
+    cb.on_save = spy
+    trainer.train()
+    ack = _acks(sink)[rollback.id]
+    assert ack["status"] == "applied" and "restored step 4 from disk (checkpoint-4)" in ack["detail"], ack
+    steps = [e.step for e in _steps(sink)]
+    assert steps[:11] == list(range(11)) and steps[11] == 4
+    assert any(e.type is EventType.CHECKPOINT and e.data["kind"] == "full" and e.step == 4 for e in sink.events)
+    assert 4 in saved_w and trainer.state.global_step == 12
 
 
 @pytest.mark.slow
