@@ -212,7 +212,7 @@ class CliffguardCallback(TrainerCallback):
                 raise RuntimeError("evaluate() returned no eval_loss")
             return float(val), len(trainer.get_eval_dataloader())
         assert self.kit is not None
-        return self.kit._validate_kept(batches)
+        return self.kit.validate_held_back(batches)
 
     def _held_back_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         assert self.agent is not None

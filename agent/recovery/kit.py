@@ -321,7 +321,7 @@ class RecoveryKit:
                 out = self.validate_fn(batches)
                 val, n = out if isinstance(out, tuple) else (out, batches or 0)
             else:
-                val, n = self._validate_kept(batches)
+                val, n = self.validate_held_back(batches)
         if self.agent.rank == 0:
             payload: dict[str, Any] = {"val_loss": float(val), "batches": int(n)}
             if cmd_id is not None:
@@ -330,7 +330,8 @@ class RecoveryKit:
         return float(val)
 
     @torch.no_grad()
-    def _validate_kept(self, batches: int | None) -> tuple[float, int]:
+    def validate_held_back(self, batches: int | None = None) -> tuple[float, int]:
+        """``loss_fn`` on the held-back slice (the newest ``batches``), mean over every rank: (loss, n)."""
         if self.loss_fn is None:
             raise RuntimeError("no validation: give the kit a validate_fn, or a loss_fn and remember() batches")
         data = list(self.kept)[-batches:] if batches else list(self.kept)
