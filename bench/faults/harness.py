@@ -288,3 +288,42 @@ def controlled(ctx: Ctx, m: Measured, *, kind: str = "sqlite", env: dict[str, st
 def obeyed(trainer: FakeTrainer, run: str) -> int:
     """Commands of ``run`` the scripted trainer received and verified (what a trainer would apply)."""
     return len(trainer.received.get(run, []))
+
+
+# -- a real agent on a tiny model, in the scenario's own process ---------------------------------
+
+
+class TinyTraining:
+    """The real ``Agent`` attached to a 2-layer model's loop; each ``step()`` is timed end to end,
+    so a hook that blocks on the broker or the disk shows as a slow step."""
+
+    def __init__(self, run: str, kafka: KafkaConfig | None, spill_dir: Path, secret: Any = None) -> None:
+        import torch
+
+        from agent.hooks import Agent, AgentConfig
+
+        torch.manual_seed(0)
+        torch.set_num_threads(1)
+        self.torch = torch
+        self.model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=1e-2)
+        cfg = AgentConfig(run=run, hist_every=0, heartbeat_s=1.0, calibration_s=0.02, spill_dir=str(spill_dir))
+        self.agent = Agent(None, self.model, self.opt, cfg, kafka=kafka, secret=secret)
+        self.agent.start()
+        self.step_s: list[float] = []
+
+    def step(self) -> None:
+        t0 = time.perf_counter()
+        x = self.torch.randn(8, 16)
+        loss = ((self.model(x) - 1.0) ** 2).mean()
+        self.agent.after_forward(loss, tokens=8)
+        loss.backward()
+        self.agent.after_backward()
+        if self.agent.before_optimizer_step():
+            self.opt.step()
+        self.opt.zero_grad()
+        self.agent.after_step()
+        self.step_s.append(time.perf_counter() - t0)
+
+    def close(self) -> None:
+        self.agent.close()
