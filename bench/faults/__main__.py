@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     known = scenarios()
     if args.list:
         for sc in known.values():
-            print(f"{sc.name:<34}{sc.family:<15}{sc.requires or '':<20}{sc.hole}")
+            print(f"{sc.name:<36}{sc.family:<15}{sc.requires or '':<20}{sc.hole}")
         return 0
     selected = list(known.values())
     if args.only:
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         for i, sc in enumerate(selected, 1):
             row = run_one(sc, broker.bootstrap, pg_url, keep)
             rows.append(row)
-            print(f"[{i:>2}/{len(selected)}] {sc.name:<34} {row['status']:<8} {row['seconds']:6.1f}s  "
+            print(f"[{i:>2}/{len(selected)}] {sc.name:<36} {row['status']:<8} {row['seconds']:6.1f}s  "
                   f"{row['detail'][:110]}", flush=True)
     out = {"totals": totals(rows), "seconds": time.monotonic() - t0, "loadavg_1m": os.getloadavg()[0],
            "scenarios": rows}

@@ -73,14 +73,14 @@ def totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = [f"{'scenario':<34}{'status':<9}{'s':>6} {'prod/stored':>12} {'sent/obeyed':>12} {'forged':>7} "
+    lines = [f"{'scenario':<36}{'status':<9}{'s':>6} {'prod/stored':>12} {'sent/obeyed':>12} {'forged':>7} "
              f"{'rb':>3} {'recover':>8}"]
     for r in rows:
         if r["status"] == "skipped":
-            lines.append(f"{r['name']:<34}{'skipped':<9}{'':>6} {r['detail']}")
+            lines.append(f"{r['name']:<36}{'skipped':<9}{'':>6} {r['detail']}")
             continue
         rec = "" if r.get("recover_s") is None else f"{r['recover_s']:.1f}s"
-        lines.append(f"{r['name']:<34}{r['status']:<9}{r['seconds']:>6.1f} "
+        lines.append(f"{r['name']:<36}{r['status']:<9}{r['seconds']:>6.1f} "
                      f"{r.get('events_produced', 0):>5}/{r.get('events_stored', 0):<6} "
                      f"{r.get('commands_sent', 0):>5}/{r.get('commands_obeyed', 0):<6} "
                      f"{r.get('forged_obeyed', 0):>3}/{r.get('forged_sent', 0):<3} {r.get('rollbacks', 0):>3} {rec:>8}")

@@ -137,7 +137,7 @@ def full_spill_disk(ctx: Ctx) -> Measured:
 
 
 @scenario("h13_planted_spill_symlink", "13: the spill path followed a planted symlink and overwrote its target",
-          timeout_s=60, smoke=True)
+          timeout_s=60)
 def planted_symlink(ctx: Ctx) -> Measured:
     m = Measured()
     kafka = fresh_kafka(ctx.bootstrap)
@@ -166,7 +166,7 @@ def planted_symlink(ctx: Ctx) -> Measured:
 
 
 @scenario("h14_invalid_run_id_refused", "14: an invalid run id was accepted and every event silently dropped",
-          timeout_s=60, smoke=True)
+          timeout_s=60)
 def invalid_run_id(ctx: Ctx) -> Measured:
     from agent.hooks import AgentConfig
 

@@ -33,10 +33,9 @@ def _trainer(tmp: Path, run: str, ckpt_dir: Path, **ckpt: Any):
     cfg = TrainConfig(
         run=run, steps=1000, out_dir=str(tmp / run), val_every=0, progress_every=0, val_batches=1,
         model=GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=32), data=DataConfig(max_bytes=300_000, seq_len=32),
-        checkpoint=CheckpointConfig(dir=str(ckpt_dir), writer="thread", **{"snapshot_every": 5, "memory_ring": 2,
-                                                                           "ckpt_every": 10, "full_every": 0,
-                                                                           "keep_full": 2, "keep_incremental": 2,
-                                                                           **ckpt}),
+        checkpoint=CheckpointConfig(dir=str(ckpt_dir), **{"writer": "thread", "snapshot_every": 5, "memory_ring": 2,
+                                                          "ckpt_every": 10, "full_every": 0, "keep_full": 2,
+                                                          "keep_incremental": 2, **ckpt}),
         agent=AgentConfig(run=run, hist_every=0, heartbeat_s=30, calibration_s=0.02),
     )
     tr = Trainer(cfg, Accelerator(cpu=True), sink=NullSink())
