@@ -20,7 +20,7 @@ from pathlib import Path
 
 from bench.faults.pg import ThrowawayPostgres
 from bench.faults.registry import scenarios
-from bench.faults.runner import run_one, table, totals
+from bench.faults.runner import markdown, run_one, table, totals
 from controller.broker import EmbeddedBroker
 
 
@@ -32,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pg-url", help="a PostgreSQL database to use (default: a throwaway cluster)")
     p.add_argument("--keep", help="keep each scenario's directory (logs, stores) under this folder")
     p.add_argument("--list", action="store_true", help="print the scenarios and exit")
+    p.add_argument("--markdown", action="store_true", help="also print the README's table")
     args = p.parse_args(argv)
     known = scenarios()
     if args.list:
@@ -71,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
           f"forged_obeyed {t['forged_obeyed']}, crashes {t['crashes']}, hangs {t['hangs']}; "
           f"{t['passed']} passed, {t['failed']} failed, {t['skipped']} skipped of {t['scenarios']} "
           f"in {out['seconds']:.0f}s")
+    if args.markdown:
+        print(markdown(rows))
     Path(args.json).write_text(json.dumps(out, indent=1))
     bad = [r for r in rows if r["status"] not in ("passed", "skipped")]
     return 1 if bad else 0

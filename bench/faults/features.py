@@ -21,15 +21,20 @@ def _has(path: str, *needles: str) -> Callable[[], bool]:
     return probe
 
 
+def _has_any(path: str, *needles: str) -> Callable[[], bool]:
+    probes = [_has(path, n) for n in needles]
+    return lambda: any(p() for p in probes)
+
+
 FEATURES: dict[str, tuple[str, Callable[[], bool]]] = {
     # i11-keys
     "ed25519-commands": ("i11-keys: Ed25519 command keys", _has("core/keys.py", "Ed25519PrivateKey")),
     "signed-events": ("i11-keys: per-run event signatures checked by the controller",
                       _has("controller/edge.py", "EVENT_SIG_HEADER")),
     "step-jump-bounds": ("i11-keys: steps bounded relative to the run's last step",
-                         _has("controller", "step_jump", "DLQ")),
+                         _has("controller/bounds.py", "STEP_JUMP")),
     "writer-secret-scrub": ("i11-keys: the checkpoint writer gets no key material",
-                            _has("trainer/checkpoint_io.py", "scrub_keys")),
+                            _has("trainer/checkpoint.py", "scrub_keys")),
     # i11-store
     "store-retry": ("i11-store: store errors retried with backoff, never skipped",
                     _has("controller/service.py", "backoff")),
@@ -38,7 +43,7 @@ FEATURES: dict[str, tuple[str, Callable[[], bool]]] = {
     "health-endpoint": ("i11-store: controller liveness/readiness over HTTP", _has("controller", "/healthz")),
     "oversized-dlq": ("i11-store: oversized messages reach the DLQ truncated", _has("controller", "oversized", "truncat")),
     "broker-child-dies": ("i11-store: the Tansu child dies with `cliffguard broker`",
-                          _has("controller/broker.py", "PR_SET_PDEATHSIG")),
+                          _has_any("controller/broker.py", "PDEATHSIG", "prctl", "dies with its parent")),
     # i10-kit
     "pause-timeout": ("i10-kit: a controller pause times out on the trainer side",
                       _has("agent/recovery/config.py", "pause_timeout_s")),

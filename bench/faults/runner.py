@@ -85,3 +85,20 @@ def table(rows: list[dict[str, Any]]) -> str:
                      f"{r.get('commands_sent', 0):>5}/{r.get('commands_obeyed', 0):<6} "
                      f"{r.get('forged_obeyed', 0):>3}/{r.get('forged_sent', 0):<3} {r.get('rollbacks', 0):>3} {rec:>8}")
     return "\n".join(lines)
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """The README's table: scenario, hole, result and the counts that matter for it."""
+    out = ["| scenario | hole / attack | result | produced / stored | sent / obeyed | forged obeyed | rollbacks | recover |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["status"] == "skipped":
+            out.append(f"| `{r['name']}` | {r['hole']} | skipped (feature missing) | | | | | |")
+            continue
+        rec = "" if r.get("recover_s") is None else f"{r['recover_s']:.1f} s"
+        prod = f"{r['events_produced']} / {r['events_stored']}" if r.get("events_produced") else ""
+        sent = f"{r['commands_sent']} / {r['commands_obeyed']}" if r.get("commands_sent") else ""
+        forged = f"{r['forged_obeyed']} of {r['forged_sent']}" if r.get("forged_sent") else ""
+        out.append(f"| `{r['name']}` | {r['hole']} | {r['status']} ({r['seconds']:.0f} s) | {prod} | {sent} | "
+                   f"{forged} | {r.get('rollbacks') or ''} | {rec} |")
+    return "\n".join(out)

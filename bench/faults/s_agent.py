@@ -190,6 +190,8 @@ def invalid_run_id(ctx: Ctx) -> Measured:
         m.events_produced = 20
         wait_until(lambda: len(steps_stored(engine, "team-a.run_7")) >= 20, 60, "20 steps of the valid id stored")
         m.events_stored = len(steps_stored(engine, "team-a.run_7"))
+        m.note(f"{m.forged_sent - m.forged_obeyed} of {m.forged_sent} invalid run ids refused at AgentConfig; "
+               f"a valid id's {m.events_stored} steps stored")
         if ctl.crashed:
             m.crashes += 1
     return m
