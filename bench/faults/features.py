@@ -37,11 +37,11 @@ FEATURES: dict[str, tuple[str, Callable[[], bool]]] = {
                             _has("trainer/checkpoint.py", "scrub_keys")),
     # i11-store
     "store-retry": ("i11-store: store errors retried with backoff, never skipped",
-                    _has("controller/service.py", "backoff")),
+                    _has("controller/store/errors.py", "class Backoff")),
     "store-gone-exits": ("i11-store: a lost/read-only store stops the controller non-zero",
-                         _has("controller", "StoreUnavailable")),
+                         _has("controller/store/errors.py", "class StoreLost")),
     "health-endpoint": ("i11-store: controller liveness/readiness over HTTP", _has("controller", "/healthz")),
-    "oversized-dlq": ("i11-store: oversized messages reach the DLQ truncated", _has("controller", "oversized", "truncat")),
+    "oversized-dlq": ("i11-store: oversized messages reach the DLQ truncated", _has("controller/edge.py", "DLQ_KEEP_BYTES")),
     "broker-child-dies": ("i11-store: the Tansu child dies with `cliffguard broker`",
                           _has_any("controller/broker.py", "PDEATHSIG", "prctl", "dies with its parent")),
     # i10-kit

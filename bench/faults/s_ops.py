@@ -102,7 +102,8 @@ def health(ctx: Ctx) -> Measured:
         m.recover_s = wait_until(lambda: _http(base + "/readyz") == 200, 60, "ready")
         m.check(_http(base + "/healthz") == 200, "not live while consuming")
         shutil.rmtree(root)
-        wait_until(lambda: _http(base + "/readyz") != 200, 60, "not ready once the store is gone")
+        gone = wait_until(lambda: _http(base + "/readyz") != 200, 60, "not ready once the store is gone")
+        m.note(f"ready after {m.recover_s:.1f}s; not ready {gone:.1f}s after the store directory was removed")
     finally:
         ctl.expected_exit = True  # the store was removed on purpose
         ctl.stop()
@@ -140,6 +141,7 @@ def oversized(ctx: Ctx) -> Measured:
             consumer.close()
         m.check(max(seen) < 1024 * 1024, f"DLQ record of {max(seen)} bytes (want truncated)")
         m.check(sum(dead_letters(lp.engine).values()) >= 1, f"dead letters {dead_letters(lp.engine)}")
+        m.note(f"4 MiB message dead-lettered as a {max(seen)}-byte record; 20 of 20 steps around it stored")
     return m
 
 
@@ -151,6 +153,7 @@ def broker_child(ctx: Ctx) -> Measured:
     argv = [sys.executable, "-m", "cliffguard.cli", "broker", "--port", str(port)]
     for attempt in range(2):  # the second start on the same port is the check that the first left nothing
         _start_and_kill(argv, port, m, attempt + 1)
+    m.note(f"Tansu child gone and port free {m.recover_s:.1f}s after SIGKILL; restarted on the same port")
     return m
 
 
