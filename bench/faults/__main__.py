@@ -30,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", help="comma-separated scenario names")
     p.add_argument("--smoke", action="store_true", help="the CI subset: fast, broker + SQLite only")
     p.add_argument("--pg-url", help="a PostgreSQL database to use (default: a throwaway cluster)")
+    p.add_argument("--budget-s", type=float, default=1500.0,
+                   help="the whole run's time limit (default 1500 = 25 min); a scenario gets what is left at most")
     p.add_argument("--keep", help="keep each scenario's directory (logs, stores) under this folder")
     p.add_argument("--list", action="store_true", help="print the scenarios and exit")
     p.add_argument("--markdown", action="store_true", help="also print the README's table")
@@ -60,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             pg_url = stack.enter_context(ThrowawayPostgres()).url
             print(f"faults: throwaway PostgreSQL on {pg_url.rsplit('@', 1)[1]}", flush=True)
         for i, sc in enumerate(selected, 1):
-            row = run_one(sc, broker.bootstrap, pg_url, keep)
+            row = run_one(sc, broker.bootstrap, pg_url, keep, args.budget_s - (time.monotonic() - t0))
             rows.append(row)
             print(f"[{i:>2}/{len(selected)}] {sc.name:<36} {row['status']:<8} {row['seconds']:6.1f}s  "
                   f"{row['detail'][:110]}", flush=True)

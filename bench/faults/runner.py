@@ -24,13 +24,19 @@ from cliffguard.procs import stop_group
 TOTALS = ("lost_events", "duplicate_commands", "forged_obeyed", "crashes", "hangs")
 
 
-def run_one(sc: Scenario, bootstrap: str, pg_url: str | None, keep: Path | None = None) -> dict[str, Any]:
+def run_one(sc: Scenario, bootstrap: str, pg_url: str | None, keep: Path | None = None,
+            budget_s: float = float("inf")) -> dict[str, Any]:
+    """One row; the scenario gets its own timeout or what is left of the suite's ``budget_s``."""
     row: dict[str, Any] = {"name": sc.name, "hole": sc.hole, "family": sc.family}
     gap = missing(sc.requires)
     if gap is not None:
         return {**row, "status": "skipped", "passed": None, "seconds": 0.0, "detail": f"skipped (feature missing: {gap})"}
     if sc.postgres and not pg_url:
         return {**row, "status": "skipped", "passed": None, "seconds": 0.0, "detail": "skipped (no PostgreSQL)"}
+    if budget_s < 10:
+        return {**row, "status": "hang", "passed": False, "seconds": 0.0, "hangs": 1,
+                "detail": "not run: the suite's time budget was spent"}
+    timeout_s = min(sc.timeout_s, budget_s)
     tmp = Path(tempfile.mkdtemp(prefix=f"faults-{sc.name}-", dir=keep))
     out = tmp / "result.json"
     env = child_env({BOOTSTRAP_ENV: bootstrap, PG_ENV: pg_url or ""})
@@ -41,7 +47,7 @@ def run_one(sc: Scenario, bootstrap: str, pg_url: str | None, keep: Path | None 
                                  "--tmp", str(tmp)], env=env, stdout=fh, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True, cwd=str(REPO))
         try:
-            proc.wait(sc.timeout_s)
+            proc.wait(timeout_s)
             hang = False
         except subprocess.TimeoutExpired:
             hang = True
@@ -50,7 +56,7 @@ def run_one(sc: Scenario, bootstrap: str, pg_url: str | None, keep: Path | None 
     tail = log_path.read_text(errors="replace")[-1500:]
     if hang:
         return {**row, "status": "hang", "passed": False, "seconds": seconds, "hangs": 1,
-                "detail": f"no result within {sc.timeout_s:.0f}s", "log_tail": tail}
+                "detail": f"no result within {timeout_s:.0f}s", "log_tail": tail}
     if not out.exists():
         return {**row, "status": "crash", "passed": False, "seconds": seconds, "crashes": 1,
                 "detail": f"worker exited {proc.returncode} without a result", "log_tail": tail}
