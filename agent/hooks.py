@@ -49,7 +49,7 @@ from agent.guard import Guard
 from agent.heartbeat import Heartbeat
 from agent.lr_scale import LRScale
 from agent.modes import STOPPING, ModeMachine
-from core.deployment import SECRET_ENV, resolve_secret
+from core.deployment import PUBLIC_KEY_ENV, SECRET_ENV, agent_event_signer, agent_verifying_key
 from core.enums import AckStatus, EventType, GuardDecision
 from core.events import Command, make_event
 
@@ -57,9 +57,10 @@ log = logging.getLogger(__name__)
 
 
 def load_secret(value: str | None = None) -> Any:
-    """The command secret by the deployment's one rule (``core/deployment.py``): ``value`` (what a
-    config file says) < ``CLIFFGUARD_COMMAND_SECRET``; None when neither is set."""
-    return resolve_secret({"secrets": {"command": value}} if value else {})[0]
+    """The key commands are verified with, by the deployment's one rule (``core/deployment.py``):
+    the Ed25519 public key (``CLIFFGUARD_COMMAND_PUBLIC_KEY[_FILE]``) when set, else the HMAC
+    secret, ``value`` (what a config file says) < ``CLIFFGUARD_COMMAND_SECRET``; None when unset."""
+    return agent_verifying_key(secret=value)
 
 
 class Agent:
@@ -79,6 +80,7 @@ class Agent:
         publisher_config: Any = None,
         secret: Any = None,
         command_source: Any = None,
+        event_signer: Any = None,
     ) -> None:
         self.config = config
         self.model = model
@@ -101,14 +103,14 @@ class Agent:
         """The run's one LR scale: the loop reads it, the step event reports it, rollbacks set it."""
         self.peak_flops = 0.0
         self.peak_source = ""
-        self.sink = sink if sink is not None else self._make_publisher(kafka, publisher_config)
+        self.sink = sink if sink is not None else self._make_publisher(kafka, publisher_config, event_signer)
         self.commands = command_source
         if self.commands is None and self.rank == 0 and kafka is not None:
             secret = secret if secret is not None else load_secret()
             if secret is not None:
                 self.commands = self._make_listener(kafka, secret)
             else:
-                log.warning("no command secret (%s): commands are not listened for", SECRET_ENV)
+                log.warning("no command key (%s or %s): commands are not listened for", PUBLIC_KEY_ENV, SECRET_ENV)
         self.comm = attach_comm_timer(model)
         self._params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self._layer_names = [layer_name(n) for n, _ in self._params]
@@ -121,18 +123,21 @@ class Agent:
         self._closed = False
 
     # ------------------------------------------------------------------ wiring
-    def _make_publisher(self, kafka: Any, publisher_config: Any) -> Any:
+    def _make_publisher(self, kafka: Any, publisher_config: Any, signer: Any) -> Any:
         from agent import publisher as pub
 
         if kafka is None:
             return pub.NullSink()
+        # The run's event key (CLIFFGUARD_EVENT_KEY, or derived from CLIFFGUARD_AGENT_SECRET):
+        # a controller holding the agent secret dead-letters unsigned events.
+        signer = signer if signer is not None else agent_event_signer(self.config.run)
         if publisher_config is None:
             # a per-user directory: agent/spill.py refuses one owned by someone else (like /tmp)
             spill_dir = self.config.spill_dir or os.path.join(tempfile.gettempdir(), f"cliffguard-spill-{os.geteuid()}")
             publisher_config = pub.PublisherConfig(
                 spill_path=os.path.join(spill_dir, f"cliffguard-spill-{self.config.run}-r{self.rank}.bin")
             )
-        p = pub.Publisher(kafka, publisher_config)
+        p = pub.Publisher(kafka, publisher_config, signer=signer)
         p.start()
         return p
 

@@ -59,6 +59,7 @@ from agent.spill import SpillFile
 from core.enums import EventType
 from core.events import Event, encode_event
 from core.kafka_config import KafkaConfig
+from core.keys import EventSigner
 
 log = logging.getLogger(__name__)
 
@@ -200,8 +201,12 @@ class Publisher:
         config: PublisherConfig | None = None,
         *,
         producer_factory: Callable[[], Any] | None = None,
+        signer: EventSigner | None = None,
     ) -> None:
         self.kafka = kafka
+        self.signer = signer
+        """Signs each record's value as it is sent (live or replayed), so the spill keeps plain
+        records; None sends unsigned (a controller with an agent secret dead-letters them)."""
         self.config = config or PublisherConfig()
         self.topic = kafka.metrics_topic
         self._producer_factory = producer_factory or self._default_producer
@@ -462,9 +467,13 @@ class Publisher:
         producer = self._producer
         futures = []
         error = ""
+        signer = self.signer
         try:
             for key, value in records:
-                futures.append(producer.send(self.topic, key=key, value=value))
+                if signer is None:
+                    futures.append(producer.send(self.topic, key=key, value=value))
+                else:
+                    futures.append(producer.send(self.topic, key=key, value=value, headers=signer.headers(value)))
         except Exception as exc:  # noqa: BLE001 - metadata timeout, buffer full: broker trouble
             error = f"send: {type(exc).__name__}: {exc}"
         try:

@@ -30,6 +30,7 @@ SUBCOMMANDS: dict[str, str] = {
     "plan": "search parallelism layouts (TP/PP/DP, ZeRO, recomputation) with memory and step-time estimates",
     "hpo": "Bayesian hyperparameter search (Optuna TPE + pruning) on validation-loss windows",
     "data": "data-quality pass over a text corpus: near-duplicates, contamination, reweighting, curriculum",
+    "keys": "generate the Ed25519 command key pair and the agent secret (cliffguard keys generate --out DIR)",
     "config": "validate a TOML config (+ CLIFFGUARD_* env) and print the resolved values",
 }
 

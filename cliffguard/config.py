@@ -4,7 +4,7 @@ One TOML file (``--config``) < ``CLIFFGUARD_<SECTION>__<FIELD>`` env < flags, th
 process (``core/settings.py``). It resolves, once:
 
 1. the deployment config (``core/deployment.py``): ``[kafka]``, ``[spike]``, ``[policy]`` and the
-   command secret (``[secrets] command`` < ``CLIFFGUARD_COMMAND_SECRET``; never a flag);
+   keys (``[secrets]``: Ed25519 command keys, agent secret, or the HMAC ``command`` secret; never a flag);
 2. each component's own section (``[store]``, ``[rules]``, ``[recovery]``, ``[agent]``, ...),
    into which the deployment's sections are handed (``core.settings.shared_field``), so the
    guard and the controller's rule get the same ``[spike]``, recovery and the trainer's fallback
@@ -142,5 +142,8 @@ def resolved(configs: Resolved) -> dict[str, dict[str, Any]]:
     secret masked with where it came from."""
     out = {name: config_to_dict(cfg, with_shared=False) for name, cfg in configs.sections.items()}
     dep = configs.deployment
-    out["secrets"] = {"command": None if dep.secret is None else "********", "command_from": dep.secret_source}
+    out["secrets"] = {"command": None if dep.secret is None else "********", "command_from": dep.secret_source,
+                      "command_private_key": None if dep.private_key is None else "********",
+                      "command_public_key": dep.public_fingerprint,
+                      "agent_secret": None if dep.agent_secret is None else "********"}
     return out

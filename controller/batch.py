@@ -61,7 +61,7 @@ from core.enums import AckStatus, EventType, Level
 from core.events import Event
 from core.floats import to_json
 from core.ranks import RUN_RANK
-from core.signing import Secret
+from core.signing import SigningKey
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ class StaleBatch(RuntimeError):
 class BatchContext:
     group_id: str
     commands_topic: str
-    secret: Secret
+    secret: SigningKey
     recovery: RecoveryConfig
     alerts: AlertsConfig
     retention: RetentionConfig = field(default_factory=RetentionConfig)

@@ -98,7 +98,10 @@ class EmbeddedBroker:
         url = f"tcp://{self.host}:{self.port}"
         cmd = [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
                "--storage-engine", "memory://tansu/"]
-        env = {**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")}
+        from core.deployment import scrub_keys
+
+        # The broker holds no key: a command or agent secret of ours never reaches it.
+        env = {**scrub_keys(os.environ), "RUST_LOG": os.environ.get("RUST_LOG", "warn")}
         out = subprocess.DEVNULL
         if self.log_path:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)

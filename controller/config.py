@@ -31,6 +31,9 @@ class ControllerConfig:
     """Events timestamped further ahead of the controller's clock go to the DLQ as clock_skew."""
     max_event_age_s: float = 30 * 86400.0
     """Events timestamped further behind it do too (wide: spills and backlogs are replayed late)."""
+    max_step_jump: int = 100_000
+    """A step further than this from its run's newest accepted step goes to the DLQ as step_jump
+    (further back is accepted after a rollback or reload the run reported; controller/bounds.py)."""
     tick_s: float = 1.0
     """Seconds between time ticks (heartbeat loss, command timeouts)."""
     outbox_interval_s: float = 0.5
@@ -60,6 +63,8 @@ class ControllerConfig:
         if self.max_event_bytes < 1024:
             raise ValueError("max_event_bytes: must be >= 1024")
         self.clock_window()  # ClockWindow checks its fields under the same names
+        if self.max_step_jump < 1:
+            raise ValueError("max_step_jump: must be >= 1")
         if self.tick_s <= 0:
             raise ValueError("tick_s: must be > 0")
         if self.outbox_interval_s <= 0:

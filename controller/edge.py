@@ -11,6 +11,12 @@ not. Reasons (a closed set, used as the DLQ count key):
   far-future time would otherwise freeze the run's last step (events only move it forward in
   time) and mask heartbeat silence. The window is wide behind (an agent replays its spill after
   an outage, the controller re-reads a backlog) and narrow ahead (clock skew only).
+- ``unsigned`` / ``bad_signature`` — with an agent secret configured (``core/keys.py``): no
+  ``cliffguard.sig`` header, or one that is not the HMAC of the value under the event's run key.
+  Checked after decoding (the key is the event's run's) and before anything else looks at it, so
+  a forged event never reaches the rules, the run's steps or a validation baseline.
+- ``out_of_range`` — an integer that does not fit where it is stored (``controller/bounds.py``).
+- ``step_jump`` — a step too far from the run's newest accepted one (``controller/bounds.py``).
 
 ``EdgeConsumer`` is the thin I/O around it: a consumer group on ``<prefix>.metrics`` with
 auto-commit off (the controller stores offsets with its state and commits them itself). Each dead
@@ -33,8 +39,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from controller.bounds import OUT_OF_RANGE, STEP_JUMP, StepBounds, out_of_range
 from core.events import Event, SchemaError, UnknownVersion, decode_event
 from core.kafka_config import KafkaConfig
+from core.keys import EVENT_SIG_HEADER, EventVerifier
 from core.topic_watch import TopicIdWatch
 
 log = logging.getLogger(__name__)
@@ -44,7 +52,10 @@ UNDECODABLE = "undecodable"
 UNKNOWN_VERSION = "unknown_version"
 SCHEMA_INVALID = "schema_invalid"
 CLOCK_SKEW = "clock_skew"
-REASONS = (OVERSIZED, UNDECODABLE, UNKNOWN_VERSION, SCHEMA_INVALID, CLOCK_SKEW)
+UNSIGNED = "unsigned"
+BAD_SIGNATURE = "bad_signature"
+REASONS = (OVERSIZED, UNDECODABLE, UNKNOWN_VERSION, SCHEMA_INVALID, CLOCK_SKEW, UNSIGNED, BAD_SIGNATURE,
+           OUT_OF_RANGE, STEP_JUMP)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,10 +116,22 @@ class EdgeBatch:
     """Per (topic, partition): the offset after the last message in this batch (good or dead)."""
 
 
+def header(headers: Any, name: str) -> bytes | None:
+    """The value of header ``name`` in kafka-python's ``[(str, bytes)]`` (None when absent)."""
+    for k, v in headers or ():
+        if k == name:
+            return v
+    return None
+
+
 def classify(raw: bytes | None, *, topic: str, partition: int, offset: int, max_bytes: int,
-             key: bytes | None = None, clock: tuple[ClockWindow, float] | None = None) -> Event | DeadLetter:
+             key: bytes | None = None, clock: tuple[ClockWindow, float] | None = None,
+             signature: tuple[EventVerifier, bytes | None] | None = None,
+             steps: StepBounds | None = None) -> Event | DeadLetter:
     """One message -> its validated Event, or a DeadLetter with the reason. Never raises.
-    ``clock``: (window, now) to check the event's ``ts`` against; None skips the check."""
+    ``clock``: (window, now) to check the event's ``ts`` against; None skips the check.
+    ``signature``: (verifier, the ``cliffguard.sig`` header) to check; None skips the check.
+    ``steps``: the runs' step bounds, moved by each accepted event; None skips the check."""
     def dead(reason: str, detail: str) -> DeadLetter:
         return DeadLetter(reason, detail, topic, partition, offset, raw or b"", key)
 
@@ -125,10 +148,21 @@ def classify(raw: bytes | None, *, topic: str, partition: int, offset: int, max_
         return dead(reason, str(exc))
     except Exception as exc:  # noqa: BLE001 - a decoder bug must not kill the consumer
         return dead(SCHEMA_INVALID, f"$: {type(exc).__name__}: {exc}")
+    if signature is not None:
+        bad = signature[0].check(event.run, raw, signature[1])
+        if bad is not None:
+            return dead(bad, f"$: {bad.replace('_', ' ')} event for run {event.run!r}")
     if clock is not None:
         why = clock[0].violation(event.ts, clock[1])
         if why is not None:
             return dead(CLOCK_SKEW, why)
+    why = out_of_range(event)
+    if why is not None:
+        return dead(OUT_OF_RANGE, why)
+    if steps is not None:
+        why = steps.check(event)
+        if why is not None:
+            return dead(STEP_JUMP, why)
     return event
 
 
@@ -173,6 +207,8 @@ class EdgeConsumer:
         on_recreated: Callable[[str], None] | None = None,
         clock_window: ClockWindow | None = None,
         clock: Callable[[], float] = time.time,
+        event_verifier: EventVerifier | None = None,
+        step_bounds: StepBounds | None = None,
     ) -> None:
         from kafka import KafkaConsumer, KafkaProducer
 
@@ -181,6 +217,8 @@ class EdgeConsumer:
         self.max_bytes = max_bytes
         self.clock_window = clock_window or ClockWindow()
         self._clock = clock
+        self.event_verifier = event_verifier
+        self.step_bounds = step_bounds
         self.topic = kafka.metrics_topic
         self.dead_count_by_reason: Counter[str] = Counter()
         self.dlq_send_errors = 0
@@ -225,10 +263,13 @@ class EdgeConsumer:
                 self._on_recreated(self.topic)
             return batch
         now = self._clock()
+        verifier = self.event_verifier
         for tp, messages in polled.items():
             for msg in messages:
+                sig = None if verifier is None else (verifier, header(msg.headers, EVENT_SIG_HEADER))
                 out = classify(msg.value, topic=tp.topic, partition=tp.partition, offset=msg.offset,
-                               max_bytes=self.max_bytes, key=msg.key, clock=(self.clock_window, now))
+                               max_bytes=self.max_bytes, key=msg.key, clock=(self.clock_window, now), signature=sig,
+                               steps=self.step_bounds)
                 if isinstance(out, DeadLetter):
                     batch.dead.append(out)
                 else:

@@ -32,7 +32,7 @@ from core.enums import CommandType
 from core.events import encode_command, make_command
 from core.floats import to_json
 from core.policy import COMMAND_TTL_S
-from core.signing import Secret, sign_command
+from core.signing import SigningKey, sign_command
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ def enqueue_command(
     run_id: str,
     type: CommandType | str,
     args: dict[str, Any],
-    secret: Secret,
+    secret: SigningKey,
     commands_topic: str,
     ttl_s: float,
     source: str,
@@ -86,7 +86,7 @@ def issue_operator_command(
     type: CommandType | str,
     args: dict[str, Any],
     actor: str,
-    secret: Secret,
+    secret: SigningKey,
     commands_topic: str,
     ttl_s: float = COMMAND_TTL_S,
     now: float | None = None,
@@ -119,7 +119,7 @@ def decide_request(
     session: Session,
     request_id: int,
     *,
-    secret: Secret,
+    secret: SigningKey,
     commands_topic: str,
     ttl_s: float,
     now: float,
@@ -178,7 +178,7 @@ class RequestPass:
 def decide_pending_requests(
     engine: Engine,
     *,
-    secret: Secret,
+    secret: SigningKey,
     commands_topic: str,
     ttl_s: float,
     clock: Callable[[], float] = time.time,

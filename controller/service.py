@@ -30,6 +30,7 @@ from sqlalchemy import Engine
 
 from controller.alerts import AlertDeliverer, AlertsConfig
 from controller.batch import BatchContext, BatchProcessor, BatchResult, StaleBatch
+from controller.bounds import StepBounds
 from controller.config import ControllerConfig
 from controller.edge import DeadLetter, EdgeBatch, EdgeConsumer
 from controller.operator import RequestPass, decide_pending_requests
@@ -41,7 +42,8 @@ from controller.store.dlq import count_dead_letter
 from controller.store.offsets import load_offsets, save_offsets
 from controller.store.retention import RetentionConfig
 from core.kafka_config import KafkaConfig
-from core.signing import Secret
+from core.keys import EventVerifier
+from core.signing import SigningKey
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +56,10 @@ class ControllerService:
         config: ControllerConfig,
         kafka: KafkaConfig,
         store_engine: Engine,
-        secret: Secret,
+        secret: SigningKey,
         alerts: AlertsConfig | None = None,
         *,
+        event_verifier: EventVerifier | None = None,
         recovery: RecoveryConfig | None = None,
         retention: RetentionConfig | None = None,
         detector_factory: DetectorFactory | None = None,
@@ -67,6 +70,10 @@ class ControllerService:
         self.engine = store_engine
         self.alerts = alerts or AlertsConfig()
         self.clock = clock
+        self.event_verifier = event_verifier
+        """Checks each event's signature (``core/keys.py``); None: events are not checked."""
+        self.step_bounds = StepBounds(config.max_step_jump)
+        """Each run's step bounds (``controller/bounds.py``); ``rewound(run)`` after a reload."""
         self.runs = RunTable(detector_factory or default_detector_factory())
         ctx = BatchContext(group_id=config.group_id, commands_topic=kafka.commands_topic, secret=secret,
                            recovery=recovery or RecoveryConfig(), alerts=self.alerts,
@@ -92,7 +99,9 @@ class ControllerService:
                                  on_recreated=self._on_recreated,
                                  consumer_overrides=self.config.consumer_overrides(),
                                  max_poll_records=self.config.max_poll_records,
-                                 clock_window=self.config.clock_window())
+                                 clock_window=self.config.clock_window(),
+                                 event_verifier=self.event_verifier,
+                                 step_bounds=self.step_bounds)
         self.outbox.start()
         if self.alerts.endpoints:
             self.deliverer = AlertDeliverer(self.engine, self.alerts)

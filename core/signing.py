@@ -1,8 +1,12 @@
-"""HMAC-SHA256 command signing.
+"""Command signing: Ed25519 (the controller's private key) or, as a fallback, HMAC-SHA256.
 
-``sig`` = hex HMAC-SHA256, keyed with a shared secret, over the canonical JSON of every command
-field except ``sig`` (sorted keys, no whitespace, non-finite floats as strings). The secret comes
-from config or ``CLIFFGUARD_COMMAND_SECRET`` and is never logged: ``Secret`` hides it in reprs.
+The signed message is the canonical JSON of every command field except ``sig`` (sorted keys, no
+whitespace, non-finite floats as strings). With Ed25519 keys (``core/keys.py``) ``sig`` is
+``ed25519:<hex>`` and a trainer holds only the public key. Without them it is the hex HMAC-SHA256
+under a shared secret (``CLIFFGUARD_COMMAND_SECRET``), which every trainer also holds and so
+could forge commands with: the deployment warns about it (``core/deployment.py``). A verifier
+given a public key refuses HMAC signatures. No key appears in logs: ``Secret`` and the key
+classes hide their bytes in reprs.
 
 A trainer obeys a command only if it is for its run, correctly signed, not expired and not seen
 before. ``CommandVerifier.verify`` returns the reason for each rejection separately so the ack
@@ -21,6 +25,7 @@ from typing import Any
 
 from core.events import Command
 from core.floats import canonical_json
+from core.keys import CommandPrivateKey, CommandPublicKey
 
 
 class Secret:
@@ -43,13 +48,26 @@ class Secret:
     __str__ = __repr__
 
 
+SigningKey = Secret | CommandPrivateKey
+"""What signs commands: the Ed25519 private key, or the shared HMAC secret (the fallback)."""
+VerifyingKey = Secret | CommandPublicKey
+"""What checks them: the Ed25519 public key, or the shared HMAC secret."""
 
 
-def signature(cmd: Command, secret: Secret) -> str:
-    return hmac.new(secret.reveal(), canonical_json(cmd.unsigned_dict()), hashlib.sha256).hexdigest()
+def signature(cmd: Command, secret: SigningKey) -> str:
+    message = canonical_json(cmd.unsigned_dict())
+    if isinstance(secret, CommandPrivateKey):
+        return secret.sign(message)
+    return hmac.new(secret.reveal(), message, hashlib.sha256).hexdigest()
 
 
-def sign_command(cmd: Command, secret: Secret) -> Command:
+def signature_ok(cmd: Command, key: VerifyingKey) -> bool:
+    if isinstance(key, CommandPublicKey):
+        return key.verify(cmd.sig, canonical_json(cmd.unsigned_dict()))
+    return hmac.compare_digest(cmd.sig, signature(cmd, key))
+
+
+def sign_command(cmd: Command, secret: SigningKey) -> Command:
     return Command(
         type=cmd.type,
         run=cmd.run,
@@ -83,7 +101,7 @@ class CommandVerifier:
     than its expiry is refused anyway, so ids only need remembering for a command's lifetime.
     """
 
-    def __init__(self, run: str, secret: Secret, *, max_seen: int = 10_000, clock=time.time) -> None:
+    def __init__(self, run: str, secret: VerifyingKey, *, max_seen: int = 10_000, clock=time.time) -> None:
         self.run = run
         self._secret = secret
         self._seen: OrderedDict[str, float] = OrderedDict()
@@ -91,7 +109,7 @@ class CommandVerifier:
         self._clock = clock
 
     def verify(self, cmd: Command) -> VerifyResult:
-        if not hmac.compare_digest(cmd.sig, signature(cmd, self._secret)):
+        if not signature_ok(cmd, self._secret):
             return VerifyResult(False, Rejection.BAD_SIGNATURE, "signature does not match")
         if cmd.run != self.run:
             return VerifyResult(False, Rejection.OTHER_RUN, f"command is for run {cmd.run!r}, not {self.run!r}")

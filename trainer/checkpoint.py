@@ -49,6 +49,7 @@ thread-safe, as the agent's publisher is). Files are written by this process and
 from __future__ import annotations
 
 import logging
+import os
 import pickle
 import queue
 import subprocess
@@ -148,9 +149,13 @@ class _ProcessWriter:
 
     def _ensure(self) -> subprocess.Popen[bytes]:
         if self.proc is None or self.proc.poll() is not None:
+            from core.deployment import scrub_keys
+
+            # The writer only writes files: it gets no key (a command or agent secret) from us.
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "trainer.checkpoint_io", str(self.root)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=str(Path(__file__).resolve().parents[1]),
+                env=scrub_keys(os.environ),
             )
         return self.proc
 

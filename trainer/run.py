@@ -5,8 +5,9 @@
 works the same way). Every worker reads the same saved config, builds an ``Accelerator`` (CPU:
 gloo, ``torch.set_num_threads(threads)`` so the processes do not fight over the cores) and runs
 the ``Trainer``. Everything but the secrets is in the saved config (the launcher resolved the
-deployment's ``[kafka]``, ``[spike]`` and ``[policy]`` into it); the command secret and a SASL
-password come in the environment the launcher set (``worker_config``).
+deployment's ``[kafka]``, ``[spike]`` and ``[policy]`` into it); the command public key (or HMAC
+secret), the run's event key and a SASL password come in the environment the launcher set
+(``worker_config``).
 """
 
 from __future__ import annotations
@@ -32,13 +33,14 @@ def with_env_secrets(cfg, env: Mapping[str, str] | None = None):
 
 
 def worker_config(path: str | Path, env: Mapping[str, str] | None = None):
-    """(TrainConfig, command secret or None) of a worker: the saved config plus the secrets of its
-    environment, the secret by the deployment's one rule (``core/deployment.py``)."""
-    from core.deployment import resolve_secret
+    """(TrainConfig, command verifying key or None) of a worker: the saved config plus the secrets
+    of its environment, the key by the deployment's one rule (``core/deployment.py``: the Ed25519
+    public key, else the HMAC secret). Its events are signed with ``CLIFFGUARD_EVENT_KEY``."""
+    from core.deployment import agent_verifying_key
     from trainer.config import TrainConfig
 
     env = os.environ if env is None else env
-    return with_env_secrets(TrainConfig.load(path), env), resolve_secret({}, env)[0]
+    return with_env_secrets(TrainConfig.load(path), env), agent_verifying_key(env)
 
 
 def main(argv: list[str] | None = None) -> int:

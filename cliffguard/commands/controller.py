@@ -1,8 +1,9 @@
 """``cliffguard controller``: run the controller service until SIGINT/SIGTERM.
 
 Settings come from ``--config FILE.toml`` < ``CLIFFGUARD_<SECTION>__<FIELD>`` env < flags
-(``cliffguard/config.py``): the deployment's ``[kafka]``, ``[spike]``, ``[policy]`` and command
-secret (``[secrets] command`` < ``CLIFFGUARD_COMMAND_SECRET``, never printed), and the
+(``cliffguard/config.py``): the deployment's ``[kafka]``, ``[spike]``, ``[policy]`` and keys
+(``[secrets]``, ``core/deployment.py``: the Ed25519 private key it signs commands with, else the
+HMAC secret; the agent secret events are checked with; never printed), and the
 controller's ``[store]``, ``[controller]``, ``[recovery]``, ``[rules]``, ``[alerts]``, ``[retention]``.
 """
 
@@ -35,12 +36,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def command_secret(toml: dict):
-    """The deployment's command secret by its one rule (``cliffguard command`` signs with it);
-    a ValueError saying where to set it when there is none."""
-    from core.deployment import DeploymentConfig, resolve_secret
+    """The deployment's command-signing key by its one rule (the Ed25519 private key, else the
+    HMAC secret); a ValueError saying where to set it when there is none."""
+    from core.deployment import DeploymentConfig, resolve_keys, resolve_secret
 
     secret, source = resolve_secret(toml)
-    return DeploymentConfig(secret=secret, secret_source=source).require_secret()
+    return DeploymentConfig(secret=secret, secret_source=source, **resolve_keys(toml)).require_signing_key()
 
 
 CONTROLLER_SECTIONS = ["kafka", "spike", "policy", "store", "controller", "recovery", "rules", "alerts", "retention"]
@@ -73,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         cfg = build_sections(args)
-        secret = cfg.deployment.require_secret()
+        secret = cfg.deployment.require_signing_key()
     except (ConfigError, ValueError) as exc:
         print(f"cliffguard controller: {exc}")
         return 2
@@ -84,10 +85,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         ensure_topics(cfg["kafka"])
         svc = ControllerService(cfg["controller"], cfg["kafka"], store.engine, secret, cfg["alerts"],
+                                event_verifier=cfg.deployment.event_verifier(),
                                 recovery=cfg["recovery"], retention=cfg["retention"], detector_factory=default_detector_factory(cfg["rules"]))
         print(f"controller {cfg['controller'].group_id} on {cfg['kafka'].bootstrap} "
               f"({cfg['kafka'].metrics_topic}) store {store.engine.url.render_as_string(hide_password=True)}",
               flush=True)
+        dep = cfg.deployment
+        print(f"commands signed with {'Ed25519 ' + str(dep.public_fingerprint) if dep.private_key else 'the HMAC secret'}; "
+              f"events {'checked' if dep.agent_secret else 'NOT checked (no agent secret)'}", flush=True)
         svc.run_forever(stop)
         log.info("controller stopped: %s", svc.stats)
     finally:

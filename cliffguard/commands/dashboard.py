@@ -4,7 +4,7 @@ Runs ``streamlit run dashboard/app.py`` as a child process, headless and without
 statistics. The store URL (and any ``--config`` file) reach the app through the environment
 (``CLIFFGUARD_DASHBOARD__DB_URL``, ``CLIFFGUARD_CONFIG``): Streamlit owns the child's argv. The
 operator token is read by the app from ``CLIFFGUARD_OPERATOR_TOKEN``, never from flags (flags show
-up in ``ps``). The command secret is removed from the child's environment: the dashboard only
+up in ``ps``). Every key (``core.deployment.KEY_ENVS``) is removed from the child's environment: the dashboard only
 writes unsigned requests, and only the controller signs.
 """
 
@@ -18,7 +18,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from core.deployment import SECRET_ENV  # what the dashboard process must never hold
+from core.deployment import scrub_keys  # the dashboard process holds no key
 
 APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
 ENV_DB_URL = "CLIFFGUARD_DASHBOARD__DB_URL"  # dashboard.config reads it (kept here to avoid importing streamlit)
@@ -37,8 +37,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def without_command_secret(env: Mapping[str, str]) -> dict[str, str]:
-    """``env`` for a dashboard process: everything but the command-signing secret."""
-    return {k: v for k, v in env.items() if k != SECRET_ENV}
+    """``env`` for a dashboard process: everything but key material (``core.deployment.KEY_ENVS``)."""
+    return scrub_keys(env)
 
 
 def streamlit_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:

@@ -4,10 +4,12 @@ Starts, in this order and each in its own process group:
 
 1. the embedded broker (Tansu) on 127.0.0.1:9092, or a free port when 9092 is taken, and the topics;
 2. the controller (``cliffguard controller``) over a fresh SQLite store ``<dir>/cliffguard.db``, with
-   a command secret generated for this demo (``CLIFFGUARD_COMMAND_SECRET`` in its environment);
+   a throwaway key set generated for this demo in ``<dir>/keys`` (``cliffguard keys generate``):
+   the controller gets the Ed25519 private key and the agent secret, the trainer launcher the
+   public key and the agent secret (its workers only the public key and their run's event key);
 3. the dashboard (``cliffguard dashboard``) on 127.0.0.1:8501 (or a free port) with a generated
-   operator token, both printed, and without the command secret (its actions are requests the
-   controller signs);
+   operator token, both printed, and without any key (its actions are requests the controller
+   signs);
 4. a 2-process training run (``cliffguard train --nproc 2``) of the default GPT with two faults:
    corrupted data (3 consecutive batches: validation normal -> resume, samples flagged) and an
    LR blow-up (validation abnormal -> rollback to a stable checkpoint with LR x 0.5, resume).
@@ -37,7 +39,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from core.deployment import SECRET_ENV
+from core.deployment import AGENT_SECRET_ENV, PRIVATE_KEY_ENV, PUBLIC_KEY_ENV
+from core.keys import generate_keys
 
 DEFAULT_STEPS = 600
 DEFAULT_DIR = "cliffguard-demo"
@@ -222,10 +225,13 @@ def run(args: argparse.Namespace) -> int:
 
         db_url = f"sqlite:///{out_dir / 'cliffguard.db'}"
         store = Store.open(db_url)  # migrate before anyone else touches it
-        secret = secrets.token_hex(24)
-        env = {**os.environ, SECRET_ENV: secret, "PYTHONUNBUFFERED": "1"}
+        keys = generate_keys(out_dir / "keys")
+        env = {**without_command_secret(os.environ), "PYTHONUNBUFFERED": "1"}
+        agent_secret = {f"{AGENT_SECRET_ENV}_FILE": str(keys["agent_secret"])}
         controller = procs.spawn("controller", _cli("controller", "--db", db_url, "--bootstrap", broker.bootstrap),
-                                 env={**env, **CONTROLLER_ENV}, log_path=out_dir / "controller.log")
+                                 env={**env, **CONTROLLER_ENV, f"{PRIVATE_KEY_ENV}_FILE": str(keys["private"]),
+                                      **agent_secret},
+                                 log_path=out_dir / "controller.log")
         _say(f"controller started (pid {controller.proc.pid}); store {db_url}; log {out_dir / 'controller.log'}")
 
         if not args.no_dashboard:
@@ -251,7 +257,8 @@ def run(args: argparse.Namespace) -> int:
             if _PROGRESS.match(line) or _NOTABLE.search(line):
                 print(f"  {line}", flush=True)
 
-        trainer = procs.spawn("train", _cli(*train_args), env=env, log_path=out_dir / "train.log", on_line=show)
+        trainer = procs.spawn("train", _cli(*train_args), log_path=out_dir / "train.log", on_line=show,
+                              env={**env, f"{PUBLIC_KEY_ENV}_FILE": str(keys["public"]), **agent_secret})
         watch = StoreWatch(store, run_id)
         while trainer.running:
             if not controller.running:

@@ -11,9 +11,11 @@ Broker: ``--bootstrap HOST:PORT`` streams to an existing Kafka cluster; without 
 broker (Tansu) is started for the run's lifetime and its address printed, so a controller can
 be pointed at it. ``--no-monitor`` runs without any stream.
 
-Commands: the signing secret is the deployment's (``[secrets] command`` < ``CLIFFGUARD_COMMAND_SECRET``,
-as for the controller); without one the trainer does not listen for commands. It reaches the
-workers through their environment, never through the command line or the saved config.
+Keys (``core/deployment.py``): the workers get the command *public* key (or, without Ed25519
+keys, the HMAC secret ``CLIFFGUARD_COMMAND_SECRET``) and their run's event key, derived here from
+the agent secret; never the private key or the agent secret itself. Without a command key the
+trainer does not listen for commands. Keys reach the workers through their environment, never
+through the command line or the saved config.
 
 Launch: ``python -m torch.distributed.run --standalone --nproc_per_node N -m trainer.run``.
 On CPUs this is the way to get N processes (``accelerate launch --cpu --num_processes N``
@@ -33,7 +35,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from core.deployment import SECRET_ENV, DeploymentConfig
+from core.deployment import EVENT_KEY_ENV, PUBLIC_KEY_ENV, SECRET_ENV, DeploymentConfig, scrub_keys
 from core.settings import ConfigError
 
 if TYPE_CHECKING:
@@ -147,9 +149,14 @@ def worker_env(deployment: DeploymentConfig, cfg: TrainConfig, env: Mapping[str,
     out = dict(os.environ if env is None else env)
     if cfg.kafka is not None and cfg.kafka.sasl_plain_password is not None:
         out[SASL_PASSWORD_ENV] = cfg.kafka.sasl_plain_password
-    out.pop(SECRET_ENV, None)
-    if deployment.secret is not None:
+    out = scrub_keys(out)
+    if deployment.public_key is not None:
+        out[PUBLIC_KEY_ENV] = deployment.public_key.pem().decode()
+    elif deployment.secret is not None:
         out[SECRET_ENV] = deployment.secret.reveal().decode()
+    run_key = deployment.event_key_for(cfg.run)
+    if run_key is not None:
+        out[EVENT_KEY_ENV] = run_key.hex()
     return out
 
 
@@ -184,8 +191,8 @@ def run(args: argparse.Namespace) -> int:
         config_path = cfg.run_dir / "config.json"
         cfg.save(config_path)
         env = worker_env(deployment, cfg)
-        if deployment.secret is None and cfg.kafka is not None:
-            print(f"cliffguard train: no {SECRET_ENV} (or [secrets] command): the run will not accept commands",
+        if deployment.verifying_key() is None and cfg.kafka is not None:
+            print(f"cliffguard train: no {PUBLIC_KEY_ENV}[_FILE] (or {SECRET_ENV}): the run will not accept commands",
                   file=sys.stderr)
         print(f"run {cfg.run}: {args.nproc} process(es), config {config_path}", flush=True)
         proc = subprocess.Popen(torchrun_command(args.nproc, config_path), env=env)

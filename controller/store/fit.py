@@ -19,7 +19,7 @@ from sqlalchemy import BigInteger, Integer, String
 log = logging.getLogger(__name__)
 
 _INT32 = (-(2**31), 2**31 - 1)
-_INT64 = (-(2**63), 2**63 - 1)
+INT64 = _INT64 = (-(2**63), 2**63 - 1)
 
 
 @cache
@@ -34,6 +34,11 @@ def _limits(model: Any) -> dict[str, tuple[str, Any]]:
         elif isinstance(t, Integer):
             out[col.key] = ("int", _INT32)
     return out
+
+
+def int_limits(model: Any) -> dict[str, tuple[int, int]]:
+    """Integer column -> (lowest, highest) value it holds, for ``model``'s table."""
+    return {k: bound for k, (kind, bound) in _limits(model).items() if kind == "int"}
 
 
 def fit_value(model: Any, key: str, value: Any) -> Any:

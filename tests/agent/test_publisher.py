@@ -381,3 +381,31 @@ def test_simulated_outage_spills_then_replays_everything_in_order(kafka_cfg, tmp
     finally:
         edge.close()
         pub.close(5)
+
+
+def test_every_record_is_signed_with_the_run_key_live_and_after_a_replay(tmp_path, kafka_free_cfg):
+    from core.keys import EventSigner, EventVerifier, event_key
+
+    secret = b"publisher-agent-secret-0123456789"
+    signed: list[tuple[bytes, bytes, list]] = []
+
+    class SigningProducer(FakeProducer):
+        def send(self, topic, key, value, headers=None):
+            fut = super().send(topic, key, value)
+            if self.cluster.up:
+                signed.append((key, value, headers))
+            return fut
+
+    cluster = FakeCluster(up=True)
+    pub = Publisher(kafka_free_cfg, _cfg(tmp_path), producer_factory=lambda: SigningProducer(cluster),
+                    signer=EventSigner(event_key(secret, "run-1"))).start()
+    pub.publish(_hb(0))
+    assert _wait(lambda: len(signed) == 1)
+    cluster.up = False
+    pub.publish(_hb(1))
+    assert _wait(lambda: pub.stats()["spill_pending"] == 1)
+    cluster.up = True
+    pub.close(5)
+    verifier = EventVerifier(secret)
+    assert [json.loads(v)["step"] for _, v, _ in signed] == [0, 1]
+    assert all(verifier.check("run-1", v, dict(h)["cliffguard.sig"]) is None for _, v, h in signed)

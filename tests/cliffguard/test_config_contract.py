@@ -3,8 +3,9 @@
 One TOML file and one environment go into each process's own config path (``cliffguard train``
 and the worker it starts, ``cliffguard controller``, ``status``, ``alerts``, ``backtest``,
 ``broker``, ``config``); each must come out with the same command secret (compared by
-fingerprint, never the key), topics, command lifetime, LR cut and spike rule. The environment's
-secret wins over the file's everywhere; without it the file's is used everywhere.
+fingerprint, never the key: the Ed25519 public key's when keys are configured), topics, command
+lifetime, LR cut and spike rule. The environment's secret wins over the file's everywhere;
+without it the file's is used everywhere.
 """
 
 from __future__ import annotations
@@ -36,8 +37,14 @@ command_ttl_s = 45.0
 """
 
 
-def fingerprint(secret) -> str | None:
-    return None if secret is None else hashlib.sha256(secret.reveal()).hexdigest()
+def fingerprint(key) -> str | None:
+    """A command key's fingerprint: the public key's for Ed25519 (either half), else the secret's hash."""
+    from core.keys import CommandPrivateKey, CommandPublicKey
+    from core.keys import fingerprint as public_fingerprint
+
+    if isinstance(key, CommandPrivateKey | CommandPublicKey):
+        return public_fingerprint(key)
+    return None if key is None else hashlib.sha256(key.reveal()).hexdigest()
 
 
 def view(secret, kafka, spike, policy) -> dict:
@@ -69,23 +76,23 @@ def views_of_every_process(path, tmp_path) -> dict[str, dict]:
     deployment, cfg = train.build_train_config(
         parse("train", "--config", str(path), "--out-dir", str(tmp_path / "runs"), "--run", "r1"),
         bootstrap="127.0.0.1:9092")
-    out["train"] = view(deployment.secret, cfg.kafka, cfg.agent.guard.spike, cfg.agent.guard.policy)
+    out["train"] = view(deployment.verifying_key(), cfg.kafka, cfg.agent.guard.spike, cfg.agent.guard.policy)
     cfg.save(tmp_path / "config.json")
     worker, secret = worker_config(tmp_path / "config.json", train.worker_env(deployment, cfg))
     out["trainer.run"] = view(secret, worker.kafka, worker.agent.guard.spike, worker.agent.guard.policy)
 
     c = controller.build_sections(parse("controller", "--config", str(path)))
-    out["controller"] = view(c.deployment.require_secret(), c["kafka"], c["rules"].spike, c["recovery"].policy)
+    out["controller"] = view(c.deployment.require_signing_key(), c["kafka"], c["rules"].spike, c["recovery"].policy)
 
     for cmd in ("status", "alerts"):
         r = controller.resolve_common(parse(cmd, "--config", str(path)), ["store"])
-        out[cmd] = view(r.deployment.secret, r.deployment.kafka, r.deployment.spike, r.deployment.policy)
+        out[cmd] = view(r.deployment.verifying_key(), r.deployment.kafka, r.deployment.spike, r.deployment.policy)
 
     b = backtest.resolve(parse("backtest", "x.csv", "--config", str(path)))
-    out["backtest"] = view(b.deployment.secret, b.deployment.kafka, b["rules"].spike, b.deployment.policy)
+    out["backtest"] = view(b.deployment.verifying_key(), b.deployment.kafka, b["rules"].spike, b.deployment.policy)
 
     d = broker.resolve(parse("broker", "--config", str(path)))
-    out["broker"] = view(d.secret, d.kafka, d.spike, d.policy)
+    out["broker"] = view(d.verifying_key(), d.kafka, d.spike, d.policy)
     return out
 
 
@@ -125,7 +132,8 @@ def test_the_config_command_reports_the_same_deployment(setup, capsys, monkeypat
     out = json.loads(capsys.readouterr().out)
     assert out["kafka"]["topic_prefix"] == "prod"
     assert out["spike"]["k_crit"] == 6.0 and out["policy"]["command_ttl_s"] == 45.0
-    assert out["secrets"] == {"command": "********", "command_from": "env CLIFFGUARD_COMMAND_SECRET"}
+    assert out["secrets"] == {"command": "********", "command_from": "env CLIFFGUARD_COMMAND_SECRET",
+                              "command_private_key": None, "command_public_key": None, "agent_secret": None}
     assert FILE_SECRET not in json.dumps(out) and ENV_SECRET not in json.dumps(out)
 
 
@@ -139,3 +147,29 @@ def test_the_worker_environment_carries_the_resolved_secret_not_a_stale_one(setu
     assert env["CLIFFGUARD_COMMAND_SECRET"] == FILE_SECRET
     assert FILE_SECRET not in " ".join(train.torchrun_command(2, tmp_path / "config.json"))
     assert FILE_SECRET not in (cfg.save(tmp_path / "config.json") or (tmp_path / "config.json").read_text())
+
+
+def test_with_ed25519_keys_every_process_resolves_the_same_public_key(setup, tmp_path, monkeypatch):
+    """Keys from `cliffguard keys generate`: the controller signs with the private key, every
+    other process (the worker included) holds the same public key and no private material."""
+    from cliffguard.commands import train
+    from core.keys import event_key, generate_keys, read_public_file
+    from core.keys import fingerprint as public_fingerprint
+
+    paths = generate_keys(tmp_path / "keys")
+    setup.write_text(TOML.replace("[secrets]\n", "[secrets]\n"
+                                  f'command_private_key_file = "{paths["private"]}"\n'
+                                  f'command_public_key_file = "{paths["public"]}"\n'
+                                  f'agent_secret_file = "{paths["agent_secret"]}"\n'))
+    views = views_of_every_process(setup, tmp_path)
+    expected = public_fingerprint(read_public_file(paths["public"]))
+    assert {process: got["secret"] for process, got in views.items()} == dict.fromkeys(views, expected)
+
+    deployment, cfg = train.build_train_config(
+        parse("train", "--config", str(setup), "--out-dir", str(tmp_path / "runs"), "--run", "r1"), bootstrap=None)
+    env = train.worker_env(deployment, cfg)
+    private = paths["private"].read_text()
+    agent_secret = paths["agent_secret"].read_bytes().strip()
+    assert not any(private in v or agent_secret.decode() in v for v in env.values())
+    assert "CLIFFGUARD_COMMAND_SECRET" not in env  # the public key replaces the shared secret
+    assert env["CLIFFGUARD_EVENT_KEY"] == event_key(agent_secret, "r1").hex()  # only this run's key

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -80,3 +82,15 @@ def test_missing_binary_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setenv("CALF_TANSU_BIN", str(tmp_path / "no-such-tansu"))
     with pytest.raises(BrokerError, match="CALF_TANSU_BIN"):
         EmbeddedBroker(port=0).start()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/environ"), reason="needs /proc")
+def test_the_broker_child_inherits_no_key(monkeypatch):
+    from core.deployment import KEY_ENVS
+
+    for name in KEY_ENVS:
+        monkeypatch.setenv(name, "do-not-leak-0123456789")
+    with EmbeddedBroker(port=0) as broker:
+        raw = Path(f"/proc/{broker._proc.pid}/environ").read_bytes()
+    env = dict(item.decode().split("=", 1) for item in raw.split(b"\0") if b"=" in item)
+    assert "RUST_LOG" in env and not set(KEY_ENVS) & set(env)

@@ -11,13 +11,18 @@ import uuid
 import pytest
 
 from agent.publisher import Publisher, PublisherConfig
+from controller.bounds import StepBounds
 from controller.config import ControllerConfig
 from controller.edge import (
+    BAD_SIGNATURE,
     CLOCK_SKEW,
+    OUT_OF_RANGE,
     OVERSIZED,
     SCHEMA_INVALID,
+    STEP_JUMP,
     UNDECODABLE,
     UNKNOWN_VERSION,
+    UNSIGNED,
     ClockWindow,
     DeadLetter,
     EdgeConsumer,
@@ -25,6 +30,7 @@ from controller.edge import (
 )
 from core.enums import EventType
 from core.events import encode_event, make_event
+from core.keys import EventSigner, EventVerifier, event_key
 from tests.core.test_events import PAYLOADS, STEP
 
 FAST_GROUP = {"max_poll_interval_ms": 3000, "session_timeout_ms": 3000, "heartbeat_interval_ms": 500}
@@ -85,6 +91,74 @@ def test_classify_oversized_before_parsing():
     raw = b"{" + b" " * 20_000  # would be invalid JSON too: size is checked first
     out = _classify(raw, max_bytes=10_000)
     assert isinstance(out, DeadLetter) and out.reason == OVERSIZED and "20001" in out.detail
+
+
+AGENT_SECRET = b"edge-agent-secret-0123456789"
+
+
+@pytest.mark.parametrize(("signer", "reason"), [
+    (None, UNSIGNED),
+    (EventSigner(event_key(AGENT_SECRET, "run-2")), BAD_SIGNATURE),                    # another run's key
+    (EventSigner(event_key(b"not-the-agent-secret-000", "run-1")), BAD_SIGNATURE),      # another secret
+    (EventSigner(event_key(AGENT_SECRET, "run-1")), None),
+], ids=["no-header", "other-run-key", "other-secret", "signed"])
+def test_classify_dead_letters_unsigned_and_badly_signed_events(signer, reason):
+    raw = encode_event(make_event("step", "run-1", 3, STEP))
+    sig = None if signer is None else signer.sign(raw)
+    out = classify(raw, topic="t.metrics", partition=0, offset=1, max_bytes=10_000,
+                   signature=(EventVerifier(AGENT_SECRET), sig))
+    if reason is None:
+        assert out.run == "run-1"
+    else:
+        assert isinstance(out, DeadLetter) and out.reason == reason and "run-1" in out.detail
+
+
+def test_a_signature_over_other_bytes_is_refused():
+    signer = EventSigner(event_key(AGENT_SECRET, "run-1"))
+    raw = encode_event(make_event("step", "run-1", 3, STEP))
+    forged = encode_event(make_event("step", "run-1", 3, {**STEP, "loss": 1e6}))
+    out = classify(forged, topic="t", partition=0, offset=1, max_bytes=10_000,
+                   signature=(EventVerifier(AGENT_SECRET), signer.sign(raw)))
+    assert isinstance(out, DeadLetter) and out.reason == BAD_SIGNATURE
+
+
+@pytest.mark.parametrize(("etype", "data", "dead"), [
+    ("validation", {"val_loss": 2.0, "batches": 2**31}, True),     # an INTEGER column
+    ("validation", {"val_loss": 2.0, "batches": 2**31 - 1}, False),
+    ("step", {**STEP, "tokens": 2**31}, True),                     # tokens per step: INTEGER too
+    ("step", {**STEP, "mem_allocated": 2**63}, True),              # past any store's integers
+    ("step", {**STEP, "mem_allocated": 2**40}, False),             # a BIGINT column
+    ("run.started", {**PAYLOADS[EventType.RUN_STARTED], "n_params": 2**64}, True),  # stored as JSON
+], ids=["int32-column", "int32-max", "int32-step-column", "int64", "bigint-fits", "json-int64"])
+def test_classify_dead_letters_integers_that_do_not_fit_their_storage(etype, data, dead):
+    raw = encode_event(make_event(etype, "run-1", 3, data))
+    out = _classify(raw)
+    assert isinstance(out, DeadLetter) is dead
+    if dead:
+        assert out.reason == OUT_OF_RANGE and out.detail.startswith("data.")
+
+
+def test_classify_dead_letters_a_step_jump_and_accepts_going_back_only_after_a_rollback():
+    bounds = StepBounds(max_step_jump=1_000)
+
+    def step(n, etype="step", data=None):
+        raw = encode_event(make_event(etype, "run-1", n, STEP if data is None else data))
+        return classify(raw, topic="t", partition=0, offset=n, max_bytes=10_000, steps=bounds)
+
+    assert not isinstance(step(5_000), DeadLetter)
+    assert not isinstance(step(5_001), DeadLetter)  # confirms the run's mark
+    forged = step(2**31 - 1)
+    assert isinstance(forged, DeadLetter) and forged.reason == STEP_JUMP and forged.detail.startswith("step:")
+    assert bounds.high("run-1") == 5_001  # the forged step moved nothing
+    assert not isinstance(step(4_200), DeadLetter)  # out of order within the bound: fine
+    assert step(3_000).reason == STEP_JUMP            # far back with no rollback reported
+    ack = {"cmd": "c1", "cmd_type": "rollback", "status": "applied", "detail": ""}
+    assert not isinstance(step(3_000, "command.ack", ack), DeadLetter)  # acked at the rolled-back step
+    assert not isinstance(step(3_001), DeadLetter)    # after the applied rollback
+    assert step(3_001 + 3_000).reason == STEP_JUMP
+    started = {**PAYLOADS[EventType.RUN_STARTED]}
+    assert not isinstance(step(0, "run.started", started), DeadLetter)  # a restart from step 0
+    assert not isinstance(step(1), DeadLetter)
 
 
 def _collect(edge: EdgeConsumer, want_records: int, want_dead: int = 0, timeout: float = 30.0):

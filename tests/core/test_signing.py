@@ -8,6 +8,7 @@ import logging
 import pytest
 
 from core.events import decode_command, encode_command, make_command
+from core.keys import CommandPrivateKey
 from core.signing import CommandVerifier, Rejection, Secret, sign_command
 
 SECRET = Secret("s3cret-s3cret-s3cret")
@@ -111,3 +112,50 @@ def test_secret_never_appears_in_repr_str_or_logs(caplog):
 def test_short_secret_is_refused():
     with pytest.raises(ValueError, match="16 bytes"):
         Secret("short")
+
+
+# -- Ed25519: the controller holds the private key, trainers only the public key -------------
+
+PRIVATE = CommandPrivateKey.generate()
+PUBLIC = PRIVATE.public_key()
+
+
+def test_ed25519_signed_command_verifies_with_the_public_key_after_a_wire_round_trip():
+    cmd = decode_command(encode_command(_signed(secret=PRIVATE)))
+    assert cmd.sig.startswith("ed25519:")
+    assert CommandVerifier("run-1", PUBLIC, clock=Clock(1010.0)).verify(cmd).ok
+
+
+@pytest.mark.parametrize("tamper", [
+    {"args": {"to_step": 0, "lr_scale": 0.5}}, {"run": "run-2"}, {"expires_at": 99_999.0}, {"type": "pause"},
+])
+def test_ed25519_tampered_command_is_refused(tamper):
+    cmd = dataclasses.replace(_signed(secret=PRIVATE), **tamper)
+    r = CommandVerifier(cmd.run, PUBLIC, clock=Clock(1010.0)).verify(cmd)
+    assert (r.ok, r.reason) == (False, Rejection.BAD_SIGNATURE)
+
+
+def test_ed25519_wrong_key_and_garbage_signatures_are_refused():
+    v = CommandVerifier("run-1", PUBLIC, clock=Clock(1010.0))
+    other = _signed(secret=CommandPrivateKey.generate())
+    assert v.verify(other).reason == Rejection.BAD_SIGNATURE
+    for sig in ("ed25519:", "ed25519:zz", "ed25519:" + "00" * 64, ""):
+        assert v.verify(dataclasses.replace(_signed(secret=PRIVATE), sig=sig)).reason == Rejection.BAD_SIGNATURE
+
+
+def test_with_a_public_key_an_hmac_signed_command_is_refused_even_with_the_right_secret():
+    """The transition: once trainers hold the public key, the shared HMAC secret signs nothing."""
+    hmac_signed = _signed(secret=SECRET)
+    assert CommandVerifier("run-1", SECRET, clock=Clock(1010.0)).verify(hmac_signed).ok  # HMAC-only still works
+    r = CommandVerifier("run-1", PUBLIC, clock=Clock(1010.0)).verify(hmac_signed)
+    assert (r.ok, r.reason) == (False, Rejection.BAD_SIGNATURE)
+    # and an HMAC verifier does not take an Ed25519 signature
+    assert CommandVerifier("run-1", SECRET, clock=Clock(1010.0)).verify(_signed(secret=PRIVATE)).reason == \
+        Rejection.BAD_SIGNATURE
+
+
+def test_private_key_never_appears_in_repr_or_str():
+    pem = PRIVATE.pem().decode()
+    body = "".join(pem.splitlines()[1:-1])
+    for text in (repr(PRIVATE), str(PRIVATE), repr(PUBLIC)):
+        assert body not in text and "SHA256:" in text

@@ -394,3 +394,24 @@ def test_a_failing_restore_changes_nothing_newer_checkpoints_stay(tmp_path):
         assert m.available_steps() == [100, 200]
     finally:
         m.close()
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(item.decode().split("=", 1) for item in raw.split(b"\0") if b"=" in item)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/environ"), reason="needs /proc")
+def test_the_writer_process_inherits_no_key(tmp_path, monkeypatch):
+    from core.deployment import KEY_ENVS
+
+    for name in KEY_ENVS:
+        monkeypatch.setenv(name, "do-not-leak-0123456789")
+    monkeypatch.setenv("CLIFFGUARD_HARMLESS", "kept")
+    m = manager(tmp_path, [], writer="process")
+    m.save(1, {"w": torch.ones(4)}, "full")
+    m.wait()
+    env = _environ(m._process.proc.pid)
+    assert env.get("CLIFFGUARD_HARMLESS") == "kept"  # the environment is passed, less the keys
+    assert not set(KEY_ENVS) & set(env) and "do-not-leak-0123456789" not in env.values()
+    m.close()
