@@ -173,6 +173,7 @@ def writer_secret(ctx: Ctx) -> Measured:
             leaked = SECRET.reveal() in env
             m.forged_obeyed += leaked
             m.check(not leaked, f"process {pid} holds the command secret in its environment")
+        m.note(f"{m.forged_sent} child process(es) checked, {m.forged_obeyed} with the secret")
     finally:
         _close(tr)
     return m
