@@ -1,0 +1,1 @@
+"""Fault injection against the real parts; ``python -m bench.faults --help`` (see __main__.py)."""
