@@ -33,8 +33,6 @@ FEATURES: dict[str, tuple[str, Callable[[], bool]]] = {
                       _has("controller/edge.py", "EVENT_SIG_HEADER")),
     "step-jump-bounds": ("i11-keys: steps bounded relative to the run's last step",
                          _has("controller/bounds.py", "STEP_JUMP")),
-    "writer-secret-scrub": ("i11-keys: the checkpoint writer gets no key material",
-                            _has("trainer/checkpoint.py", "scrub_keys")),
     # i11-store
     "store-retry": ("i11-store: store errors retried with backoff, never skipped",
                     _has("controller/store/errors.py", "class Backoff")),

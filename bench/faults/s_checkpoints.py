@@ -153,17 +153,20 @@ def bad_rollback(ctx: Ctx) -> Measured:
 
 
 @scenario("h15_writer_gets_no_secret", "15: the checkpoint writer process inherited the command secret",
-          timeout_s=120, requires="writer-secret-scrub")
+          timeout_s=120)
 def writer_secret(ctx: Ctx) -> Measured:
-    from bench.faults.harness import wait_until
+    """Checkpoints are written by a DCP thread of the trainer now: no writer process exists to
+    inherit a key. Checked from outside: the checkpoints land, and no child process of the trainer
+    holds the secret in its environment."""
     from cliffguard.procs import descendants
 
     m = Measured()
     os.environ["CLIFFGUARD_COMMAND_SECRET"] = SECRET.reveal().decode()
-    tr = _trainer(ctx.tmp, "writer", ctx.tmp / "ckpt", writer="process")
+    tr = _trainer(ctx.tmp, "writer", ctx.tmp / "ckpt")
     try:
         _train(tr, 12)
-        wait_until(lambda: descendants(os.getpid()), 30, "the writer process")
+        tr.ckpt.wait()
+        m.check(bool(tr.ckpt.disk_steps()), "no checkpoint was written to disk")
         for pid in descendants(os.getpid()):
             try:
                 env = Path(f"/proc/{pid}/environ").read_bytes()
@@ -173,7 +176,8 @@ def writer_secret(ctx: Ctx) -> Measured:
             leaked = SECRET.reveal() in env
             m.forged_obeyed += leaked
             m.check(not leaked, f"process {pid} holds the command secret in its environment")
-        m.note(f"{m.forged_sent} child process(es) checked, {m.forged_obeyed} with the secret")
+        m.note(f"disk checkpoints {tr.ckpt.disk_steps()}; {m.forged_sent} child process(es), "
+               f"{m.forged_obeyed} with the secret")
     finally:
         _close(tr)
     return m
