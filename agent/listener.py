@@ -27,9 +27,11 @@ id and reads the new topic from its beginning, so commands published after the r
 missed (see ``core.topic_watch``). A failure inside the thread is logged and
 counted (``errors``) and the thread carries on.
 
-A junk flood is bounded: at most ``inbox_max`` records wait for ``poll()`` (so one step boundary
-decodes at most that many); records past it are dropped and counted (``dropped``; a real command
-among them is never acked, so the controller's timeout handles it). Refusal log lines are limited
+A junk flood is bounded and cannot crowd out a real command: each record is decoded and verified
+on the consumer thread as it arrives, so authentic commands and refusals wait in separate queues.
+At most ``inbox_max`` refusals wait for ``poll()`` to ack them (so one step boundary acks at most
+that many); refusals past it are dropped and counted (``dropped``). Authentic commands have their
+own queue of ``inbox_max`` (only the controller's key makes them, so it never fills in practice). Refusal log lines are limited
 to the first ``log_first`` and then one summary line per ``log_interval_s``; every refusal is still
 acked through ``on_reject``.
 """
@@ -128,9 +130,11 @@ class CommandListener:
         self._consumer_factory = consumer_factory or self._default_consumer
         self._consumer: Any = None
         self.inbox_max = inbox_max
-        self._inbox: deque[tuple[bytes | None, str]] = deque()  # (raw value, where) in arrival order
+        self._accepted: deque[Command] = deque()  # verified, in arrival order
+        # (cmd id, cmd type, status, detail, log line) per refused record, acked by poll()
+        self._refused: deque[tuple[str, str, AckStatus, str, str]] = deque()
         self._refusals = LogLimiter("command listener: refused commands", first=log_first, interval_s=log_interval_s)
-        self.dropped = 0  # records past inbox_max
+        self.dropped = 0  # refusals (or, never in practice, authentic commands) past inbox_max
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._thread: threading.Thread | None = None
@@ -236,35 +240,43 @@ class CommandListener:
                 pass
 
     def _enqueue(self, raw: bytes | None, where: str) -> None:
-        """Called by the consumer thread for each record keyed by this run."""
+        """Called by the consumer thread for each record keyed by this run: decoded and verified
+        here, so the training thread only applies what is authentic."""
         self.received += 1
-        if len(self._inbox) >= self.inbox_max:
+        try:
+            cmd = decode_command(raw if raw is not None else b"", max_bytes=MAX_COMMAND_BYTES)
+        except SchemaError as exc:
+            cid, ctype = _best_effort_ids(raw)
+            self._queue(self._refused, (cid, ctype, AckStatus.REJECTED, f"undecodable: {exc}",
+                                        f"command at {where} refused: undecodable: {exc}"))
+            return
+        result = self.verifier.verify(cmd)
+        if result.ok:
+            self._queue(self._accepted, cmd)
+            return
+        assert result.reason is not None
+        self._queue(self._refused, (cmd.id, str(cmd.type), _STATUS[result.reason],
+                                    f"{result.reason}: {result.detail}",
+                                    f"command {cmd.id} ({cmd.type}) refused: {result.reason}: {result.detail}"))
+
+    def _queue(self, queue: deque[Any], item: Any) -> None:
+        if len(queue) >= self.inbox_max:
             self.dropped += 1
             if self.dropped == 1 or self.dropped % 10_000 == 0:
-                log.warning("command listener: inbox full (%d waiting); dropped %d commands so far",
+                log.warning("command listener: inbox full (%d waiting); dropped %d records so far",
                             self.inbox_max, self.dropped)
             return
-        self._inbox.append((raw, where))
+        queue.append(item)
 
     def poll(self) -> list[Command]:
         """Commands to apply now, in arrival order. Non-blocking; refusals go to ``on_reject``."""
         accepted: list[Command] = []
-        while self._inbox:
-            raw, where = self._inbox.popleft()
-            try:
-                cmd = decode_command(raw if raw is not None else b"", max_bytes=MAX_COMMAND_BYTES)
-            except SchemaError as exc:
-                cid, ctype = _best_effort_ids(raw)
-                self._refusals.warning("command at %s refused: undecodable: %s", where, exc)
-                self._reject(cid, ctype, AckStatus.REJECTED, f"undecodable: {exc}")
-                continue
-            result = self.verifier.verify(cmd)
-            if result.ok:
-                accepted.append(cmd)
-                continue
-            assert result.reason is not None
-            self._refusals.warning("command %s (%s) refused: %s: %s", cmd.id, cmd.type, result.reason, result.detail)
-            self._reject(cmd.id, str(cmd.type), _STATUS[result.reason], f"{result.reason}: {result.detail}")
+        while self._accepted:
+            accepted.append(self._accepted.popleft())
+        while self._refused:
+            cid, ctype, status, detail, line = self._refused.popleft()
+            self._refusals.warning("%s", line)
+            self._reject(cid, ctype, status, detail)
         self._refusals.flush()
         return accepted
 

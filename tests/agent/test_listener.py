@@ -165,3 +165,19 @@ def test_a_junk_flood_keeps_the_inbox_bounded_and_the_log_short(caplog):
     assert len(rejects) == 5 * 256  # every refused record that was kept is still acked
     assert len(caplog.records) <= 30, len(caplog.records)
     assert any("more in the last" in r.getMessage() for r in caplog.records)
+
+
+def test_a_genuine_command_behind_a_full_inbox_of_junk_is_still_applied():
+    """Refusals and authentic commands queue apart: a flood that fills the inbox before the next
+    step boundary cannot push out the pause that arrives after it."""
+    rejects = []
+    listener = CommandListener(KafkaConfig(), RUN, CommandVerifier(RUN, SECRET), lambda *a: rejects.append(a),
+                               inbox_max=16, consumer_factory=lambda: None)
+    forged = _cmd(secret=Secret("not-the-controller-key-0123456789"))
+    for i in range(100):
+        listener._enqueue(b"junk %d" % i if i % 2 else encode_command(forged), f"cmds[0]@{i}")
+    good = _cmd()
+    listener._enqueue(encode_command(good), "cmds[0]@100")
+    assert [c.id for c in listener.poll()] == [good.id]
+    assert listener.dropped == 100 - 16 and len(rejects) == 16
+    listener.close()
