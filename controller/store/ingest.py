@@ -26,7 +26,7 @@ rejects bare NaN).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from sqlalchemy import bindparam, func, or_, select, update
@@ -67,32 +67,45 @@ def ingest_event(session: Session, event: Event) -> bool:
     return ingest_events(session, [event]) == 1
 
 
-def ingest_events(session: Session, events: Iterable[Event]) -> int:
+def ingest_events(session: Session, events: Iterable[Event], *, steps: bool = True) -> int:
     """Record a batch of events (in order) in the caller's transaction; returns how many changed
     the store. Cheaper than one ``ingest_event`` per event: one run update per run, and the
-    batch's step rows in one INSERT."""
+    batch's step rows in one INSERT. ``steps=False`` leaves the step rows to a later
+    ``ingest_steps`` call (the controller's batch, which first learns what the loss rule made of
+    each step and writes that in the same INSERT)."""
     events = list(events)
     if not events:
         return 0
     _touch_runs(session, events)
+    changed = 0
+    for ev in events:
+        if ev.type is EventType.STEP:
+            continue
+        handler = _HANDLERS.get(ev.type)
+        if handler is not None and handler(session, ev):
+            changed += 1
+    if steps:
+        changed += ingest_steps(session, events)
+    return changed
+
+
+def ingest_steps(session: Session, events: Iterable[Event],
+                 rule_points: Mapping[str, Mapping[str, Any]] | None = None) -> int:
+    """Insert the step rows of ``events`` (other types are ignored) whose runs are already
+    recorded (``ingest_events`` touched them); returns how many were new. ``rule_points``: event
+    id -> ``median``/``sigma``/``level`` of the loss-spike rule at that step, written with the row
+    (what ``record_rule_stats`` would otherwise set by an UPDATE after the insert)."""
+    events = [e for e in events if e.type is EventType.STEP]
+    if not events:
+        return 0
     watermark = dict(
         session.execute(
             select(Run.id, Run.downsampled_below).where(Run.id.in_({e.run for e in events}))
         ).all()
     )
-    changed = 0
-    step_rows: list[dict[str, Any]] = []
-    for ev in events:
-        if ev.type is EventType.STEP:
-            if ev.step >= watermark.get(ev.run, 0):
-                step_rows.append(_step_row(ev))
-            continue
-        handler = _HANDLERS.get(ev.type)
-        if handler is not None and handler(session, ev):
-            changed += 1
-    if step_rows:
-        changed += _insert_step_rows(session, step_rows)
-    return changed
+    points = rule_points or {}
+    rows = [_step_row(ev, points.get(ev.id)) for ev in events if ev.step >= watermark.get(ev.run, 0)]
+    return _insert_step_rows(session, rows) if rows else 0
 
 
 def record_rule_stats(session: Session, points: list[dict[str, Any]], spike_rules: dict[str, dict[str, Any]]) -> None:
@@ -152,7 +165,7 @@ def _touch_runs(session: Session, events: list[Event]) -> None:
         )
 
 
-def _step_row(ev: Event) -> dict[str, Any]:
+def _step_row(ev: Event, point: Mapping[str, Any] | None = None) -> dict[str, Any]:
     d = ev.data
     row: dict[str, Any] = {m.name: d.get(m.name) for m in STEP_METRICS}
     row["loss"] = d.get("loss")
@@ -168,6 +181,9 @@ def _step_row(ev: Event) -> dict[str, Any]:
         nonfinite=store_kind(d.get("loss")),
         guard=str(d["guard"]) if d.get("guard") is not None else None,
         layer_grad_norms=to_json(d["layer_grad_norms"]) if d.get("layer_grad_norms") is not None else None,
+        rule_median=point["median"] if point else None,
+        rule_sigma=point["sigma"] if point else None,
+        rule_level=point["level"] if point else None,
     )
     return fit_row(StepMetric, row)
 
