@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from agent.collectors.grad_hist import HistConfig
 from agent.guard import GuardConfig
 from core.events import check_run_id
+from core.rank_arrays import MAX_RANKS_PER_EVENT
 
 
 @dataclass(kw_only=True, slots=True)
@@ -23,7 +24,13 @@ class AgentConfig:
     layer_norms: bool = True
     """Put per-layer gradient norms in every step event (carried by the same all-reduce)."""
     heartbeat_s: float = 5.0
-    """Seconds between heartbeats of each rank (also while paused)."""
+    """Seconds between heartbeats (one per node, from its local rank 0; also while paused)."""
+    ranks_every: int = 10
+    """Publish every rank's step time, MFU, exposed communication, data wait and memory (means
+    since the last one) in ``ranks`` events every this many steps (0 = never)."""
+    ranks_per_event: int = 1024
+    """Ranks per ``ranks`` event; the first rank of each chunk publishes it (rank 0 alone while
+    the world fits in one; a multiple of the node size makes them node leaders)."""
     command_tick_s: float = 0.2
     """While paused or held: seconds between command polls (each is one broadcast)."""
     peak_flops: float | None = None
@@ -43,6 +50,10 @@ class AgentConfig:
         check_run_id(self.run)  # else the broker side would drop every event of the run
         if self.hist_every < 0:
             raise ValueError("hist_every: must be >= 0")
+        if self.ranks_every < 0:
+            raise ValueError("ranks_every: must be >= 0")
+        if not 1 <= self.ranks_per_event <= MAX_RANKS_PER_EVENT:
+            raise ValueError(f"ranks_per_event: must be in [1, {MAX_RANKS_PER_EVENT}]")
         if self.heartbeat_s <= 0:
             raise ValueError("heartbeat_s: must be > 0")
         if self.command_tick_s <= 0:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.command_target import CommandTarget, Outcome
+from agent.detail import detail_steps
 from agent.lr_scale import check_lr_scale
 from agent.modes import HELD, PAUSED, RUNNING, STOPPING, VALIDATING, ModeMachine
 from core.enums import AckStatus, CheckpointKind, CommandType, TrainerMode
@@ -101,6 +102,8 @@ ROUTES: dict[CommandType, Route] = {
     CommandType.SET_LR_SCALE: Route(_lr_scale, lambda t, c, a: t.set_lr_scale(a)),
     CommandType.CHECKPOINT_NOW: Route(_kind, lambda t, c, a: t.checkpoint_now(a)),
     CommandType.STOP: Route(_none, lambda t, c, a: t.stop(f"stopped by command {c.id}"), to=STOPPING),
+    # applied by the agent itself when it hands the command out (agent/detail.py)
+    CommandType.DETAIL: Route(detail_steps, lambda t, c, a: Outcome.applied(f"per-rank step events for {a} steps")),
 }
 
 

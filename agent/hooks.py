@@ -9,13 +9,15 @@ Attach in five lines::
     ...  agent.after_step(); for cmd in agent.poll_commands(): ...   # then agent.close()
 
 The single host sync. ``before_optimizer_step`` packs, on the device, one small tensor —
-``[per-rank loss slots (world) | pending-command flag | global grad-norm² | per-layer grad-norm²]``
-— all-reduces it once (SUM) and reads it once (``.tolist()``). Each rank writes its own loss into
+``[per-rank loss slots (world) | pending-command flag | global grad-norm² | per-layer grad-norm²]``,
+plus every ``ranks_every`` steps the per-rank performance block (agent/rank_perf.py) — all-reduces
+it once (SUM) and reads it once (``.tolist()``). Each rank writes its own loss into
 its own slot, so after the sum every rank holds every rank's loss (its ``loss_local`` and the
 global mean) without a second read; rank 0 writes the number of commands it has queued into the
 flag, so every rank learns at the same step that a command body is to be broadcast. Gradients
 are identical on every rank after DDP's all-reduce, so the norm slots are divided by the world
-size. That is the only per-step host sync; a ``grad_hist`` emission adds one on rank 0 every
+size. Rank 0 alone turns the loss slots into the run-level ``step`` event's loss summary
+(core/rank_arrays.py): one step event per step whatever the world. That is the only per-step host sync; a ``grad_hist`` emission adds one on rank 0 every
 ``hist_every`` steps.
 
 Commands: rank 0 polls the ``CommandListener`` (non-blocking) right before that all-reduce. When
@@ -45,13 +47,17 @@ from agent.collectors.memory import memory_stats
 from agent.collectors.mfu import ModelShape, mfu, resolve_peak
 from agent.collectors.timing import StepClock, attach_comm_timer
 from agent.config import AgentConfig
+from agent.detail import DetailWindow, detail_steps
 from agent.guard import Guard
 from agent.heartbeat import Heartbeat
 from agent.lr_scale import LRScale
 from agent.modes import STOPPING, ModeMachine
+from agent.node_beats import NodeBeats, NodeLayout
+from agent.rank_perf import PERF_FIELDS, PerfAccumulator, publishes_chunk, ranks_payload
 from core.deployment import SECRET_ENV, resolve_secret
-from core.enums import AckStatus, EventType, GuardDecision
+from core.enums import AckStatus, CommandType, EventType, GuardDecision
 from core.events import Command, make_event
+from core.rank_arrays import summarize_losses
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +120,11 @@ class Agent:
         self._layer_names = [layer_name(n) for n, _ in self._params]
         self._clock = StepClock()
         self._heartbeat: Heartbeat | None = None
+        self._node: NodeBeats | None = None
+        self._collective = ""  # the agent collective the training thread is inside (node heartbeats)
+        self._perf = PerfAccumulator()
+        self._detail = DetailWindow()
+        self._losses: list[float] = []  # every rank's loss at this step (from the packed all-reduce)
         self._pending: list[Command] = []
         self._flag_seen = False
         self._reset_step_accumulators()
@@ -175,11 +186,27 @@ class Agent:
                 "peak_flops": peak, "peak_source": source, "lr_schedule": lr_schedule or {},
                 "world_size": self.world, "config": config or {},
             })
+        self._node = self._make_node_beats()
         self._heartbeat = Heartbeat(self.config.heartbeat_s, self._beat, name=f"cliffguard-heartbeat-r{self.rank}").start()
         self._clock.restart()
 
+    def _make_node_beats(self) -> NodeBeats | None:
+        base = self.config.spill_dir or os.path.join(tempfile.gettempdir(), f"cliffguard-spill-{os.geteuid()}")
+        try:
+            return NodeBeats(os.path.join(base, f"beats-{self.config.run}"), NodeLayout.from_env(self.rank, self.world))
+        except (OSError, ValueError):
+            log.exception("node heartbeats unavailable; this rank beats for itself")
+            return None
+
     def _beat(self) -> None:
-        self.emit(EventType.HEARTBEAT, {"state": str(self.modes.mode)})
+        """Every rank says it is alive in its node file; the node's leader publishes the node's
+        heartbeat (agent/node_beats.py). Without the files a rank beats for itself."""
+        if self._node is None:
+            self.emit(EventType.HEARTBEAT, {"state": str(self.modes.mode)})
+            return
+        self._node.write(self.step, self._collective)
+        if self._node.layout.leader:
+            self.emit(EventType.HEARTBEAT, {"state": str(self.modes.mode), **self._node.read()})
 
     def close(self, error: BaseException | str | None = None, *, final_loss: float | None = None) -> None:
         """Emit run.finished/run.failed (rank 0) and close everything, each part even if another fails."""
@@ -220,6 +247,7 @@ class Agent:
         """The optimizer step the next ``after_step`` closes (after a rollback or a resume)."""
         self.step = step
         self._reset_step_accumulators()
+        self._perf.reset()
         self._clock.restart()
 
     @contextlib.contextmanager
@@ -271,25 +299,48 @@ class Agent:
             if self.config.layer_norms:
                 parts.append(sq.to(dev))
         packed = torch.cat(parts).double()
+        ranks_due = self._ranks_due()
+        if ranks_due:  # every rank's performance rides on the same all-reduce (agent/rank_perf.py)
+            block = torch.zeros(len(PERF_FIELDS) * w, dtype=torch.float64, device=dev)
+            block[torch.arange(len(PERF_FIELDS), device=dev) * w + self.rank] = torch.tensor(
+                self._perf.slot(), dtype=torch.float64, device=dev)
+            packed = torch.cat([packed, block])
         if self.distributed:
             t0 = time.perf_counter()
+            self._collective = "all_reduce"
             dist.all_reduce(packed)
             values = packed.tolist()  # the one per-step host sync
+            self._collective = ""
             self._clock.comm_exposed += time.perf_counter() - t0
         else:
             values = packed.tolist()
         losses = values[:w]
+        self._losses = losses
         self._local_loss = losses[self.rank]
         self._global_loss = sum(losses) / w
         self._flag_seen = values[w] > 0
         if sq is not None:
             self._grad_norm = (values[w + 1] / w) ** 0.5
             if self.config.layer_norms:
-                self._layer_norms = {n: (v / w) ** 0.5 for n, v in zip(names, values[w + 2 :], strict=True)}
+                self._layer_norms = {n: (v / w) ** 0.5 for n, v in zip(names, values[w + 2 : w + 2 + len(names)], strict=True)}
+        if ranks_due:
+            self._emit_ranks(values[len(values) - len(PERF_FIELDS) * w :], losses)
         self._decision = self.guard.decide(self._global_loss, self.step)
         if self.rank == 0 and self.config.hist_every and self.step % self.config.hist_every == 0:
             self._emit_histograms()
         return Guard.applies_update(self._decision)
+
+    def _ranks_due(self) -> bool:
+        """The same answer on every rank: they all close the same steps."""
+        every = self.config.ranks_every
+        return bool(every) and self.step % every == 0 and self._perf.n > 0
+
+    def _emit_ranks(self, block: list[float], losses: list[float]) -> None:
+        per_event = self.config.ranks_per_event
+        if publishes_chunk(self.rank, per_event):
+            self.emit(EventType.RANKS, ranks_payload(block, losses, world=self.world, rank=self.rank,
+                                                     per_event=per_event, steps=self._perf.n))
+        self._perf.reset()
 
     def _norms_sq(self) -> tuple[list[str], torch.Tensor | None]:
         names, sq = [], []
@@ -331,10 +382,13 @@ class Agent:
     def after_step(self, *, skipped: bool | None = None, loss_scale: float = 1.0, clipped_layers: int = 0,
                    sample_range: list[int] | None = None, lr: float | None = None,
                    extra: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Close the step: emit its ``step`` event (every rank) and advance the step counter.
+        """Close the step: rank 0 emits the run-level ``step`` event (with every rank's loss
+        summarised, core/rank_arrays.py); other ranks emit theirs only while a detail command asks
+        (``detail: true``). Then the step counter advances.
 
         ``loss`` is the global mean; ``loss_local``, ``tokens``, ``tokens_per_s``, ``mfu``, the
-        timings and memory are this rank's own (a straggler shows in its own event).
+        timings and memory are the sender's own; every rank's reach the controller in ``ranks``
+        events every ``ranks_every`` steps.
 
         ``extra`` adds fields to the event (the schema tolerates unknown fields)."""
         total, data_wait, comm, compute = self._clock.split()
@@ -359,7 +413,14 @@ class Agent:
             data["sample_range"] = list(sample_range)
         if extra:
             data.update(extra)
-        self.emit(EventType.STEP, data)
+        self._perf.add(data)
+        if self.rank == 0:
+            if len(self._losses) == self.world:  # not from report_step on a multi-rank loop
+                data["rank_losses"] = summarize_losses(self._losses)
+            self.emit(EventType.STEP, data)
+        elif self._detail.active(self.step):
+            data["detail"] = True
+            self.emit(EventType.STEP, data)
         self.last = data
         self.step += 1
         self._reset_step_accumulators()
@@ -376,6 +437,7 @@ class Agent:
         if step is not None:
             self.step = step
         self._global_loss = self._local_loss = float(loss)
+        self._losses = [self._local_loss] if self.world == 1 else []
         self._grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
         self._tokens = int(tokens)
         decision = self.guard.decide(self._global_loss, self.step)
@@ -394,8 +456,19 @@ class Agent:
         if not self.distributed:
             return payload
         box = [payload if self.rank == 0 else None]
+        self._collective = "broadcast"
         dist.broadcast_object_list(box, src=0)
+        self._collective = ""
         return box[0]
+
+    def _open_detail(self, cmds: list[Command]) -> None:
+        """A detail command opens the per-rank step window on every rank at this boundary."""
+        for cmd in cmds:
+            if cmd.type is CommandType.DETAIL:
+                try:
+                    self._detail.open(self.step, detail_steps(cmd.args))
+                except (ValueError, KeyError):
+                    pass  # the dispatch table rejects it with the reason
 
     def poll_commands(self) -> list[Command]:
         """At the step boundary: the commands every rank applies now (same list on every rank)."""
@@ -405,6 +478,7 @@ class Agent:
         cmds = self._broadcast(self._pending if self.rank == 0 else None)
         self._pending = []
         self._clock.restart()
+        self._open_detail(list(cmds or []))
         return list(cmds or [])
 
     def exchange(self, rank0_value: Any = None) -> tuple[list[Command], Any]:
@@ -415,6 +489,7 @@ class Agent:
         cmds, value = self._broadcast((self._pending, rank0_value) if self.rank == 0 else None)
         self._pending = []
         self._flag_seen = False
+        self._open_detail(list(cmds or []))
         return list(cmds or []), value
 
     def ack(self, cmd: Command, status: AckStatus, detail: str = "") -> None:

@@ -17,9 +17,15 @@ Which events feed which rule:
   from the *loss rank*, the rank that speaks for the run (``core.ranks``: the lowest rank seen so
   far, rank 0 in practice). If a lower rank turns up later, the detector switches to it and
   skips its steps up to the newest one already judged.
-* step time, MFU and memory are per rank: every rank's ``step`` events feed the straggler, MFU
-  and memory rules.
-* every event from a rank is a sign of life for the heartbeat rule; ``run.finished``/``failed``
+  Agents send that one as a run-level event (rank 0 alone, with every rank's loss summarised,
+  core/rank_arrays.py); older agents send one per rank, and the speaker rule picks rank 0's.
+  Per-rank ``step`` events sent for a detail command (``detail: true``) feed no rule.
+* step time, MFU and memory are per rank: the ``ranks`` events' arrays (every ``ranks_every``
+  steps), or every rank's ``step`` events from older agents, feed the straggler, MFU and memory
+  rules (``rules.base.per_rank_samples``). Their windows count samples, so with arrays every 10
+  steps a window of 50 spans 500 steps.
+* every event from a rank is a sign of life for the heartbeat rule, a node heartbeat for each of
+  its ranks (with how long ago each was alive, and its step); ``run.finished``/``failed``
   silence it, ``run.started`` wakes it.
 
 Rollbacks: a rank's events arrive in order (one producer, one partition), so a step number from
@@ -49,6 +55,7 @@ from controller.rules.straggler import StragglerConfig, StragglerRule
 from controller.verdict import Action, Verdict
 from core.enums import EventType, Level
 from core.events import Event
+from core.rank_arrays import is_detail
 from core.ranks import takes_over
 from core.settings import shared_field
 from core.spike import SpikeConfig
@@ -132,7 +139,8 @@ class RunDetector:
 
     def on_event(self, event: Event) -> list[Verdict]:
         self._run_id = event.run
-        loss_turn, out = self._loss_turn(event) if event.type is EventType.STEP else (False, [])
+        judged = event.type is EventType.STEP and not is_detail(event.data)
+        loss_turn, out = self._loss_turn(event) if judged else (False, [])
         for name, rule in self.rules.items():
             if event.type not in rule.consumes:
                 continue

@@ -65,7 +65,7 @@ from controller.recovery_types import (
     ValidationIn,
     VerdictIn,
 )
-from controller.verdict import Action
+from controller.verdict import Action, Verdict
 from core.enums import AckStatus, CommandType, Level
 from core.policy import rollback_step, rolled_back_lr_scale
 
@@ -272,6 +272,8 @@ def _on_verdict(st: _Step, inp: VerdictIn) -> None:
     if v.action is not Action.RECOVER:
         if v.level is not Level.OK:
             st.alert(str(v.level), v.rule, f"{v.rule} on run {s.run} at step {v.step}", v.message, _verdict_evidence(v))
+            if v.rule in cfg.detail_rules:
+                _ask_detail(st, v)
         return
     if not starts_incident(cfg, s, inp):
         return  # already handling an incident (or halted): the verdict is in the stored metrics
@@ -292,6 +294,16 @@ def _on_verdict(st: _Step, inp: VerdictIn) -> None:
     st.move("spike", reason, evidence, inp.now, step=v.step)
     st.send(CommandType.PAUSE, {"reason": reason[:200]}, inp.now, reason)
     st.alert("critical", v.rule, f"{v.rule} on run {s.run} at step {v.step}: pausing", v.message, evidence)
+
+
+def _ask_detail(st: _Step, v: Verdict) -> None:
+    """Per-rank step events for the next steps: a side request, never the pending command (no
+    ack is awaited; the recovery commands keep their slot)."""
+    s = st.s
+    st.actions.append(SendCommand(
+        id=s.new_id("cmd"), type=CommandType.DETAIL, args={"steps": st.cfg.detail_steps},
+        incident_id=s.incident.id if s.incident else None, attempt=1, ttl_s=st.cfg.policy.command_ttl_s,
+        reason=f"per-rank detail after {v.rule} at step {v.step}"))
 
 
 def _on_progress(st: _Step, inp: ProgressIn) -> None:

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 from controller.verdict import Verdict
 from core.deployment import PolicyConfig
 from core.enums import AckStatus, CommandType, Level
+from core.rank_arrays import MAX_DETAIL_STEPS
 from core.settings import shared_field
 
 
@@ -63,6 +64,11 @@ class RecoveryConfig:
     """Rules whose warn/critical verdicts make a step unhealthy (for stability and recovery)."""
     max_checkpoints: int = 64
     """Checkpoints remembered per run (oldest forgotten first; stable ones last)."""
+    detail_rules: tuple[str, ...] = ("straggler", "rank_hung")
+    """Alerts that also ask the run for per-rank step events (a ``detail`` command), so the
+    dashboard shows every rank's steps right after them."""
+    detail_steps: int = 20
+    """Steps of per-rank step events such a command asks for."""
 
     MOVED: ClassVar[dict[str, str]] = {"lr_factor": "[policy] lr_factor", "command_ttl_s": "[policy] command_ttl_s"}
 
@@ -85,6 +91,8 @@ class RecoveryConfig:
             raise ValueError("max_attempts: must be >= 1")
         if self.max_checkpoints < 1:
             raise ValueError("max_checkpoints: must be >= 1")
+        if not 1 <= self.detail_steps <= MAX_DETAIL_STEPS:
+            raise ValueError(f"detail_steps: must be in [1, {MAX_DETAIL_STEPS}]")
 
 
 # ---------------------------------------------------------------------------------------------

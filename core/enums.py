@@ -12,6 +12,7 @@ class EventType(StrEnum):
     STEP = "step"
     GRAD_HIST = "grad_hist"
     HEARTBEAT = "heartbeat"
+    RANKS = "ranks"  # per-rank performance arrays, every ranks_every steps (core/rank_arrays.py)
     CHECKPOINT = "checkpoint"
     VALIDATION = "validation"
     COMMAND_ACK = "command.ack"
@@ -28,6 +29,7 @@ class CommandType(StrEnum):
     SET_LR_SCALE = "set_lr_scale"
     CHECKPOINT_NOW = "checkpoint_now"
     STOP = "stop"
+    DETAIL = "detail"  # every rank publishes its own step events for the next N steps
 
 
 class AckStatus(StrEnum):

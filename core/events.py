@@ -12,12 +12,15 @@ Where each event fires in the training loop (Composer-style pseudocode)::
         loss.backward(); agent.after_backward() #   comm_exposed_s from the DDP hook
         if agent.before_optimizer_step():       #   the guard: skip when it trips
             optimizer.step()
-        agent.after_step()                      # STEP (every rank), GRAD_HIST every hist_every
+        agent.after_step()                      # STEP (rank 0: run-level, with every rank's loss
+                                                # summary; every rank while a DETAIL command asks),
+                                                # RANKS every ranks_every, GRAD_HIST every hist_every
         agent.poll_commands()                   # COMMAND_ACK after each applied command,
                                                 # VALIDATION for a validate command,
                                                 # CHECKPOINT when one is written/verified,
                                                 # DATA_FLAG when the data rules mark samples
-    # every heartbeat_s on a side thread:       # HEARTBEAT (every rank, also while paused)
+    # every heartbeat_s on a side thread:       # HEARTBEAT (each node's local rank 0, carrying its
+                                                # ranks' steps and ages; also while paused)
     agent.close()                               # RUN_FINISHED, or RUN_FAILED on an exception
 
 Versioning: ``v`` is the schema's *major* version (an int). Minor revisions only add optional
@@ -46,6 +49,7 @@ from core.floats import WIRE_NONFINITE as _NONFINITE_IN
 from core.floats import dumps
 from core.payloads import COMMAND_ARGS, EVENT_PAYLOADS, FieldSpec, schema_of
 from core.policy import COMMAND_TTL_S
+from core.rank_arrays import check_loss_summary, check_node_heartbeat, check_ranks
 from core.schema import SchemaError, UnknownVersion, check_fields, check_value
 
 SCHEMA_VERSION = 1
@@ -195,9 +199,20 @@ def event_from_dict(obj: Any) -> Event:
     if not math.isfinite(ts):
         raise SchemaError("ts", "must be finite")
     data = check_fields(DATA_SCHEMAS[etype], obj.get("data"), "data")
+    _check_arrays(etype, data, world)
     return Event(
         type=etype, run=obj["run"], step=step, data=data, rank=rank, world=world, ts=ts, id=obj["id"], v=obj["v"]
     )
+
+
+def _check_arrays(etype: EventType, data: dict[str, Any], world: int) -> None:
+    """Per-rank arrays (core/rank_arrays.py): bounded and consistent with the envelope's world."""
+    if etype is EventType.RANKS:
+        check_ranks(data, world)
+    elif etype is EventType.HEARTBEAT:
+        check_node_heartbeat(data, world, MAX_STEP)
+    elif etype is EventType.STEP and data.get("rank_losses") is not None:
+        check_loss_summary(data["rank_losses"], world, "data.rank_losses")
 
 
 def encode_event(event: Event) -> bytes:

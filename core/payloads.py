@@ -32,9 +32,23 @@ class RunStartedData(TypedDict):
     config: NotRequired[dict[str, Any]]
 
 
+class LossSummary(TypedDict):
+    """The ranks' losses at one step, in a run-level ``step`` event (core/rank_arrays.py)."""
+
+    min: float  # over the finite losses (NaN when none is finite)
+    max: float
+    argmin: int  # the rank holding min
+    argmax: int  # the rank holding max
+    median: float
+    mad: float  # median absolute deviation from the median
+    outliers: list[int]  # ranks with |loss - median| > k * sigma, or a non-finite loss; worst first, capped
+    outlier_losses: list[float]  # their losses, in the same order
+    losses: NotRequired[list[float]]  # every rank's loss, only when there is an outlier (and world is bounded)
+
+
 class StepData(TypedDict):
     loss: float  # the global (all-reduced) mean
-    loss_local: float  # per rank, like every field from here to guard
+    loss_local: float  # per rank (the sender's own), like every field from here to guard
     lr: float
     lr_scale: float  # the scale the trainer applied
     grad_norm: float
@@ -53,6 +67,24 @@ class StepData(TypedDict):
     guard: GuardDecision
     layer_grad_norms: NotRequired[dict[str, float]]
     sample_range: NotRequired[list[int]]  # [first, last+1) sample indices of this global batch
+    rank_losses: NotRequired[LossSummary]  # present = a run-level step event (rank 0 alone sends one)
+    detail: NotRequired[bool]  # true = a per-rank step event asked for by a detail command (not for the rules)
+
+
+class RanksData(TypedDict):
+    """Per-rank performance of ranks [first_rank, first_rank + n), every array of length n: the
+    means over the last ``steps`` steps (memory: the newest value), from one all-reduce."""
+
+    first_rank: int
+    steps: int
+    step_time_s: list[float]
+    data_wait_s: list[float]
+    comm_exposed_s: list[float]
+    mfu: list[float]
+    tokens_per_s: list[float]
+    mem_allocated: list[int]
+    mem_reserved: list[int]
+    loss_local: list[float]  # each rank's loss at the event's step
 
 
 class HistLayer(TypedDict):
@@ -74,6 +106,11 @@ class GradHistData(TypedDict):
 
 class HeartbeatData(TypedDict):
     state: TrainerMode
+    # A node heartbeat (the node's local rank 0 speaks for the node's ranks); all four or none.
+    ranks: NotRequired[list[int]]
+    steps: NotRequired[list[int]]  # each rank's newest step
+    ages_s: NotRequired[list[float]]  # seconds since each rank's process last said it was alive
+    collectives: NotRequired[list[str]]  # the collective each rank is inside ("" = none)
 
 
 class CheckpointData(TypedDict):
@@ -119,6 +156,7 @@ EVENT_PAYLOADS: dict[EventType, type] = {
     EventType.STEP: StepData,
     EventType.GRAD_HIST: GradHistData,
     EventType.HEARTBEAT: HeartbeatData,
+    EventType.RANKS: RanksData,
     EventType.CHECKPOINT: CheckpointData,
     EventType.VALIDATION: ValidationData,
     EventType.COMMAND_ACK: CommandAckData,
@@ -150,6 +188,10 @@ class CheckpointNowArgs(TypedDict):
     kind: NotRequired[CheckpointKind]
 
 
+class DetailArgs(TypedDict):
+    steps: int  # publish per-rank step events for this many steps (1..core.rank_arrays.MAX_DETAIL_STEPS)
+
+
 COMMAND_ARGS: dict[CommandType, type] = {
     CommandType.PAUSE: ReasonArgs,
     CommandType.RESUME: ReasonArgs,
@@ -158,6 +200,7 @@ COMMAND_ARGS: dict[CommandType, type] = {
     CommandType.SET_LR_SCALE: SetLrScaleArgs,
     CommandType.CHECKPOINT_NOW: CheckpointNowArgs,
     CommandType.STOP: ReasonArgs,
+    CommandType.DETAIL: DetailArgs,
 }
 
 FieldSpec = tuple[Any, bool]

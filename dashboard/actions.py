@@ -14,10 +14,12 @@ from typing import Any
 
 from controller.store.requests import RequestSource, submit_request
 from core.enums import CommandType
+from core.rank_arrays import MAX_DETAIL_STEPS
 from dashboard.config import DashboardConfig
 from dashboard.store_access import request_writer
 
-OPERATOR_ACTIONS = (CommandType.PAUSE, CommandType.RESUME, CommandType.VALIDATE, CommandType.ROLLBACK)
+OPERATOR_ACTIONS = (CommandType.PAUSE, CommandType.RESUME, CommandType.VALIDATE, CommandType.ROLLBACK,
+                    CommandType.DETAIL)
 
 
 class ActionDenied(Exception):
@@ -37,6 +39,12 @@ def rollback_args(to_step: int, lr_scale: float) -> dict[str, Any]:
     if not 0 < lr_scale <= 1:
         raise ActionDenied("lr_scale: must be in (0, 1]")
     return {"to_step": int(to_step), "lr_scale": float(lr_scale)}
+
+
+def detail_args(steps: int) -> dict[str, Any]:
+    if not 1 <= steps <= MAX_DETAIL_STEPS:
+        raise ActionDenied(f"steps: must be in [1, {MAX_DETAIL_STEPS}]")
+    return {"steps": int(steps)}
 
 
 def request_command(

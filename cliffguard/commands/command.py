@@ -31,6 +31,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="rollback: skip sample indices [FIRST, END)")
     p.add_argument("--batches", type=int, help="validate: number of held-out batches")
     p.add_argument("--kind", choices=["memory", "incremental", "full"], help="checkpoint_now: kind")
+    p.add_argument("--steps", type=int, help="detail: per-rank step events for this many steps (default 20)")
     p.add_argument("--reason", help="pause/resume/stop: free text recorded with the command")
     p.add_argument("--actor", default=None, help="who is acting (default: the login name)")
     p.add_argument("--wait", action=argparse.BooleanOptionalAction, default=True,
@@ -56,6 +57,8 @@ def command_args(args: argparse.Namespace) -> dict:
         out = {"batches": args.batches}
     elif ctype is CommandType.CHECKPOINT_NOW and args.kind:
         out = {"kind": args.kind}
+    elif ctype is CommandType.DETAIL:
+        out = {"steps": 20 if args.steps is None else args.steps}
     if args.reason and ctype in (CommandType.PAUSE, CommandType.RESUME, CommandType.STOP):
         out["reason"] = args.reason
     return out

@@ -19,12 +19,14 @@ the rule's ``name`` (so a rule's name is also its state key: renaming one drops 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
 from controller.verdict import Verdict
 from core.enums import EventType
 from core.events import Event
+from core.rank_arrays import is_detail, is_run_level, rank_entries
 
 
 class RankScope(StrEnum):
@@ -35,6 +37,9 @@ class RankScope(StrEnum):
 
 
 STEP_EVENTS: frozenset[EventType] = frozenset({EventType.STEP})
+RANK_METRIC_EVENTS: frozenset[EventType] = frozenset({EventType.STEP, EventType.RANKS})
+"""What the per-rank metric rules read: ``ranks`` arrays, and per-rank ``step`` events of agents
+that send one per rank (``per_rank_samples``)."""
 ALL_EVENTS: frozenset[EventType] = frozenset(EventType)
 
 
@@ -61,3 +66,18 @@ class TickingRule(Protocol):
 @runtime_checkable
 class RewindingRule(Protocol):
     def rewind(self) -> None: ...
+
+
+def per_rank_samples(event: Event) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(rank, per-rank fields) in an event, for the per-rank metric rules (straggler, MFU, memory).
+
+    * a ``ranks`` event: one sample per rank, highest rank first, so a rule that judges on the
+      speaking rank's sample (core.ranks) judges once the whole chunk is in;
+    * a ``step`` event from an agent that sends one per rank (no ``rank_losses``): its sender's;
+    * a run-level ``step`` event, or a per-rank one sent for a detail command: none — the arrays
+      already carry every rank, and a rank counted twice would outweigh the others.
+    """
+    if event.type is EventType.RANKS:
+        yield from reversed(list(rank_entries(event.data)))
+    elif event.type is EventType.STEP and not is_run_level(event.data) and not is_detail(event.data):
+        yield event.rank, event.data

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Any
 
-from controller.rules.base import STEP_EVENTS, RankScope
+from controller.rules.base import RANK_METRIC_EVENTS, RankScope, per_rank_samples
 from controller.verdict import Action, Verdict
 from core.enums import Level
 from core.events import Event
@@ -57,7 +57,7 @@ class _RankMemory:
 
 class MemoryRule:
     name = "memory"
-    consumes = STEP_EVENTS
+    consumes = RANK_METRIC_EVENTS
     scope = RankScope.EVERY_RANK
 
     def __init__(self, config: MemoryConfig | None = None) -> None:
@@ -92,8 +92,10 @@ class MemoryRule:
                         f"since step {m.baseline_step}")]
 
     def on_event(self, event: Event) -> list[Verdict]:
-        data = event.data
-        return self.observe(event.step, event.rank, int(data.get("mem_reserved", 0)), int(data.get("mem_allocated", 0)))
+        out: list[Verdict] = []
+        for rank, data in per_rank_samples(event):
+            out += self.observe(event.step, rank, int(data.get("mem_reserved", 0)), int(data.get("mem_allocated", 0)))
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         return {str(r): {"recent": list(m.recent), "baseline": m.baseline, "baseline_step": m.baseline_step,

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from statistics import fmean, median
 from typing import Any
 
-from controller.rules.base import STEP_EVENTS, RankScope
+from controller.rules.base import RANK_METRIC_EVENTS, RankScope, per_rank_samples
 from controller.verdict import Action, Verdict
 from core.enums import Level
 from core.events import Event
@@ -76,7 +76,7 @@ class MfuConfig:
 
 class MfuRule:
     name = "mfu"
-    consumes = STEP_EVENTS
+    consumes = RANK_METRIC_EVENTS
     scope = RankScope.EVERY_RANK
 
     def __init__(self, config: MfuConfig | None = None) -> None:
@@ -172,7 +172,10 @@ class MfuRule:
         return "compute", "compute (no data wait, exposed communication or straggler stands out)", ev
 
     def on_event(self, event: Event) -> list[Verdict]:
-        return self.observe(event.step, event.rank, event.data)
+        out: list[Verdict] = []
+        for rank, data in per_rank_samples(event):
+            out += self.observe(event.step, rank, data)
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         return {"recent": {str(r): [list(p) for p in q] for r, q in self._recent.items()},

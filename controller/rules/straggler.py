@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Any
 
-from controller.rules.base import STEP_EVENTS, RankScope
+from controller.rules.base import RANK_METRIC_EVENTS, RankScope, per_rank_samples
 from controller.verdict import Action, Verdict
 from core.enums import Level
 from core.events import Event
@@ -64,7 +64,7 @@ def busy_time(data: dict[str, Any]) -> float | None:
 
 class StragglerRule:
     name = "straggler"
-    consumes = STEP_EVENTS
+    consumes = RANK_METRIC_EVENTS
     scope = RankScope.EVERY_RANK
 
     def __init__(self, config: StragglerConfig | None = None) -> None:
@@ -126,7 +126,10 @@ class StragglerRule:
         return out
 
     def on_event(self, event: Event) -> list[Verdict]:
-        return self.observe(event.step, event.rank, event.data)
+        out: list[Verdict] = []
+        for rank, data in per_rank_samples(event):
+            out += self.observe(event.step, rank, data)
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         return {"busy": {str(r): [list(p) for p in q] for r, q in self._busy.items()},

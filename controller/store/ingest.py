@@ -12,6 +12,9 @@ event changes nothing.
 - ``command.ack`` sets the command's status once an ack from the command's own run arrives; a
   later ``duplicate`` ack (the trainer saw a re-sent command) never overwrites what the first ack
   said, and an older ack never overwrites a newer one.
+- A ``ranks`` event becomes one ``step_metrics`` row per rank (but rank 0, whose run-level step
+  event has its row), with an id derived from the event's; a node heartbeat updates each of its
+  ranks' ``heartbeats`` row.
 - Step rows below ``runs.downsampled_below`` are skipped: those steps were already folded into
   buckets by ``store.retention``, and a re-delivery must not add a second copy beside the bucket.
 
@@ -25,6 +28,7 @@ rejects bare NaN).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -49,11 +53,14 @@ from controller.store.upsert import insert_for
 from core.enums import AckStatus, EventType
 from core.events import Event
 from core.floats import store_kind, to_json
+from core.rank_arrays import rank_entries
+from core.ranks import RUN_RANK
 
 log = logging.getLogger(__name__)
 
 _ID_CHUNK = 5000  # event ids per IN (...) lookup; below SQLite's 32766 bound-parameter limit
 # an ack status the trainer decided (a later "duplicate" ack must not replace it)
+_STEP_ROW_EVENTS = frozenset({EventType.STEP, EventType.RANKS})  # the events that become step rows
 _DECIDED = {str(s) for s in AckStatus if s is not AckStatus.DUPLICATE}
 
 
@@ -80,7 +87,7 @@ def ingest_events(session: Session, events: Iterable[Event], *, steps: bool = Tr
     _touch_runs(session, events)
     changed = 0
     for ev in events:
-        if ev.type is EventType.STEP:
+        if ev.type in _STEP_ROW_EVENTS:
             continue
         handler = _HANDLERS.get(ev.type)
         if handler is not None and handler(session, ev):
@@ -92,11 +99,11 @@ def ingest_events(session: Session, events: Iterable[Event], *, steps: bool = Tr
 
 def ingest_steps(session: Session, events: Iterable[Event],
                  rule_points: Mapping[str, Mapping[str, Any]] | None = None) -> int:
-    """Insert the step rows of ``events`` (other types are ignored) whose runs are already
+    """Insert the step rows of ``events`` (``step`` and ``ranks`` events; others are ignored) whose runs are already
     recorded (``ingest_events`` touched them); returns how many were new. ``rule_points``: event
     id -> ``median``/``sigma``/``level`` of the loss-spike rule at that step, written with the row
     (what ``record_rule_stats`` would otherwise set by an UPDATE after the insert)."""
-    events = [e for e in events if e.type is EventType.STEP]
+    events = [e for e in events if e.type in _STEP_ROW_EVENTS]
     if not events:
         return 0
     watermark = dict(
@@ -105,7 +112,14 @@ def ingest_steps(session: Session, events: Iterable[Event],
         ).all()
     )
     points = rule_points or {}
-    rows = [_step_row(ev, points.get(ev.id)) for ev in events if ev.step >= watermark.get(ev.run, 0)]
+    rows: list[dict[str, Any]] = []
+    for ev in events:
+        if ev.step < watermark.get(ev.run, 0):
+            continue
+        if ev.type is EventType.STEP:
+            rows.append(_step_row(ev, point=points.get(ev.id)))
+        else:
+            rows.extend(_rank_rows(ev))
     return _insert_step_rows(session, rows) if rows else 0
 
 
@@ -168,15 +182,31 @@ def _touch_runs(session: Session, events: list[Event]) -> None:
         )
 
 
-def _step_row(ev: Event, point: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    d = ev.data
+def _rank_rows(ev: Event) -> list[dict[str, Any]]:
+    """A ``ranks`` event -> one per-rank ``step_metrics`` row per rank but ``RUN_RANK`` (whose
+    run-level step event already has its row), so the per-rank reads and charts work unchanged.
+    Each row's id derives from the event's, so a re-delivery adds nothing."""
+    rows = []
+    for rank, fields in rank_entries(ev.data):
+        if rank == RUN_RANK:
+            continue
+        busy = fields["step_time_s"] - fields["data_wait_s"] - fields["comm_exposed_s"]
+        data = {**fields, "compute_s": busy, "skipped": False}
+        row_id = hashlib.blake2b(f"{ev.id}:{rank}".encode(), digest_size=16).hexdigest()
+        rows.append(_step_row(ev, data=data, event_id=row_id, rank=rank))
+    return rows
+
+
+def _step_row(ev: Event, *, data: dict[str, Any] | None = None, event_id: str | None = None,
+              rank: int | None = None, point: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    d = ev.data if data is None else data
     row: dict[str, Any] = {m.name: d.get(m.name) for m in STEP_METRICS}
     row["loss"] = d.get("loss")
     row.update(
-        event_id=ev.id,
+        event_id=ev.id if event_id is None else event_id,
         run_id=ev.run,
         step=ev.step,
-        rank=ev.rank,
+        rank=ev.rank if rank is None else rank,
         ts=ev.ts,
         resolution=1,
         loss_min=None,
@@ -257,9 +287,12 @@ def _data_flag(session: Session, ev: Event) -> bool:
 
 
 def _heartbeat(session: Session, ev: Event) -> bool:
+    d = ev.data
+    if d.get("ranks") is not None:
+        return _node_heartbeat(session, ev)
     ins = insert_for(session, Heartbeat).values(
         **fit_row(
-            Heartbeat, dict(run_id=ev.run, rank=ev.rank, ts=ev.ts, step=ev.step, state=ev.data["state"])
+            Heartbeat, dict(run_id=ev.run, rank=ev.rank, ts=ev.ts, step=ev.step, state=d["state"])
         )
     )
     stmt = ins.on_conflict_do_update(
@@ -268,6 +301,26 @@ def _heartbeat(session: Session, ev: Event) -> bool:
         where=Heartbeat.ts < ins.excluded.ts,
     )
     return _wrote(session, stmt, Heartbeat.rank)
+
+
+def _node_heartbeat(session: Session, ev: Event) -> bool:
+    """A node heartbeat: each of its ranks' row, at the time that rank was last alive."""
+    d = ev.data
+    stored = dict(session.execute(select(Heartbeat.rank, Heartbeat.ts).where(
+        Heartbeat.run_id == ev.run, Heartbeat.rank.in_(d["ranks"]))).all())
+    rows = [fit_row(Heartbeat, dict(run_id=ev.run, rank=r, ts=ev.ts - age, step=step, state=d["state"]))
+            for r, step, age in zip(d["ranks"], d["steps"], d["ages_s"], strict=True)
+            if r not in stored or stored[r] < ev.ts - age]
+    if not rows:
+        return False  # a re-delivery, or nothing newer than what is stored
+    ins = insert_for(session, Heartbeat)
+    stmt = ins.on_conflict_do_update(
+        index_elements=["run_id", "rank"],
+        set_={"ts": ins.excluded.ts, "step": ins.excluded.step, "state": ins.excluded.state},
+        where=Heartbeat.ts < ins.excluded.ts,
+    )
+    session.connection().execute(stmt, rows)
+    return True
 
 
 def _checkpoint(session: Session, ev: Event) -> bool:

@@ -34,3 +34,19 @@ def render(ctx: Context) -> None:
     show(row2[0], charts.per_rank_chart(df, "data_wait_ratio", "data-wait ratio", ".0%"), key="rank_data_wait")
     show(row2[1], charts.per_rank_chart(df, "comm_exposed_ratio", "comm-exposed ratio", ".0%"), key="rank_comm")
     show(row2[2], charts.memory_chart(df), key="rank_memory")
+    _detail(ctx)
+
+
+def _detail(ctx: Context) -> None:
+    """Every rank's own step events, when a detail command (an operator's or a rule's) asked for them."""
+    df = ctx.frame(read.rank_detail, ctx.run_id, keys=("step", "rank", *read.DETAIL_COLUMNS))
+    if df.empty:
+        st.caption("per-rank detail: none yet (ask for it with the operator action `detail`, or "
+                   "`cliffguard command RUN detail --steps N`)")
+        return
+    st.markdown(f"**Per-rank detail**, steps {int(df['step'].min())}–{int(df['step'].max())}")
+    cols = st.columns(2)
+    show(cols[0], charts.per_rank_chart(df, "loss_local", "loss per rank", ".3f"), key="detail_loss")
+    show(cols[1], charts.per_rank_chart(df, "step_time_s", "step time per rank (s)", ".3f"), key="detail_time")
+    table = df.pivot_table(index="rank", columns="step", values="step_time_s")
+    st.dataframe(table, key="detail_table")

@@ -160,3 +160,36 @@ def test_a_configured_peak_is_never_moved():
     step = next(e for e in sink.events if e.type is EventType.STEP)
     assert agent.peak_source == "config" and agent.peak_flops == 1.0
     assert step.data["mfu"] > 1.0  # the operator's number is reported against, not corrected
+
+
+def test_rank_zero_sends_a_run_level_step_and_ranks_every_n_steps():
+    model, opt, agent, sink, _ = _setup(hist_every=0, ranks_every=3)
+    agent.start()
+    for _ in range(7):
+        _step(model, opt, agent)
+    agent.close()
+    steps = [e for e in sink.events if e.type is EventType.STEP]
+    assert all(e.data["rank_losses"]["argmax"] == 0 and e.data["rank_losses"]["outliers"] == [] for e in steps)
+    ranks = [e for e in sink.events if e.type is EventType.RANKS]
+    assert [(e.step, e.data["steps"]) for e in ranks] == [(3, 3), (6, 3)]
+    mean = sum(e.data["step_time_s"] for e in steps[3:6]) / 3
+    assert ranks[1].data["step_time_s"] == [pytest.approx(mean)] and ranks[1].data["loss_local"] == [steps[6].data["loss_local"]]
+    assert ranks[1].data["mem_reserved"][0] == steps[5].data["mem_reserved"]
+    beats = [e for e in sink.events if e.type is EventType.HEARTBEAT]
+    assert beats and beats[0].data["ranks"] == [0] and beats[0].data["collectives"] == [""]
+
+
+def test_a_detail_command_opens_the_per_rank_window_and_is_acked():
+    from agent.dispatch import dispatch
+
+    model, opt, agent, sink, source = _setup(hist_every=0)
+    agent.start()
+    _step(model, opt, agent)
+    source.queue.append(make_command(CommandType.DETAIL, "unit", {"steps": 5}))
+    source.queue.append(make_command(CommandType.DETAIL, "unit", {"steps": 0}))
+    _step(model, opt, agent)
+    cmds = agent.poll_commands()
+    outcomes = [dispatch(c, None, agent.modes, agent.ack).status for c in cmds]  # the route needs no target
+    assert outcomes == [AckStatus.APPLIED, AckStatus.REJECTED]
+    assert agent._detail.active(2) and agent._detail.active(6) and not agent._detail.active(7)
+    agent.close()

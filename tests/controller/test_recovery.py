@@ -622,3 +622,20 @@ def test_zz_every_declared_transition_is_taken_somewhere():
     finally:
         rec.fire = original
     assert taken == set(TRANSITIONS)
+
+
+def test_a_straggler_alert_also_asks_for_per_rank_detail_without_taking_the_command_slot():
+    from controller.recovery import transition as step_machine
+    from controller.recovery_types import RecoveryConfig, SendCommand, VerdictIn
+    from controller.verdict import Verdict
+    from core.enums import CommandType, Level
+
+    cfg = RecoveryConfig(detail_steps=30)
+    state = new_state("r", "salt")
+    v = Verdict(rule="straggler", level=Level.WARN, step=50, message="rank 3 slow", rank=3)
+    after, acts = step_machine(cfg, state, VerdictIn(verdict=v, now=1.0))
+    sends = [a for a in acts if isinstance(a, SendCommand)]
+    assert [(a.type, a.args) for a in sends] == [(CommandType.DETAIL, {"steps": 30})]
+    assert after.pending is None
+    other = Verdict(rule="mfu_low", level=Level.WARN, step=50, message="low")
+    assert not [a for a in step_machine(cfg, state, VerdictIn(verdict=other, now=1.0))[1] if isinstance(a, SendCommand)]

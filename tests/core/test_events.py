@@ -53,6 +53,9 @@ PAYLOADS: dict[EventType, dict] = {
     EventType.DATA_FLAG: {"sample_ids": [1, 2, 3], "rule": "garbled", "score": 0.9},
     EventType.RUN_FINISHED: {"final_loss": 1.9, "steps": 100},
     EventType.RUN_FAILED: {"error": "boom"},
+    EventType.RANKS: {"first_rank": 0, "steps": 10, "step_time_s": [0.05], "data_wait_s": [0.001],
+                      "comm_exposed_s": [0.002], "mfu": [0.4], "tokens_per_s": [8e4], "mem_allocated": [1 << 20],
+                      "mem_reserved": [2 << 20], "loss_local": [2.4]},
 }
 
 ARGS: dict[CommandType, dict] = {
@@ -63,6 +66,7 @@ ARGS: dict[CommandType, dict] = {
     CommandType.SET_LR_SCALE: {"lr_scale": 0.25},
     CommandType.CHECKPOINT_NOW: {"kind": "incremental"},
     CommandType.STOP: {"reason": "operator"},
+    CommandType.DETAIL: {"steps": 20},
 }
 
 

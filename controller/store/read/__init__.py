@@ -22,13 +22,20 @@ from controller.store.read.curves import loss_curve, redone_steps, step_rows
 from controller.store.read.dlq import dlq_counts
 from controller.store.read.hists import grad_hists
 from controller.store.read.incidents import incident_detail, incidents, transitions
-from controller.store.read.ranks import RANK_COLUMNS, latest_rank_steps, rank_metrics
+from controller.store.read.ranks import (
+    DETAIL_COLUMNS,
+    RANK_COLUMNS,
+    latest_rank_steps,
+    rank_detail,
+    rank_metrics,
+)
 from controller.store.read.requests import REQUEST_COLUMNS, recent_requests
 from controller.store.read.rule_stats import STAT_COLUMNS, SpikeRuleStats, spike_rule_stats
 from controller.store.read.runs import get_run, heartbeats, list_runs
 from controller.store.read.validations import data_flags, validations
 
 __all__ = [
+    "DETAIL_COLUMNS",
     "RANK_COLUMNS",
     "REQUEST_COLUMNS",
     "STAT_COLUMNS",
@@ -51,6 +58,7 @@ __all__ = [
     "list_runs",
     "loss_curve",
     "outbox_status",
+    "rank_detail",
     "rank_metrics",
     "redone_steps",
     "speaker_rank",

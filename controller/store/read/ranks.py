@@ -62,6 +62,29 @@ def rank_metrics(
     return [dict(zip(keys, map(num, r), strict=True)) for r in session.execute(stmt).all()]
 
 
+DETAIL_COLUMNS: tuple[str, ...] = ("loss_local", "step_time_s", "data_wait_s", "comm_exposed_s", "mfu",
+                                   "tokens_per_s", "grad_norm", "mem_reserved")
+"""The columns ``rank_detail`` returns besides step and rank."""
+
+
+def rank_detail(session: Session, run_id: str, *, steps: int = 50,
+                columns: Sequence[str] = DETAIL_COLUMNS) -> list[dict[str, Any]]:
+    """Every rank's full step rows (from per-rank ``step`` events: those a detail command asked
+    for, or an older agent's) over the newest ``steps`` steps that have one from a rank other
+    than the speaker; ordered by (step, rank). Rows made from ``ranks`` arrays carry no guard
+    decision, which is how they are told apart. Empty when no such rows exist."""
+    full = SM.guard.is_not(None)
+    last = session.scalar(select(func.max(SM.step)).where(SM.run_id == run_id, full, SM.rank > 0))
+    if last is None:
+        return []
+    cols = [getattr(SM, c) for c in columns]
+    stmt = (select(SM.step, SM.rank, *cols)
+            .where(SM.run_id == run_id, full, SM.resolution == 1, SM.step > last - steps, SM.step <= last)
+            .order_by(SM.step, SM.rank))
+    keys = ("step", "rank", *columns)
+    return [dict(zip(keys, map(num, r), strict=True)) for r in session.execute(stmt).all()]
+
+
 def latest_rank_steps(session: Session, run_id: str) -> list[dict[str, Any]]:
     """Each rank's newest step row (every column), ordered by rank: the 'ranks now' table."""
     order = func.row_number().over(partition_by=SM.rank, order_by=(SM.step.desc(), SM.ts.desc()))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from sqlalchemy import select
 
 from controller.store import read
@@ -368,3 +369,42 @@ def test_step_rows_carry_the_rule_points_in_one_insert_and_stay_idempotent(engin
     assert [(r.step, r.rule_median, r.rule_level) for r in rows] == [
         (1, 2.0, "ok"), (2, None, None), (3, None, None), (4, None, None)]
     assert rows[1].nonfinite == "nan" and rows[1].layer_grad_norms == {"w": "Infinity"}
+
+
+def _ranks(step: int, world: int = 4, **kw):
+    n = world
+    data = {"first_rank": 0, "steps": 10, "step_time_s": [0.5] * n, "data_wait_s": [0.1] * n,
+            "comm_exposed_s": [0.1] * n, "mfu": [0.4] * n, "tokens_per_s": [1e3] * n,
+            "mem_allocated": [1 << 30] * n, "mem_reserved": [2 << 30] * n, "loss_local": [2.0 + r for r in range(n)]}
+    return f.event(EventType.RANKS, step, data, world=world, **kw)
+
+
+def test_ranks_arrays_become_per_rank_rows_and_node_heartbeats_per_rank_beats(engine):
+    beat = {"state": "running", "ranks": [0, 1, 2, 3], "steps": [10, 10, 9, 10], "ages_s": [0.0, 1.0, 40.0, 0.5],
+            "collectives": ["", "", "all_reduce", ""]}
+    events = [f.step(10, 2.5, rank=0, world=4), _ranks(10), f.event(EventType.HEARTBEAT, 10, beat, world=4)]
+    with session_scope(engine) as s:
+        assert ingest_events(s, events) == 1 + 3 + 1
+    with session_scope(engine) as s:
+        rows = s.scalars(select(StepMetric).order_by(StepMetric.rank)).all()
+        assert [(m.step, m.rank, m.loss_local) for m in rows] == [(10, 0, 2.5), (10, 1, 3.0), (10, 2, 4.0), (10, 3, 5.0)]
+        assert rows[1].compute_s == pytest.approx(0.3) and rows[1].mem_reserved == 2 << 30 and rows[1].loss is None
+        assert [r["rank"] for r in read.latest_rank_steps(s, "run-a")] == [0, 1, 2, 3]
+        beats = s.scalars(select(Heartbeat).order_by(Heartbeat.rank)).all()
+        assert [(b.rank, b.step, b.ts) for b in beats] == [(0, 10, f.T0 + 10), (1, 10, f.T0 + 9), (2, 9, f.T0 - 30),
+                                                           (3, 10, f.T0 + 9.5)]
+    before = snapshot(engine)
+    with session_scope(engine) as s:
+        assert ingest_events(s, events) == 0
+    assert snapshot(engine) == before
+
+
+def test_rank_detail_reads_full_per_rank_rows_not_the_array_rows(engine):
+    detail = [f.step(s, 2.5, rank=r, world=4, detail=True) for s in (11, 12) for r in (1, 2)]
+    with session_scope(engine) as s:
+        ingest_events(s, [f.step(10, 2.5, rank=0, world=4), _ranks(10), *detail])
+    with session_scope(engine) as s:
+        assert [r["step"] for r in read.rank_detail(s, "run-a", steps=1)] == [12, 12]
+        rows = read.rank_detail(s, "run-a", steps=5)
+        assert [(r["step"], r["rank"]) for r in rows] == [(10, 0), (11, 1), (11, 2), (12, 1), (12, 2)]  # not (10, 1..3)
+        assert read.rank_detail(s, "other") == []
