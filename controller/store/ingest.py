@@ -86,12 +86,17 @@ def ingest_events(session: Session, events: Iterable[Event], *, steps: bool = Tr
         return 0
     _touch_runs(session, events)
     changed = 0
+    node_beats: list[Event] = []
     for ev in events:
         if ev.type in _STEP_ROW_EVENTS:
+            continue
+        if ev.type is EventType.HEARTBEAT and ev.data.get("ranks") is not None:
+            node_beats.append(ev)  # all of the batch's at once, below
             continue
         handler = _HANDLERS.get(ev.type)
         if handler is not None and handler(session, ev):
             changed += 1
+    changed += _node_heartbeats(session, node_beats)
     if steps:
         changed += ingest_steps(session, events)
     return changed
@@ -289,7 +294,7 @@ def _data_flag(session: Session, ev: Event) -> bool:
 def _heartbeat(session: Session, ev: Event) -> bool:
     d = ev.data
     if d.get("ranks") is not None:
-        return _node_heartbeat(session, ev)
+        return _node_heartbeats(session, [ev]) == 1
     ins = insert_for(session, Heartbeat).values(
         **fit_row(
             Heartbeat, dict(run_id=ev.run, rank=ev.rank, ts=ev.ts, step=ev.step, state=d["state"])
@@ -303,24 +308,37 @@ def _heartbeat(session: Session, ev: Event) -> bool:
     return _wrote(session, stmt, Heartbeat.rank)
 
 
-def _node_heartbeat(session: Session, ev: Event) -> bool:
-    """A node heartbeat: each of its ranks' row, at the time that rank was last alive."""
-    d = ev.data
-    stored = dict(session.execute(select(Heartbeat.rank, Heartbeat.ts).where(
-        Heartbeat.run_id == ev.run, Heartbeat.rank.in_(d["ranks"]))).all())
-    rows = [fit_row(Heartbeat, dict(run_id=ev.run, rank=r, ts=ev.ts - age, step=step, state=d["state"]))
-            for r, step, age in zip(d["ranks"], d["steps"], d["ages_s"], strict=True)
-            if r not in stored or stored[r] < ev.ts - age]
-    if not rows:
-        return False  # a re-delivery, or nothing newer than what is stored
-    ins = insert_for(session, Heartbeat)
-    stmt = ins.on_conflict_do_update(
-        index_elements=["run_id", "rank"],
-        set_={"ts": ins.excluded.ts, "step": ins.excluded.step, "state": ins.excluded.state},
-        where=Heartbeat.ts < ins.excluded.ts,
-    )
-    session.connection().execute(stmt, rows)
-    return True
+def _node_heartbeats(session: Session, events: list[Event]) -> int:
+    """Node heartbeats: each of their ranks' row, at the time that rank was last alive; returns
+    how many of the events moved a row. One read of the runs' stored rows and one executemany for
+    the whole batch (a 16k-rank run sends ~400 of these a second)."""
+    if not events:
+        return 0
+    runs = {ev.run for ev in events}
+    stored: dict[tuple[str, int], float] = {
+        (run, rank): ts for run, rank, ts in session.execute(
+            select(Heartbeat.run_id, Heartbeat.rank, Heartbeat.ts).where(Heartbeat.run_id.in_(runs))).all()}
+    newest: dict[tuple[str, int], dict[str, Any]] = {}
+    changed = 0
+    for ev in events:
+        d = ev.data
+        moved = False
+        for r, step, age in zip(d["ranks"], d["steps"], d["ages_s"], strict=True):
+            key, ts = (ev.run, r), ev.ts - age
+            if key not in stored or stored[key] < ts:
+                stored[key] = ts
+                newest[key] = dict(run_id=ev.run, rank=r, ts=ts, step=step, state=d["state"])
+                moved = True
+        changed += moved
+    if newest:
+        ins = insert_for(session, Heartbeat)
+        stmt = ins.on_conflict_do_update(
+            index_elements=["run_id", "rank"],
+            set_={"ts": ins.excluded.ts, "step": ins.excluded.step, "state": ins.excluded.state},
+            where=Heartbeat.ts < ins.excluded.ts,
+        )
+        session.connection().execute(stmt, [fit_row(Heartbeat, row) for row in newest.values()])
+    return changed
 
 
 def _checkpoint(session: Session, ev: Event) -> bool:
