@@ -28,6 +28,9 @@ class AgentConfig:
     ranks_every: int = 10
     """Publish every rank's step time, MFU, exposed communication, data wait and memory (means
     since the last one) in ``ranks`` events every this many steps (0 = never)."""
+    detail_steps: int = 0
+    """Every rank publishes its own ``step`` event (``detail: true``) for steps below this, as
+    if a ``detail`` command had asked at the start (0 = only when a command asks)."""
     ranks_per_event: int = 1024
     """Ranks per ``ranks`` event; the first rank of each chunk publishes it (rank 0 alone while
     the world fits in one; a multiple of the node size makes them node leaders)."""
@@ -50,6 +53,8 @@ class AgentConfig:
         check_run_id(self.run)  # else the broker side would drop every event of the run
         if self.hist_every < 0:
             raise ValueError("hist_every: must be >= 0")
+        if self.detail_steps < 0:
+            raise ValueError("detail_steps: must be >= 0")
         if self.ranks_every < 0:
             raise ValueError("ranks_every: must be >= 0")
         if not 1 <= self.ranks_per_event <= MAX_RANKS_PER_EVENT:

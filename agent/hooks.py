@@ -124,6 +124,8 @@ class Agent:
         self._collective = ""  # the agent collective the training thread is inside (node heartbeats)
         self._perf = PerfAccumulator()
         self._detail = DetailWindow()
+        if config.detail_steps:
+            self._detail.open(0, config.detail_steps)
         self._losses: list[float] = []  # every rank's loss at this step (from the packed all-reduce)
         self._pending: list[Command] = []
         self._flag_seen = False
@@ -275,9 +277,12 @@ class Agent:
         self._loss_sum = d if self._loss_sum is None else self._loss_sum + d
         self._micro += 1
         self._tokens += int(tokens)
+        if self.distributed and self.comm is not None:
+            self._collective = "backward"  # DDP's gradient all-reduce runs (and waits) inside it
 
     def after_backward(self) -> None:
         """Closes the backward: exposed gradient communication from the DDP hook."""
+        self._collective = ""
         if self.comm is not None and self.comm.last_launch is not None:
             self._clock.comm_exposed += self.comm.exposed_since(time.perf_counter())
             self.comm.reset()

@@ -1,9 +1,10 @@
 """Which rank speaks for the run: the one rule every process uses.
 
 The ranks of a data-parallel run all-reduce the loss, the global gradient norm and the loss
-scale, so every rank's ``step`` event carries the same run-level values; the run-level events
-(run.started, checkpoint, validation, histograms, command acks) come from rank 0 alone
-(agent/hooks.py). One rank's copy therefore stands for the run:
+scale, so any rank's ``step`` event carries the same run-level values; agents send it from rank 0
+alone (with every rank's loss summarised, core/rank_arrays.py), older agents from every rank; the
+other run-level events (run.started, checkpoint, validation, histograms, command acks) come from
+rank 0 alone (agent/hooks.py). One rank's copy therefore stands for the run:
 
     the lowest rank heard from speaks for the run.
 

@@ -83,6 +83,7 @@ class MfuRule:
         self.config = config or MfuConfig()
         # rank -> (step, mfu, step_time_s, data_wait_s, comm_exposed_s)
         self._recent: dict[int, deque[tuple[int, float, float, float, float]]] = {}
+        self._speaker: int | None = None  # the lowest rank with a window (core.ranks)
         self._baseline: dict[str, float] | None = None  # seconds per step while healthy
         self._low_since: int | None = None  # onset step of the current low episode, once reported
 
@@ -91,12 +92,15 @@ class MfuRule:
         mfu = float(data.get("mfu", 0.0))
         if not cfg.enabled or not (math.isfinite(mfu) and mfu > 0):
             return []
-        q = self._recent.setdefault(rank, deque(maxlen=cfg.window))
+        q = self._recent.get(rank)
+        if q is None:  # a new rank: the speaker can only move down (core.ranks), kept in O(1)
+            q = self._recent[rank] = deque(maxlen=cfg.window)
+            self._speaker = speaker((rank,) if self._speaker is None else (self._speaker, rank))
         while q and q[-1][0] >= step:
             q.pop()  # replaced by the replay of a rollback
         q.append((step, mfu, float(data.get("step_time_s", 0.0)), float(data.get("data_wait_s", 0.0)),
                   float(data.get("comm_exposed_s", 0.0))))
-        if len(q) < cfg.window or rank != speaker(self._recent):
+        if len(q) < cfg.window or rank != self._speaker:
             return []  # judged once per step, on the speaking rank's event (core.ranks)
         if self._parts(1) is None:
             return []  # the ranks' windows do not overlap yet (one is still replaying)
@@ -184,5 +188,6 @@ class MfuRule:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._recent = {int(r): deque((tuple(p) for p in q), maxlen=self.config.window)  # type: ignore[misc]
                         for r, q in state["recent"].items()}
+        self._speaker = speaker(self._recent)
         self._baseline = state.get("baseline")
         self._low_since = state.get("low_since")

@@ -70,6 +70,7 @@ class StragglerRule:
     def __init__(self, config: StragglerConfig | None = None) -> None:
         self.config = config or StragglerConfig()
         self._busy: dict[int, deque[tuple[int, float]]] = {}
+        self._speaker: int | None = None  # the lowest rank with a window (core.ranks)
         self._flagged: dict[int, int] = {}  # rank -> onset step of its current episode
         self._candidate: int | None = None  # the rank that looked like a straggler last time
         self._streak = 0
@@ -100,9 +101,12 @@ class StragglerRule:
         busy = busy_time(data)
         if busy is None:
             return []
-        q = self._busy.setdefault(rank, deque(maxlen=cfg.window))
+        q = self._busy.get(rank)
+        if q is None:  # a new rank: the speaker can only move down (core.ranks), kept in O(1)
+            q = self._busy[rank] = deque(maxlen=cfg.window)
+            self._speaker = speaker((rank,) if self._speaker is None else (self._speaker, rank))
         q.append((step, busy))
-        if rank != speaker(self._busy):
+        if rank != self._speaker:
             return []  # judged once per step, on the speaking rank's event (cost: O(world·window))
         worst = self.worst()
         if worst is None:
@@ -139,6 +143,7 @@ class StragglerRule:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._busy = {int(r): deque(((int(s), float(v)) for s, v in q), maxlen=self.config.window)
                       for r, q in state["busy"].items()}
+        self._speaker = speaker(self._busy)
         self._flagged = {int(r): int(s) for r, s in state.get("flagged", {}).items()}
         self._candidate = state.get("candidate")
         self._streak = int(state.get("streak", 0))

@@ -139,6 +139,9 @@ def test_agent_config_validation():
     AgentConfig(run="team-a.run_7:x")
     with pytest.raises(ValueError, match="heartbeat_s"):
         AgentConfig(run="r", heartbeat_s=0)
+    for field, bad in [("ranks_every", -1), ("ranks_per_event", 0), ("ranks_per_event", 4097), ("detail_steps", -1)]:
+        with pytest.raises(ValueError, match=f"^{field}: "):
+            AgentConfig(run="r", **{field: bad})
 
 
 def test_a_calibrated_peak_beaten_by_the_model_is_raised_so_mfu_stays_at_most_one():

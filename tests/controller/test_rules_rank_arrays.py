@@ -128,3 +128,14 @@ def test_the_hung_state_round_trips():
     again = HeartbeatRule()
     again.load_state_dict(json.loads(json.dumps(rule.state_dict())))
     assert again.state_dict() == rule.state_dict() and again.tick(1051.0) == []
+
+
+def test_new_settings_are_validated_naming_the_field():
+    import pytest
+
+    from controller.recovery_types import RecoveryConfig
+
+    with pytest.raises(ValueError, match="^hung_after_s:"):
+        HeartbeatConfig(hung_after_s=-1)
+    with pytest.raises(ValueError, match="^detail_steps:"):
+        RecoveryConfig(detail_steps=0)

@@ -92,12 +92,22 @@ def test_right_token_rollback_writes_only_a_request_which_the_controller_signs(w
 
 def test_right_token_pause_validate_resume_are_requests_in_order(with_token):
     at = run_app()
-    for action in ("pause", "validate", "resume"):
+    for action in ("pause", "validate", "resume", "detail"):
         _submit(at, action, TOKEN)
     with Session(with_token.engine) as s:
-        types = list(s.scalars(select(CommandRequest.type).order_by(CommandRequest.id)))
-    assert types == ["pause", "validate", "resume"]
+        rows = list(s.execute(select(CommandRequest.type, CommandRequest.args).order_by(CommandRequest.id)))
+    assert [t for t, _ in rows] == ["pause", "validate", "resume", "detail"]
+    assert rows[-1][1] == {"steps": 20}  # the form's default number of steps
     assert _counts(with_token.engine)[1:] == (0, 0, 0)
+
+
+def test_detail_steps_are_bounded():
+    from dashboard.actions import detail_args
+
+    assert detail_args(5) == {"steps": 5}
+    for bad in (0, 10**6):
+        with pytest.raises(ActionDenied, match="steps"):
+            detail_args(bad)
 
 
 def test_token_compare():

@@ -56,6 +56,8 @@ keep_incremental = 8
 
 [agent]
 hist_every = 10
+detail_steps = 100000
+ranks_every = 5
 heartbeat_s = 0.3
 calibration_s = 0.1
 command_tick_s = 0.05
@@ -225,7 +227,12 @@ def test_every_metric_type_arrives_with_sane_values(scenario):
     started = log.of(EventType.RUN_STARTED)[0].data
     assert started["world_size"] == 2 and started["peak_source"] == "calibration" and started["peak_flops"] > 0
     steps = log.of(EventType.STEP)
-    assert {e.rank for e in steps} == {0, 1}
+    assert {e.rank for e in steps} == {0, 1}  # rank 1's only because [agent] detail_steps asks for them
+    assert all("rank_losses" in e.data and "detail" not in e.data for e in steps_of(log, 0))
+    assert all(e.data["detail"] is True and "rank_losses" not in e.data for e in steps_of(log, 1))
+    ranks = log.of(EventType.RANKS)
+    assert ranks and all(e.rank == 0 and e.step % 5 == 0 and e.data["first_rank"] == 0 for e in ranks)
+    assert all(len(e.data["step_time_s"]) == 2 and min(e.data["step_time_s"]) > 0 for e in ranks)
     for e in steps:
         d = e.data
         assert 0 < d["mfu"] <= 1, d
@@ -235,6 +242,8 @@ def test_every_metric_type_arrives_with_sane_values(scenario):
     # The ranks all-reduce their losses into the same global value.
     r0, r1 = _first_pass(log, 0, 5), _first_pass(log, 1, 5)
     assert r0.data["loss"] == r1.data["loss"] == pytest.approx((r0.data["loss_local"] + r1.data["loss_local"]) / 2)
+    summary = r0.data["rank_losses"]
+    assert {summary["min"], summary["max"]} == {r0.data["loss_local"], r1.data["loss_local"]}
     assert any(e.data["comm_exposed_s"] > 0 for e in steps)  # gloo all-reduces are measured
     n_params = GPT(MODEL).num_params()
     hists = log.of(EventType.GRAD_HIST)
@@ -243,7 +252,8 @@ def test_every_metric_type_arrives_with_sane_values(scenario):
         layers = e.data["layers"]
         assert sum(sum(v["counts"]) + v["zeros"] + v["nonfinite"] for v in layers.values()) == n_params
     beats = log.of(EventType.HEARTBEAT)
-    assert {e.rank for e in beats} == {0, 1}
+    assert {e.rank for e in beats} == {0}  # one node: its local rank 0 beats for both
+    assert all(e.data["ranks"] == [0, 1] for e in beats) and max(e.data["steps"][1] for e in beats) > 0
     periodic = [e for e in log.of(EventType.VALIDATION) if "cmd" not in e.data]
     assert periodic and all(e.data["val_loss"] > 0 and e.data["batches"] == 2 for e in periodic)
     assert log.of(EventType.CHECKPOINT, kind="incremental", verified=True)
@@ -277,7 +287,7 @@ def test_pause_stops_both_ranks_at_the_same_step_and_heartbeats_go_on(scenario):
     at, after = scenario["steps_at_pause"], scenario["steps_after_wait"]
     assert at[0] == at[1] == ack.step - 1  # both ranks' last step is the one before the boundary
     assert after == at
-    assert {e.rank for e in scenario["paused_beats"]} == {0, 1}
+    assert scenario["paused_beats"] and all(e.data["ranks"] == [0, 1] for e in scenario["paused_beats"])
 
 
 def test_validate_answers_with_frozen_weights(scenario):
