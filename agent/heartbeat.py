@@ -1,4 +1,6 @@
-"""Per-rank heartbeats on a side thread, every ``interval_s``, whatever the loop is doing.
+"""Heartbeats on a side thread, every ``interval_s``, whatever the loop is doing (each rank
+writes its liveness file and the node's local rank 0 publishes the node's heartbeat: the agent's
+``_beat``, agent/node_beats.py).
 
 The thread only reads what the loop keeps current (the mode from the agent's ``ModeMachine``,
 agent/modes.py, and the step) and hands a ``heartbeat`` event to the sink, which never blocks. So a rank that is paused, held by the guard,
