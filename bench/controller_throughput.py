@@ -1,17 +1,20 @@
 """Controller throughput: the pure core, end to end through the broker, and raw consumption.
 
     python -m bench.controller_throughput --json OUT.json [--events 20000] [--runs 1,8,64]
+                                          [--pg-url URL | CLIFFGUARD_TEST_PG_URL=URL]
 
 - ``core``: ``RunDetector.on_event`` + ``recovery.transition`` on in-memory step events (one run):
   events/s of the pure decision path, no I/O.
-- ``e2e`` per number of concurrent runs: the events are produced to the metrics topic first
-  (interleaved across runs, key = run), then a ``ControllerService`` (SQLite store, one
-  transaction per polled batch) consumes them; events/s from its first committed batch to the
-  last (the consumer group join is not counted).
+- ``e2e`` per store and number of concurrent runs: the events are produced to the metrics topic
+  first (interleaved across runs, key = run), then a ``ControllerService`` (one transaction per
+  polled batch) consumes them; events/s from its first committed batch to the last (the consumer
+  group join is not counted). The store is SQLite, and also PostgreSQL (a fresh schema, dropped
+  afterwards) when ``--pg-url`` or ``CLIFFGUARD_TEST_PG_URL`` names a database.
 - ``raw``: plain kafka-python ``KafkaConsumer`` reading the same topic's messages (no decoding),
   in the same run on the same broker: the ceiling the controller sits under.
 
-``ratio`` = e2e / raw for each run count. Everything shares the machine's CPUs with the broker.
+``ratio`` = e2e / raw per store and run count (``ratio.sqlite["8"]``). Everything shares the
+machine's CPUs with the broker.
 """
 
 from __future__ import annotations
@@ -22,7 +25,14 @@ import os
 import time
 import uuid
 
-from bench.controller_support import controller, fresh_kafka, fresh_store, healthy_loss, step_bytes
+from bench.controller_support import (
+    controller,
+    drop_store,
+    fresh_kafka,
+    fresh_store,
+    healthy_loss,
+    step_bytes,
+)
 from controller.batch import inputs_for
 from controller.broker import EmbeddedBroker
 from controller.detect import RunDetector
@@ -66,10 +76,10 @@ def produce(kafka, runs: int, n: int) -> None:
     producer.close()
 
 
-def e2e_rate(broker, runs: int, n: int) -> tuple[float, dict]:
+def e2e_rate(broker, runs: int, n: int, pg_url: str | None = None) -> tuple[float, dict]:
     kafka = fresh_kafka(broker)
     produce(kafka, runs, n)
-    engine = fresh_store()
+    engine = fresh_store(pg_url=pg_url)
     # batches of 1000: one transaction stays well under the group's max_poll_interval
     svc = controller(kafka, engine, tick_s=3600.0, max_poll_records=1000)
     svc.start()
@@ -84,7 +94,7 @@ def e2e_rate(broker, runs: int, n: int) -> tuple[float, dict]:
         elapsed = time.perf_counter() - first
     finally:
         svc.close()
-        engine.dispose()
+        drop_store(engine)
     # the first batch's own events were processed before `first` was taken: leave them out
     return (svc.stats["events"] - first_events) / elapsed, dict(svc.stats)
 
@@ -119,8 +129,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--events", type=int, default=20_000, help="events per end-to-end configuration")
     p.add_argument("--runs", default="1,8,64", help="concurrent run counts (comma-separated)")
     p.add_argument("--core-events", type=int, default=20_000)
+    p.add_argument("--pg-url", default=os.environ.get("CLIFFGUARD_TEST_PG_URL"),
+                   help="also measure on this PostgreSQL database (default: $CLIFFGUARD_TEST_PG_URL)")
     args = p.parse_args(argv)
     run_counts = [int(x) for x in args.runs.split(",")]
+    stores = {"sqlite": None, **({"postgresql": args.pg_url} if args.pg_url else {})}
     out: dict = {"events": args.events, "core": {}, "e2e": {}, "raw": {}}
     out["core"] = {**core_rates(args.core_events), "events": args.core_events}
     core = out["core"]["events_per_s"]
@@ -131,18 +144,21 @@ def main(argv: list[str] | None = None) -> int:
         raw = raw_rate(broker, args.events)
         out["raw"] = {"events_per_s": raw}
         print(f"raw kafka-python consume: {raw:,.0f} events/s", flush=True)
-        for runs in run_counts:
-            rate, stats = e2e_rate(broker, runs, args.events)
-            out["e2e"][str(runs)] = {"events_per_s": rate, "ratio": rate / raw, "batches": stats["batches"]}
-            print(f"e2e {runs:>3} runs: {rate:,.0f} events/s ({stats['batches']} batches) ratio {rate / raw:.3f}",
-                  flush=True)
-    out["ratio"] = {k: v["ratio"] for k, v in out["e2e"].items()}
+        for store, url in stores.items():
+            out["e2e"][store] = {}
+            for runs in run_counts:
+                rate, stats = e2e_rate(broker, runs, args.events, url)
+                out["e2e"][store][str(runs)] = {"events_per_s": rate, "ratio": rate / raw, "batches": stats["batches"]}
+                print(f"e2e {store} {runs:>3} runs: {rate:,.0f} events/s ({stats['batches']} batches) "
+                      f"ratio {rate / raw:.3f}", flush=True)
+    out["ratio"] = {store: {k: v["ratio"] for k, v in per.items()} for store, per in out["e2e"].items()}
     print()
-    print(f"{'config':<22}{'events/s':>12}{'ratio':>8}")
-    print(f"{'core':<22}{core:>12,.0f}{'':>8}")
-    print(f"{'raw consume':<22}{raw:>12,.0f}{1.0:>8.3f}")
-    for k, v in out["e2e"].items():
-        print(f"{'e2e ' + k + ' runs':<22}{v['events_per_s']:>12,.0f}{v['ratio']:>8.3f}")
+    print(f"{'config':<28}{'events/s':>12}{'ratio':>8}")
+    print(f"{'core':<28}{core:>12,.0f}{'':>8}")
+    print(f"{'raw consume':<28}{raw:>12,.0f}{1.0:>8.3f}")
+    for store, per in out["e2e"].items():
+        for k, v in per.items():
+            print(f"{f'e2e {store} {k} runs':<28}{v['events_per_s']:>12,.0f}{v['ratio']:>8.3f}")
     out["loadavg_1m"] = os.getloadavg()[0]  # this machine is shared: say how busy it was
     with open(args.json, "w") as fh:
         json.dump(out, fh, indent=1)

@@ -5,12 +5,13 @@
 1. fence: the stored offset of every partition in the batch must equal where the batch starts,
    otherwise another instance already processed it (a partition moved under us) -> ``StaleBatch``;
 2. dead letters -> ``dlq_counts``;
-3. events -> derived rows (``store.ingest``), idempotent by event id;
+3. events -> derived rows (``store.ingest``), idempotent by event id; step rows wait for step 4;
 4. per event: the run's detector -> verdicts -> recovery inputs -> ``recovery.transition``;
 5. actions -> incidents, transitions, signed command + outbox rows, alert + outbox rows, stable
    checkpoints, timed-out command rows;
-6. what the loss-spike rule knew at each judged step (median, σ, level on that ``step_metrics``
-   row; the rule's settings on the run), which the dashboard draws as the loss bands;
+6. the step rows, in one INSERT carrying what the loss-spike rule knew at each judged step
+   (median, σ, level), which the dashboard draws as the loss bands, and the rule's settings on
+   the run;
 7. run states (``runs.controller_state``) and the consumer offsets.
 
 Nothing is sent from here: commands and alerts leave through the outbox after commit.
@@ -52,7 +53,7 @@ from controller.recovery_types import (
 from controller.rules.loss import LossRules
 from controller.runstate import Detector, RunSlot, RunTable, save_slots
 from controller.store.dlq import count_dead_letter
-from controller.store.ingest import acked_command, ingest_events, record_rule_stats
+from controller.store.ingest import acked_command, ingest_events, ingest_steps, record_rule_stats
 from controller.store.models import CheckpointRow, CommandRow, ConsumerOffset, DataFlag, Incident, Transition
 from controller.store.offsets import save_offsets
 from controller.store.retention import RetentionConfig, downsample_if_due
@@ -141,10 +142,11 @@ class BatchProcessor:
         self._fence(session, batch)
         for d in batch.dead:
             count_dead_letter(session, d.topic, d.reason, d.detail, now=now)
-        ingest_events(session, [r.event for r in batch.records])
+        events = [r.event for r in batch.records]
+        ingest_events(session, events, steps=False)  # the step rows go in below, with the rule's figures
         touched: dict[str, RunSlot] = {}
         newest: dict[str, int] = {}
-        points: list[dict[str, Any]] = []
+        points: dict[str, dict[str, Any]] = {}  # step event id -> what the spike rule knew there
         rules: dict[str, Any] = {}  # run id -> the spike rule's settings it was judged with
         for rec in batch.records:
             ev = rec.event
@@ -161,7 +163,7 @@ class BatchProcessor:
             level = None
             if loss is not None and loss.last_point is not None and loss.last_point is not before:
                 p = loss.last_point
-                points.append({"event_id": ev.id, "median": p.median, "sigma": p.sigma, "level": str(p.level)})
+                points[ev.id] = {"median": p.median, "sigma": p.sigma, "level": str(p.level)}
                 rules[ev.run] = loss.spike_config
                 level = p.level
             for inp in inputs_for(ev, verdicts, now, level):
@@ -169,7 +171,8 @@ class BatchProcessor:
                     continue  # an unknown command, or another run's: it must not move this run
                 self._feed(session, slot, inp, res)
             slot.dirty = True
-        record_rule_stats(session, points, {run: asdict(cfg) for run, cfg in rules.items()})
+        ingest_steps(session, events, points)
+        record_rule_stats(session, [], {run: asdict(cfg) for run, cfg in rules.items()})
         save_slots(session, [s for s in touched.values() if s.dirty])
         for run_id, step in newest.items():
             # one primary-key read per run when not due; folds old steps into buckets when it is

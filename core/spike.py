@@ -26,17 +26,14 @@ checked on real curves with ``python -m bench.detection``; see ``SpikeConfig`` f
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from core.enums import Level
+from core.sliding import MAD_TO_SIGMA, SlidingWindow, sorted_robust
 
-MAD_TO_SIGMA = 1.4826
-
-
-
+__all__ = ["MAD_TO_SIGMA", "SpikeConfig", "SpikeDetector", "SpikeVerdict", "robust_stats", "window_stats"]
 
 @dataclass(kw_only=True, slots=True)
 class SpikeConfig:
@@ -124,17 +121,9 @@ class SpikeVerdict:
         }
 
 
-def _sorted_median(vals: list[float]) -> float:
-    n = len(vals)
-    mid = n // 2
-    return vals[mid] if n % 2 else 0.5 * (vals[mid - 1] + vals[mid])
-
-
 def robust_stats(values: Iterable[float]) -> tuple[float, float]:
     """(median, 1.4826·MAD) of a non-empty window, without any floor."""
-    vals = sorted(values)
-    med = _sorted_median(vals)
-    return med, MAD_TO_SIGMA * _sorted_median(sorted([abs(v - med) for v in vals]))
+    return sorted_robust(sorted(values))
 
 
 def window_stats(values: Iterable[float], sigma_floor_rel: float) -> tuple[float, float]:
@@ -155,23 +144,24 @@ class SpikeDetector:
 
     def __init__(self, config: SpikeConfig | None = None) -> None:
         self.config = config or SpikeConfig()
-        self._window: deque[float] = deque(maxlen=self.config.window)
+        # the window, with its newest span (see _span) kept sorted as it slides
+        self._window = SlidingWindow(self.config.window)
         self._crit_run = 0  # steps at or above k_crit so far in this excursion
         self._raw: tuple[float, float] | None = None  # robust_stats of the used window, until it changes
         self._used = 0  # points the cached stats were computed over
 
     def _span(self, interval: float) -> int:
-        """Points of the window the statistics use at this logging interval."""
-        cfg, n = self.config, len(self._window)
+        """Newest points of a full window the statistics use at this logging interval."""
+        cfg = self.config
         if not cfg.window_steps:
-            return n
-        return min(n, max(cfg.min_history, int(round(cfg.window_steps / max(interval, 1e-9)))))
+            return cfg.window
+        return max(cfg.min_history, int(round(cfg.window_steps / max(interval, 1e-9))))
 
     def _stats(self, sigma_floor_rel: float, interval: float = 1.0) -> tuple[float, float]:
-        used = self._span(interval)
+        self._window.set_span(self._span(interval))
+        used = len(self._window.tail())
         if self._raw is None or used != self._used:
-            vals = list(self._window)[-used:] if used < len(self._window) else self._window
-            self._raw, self._used = robust_stats(vals), used
+            self._raw, self._used = self._window.robust(), used
         med, raw = self._raw
         return med, _floored(med, raw, sigma_floor_rel)
 
@@ -217,9 +207,9 @@ class SpikeDetector:
         return len(self._window)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"window": list(self._window), "crit_run": self._crit_run}
+        return {"window": list(self._window.items), "crit_run": self._crit_run}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._window = deque((float(v) for v in state["window"]), maxlen=self.config.window)
+        self._window = SlidingWindow(self.config.window, (float(v) for v in state["window"]), self._window.span)
         self._raw = None
         self._crit_run = int(state.get("crit_run", 0))

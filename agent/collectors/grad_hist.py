@@ -1,4 +1,5 @@
-"""Per-layer gradient histograms and norms, computed on the device with one host sync per read.
+"""Per-layer gradient histograms and norms, computed on the device with one host sync per read
+(two when a layer has inf/NaN gradients).
 
 Bins are log2-spaced over |g| with edges fixed for the whole run (``2**lo_exp`` .. ``2**hi_exp``),
 so histograms from step 100 and step 10,000 can be compared bin by bin. Bin ``i`` counts finite
@@ -11,8 +12,8 @@ last bin. Zeros and non-finite values are counted apart, so for every layer
 A "layer" is one parameter tensor, by its name in ``model.named_parameters()`` (with the
 ``module.`` prefix of DDP removed): the finest grain that needs no knowledge of the model.
 
-Everything for every layer is computed in one pass on the gradients' device and moved to the
-host with a single ``.tolist()``: one host sync per emission, none between emissions.
+Everything for every layer is computed on the gradients' device and moved to the host with a
+single ``.tolist()``: one host sync per emission, none between emissions.
 """
 
 from __future__ import annotations
@@ -65,14 +66,32 @@ def _percentile(counts: torch.Tensor, zeros: torch.Tensor, numel: torch.Tensor, 
     return torch.where(target <= zeros, torch.zeros_like(value), value)
 
 
+_EXP_BIAS = 127  # float32: |g| = 1.m x 2**(field - 127) for an exponent field in 1..254
+_INF_FIELD = 255  # inf and NaN
+_MAG = 0x7FFFFFFF  # every bit of a float32 but its sign
+
+
+def _field_slots(cfg: HistConfig, dev: torch.device) -> torch.Tensor:
+    """A (256, nb + 3) one-hot map from a float32 exponent field to its slot: 0 = underflow,
+    1..nb = the bins, nb + 2 = non-finite (zeros, field 0 like the subnormals, are moved to
+    slot nb + 1 by the caller, which counts them apart)."""
+    nb = cfg.n_bins
+    field = torch.arange(256)
+    slot = (field - _EXP_BIAS - cfg.lo_exp).clamp(-1, nb - 1) + 1
+    slot[0] = 0  # zero or subnormal: below every edge unless lo_exp < -126 (see grad_histograms)
+    slot[_INF_FIELD] = nb + 2
+    return torch.nn.functional.one_hot(slot, nb + 3).to(dev, torch.float64)
+
+
 def grad_histograms(named_params: Iterable[tuple[str, torch.nn.Parameter]], cfg: HistConfig) -> dict[str, dict]:
     """The ``layers`` payload of a ``grad_hist`` event (one host sync).
 
-    All gradients are concatenated into one vector with a layer index per element, so the whole
-    emission is a handful of vectorised ops (one ``bincount`` over layer×bin) instead of a dozen
-    per layer. p50/p99 are read off the histogram (within their factor-2 bin, interpolated
-    log-linearly): the bins are the point of the exercise, and an exact ``kthvalue`` per layer
-    cost ten times more on a CPU.
+    The bin of a float32 is its exponent field, so each layer costs a few integer passes over its
+    bits (a 256-way ``bincount`` of the field, the count of zeros, the largest finite magnitude as
+    an integer) and a fused ``_foreach_norm``; a tiny matrix product then folds the 256 fields
+    into the configured bins. No ``log``, no ``frexp``, no per-element layer index. p50/p99 are
+    read off the histogram (within their factor-2 bin, interpolated log-linearly): the bins are
+    the point of the exercise, and an exact ``kthvalue`` per layer cost ten times more on a CPU.
     """
     names: list[str] = []
     grads: list[torch.Tensor] = []
@@ -80,38 +99,49 @@ def grad_histograms(named_params: Iterable[tuple[str, torch.nn.Parameter]], cfg:
         if p.grad is None:
             continue
         names.append(layer_name(name))
-        grads.append(p.grad.detach().reshape(-1))
+        grads.append(p.grad.detach().reshape(-1).to(torch.float32))
     if not grads:
         return {}
     dev = grads[0].device
-    n_layers, nb = len(grads), cfg.n_bins
-    width = nb + 3  # [underflow | nb log2 bins | zero | non-finite] per layer: ONE bincount
-    numels = torch.tensor([g.numel() for g in grads], device=dev)
-    flat = torch.cat([g.to(dev, torch.float32) for g in grads])
-    layer = torch.repeat_interleave(torch.arange(n_layers, device=dev, dtype=torch.int32), numels)
-    a = flat.abs()
-    # frexp: |g| = m·2**e with m in [0.5, 1), so floor(log2|g|) = e - 1 (one integer pass, no log).
-    _, exps = torch.frexp(a)
-    slot = (exps - (1 + cfg.lo_exp)).clamp_(-1, nb - 1).add_(1)  # 0 = underflow, 1..nb = the bins
-    slot = torch.where(a == 0, nb + 1, slot)
-    slot = torch.where(torch.isfinite(a), slot, nb + 2)
-    table = torch.bincount(layer * width + slot, minlength=n_layers * width).view(n_layers, width).double()
+    nb = cfg.n_bins
+    per_field, nonzero, max_bits = [], [], []
+    for g in grads:
+        g = g.to(dev)
+        mag = g.view(torch.int32) & _MAG
+        per_field.append(torch.bincount(mag >> 23, minlength=256))
+        nonzero.append(torch.count_nonzero(g))
+        max_bits.append(mag.amax() if mag.numel() else mag.new_zeros(()))  # inf/NaN bits if any: see below
+    fields = torch.stack(per_field).double()
+    table = fields @ _field_slots(cfg, dev)
+    zeros = torch.tensor([g.numel() for g in grads], device=dev, dtype=torch.float64) - torch.stack(nonzero)
+    table[:, 0] -= zeros
+    table[:, nb + 1] = zeros
+    if cfg.lo_exp < 1 - _EXP_BIAS:  # bins reach into the subnormals: bin those exactly
+        for i, g in enumerate(grads):
+            sub = g[(g != 0) & (g.abs() < 2.0 ** (1 - _EXP_BIAS))].abs()
+            if sub.numel():
+                slot = (torch.frexp(sub)[1] - (1 + cfg.lo_exp)).clamp(-1, nb - 1) + 1
+                table[i] -= torch.bincount(torch.zeros_like(slot), minlength=nb + 3).double()
+                table[i] += torch.bincount(slot, minlength=nb + 3).double()
     underflow = table[:, 0]
     counts = table[:, 1 : nb + 1].clone()
     counts[:, 0] += underflow  # below the first edge is reported in bin 0 (and as underflow)
-    zeros, nonfinite = table[:, nb + 1], table[:, nb + 2]
-    clean = torch.nan_to_num(a, nan=0.0, posinf=0.0, neginf=0.0)
-    mx = torch.zeros(n_layers, device=dev).scatter_reduce_(0, layer.long(), clean, "amax").double()
+    nonfinite = table[:, nb + 2]
+    mx = torch.stack(max_bits).view(torch.float32).double()  # wrong where a layer has inf/NaN: fixed below
     # Non-finite gradients give a non-finite norm, on purpose.
-    norm = torch.zeros(n_layers, device=dev).index_add_(0, layer, flat.square()).double().sqrt()
-    n = numels.double()
+    norm = torch.stack(torch._foreach_norm([g.to(dev) for g in grads])).double()
+    numels = [g.numel() for g in grads]
+    n = torch.tensor(numels, device=dev, dtype=torch.float64)
     p50 = _percentile(counts, zeros, n, 0.50, cfg.lo_exp)
     p99 = _percentile(counts, zeros, n, 0.99, cfg.lo_exp)
     table = torch.cat([counts, torch.stack([zeros, nonfinite, p50, p99, mx, norm, underflow], dim=1)], dim=1)
     rows = table.tolist()  # the one host sync
     out: dict[str, dict] = {}
-    for name, numel, row in zip(names, numels.tolist(), rows, strict=True):
+    for name, numel, row, g in zip(names, numels, rows, grads, strict=True):
         zeros_i, nonfinite_i, p50_i, p99_i, mx_i, norm_i, underflow_i = row[nb:]
+        if nonfinite_i:  # rare, and a second host sync: the largest finite magnitude
+            mag = g.view(torch.int32) & _MAG
+            mx_i = float(torch.where(mag < (_INF_FIELD << 23), mag, 0).amax().view(torch.float32))
         out[name] = {
             "counts": [int(c) for c in row[:nb]],
             "zeros": int(zeros_i),

@@ -29,10 +29,9 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
-from statistics import median
 from typing import Any
 
-from core.spike import robust_stats
+from core.sliding import SlidingWindow
 
 METHODS = ("cusum", "runmin", "all")
 MEDIAN_NOISE = 1.2533
@@ -154,6 +153,9 @@ class DivergenceDetector:
         self._sum = 0.0
         self._start: int | None = None  # first step of the current positive CUSUM run
         self._recent: deque[tuple[int, float]] = deque(maxlen=self.config.smooth)  # (step, log loss)
+        # the same log losses and their successive differences, kept sorted as they slide
+        self._logs = SlidingWindow(self.config.smooth)
+        self._diffs = SlidingWindow(max(1, self.config.smooth - 1))
         self._memo: dict[tuple[str, int], float] = {}  # smoothed level and noise of _recent as it is now
         self._min: float | None = None
         self._min_step: int | None = None
@@ -162,6 +164,8 @@ class DivergenceDetector:
         """Forget everything (after a rollback)."""
         self.reset_cusum()
         self._recent.clear()
+        self._logs.clear()
+        self._diffs.clear()
         self._memo.clear()
         self._min = None
         self._min_step = None
@@ -184,7 +188,8 @@ class DivergenceDetector:
     def _smoothed(self, m: int) -> float:
         key = ("smoothed", m)
         if key not in self._memo:  # the run-minimum and shift tests ask for the same one per point
-            self._memo[key] = median(x for _, x in list(self._recent)[-m:])
+            self._logs.set_span(m)
+            self._memo[key] = self._logs.median()
         return self._memo[key]
 
     def observe(self, step: int, loss: float, med: float | None, sigma: float | None,
@@ -228,11 +233,9 @@ class DivergenceDetector:
         inflated by a trend or by the very level shifts it is used to judge."""
         key = ("noise", m)
         if key not in self._memo:
-            xs = [x for _, x in self._recent]
-            if len(xs) < 3:
+            if len(self._recent) < 3:
                 return 0.0
-            diffs = [b - a for a, b in zip(xs, xs[1:], strict=False)]
-            self._memo[key] = MEDIAN_NOISE * robust_stats(diffs)[1] / math.sqrt(2) / math.sqrt(m)
+            self._memo[key] = MEDIAN_NOISE * self._diffs.robust()[1] / math.sqrt(2) / math.sqrt(m)
         return self._memo[key]
 
     def _shift(self, loss: float, med: float | None, interval: float) -> DivergenceVerdict | None:
@@ -251,19 +254,24 @@ class DivergenceDetector:
     def _runmin(self, step: int, loss: float, med: float | None, sigma: float | None,
                 interval: float) -> DivergenceVerdict:
         cfg = self.config
-        self._recent.append((step, math.log(loss)))
-        self._memo.clear()
+        self._push(step, math.log(loss))
         m = self._span(interval)
         if len(self._recent) < m:
             return DivergenceVerdict(False, 0.0, None)
         smoothed = self._smoothed(m)
-        if self._min is None or smoothed < self._min:
-            window = list(self._recent)[-m:]
-            self._min, self._min_step = smoothed, window[len(window) // 2][0]
+        if self._min is None or smoothed < self._min:  # the step in the middle of the newest m
+            self._min, self._min_step = smoothed, self._recent[len(self._recent) - m + m // 2][0]
         rise = smoothed - self._min
         bar = max(math.log1p(cfg.rise), cfg.rise_k * self._noise(m))
         fired = rise >= bar
         return DivergenceVerdict(fired, rise, self._min_step, "runmin" if fired else "")
+
+    def _push(self, step: int, x: float) -> None:
+        if self._recent:
+            self._diffs.append(x - self._recent[-1][1])
+        self._recent.append((step, x))
+        self._logs.append(x)
+        self._memo.clear()
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -278,7 +286,10 @@ class DivergenceDetector:
         self._sum = float(state["sum"])
         self._start = state.get("start")
         recent = [r for r in state.get("recent", []) if isinstance(r, list | tuple)]  # old states held bare losses
-        self._recent = deque(((int(s), float(x)) for s, x in recent), maxlen=self.config.smooth)
-        self._memo.clear()
+        self._recent = deque(maxlen=self.config.smooth)
+        self._logs.clear()
+        self._diffs.clear()
+        for s, x in recent:
+            self._push(int(s), float(x))
         self._min = state.get("min")
         self._min_step = state.get("min_step")

@@ -46,6 +46,10 @@ def fit_value(model: Any, key: str, value: Any) -> Any:
     limit = _limits(model).get(key)
     if limit is None or value is None:
         return value
+    return _fit(model, key, limit, value)
+
+
+def _fit(model: Any, key: str, limit: tuple[str, Any], value: Any) -> Any:
     kind, bound = limit
     if kind == "str" and isinstance(value, str):
         fitted = value.replace("\x00", "")
@@ -65,4 +69,9 @@ def fit_value(model: Any, key: str, value: Any) -> Any:
 def fit_row(model: Any, row: dict[str, Any]) -> dict[str, Any]:
     """Every value of ``row`` made storable in ``model``'s columns (a new dict)."""
     limits = _limits(model)
-    return {k: fit_value(model, k, v) if k in limits else v for k, v in row.items()}
+    out = dict(row)
+    for k in limits.keys() & row.keys():  # the few sized columns, not every value of the row
+        v = row[k]
+        if v is not None:
+            out[k] = _fit(model, k, limits[k], v)
+    return out

@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from sqlalchemy import bindparam, func, or_, select, update
 from sqlalchemy.orm import Session
 
+from controller.store.copy_rows import copy_insert_new, copy_supported
 from controller.store.fit import fit_row, fit_value
 from controller.store.models import (
     CheckpointRow,
@@ -59,6 +60,7 @@ log = logging.getLogger(__name__)
 
 _ID_CHUNK = 5000  # event ids per IN (...) lookup; below SQLite's 32766 bound-parameter limit
 # an ack status the trainer decided (a later "duplicate" ack must not replace it)
+_STEP_ROW_EVENTS = frozenset({EventType.STEP, EventType.RANKS})  # the events that become step rows
 _DECIDED = {str(s) for s in AckStatus if s is not AckStatus.DUPLICATE}
 
 
@@ -73,36 +75,57 @@ def ingest_event(session: Session, event: Event) -> bool:
     return ingest_events(session, [event]) == 1
 
 
-def ingest_events(session: Session, events: Iterable[Event]) -> int:
+def ingest_events(session: Session, events: Iterable[Event], *, steps: bool = True) -> int:
     """Record a batch of events (in order) in the caller's transaction; returns how many changed
     the store. Cheaper than one ``ingest_event`` per event: one run update per run, and the
-    batch's step rows in one INSERT."""
+    batch's step rows in one INSERT. ``steps=False`` leaves the step rows to a later
+    ``ingest_steps`` call (the controller's batch, which first learns what the loss rule made of
+    each step and writes that in the same INSERT)."""
     events = list(events)
     if not events:
         return 0
     _touch_runs(session, events)
+    changed = 0
+    node_beats: list[Event] = []
+    for ev in events:
+        if ev.type in _STEP_ROW_EVENTS:
+            continue
+        if ev.type is EventType.HEARTBEAT and ev.data.get("ranks") is not None:
+            node_beats.append(ev)  # all of the batch's at once, below
+            continue
+        handler = _HANDLERS.get(ev.type)
+        if handler is not None and handler(session, ev):
+            changed += 1
+    changed += _node_heartbeats(session, node_beats)
+    if steps:
+        changed += ingest_steps(session, events)
+    return changed
+
+
+def ingest_steps(session: Session, events: Iterable[Event],
+                 rule_points: Mapping[str, Mapping[str, Any]] | None = None) -> int:
+    """Insert the step rows of ``events`` (``step`` and ``ranks`` events; others are ignored) whose runs are already
+    recorded (``ingest_events`` touched them); returns how many were new. ``rule_points``: event
+    id -> ``median``/``sigma``/``level`` of the loss-spike rule at that step, written with the row
+    (what ``record_rule_stats`` would otherwise set by an UPDATE after the insert)."""
+    events = [e for e in events if e.type in _STEP_ROW_EVENTS]
+    if not events:
+        return 0
     watermark = dict(
         session.execute(
             select(Run.id, Run.downsampled_below).where(Run.id.in_({e.run for e in events}))
         ).all()
     )
-    changed = 0
-    step_rows: list[dict[str, Any]] = []
+    points = rule_points or {}
+    rows: list[dict[str, Any]] = []
     for ev in events:
+        if ev.step < watermark.get(ev.run, 0):
+            continue
         if ev.type is EventType.STEP:
-            if ev.step >= watermark.get(ev.run, 0):
-                step_rows.append(_step_row(ev))
-            continue
-        if ev.type is EventType.RANKS:
-            if ev.step >= watermark.get(ev.run, 0):
-                step_rows.extend(_rank_rows(ev))
-            continue
-        handler = _HANDLERS.get(ev.type)
-        if handler is not None and handler(session, ev):
-            changed += 1
-    if step_rows:
-        changed += _insert_step_rows(session, step_rows)
-    return changed
+            rows.append(_step_row(ev, point=points.get(ev.id)))
+        else:
+            rows.extend(_rank_rows(ev))
+    return _insert_step_rows(session, rows) if rows else 0
 
 
 def record_rule_stats(session: Session, points: list[dict[str, Any]], spike_rules: dict[str, dict[str, Any]]) -> None:
@@ -123,15 +146,17 @@ def record_rule_stats(session: Session, points: list[dict[str, Any]], spike_rule
 
 def _insert_step_rows(session: Session, rows: list[dict[str, Any]]) -> int:
     """Insert the rows whose event id is new; returns how many. The ids already stored are
-    looked up first and the rest go in one executemany: on PostgreSQL that is several times
-    faster than INSERT ... RETURNING (which is how else we would learn what was new)."""
+    looked up first and the rest go in one executemany (one ``COPY`` on PostgreSQL): several
+    times faster than INSERT ... RETURNING (which is how else we would learn what was new)."""
     fresh: dict[str, dict[str, Any]] = {}
     for i in range(0, len(rows), _ID_CHUNK):
         chunk = [r["event_id"] for r in rows[i : i + _ID_CHUNK]]
         seen = set(session.scalars(select(StepMetric.event_id).where(StepMetric.event_id.in_(chunk))))
         fresh.update((r["event_id"], r) for r in rows[i : i + _ID_CHUNK] if r["event_id"] not in seen)
-    if fresh:
+    if fresh and copy_supported(session):
         # ON CONFLICT still guards against a concurrent writer of the same events
+        copy_insert_new(session, StepMetric.__table__, list(fresh.values()), ["event_id"])
+    elif fresh:
         stmt = insert_for(session, StepMetric).on_conflict_do_nothing(index_elements=["event_id"])
         session.connection().execute(stmt, list(fresh.values()))
     return len(fresh)
@@ -178,7 +203,7 @@ def _rank_rows(ev: Event) -> list[dict[str, Any]]:
 
 
 def _step_row(ev: Event, *, data: dict[str, Any] | None = None, event_id: str | None = None,
-              rank: int | None = None) -> dict[str, Any]:
+              rank: int | None = None, point: Mapping[str, Any] | None = None) -> dict[str, Any]:
     d = ev.data if data is None else data
     row: dict[str, Any] = {m.name: d.get(m.name) for m in STEP_METRICS}
     row["loss"] = d.get("loss")
@@ -194,6 +219,9 @@ def _step_row(ev: Event, *, data: dict[str, Any] | None = None, event_id: str | 
         nonfinite=store_kind(d.get("loss")),
         guard=str(d["guard"]) if d.get("guard") is not None else None,
         layer_grad_norms=to_json(d["layer_grad_norms"]) if d.get("layer_grad_norms") is not None else None,
+        rule_median=point["median"] if point else None,
+        rule_sigma=point["sigma"] if point else None,
+        rule_level=point["level"] if point else None,
     )
     return fit_row(StepMetric, row)
 
@@ -266,7 +294,7 @@ def _data_flag(session: Session, ev: Event) -> bool:
 def _heartbeat(session: Session, ev: Event) -> bool:
     d = ev.data
     if d.get("ranks") is not None:
-        return _node_heartbeat(session, ev)
+        return _node_heartbeats(session, [ev]) == 1
     ins = insert_for(session, Heartbeat).values(
         **fit_row(
             Heartbeat, dict(run_id=ev.run, rank=ev.rank, ts=ev.ts, step=ev.step, state=d["state"])
@@ -280,24 +308,37 @@ def _heartbeat(session: Session, ev: Event) -> bool:
     return _wrote(session, stmt, Heartbeat.rank)
 
 
-def _node_heartbeat(session: Session, ev: Event) -> bool:
-    """A node heartbeat: each of its ranks' row, at the time that rank was last alive."""
-    d = ev.data
-    stored = dict(session.execute(select(Heartbeat.rank, Heartbeat.ts).where(
-        Heartbeat.run_id == ev.run, Heartbeat.rank.in_(d["ranks"]))).all())
-    rows = [fit_row(Heartbeat, dict(run_id=ev.run, rank=r, ts=ev.ts - age, step=step, state=d["state"]))
-            for r, step, age in zip(d["ranks"], d["steps"], d["ages_s"], strict=True)
-            if r not in stored or stored[r] < ev.ts - age]
-    if not rows:
-        return False  # a re-delivery, or nothing newer than what is stored
-    ins = insert_for(session, Heartbeat)
-    stmt = ins.on_conflict_do_update(
-        index_elements=["run_id", "rank"],
-        set_={"ts": ins.excluded.ts, "step": ins.excluded.step, "state": ins.excluded.state},
-        where=Heartbeat.ts < ins.excluded.ts,
-    )
-    session.connection().execute(stmt, rows)
-    return True
+def _node_heartbeats(session: Session, events: list[Event]) -> int:
+    """Node heartbeats: each of their ranks' row, at the time that rank was last alive; returns
+    how many of the events moved a row. One read of the runs' stored rows and one executemany for
+    the whole batch (a 16k-rank run sends ~400 of these a second)."""
+    if not events:
+        return 0
+    runs = {ev.run for ev in events}
+    stored: dict[tuple[str, int], float] = {
+        (run, rank): ts for run, rank, ts in session.execute(
+            select(Heartbeat.run_id, Heartbeat.rank, Heartbeat.ts).where(Heartbeat.run_id.in_(runs))).all()}
+    newest: dict[tuple[str, int], dict[str, Any]] = {}
+    changed = 0
+    for ev in events:
+        d = ev.data
+        moved = False
+        for r, step, age in zip(d["ranks"], d["steps"], d["ages_s"], strict=True):
+            key, ts = (ev.run, r), ev.ts - age
+            if key not in stored or stored[key] < ts:
+                stored[key] = ts
+                newest[key] = dict(run_id=ev.run, rank=r, ts=ts, step=step, state=d["state"])
+                moved = True
+        changed += moved
+    if newest:
+        ins = insert_for(session, Heartbeat)
+        stmt = ins.on_conflict_do_update(
+            index_elements=["run_id", "rank"],
+            set_={"ts": ins.excluded.ts, "step": ins.excluded.step, "state": ins.excluded.state},
+            where=Heartbeat.ts < ins.excluded.ts,
+        )
+        session.connection().execute(stmt, [fit_row(Heartbeat, row) for row in newest.values()])
+    return changed
 
 
 def _checkpoint(session: Session, ev: Event) -> bool:

@@ -43,6 +43,27 @@ def test_histogram_bins_counts_and_specials():
     assert math.isnan(layer["norm"])  # non-finite gradients show in the norm
 
 
+@pytest.mark.parametrize("lo_exp", [-40, -140])
+def test_histogram_bins_match_a_per_value_reference_with_subnormals_and_bf16(lo_exp):
+    """Binning by the float32 exponent field, subnormals included when the bins reach them."""
+    cfg = HistConfig(lo_exp=lo_exp, hi_exp=4)
+    g = torch.tensor([0.0, -0.0, 1e-42, -3e-39, 2.0**-126, 2.0**-41, 2.0**-40, 0.3, -16.0, 1e30,
+                      float("-inf"), 3.0])
+    bf = torch.tensor([0.5, -0.125, 0.0, 1e-3]).bfloat16()
+    p_bf = torch.nn.Parameter(torch.zeros(4, dtype=torch.bfloat16))
+    p_bf.grad = bf
+    out = grad_histograms([("w", _param(g)), ("b", p_bf)], cfg)
+    for name, vals in (("w", g.tolist()), ("b", bf.float().tolist())):
+        want = [0] * cfg.n_bins
+        finite = [abs(v) for v in vals if math.isfinite(v) and v != 0]
+        for a in finite:
+            want[min(max(math.frexp(a)[1] - 1 - cfg.lo_exp, 0), cfg.n_bins - 1)] += 1
+        assert out[name]["counts"] == want
+        assert out[name]["zeros"] == sum(v == 0 for v in vals)
+        assert out[name]["max"] == max(finite)  # the largest finite magnitude, -inf aside
+        assert out[name]["underflow"] == sum(a < 2.0**lo_exp for a in finite) / len(vals)
+
+
 def test_histogram_percentiles_and_norm_on_real_gradients():
     torch.manual_seed(0)
     g = torch.randn(1000)

@@ -93,10 +93,10 @@ def test_a_poisonous_event_is_isolated_and_counted_after_repeated_failures(engin
     poison = recs[2].event.id
     real = batch_mod.ingest_events
 
-    def ingest(session, events):
+    def ingest(session, events, **kw):
         if any(e.id == poison for e in events):
             raise RuntimeError("boom")
-        return real(session, events)
+        return real(session, events, **kw)
 
     monkeypatch.setattr(batch_mod, "ingest_events", ingest)
     svc = service(engine)

@@ -9,7 +9,7 @@ from sqlalchemy import select
 
 from controller.store import read
 from controller.store.db import session_scope
-from controller.store.ingest import ingest_event, ingest_events
+from controller.store.ingest import ingest_event, ingest_events, ingest_steps
 from controller.store.models import (
     Base,
     CheckpointRow,
@@ -350,6 +350,25 @@ def test_values_too_big_for_their_columns_are_clipped_not_fatal(engine, caplog):
         assert (val.cmd, val.batches) == ("c" * 32, 2**31 - 1)
         assert s.get(Run, "run-a").error == "boom" + "x" * 10
     assert "value clipped" in caplog.text
+
+
+def test_step_rows_carry_the_rule_points_in_one_insert_and_stay_idempotent(engine):
+    """``ingest_steps`` (COPY through a temporary table on PostgreSQL): the rule's figures land
+    with the row, JSON and non-finite values survive, and a second delivery adds nothing."""
+    events = [f.step(1), f.step(2, loss=math.nan, layer_grad_norms={"w": math.inf}), f.step(3)]
+    points = {events[0].id: {"median": 2.0, "sigma": 0.1, "level": "ok"}}
+    with session_scope(engine) as s:
+        assert ingest_events(s, events, steps=False) == 0
+        assert ingest_steps(s, events, points) == 3
+        assert ingest_steps(s, events, points) == 0  # the same batch again, same transaction
+    with session_scope(engine) as s:
+        assert ingest_steps(s, [*events, f.step(4)]) == 1
+        rows = s.execute(select(StepMetric.step, StepMetric.rule_median, StepMetric.rule_level,
+                                StepMetric.nonfinite, StepMetric.layer_grad_norms)
+                         .order_by(StepMetric.step)).all()
+    assert [(r.step, r.rule_median, r.rule_level) for r in rows] == [
+        (1, 2.0, "ok"), (2, None, None), (3, None, None), (4, None, None)]
+    assert rows[1].nonfinite == "nan" and rows[1].layer_grad_norms == {"w": "Infinity"}
 
 
 def _ranks(step: int, world: int = 4, **kw):

@@ -1,0 +1,311 @@
+"""Fleet simulator: a fleet's exact event stream into the real broker, controllers in one group.
+
+    python -m bench.fleet --json OUT.json [--ranks 16384 --runs 1 --steps-per-s 1 --instances 1,2]
+                          [--duration-s 90] [--partitions 8] [--pg-url URL] [--plot OUT.png]
+
+For each instance count: fresh topics and store, ``cliffguard controller`` subprocesses in one
+consumer group, and the stream of ``bench.fleet_stream`` produced in real time (one tick per
+step) for ``--duration-s``. Injected: one loss spike per run (and ``--probes`` small runs with a
+spike each, so the latency has several samples), and one hung rank in run 0 ``--hang-before-s``
+before the end. Measured:
+
+- ``offered`` / ``processed`` events: produced, and committed by the controllers (the sum of the
+  group's offsets in the store), at the end of the offered load without draining the backlog:
+  ``processed_over_offered``; consumer lag (end offsets - committed) sampled every second;
+- verdict latency: a spike's step produced -> the run's ``pause`` on the commands topic;
+- time to name the hung rank: the hang -> a ``rank_hung`` alert naming it in the store;
+- CPU seconds per controller process (and of this process, the producer) over the run.
+
+The top-level figures are those of the first instance count (default: one instance).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import replace
+from pathlib import Path
+
+from bench.controller_support import SECRET, drop_store, fresh_store
+from bench.fleet_stream import FleetSpec, FleetStream
+from controller.broker import EmbeddedBroker, ensure_topics
+from core.enums import EventType
+from core.events import decode_command, encode_event
+
+
+def _pct(vals: list[float], q: float) -> float | None:
+    if not vals:
+        return None
+    vals = sorted(vals)
+    return vals[min(len(vals) - 1, int(round(q * (len(vals) - 1))))]
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (Linux /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
+def _committed(engine, group: str) -> int:
+    from sqlalchemy import func, select
+
+    from controller.store.models import ConsumerOffset
+
+    with engine.connect() as conn:
+        return int(conn.execute(select(func.coalesce(func.sum(ConsumerOffset.offset), 0))
+                                .where(ConsumerOffset.group_id == group)).scalar_one())
+
+
+def _hung_named(engine, run: str, rank: int) -> float | None:
+    """The store time of the first ``rank_hung`` alert of ``run`` naming ``rank``."""
+    from sqlalchemy import select
+
+    from controller.store.models import Alert
+
+    with engine.connect() as conn:
+        rows = conn.execute(select(Alert.ts, Alert.evidence).where(Alert.run_id == run, Alert.rule == "rank_hung")
+                            .order_by(Alert.ts)).all()
+    for ts, evidence in rows:
+        if rank in (evidence or {}).get("ranks", []):
+            return float(ts)
+    return None
+
+
+class CommandWatch(threading.Thread):
+    """Records when each run's first ``pause`` arrives on the commands topic."""
+
+    def __init__(self, kafka) -> None:
+        super().__init__(daemon=True)
+        from kafka import KafkaConsumer, TopicPartition
+
+        self.consumer = KafkaConsumer(**kafka.client_kwargs(), enable_auto_commit=False, fetch_max_wait_ms=5)
+        parts = [TopicPartition(kafka.commands_topic, p) for p in range(kafka.partitions)]
+        self.consumer.assign(parts)
+        self.consumer.seek_to_beginning(*parts)
+        self.paused: dict[str, float] = {}
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            for msgs in self.consumer.poll(timeout_ms=20).values():
+                now = time.time()
+                for m in msgs:
+                    try:
+                        cmd = decode_command(m.value)
+                    except Exception:  # noqa: BLE001 - not ours to judge here
+                        continue
+                    if str(cmd.type) == "pause":
+                        self.paused.setdefault(cmd.run, now)
+        self.consumer.close()
+
+
+def _start_instances(n: int, kafka, db_url: str, group: str, cfg_path: str, logs: Path) -> list[subprocess.Popen]:
+    env = {**os.environ, "CLIFFGUARD_COMMAND_SECRET": SECRET.reveal().decode()}
+    procs = []
+    for i in range(n):
+        cmd = [sys.executable, "-m", "cliffguard", "controller", "--config", cfg_path, "--db", db_url,
+               "--bootstrap", kafka.bootstrap, "--topic-prefix", kafka.topic_prefix, "--group", group,
+               "--partitions", str(kafka.partitions)]
+        out = open(logs / f"controller-{i}.log", "w")  # noqa: SIM115 - closed with the process
+        procs.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT))
+    return procs
+
+
+def run_fleet(broker, spec: FleetSpec, instances: int, *, duration_s: float, partitions: int, probes: int,
+              hang_before_s: float, pg_url: str | None, warmup_s: float, settle_s: float = 30.0) -> dict:
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+    kafka = broker.kafka_config(topic_prefix=f"fleet{uuid.uuid4().hex[:6]}", partitions=partitions)
+    ensure_topics(kafka)
+    engine = fresh_store(pg_url=pg_url)
+    db_url = engine.url.render_as_string(hide_password=False)
+    tmp = Path(tempfile.mkdtemp(prefix="cliffguard-fleet-"))
+    cfg_path = tmp / "controller.toml"
+    # short group timings (the embedded broker's first join waits about max_poll_interval_ms)
+    cfg_path.write_text("[controller]\nsession_timeout_ms = 10000\nheartbeat_interval_ms = 1000\n"
+                        "max_poll_interval_ms = 10000\nmax_poll_records = 2000\n")
+    group = f"fleet-{uuid.uuid4().hex[:6]}"
+    ticks = max(1, int(duration_s * spec.steps_per_s))
+    spike_tick = max(25, ticks // 4)  # past the spike rule's warm-up (min_history points)
+    hang_tick = max(spike_tick + 10, ticks - int(hang_before_s * spec.steps_per_s))
+    names = [f"fleet{i}-{uuid.uuid4().hex[:6]}" for i in range(spec.runs)]
+    spec = replace(spec, spikes={i: [spike_tick + i] for i in range(spec.runs)},
+                   hung=(0, spec.ranks // 2 + 3 if spec.ranks > 1 else 0, hang_tick))
+    stream = FleetStream(spec, names)
+    probe_spec = FleetSpec(ranks=8, runs=probes, steps_per_s=spec.steps_per_s,
+                           spikes={i: [spike_tick + 2 + 2 * i] for i in range(probes)}) if probes else None
+    probe_stream = FleetStream(probe_spec, [f"probe{i}-{uuid.uuid4().hex[:6]}" for i in range(probes)]) \
+        if probe_spec else None
+
+    procs = _start_instances(instances, kafka, db_url, group, str(cfg_path), tmp)
+    watch = CommandWatch(kafka)
+    watch.start()
+    producer = KafkaProducer(**kafka.client_kwargs(), linger_ms=5, batch_size=512 * 1024,
+                             max_request_size=4 * 1024 * 1024)
+    ends = KafkaConsumer(**kafka.client_kwargs())
+    parts = [TopicPartition(kafka.metrics_topic, p) for p in range(partitions)]
+    offered = 0
+    spike_sent: dict[str, float] = {}
+    hang_ts: float | None = None
+    lag: list[dict] = []
+    cpu0 = {p.pid: _cpu_s(p.pid) for p in procs}
+    self_cpu0 = time.process_time()
+    try:
+        time.sleep(warmup_s)  # controllers start and join the group before the load starts
+        t_start = time.time()
+        next_sample = t_start
+        for k in range(ticks):
+            due = t_start + k / spec.steps_per_s
+            while time.time() < due:
+                time.sleep(min(0.01, max(0.0, due - time.time())))
+                if time.time() >= next_sample:
+                    next_sample += 1.0
+                    lag.append(_lag_sample(ends, parts, engine, group, t_start, offered))
+            now = time.time()
+            sources = [(stream, spec)] + ([(probe_stream, probe_spec)] if probe_stream else [])
+            for src, sp in sources:
+                for key, ev in src.tick(k, now):
+                    producer.send(kafka.metrics_topic, key=key.encode(), value=encode_event(ev))
+                    offered += 1
+                    if ev.type is EventType.STEP and k in sp.spikes.get(src.names.index(ev.run), ()):
+                        spike_sent[ev.run] = now
+            if k == hang_tick:
+                hang_ts = now
+        producer.flush()
+        t_end = time.time()
+        processed = _committed(engine, group)
+        lag.append(_lag_sample(ends, parts, engine, group, t_start, offered))
+        # verdicts of the last spikes and the hung rank may still be on their way: wait for them
+        deadline = time.time() + settle_s
+        hung_rank = spec.hung[1]
+        named_ts = None
+        while time.time() < deadline:
+            named_ts = _hung_named(engine, names[0], hung_rank)
+            if named_ts is not None and all(r in watch.paused for r in spike_sent):
+                break
+            time.sleep(0.5)
+    finally:
+        cpu = {p.pid: _cpu_s(p.pid) - cpu0[p.pid] for p in procs}
+        self_cpu = time.process_time() - self_cpu0
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        watch.stop.set()
+        watch.join(5)
+        producer.close()
+        ends.close()
+    latencies = [(watch.paused[r] - t) * 1000 for r, t in spike_sent.items() if r in watch.paused]
+    wall = t_end - t_start
+    out = {
+        "instances": instances, "ranks": spec.ranks, "runs": spec.runs, "probes": probes,
+        "steps_per_s": spec.steps_per_s, "partitions": partitions, "duration_s": wall,
+        "offered": offered, "processed": processed,
+        "processed_over_offered": processed / offered if offered else None,
+        "offered_events_per_s": offered / wall, "processed_events_per_s": processed / wall,
+        "events_per_run_step": spec.events_per_run_step(),
+        "verdict_ms": sorted(latencies), "verdict_p50_ms": _pct(latencies, 0.5),
+        "verdict_p99_ms": _pct(latencies, 0.99), "spikes_injected": len(spike_sent),
+        "spikes_paused": len(latencies),
+        "hung_rank": hung_rank, "hung_named_s": (named_ts - hang_ts) if named_ts and hang_ts else None,
+        "lag": lag,
+        "cpu_s": {f"controller-{i}": cpu[p.pid] for i, p in enumerate(procs)},
+        "cpu_s_producer": self_cpu,
+        "store": engine.url.get_backend_name(),
+        "logs": str(tmp),
+    }
+    drop_store(engine)
+    return out
+
+
+def _lag_sample(ends, parts, engine, group: str, t0: float, offered: int) -> dict:
+    end = sum(ends.end_offsets(parts).values())
+    done = _committed(engine, group)
+    return {"t_s": round(time.time() - t0, 2), "offered": offered, "end_offsets": end, "committed": done,
+            "lag": end - done}
+
+
+def _plot(results: list[dict], path: str) -> str:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed: no plot"
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    for r in results:
+        ax.plot([s["t_s"] for s in r["lag"]], [s["lag"] for s in r["lag"]], label=f"{r['instances']} instance(s)")
+    ax.set_xlabel("seconds into the offered load")
+    ax.set_ylabel("consumer lag (events)")
+    ax.set_title(f"{results[0]['runs']} run(s) x {results[0]['ranks']} ranks at {results[0]['steps_per_s']} step/s")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", required=True)
+    p.add_argument("--ranks", type=int, default=16_384)
+    p.add_argument("--runs", type=int, default=1)
+    p.add_argument("--steps-per-s", type=float, default=1.0)
+    p.add_argument("--instances", default="1", help="controller instance counts, e.g. 1,2")
+    p.add_argument("--duration-s", type=float, default=90.0, help="seconds of offered load per instance count")
+    p.add_argument("--hang-before-s", type=float, default=60.0, help="the rank hangs this long before the end")
+    p.add_argument("--partitions", type=int, default=8)
+    p.add_argument("--probes", type=int, default=5, help="small extra runs with one spike each")
+    p.add_argument("--warmup-s", type=float, default=15.0, help="controllers join the group before the load")
+    p.add_argument("--settle-s", type=float, default=30.0,
+                   help="after the load, wait this long at most for the last verdicts and the hung rank's name")
+    p.add_argument("--pg-url", default=None, help="PostgreSQL store (default: a SQLite file)")
+    p.add_argument("--plot", help="lag over time as PNG (default: beside --json)")
+    args = p.parse_args(argv)
+    spec = FleetSpec(ranks=args.ranks, runs=args.runs, steps_per_s=args.steps_per_s)
+    results = []
+    with EmbeddedBroker(port=0) as broker:
+        for n in [int(x) for x in args.instances.split(",")]:
+            r = run_fleet(broker, spec, n, duration_s=args.duration_s, partitions=args.partitions, probes=args.probes,
+                          hang_before_s=args.hang_before_s, pg_url=args.pg_url, warmup_s=args.warmup_s,
+                          settle_s=args.settle_s)
+            results.append(r)
+            print(f"{n} instance(s): offered {r['offered_events_per_s']:,.0f} ev/s, processed/offered "
+                  f"{r['processed_over_offered']:.3f}, verdict p50/p99 {r['verdict_p50_ms']}/{r['verdict_p99_ms']} ms "
+                  f"({r['spikes_paused']}/{r['spikes_injected']} spikes), hung rank named after "
+                  f"{r['hung_named_s']} s, CPU s {r['cpu_s']}", flush=True)
+    first = results[0]
+    out = {
+        "ranks": first["ranks"], "runs": first["runs"], "steps_per_s": first["steps_per_s"],
+        "verdict_p99_ms": first["verdict_p99_ms"], "verdict_p50_ms": first["verdict_p50_ms"],
+        "processed_over_offered": first["processed_over_offered"],
+        "events_per_run_step": first["events_per_run_step"], "hung_named_s": first["hung_named_s"],
+        "per_instances": {str(r["instances"]): r for r in results},
+        "loadavg_1m": os.getloadavg()[0],
+    }
+    if len(results) > 1:
+        base = results[0]["processed_events_per_s"]
+        out["speedup"] = {str(r["instances"]): r["processed_events_per_s"] / base if base else None for r in results}
+    out["plot"] = _plot(results, args.plot or str(Path(args.json).with_suffix(".png")))
+    print(f"ranks {out['ranks']}: processed/offered {out['processed_over_offered']:.3f}, verdict p99 "
+          f"{out['verdict_p99_ms']} ms, {out['events_per_run_step']:.1f} events per run-step; plot: {out['plot']}")
+    with open(args.json, "w") as fh:
+        json.dump(out, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
