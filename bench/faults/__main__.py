@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     known = scenarios()
     if args.list:
         for sc in known.values():
-            print(f"{sc.name:<36}{sc.family:<15}{sc.requires or '':<20}{sc.hole}")
+            print(f"{sc.name:<36}{sc.family:<15}{sc.hole}")
         return 0
     selected = list(known.values())
     if args.only:

@@ -1,9 +1,7 @@
 """The scenarios: one per hole of the hostile-input issue, plus the attacks the service held.
 
 A scenario is a function ``(Ctx) -> Measured`` registered with ``@scenario``; each family module
-(``s_*.py``) holds the scenarios of one part of the system. ``requires`` names a feature
-(bench/faults/features.py) another branch is building: while the checkout lacks it the runner
-reports the scenario as ``skipped (feature missing)``, never as passed.
+(``s_*.py``) holds the scenarios of one part of the system.
 """
 
 from __future__ import annotations
@@ -26,7 +24,6 @@ class Scenario:
     timeout_s: float = 120.0
     smoke: bool = False
     """Part of ``--smoke`` (CI): fast, real broker + SQLite only."""
-    requires: str | None = None
     postgres: bool = False
 
     @property
@@ -37,12 +34,12 @@ class Scenario:
 _REGISTRY: dict[str, Scenario] = {}
 
 
-def scenario(name: str, hole: str, *, timeout_s: float = 120.0, smoke: bool = False, requires: str | None = None,
+def scenario(name: str, hole: str, *, timeout_s: float = 120.0, smoke: bool = False,
              postgres: bool = False) -> Callable[[Callable[[Ctx], Measured]], Callable[[Ctx], Measured]]:
     def register(func: Callable[[Ctx], Measured]) -> Callable[[Ctx], Measured]:
         if name in _REGISTRY:
             raise ValueError(f"scenario {name!r} registered twice")
-        _REGISTRY[name] = Scenario(name, hole, func, timeout_s, smoke, requires, postgres)
+        _REGISTRY[name] = Scenario(name, hole, func, timeout_s, smoke, postgres)
         return func
     return register
 

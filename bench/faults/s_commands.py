@@ -146,7 +146,7 @@ def controller_sigkill(ctx: Ctx) -> Measured:
 
 
 @scenario("k_trainer_host_cannot_forge", "keys: a trainer host (public key, HMAC secret) cannot sign a command",
-          timeout_s=90, requires="ed25519-commands")
+          timeout_s=90)
 def trainer_host_cannot_forge(ctx: Ctx) -> Measured:
     from agent.listener import CommandListener
     from core.keys import CommandPrivateKey
@@ -185,7 +185,7 @@ def trainer_host_cannot_forge(ctx: Ctx) -> Measured:
 
 
 @scenario("h09_controller_pause_times_out", "9: a controller-initiated pause never timed out on the trainer side",
-          timeout_s=300, requires="pause-timeout")
+          timeout_s=300)
 def pause_times_out(ctx: Ctx) -> Measured:
     m = Measured()
     kafka = fresh_kafka(ctx.bootstrap)

@@ -86,7 +86,7 @@ def _http(url: str) -> int:
 
 
 @scenario("s_health_endpoint", "store: liveness/readiness over HTTP; not ready once the store is gone",
-          timeout_s=120, requires="health-endpoint")
+          timeout_s=120)
 def health(ctx: Ctx) -> Measured:
     import shutil
 
@@ -110,8 +110,7 @@ def health(ctx: Ctx) -> Measured:
     return m
 
 
-@scenario("s_oversized_message_dlq", "15: a message over ~3 MB never reached the DLQ", timeout_s=120,
-          requires="oversized-dlq")
+@scenario("s_oversized_message_dlq", "15: a message over ~3 MB never reached the DLQ", timeout_s=120)
 def oversized(ctx: Ctx) -> Measured:
     from bench.controller_support import step_bytes
 
@@ -146,7 +145,7 @@ def oversized(ctx: Ctx) -> Measured:
 
 
 @scenario("s_broker_child_dies_with_parent", "15: SIGKILL of `cliffguard broker` left the Tansu child on the port",
-          timeout_s=90, requires="broker-child-dies")
+          timeout_s=90)
 def broker_child(ctx: Ctx) -> Measured:
     m = Measured()
     port = free_port()

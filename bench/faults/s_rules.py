@@ -106,7 +106,7 @@ def ack_from_other_run(ctx: Ctx) -> Measured:
 
 
 @scenario("k_forged_metrics_dlq", "11/keys: unsigned or badly signed metrics go to the DLQ, no incident",
-          timeout_s=90, requires="signed-events")
+          timeout_s=90)
 def forged_metrics(ctx: Ctx) -> Measured:
     from core.events import encode_event, make_event
     from core.keys import EventSigner, event_key
@@ -143,7 +143,7 @@ def forged_metrics(ctx: Ctx) -> Measured:
 
 
 @scenario("k_step_jump_bounded", "keys: a step far ahead of the run's last step is refused (not its last step)",
-          timeout_s=90, requires="step-jump-bounds")
+          timeout_s=90)
 def step_jump(ctx: Ctx) -> Measured:
     m = Measured()
     with controlled(ctx, m) as lp:

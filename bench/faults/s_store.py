@@ -118,7 +118,7 @@ class _Lock:
 
 
 @scenario("h05_sqlite_lock_loses_nothing", "5: a long SQLite lock made a batch fail and one event was skipped",
-          timeout_s=150, requires="store-retry")
+          timeout_s=150)
 def sqlite_lock(ctx: Ctx) -> Measured:
     m = Measured()
     with controlled(ctx, m, env={"CLIFFGUARD_STORE__BUSY_TIMEOUT_MS": "500"}) as lp:
@@ -164,7 +164,7 @@ def _exits_clearly(ctl: ControllerProc, m: Measured, words: tuple[str, ...], tim
 
 
 @scenario("h06_read_only_store_stops", "6: a read-only database file killed the controller with SIGBUS",
-          timeout_s=150, requires="store-gone-exits")
+          timeout_s=150)
 def read_only_store(ctx: Ctx) -> Measured:
     m = Measured()
     kafka = fresh_kafka(ctx.bootstrap)
@@ -208,7 +208,7 @@ def read_only_store(ctx: Ctx) -> Measured:
 
 
 @scenario("h06_deleted_store_stops", "6: a deleted store directory gave 40 s of 'successful' commits",
-          timeout_s=150, requires="store-gone-exits")
+          timeout_s=150)
 def deleted_store(ctx: Ctx) -> Measured:
     m = Measured()
     kafka = fresh_kafka(ctx.bootstrap)
