@@ -49,8 +49,9 @@ from agent.guard import Guard
 from agent.heartbeat import Heartbeat
 from agent.lr_scale import LRScale
 from agent.modes import STOPPING, ModeMachine
+from core.capabilities import normalize as normalize_capabilities
 from core.deployment import SECRET_ENV, resolve_secret
-from core.enums import AckStatus, EventType, GuardDecision
+from core.enums import AckStatus, CommandType, EventType, GuardDecision
 from core.events import Command, make_event
 
 log = logging.getLogger(__name__)
@@ -158,8 +159,12 @@ class Agent:
         self.sink.publish(ev)
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self, *, global_batch: int = 0, lr_schedule: dict[str, Any] | None = None, config: dict[str, Any] | None = None) -> None:
-        """Resolve the MFU peak (same on every rank), emit ``run.started`` (rank 0), start heartbeats."""
+    def start(self, *, global_batch: int = 0, lr_schedule: dict[str, Any] | None = None, config: dict[str, Any] | None = None,
+              capabilities: Iterable[CommandType | str] | None = None) -> None:
+        """Resolve the MFU peak (same on every rank), emit ``run.started`` (rank 0), start heartbeats.
+
+        ``capabilities``: the commands this loop applies (``core/capabilities.py``); the controller
+        sends no other. None declares nothing, which the controller reads as every command."""
         peak, source = resolve_peak(self.device, self.config.peak_flops, self.config.calibration_s)
         if self.distributed and source == "calibration":
             # Ranks calibrate concurrently and differ a little; all use the highest (a conservative MFU).
@@ -174,6 +179,7 @@ class Agent:
                 "head_dim": shape.head_dim, "seq_len": shape.seq_len, "global_batch": global_batch,
                 "peak_flops": peak, "peak_source": source, "lr_schedule": lr_schedule or {},
                 "world_size": self.world, "config": config or {},
+                **({} if capabilities is None else {"capabilities": list(normalize_capabilities(capabilities))}),
             })
         self._heartbeat = Heartbeat(self.config.heartbeat_s, self._beat, name=f"cliffguard-heartbeat-r{self.rank}").start()
         self._clock.restart()

@@ -38,6 +38,7 @@ from agent.collectors.mfu import ModelShape
 from agent.hooks import Agent
 from agent.lr_scale import LRScale
 from agent.modes import HELD, STOPPING
+from core import capabilities
 from core.enums import CheckpointKind, EventType, GuardDecision
 from trainer.checkpoint import CheckpointManager
 from trainer.commands import TrainerCommands, handle_boundary
@@ -348,7 +349,7 @@ class Trainer:
         error: BaseException | None = None
         try:
             self.agent.start(global_batch=self.cfg.global_batch, lr_schedule=self.schedule.describe(),
-                             config=self.cfg.to_dict())
+                             config=self.cfg.to_dict(), capabilities=capabilities.ALL)
             if self.cfg.resume:
                 self.resume_latest()
             self._t_progress = (time.perf_counter(), self.step)

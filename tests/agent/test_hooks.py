@@ -160,3 +160,17 @@ def test_a_configured_peak_is_never_moved():
     step = next(e for e in sink.events if e.type is EventType.STEP)
     assert agent.peak_source == "config" and agent.peak_flops == 1.0
     assert step.data["mfu"] > 1.0  # the operator's number is reported against, not corrected
+
+
+def test_start_declares_the_capabilities_it_is_given_and_none_when_not_given():
+    _, _, agent, sink, _ = _setup()
+    agent.start(capabilities=["validate", CommandType.PAUSE])
+    agent.close()
+    assert sink.events[0].data["capabilities"] == [CommandType.PAUSE, CommandType.VALIDATE]
+    _, _, agent, sink, _ = _setup()
+    agent.start()
+    agent.close()
+    assert "capabilities" not in sink.events[0].data  # the controller reads that as every command
+    _, _, agent, _, _ = _setup()
+    with pytest.raises(ValueError, match="capabilities: unknown command 'fly'"):
+        agent.start(capabilities=["fly"])
