@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from agent.collectors.grad_hist import HistConfig
 from agent.guard import GuardConfig
+from agent.recovery.config import KitConfig
 from core.events import check_run_id
 
 
@@ -32,6 +33,8 @@ class AgentConfig:
     """Seconds of matmul calibration when the peak is neither configured nor in the table."""
     guard: GuardConfig = field(default_factory=GuardConfig)
     """The in-process guard (spike rule before optimizer.step())."""
+    recovery: KitConfig = field(default_factory=KitConfig)
+    """The recovery kit (agent/recovery/kit.py): controller-silence timeout, memory ring, held-back batches."""
     hist: HistConfig = field(default_factory=HistConfig)
     """Fixed log2 bin edges of the gradient histograms."""
     spill_dir: str = ""

@@ -1,24 +1,7 @@
-"""The agent outside the bundled trainer: an Accelerate tracker, a Hugging Face callback, and the
-plain-loop API (``agent.hooks.Agent`` itself, see its module docstring).
+"""Hugging Face ``Trainer`` integration (``transformers`` is imported only here).
 
-Which to use:
-
-- **Plain loop** (``Agent`` hooks): everything — the one-all-reduce step metrics, histograms,
-  MFU, comm timing, the guard that *skips* updates, and commands applied at step boundaries.
-- **Accelerate tracker** (``AgentTracker``): ``Accelerator(log_with=[AgentTracker(agent)])``;
-  every ``accelerator.log({"loss": ..., "lr": ...}, step=...)`` becomes a ``step`` event (timing
-  from the interval between logs, MFU when ``tokens`` is logged). Report-only: a tracker never
-  sees the optimizer, so the guard's verdict is reported, not enforced; no commands.
-- **Hugging Face ``Trainer``** (``CliffguardCallback``): ``Trainer(..., callbacks=[CliffguardCallback(cfg)])``.
-  Steps are reported from ``on_log``; commands are polled at ``on_step_end`` and mapped onto
-  the Trainer's own controls: ``stop`` → ``should_training_stop``, ``validate`` →
-  ``should_evaluate`` (the eval loss comes back as a ``validation`` event with the command id),
-  ``checkpoint_now`` → ``should_save``, ``pause``/``resume`` hold inside the callback (heartbeats
-  go on), ``set_lr_scale`` multiplies the LR at each step begin (after the scheduler set it, so
-  the scheduler cannot overwrite it). ``rollback`` is acked ``failed``: the HF Trainer has no
-  in-memory restore to hand; use the bundled trainer or your own restore.
-  Written without importing ``transformers`` (the callback protocol is duck-typed: the Trainer
-  calls ``getattr(callback, event)(args, state, control, **kwargs)``).
+First version: the duck-typed callback moved from agent/integrations.py unchanged; replaced by a
+real ``TrainerCallback`` on the recovery kit.
 """
 
 from __future__ import annotations
@@ -27,56 +10,12 @@ import logging
 import time
 from typing import Any
 
-from accelerate.tracking import GeneralTracker
-
 from agent.hooks import Agent, AgentConfig
+from agent.integrations.accelerate import _scalar
 from agent.modes import PAUSED, RUNNING
 from core.enums import AckStatus, CommandType, EventType
 
 log = logging.getLogger(__name__)
-
-
-def _scalar(values: dict[str, Any], *names: str) -> float | None:
-    for n in names:
-        v = values.get(n)
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            return float(v)
-    return None
-
-
-class AgentTracker(GeneralTracker):
-    """Accelerate ``GeneralTracker`` that turns logged scalars into agent events (every rank)."""
-
-    name = "cliffguard"
-    requires_logging_directory = False
-    main_process_only = False
-
-    def __init__(self, agent: Agent) -> None:
-        super().__init__()
-        self.agent = agent
-        self._started = False
-
-    @property
-    def tracker(self) -> Agent:
-        return self.agent
-
-    def store_init_configuration(self, values: dict) -> None:
-        if not self._started:
-            self.agent.start(config=dict(values))
-            self._started = True
-
-    def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
-        if not self._started:
-            self.store_init_configuration({})
-        loss = _scalar(values, "loss", "train_loss")
-        if loss is None:
-            return
-        tokens = _scalar(values, "tokens")
-        self.agent.report_step(loss, step=step, lr=_scalar(values, "lr", "learning_rate"),
-                               grad_norm=_scalar(values, "grad_norm"), tokens=int(tokens or 0))
-
-    def finish(self) -> None:
-        self.agent.close()
 
 
 class CliffguardCallback:

@@ -1,0 +1,368 @@
+"""The recovery kit: the whole command loop for any training loop, one implementation for all.
+
+A plain loop::
+
+    agent = Agent(None, model, optimizer, AgentConfig(run="my-run"), kafka=KafkaConfig.from_env())
+    kit = RecoveryKit(agent, model, optimizer, scheduler, loss_fn=lambda b: model(*b)[1])
+    kit.start()                                        # run.started with the kit's capabilities
+    while agent.step < total and kit.at_boundary():    # commands, holds, timeouts, snapshots
+        x, y = next(batches); kit.remember((x, y))     # a held-back slice to validate on
+        loss = model(x, y)[1]; agent.after_forward(loss); loss.backward(); agent.after_backward()
+        if kit.before_optimizer_step(): optimizer.step()  # the guard: False = skipped on every rank
+        optimizer.zero_grad(); scheduler.step(); agent.after_step()
+    agent.close()
+
+What it does for the loop (``CommandTarget``, agent/command_target.py, applied through the
+dispatch table of agent/dispatch.py):
+
+- **guard enforced**: ``before_optimizer_step`` runs the agent's one all-reduce and the guard; a
+  skip is the same on every rank. With ``wrap_optimizer`` (the default) the optimizer's own
+  ``step`` also obeys it, so a loop that calls ``optimizer.step()`` unconditionally (the Hugging
+  Face Trainer) still skips the bad update, and the LR scale is applied inside that call (the
+  scheduler's LR times ``lr_scale`` for the step, then put back, so no scheduler compounds it);
+- **boundary** (``at_boundary``): commands dispatched in order, the wait while ``paused``/``held``
+  with heartbeats going on, the hold and controller-silence timeouts (agent/recovery/timeouts.py),
+  then a memory snapshot when due;
+- **rollback** from the ``StateStore`` (default: the kit's ``MemoryRing``), all ranks or none,
+  then the command's ``lr_scale``, then ``skip_data`` (the loop's ``skip_data`` callable; a
+  loader that cannot rewind has skipped the window by going on, PaLM-style, and the ack says so);
+- **validate** with the loop's ``validate_fn(batches) -> float`` or, without one, ``loss_fn`` on
+  the last ``val_keep`` training batches it was shown (``remember``); never a crash: no data is
+  a ``failed`` ack.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+
+from agent.command_target import Outcome
+from agent.dispatch import dispatch
+from agent.hooks import Agent
+from agent.modes import HELD, STOPPING, WAITING
+from agent.recovery.config import KitConfig
+from agent.recovery.ring import MemoryRing, cpu_copy
+from agent.recovery.state import DataPosition, LoopState, Stateful
+from agent.recovery.store import RingStore, StateStore
+from agent.recovery.timeouts import apply_timeout, timed_out
+from core.enums import CheckpointKind, CommandType, EventType, GuardDecision
+
+log = logging.getLogger(__name__)
+
+ValidateFn = Callable[[int | None], "float | tuple[float, int]"]
+"""``validate_fn(batches)``: forward-only loss on frozen weights (optionally with the batch count)."""
+
+
+class RollbackUnavailable(RuntimeError):
+    """The requested step is not available on every rank."""
+
+
+class Snapshotter(Protocol):
+    """Captures and loads the loop's whole state (``LoopState`` by default)."""
+
+    def capture(self, step: int) -> dict[str, Any]: ...
+
+    def load(self, state: dict[str, Any]) -> int: ...
+
+
+def _nbytes(obj: Any) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_nbytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_nbytes(v) for v in obj)
+    return 0
+
+
+class RecoveryKit:
+    """See the module docstring. One per process; every rank builds one."""
+
+    def __init__(self, agent: Agent, model: torch.nn.Module | None = None, optimizer: Any = None,
+                 scheduler: Any = None, *, config: KitConfig | None = None, validate_fn: ValidateFn | None = None,
+                 loss_fn: Callable[[Any], torch.Tensor] | None = None, data_position: DataPosition | None = None,
+                 skip_data: Callable[[int, int], None] | None = None, store: StateStore | None = None,
+                 state: Snapshotter | None = None, extra_state: dict[str, Stateful] | None = None,
+                 checkpoint_fn: Callable[[int, CheckpointKind], None] | None = None,
+                 wrap_optimizer: bool = True) -> None:
+        self.agent = agent
+        self.config = config if config is not None else agent.config.recovery
+        self.model = model if model is not None else agent.model
+        self.optimizer = optimizer if optimizer is not None else agent.optimizer
+        self.state: Snapshotter = state or LoopState(self.model, self.optimizer, scheduler, agent, data_position,
+                                                     dict(extra_state or {}))
+        self.ring: MemoryRing | None = None
+        if store is None:
+            self.ring = MemoryRing(self.config.ring_size)
+            store = RingStore(self.ring, self.config.snapshot_every, self._on_memory_snapshot)
+        self.store: StateStore = store
+        self.validate_fn = validate_fn
+        self.loss_fn = loss_fn
+        self.can_rewind = data_position is not None
+        self.skip_data_fn = skip_data
+        self.checkpoint_fn = checkpoint_fn
+        self.kept: deque[Any] = deque(maxlen=self.config.val_keep or None)
+        self.stop_reason = ""
+        """Why the run ends early ("failed: ..." when a timeout policy failed it)."""
+        self._apply_update = True
+        self._hold_pending = False
+        self._applied_scale = 1.0
+        self._warned_step = False
+        if wrap_optimizer and self.optimizer is not None:
+            self._wrap_step(self.optimizer)
+
+    # ------------------------------------------------------------------ what the kit can do
+    @property
+    def capabilities(self) -> frozenset[CommandType]:
+        """The commands this kit applies (declared in ``run.started``; the controller sends no other)."""
+        caps = {CommandType.PAUSE, CommandType.RESUME, CommandType.STOP, CommandType.SET_LR_SCALE,
+                CommandType.CHECKPOINT_NOW}
+        if self.validate_fn is not None or (self.loss_fn is not None and self.config.val_keep):
+            caps.add(CommandType.VALIDATE)
+        if self.ring is None or self.config.snapshot_every:
+            caps.add(CommandType.ROLLBACK)
+        return frozenset(caps)
+
+    @property
+    def lr_scale_applied(self) -> float:
+        """The LR scale the last applied update actually used (the agent's ``lr_scale`` is the target)."""
+        return self._applied_scale
+
+    @property
+    def step(self) -> int:
+        """The step the loop runs next (moves back on a rollback)."""
+        return self.agent.step
+
+    def start(self, **start_kwargs: Any) -> None:
+        """``Agent.start`` with this kit's capabilities (when the agent can declare them)."""
+        if "capabilities" in inspect.signature(self.agent.start).parameters:
+            start_kwargs.setdefault("capabilities", sorted(self.capabilities))
+        self.agent.start(**start_kwargs)
+
+    # ------------------------------------------------------------------ per step
+    def remember(self, batch: Any) -> None:
+        """Keep a CPU copy of a training batch for validation without a validation set."""
+        if self.config.val_keep and self.validate_fn is None:
+            self.kept.append(cpu_copy(batch))
+
+    def before_optimizer_step(self) -> bool:
+        """The agent's all-reduce and the guard. True = apply this update (the same on every rank)."""
+        ok = self.agent.before_optimizer_step()
+        self._apply_update = ok
+        self._hold_pending = self.agent.decision is GuardDecision.HOLD
+        return ok
+
+    def scaled_lr(self, lr: float) -> float:
+        """``lr`` times the LR scale, recorded as applied (for loops that set the LR themselves)."""
+        self._applied_scale = self.agent.lr_scale.value
+        return lr * self._applied_scale
+
+    def _wrap_step(self, optimizer: Any) -> None:
+        inner = optimizer.step
+
+        @functools.wraps(inner)
+        def step(*args: Any, **kwargs: Any) -> Any:
+            if not self._apply_update:
+                self._apply_update = True  # one verdict per update
+                return None
+            scale = self.agent.lr_scale.value
+            groups = optimizer.param_groups
+            lrs = [g["lr"] for g in groups]
+            for g in groups:
+                g["lr"] = g["lr"] * scale
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                for g, lr in zip(groups, lrs, strict=True):
+                    g["lr"] = lr
+                self._applied_scale = scale
+
+        optimizer.step = step
+
+    # ------------------------------------------------------------------ the boundary
+    def at_boundary(self, step: int | None = None) -> bool:
+        """Between steps: dispatch the delivered commands, wait while paused/held (timeouts
+        applied), then snapshot when due. False when the run must stop. ``step`` is checked
+        against the agent's (the one counter; after a rollback read ``kit.step``)."""
+        agent = self.agent
+        if step is not None and step != agent.step and not self._warned_step:
+            self._warned_step = True
+            log.warning("at_boundary(%d): the agent is at step %d; the agent's counter wins "
+                        "(read kit.step after a rollback)", step, agent.step)
+        if self._hold_pending and agent.modes.mode not in (HELD, STOPPING):
+            agent.modes.move(HELD)
+        self._hold_pending = False
+        for cmd in agent.poll_commands():
+            dispatch(cmd, self, agent.modes, agent.ack)
+        if agent.modes.mode in WAITING:
+            self._wait()
+        if agent.modes.mode is STOPPING:
+            return False
+        self.store.on_step(agent.step, lambda: self.state.capture(agent.step))
+        return True
+
+    def _wait(self) -> None:
+        agent = self.agent
+        since = time.monotonic()
+        while agent.modes.mode in WAITING:
+            time.sleep(agent.config.command_tick_s)
+            decision = None
+            if agent.rank == 0:  # rank 0's clock decides; the decision rides the same broadcast
+                decision = timed_out(agent.modes, agent.guard.config, self.config, time.monotonic() - since)
+            cmds, decision = agent.exchange(decision)
+            for cmd in cmds:
+                dispatch(cmd, self, agent.modes, agent.ack)
+                since = time.monotonic()
+            if decision is not None and agent.modes.mode in WAITING and not cmds:
+                apply_timeout(self, self, agent.modes, decision)
+                since = time.monotonic()
+        agent.set_step(agent.step)  # the wait is not part of the next step's time
+
+    # ------------------------------------------------------------------ TimeoutHost
+    def available_steps(self) -> list[int]:
+        return sorted(self.store.available_steps())
+
+    def first_bad_step(self) -> int | None:
+        return self.agent.guard.first_skip_step
+
+    def current_lr_scale(self) -> float:
+        return self.agent.lr_scale.value
+
+    def lr_factor(self) -> float:
+        return self.agent.guard.config.policy.lr_factor
+
+    def fail(self, reason: str) -> None:
+        self.stop_reason = f"failed: {reason}"
+        self.agent.modes.move(STOPPING)
+
+    # ------------------------------------------------------------------ state
+    def _all_ranks(self, ok: bool) -> bool:
+        if not self.agent.distributed:
+            return ok
+        t = torch.tensor([1 if ok else 0], dtype=torch.int64, device=self.agent.device)  # NCCL: on device
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return bool(t.item())
+
+    def snapshot(self, kind: CheckpointKind = CheckpointKind.MEMORY) -> None:
+        """A checkpoint of the state before the next step."""
+        self.store.save(self.agent.step, self.state.capture(self.agent.step), kind)
+
+    def _on_memory_snapshot(self, step: int, steps: list[int]) -> None:
+        if self.agent.rank != 0 or self.ring is None:
+            return
+        snap = self.ring.values()[-1] if self.ring.steps()[-1] == step else None
+        self.agent.emit(EventType.CHECKPOINT, {
+            "kind": CheckpointKind.MEMORY.value, "path": "", "bytes": _nbytes(snap), "sha256": "", "seconds": 0.0,
+            "verified": True, "detail": f"memory ring holds steps {steps[0]}..{steps[-1]} ({len(steps)})"}, step=step)
+
+    def restore(self, to_step: int) -> str:
+        """Restore the state labelled ``to_step`` on every rank, or on none (RollbackUnavailable).
+        Newer states are forgotten only once every rank restored. Returns the source."""
+        state: dict[str, Any] | None = None
+        source = ""
+        try:
+            state, source = self.store.restore(to_step, discard_newer=False)
+        except Exception as exc:  # noqa: BLE001 - any rank failing means no rank restores
+            log.warning("rank %d cannot restore step %d: %s", self.agent.rank, to_step, exc)
+        if not self._all_ranks(state is not None):
+            raise RollbackUnavailable(f"step {to_step} is not available on every rank (have {self.available_steps()})")
+        assert state is not None
+        self.store.discard_after(to_step)
+        self.agent.set_step(self.state.load(state))
+        return source
+
+    def roll_back(self, to_step: int, lr_scale: float, skip_data: tuple[int, int] | None = None) -> str:
+        """Restore ``to_step``, then set ``lr_scale``, then skip ``[first, stop)``; returns the source."""
+        source = self.restore(to_step)
+        self.agent.lr_scale.set(lr_scale)
+        if skip_data and self.skip_data_fn is not None:
+            self.skip_data_fn(int(skip_data[0]), int(skip_data[1]))
+        self.agent.guard.clear_hold()
+        self._hold_pending = False
+        return source
+
+    # ------------------------------------------------------------------ validation
+    def run_validation(self, cmd_id: str | None = None, batches: int | None = None) -> float:
+        """Forward-only validation on frozen weights; rank 0 emits the ``validation`` event."""
+        with self.agent.modes.validating():
+            if self.validate_fn is not None:
+                out = self.validate_fn(batches)
+                val, n = out if isinstance(out, tuple) else (out, batches or 0)
+            else:
+                val, n = self._validate_kept(batches)
+        if self.agent.rank == 0:
+            payload: dict[str, Any] = {"val_loss": float(val), "batches": int(n)}
+            if cmd_id is not None:
+                payload["cmd"] = cmd_id
+            self.agent.emit(EventType.VALIDATION, payload)
+        return float(val)
+
+    @torch.no_grad()
+    def _validate_kept(self, batches: int | None) -> tuple[float, int]:
+        if self.loss_fn is None:
+            raise RuntimeError("no validation: give the kit a validate_fn, or a loss_fn and remember() batches")
+        data = list(self.kept)[-batches:] if batches else list(self.kept)
+        was_training = self.model.training
+        self.model.eval()
+        total = torch.zeros(2, dtype=torch.float64, device=self.agent.device)
+        try:
+            for batch in data:
+                total[0] += self.loss_fn(batch).double().to(total.device)
+                total[1] += 1.0
+            if self.agent.distributed:
+                dist.all_reduce(total)
+        finally:
+            self.model.train(was_training)
+        if total[1] == 0:
+            raise RuntimeError("no validation data yet: no training batch was remembered")
+        return float(total[0] / total[1]), int(total[1])
+
+    # ------------------------------------------------------------------ CommandTarget
+    def pause(self) -> Outcome:
+        return Outcome.applied(f"paused at step {self.agent.step}")
+
+    def resume(self) -> Outcome:
+        self.agent.guard.clear_hold()
+        return Outcome.applied(f"resumed at step {self.agent.step}")
+
+    def validate(self, cmd_id: str, batches: int | None) -> Outcome:
+        val = self.run_validation(cmd_id, batches)
+        return Outcome.applied(f"val_loss={val:.6g} at step {self.agent.step}")
+
+    def rollback(self, to_step: int, lr_scale: float, skip_data: tuple[int, int] | None) -> Outcome:
+        source = self.roll_back(to_step, lr_scale, skip_data)
+        detail = f"restored step {to_step} from {source}; lr_scale={self.agent.lr_scale.value:g}"
+        if skip_data and self.skip_data_fn is not None:
+            detail += f"; skipping samples [{skip_data[0]}, {skip_data[1]})"
+        elif skip_data or not self.can_rewind:
+            detail += "; data not rewound (the loader goes on past the bad window)"
+        return Outcome.applied(detail + self.rollback_detail())
+
+    def rollback_detail(self) -> str:
+        """More for a rollback's ack (the bundled trainer adds a parameter digest)."""
+        return ""
+
+    def set_lr_scale(self, lr_scale: float) -> Outcome:
+        self.agent.lr_scale.set(lr_scale)
+        return Outcome.applied(f"lr_scale={self.agent.lr_scale.value:g} from step {self.agent.step}")
+
+    def checkpoint_now(self, kind: CheckpointKind) -> Outcome:
+        if self.checkpoint_fn is not None and kind is not CheckpointKind.MEMORY:
+            self.checkpoint_fn(self.agent.step, kind)
+            return Outcome.applied(f"{kind} checkpoint of step {self.agent.step} queued")
+        self.snapshot(kind if self.ring is None else CheckpointKind.MEMORY)
+        taken = kind if self.ring is None else CheckpointKind.MEMORY
+        return Outcome.applied(f"{taken} checkpoint of step {self.agent.step} taken")
+
+    def stop(self, reason: str) -> Outcome:
+        self.stop_reason = reason
+        return Outcome.applied(f"stopping at step {self.agent.step}")
+
