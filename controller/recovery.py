@@ -483,7 +483,10 @@ def _on_ack(st: _Step, inp: AckIn) -> None:
         inc = s.incident
         assert inc is not None
         failed_step = int(pend.args["to_step"])
-        s.checkpoints = tuple(c for c in s.checkpoints if c.step != failed_step)
+        failed_kind = next((c.kind for c in s.checkpoints if c.step == failed_step), None)
+        # a memory ring forgets its oldest first: when one memory snapshot is gone, every older one is too
+        s.checkpoints = tuple(c for c in s.checkpoints if c.step != failed_step
+                              and not (failed_kind == "memory" and c.kind == "memory" and c.step < failed_step))
         target = rollback_target(cfg, s, failed_step - 1)
         if target is None:
             st.halt("no_target", f"rollback to {failed_step} failed ({inp.detail}) and no older stable checkpoint",

@@ -14,10 +14,13 @@ LightningModule gets what every other loop gets, from the same implementation:
 - **validation** on ``val_batches`` when given, else on the trainer's validation dataloader when it
   has one, else on the last training batches (held back on CPU); never a crash: without data the
   validate command is acked ``failed``;
+- **periodic validation** every ``val_every`` steps (the same validation as the command's, so the
+  controller's healthy baseline and a spike's verdict compare like with like);
 - **run.failed** on an exception (``on_exception``), run.finished at the end of fitting;
 - Kafka and the command secret from the deployment config (``CLIFFGUARD_CONFIG`` < env), as every
   process reads them.
 
+``shape`` (or ``seq_len`` with a module that has a ``.config``) gives MFU its FLOPs per token.
 ``loss_fn(module, batch) -> loss`` is how a batch is validated; the default calls the module's
 ``training_step`` (its ``self.log`` muted) and takes the tensor or its ``"loss"``. ``pytorch_lightning``
 is imported only here. Gradient accumulation is supported (one step per optimizer step); Lightning's
@@ -34,6 +37,7 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 
+from agent.collectors.mfu import ModelShape
 from agent.config import AgentConfig
 from agent.hooks import Agent
 from agent.integrations.accelerate import deployment_from_env
@@ -69,15 +73,19 @@ class CliffguardCallback(pl.Callback):
     """See the module docstring. ``sink``/``command_source`` replace Kafka (tests)."""
 
     def __init__(self, config: AgentConfig, *, deployment: Any = None, loss_fn: LossFn | None = None,
-                 val_batches: Iterable[Any] | None = None, kit_config: KitConfig | None = None,
-                 seq_len: int | None = None, sink: Any = None, command_source: Any = None) -> None:
+                 val_batches: Iterable[Any] | None = None, val_every: int = 0, kit_config: KitConfig | None = None,
+                 seq_len: int | None = None, shape: ModelShape | None = None, sink: Any = None,
+                 command_source: Any = None) -> None:
         super().__init__()
         self.config = config
         self.deployment = deployment
         self.loss_fn = loss_fn or training_step_loss
+        if val_every < 0:
+            raise ValueError("val_every: must be >= 0")
         self.val_batches = val_batches
+        self.val_every = val_every
         self.kit_config = kit_config
-        self.seq_len = seq_len
+        self.seq_len, self.shape = seq_len, shape
         self.sink, self.command_source = sink, command_source
         self.agent: Agent | None = None
         self.kit: RecoveryKit | None = None
@@ -98,7 +106,8 @@ class CliffguardCallback(pl.Callback):
             dep = self.deployment if self.deployment is not None else deployment_from_env()
             kafka, secret = dep.kafka, dep.secret
         self.agent = Agent(None, pl_module, optimizer, self.config, kafka=kafka, secret=secret, sink=self.sink,
-                           command_source=self.command_source, seq_len=self.seq_len)
+                           command_source=self.command_source, seq_len=None if self.shape else self.seq_len,
+                           shape=self.shape)
         self._module, self._trainer = pl_module, trainer
         self.kit = RecoveryKit(self.agent, pl_module, optimizer, scheduler, config=self.kit_config,
                                loss_fn=self._loss, validate_fn=self._validate if self._has_val_data() else None,
@@ -132,6 +141,8 @@ class CliffguardCallback(pl.Callback):
             self._at_boundary = False
             if not kit.at_boundary():
                 trainer.should_stop = True
+            elif self.val_every and self.agent.step > 0 and self.agent.step % self.val_every == 0:
+                kit.run_validation()
         kit.remember(batch)
         self._batch_tokens = _tokens(batch)
 

@@ -58,6 +58,35 @@ def test_judge_fails_when_an_incident_was_abandoned():
     assert not judge(faults, [_inc("a", 101, "resumed"), _inc("x", 250, "abandoned")])[0]
 
 
+def _demo_args(*argv: str):
+    import argparse
+
+    from cliffguard.commands import demo
+
+    sub = argparse.ArgumentParser().add_subparsers()
+    demo.add_parser(sub)
+    return sub.choices["demo"].parse_args(list(argv))
+
+
+def test_the_trainer_option_picks_the_training_command_and_its_kafka_settings(tmp_path):
+    from cliffguard.commands.demo import trainer_command
+    from core.kafka_config import KafkaConfig
+
+    kafka = KafkaConfig(bootstrap="127.0.0.1:9999", topic_prefix="demo-x", partitions=1)
+    faults = ["corrupt@10", "lr_blowup@20x100:3"]
+    argv, env = trainer_command(_demo_args("--steps", "60"), "r1", kafka, tmp_path, faults)
+    assert argv[argv.index("train") + 1:argv.index("train") + 3] == ["--nproc", "2"] and env == {}
+    assert argv[-4:] == ["--fault", "corrupt@10", "--fault", "lr_blowup@20x100:3"]
+    for name in ("hf", "lightning"):
+        argv, env = trainer_command(_demo_args("--trainer", name, "--steps", "60"), "r1", kafka, tmp_path, faults)
+        assert argv[1:3] == ["-m", f"cliffguard.demo_trainers.{name}_run"] and "--nproc" not in argv
+        assert argv[argv.index("--run") + 1] == "r1" and argv[-2:] == ["--fault", "lr_blowup@20x100:3"]
+        assert env == {"CLIFFGUARD_KAFKA__BOOTSTRAP": "127.0.0.1:9999", "CLIFFGUARD_KAFKA__TOPIC_PREFIX": "demo-x",
+                       "CLIFFGUARD_KAFKA__PARTITIONS": "1"}
+    with pytest.raises(SystemExit):
+        _demo_args("--trainer", "keras")
+
+
 def test_demo_refuses_to_empty_a_directory_it_did_not_make(tmp_path):
     keep = tmp_path / "notes.txt"
     keep.write_text("mine")

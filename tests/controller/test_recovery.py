@@ -594,6 +594,25 @@ def test_run_end_without_incident_is_a_no_op_and_an_applied_validate_is_not_canc
     assert d.s.phase is Phase.PAUSING and d.s.incident is not None
 
 
+def test_a_failed_rollback_to_a_memory_snapshot_forgets_the_older_memory_snapshots_not_the_disk_ones():
+    d = Driver()
+    d.steps(0, 4)
+    d.feed(CheckpointIn(step=5, kind="full", verified=True, now=d.now))
+    for step in (10, 20, 30):
+        d.steps(step - 5 if step > 10 else 5, step)
+        d.feed(CheckpointIn(step=step, kind="memory", verified=True, now=d.now))
+    d.validate(2.0, step=30)  # every checkpoint so far is stable
+    d.steps(31, 40)
+    d.spike(step=41, onset=39)
+    d.ack()
+    d.answer_validate(5.0)
+    assert d.commands()[-1][1]["to_step"] == 30
+    d.ack(status=AckStatus.FAILED, detail="step 30 is not available")
+    # 20 and 10 were in the same ring, older: gone too; the disk checkpoint at 5 is the next target
+    assert d.commands()[-1][1]["to_step"] == 5 and d.commands()[-1][1]["lr_scale"] == 0.5
+    assert [c.step for c in d.s.checkpoints] == [5]
+
+
 def _with_capabilities(*caps: CommandType) -> Driver:
     d = Driver()
     d.feed(StartedIn(capabilities=caps, now=d.now))

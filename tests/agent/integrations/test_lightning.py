@@ -191,3 +191,11 @@ def test_stop_ends_fitting():
     # stopped at the boundary after step 3: Lightning finishes the batch it started, no more
     assert len(_of(sink, EventType.STEP)) <= 5 and trainer.global_step <= 5
     assert _of(sink, EventType.COMMAND_ACK)[0].data["status"] == "applied" and _of(sink, EventType.RUN_FINISHED)
+
+
+def test_periodic_validation_every_n_steps_has_no_command_id():
+    cb, sink, _ = _fit(Tiny(), steps=9, val=True, val_every=4)
+    vals = _of(sink, EventType.VALIDATION)
+    assert [v.step for v in vals] == [4, 8] and all("cmd" not in v.data for v in vals)
+    with pytest.raises(ValueError, match="val_every"):
+        CliffguardCallback(AgentConfig(run="x"), val_every=-1)
