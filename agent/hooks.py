@@ -31,9 +31,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import tempfile
 import time
+import uuid
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -55,6 +54,9 @@ from core.enums import AckStatus, CommandType, EventType, GuardDecision
 from core.events import Command, make_event
 
 log = logging.getLogger(__name__)
+
+LISTENER_WAIT_S = 2.0
+"""At ``start``: how long to wait for the command listener to reach the end of the topic."""
 
 
 def load_secret(value: str | None = None) -> Any:
@@ -82,6 +84,8 @@ class Agent:
         command_source: Any = None,
     ) -> None:
         self.config = config
+        self.instance = uuid.uuid4().hex[:12]
+        """This start of this process: names its spill file (agent/spill.py), so no other start replays it."""
         self.model = model
         self.optimizer = optimizer
         if accelerator is not None:
@@ -128,11 +132,16 @@ class Agent:
         if kafka is None:
             return pub.NullSink()
         if publisher_config is None:
+            from agent.spill import default_spill_dir, spill_path, stale_spills
+
             # a per-user directory: agent/spill.py refuses one owned by someone else (like /tmp)
-            spill_dir = self.config.spill_dir or os.path.join(tempfile.gettempdir(), f"cliffguard-spill-{os.geteuid()}")
+            spill_dir = self.config.spill_dir or default_spill_dir()
             publisher_config = pub.PublisherConfig(
-                spill_path=os.path.join(spill_dir, f"cliffguard-spill-{self.config.run}-r{self.rank}.bin")
-            )
+                spill_path=str(spill_path(spill_dir, self.config.run, self.rank, self.instance)))
+            stale = stale_spills(spill_dir, self.config.run, self.rank, self.instance)
+            if stale:
+                log.warning("%d spill file(s) of earlier starts of run %s are not replayed into this one: %s",
+                            len(stale), self.config.run, ", ".join(map(str, stale)))
         p = pub.Publisher(kafka, publisher_config)
         p.start()
         return p
@@ -142,7 +151,7 @@ class Agent:
         from core.signing import CommandVerifier
 
         listener = CommandListener(kafka, self.config.run, CommandVerifier(self.config.run, secret), self._on_reject)
-        listener.start()
+        listener.start(timeout=0)  # construction never blocks (a wrong bootstrap cost ~10 s); start() waits a little
         return listener
 
     def _on_reject(self, cmd_id: str, cmd_type: str, status: AckStatus, detail: str) -> None:
@@ -181,6 +190,9 @@ class Agent:
                 "world_size": self.world, "config": config or {},
                 **({} if capabilities is None else {"capabilities": list(normalize_capabilities(capabilities))}),
             })
+        wait_ready = getattr(self.commands, "wait_ready", None)
+        if wait_ready is not None:
+            wait_ready(LISTENER_WAIT_S)  # commands sent before the listener is positioned are re-sent by the controller
         self._heartbeat = Heartbeat(self.config.heartbeat_s, self._beat, name=f"cliffguard-heartbeat-r{self.rank}").start()
         self._clock.restart()
 

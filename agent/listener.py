@@ -156,13 +156,21 @@ class CommandListener:
         )
 
     def start(self, timeout: float = 10.0) -> CommandListener:
-        """Start the thread; returns once positioned at the end of the topic (or after ``timeout``)."""
+        """Start the thread; returns once positioned at the end of the topic (or after ``timeout``;
+        0 = at once, see ``wait_ready``)."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="cliffguard-commands", daemon=True)
             self._thread.start()
-            if not self._ready.wait(timeout):
-                log.warning("command listener not positioned within %.1fs; it keeps trying", timeout)
+            if timeout > 0:
+                self.wait_ready(timeout)
         return self
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s to be positioned at the end of the topic; False (logged) if not."""
+        if self._ready.wait(timeout):
+            return True
+        log.warning("command listener not positioned within %.1fs; it keeps trying", timeout)
+        return False
 
     def _assign(self) -> bool:
         from kafka import TopicPartition

@@ -33,6 +33,15 @@ replayed first (duplicates of events already delivered are possible; consumers d
 event id). A torn record at the tail (crash mid-write) ends the readable part; the file is
 truncated there and the loss is logged.
 
+Naming (``spill_path``): one file per process and start, ``cliffguard-spill-<run>-r<rank>-<instance>.bin``
+in the per-user directory ``<tmp>/cliffguard-spill-<euid>`` (``default_spill_dir``) unless the
+run names one. ``instance`` is a fresh id per ``Agent`` (per start of a process), so a new start
+never opens an earlier start's file: a stale file of an earlier run that reused the run id is
+never replayed into the new run as if its events were new. Decision: earlier instances' files are
+not replayed at all (their events would arrive mixed into the new instance's stream with nothing
+to tell them apart); ``stale_spills`` finds them and the agent names them in one warning at start,
+so an operator can inspect them (each is a plain spill file: ``SpillFile(path, ...).peek``).
+
 Private file: the spill's directory is created with mode 0700 and refused when it is a symlink or
 owned by another user; the file is opened with ``O_NOFOLLOW`` (mode 0600), so a link planted at
 the spill path is refused instead of its target being truncated.
@@ -53,6 +62,36 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 _HEADER = struct.Struct(">II")
+
+
+def default_spill_dir() -> str:
+    """The per-user spill directory; ``_private_dir`` refuses it if another user owns it."""
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), f"cliffguard-spill-{os.geteuid()}")
+
+
+def spill_path(directory: str | Path, run: str, rank: int, instance: str) -> Path:
+    """The spill file of one process start (see the module docstring's naming)."""
+    return Path(directory) / f"cliffguard-spill-{run}-r{rank}-{instance}.bin"
+
+
+def stale_spills(directory: str | Path, run: str, rank: int, instance: str) -> list[Path]:
+    """Non-empty spill files an earlier start of ``run`` on ``rank`` left in ``directory`` (never
+    replayed into this instance), plus the pre-instance name ``cliffguard-spill-<run>-r<rank>.bin``."""
+    d = Path(directory)
+    if not d.is_dir():
+        return []
+    mine = spill_path(d, run, rank, instance).name
+    found = sorted(d.glob(f"cliffguard-spill-{run}-r{rank}-*.bin")) + [d / f"cliffguard-spill-{run}-r{rank}.bin"]
+    out = []
+    for f in found:
+        try:
+            if f.name != mine and f.is_file() and not f.is_symlink() and f.stat().st_size > 0:
+                out.append(f)
+        except OSError:
+            continue
+    return out
 
 
 def _write_all(fd: int, data: bytes) -> None:

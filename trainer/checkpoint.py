@@ -3,7 +3,8 @@
 Kinds (``core.events.CheckpointKind``):
 
 - ``memory``: a CPU deep copy in a ring of the last ``memory_ring`` snapshots (every
-  ``snapshot_every`` steps). Rollback from here costs a copy, no I/O.
+  ``snapshot_every`` steps; agent/recovery/ring.py's ``MemoryRing``, the ring every loop uses).
+  Rollback from here costs a copy, no I/O.
 - ``incremental`` (every ``ckpt_every`` steps) and ``full`` (every ``full_every`` steps): both
   hold the *complete* state the loop passes, so either one alone restores a step exactly. They
   differ in retention: incrementals are a short rolling window (newest ``keep_incremental``), full
@@ -56,14 +57,12 @@ import sys
 import threading
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from agent.recovery.ring import MemoryRing, cpu_copy
 from core.enums import CheckpointKind
 from trainer.checkpoint_io import (
     CorruptCheckpoint,
@@ -121,22 +120,6 @@ class CheckpointConfig:
             raise ValueError("keep_incremental: must be >= 1")
         if self.writer not in ("process", "thread"):
             raise ValueError("writer: must be 'process' or 'thread'")
-
-
-def cpu_copy(obj: Any) -> Any:
-    """A deep copy with every tensor detached and copied to CPU."""
-    import copy
-
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        out = {k: cpu_copy(v) for k, v in obj.items()}
-        return out if type(obj) is dict else type(obj)(out)  # keeps OrderedDict state_dicts
-    if isinstance(obj, list):
-        return [cpu_copy(v) for v in obj]
-    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
-        return tuple(cpu_copy(v) for v in obj)
-    return copy.deepcopy(obj)
 
 
 class _ProcessWriter:
@@ -216,15 +199,15 @@ class CheckpointManager:
         for stale in self.root.glob("*.tmp"):  # left by a writer that died mid-write
             log.warning("removing unfinished checkpoint file %s", stale)
             stale.unlink(missing_ok=True)
-        self.ring: OrderedDict[int, FlatSnapshot] = OrderedDict()
+        # The ring's evicted buffers are recycled as copy targets once no queued write holds them.
+        self.ring = MemoryRing(cfg.memory_ring, copy_in=flatten, copy_out=lambda snap: clone_tensors(snap.materialize()),
+                               keep=lambda snap: self._in_flight.get(id(snap), 0) > 0)
         self.last_detail = ""
         self.malformed_sidecars: dict[str, str] = {}
         """Sidecars skipped as malformed (path -> reason); each is logged and reported once."""
-        # Snapshots neither in the ring nor queued for the writer, recycled as copy targets.
-        self._spare: list[FlatSnapshot] = []
         self._in_flight: dict[int, int] = {}  # id(snapshot) -> queued writes
-        # Guards the ring, the spare pool and the in-flight counts between the two threads.
-        self._lock = threading.RLock()
+        # Guards the ring, its spare pool and the in-flight counts between the two threads.
+        self._lock = self.ring.lock
         self._jobs: queue.Queue[tuple[int, CheckpointKind, FlatSnapshot] | None] = queue.Queue()
         self._process = _ProcessWriter(self.root) if cfg.writer == "process" else None
         if self._process is not None and (cfg.ckpt_every or cfg.full_every):
@@ -271,18 +254,11 @@ class CheckpointManager:
 
     def _snapshot(self, step: int, state: dict[str, Any], in_ring: bool) -> FlatSnapshot:
         t0 = time.perf_counter()
-        with self._lock:
-            spare = self._spare.pop() if self._spare else None
-        snap = flatten(state, spare)
+        snap = self.ring.copy(state)
         if not in_ring:
             return snap
         with self._lock:
-            evicted = [old] if (old := self.ring.pop(step, None)) is not None else []
-            self.ring[step] = snap
-            while len(self.ring) > self.cfg.memory_ring:
-                evicted.append(self.ring.popitem(last=False)[1])
-            for e in evicted:
-                self._release(e)
+            self.ring.put(step, snap)
             steps = list(self.ring)
         if self.cfg.emit_memory_events:
             self._emit({"kind": CheckpointKind.MEMORY.value, "step": step, "path": "", "bytes": snap.nbytes,
@@ -297,10 +273,7 @@ class CheckpointManager:
 
     def _release(self, snap: FlatSnapshot) -> None:
         """Offer a snapshot for reuse once nothing (ring, writer) refers to it any more."""
-        with self._lock:
-            if self._in_flight.get(id(snap), 0) > 0 or any(v is snap for v in self.ring.values()):
-                return
-            self._spare = [snap, *self._spare][:2]
+        self.ring.release(snap)
 
     def _write_loop(self) -> None:
         while True:
@@ -359,17 +332,13 @@ class CheckpointManager:
 
     def available_steps(self) -> list[int]:
         """Steps a rollback can reach: the ring and committed disk checkpoints, ascending."""
-        with self._lock:
-            ring = set(self.ring)
-        return sorted(ring | set(self.disk_steps()))
+        return sorted(set(self.ring.steps()) | set(self.disk_steps()))
 
     def restore(self, step: int, discard_newer: bool = True) -> tuple[dict[str, Any], str]:
         """(state, "memory"|"disk") for exactly this step; KeyError if absent or corrupt. The state
         is the caller's own copy (optimizer.load_state_dict keeps the tensors it is given)."""
         self.wait()
-        with self._lock:
-            snap = self.ring.get(step)
-            state = clone_tensors(snap.materialize()) if snap is not None else None
+        state = self.ring.get(step)
         source = "memory"
         if state is None:
             metas = [m for m in self._entries() if m["step"] == step]
@@ -435,9 +404,7 @@ class CheckpointManager:
     def discard_after(self, step: int) -> None:
         """Forget states newer than ``step`` (the abandoned timeline after a rollback)."""
         self.wait()
-        with self._lock:
-            for s in [s for s in self.ring if s > step]:
-                self._release(self.ring.pop(s))
+        self.ring.discard_after(step)
         for meta in self._entries():
             if meta["step"] > step and meta.get("run_id", "") == self._own_run:
                 delete_entry(self.root, meta)

@@ -12,8 +12,8 @@ One optimizer step (``Trainer.train_step``), in order::
         clip per layer; optimizer.step()
     optimizer.zero_grad(); agent.after_step()                   # step event (every rank)
 
-At each step boundary (``Trainer.run``): commands (``agent.poll_commands`` → trainer/commands.py),
-a hold if the guard asked for one, the paused wait, then before the next step: memory snapshot
+At each step boundary (``Trainer.run``): commands, a hold if the guard asked for one, the paused
+wait and its timeouts (the recovery kit, agent/recovery/kit.py, via trainer/commands.py), then before the next step: memory snapshot
 every ``snapshot_every``, disk checkpoints every ``ckpt_every``/``full_every``, validation every
 ``val_every``. The mode (agent/modes.py) and the LR scale (agent/lr_scale.py) are the agent's:
 the loop moves and reads them there, so the heartbeats and step events report the same values. A checkpoint labelled ``s`` is the state *before* step ``s`` runs, so rolling
@@ -37,11 +37,11 @@ import torch.distributed as dist
 from agent.collectors.mfu import ModelShape
 from agent.hooks import Agent
 from agent.lr_scale import LRScale
-from agent.modes import HELD, STOPPING
-from core import capabilities
-from core.enums import CheckpointKind, EventType, GuardDecision
+from agent.modes import STOPPING
+from agent.recovery.kit import RollbackUnavailable
+from core.enums import CheckpointKind, EventType
 from trainer.checkpoint import CheckpointManager
-from trainer.commands import TrainerCommands, handle_boundary
+from trainer.commands import TrainerCommands
 from trainer.config import TrainConfig
 from trainer.data import Sampler, load_corpus
 from trainer.loss_scale import AdaptiveLossScaler, LossScaleConfig
@@ -79,10 +79,6 @@ def make_faults(specs: list[str], rank: int, seed: int = 0) -> Any:
     from trainer.faults import FaultInjector
 
     return FaultInjector(list(specs), rank, seed=seed)
-
-
-class RollbackUnavailable(RuntimeError):
-    """The requested step is in no rank's memory ring nor on disk."""
 
 
 def digest_tensors(tensors: list[torch.Tensor]) -> str:
@@ -127,11 +123,16 @@ class Trainer:
                            kafka=cfg.kafka, secret=secret, command_source=command_source)
         self.ckpt = CheckpointManager(cfg.checkpoint, self.rank, self.world, self._on_checkpoint, run_id=cfg.agent.run)
         self.val_data = self.sampler.val_batches(cfg.val_batches, cfg.val_batch_size)
-        self.command_target = TrainerCommands(self)
         self.step = 0
         self.last_loss = float("nan")
-        self.stop_reason = ""
+        self.kit = self.command_target = TrainerCommands(self)
+        """The recovery kit over this trainer's parts: every command, the boundary wait, the timeouts."""
         self._t_progress = (time.perf_counter(), 0)
+
+    @property
+    def stop_reason(self) -> str:
+        """Why the run ends early (the kit's: a stop command, or "failed: ..." from a timeout policy)."""
+        return self.kit.stop_reason
 
     @property
     def lr_scale(self) -> LRScale:
@@ -179,73 +180,46 @@ class Trainer:
         self.step = int(state["step"])
 
     def _all_ranks(self, ok: bool) -> bool:
-        if not self.distributed:
-            return ok
-        t = torch.tensor([1 if ok else 0], dtype=torch.int64, device=self.accelerator.device)  # NCCL: on device
-        dist.all_reduce(t, op=dist.ReduceOp.MIN)
-        return bool(t.item())
+        return self.kit.all_ranks(ok)
 
     def restore(self, to_step: int) -> str:
-        """Restore the checkpoint labelled ``to_step`` on every rank, or none. Returns the source."""
-        state: dict[str, Any] | None = None
-        source = ""
-        try:
-            state, source = self.ckpt.restore(to_step, discard_newer=False)
-        except Exception as exc:  # noqa: BLE001 - any rank failing means no rank restores
-            log.warning("rank %d cannot restore step %d: %s", self.rank, to_step, exc)
-        if not self._all_ranks(state is not None):
-            raise RollbackUnavailable(f"step {to_step} is not available on every rank (have {self.available_steps()})")
-        self.ckpt.discard_after(to_step)  # only now that every rank restored: a refused rollback changes nothing
-        # restore() hands out a copy (memory) or a fresh load (disk): optimizer.load_state_dict aliases
-        # the tensors it is given, so the ring must never be passed in directly.
-        self.load_state(state)
-        self.agent.set_step(self.step)
-        self._t_progress = (time.perf_counter(), self.step)  # the progress line's rate restarts here
-        return source
+        """Restore the checkpoint labelled ``to_step`` on every rank, or none (the kit's). Returns the source."""
+        return self.kit.restore(to_step)
 
     def available_steps(self) -> list[int]:
         return sorted(self.ckpt.available_steps())
 
     def rollback(self, to_step: int, lr_scale: float, skip_data: tuple[int, int] | None = None) -> str:
-        """Restore ``to_step``, then set ``lr_scale``, then skip ``[first, stop)``. The mode is the
-        caller's to move (agent/dispatch.py or the guard's timeout policy in trainer/commands.py)."""
-        source = self.restore(to_step)
-        self.lr_scale.set(lr_scale)
-        if skip_data:
-            self.sampler.skip(int(skip_data[0]), int(skip_data[1]))
-        self.agent.guard.clear_hold()
-        return source
+        """Restore ``to_step``, then set ``lr_scale``, then skip ``[first, stop)`` (the kit's)."""
+        return self.kit.roll_back(to_step, lr_scale, skip_data)
 
     def checkpoint(self, kind: CheckpointKind | str) -> None:
         self.ckpt.save(self.step, self.capture_state(), kind)
 
     # ------------------------------------------------------------------ validation
-    @torch.no_grad()
     def validate(self, cmd_id: str | None = None, batches: int | None = None) -> float:
+        """Validation with its ``validation`` event (the kit's), on ``val_loss``."""
+        return self.kit.run_validation(cmd_id, batches)
+
+    @torch.no_grad()
+    def val_loss(self, batches: int | None = None) -> tuple[float, int]:
         """Forward-only on the fixed held-out batches with frozen weights; every rank takes a share."""
         data = self.val_data if batches is None else self.sampler.val_batches(batches, self.cfg.val_batch_size)
         was_training = self.model.training
         self.model.eval()
         total = torch.zeros(2, dtype=torch.float64, device=self.accelerator.device)
         try:
-            with self.agent.modes.validating():
-                for i in range(self.rank, len(data), self.world):
-                    x, y = data[i]
-                    with self._autocast():
-                        _, loss = self.raw_model(x.to(self.accelerator.device), y.to(self.accelerator.device))
-                    total[0] += loss.double()
-                    total[1] += 1.0
-                if self.distributed:
-                    dist.all_reduce(total)
+            for i in range(self.rank, len(data), self.world):
+                x, y = data[i]
+                with self._autocast():
+                    _, loss = self.raw_model(x.to(self.accelerator.device), y.to(self.accelerator.device))
+                total[0] += loss.double()
+                total[1] += 1.0
+            if self.distributed:
+                dist.all_reduce(total)
         finally:
             self.model.train(was_training)
-        val_loss = float(total[0] / total[1]) if total[1] > 0 else float("nan")
-        if self.rank == 0:
-            payload: dict[str, Any] = {"val_loss": val_loss, "batches": len(data)}
-            if cmd_id is not None:
-                payload["cmd"] = cmd_id
-            self.agent.emit(EventType.VALIDATION, payload)
-        return val_loss
+        return (float(total[0] / total[1]) if total[1] > 0 else float("nan")), len(data)
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.cfg.bf16:
@@ -255,7 +229,7 @@ class Trainer:
     # ------------------------------------------------------------------ one step
     def train_step(self) -> dict[str, Any]:
         step, cfg, agent = self.step, self.cfg, self.agent
-        lr = self.schedule.lr_at(step) * self.lr_scale.value * self.faults.lr_factor(step)
+        lr = self.kit.scaled_lr(self.schedule.lr_at(step) * self.faults.lr_factor(step))
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         extra: dict[str, Any] = {}
@@ -287,7 +261,7 @@ class Trainer:
         # Gradients are all-reduced by now, so the scaler's overflow verdict is the same on every rank.
         finite = self.scaler is None or self.scaler.unscale_(self.raw_model.parameters())
         clipped = 0
-        applied = agent.before_optimizer_step() and finite
+        applied = self.kit.before_optimizer_step() and finite
         if applied:
             if cfg.clip_layer_norm > 0:
                 clipped = self._clip()
@@ -349,7 +323,7 @@ class Trainer:
         error: BaseException | None = None
         try:
             self.agent.start(global_batch=self.cfg.global_batch, lr_schedule=self.schedule.describe(),
-                             config=self.cfg.to_dict(), capabilities=capabilities.ALL)
+                             config=self.cfg.to_dict(), capabilities=self.kit.capabilities)
             if self.cfg.resume:
                 self.resume_latest()
             self._t_progress = (time.perf_counter(), self.step)
@@ -362,10 +336,8 @@ class Trainer:
                     self.validate()
                 self.faults.maybe_kill(self.step)
                 data = self.train_step()
-                if data["guard"] == GuardDecision.HOLD:
-                    self.agent.modes.move(HELD)
                 self._progress(data)
-                handle_boundary(self, self.command_target)
+                self.kit.handle_commands()
             self.ckpt.wait()
             return 0 if not self.stop_reason.startswith("failed") else 1
         except BaseException as exc:

@@ -189,14 +189,22 @@ class RecoveryKit:
 
     # ------------------------------------------------------------------ the boundary
     def at_boundary(self, step: int | None = None) -> bool:
-        """Between steps: dispatch the delivered commands, wait while paused/held (timeouts
-        applied), then snapshot when due. False when the run must stop. ``step`` is checked
-        against the agent's (the one counter; after a rollback read ``kit.step``)."""
-        agent = self.agent
-        if step is not None and step != agent.step and not self._warned_step:
+        """Between steps: ``handle_commands``, then a memory snapshot when due. False when the run
+        must stop. ``step`` is checked against the agent's (the one counter; after a rollback
+        read ``kit.step``)."""
+        if step is not None and step != self.agent.step and not self._warned_step:
             self._warned_step = True
             log.warning("at_boundary(%d): the agent is at step %d; the agent's counter wins "
-                        "(read kit.step after a rollback)", step, agent.step)
+                        "(read kit.step after a rollback)", step, self.agent.step)
+        if not self.handle_commands():
+            return False
+        self.store.on_step(self.agent.step, lambda: self.state.capture(self.agent.step))
+        return True
+
+    def handle_commands(self) -> bool:
+        """Hold if the guard asked to, dispatch the delivered commands in order, wait while
+        paused/held (the timeouts applied). False when the run must stop."""
+        agent = self.agent
         if self._hold_pending and agent.modes.mode not in (HELD, STOPPING):
             agent.modes.move(HELD)
         self._hold_pending = False
@@ -204,10 +212,7 @@ class RecoveryKit:
             dispatch(cmd, self, agent.modes, agent.ack)
         if agent.modes.mode in WAITING:
             self._wait()
-        if agent.modes.mode is STOPPING:
-            return False
-        self.store.on_step(agent.step, lambda: self.state.capture(agent.step))
-        return True
+        return agent.modes.mode is not STOPPING
 
     def _wait(self) -> None:
         agent = self.agent
@@ -244,7 +249,8 @@ class RecoveryKit:
         self.agent.modes.move(STOPPING)
 
     # ------------------------------------------------------------------ state
-    def _all_ranks(self, ok: bool) -> bool:
+    def all_ranks(self, ok: bool) -> bool:
+        """True when ``ok`` holds on every rank (one all-reduce)."""
         if not self.agent.distributed:
             return ok
         t = torch.tensor([1 if ok else 0], dtype=torch.int64, device=self.agent.device)  # NCCL: on device
@@ -272,7 +278,7 @@ class RecoveryKit:
             state, source = self.store.restore(to_step, discard_newer=False)
         except Exception as exc:  # noqa: BLE001 - any rank failing means no rank restores
             log.warning("rank %d cannot restore step %d: %s", self.agent.rank, to_step, exc)
-        if not self._all_ranks(state is not None):
+        if not self.all_ranks(state is not None):
             raise RollbackUnavailable(f"step {to_step} is not available on every rank (have {self.available_steps()})")
         assert state is not None
         self.store.discard_after(to_step)
@@ -355,11 +361,11 @@ class RecoveryKit:
         return Outcome.applied(f"lr_scale={self.agent.lr_scale.value:g} from step {self.agent.step}")
 
     def checkpoint_now(self, kind: CheckpointKind) -> Outcome:
-        if self.checkpoint_fn is not None and kind is not CheckpointKind.MEMORY:
+        if self.checkpoint_fn is not None:
             self.checkpoint_fn(self.agent.step, kind)
             return Outcome.applied(f"{kind} checkpoint of step {self.agent.step} queued")
-        self.snapshot(kind if self.ring is None else CheckpointKind.MEMORY)
-        taken = kind if self.ring is None else CheckpointKind.MEMORY
+        taken = kind if self.ring is None else CheckpointKind.MEMORY  # the kit's own ring: memory only
+        self.snapshot(taken)
         return Outcome.applied(f"{taken} checkpoint of step {self.agent.step} taken")
 
     def stop(self, reason: str) -> Outcome:

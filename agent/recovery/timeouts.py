@@ -71,7 +71,7 @@ class TimeoutHost(Protocol):
 def apply_timeout(host: TimeoutHost, target: CommandTarget, modes: ModeMachine, timeout: Timeout) -> None:
     """Apply ``timeout.policy`` on this rank (every rank calls it at the same tick)."""
     what = "held by the guard" if timeout.wait == "hold" else "paused by a controller that fell silent"
-    log.error("%s for %.0fs without a controller command: applying policy %r at step %d",
+    log.error("%s for %gs without a controller command: applying policy %r at step %d",
               what, timeout.after_s, timeout.policy, host.step)
     if timeout.policy == "resume":
         target.resume()

@@ -213,7 +213,7 @@ def test_recycled_snapshot_buffers_never_clobber_live_states(tmp_path):
         w.fill_(float(step))
         m.on_step(step, lambda s=step: {"w": w, "meta": {"step": s}})
     m.wait()
-    assert m._spare, "evicted snapshots are recycled"
+    assert m.ring._spare, "evicted snapshots are recycled"
     assert {s: float(snap.materialize()["w"][0]) for s, snap in m.ring.items()} == {11: 11.0, 12: 12.0}
     for step in (3, 6, 9, 12):
         state, _ = m.restore(step, discard_newer=False)

@@ -18,11 +18,11 @@ def test_a_rollback_refused_by_another_rank_keeps_every_newer_checkpoint(tmp_pat
         tr.ckpt.wait()
         before = tr.available_steps()
         assert before == [2, 4, 6, 8]
-        tr._all_ranks = lambda ok: False  # another rank could not load step 4
+        tr.kit.all_ranks = lambda ok: False  # another rank could not load step 4
         with pytest.raises(RollbackUnavailable):
             tr.restore(4)
         assert tr.available_steps() == before
-        del tr._all_ranks
+        del tr.kit.all_ranks
         assert tr.restore(4) == "memory"
         assert tr.available_steps() == [2, 4]  # discarded only once every rank restored
     finally:
