@@ -1,135 +1,245 @@
-"""Hugging Face ``Trainer`` integration (``transformers`` is imported only here).
+"""Hugging Face ``Trainer`` integration: ``Trainer(..., callbacks=[CliffguardCallback(run="my-run")])``.
 
-First version: the duck-typed callback moved from agent/integrations.py unchanged; replaced by a
-real ``TrainerCallback`` on the recovery kit.
+A real ``transformers.TrainerCallback`` (``transformers`` is imported only in this module) driving
+the recovery kit (agent/recovery/kit.py), so the Trainer gets what every loop gets:
+
+- **step events every step**, from ``on_step_end`` with the loss the callback captures from the
+  model's forward (a forward hook): HF's ``logging_steps`` does not limit what the rules see;
+- **the guard enforced**: ``on_pre_optimizer_step`` runs the agent's all-reduce and the guard, and
+  the kit's wrapper around the Trainer's ``optimizer.step`` skips a bad update on every rank;
+- **lr_scale applied** inside that same ``optimizer.step`` (the scheduler's LR times the scale for
+  the update, then put back) and reported as applied (``kit.lr_scale_applied``);
+- **commands** at each step end: ``pause`` holds inside the callback (heartbeats go on) through a
+  ``validate`` until the controller's verdict; ``validate`` runs on the eval set when the callback
+  knows the Trainer (``cb.train(trainer)`` or ``cb.bind(trainer)``, which uses ``evaluate()``),
+  else on a held-back slice of recent training batches, and a failure is a ``failed`` ack, never a
+  crash; ``rollback`` restores model, optimizer, scheduler and RNG from the kit's memory ring and
+  rewinds ``state.global_step`` (the data goes on: the bad window is skipped, PaLM-style);
+  ``checkpoint_now`` asks the Trainer to save; ``stop`` sets ``should_training_stop``;
+- **checkpoint events** from ``on_save`` (the Trainer's ``checkpoint-N`` directories) besides the
+  ring's memory snapshots;
+- **run.failed** on an exception when training runs through ``cb.train(trainer)``, and at process
+  exit if training ended without ``on_train_end``;
+- **settings** from the same file and environment as every cliffguard process
+  (agent/integrations/settings.py: ``CLIFFGUARD_CONFIG``, ``CLIFFGUARD_KAFKA__BOOTSTRAP``,
+  ``CLIFFGUARD_COMMAND_SECRET``, ``[agent]``); a loud warning when the broker is only the default
+  address or no command secret is set (the run then declares no capabilities: report-only).
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
-import time
+import re
 from typing import Any
 
-from agent.hooks import Agent, AgentConfig
-from agent.integrations.accelerate import _scalar
-from agent.modes import PAUSED, RUNNING
-from core.enums import AckStatus, CommandType, EventType
+import torch
+from transformers import TrainerCallback
+
+from agent.config import AgentConfig
+from agent.hooks import Agent
+from agent.integrations.settings import BOOTSTRAP_ENV, CONFIG_ENV, resolve_settings
+from agent.recovery.kit import RecoveryKit
+from core.deployment import SECRET_ENV
+from core.enums import CheckpointKind, EventType
 
 log = logging.getLogger(__name__)
 
+_NOT_INPUTS = ("num_items_in_batch", "return_dict", "output_attentions", "output_hidden_states")
 
-class CliffguardCallback:
-    """Hugging Face ``TrainerCallback``, duck-typed (see the module docstring)."""
 
-    def __init__(self, config: AgentConfig, *, seq_len: int | None = None, sink: Any = None, kafka: Any = None,
-                 secret: Any = None, command_source: Any = None, command_every: int = 1) -> None:
-        if command_every < 1:
-            raise ValueError("command_every: must be >= 1")
+def _run_id(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")[:64] or "hf-run"
+
+
+def _loss_of(output: Any) -> torch.Tensor | None:
+    loss = getattr(output, "loss", None)
+    if loss is None and isinstance(output, dict):
+        loss = output.get("loss")
+    return loss if isinstance(loss, torch.Tensor) and loss.numel() == 1 else None
+
+
+class CliffguardCallback(TrainerCallback):
+    """See the module docstring. ``config`` wins over the settings files; ``run`` names the run
+    (default: the Trainer's ``run_name``). ``sink``/``kafka``/``secret``/``command_source`` are
+    passed to the ``Agent`` (tests and explicit setups)."""
+
+    def __init__(self, config: AgentConfig | None = None, *, run: str | None = None, config_path: str | None = None,
+                 seq_len: int | None = None, sink: Any = None, kafka: Any = None, secret: Any = None,
+                 command_source: Any = None) -> None:
+        super().__init__()
         self.config = config
+        self.run = run
+        self.config_path = config_path
         self.seq_len = seq_len
         self._agent_kwargs = {"sink": sink, "kafka": kafka, "secret": secret, "command_source": command_source}
-        self.command_every = command_every
+        self.trainer: Any = None
         self.agent: Agent | None = None
-        self.optimizer: Any = None
-        self._validate_cmd: Any = None
+        self.kit: RecoveryKit | None = None
+        self._hook: Any = None
+        self._grad_accum = 1
+        self._lr = 0.0
+        self._no_loss_warned = False
+        self._in_evaluate = False
+        self._save_requested = False
 
-    # Events the Trainer calls that need nothing from us.
-    def _noop(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        return control
+    # ------------------------------------------------------------------ wiring
+    def bind(self, trainer: Any) -> CliffguardCallback:
+        """Know the Trainer: ``validate`` then runs ``trainer.evaluate()`` when it has an eval set."""
+        self.trainer = trainer
+        return self
 
-    on_init_end = on_epoch_begin = on_epoch_end = on_substep_end = on_pre_optimizer_step = _noop
-    on_optimizer_step = on_save = on_prediction_step = on_predict = _noop
+    def train(self, trainer: Any, **kwargs: Any) -> Any:
+        """``trainer.train(**kwargs)``, bound, with ``run.failed`` sent if it raises."""
+        self.bind(trainer)
+        try:
+            return trainer.train(**kwargs)
+        except BaseException as exc:
+            self.close(exc)
+            raise
 
+    def close(self, error: BaseException | str | None = None) -> None:
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        if self.agent is not None:
+            self.agent.close(error)
+
+    def _settings(self, args: Any) -> tuple[AgentConfig, dict[str, Any]]:
+        kwargs = dict(self._agent_kwargs)
+        run = self.run or (self.config.run if self.config is not None else _run_id(str(args.run_name or "hf-run")))
+        settings = resolve_settings(run, self.config_path)
+        config = self.config or settings.agent
+        if kwargs["sink"] is None and kwargs["kafka"] is None:
+            kwargs["kafka"] = settings.deployment.kafka
+            if not settings.kafka_configured:
+                log.warning("cliffguard: no broker configured (%s or [kafka] bootstrap in %s); sending to the "
+                            "default %s — nothing reaches a controller unless one listens there",
+                            BOOTSTRAP_ENV, CONFIG_ENV, settings.deployment.kafka.bootstrap)
+        if kwargs["secret"] is None and kwargs["command_source"] is None:
+            kwargs["secret"] = settings.deployment.secret
+            if kwargs["secret"] is None and (kwargs["kafka"] is not None):
+                log.warning("cliffguard: no command secret (%s): no command can be verified, so this run is "
+                            "report-only (the guard still skips bad updates)", SECRET_ENV)
+        return config, kwargs
+
+    # ------------------------------------------------------------------ training begins / ends
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
-                       **kwargs: Any) -> Any:
-        self.optimizer = optimizer
-        self.agent = Agent(None, model, optimizer, self.config, seq_len=self.seq_len, **self._agent_kwargs)
+                       lr_scheduler: Any = None, **kwargs: Any) -> Any:
+        config, agent_kwargs = self._settings(args)
+        self.agent = Agent(None, model, optimizer, config, seq_len=self.seq_len, **agent_kwargs)
+        self.kit = RecoveryKit(self.agent, model, optimizer, lr_scheduler, validate_fn=self._validate,
+                               loss_fn=self._held_back_loss, checkpoint_fn=self._checkpoint)
+        self.agent.set_step(int(state.global_step))
+        self._grad_accum = max(1, int(getattr(args, "gradient_accumulation_steps", 1) or 1))
+        self._hook = model.register_forward_hook(self._on_forward, with_kwargs=True)
         world = max(1, int(getattr(args, "world_size", 1) or 1))
-        batch = int(getattr(args, "per_device_train_batch_size", 0) or 0) * int(
-            getattr(args, "gradient_accumulation_steps", 1) or 1) * world
-        self.agent.start(global_batch=batch, config={"learning_rate": getattr(args, "learning_rate", None),
-                                                     "max_steps": getattr(state, "max_steps", None)})
-        return control
-
-    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        # The scheduler rewrote the LR after the last step; scale it for this step (no compounding).
-        scale = self.agent.lr_scale.value if self.agent is not None else 1.0
-        if scale != 1.0 and self.optimizer is not None:
-            for group in self.optimizer.param_groups:
-                group["lr"] = group["lr"] * scale
-        return control
-
-    def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> Any:
-        loss = _scalar(logs or {}, "loss")
-        if self.agent is not None and loss is not None:
-            self.agent.report_step(loss, step=int(state.global_step), lr=_scalar(logs or {}, "learning_rate"),
-                                   grad_norm=_scalar(logs or {}, "grad_norm"))
-        return control
-
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        if self.agent is None or int(state.global_step) % self.command_every:
-            return control
-        cmds, _ = self.agent.exchange()
-        paused = False
-        while True:
-            for cmd in cmds:
-                paused = self._apply(cmd, control, paused)
-            if not paused:
-                break
-            if self.agent.modes.mode is not PAUSED:
-                self.agent.modes.move(PAUSED)
-            time.sleep(self.config.command_tick_s)
-            cmds, _ = self.agent.exchange()
-        if self.agent.modes.mode is PAUSED:
-            self.agent.modes.move(RUNNING)
-        return control
-
-    def _apply(self, cmd: Any, control: Any, paused: bool) -> bool:
-        agent = self.agent
-        assert agent is not None
-        t = cmd.type
-        if t is CommandType.PAUSE:
-            agent.ack(cmd, AckStatus.APPLIED, "paused")
-            return True
-        if t is CommandType.RESUME:
-            agent.ack(cmd, AckStatus.APPLIED, "resumed")
-            return False
-        if t is CommandType.STOP:
-            control.should_training_stop = True
-            agent.ack(cmd, AckStatus.APPLIED, "should_training_stop set")
-            return False
-        if t is CommandType.VALIDATE:
-            control.should_evaluate = True
-            self._validate_cmd = cmd  # acked when the evaluation comes back (on_evaluate)
-            return False  # evaluation runs when the step ends, so a pause is released for it
-        if t is CommandType.CHECKPOINT_NOW:
-            control.should_save = True
-            agent.ack(cmd, AckStatus.APPLIED, "should_save set")
-            return paused
-        if t is CommandType.SET_LR_SCALE:
-            try:
-                agent.lr_scale.set(cmd.args.get("lr_scale"))
-            except ValueError as exc:
-                agent.ack(cmd, AckStatus.REJECTED, f"invalid args: {exc}")
-                return paused
-            agent.ack(cmd, AckStatus.APPLIED, f"lr_scale={agent.lr_scale.value:g}")
-            return paused
-        agent.ack(cmd, AckStatus.FAILED, f"{t} is not supported by the Hugging Face callback")
-        return paused
-
-    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict | None = None, **kwargs: Any) -> Any:
-        val = _scalar(metrics or {}, "eval_loss")
-        if self.agent is not None and val is not None and self.agent.rank == 0:
-            data: dict[str, Any] = {"val_loss": val, "batches": len(kwargs.get("eval_dataloader") or [])}
-            if self._validate_cmd is not None:
-                data["cmd"] = self._validate_cmd.id
-            self.agent.emit(EventType.VALIDATION, data, step=int(state.global_step))
-        if self._validate_cmd is not None and self.agent is not None:
-            self.agent.ack(self._validate_cmd, AckStatus.APPLIED, f"eval_loss={val}")
-            self._validate_cmd = None
+        batch = int(getattr(args, "per_device_train_batch_size", 0) or 0) * self._grad_accum * world
+        self.kit.start(global_batch=batch, config={"learning_rate": getattr(args, "learning_rate", None),
+                                                   "max_steps": getattr(state, "max_steps", None),
+                                                   "integration": "hf"})
+        atexit.register(self._at_exit)
         return control
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        if self.agent is not None:
-            self.agent.close()
+        self.close()
+        return control
+
+    def _at_exit(self) -> None:
+        if self.agent is not None and not self.agent._closed:
+            self.close("training ended without on_train_end (an exception in the Trainer?)")
+
+    # ------------------------------------------------------------------ one step
+    def _on_forward(self, module: Any, args: tuple, kwargs: dict, output: Any) -> None:
+        if not (module.training and torch.is_grad_enabled()) or self.agent is None or self.kit is None:
+            return
+        loss = _loss_of(output)
+        if loss is None:
+            return
+        # With num_items_in_batch the model returns this micro-batch's share of the step's mean.
+        share = kwargs.get("num_items_in_batch") is not None
+        ids = kwargs.get("input_ids")
+        self.agent.after_forward(loss * self._grad_accum if share else loss,
+                                 tokens=int(ids.numel()) if isinstance(ids, torch.Tensor) else 0)
+        self.kit.remember({k: v for k, v in kwargs.items() if k not in _NOT_INPUTS and isinstance(v, torch.Tensor)})
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, optimizer: Any = None, **kwargs: Any) -> Any:
+        if self.kit is None or self.agent is None:
+            return control
+        if self.agent._loss_sum is None:
+            if not self._no_loss_warned:
+                self._no_loss_warned = True
+                log.warning("cliffguard: the model's forward returned no loss; the guard cannot judge the steps")
+            return control
+        self.kit.before_optimizer_step()
+        if optimizer is not None:
+            self._lr = float(optimizer.param_groups[0]["lr"]) * self.agent.lr_scale.value
+        return control
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        agent, kit = self.agent, self.kit
+        if agent is None or kit is None:
+            return control
+        if agent._loss_sum is not None:
+            agent.after_step(lr=self._lr)
+        else:
+            agent.set_step(agent.step + 1)
+        if not kit.at_boundary():
+            control.should_training_stop = True
+        if self._save_requested:  # checkpoint_now: the Trainer saves right after this callback
+            self._save_requested = False
+            control.should_save = True
+        if int(state.global_step) != agent.step:  # a rollback moved the step back
+            state.global_step = agent.step
+        return control
+
+    # ------------------------------------------------------------------ what the kit calls back
+    def _validate(self, batches: int | None) -> tuple[float, int]:
+        trainer = self.trainer
+        if trainer is not None and getattr(trainer, "eval_dataset", None) is not None:
+            self._in_evaluate = True
+            try:
+                metrics = trainer.evaluate()
+            finally:
+                self._in_evaluate = False
+            val = metrics.get("eval_loss")
+            if val is None:
+                raise RuntimeError("evaluate() returned no eval_loss")
+            return float(val), len(trainer.get_eval_dataloader())
+        assert self.kit is not None
+        return self.kit._validate_kept(batches)
+
+    def _held_back_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        assert self.agent is not None
+        model = self.agent.model
+        device = next(model.parameters()).device
+        out = model(**{k: v.to(device) for k, v in batch.items()})
+        loss = _loss_of(out)
+        if loss is None:
+            raise RuntimeError("the model returns no loss for a held-back batch (no labels?)")
+        return loss
+
+    def _checkpoint(self, step: int, kind: CheckpointKind) -> None:
+        assert self.kit is not None
+        if kind is CheckpointKind.MEMORY:
+            self.kit.snapshot()
+        else:
+            self._save_requested = True
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if self.agent is not None and self.agent.rank == 0:
+            path = f"{args.output_dir}/checkpoint-{state.global_step}"
+            self.agent.emit(EventType.CHECKPOINT, {"kind": CheckpointKind.FULL.value, "path": path, "bytes": 0,
+                                                   "sha256": "", "seconds": 0.0, "verified": True,
+                                                   "detail": "saved by the Hugging Face Trainer"},
+                            step=int(state.global_step))
+        return control
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict | None = None, **kwargs: Any) -> Any:
+        # A validation the kit asked for is reported by the kit (with its command id).
+        val = (metrics or {}).get("eval_loss")
+        if self._in_evaluate or self.agent is None or self.agent.rank != 0 or not isinstance(val, (int, float)):
+            return control
+        n = len(kwargs.get("eval_dataloader") or [])
+        self.agent.emit(EventType.VALIDATION, {"val_loss": float(val), "batches": n}, step=int(state.global_step))
         return control

@@ -122,7 +122,10 @@ class RecoveryKit:
     # ------------------------------------------------------------------ what the kit can do
     @property
     def capabilities(self) -> frozenset[CommandType]:
-        """The commands this kit applies (declared in ``run.started``; the controller sends no other)."""
+        """The commands this kit applies (declared in ``run.started``; the controller sends no other).
+        None on a rank 0 that listens for no command (no secret): that run is report-only."""
+        if self.agent.rank == 0 and self.agent.commands is None:
+            return frozenset()
         caps = {CommandType.PAUSE, CommandType.RESUME, CommandType.STOP, CommandType.SET_LR_SCALE,
                 CommandType.CHECKPOINT_NOW}
         if self.validate_fn is not None or (self.loss_fn is not None and self.config.val_keep):
@@ -150,7 +153,7 @@ class RecoveryKit:
     # ------------------------------------------------------------------ per step
     def remember(self, batch: Any) -> None:
         """Keep a CPU copy of a training batch for validation without a validation set."""
-        if self.config.val_keep and self.validate_fn is None:
+        if self.config.val_keep and self.loss_fn is not None:
             self.kept.append(cpu_copy(batch))
 
     def before_optimizer_step(self) -> bool:

@@ -1,0 +1,45 @@
+"""The same settings every cliffguard process reads, for integrations that have no CLI of their own.
+
+``CLIFFGUARD_CONFIG`` (or an explicit path) names the TOML file; the environment overrides it
+(``CLIFFGUARD_KAFKA__BOOTSTRAP``, ``CLIFFGUARD_COMMAND_SECRET``, ``CLIFFGUARD_AGENT__...``), by the
+one rule of core/settings.py and core/deployment.py: ``[kafka]``, ``[spike]``, ``[policy]``, the
+command secret and the ``[agent]`` section (with ``[agent.guard]`` and ``[agent.recovery]``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from agent.config import AgentConfig
+from core.deployment import DeploymentConfig, build_deployment
+from core.settings import build_config, load_toml
+
+CONFIG_ENV = "CLIFFGUARD_CONFIG"
+BOOTSTRAP_ENV = "CLIFFGUARD_KAFKA__BOOTSTRAP"
+
+
+@dataclass(frozen=True, slots=True)
+class IntegrationSettings:
+    deployment: DeploymentConfig
+    agent: AgentConfig
+    kafka_configured: bool
+    """False when the broker address is only the built-in default (nothing set it)."""
+    source: str
+    """Where the file came from, for messages."""
+
+
+def resolve_settings(run: str, config_path: str | None = None, env: Mapping[str, str] | None = None,
+                     agent_flags: Mapping[str, Any] | None = None) -> IntegrationSettings:
+    """The deployment and the ``[agent]`` section for ``run`` (TOML < env < ``agent_flags``)."""
+    env = os.environ if env is None else env
+    path = config_path or env.get(CONFIG_ENV) or None
+    toml = load_toml(path) if path else {}
+    source = str(path or "config file")
+    deployment = build_deployment(toml, env, toml_source=source)
+    agent = build_config(AgentConfig, "agent", toml=toml, env=env, flags={**(agent_flags or {}), "run": run},
+                         toml_source=source, shared=deployment.shared())
+    configured = bool(env.get(BOOTSTRAP_ENV)) or "bootstrap" in (toml.get("kafka") or {})
+    return IntegrationSettings(deployment, agent, configured, source)
