@@ -12,8 +12,8 @@ an agent, because the Accelerator it is handed to is what the agent is built fro
 (the lambda runs at ``accelerator.init_trackers``, once ``accelerator`` and the prepared model exist).
 
 **Acting** (``accelerate_kit``): one line after ``accelerator.prepare`` builds the agent and the
-recovery kit (agent/recovery/kit.py) on the Accelerator's ranks and device, with Kafka and the
-command secret from the deployment config (``CLIFFGUARD_CONFIG`` file < ``CLIFFGUARD_*`` env)::
+recovery kit (agent/recovery/kit.py) on the Accelerator's ranks and device, with Kafka, the command
+secret and ``[agent]`` from the settings every process reads (``CLIFFGUARD_CONFIG`` < ``CLIFFGUARD_*`` env)::
 
     kit = accelerate_kit(accelerator, model, optimizer, scheduler, run="my-run")
 
@@ -24,7 +24,6 @@ needed with it: the kit's agent reports every step itself, and enforces the guar
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -87,30 +86,21 @@ class AgentTracker(GeneralTracker):
         self.agent.close()
 
 
-def deployment_from_env() -> Any:
-    """The deployment config (``[kafka]``, ``[secrets]``, ...) every process reads: the TOML file named
-    by ``CLIFFGUARD_CONFIG`` (if any) < ``CLIFFGUARD_*`` environment variables."""
-    from core.deployment import build_deployment
-    from core.settings import load_toml
-
-    path = os.environ.get("CLIFFGUARD_CONFIG")
-    return build_deployment(load_toml(path), toml_source=path or "config file")
-
-
 def accelerate_kit(accelerator: Any, model: Any, optimizer: Any, scheduler: Any = None, *, run: str | None = None,
-                   config: AgentConfig | None = None, deployment: Any = None, seq_len: int | None = None,
-                   start: bool = True, **kit_kwargs: Any) -> Any:
+                   config: AgentConfig | None = None, config_path: str | None = None, kafka: Any = None,
+                   secret: Any = None, seq_len: int | None = None, start: bool = True, **kit_kwargs: Any) -> Any:
     """The agent and the recovery kit for a prepared Accelerator loop, started (``run.started``
-    declares the kit's capabilities). ``run`` or ``config`` names the run; ``deployment`` defaults to
-    ``deployment_from_env()``; ``kit_kwargs`` go to ``RecoveryKit`` (``validate_fn``, ``loss_fn``, ...)."""
+    declares the kit's capabilities). ``run`` or ``config`` names the run; Kafka, the secret and
+    ``[agent]`` come from the settings every process reads (agent/integrations/settings.py) unless
+    given; ``kit_kwargs`` go to ``RecoveryKit`` (``validate_fn``, ``loss_fn``, ...)."""
+    from agent.integrations.settings import agent_wiring
     from agent.recovery import RecoveryKit
 
-    if config is None:
-        if run is None:
-            raise ValueError("run: name the run (or pass an AgentConfig)")
-        config = AgentConfig(run=run)
-    dep = deployment if deployment is not None else deployment_from_env()
-    agent = Agent(accelerator, model, optimizer, config, kafka=dep.kafka, secret=dep.secret, seq_len=seq_len)
+    name = run or (config.run if config is not None else None)
+    if not name:
+        raise ValueError("run: name the run (or pass an AgentConfig)")
+    config, agent_kwargs = agent_wiring(name, config, config_path, kafka=kafka, secret=secret)
+    agent = Agent(accelerator, model, optimizer, config, seq_len=seq_len, **agent_kwargs)
     kit = RecoveryKit(agent, model, optimizer, scheduler, **kit_kwargs)
     if start:
         kit.start()

@@ -1,4 +1,4 @@
-"""Lightning: ``Trainer(callbacks=[CliffguardCallback(AgentConfig(run="my-run"))])`` (extra ``cliffguard[lightning]``).
+"""Lightning: ``Trainer(callbacks=[CliffguardCallback(run="my-run")])`` (extra ``cliffguard[lightning]``).
 
 A real ``pytorch_lightning.Callback`` driving the recovery kit (agent/recovery/kit.py), so a
 LightningModule gets what every other loop gets, from the same implementation:
@@ -17,8 +17,9 @@ LightningModule gets what every other loop gets, from the same implementation:
 - **periodic validation** every ``val_every`` steps (the same validation as the command's, so the
   controller's healthy baseline and a spike's verdict compare like with like);
 - **run.failed** on an exception (``on_exception``), run.finished at the end of fitting;
-- Kafka and the command secret from the deployment config (``CLIFFGUARD_CONFIG`` < env), as every
-  process reads them.
+- Kafka, the command secret and ``[agent]`` from the settings every process reads
+  (agent/integrations/settings.py: ``CLIFFGUARD_CONFIG`` < ``CLIFFGUARD_*`` env), with a loud
+  warning when nothing would reach a controller; without a secret the run declares no command.
 
 ``shape`` (or ``seq_len`` with a module that has a ``.config``) gives MFU its FLOPs per token.
 ``loss_fn(module, batch) -> loss`` is how a batch is validated; the default calls the module's
@@ -40,7 +41,7 @@ import torch
 from agent.collectors.mfu import ModelShape
 from agent.config import AgentConfig
 from agent.hooks import Agent
-from agent.integrations.accelerate import deployment_from_env
+from agent.integrations.settings import agent_wiring
 from agent.recovery import KitConfig, RecoveryKit
 
 log = logging.getLogger(__name__)
@@ -70,15 +71,18 @@ def training_step_loss(module: Any, batch: Any) -> torch.Tensor:
 
 
 class CliffguardCallback(pl.Callback):
-    """See the module docstring. ``sink``/``command_source`` replace Kafka (tests)."""
+    """See the module docstring. ``config`` wins over the settings' ``[agent]``; ``run`` names the run;
+    ``sink``/``kafka``/``secret``/``command_source`` go to the ``Agent`` (tests, explicit setups)."""
 
-    def __init__(self, config: AgentConfig, *, deployment: Any = None, loss_fn: LossFn | None = None,
-                 val_batches: Iterable[Any] | None = None, val_every: int = 0, kit_config: KitConfig | None = None,
-                 seq_len: int | None = None, shape: ModelShape | None = None, sink: Any = None,
-                 command_source: Any = None) -> None:
+    def __init__(self, config: AgentConfig | None = None, *, run: str | None = None, config_path: str | None = None,
+                 loss_fn: LossFn | None = None, val_batches: Iterable[Any] | None = None, val_every: int = 0,
+                 kit_config: KitConfig | None = None, seq_len: int | None = None, shape: ModelShape | None = None,
+                 sink: Any = None, kafka: Any = None, secret: Any = None, command_source: Any = None) -> None:
         super().__init__()
-        self.config = config
-        self.deployment = deployment
+        self.run = run or (config.run if config is not None else None)
+        if not self.run:
+            raise ValueError("run: name the run (or pass an AgentConfig)")
+        self.config, self.config_path = config, config_path
         self.loss_fn = loss_fn or training_step_loss
         if val_every < 0:
             raise ValueError("val_every: must be >= 0")
@@ -86,7 +90,7 @@ class CliffguardCallback(pl.Callback):
         self.val_every = val_every
         self.kit_config = kit_config
         self.seq_len, self.shape = seq_len, shape
-        self.sink, self.command_source = sink, command_source
+        self._agent_kwargs = {"sink": sink, "kafka": kafka, "secret": secret, "command_source": command_source}
         self.agent: Agent | None = None
         self.kit: RecoveryKit | None = None
         self._module: Any = None
@@ -101,13 +105,9 @@ class CliffguardCallback(pl.Callback):
             return
         optimizer = trainer.optimizers[0]
         scheduler = trainer.lr_scheduler_configs[0].scheduler if trainer.lr_scheduler_configs else None
-        kafka = secret = None
-        if self.sink is None:
-            dep = self.deployment if self.deployment is not None else deployment_from_env()
-            kafka, secret = dep.kafka, dep.secret
-        self.agent = Agent(None, pl_module, optimizer, self.config, kafka=kafka, secret=secret, sink=self.sink,
-                           command_source=self.command_source, seq_len=None if self.shape else self.seq_len,
-                           shape=self.shape)
+        config, agent_kwargs = agent_wiring(self.run, self.config, self.config_path, **self._agent_kwargs)
+        self.agent = Agent(None, pl_module, optimizer, config, seq_len=None if self.shape else self.seq_len,
+                           shape=self.shape, **agent_kwargs)
         self._module, self._trainer = pl_module, trainer
         self.kit = RecoveryKit(self.agent, pl_module, optimizer, scheduler, config=self.kit_config,
                                loss_fn=self._loss, validate_fn=self._validate if self._has_val_data() else None,

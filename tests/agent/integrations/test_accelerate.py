@@ -15,7 +15,6 @@ from agent.integrations import AgentTracker, accelerate_kit
 from agent.publisher import InMemorySink
 from controller.store.db import session_scope
 from controller.store.models import Alert, CommandRow, Run
-from core.deployment import DeploymentConfig
 from core.enums import CommandType, EventType
 from tests.controller.service_support import SECRET, FakeTrainer, healthy_loss, store_engine
 from tests.controller.test_service import Running, wait_for
@@ -53,14 +52,14 @@ def test_accelerate_kit_is_one_line_and_declares_what_the_kit_applies(kafka_cfg)
     accelerator = Accelerator(cpu=True)
     model, opt = accelerator.prepare(model, opt)
     kit = accelerate_kit(accelerator, model, opt, run="acc-kit", loss_fn=lambda b: model(b[0]).pow(2).mean(),
-                         deployment=DeploymentConfig(kafka=kafka_cfg, secret=SECRET))
+                         kafka=kafka_cfg, secret=SECRET)
     try:
         assert CommandType.ROLLBACK in kit.capabilities and CommandType.VALIDATE in kit.capabilities
         assert kit.agent.rank == accelerator.process_index and kit.agent.commands is not None
     finally:
         kit.agent.close()
     with pytest.raises(ValueError, match="run: name the run"):
-        accelerate_kit(accelerator, model, opt, deployment=DeploymentConfig(kafka=kafka_cfg))
+        accelerate_kit(accelerator, model, opt, kafka=kafka_cfg)
 
 
 @pytest.mark.broker

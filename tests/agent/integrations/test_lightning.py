@@ -157,7 +157,7 @@ def test_set_lr_scale_and_rollback_are_applied_and_acked():
 
 def test_pause_is_held_through_validation_on_the_val_loader_until_resume():
     pause = make_command(CommandType.PAUSE, "lit")
-    validate = make_command(CommandType.VALIDATE, "lit", {"batches": 2})
+    validate = make_command(CommandType.VALIDATE, "lit")
     resume = make_command(CommandType.RESUME, "lit")
     # polled during step 3: paused before step 4; then, while paused, validate, three quiet polls, resume
     cb, sink, _ = _fit(Tiny(), steps=8, commands={3: [[pause]], 4: [[validate], [], [], [], [resume]]}, val=True)
@@ -165,7 +165,7 @@ def test_pause_is_held_through_validation_on_the_val_loader_until_resume():
     assert acks == [("pause", "applied"), ("validate", "applied"), ("resume", "applied")]
     val = _of(sink, EventType.VALIDATION)[0]
     assert val.data["cmd"] == validate.id and val.data["batches"] == 2 and math.isfinite(val.data["val_loss"])
-    assert cb.kit.validate_fn is not None and not cb.kit.kept  # the val loader, not held-back training batches
+    assert cb.kit.validate_fn is not None  # the val loader's 2 batches, not the 4 held-back training batches
     order = [(e.type, e.step) for e in sink.events if e.type in (EventType.STEP, EventType.VALIDATION)]
     assert order.index((EventType.VALIDATION, 4)) == order.index((EventType.STEP, 3)) + 1  # nothing trained meanwhile
     assert [e.step for e in _of(sink, EventType.STEP)] == list(range(8))
@@ -198,4 +198,6 @@ def test_periodic_validation_every_n_steps_has_no_command_id():
     vals = _of(sink, EventType.VALIDATION)
     assert [v.step for v in vals] == [4, 8] and all("cmd" not in v.data for v in vals)
     with pytest.raises(ValueError, match="val_every"):
-        CliffguardCallback(AgentConfig(run="x"), val_every=-1)
+        CliffguardCallback(run="x", val_every=-1)
+    with pytest.raises(ValueError, match="run: name the run"):
+        CliffguardCallback()
