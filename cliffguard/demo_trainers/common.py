@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from agent.recovery import KitConfig
 from trainer.data import Corpus, DataConfig, Sampler, load_corpus
 from trainer.faults import FaultInjector
 from trainer.schedule import WarmupCosine
@@ -20,6 +21,9 @@ LR, MIN_LR, WARMUP = 3e-3, 3e-4, 20
 VAL_BATCHES = 8
 VAL_EVERY = 50
 MAX_BYTES = 2_000_000
+RING = KitConfig(ring_size=12, snapshot_every=10)
+"""120 steps of memory snapshots: more than the controller's stable window (50 healthy steps make a
+snapshot a rollback target), so a stable one is still in the ring when a spike needs it."""
 
 
 @dataclass(slots=True)
@@ -65,6 +69,16 @@ class DemoData:
 
     def val_batches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return self.sampler.val_batches(VAL_BATCHES, GLOBAL_BATCH)
+
+
+class StepStream(torch.utils.data.IterableDataset):
+    """The batches of steps 0, 1, 2, ... in order (for a loader that would shuffle a map-style set)."""
+
+    def __init__(self, data: DemoData, length: int) -> None:
+        self.data, self.length = data, length
+
+    def __iter__(self):
+        return (self.data.batch(i) for i in range(self.length))
 
 
 class StepDataset(torch.utils.data.Dataset):

@@ -16,9 +16,9 @@ import torch
 from agent.collectors.mfu import ModelShape
 from agent.config import AgentConfig
 from agent.integrations.lightning import CliffguardCallback
-from agent.recovery import KitConfig
 from cliffguard.demo_trainers.common import (
     LR,
+    RING,
     SEQ_LEN,
     VAL_EVERY,
     DemoArgs,
@@ -31,9 +31,6 @@ from cliffguard.demo_trainers.common import (
 from trainer.model import GPT, GPTConfig
 
 MODEL = GPTConfig(block_size=SEQ_LEN)  # the bundled trainer's default model
-RING = KitConfig(ring_size=12, snapshot_every=10)
-"""120 steps of memory snapshots: more than the controller's stable window (50 healthy steps make a
-snapshot a rollback target), so a stable one is still in the ring when a spike needs it."""
 
 
 class GPTModule(pl.LightningModule):
