@@ -322,8 +322,8 @@ class Trainer:
     def run(self) -> int:
         error: BaseException | None = None
         try:
-            self.agent.start(global_batch=self.cfg.global_batch, lr_schedule=self.schedule.describe(),
-                             config=self.cfg.to_dict(), capabilities=self.kit.capabilities)
+            self.kit.start(global_batch=self.cfg.global_batch, lr_schedule=self.schedule.describe(),
+                           config=self.cfg.to_dict())
             if self.cfg.resume:
                 self.resume_latest()
             self._t_progress = (time.perf_counter(), self.step)

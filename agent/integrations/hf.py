@@ -15,7 +15,8 @@ the recovery kit (agent/recovery/kit.py), so the Trainer gets what every loop ge
   else on a held-back slice of recent training batches, and a failure is a ``failed`` ack, never a
   crash; ``rollback`` restores model, optimizer, scheduler and RNG from the kit's memory ring and
   rewinds ``state.global_step`` (the data goes on: the bad window is skipped, PaLM-style);
-  ``checkpoint_now`` asks the Trainer to save; ``stop`` sets ``should_training_stop``;
+  ``checkpoint_now`` asks the Trainer to save; a step older than the ring is restored from the
+  Trainer's own ``checkpoint-N`` (agent/integrations/hf_checkpoints.py); ``stop`` sets ``should_training_stop``;
 - **checkpoint events** from ``on_save`` (the Trainer's ``checkpoint-N`` directories) besides the
   ring's memory snapshots;
 - **run.failed** on an exception when training runs through ``cb.train(trainer)``, and at process
@@ -38,6 +39,7 @@ from transformers import TrainerCallback
 
 from agent.config import AgentConfig
 from agent.hooks import Agent
+from agent.integrations.hf_checkpoints import TrainerCheckpoints
 from agent.integrations.settings import agent_wiring
 from agent.recovery.kit import RecoveryKit
 from core.enums import CheckpointKind, EventType
@@ -75,6 +77,7 @@ class CliffguardCallback(TrainerCallback):
         self.trainer: Any = None
         self.agent: Agent | None = None
         self.kit: RecoveryKit | None = None
+        self.checkpoints: TrainerCheckpoints | None = None
         self._hook: Any = None
         self._grad_accum = 1
         self._lr = 0.0
@@ -115,6 +118,8 @@ class CliffguardCallback(TrainerCallback):
         self.agent = Agent(None, model, optimizer, config, seq_len=self.seq_len, **agent_kwargs)
         self.kit = RecoveryKit(self.agent, model, optimizer, lr_scheduler, validate_fn=self._validate,
                                loss_fn=self._held_back_loss, checkpoint_fn=self._checkpoint)
+        self.checkpoints = TrainerCheckpoints(self.kit.store, model, self.agent.rank)
+        self.kit.store = self.checkpoints  # the ring first, then the Trainer's own checkpoint-N
         self.agent.set_step(int(state.global_step))
         self._grad_accum = max(1, int(getattr(args, "gradient_accumulation_steps", 1) or 1))
         self._hook = model.register_forward_hook(self._on_forward, with_kwargs=True)
@@ -212,8 +217,10 @@ class CliffguardCallback(TrainerCallback):
             self._save_requested = True
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        path = f"{args.output_dir}/checkpoint-{state.global_step}"
+        if self.checkpoints is not None:
+            self.checkpoints.note_saved(int(state.global_step), path)
         if self.agent is not None and self.agent.rank == 0:
-            path = f"{args.output_dir}/checkpoint-{state.global_step}"
             self.agent.emit(EventType.CHECKPOINT, {"kind": CheckpointKind.FULL.value, "path": path, "bytes": 0,
                                                    "sha256": "", "seconds": 0.0, "verified": True,
                                                    "detail": "saved by the Hugging Face Trainer"},

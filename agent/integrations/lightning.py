@@ -14,8 +14,8 @@ LightningModule gets what every other loop gets, from the same implementation:
 - **validation** on ``val_batches`` when given, else on the trainer's validation dataloader when it
   has one, else on the last training batches (held back on CPU); never a crash: without data the
   validate command is acked ``failed``;
-- **periodic validation** every ``val_every`` steps (the same validation as the command's, so the
-  controller's healthy baseline and a spike's verdict compare like with like);
+- **periodic validation** every ``[agent.recovery] val_every`` steps, by the kit (the same
+  validation as the command's, so the controller's baseline and a spike's verdict compare alike);
 - **run.failed** on an exception (``on_exception``), run.finished at the end of fitting;
 - Kafka, the command secret and ``[agent]`` from the settings every process reads
   (agent/integrations/settings.py: ``CLIFFGUARD_CONFIG`` < ``CLIFFGUARD_*`` env), with a loud
@@ -75,8 +75,7 @@ class CliffguardCallback(pl.Callback):
     ``sink``/``kafka``/``secret``/``command_source`` go to the ``Agent`` (tests, explicit setups)."""
 
     def __init__(self, config: AgentConfig | None = None, *, run: str | None = None, config_path: str | None = None,
-                 loss_fn: LossFn | None = None, val_batches: Iterable[Any] | None = None, val_every: int = 0,
-                 kit_config: KitConfig | None = None, seq_len: int | None = None, shape: ModelShape | None = None,
+                 loss_fn: LossFn | None = None, val_batches: Iterable[Any] | None = None, kit_config: KitConfig | None = None, seq_len: int | None = None, shape: ModelShape | None = None,
                  sink: Any = None, kafka: Any = None, secret: Any = None, command_source: Any = None) -> None:
         super().__init__()
         self.run = run or (config.run if config is not None else None)
@@ -84,10 +83,7 @@ class CliffguardCallback(pl.Callback):
             raise ValueError("run: name the run (or pass an AgentConfig)")
         self.config, self.config_path = config, config_path
         self.loss_fn = loss_fn or training_step_loss
-        if val_every < 0:
-            raise ValueError("val_every: must be >= 0")
         self.val_batches = val_batches
-        self.val_every = val_every
         self.kit_config = kit_config
         self.seq_len, self.shape = seq_len, shape
         self._agent_kwargs = {"sink": sink, "kafka": kafka, "secret": secret, "command_source": command_source}
@@ -141,8 +137,6 @@ class CliffguardCallback(pl.Callback):
             self._at_boundary = False
             if not kit.at_boundary():
                 trainer.should_stop = True
-            elif self.val_every and self.agent.step > 0 and self.agent.step % self.val_every == 0:
-                kit.run_validation()
         kit.remember(batch)
         self._batch_tokens = _tokens(batch)
 

@@ -23,6 +23,9 @@ class KitConfig:
     may pass with no command before ``on_pause_timeout`` applies (0 = wait for ever)."""
     on_pause_timeout: str = "resume"
     """Policy when the controller fell silent during a pause: resume, stop or rollback."""
+    val_every: int = 50
+    """Validate every this many steps (0 = only on command): the controller judges a validation
+    against a baseline of these. The bundled trainer has its own ``[train] val_every``."""
     val_keep: int = 4
     """Recent training batches kept (on CPU) to validate on when the loop has no validation set."""
 
@@ -35,5 +38,7 @@ class KitConfig:
             raise ValueError("pause_timeout_s: must be >= 0")
         if self.on_pause_timeout not in TIMEOUT_POLICIES:
             raise ValueError(f"on_pause_timeout: must be one of {', '.join(TIMEOUT_POLICIES)}")
+        if self.val_every < 0:
+            raise ValueError("val_every: must be >= 0")
         if self.val_keep < 0:
             raise ValueError("val_keep: must be >= 0")

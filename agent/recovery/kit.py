@@ -110,6 +110,8 @@ class RecoveryKit:
         self.skip_data_fn = skip_data
         self.checkpoint_fn = checkpoint_fn
         self.kept: deque[Any] = deque(maxlen=self.config.val_keep or None)
+        """The held-back slice: recent training batches of steps the guard passed as ok."""
+        self._pending_batches: list[Any] = []
         self.stop_reason = ""
         """Why the run ends early ("failed: ..." when a timeout policy failed it)."""
         self._apply_update = True
@@ -152,13 +154,18 @@ class RecoveryKit:
 
     # ------------------------------------------------------------------ per step
     def remember(self, batch: Any) -> None:
-        """Keep a CPU copy of a training batch for validation without a validation set."""
+        """Keep a CPU copy of a training batch for validation without a validation set. It joins
+        the held-back slice only if the guard passes its step as ``ok``: a corrupted batch must not
+        become the yardstick that judges the weights."""
         if self.config.val_keep and self.loss_fn is not None:
-            self.kept.append(cpu_copy(batch))
+            self._pending_batches.append(cpu_copy(batch))
 
     def before_optimizer_step(self) -> bool:
         """The agent's all-reduce and the guard. True = apply this update (the same on every rank)."""
         ok = self.agent.before_optimizer_step()
+        if self.agent.decision is GuardDecision.OK:
+            self.kept.extend(self._pending_batches)
+        self._pending_batches = []
         self._apply_update = ok
         self._hold_pending = self.agent.decision is GuardDecision.HOLD
         return ok
@@ -192,7 +199,8 @@ class RecoveryKit:
 
     # ------------------------------------------------------------------ the boundary
     def at_boundary(self, step: int | None = None) -> bool:
-        """Between steps: ``handle_commands``, then a memory snapshot when due. False when the run
+        """Between steps: ``handle_commands``, then a memory snapshot and a validation (the
+        controller's baseline, every ``val_every``) when due. False when the run
         must stop. ``step`` is checked against the agent's (the one counter; after a rollback
         read ``kit.step``)."""
         if step is not None and step != self.agent.step and not self._warned_step:
@@ -201,7 +209,14 @@ class RecoveryKit:
                         "(read kit.step after a rollback)", step, self.agent.step)
         if not self.handle_commands():
             return False
-        self.store.on_step(self.agent.step, lambda: self.state.capture(self.agent.step))
+        step = self.agent.step
+        self.store.on_step(step, lambda: self.state.capture(step))
+        every = self.config.val_every
+        if every and step and step % every == 0 and CommandType.VALIDATE in self.capabilities:
+            try:
+                self.run_validation()  # the controller's baseline
+            except Exception as exc:  # noqa: BLE001 - a periodic validation never stops training
+                log.warning("periodic validation at step %d failed: %s", step, exc)
         return True
 
     def handle_commands(self) -> bool:

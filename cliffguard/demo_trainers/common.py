@@ -19,11 +19,11 @@ GLOBAL_BATCH = 16
 LR, MIN_LR, WARMUP = 3e-3, 3e-4, 20
 """The bundled trainer's defaults (trainer/config.py), so the scenarios compare."""
 VAL_BATCHES = 8
-VAL_EVERY = 50
 MAX_BYTES = 2_000_000
-RING = KitConfig(ring_size=12, snapshot_every=10)
+RING = KitConfig(ring_size=12, snapshot_every=10, val_every=50)
 """120 steps of memory snapshots: more than the controller's stable window (50 healthy steps make a
-snapshot a rollback target), so a stable one is still in the ring when a spike needs it."""
+snapshot a rollback target), so a stable one is still in the ring when a spike needs it; a
+validation every 50 steps, as the bundled trainer's, for the controller's baseline."""
 
 
 @dataclass(slots=True)

@@ -20,7 +20,6 @@ from cliffguard.demo_trainers.common import (
     LR,
     RING,
     SEQ_LEN,
-    VAL_EVERY,
     DemoArgs,
     DemoData,
     StepStream,
@@ -68,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="cliffguard-hf-demo-") as out:
         targs = transformers.TrainingArguments(
             output_dir=out, max_steps=args.steps, per_device_train_batch_size=1, per_device_eval_batch_size=1,
-            eval_strategy="steps", eval_steps=VAL_EVERY, save_strategy="no", report_to=[], use_cpu=True,
+            eval_strategy="no", save_strategy="no",  # the kit validates every [agent.recovery] val_every steps report_to=[], use_cpu=True,
             disable_tqdm=True, dataloader_num_workers=0, seed=args.seed, max_grad_norm=0.0,
             remove_unused_columns=False, logging_steps=args.steps)
         trainer = transformers.Trainer(model=model, args=targs, optimizers=(opt, sched), data_collator=one_batch,

@@ -20,7 +20,6 @@ from cliffguard.demo_trainers.common import (
     LR,
     RING,
     SEQ_LEN,
-    VAL_EVERY,
     DemoArgs,
     DemoData,
     StepDataset,
@@ -74,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args("lightning_run", argv)
     data = DemoData(args)
     module = GPTModule(args.steps, data)
-    cliffguard = CliffguardCallback(AgentConfig(run=args.run, recovery=RING), val_batches=data.val_batches(), val_every=VAL_EVERY,
+    cliffguard = CliffguardCallback(AgentConfig(run=args.run, recovery=RING), val_batches=data.val_batches(),
                                     shape=ModelShape.infer(module.model, SEQ_LEN))
     trainer = pl.Trainer(max_epochs=1, callbacks=[cliffguard, Progress(cliffguard, args)], logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,

@@ -80,14 +80,15 @@ class Corrupting:
         return {"input_ids": ids, "labels": ids.clone()}
 
 
-def _trainer(tmp_path, cb, *, steps=30, collator=None, eval_dataset=None):
+def _trainer(tmp_path, cb, *, steps=30, collator=None, eval_dataset=None, **targs):
     torch.manual_seed(0)
     cfg = transformers.GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=32, n_layer=2, n_head=2)
     model = transformers.GPT2LMHeadModel(cfg)
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path / "out"), max_steps=steps, per_device_train_batch_size=4, learning_rate=LR,
-        lr_scheduler_type="constant", warmup_steps=0, save_strategy="no", report_to=[], use_cpu=True,
-        disable_tqdm=True, dataloader_num_workers=0, seed=0, max_grad_norm=0.0, remove_unused_columns=False)
+        lr_scheduler_type="constant", warmup_steps=0, report_to=[], use_cpu=True, disable_tqdm=True,
+        dataloader_num_workers=0, seed=0, max_grad_norm=0.0, remove_unused_columns=False,
+        **{"save_strategy": "no", **targs})
     return transformers.Trainer(model=model, args=args, train_dataset=Data(), eval_dataset=eval_dataset,
                                 data_collator=collator or Corrupting(set()), callbacks=[cb])
 
@@ -95,7 +96,7 @@ def _trainer(tmp_path, cb, *, steps=30, collator=None, eval_dataset=None):
 def _callback(script: Script | None = None, **recovery):
     guard = GuardConfig(spike=SpikeConfig(window=16, min_history=6), hold_after=3)
     cfg = AgentConfig(run="hf", hist_every=0, heartbeat_s=60, calibration_s=0.05, command_tick_s=0.01, guard=guard,
-                      recovery=KitConfig(snapshot_every=4, ring_size=4, **recovery))
+                      recovery=KitConfig(**{"snapshot_every": 4, "ring_size": 4, **recovery}))
     sink = InMemorySink()
     cb = CliffguardCallback(cfg, sink=sink, command_source=script or Script())
     if script is not None:
@@ -184,6 +185,30 @@ def test_rollback_from_the_ring_applies_and_reports_lr_scale_and_checkpoint_now_
 
 
 @pytest.mark.slow
+def test_a_step_older_than_the_ring_is_restored_from_the_trainers_own_checkpoint(tmp_path):
+    script = Script()
+    cb, sink = _callback(script, ring_size=1)  # the ring keeps only the newest snapshot
+    rollback = make_command(CommandType.ROLLBACK, "hf", {"to_step": 4, "lr_scale": 0.5})
+    script.at_step[10] = [rollback]
+    trainer = _trainer(tmp_path, cb, steps=12, save_strategy="steps", save_steps=4)
+    saved_w = {}
+    orig = cb.on_save
+
+    def spy(args, state, control, **kw):
+        saved_w[state.global_step] = kw["model"].transformer.h[0].mlp.c_fc.weight.detach().clone()
+        return orig(args, state, control, **kw)
+
+    cb.on_save = spy
+    trainer.train()
+    ack = _acks(sink)[rollback.id]
+    assert ack["status"] == "applied" and "restored step 4 from disk (checkpoint-4)" in ack["detail"], ack
+    steps = [e.step for e in _steps(sink)]
+    assert steps[:11] == list(range(11)) and steps[11] == 4
+    assert any(e.type is EventType.CHECKPOINT and e.data["kind"] == "full" and e.step == 4 for e in sink.events)
+    assert 4 in saved_w and trainer.state.global_step == 12
+
+
+@pytest.mark.slow
 def test_validate_uses_the_eval_set_when_bound_and_an_exception_sends_run_failed(tmp_path):
     script = Script()
     cb, sink = _callback(script)
@@ -216,3 +241,82 @@ def test_settings_come_from_the_environment_and_a_missing_broker_or_secret_warns
         cfg, kwargs = CliffguardCallback(run="r1")._settings(args)
     assert kwargs["kafka"].bootstrap == "broker.example:19092" and kwargs["secret"] is not None
     assert cfg.run == "r1" and cfg.recovery.pause_timeout_s == 42 and not caplog.records
+
+
+class Tee:
+    """The real publisher, and a copy of every event for the assertions."""
+
+    def __init__(self, publisher) -> None:
+        self.publisher, self.events = publisher, []
+
+    def publish(self, event) -> None:
+        self.events.append(event)
+        self.publisher.publish(event)
+
+    def close(self, timeout: float = 10.0) -> None:
+        self.publisher.close(timeout)
+
+
+def blowup(at: int, factor: float = 100.0, n: int = 3):
+    """LR x``factor`` for ``n`` scheduler steps from ``at``, once: a rollback replays those steps clean.
+    A closure, not an object: LambdaLR checkpoints a callable object's ``__dict__`` (so a rollback
+    would reset it), never a function's."""
+    seen = [-1]
+
+    def factor_at(epoch: int) -> float:
+        fresh = epoch > seen[0]
+        seen[0] = max(seen[0], epoch)
+        return factor if fresh and at <= epoch < at + n else 1.0
+
+    return factor_at
+
+
+@pytest.mark.slow
+@pytest.mark.broker
+@pytest.mark.timeout(600)
+def test_both_faults_through_the_real_broker_and_controller(kafka_cfg, tmp_path):
+    """A corrupted stretch (expect: skipped, pause -> validate -> resume) and an LR x100 blow-up
+    (expect: rollback to a stable checkpoint with lr_scale 0.5 applied by the trainer)."""
+    import threading
+
+    from agent.publisher import Publisher, PublisherConfig
+    from controller.config import ControllerConfig
+    from controller.recovery_types import RecoveryConfig
+    from controller.service import ControllerService
+    from tests.controller.service_support import FAST_GROUP, SECRET, store_engine
+
+    spike_at, blow_at, steps = 24, 44, 64
+    cfg = AgentConfig(run="hf-e2e", hist_every=0, heartbeat_s=1.0, calibration_s=0.05, command_tick_s=0.05,
+                      recovery=KitConfig(snapshot_every=4, ring_size=8, pause_timeout_s=40, val_every=8), spill_dir=str(tmp_path / "spill"))
+    publisher = Publisher(kafka_cfg, PublisherConfig(spill_path=str(tmp_path / "spill" / "p.bin"))).start()
+    sink = Tee(publisher)
+    cb = CliffguardCallback(cfg, sink=sink, kafka=kafka_cfg, secret=SECRET)
+    trainer = _trainer(tmp_path, cb, steps=steps, collator=Corrupting({spike_at, spike_at + 1, spike_at + 2}),
+                       eval_dataset=Data(32, "eval"))
+    trainer.create_optimizer()
+    trainer.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(trainer.optimizer, blowup(blow_at))
+    recovery = RecoveryConfig(stable_window=5, recover_window=5, validate_timeout_s=60, command_timeout_s=30)
+    with store_engine("sqlite", tmp_path) as (engine, _url):
+        svc = ControllerService(ControllerConfig(group_id="hf-e2e", tick_s=0.2, outbox_interval_s=0.2, **FAST_GROUP),
+                                kafka_cfg, engine, SECRET, recovery=recovery)
+        stop = threading.Event()
+        svc.start()
+        thread = threading.Thread(target=svc.run_forever, args=(stop,), daemon=True)
+        thread.start()
+        try:
+            cb.train(trainer)
+        finally:
+            stop.set()
+            thread.join(20)
+    acks = [e.data for e in sink.events if e.type is EventType.COMMAND_ACK]
+    kinds = [(a["cmd_type"], a["status"]) for a in acks]
+    step_ev = [e for e in sink.events if e.type is EventType.STEP]
+    # the corrupted stretch: every bad update skipped, then pause -> validate -> resume
+    assert all(e.data["skipped"] for e in step_ev if spike_at <= e.step < spike_at + 3 and e.data["lr_scale"] == 1.0)
+    first = kinds.index(("pause", "applied"))
+    assert kinds[first:first + 3] == [("pause", "applied"), ("validate", "applied"), ("resume", "applied")]
+    # the blow-up: a rollback applied with lr_scale 0.5, and the trainer applies it
+    rb = [a for a in acks if a["cmd_type"] == "rollback"]
+    assert rb and rb[0]["status"] == "applied" and "lr_scale=0.5" in rb[0]["detail"], kinds
+    assert cb.kit.lr_scale_applied == 0.5 and step_ev[-1].data["lr_scale"] == 0.5
+    assert trainer.state.global_step == steps and sink.events[-1].type is EventType.RUN_FINISHED

@@ -124,6 +124,7 @@ def test_a_spike_is_skipped_by_the_optimizer_itself_and_reported_skipped():
     steps = [e for e in sink.events if e.type is EventType.STEP]
     assert applied[9] is False and all(applied[i] for i in range(12) if i != 9)
     assert steps[9].data["skipped"] is True and steps[9].data["guard"] == "skip"
+    assert len(kit.kept) == 4 and all(float(y.abs().max()) < 100 for _x, y in kit.kept)  # never the bad batch
 
 
 def test_set_lr_scale_is_applied_inside_the_step_and_the_scheduler_lr_is_kept():

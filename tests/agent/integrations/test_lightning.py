@@ -193,11 +193,10 @@ def test_stop_ends_fitting():
     assert _of(sink, EventType.COMMAND_ACK)[0].data["status"] == "applied" and _of(sink, EventType.RUN_FINISHED)
 
 
-def test_periodic_validation_every_n_steps_has_no_command_id():
-    cb, sink, _ = _fit(Tiny(), steps=9, val=True, val_every=4)
+def test_the_kits_periodic_validation_runs_on_the_val_loader_without_a_command_id():
+    cb, sink, _ = _fit(Tiny(), steps=9, val=True, kit_config=KitConfig(val_every=4))
     vals = _of(sink, EventType.VALIDATION)
     assert [v.step for v in vals] == [4, 8] and all("cmd" not in v.data for v in vals)
-    with pytest.raises(ValueError, match="val_every"):
-        CliffguardCallback(run="x", val_every=-1)
+    assert all(v.data["batches"] == 2 for v in vals)  # on the val loader
     with pytest.raises(ValueError, match="run: name the run"):
         CliffguardCallback()
