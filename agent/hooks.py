@@ -54,6 +54,7 @@ from agent.lr_scale import LRScale
 from agent.modes import STOPPING, ModeMachine
 from agent.node_beats import NodeBeats, NodeLayout
 from agent.rank_perf import PERF_FIELDS, PerfAccumulator, publishes_chunk, ranks_payload
+from core.capabilities import normalize as normalize_capabilities
 from core.deployment import PUBLIC_KEY_ENV, SECRET_ENV, agent_event_signer, agent_verifying_key
 from core.enums import AckStatus, CommandType, EventType, GuardDecision
 from core.events import Command, make_event
@@ -186,8 +187,12 @@ class Agent:
         self.sink.publish(ev)
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self, *, global_batch: int = 0, lr_schedule: dict[str, Any] | None = None, config: dict[str, Any] | None = None) -> None:
-        """Resolve the MFU peak (same on every rank), emit ``run.started`` (rank 0), start heartbeats."""
+    def start(self, *, global_batch: int = 0, lr_schedule: dict[str, Any] | None = None, config: dict[str, Any] | None = None,
+              capabilities: Iterable[CommandType | str] | None = None) -> None:
+        """Resolve the MFU peak (same on every rank), emit ``run.started`` (rank 0), start heartbeats.
+
+        ``capabilities``: the commands this loop applies (``core/capabilities.py``); the controller
+        sends no other. None declares nothing, which the controller reads as every command."""
         peak, source = resolve_peak(self.device, self.config.peak_flops, self.config.calibration_s)
         if self.distributed and source == "calibration":
             # Ranks calibrate concurrently and differ a little; all use the highest (a conservative MFU).
@@ -202,6 +207,7 @@ class Agent:
                 "head_dim": shape.head_dim, "seq_len": shape.seq_len, "global_batch": global_batch,
                 "peak_flops": peak, "peak_source": source, "lr_schedule": lr_schedule or {},
                 "world_size": self.world, "config": config or {},
+                **({} if capabilities is None else {"capabilities": list(normalize_capabilities(capabilities))}),
             })
         self._node = self._make_node_beats()
         wait_ready = getattr(self.commands, "wait_ready", None)

@@ -46,6 +46,7 @@ from controller.recovery_types import (
     RecoveryConfig,
     RunEndedIn,
     SendCommand,
+    StartedIn,
     TickIn,
     ValidationIn,
     VerdictIn,
@@ -58,6 +59,7 @@ from controller.store.models import CheckpointRow, CommandRow, ConsumerOffset, D
 from controller.store.offsets import save_offsets
 from controller.store.retention import RetentionConfig, downsample_if_due
 from controller.verdict import Verdict
+from core.capabilities import declared as declared_capabilities
 from core.enums import AckStatus, EventType, Level
 from core.events import Event
 from core.floats import to_json
@@ -120,6 +122,8 @@ def inputs_for(event: Event, verdicts: list[Verdict], now: float, loss_level: Le
     elif event.type is EventType.COMMAND_ACK:
         out.append(AckIn(cmd_id=d["cmd"], status=AckStatus(d["status"]), now=now, cmd_type=d.get("cmd_type"),
                          detail=d.get("detail") or ""))
+    elif event.type is EventType.RUN_STARTED:
+        out.append(StartedIn(capabilities=declared_capabilities(d), now=now))
     elif event.type in (EventType.RUN_FINISHED, EventType.RUN_FAILED):
         out.append(RunEndedIn(now=now, failed=event.type is EventType.RUN_FAILED, detail=str(d.get("error") or "")))
     return out

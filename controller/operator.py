@@ -3,8 +3,8 @@
 The dashboard and ``cliffguard command`` only insert an unsigned request
 (``controller.store.requests.submit_request``). The controller's service loop calls
 ``decide_request`` for each pending one; in one transaction it claims the request, validates it
-(known run, run not ended, request not older than a command's lifetime, type and arguments per
-``core.events.make_command``) and either writes the signed command row, its audit row and its
+(known run, run not ended, a command the run declared it can apply, request not older than a
+command's lifetime, type and arguments per ``core.events.make_command``) and either writes the signed command row, its audit row and its
 outbox row, marking the request ``accepted``, or marks it ``rejected`` with the reason and writes
 nothing else. The outbox publisher sends the command to ``<prefix>.commands`` after commit,
 exactly like the controller's own commands.
@@ -161,6 +161,9 @@ def _check(session: Session, req: CommandRequest, *, now: float, ttl_s: float) -
         raise UnknownRun(f"run {req.run_id!r} is not in the store")
     if run.status in ENDED:
         raise RequestRejected(f"run {req.run_id!r} has ended ({run.status})")
+    if run.capabilities is not None and req.type not in run.capabilities:
+        can = ", ".join(run.capabilities) or "no command"
+        raise RequestRejected(f"run {req.run_id!r} cannot apply {req.type} (it declared: {can})")
     age = now - req.requested_at
     # A request the controller only sees long after it was made (the controller was down) would
     # act on a run the operator no longer sees as they did: it expires like a command would.

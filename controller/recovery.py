@@ -7,7 +7,7 @@
                                                   ├─validation_abnormal─► rolling_back ─rollback_applied─► recovering
                                                   │                            │  ▲ rollback_failed (older target)      │
                                                   │                            └──┘                          recovered ─► running
-                                                  └─budget_exhausted / no_target ─► halted ◄─ command_gave_up / command_refused
+                                                  └─budget_exhausted / no_target / rollback_unsupported ─► halted ◄─ command_gave_up / command_refused
     recovering ─spike─► pausing (same incident)        halted ─operator_resumed─► running
     pausing | validating | rolling_back | recovering | resuming | halted ─run_ended─► running
 
@@ -28,6 +28,13 @@ A run that ends (finished or failed) mid-incident leaves no trainer to answer: t
 as ``abandoned`` (a halted one keeps ``halted`` and gets its close time), an unanswered command
 is marked ``cancelled``, and the machine goes back to ``running`` with no incident, which is what
 a restarted run under the same id needs and what a late event finds harmless.
+
+Capabilities: the machine sends a run only the commands its ``run.started`` declared
+(``StartedIn``; every command until one says otherwise). A run that cannot pause, validate and
+resume gets no incident and no command for a spike, only a critical alert saying what it cannot
+do (an alert-only run, e.g. the Accelerate tracker); a run that can pause but cannot roll back is
+paused and validated as usual, and an abnormal validation halts it (``rollback_unsupported``: still
+paused, a human decides) instead of sending a rollback it would refuse.
 
 Validation without a healthy baseline (no periodic validation seen yet) counts as abnormal: a
 rollback to a stable checkpoint costs some steps, resuming a damaged model costs the run.
@@ -61,15 +68,19 @@ from controller.recovery_types import (
     RecoveryState,
     RunEndedIn,
     SendCommand,
+    StartedIn,
     TickIn,
     ValidationIn,
     VerdictIn,
 )
 from controller.verdict import Action, Verdict
+from core.capabilities import normalize as normalize_capabilities
 from core.enums import AckStatus, CommandType, Level
 from core.policy import rollback_step, rolled_back_lr_scale
 
 UNHEALTHY_KEEP = 64
+PAUSE_CYCLE = (CommandType.PAUSE, CommandType.VALIDATE, CommandType.RESUME)
+"""What a run must apply for the machine to open an incident: pause, judge the frozen weights, resume."""
 ISSUED_KEEP = 32
 
 
@@ -89,6 +100,7 @@ TRANSITIONS: dict[tuple[Phase, str], Phase] = {
     (Phase.VALIDATING, "validation_abnormal"): Phase.ROLLING_BACK,
     (Phase.VALIDATING, "budget_exhausted"): Phase.HALTED,
     (Phase.VALIDATING, "no_target"): Phase.HALTED,
+    (Phase.VALIDATING, "rollback_unsupported"): Phase.HALTED,
     (Phase.ROLLING_BACK, "rollback_applied"): Phase.RECOVERING,
     (Phase.ROLLING_BACK, "rollback_failed"): Phase.ROLLING_BACK,
     (Phase.ROLLING_BACK, "no_target"): Phase.HALTED,
@@ -255,6 +267,8 @@ def transition(cfg: RecoveryConfig, state: RecoveryState, inp: Input) -> tuple[R
         _on_tick(st, inp)
     elif isinstance(inp, RunEndedIn):
         _on_run_ended(st, inp)
+    elif isinstance(inp, StartedIn):
+        st.s.capabilities = normalize_capabilities(inp.capabilities)
     else:
         raise TypeError(f"not a recovery input: {type(inp).__name__}")
     return st.s, st.actions
@@ -278,6 +292,12 @@ def _on_verdict(st: _Step, inp: VerdictIn) -> None:
     if not starts_incident(cfg, s, inp):
         return  # already handling an incident (or halted): the verdict is in the stored metrics
     evidence = _verdict_evidence(v)
+    if not s.can(*PAUSE_CYCLE):
+        missing = ", ".join(str(c) for c in PAUSE_CYCLE if not s.can(c))
+        evidence["capabilities"] = [str(c) for c in s.capabilities]
+        st.alert("critical", v.rule, f"{v.rule} on run {s.run} at step {v.step}: the run cannot {missing}; "
+                 "look at it", v.message, evidence)
+        return
     onset = v.onset_step if v.onset_step is not None else v.step
     s.flagging = None  # a resumed excursion that turns into a new incident is that incident's now
     if s.incident is None:
@@ -419,6 +439,11 @@ def _on_validation(st: _Step, inp: ValidationIn) -> None:
         st.send(CommandType.RESUME, {"reason": "validation normal"}, inp.now, reason)
         return
     why = "no healthy validation baseline yet" if base is None else f"{inp.val_loss:.4f} > baseline {base:.4f} + margin"
+    if not s.can(CommandType.ROLLBACK):
+        ev["capabilities"] = [str(c) for c in s.capabilities]
+        st.halt("rollback_unsupported", f"validation abnormal ({why}) and the run cannot roll back; it stays paused",
+                ev, inp.now)
+        return
     if not within_budget(cfg, s, inp.now):
         ev["rollbacks_in_window"] = len([t for t in s.rollback_times if inp.now - t < cfg.rollback_window_s])
         ev["budget"] = cfg.rollback_budget
@@ -477,7 +502,10 @@ def _on_ack(st: _Step, inp: AckIn) -> None:
         inc = s.incident
         assert inc is not None
         failed_step = int(pend.args["to_step"])
-        s.checkpoints = tuple(c for c in s.checkpoints if c.step != failed_step)
+        failed_kind = next((c.kind for c in s.checkpoints if c.step == failed_step), None)
+        # a memory ring forgets its oldest first: when one memory snapshot is gone, every older one is too
+        s.checkpoints = tuple(c for c in s.checkpoints if c.step != failed_step
+                              and not (failed_kind == "memory" and c.kind == "memory" and c.step < failed_step))
         target = rollback_target(cfg, s, failed_step - 1)
         if target is None:
             st.halt("no_target", f"rollback to {failed_step} failed ({inp.detail}) and no older stable checkpoint",

@@ -13,6 +13,8 @@ from enum import StrEnum
 from typing import Any, ClassVar
 
 from controller.verdict import Verdict
+from core.capabilities import ALL as ALL_COMMANDS
+from core.capabilities import normalize as normalize_capabilities
 from core.deployment import PolicyConfig
 from core.enums import AckStatus, CommandType, Level
 from core.rank_arrays import MAX_DETAIL_STEPS
@@ -161,6 +163,14 @@ class TickIn:
 
 
 @dataclass(frozen=True, slots=True)
+class StartedIn:
+    """Rank 0 reported ``run.started``: the commands this run declares it can apply."""
+
+    capabilities: tuple[CommandType, ...]
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
 class RunEndedIn:
     """Rank 0 reported the run finished or failed: no trainer is left to answer commands."""
 
@@ -170,7 +180,7 @@ class RunEndedIn:
     """The failure's error text (empty for a finished run)."""
 
 
-Input = VerdictIn | ProgressIn | CheckpointIn | AckIn | ValidationIn | TickIn | RunEndedIn
+Input = VerdictIn | ProgressIn | CheckpointIn | AckIn | ValidationIn | TickIn | RunEndedIn | StartedIn
 
 
 # ---------------------------------------------------------------------------------------------
@@ -336,6 +346,11 @@ class RecoveryState:
     pending: Pending | None = None
     issued: tuple[str, ...] = ()
     """Ids of the commands this machine sent recently (to tell operator commands apart)."""
+    capabilities: tuple[CommandType, ...] = ALL_COMMANDS
+    """The commands the run declared it can apply (its newest ``run.started``); no other is sent."""
+
+    def can(self, *types: CommandType) -> bool:
+        return all(t in self.capabilities for t in types)
 
     def clone(self) -> RecoveryState:
         return replace(self)  # every nested value is immutable
@@ -369,6 +384,7 @@ class RecoveryState:
             "pending": {**asdict(self.pending), "type": str(self.pending.type)} if self.pending else None,
             "issued": list(self.issued),
             "flagging": list(self.flagging) if self.flagging else None,
+            "capabilities": [str(c) for c in self.capabilities],
         }
 
     @classmethod
@@ -392,6 +408,8 @@ class RecoveryState:
             pending=Pending(**{**pend, "type": CommandType(pend["type"])}) if pend else None,
             issued=tuple(d.get("issued", ())),
             flagging=(int(d["flagging"][0]), float(d["flagging"][1]), str(d["flagging"][2])) if d.get("flagging") else None,
+            # a state saved before capabilities were declared belongs to a run that got every command
+            capabilities=normalize_capabilities(d["capabilities"]) if "capabilities" in d else ALL_COMMANDS,
         )
 
     def load_state_dict(self, d: dict[str, Any]) -> None:

@@ -30,6 +30,9 @@ class RunStartedData(TypedDict):
     lr_schedule: dict[str, Any]
     world_size: int
     config: NotRequired[dict[str, Any]]
+    # The commands this trainer integration can apply (core/capabilities.py); absent from an
+    # older agent, which the controller reads as every command.
+    capabilities: NotRequired[list[CommandType]]
 
 
 class LossSummary(TypedDict):

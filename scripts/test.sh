@@ -15,7 +15,7 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 echo "== installing cliffguard with test extras"
-python3 -m pip install -q -e '.[test]'
+python3 -m pip install -q -e '.[all,test]'
 
 # PostgreSQL: start the distribution's cluster and make a throwaway database for the tests.
 ver=$(ls /usr/lib/postgresql | sort -n | tail -1)

@@ -3,7 +3,11 @@
 - **Plain loop**: ``agent.hooks.Agent`` plus the recovery kit (``agent.recovery.RecoveryKit``):
   the guard enforced before ``optimizer.step()``, every command applied at step boundaries, the
   hold and controller-silence timeouts.
-- **Accelerate tracker** (``AgentTracker``, agent/integrations/accelerate.py): report-only.
+- **Accelerate** (agent/integrations/accelerate.py): ``AgentTracker`` is report-only (its run
+  declares no command: the controller alerts, never pauses); ``accelerate_kit(accelerator, model,
+  optimizer, scheduler, run=...)`` is the recovery kit for an Accelerator loop in one line.
+- **Lightning** (``CliffguardCallback`` in agent/integrations/lightning.py, extra ``[lightning]``):
+  the kit driven from a real ``pytorch_lightning.Callback``.
 - **Hugging Face ``Trainer``** (``CliffguardCallback``, agent/integrations/hf.py): the kit driven
   from a real ``TrainerCallback``. ``transformers`` is imported only when that name is used, so
   ``from agent.integrations import AgentTracker`` works without it installed.
@@ -13,9 +17,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.integrations.accelerate import AgentTracker
+from agent.integrations.accelerate import AgentTracker, accelerate_kit
 
-__all__ = ["AgentTracker", "CliffguardCallback"]
+__all__ = ["AgentTracker", "CliffguardCallback", "accelerate_kit"]
 
 
 def __getattr__(name: str) -> Any:

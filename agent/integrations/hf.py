@@ -40,9 +40,8 @@ from transformers import TrainerCallback
 from agent.config import AgentConfig
 from agent.hooks import Agent
 from agent.integrations.hf_checkpoints import TrainerCheckpoints
-from agent.integrations.settings import BOOTSTRAP_ENV, CONFIG_ENV, resolve_settings
+from agent.integrations.settings import agent_wiring
 from agent.recovery.kit import RecoveryKit
-from core.deployment import SECRET_ENV
 from core.enums import CheckpointKind, EventType
 
 log = logging.getLogger(__name__)
@@ -109,22 +108,8 @@ class CliffguardCallback(TrainerCallback):
             self.agent.close(error)
 
     def _settings(self, args: Any) -> tuple[AgentConfig, dict[str, Any]]:
-        kwargs = dict(self._agent_kwargs)
         run = self.run or (self.config.run if self.config is not None else _run_id(str(args.run_name or "hf-run")))
-        settings = resolve_settings(run, self.config_path)
-        config = self.config or settings.agent
-        if kwargs["sink"] is None and kwargs["kafka"] is None:
-            kwargs["kafka"] = settings.deployment.kafka
-            if not settings.kafka_configured:
-                log.warning("cliffguard: no broker configured (%s or [kafka] bootstrap in %s); sending to the "
-                            "default %s — nothing reaches a controller unless one listens there",
-                            BOOTSTRAP_ENV, CONFIG_ENV, settings.deployment.kafka.bootstrap)
-        if kwargs["secret"] is None and kwargs["command_source"] is None:
-            kwargs["secret"] = settings.deployment.secret
-            if kwargs["secret"] is None and (kwargs["kafka"] is not None):
-                log.warning("cliffguard: no command secret (%s): no command can be verified, so this run is "
-                            "report-only (the guard still skips bad updates)", SECRET_ENV)
-        return config, kwargs
+        return agent_wiring(run, self.config, self.config_path, **self._agent_kwargs)
 
     # ------------------------------------------------------------------ training begins / ends
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,

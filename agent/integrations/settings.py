@@ -8,14 +8,17 @@ command secret and the ``[agent]`` section (with ``[agent.guard]`` and ``[agent.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from agent.config import AgentConfig
-from core.deployment import DeploymentConfig, build_deployment
+from core.deployment import PUBLIC_KEY_ENV, SECRET_ENV, DeploymentConfig, build_deployment
 from core.settings import build_config, load_toml
+
+log = logging.getLogger(__name__)
 
 CONFIG_ENV = "CLIFFGUARD_CONFIG"
 BOOTSTRAP_ENV = "CLIFFGUARD_KAFKA__BOOTSTRAP"
@@ -43,3 +46,26 @@ def resolve_settings(run: str, config_path: str | None = None, env: Mapping[str,
                          toml_source=source, shared=deployment.shared())
     configured = bool(env.get(BOOTSTRAP_ENV)) or "bootstrap" in (toml.get("kafka") or {})
     return IntegrationSettings(deployment, agent, configured, source)
+
+
+def agent_wiring(run: str, config: AgentConfig | None = None, config_path: str | None = None, *, sink: Any = None,
+                 kafka: Any = None, secret: Any = None,
+                 command_source: Any = None) -> tuple[AgentConfig, dict[str, Any]]:
+    """An integration's ``AgentConfig`` and the ``Agent``'s ``sink``/``kafka``/``secret``/
+    ``command_source`` arguments: what the caller gave wins, the settings give the rest, with a loud
+    warning when nothing would reach a controller or no command could be verified."""
+    settings = resolve_settings(run, config_path)
+    kwargs: dict[str, Any] = {"sink": sink, "kafka": kafka, "secret": secret, "command_source": command_source}
+    if sink is None and kafka is None:
+        kwargs["kafka"] = settings.deployment.kafka
+        if not settings.kafka_configured:
+            log.warning("cliffguard: no broker configured (%s or [kafka] bootstrap in %s); sending to the "
+                        "default %s — nothing reaches a controller unless one listens there",
+                        BOOTSTRAP_ENV, CONFIG_ENV, settings.deployment.kafka.bootstrap)
+    if secret is None and command_source is None:
+        # the Ed25519 public key when configured (HMAC-signed commands then refused), else the HMAC secret
+        kwargs["secret"] = settings.deployment.verifying_key()
+        if kwargs["secret"] is None and kwargs["kafka"] is not None:
+            log.warning("cliffguard: no command key (%s[_FILE] or %s): no command can be verified, so this run "
+                        "is report-only (the guard still skips bad updates)", PUBLIC_KEY_ENV, SECRET_ENV)
+    return config or settings.agent, kwargs

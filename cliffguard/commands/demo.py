@@ -10,7 +10,8 @@ Starts, in this order and each in its own process group:
 3. the dashboard (``cliffguard dashboard``) on 127.0.0.1:8501 (or a free port) with a generated
    operator token, both printed, and without any key (its actions are requests the controller
    signs);
-4. a 2-process training run (``cliffguard train --nproc 2``) of the default GPT with two faults:
+4. a 2-process training run (``cliffguard train --nproc 2``) of the default GPT (``--trainer
+   hf|lightning``: the same scenario in one process under that library, cliffguard/demo_trainers/) with two faults:
    corrupted data (3 consecutive batches: validation normal -> resume, samples flagged) and an
    LR blow-up (validation abnormal -> rollback to a stable checkpoint with LR x 0.5, resume).
 
@@ -67,6 +68,8 @@ CONTROLLER_ENV = {
     "CLIFFGUARD_CONTROLLER__SESSION_TIMEOUT_MS": "3000",
     "CLIFFGUARD_CONTROLLER__HEARTBEAT_INTERVAL_MS": "500",
 }
+TRAINERS = ("bundled", "hf", "lightning")
+"""``--trainer``: hf and lightning run ``cliffguard/demo_trainers/<name>_run.py`` in one process."""
 _PROGRESS = re.compile(r"^step\s+\d+/\d+")
 _NOTABLE = re.compile(r"Traceback|Error|rollback|rolled back|resumed|paused|halt|fault", re.IGNORECASE)
 
@@ -90,10 +93,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--keep-running", action="store_true", help="leave the dashboard up after the run, until Ctrl-C")
     p.add_argument("--broker-port", type=int, default=9092, help="broker port (default 9092; a free one if taken)")
     p.add_argument("--dashboard-port", type=int, default=8501, help="dashboard port (default 8501; a free one if taken)")
-    p.add_argument("--nproc", type=int, default=2, help="training processes (default 2)")
+    p.add_argument("--nproc", type=int, default=2, help="training processes (default 2; hf and lightning run 1)")
     p.add_argument("--elastic", action="store_true",
                    help="the elastic demo instead: two torchrun agents of 2 processes, one killed and brought back "
                         "(cliffguard/demo_elastic.py; --dir and --json apply)")
+    p.add_argument("--trainer", choices=TRAINERS, default="bundled",
+                   help="who trains: the bundled GPT trainer (default), or the same scenario under the Hugging "
+                        "Face Trainer (extra [hf]) or PyTorch Lightning (extra [lightning]) through their integrations")
     p.add_argument("--settle-s", type=float, default=60.0,
                    help="after training ends, wait at most this long for the controller to close open incidents")
     return p
@@ -175,12 +181,33 @@ def collect(store: Any, run_id: str) -> dict[str, Any]:
         "run_status": None if run is None else run["status"],
         "last_step": None if run is None else run["last_step"],
         "lr_scale": None if run is None else run["lr_scale"],
+        "lr_scale_applied": None if run is None else run.get("lr_scale_applied"),
         "incidents": out,
         "initial_loss": finite[0]["loss"] if finite else None,
         "final_loss": sum(p["loss"] for p in tail) / len(tail) if tail else None,
         "steps_lost": steps_lost,
         "flagged_samples": sum(len(f["sample_ids"]) for f in flags),
     }
+
+
+def trainer_command(args: argparse.Namespace, run_id: str, kafka: Any, out_dir: Path,
+                    faults: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The training process's argv and the environment it needs beyond the demo's own."""
+    progress_every = str(max(10, args.steps // 30))
+    if args.trainer == "bundled":
+        argv = _cli("train", "--nproc", str(args.nproc), "--bootstrap", kafka.bootstrap, "--run", run_id,
+                    "--out-dir", str(out_dir / "runs"), "--steps", str(args.steps), "--progress-every", progress_every)
+        for f in faults:
+            argv += ["--fault", f]
+        return argv, {}
+    argv = [sys.executable, "-m", f"cliffguard.demo_trainers.{args.trainer}_run", "--run", run_id,
+            "--steps", str(args.steps), "--progress-every", progress_every]
+    for f in faults:
+        argv += ["--fault", f]
+    # the integrations read Kafka from the deployment config, as every process does
+    env = {"CLIFFGUARD_KAFKA__BOOTSTRAP": kafka.bootstrap, "CLIFFGUARD_KAFKA__TOPIC_PREFIX": kafka.topic_prefix,
+           "CLIFFGUARD_KAFKA__PARTITIONS": str(kafka.partitions)}
+    return argv, env
 
 
 def run(args: argparse.Namespace) -> int:
@@ -253,12 +280,10 @@ def run(args: argparse.Namespace) -> int:
             _say(f"dashboard at http://127.0.0.1:{port}  (operator token: {token})")
 
         run_id = f"demo-{time.strftime('%H%M%S')}-{uuid.uuid4().hex[:4]}"
-        train_args = ["train", "--nproc", str(args.nproc), "--bootstrap", broker.bootstrap, "--run", run_id,
-                      "--out-dir", str(out_dir / "runs"), "--steps", str(args.steps),
-                      "--progress-every", str(max(10, args.steps // 30))]
-        for f in fault_texts:
-            train_args += ["--fault", f]
-        _say(f"training run {run_id}: {args.nproc} processes, {args.steps} steps, faults: {' '.join(fault_texts)}")
+        train_argv, train_env = trainer_command(args, run_id, kafka, out_dir, fault_texts)
+        nproc = args.nproc if args.trainer == "bundled" else 1
+        _say(f"training run {run_id} ({args.trainer} trainer): {nproc} process(es), {args.steps} steps, "
+             f"faults: {' '.join(fault_texts)}")
 
         def show(line: str) -> None:
             if stopping:
@@ -266,8 +291,8 @@ def run(args: argparse.Namespace) -> int:
             if _PROGRESS.match(line) or _NOTABLE.search(line):
                 print(f"  {line}", flush=True)
 
-        trainer = procs.spawn("train", _cli(*train_args), log_path=out_dir / "train.log", on_line=show,
-                              env={**env, f"{PUBLIC_KEY_ENV}_FILE": str(keys["public"]), **agent_secret})
+        trainer = procs.spawn("train", train_argv, log_path=out_dir / "train.log", on_line=show,
+                              env={**env, f"{PUBLIC_KEY_ENV}_FILE": str(keys["public"]), **agent_secret, **train_env})
         watch = StoreWatch(store, run_id)
         while trainer.running:
             if not controller.running:
@@ -287,13 +312,17 @@ def run(args: argparse.Namespace) -> int:
 
         facts = collect(store, run_id)
         ok, fault_results, unmatched = judge(faults, facts["incidents"])
-        ok = ok and train_rc == 0
+        # the LR scale the controller asked for must be the one the trainer reports applying
+        applied_ok = facts["lr_scale_applied"] is not None and math.isclose(facts["lr_scale_applied"],
+                                                                             facts["lr_scale"] or 1.0)
+        ok = ok and train_rc == 0 and applied_ok
         summary = {
-            "ok": ok, "run": run_id, "steps": args.steps, "faults": fault_results,
+            "ok": ok, "run": run_id, "trainer": args.trainer, "steps": args.steps, "faults": fault_results,
             "incidents": facts["incidents"], "unmatched_incidents": unmatched,
             "final_loss": finite_or_none(facts["final_loss"]), "initial_loss": finite_or_none(facts["initial_loss"]),
             "steps_lost": facts["steps_lost"], "flagged_samples": facts["flagged_samples"],
-            "lr_scale": facts["lr_scale"], "run_status": facts["run_status"],
+            "lr_scale": facts["lr_scale"], "lr_scale_applied": facts["lr_scale_applied"],
+            "run_status": facts["run_status"],
             "train_exit_code": train_rc, "wall_s": round(time.monotonic() - t0, 1), "db": db_url,
             "logs": str(out_dir),
         }

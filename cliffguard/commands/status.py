@@ -8,6 +8,7 @@ import logging
 import time
 
 from cliffguard.commands.controller import add_common, resolve_common
+from core.capabilities import describe, describe_lr_scale
 from core.settings import ConfigError
 
 
@@ -59,16 +60,18 @@ def run(args: argparse.Namespace) -> int:
         runs = out["runs"]
         if not runs:
             print("no runs in the store")
-        print(f"{'RUN':<28} {'STATUS':<9} {'RECOVERY':<13} {'STEP':>8} {'LR×':>6} {'SEEN':>6}")
+        print(f"{'RUN':<28} {'STATUS':<9} {'RECOVERY':<13} {'STEP':>8} {'LR× APPLIED':>16} {'SEEN':>6}  COMMANDS")
         for r in runs:
             print(f"{r['id']:<28} {r['status']:<9} {r['recovery_state']:<13} {r['last_step']:>8} "
-                  f"{r['lr_scale']:>6.3g} {_age(r.get('last_event_ts')):>6}")
+                  f"{describe_lr_scale(r.get('lr_scale_applied'), r['lr_scale']):>16} "
+                  f"{_age(r.get('last_event_ts')):>6}  {describe(r.get('capabilities'))}")
         for d in out["dlq"]:
             print(f"dead letters {d['topic']} {d['reason']}: {d['count']}")
         return 0
     r = out["run"]
     print(f"run {r['id']}: {r['status']}, recovery {r['recovery_state']}, step {r['last_step']}, "
-          f"lr_scale {r['lr_scale']:g}")
+          f"lr_scale applied {describe_lr_scale(r.get('lr_scale_applied'), r['lr_scale'])}, "
+          f"commands it applies: {describe(r.get('capabilities'))}")
     for inc in out["incidents"]:
         print(f"  incident {inc['id'][:8]} {inc['rule']} {inc['level']} spike@{inc['spike_step']} "
               f"onset@{inc['onset_step']} -> {inc['outcome']}" + (f" (rollback to {inc['rollback_to']})"

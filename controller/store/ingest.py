@@ -50,7 +50,8 @@ from controller.store.models import (
 )
 from controller.store.step_metrics import STEP_METRICS
 from controller.store.upsert import insert_for
-from core.enums import AckStatus, EventType
+from core.capabilities import normalize as normalize_capabilities
+from core.enums import AckStatus, CommandType, EventType
 from core.events import Event
 from core.floats import store_kind, to_json
 from core.rank_arrays import rank_entries
@@ -62,6 +63,8 @@ _ID_CHUNK = 5000  # event ids per IN (...) lookup; below SQLite's 32766 bound-pa
 # an ack status the trainer decided (a later "duplicate" ack must not replace it)
 _STEP_ROW_EVENTS = frozenset({EventType.STEP, EventType.RANKS})  # the events that become step rows
 _DECIDED = {str(s) for s in AckStatus if s is not AckStatus.DUPLICATE}
+# commands whose applied ack means the trainer now runs at the command's lr_scale
+_SETS_LR_SCALE = {str(CommandType.ROLLBACK), str(CommandType.SET_LR_SCALE)}
 
 
 
@@ -118,14 +121,27 @@ def ingest_steps(session: Session, events: Iterable[Event],
     )
     points = rule_points or {}
     rows: list[dict[str, Any]] = []
+    applied: dict[str, Event] = {}  # run -> its newest run-rank step: the lr_scale the trainer applied
     for ev in events:
+        if ev.type is EventType.STEP and ev.rank == RUN_RANK and (ev.run not in applied or ev.ts >= applied[ev.run].ts):
+            applied[ev.run] = ev
         if ev.step < watermark.get(ev.run, 0):
             continue
         if ev.type is EventType.STEP:
             rows.append(_step_row(ev, point=points.get(ev.id)))
         else:
             rows.extend(_rank_rows(ev))
-    return _insert_step_rows(session, rows) if rows else 0
+    changed = _insert_step_rows(session, rows) if rows else 0
+    for ev in applied.values():
+        _lr_scale_applied(session, ev.run, ev.data["lr_scale"], ev.ts)
+    return changed
+
+
+def _lr_scale_applied(session: Session, run_id: str, scale: float, ts: float) -> None:
+    """The trainer applied ``scale`` at ``ts``; an older report never overwrites a newer one."""
+    session.execute(update(Run)
+                    .where(Run.id == run_id, or_(Run.lr_scale_applied_at.is_(None), Run.lr_scale_applied_at < ts))
+                    .values(lr_scale_applied=scale, lr_scale_applied_at=ts))
 
 
 def record_rule_stats(session: Session, points: list[dict[str, Any]], spike_rules: dict[str, dict[str, Any]]) -> None:
@@ -393,15 +409,19 @@ def _command_ack(session: Session, ev: Event) -> bool:
     row.status = status
     row.ack_detail = fit_value(CommandRow, "ack_detail", ev.data.get("detail"))
     row.acked_at = ev.ts
+    if status == AckStatus.APPLIED and row.type in _SETS_LR_SCALE:
+        _lr_scale_applied(session, ev.run, float(row.args["lr_scale"]), ev.ts)
     return True
 
 
 def _run_started(session: Session, ev: Event) -> bool:
+    caps = ev.data.get("capabilities")
     res = session.execute(
         update(Run)
         .where(Run.id == ev.run, or_(Run.started_at.is_(None), Run.started_at < ev.ts))
         .values(
             config=to_json(ev.data),
+            capabilities=None if caps is None else [str(c) for c in normalize_capabilities(caps)],
             world_size=fit_value(Run, "world_size", ev.data["world_size"]),
             started_at=ev.ts,
         )

@@ -63,7 +63,14 @@ class Run(Base):
     world_size: Mapped[int] = mapped_column(Integer, default=1)
     last_step: Mapped[int] = mapped_column(Integer, default=0)
     last_event_ts: Mapped[float | None] = mapped_column(Float)
-    lr_scale: Mapped[float] = mapped_column(Float, default=1.0)
+    lr_scale: Mapped[float] = mapped_column(Float, default=1.0)  # what the recovery machine asked for
+    # What the trainer applied: the newest rank-0 step's lr_scale or applied rollback/set_lr_scale ack
+    # (``lr_scale_applied_at``: that event's ts); NULL until the trainer said.
+    lr_scale_applied: Mapped[float | None] = mapped_column(Float)
+    lr_scale_applied_at: Mapped[float | None] = mapped_column(Float)
+    # The commands the run declared in run.started (``core/capabilities.py``); NULL: none declared,
+    # read as every command.
+    capabilities: Mapped[list[str] | None] = mapped_column(JSON)
     config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # run.started payload
     started_at: Mapped[float | None] = mapped_column(Float)  # ts of the newest run.started
     ended_at: Mapped[float | None] = mapped_column(Float)  # ts of run.finished / run.failed

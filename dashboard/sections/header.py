@@ -1,4 +1,5 @@
-"""The run at a glance: status, recovery state, step, LR scale, last loss, rank heartbeats."""
+"""The run at a glance: status, recovery state, step, applied LR scale, last loss, the commands the run
+applies, rank heartbeats."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import time
 import streamlit as st
 
 from controller.store import read
+from core.capabilities import describe, describe_lr_scale
 from dashboard import derive
 from dashboard.sections.context import Context
 
@@ -22,10 +24,12 @@ def render(ctx: Context) -> None:
     cols[0].metric("status", run["status"])
     cols[1].metric("recovery state", run["recovery_state"].replace("_", " "))
     cols[2].metric("last step", f"{run['last_step']:,}")
-    cols[3].metric("lr_scale", f"{run['lr_scale']:g}")
+    # what the trainer applied, never what the controller asked for (a rollback in flight or refused)
+    cols[3].metric("lr_scale applied", describe_lr_scale(run.get("lr_scale_applied"), run["lr_scale"]))
     last_loss = newest[-1]["loss"] if newest else None
     cols[4].metric("loss", "—" if last_loss is None else f"{last_loss:.4f}")
     cols[5].metric("world size", run["world_size"])
+    st.caption(f"commands this run applies: {describe(run.get('capabilities'))}")
     if len(beats):
         now = time.time()
         parts = [f"rank {b.rank}: {b.state}, step {b.step}, {derive.age(now - b.ts)} ago" for b in beats.itertuples()]

@@ -27,7 +27,11 @@ def render(ctx: Context) -> None:
     run = ctx.read(read.get_run, ctx.run_id)
     with st.form("operator_form", clear_on_submit=False):
         cols = st.columns([2, 2, 2, 1, 2, 2])
-        action = cols[0].selectbox("action", [a.value for a in actions.OPERATOR_ACTIONS], key="op_action")
+        # only what the run declared it applies: the controller would refuse the rest
+        can = None if run is None else run.get("capabilities")
+        offered = [a.value for a in actions.OPERATOR_ACTIONS if can is None or a.value in can]
+        action = cols[0].selectbox("action", offered or ["(this run applies no command)"], key="op_action",
+                                   disabled=not offered)
         to_step = cols[1].selectbox("roll back to (stable)", targets or [None], key="op_to_step",
                                     help="verified and stable checkpoints, newest first")
         default_scale = min(1.0, max(0.01, (run["lr_scale"] if run else 1.0) * 0.5))
@@ -47,6 +51,9 @@ def render(ctx: Context) -> None:
 
 def _submit(ctx: Context, action: str, to_step: object, lr_scale: float, actor: str, token: str,
             detail_steps: int = 20) -> None:
+    if action not in {c.value for c in CommandType}:
+        st.error("refused: this run applies no command (it only reports)")
+        return
     ctype = CommandType(action)
     try:
         args: dict = {"reason": f"operator via dashboard ({actor or 'anonymous'})"} if ctype in (

@@ -196,3 +196,16 @@ def test_a_detail_command_opens_the_per_rank_window_and_is_acked():
     assert outcomes == [AckStatus.APPLIED, AckStatus.REJECTED]
     assert agent._detail.active(2) and agent._detail.active(6) and not agent._detail.active(7)
     agent.close()
+
+def test_start_declares_the_capabilities_it_is_given_and_none_when_not_given():
+    _, _, agent, sink, _ = _setup()
+    agent.start(capabilities=["validate", CommandType.PAUSE])
+    agent.close()
+    assert sink.events[0].data["capabilities"] == [CommandType.PAUSE, CommandType.VALIDATE]
+    _, _, agent, sink, _ = _setup()
+    agent.start()
+    agent.close()
+    assert "capabilities" not in sink.events[0].data  # the controller reads that as every command
+    _, _, agent, _, _ = _setup()
+    with pytest.raises(ValueError, match="capabilities: unknown command 'fly'"):
+        agent.start(capabilities=["fly"])

@@ -22,6 +22,8 @@ from trainer.faults import FaultSpec
 
 DEMO_TIMEOUT_S = 480
 """About 2.5 minutes on 2 idle cores; much longer when other jobs share them."""
+OTHER_TRAINER_TIMEOUT_S = 900
+"""``--trainer hf|lightning``: one process of the bundled model's size, and the library's own overhead."""
 
 
 def _inc(id_: str, spike: int, outcome: str, rollback_to: int | None = None, lr_scale: float = 1.0) -> dict:
@@ -58,6 +60,35 @@ def test_judge_fails_when_an_incident_was_abandoned():
     assert not judge(faults, [_inc("a", 101, "resumed"), _inc("x", 250, "abandoned")])[0]
 
 
+def _demo_args(*argv: str):
+    import argparse
+
+    from cliffguard.commands import demo
+
+    sub = argparse.ArgumentParser().add_subparsers()
+    demo.add_parser(sub)
+    return sub.choices["demo"].parse_args(list(argv))
+
+
+def test_the_trainer_option_picks_the_training_command_and_its_kafka_settings(tmp_path):
+    from cliffguard.commands.demo import trainer_command
+    from core.kafka_config import KafkaConfig
+
+    kafka = KafkaConfig(bootstrap="127.0.0.1:9999", topic_prefix="demo-x", partitions=1)
+    faults = ["corrupt@10", "lr_blowup@20x100:3"]
+    argv, env = trainer_command(_demo_args("--steps", "60"), "r1", kafka, tmp_path, faults)
+    assert argv[argv.index("train") + 1:argv.index("train") + 3] == ["--nproc", "2"] and env == {}
+    assert argv[-4:] == ["--fault", "corrupt@10", "--fault", "lr_blowup@20x100:3"]
+    for name in ("hf", "lightning"):
+        argv, env = trainer_command(_demo_args("--trainer", name, "--steps", "60"), "r1", kafka, tmp_path, faults)
+        assert argv[1:3] == ["-m", f"cliffguard.demo_trainers.{name}_run"] and "--nproc" not in argv
+        assert argv[argv.index("--run") + 1] == "r1" and argv[-2:] == ["--fault", "lr_blowup@20x100:3"]
+        assert env == {"CLIFFGUARD_KAFKA__BOOTSTRAP": "127.0.0.1:9999", "CLIFFGUARD_KAFKA__TOPIC_PREFIX": "demo-x",
+                       "CLIFFGUARD_KAFKA__PARTITIONS": "1"}
+    with pytest.raises(SystemExit):
+        _demo_args("--trainer", "keras")
+
+
 def test_demo_refuses_to_empty_a_directory_it_did_not_make(tmp_path):
     keep = tmp_path / "notes.txt"
     keep.write_text("mine")
@@ -67,23 +98,19 @@ def test_demo_refuses_to_empty_a_directory_it_did_not_make(tmp_path):
     assert keep.read_text() == "mine"
 
 
-@pytest.mark.slow
-@pytest.mark.broker
-@pytest.mark.timeout(DEMO_TIMEOUT_S + 90)
-def test_demo_handles_both_faults(tmp_path):
-    steps = 240
+def _run_demo(tmp_path, steps: int, *extra: str, timeout_s: float = DEMO_TIMEOUT_S) -> tuple[dict, str]:
     out = tmp_path / "summary.json"
     proc = subprocess.Popen(
         [sys.executable, "-m", "cliffguard.cli", "demo", "--steps", str(steps), "--no-dashboard",
-         "--broker-port", "0", "--dir", str(tmp_path / "demo"), "--json", str(out)],
+         "--broker-port", "0", "--dir", str(tmp_path / "demo"), "--json", str(out), *extra],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:
-        stdout, _ = proc.communicate(timeout=DEMO_TIMEOUT_S)
+        stdout, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         proc.terminate()  # SIGTERM: the demo stops its broker, controller and trainer (never SIGKILL it)
         stdout, _ = proc.communicate(timeout=60)
-        pytest.fail(f"the demo took over {DEMO_TIMEOUT_S} s:\n{stdout[-6000:]}")
+        pytest.fail(f"the demo took over {timeout_s} s:\n{stdout[-6000:]}")
     finally:
         if proc.poll() is None:
             proc.terminate()
@@ -92,6 +119,12 @@ def test_demo_handles_both_faults(tmp_path):
     summary = json.loads(out.read_text())
     assert proc.returncode == (0 if summary["ok"] else 1)
     assert summary["ok"] is True, stdout[-6000:]
+    return summary, stdout
+
+
+def _both_faults_handled(summary: dict, steps: int) -> None:
+    """The scenario's outcome, whoever trained: the corrupted stretch resumed, the blow-up rolled back
+    before its step with the LR halved (and the trainer applying it), and the loss came down."""
     specs = [FaultSpec.parse(f) for f in default_faults(steps)]
     corrupt, blowup = specs[0], specs[-1]
     assert (corrupt.kind, blowup.kind) == ("corrupt", "lr_blowup")
@@ -105,10 +138,31 @@ def test_demo_handles_both_faults(tmp_path):
     assert resumed["rollback_to"] is None
     assert blowup.step <= rolled["spike_step"]
     assert rolled["rollback_to"] < rolled["spike_step"] and rolled["rollback_to"] < blowup.step
-    assert rolled["lr_scale"] == 0.5
+    assert rolled["lr_scale"] == 0.5 and summary["lr_scale_applied"] == 0.5
     assert [t["to"] for t in rolled["transitions"]][:3] == ["pausing", "validating", "rolling_back"]
-    assert summary["steps_lost"] > 0
-    # resuming after the corrupted stretch flagged exactly its samples: every step's global batch
-    assert summary["flagged_samples"] == CORRUPT_STEPS * TrainConfig().global_batch
     final, initial = summary["final_loss"], summary["initial_loss"]
     assert final is not None and math.isfinite(final) and final < initial
+
+
+@pytest.mark.slow
+@pytest.mark.broker
+@pytest.mark.timeout(DEMO_TIMEOUT_S + 90)
+def test_demo_handles_both_faults(tmp_path):
+    steps = 240
+    summary, _ = _run_demo(tmp_path, steps)
+    _both_faults_handled(summary, steps)
+    assert summary["trainer"] == "bundled" and summary["steps_lost"] > 0
+    # resuming after the corrupted stretch flagged exactly its samples: every step's global batch
+    assert summary["flagged_samples"] == CORRUPT_STEPS * TrainConfig().global_batch
+
+
+@pytest.mark.slow
+@pytest.mark.broker
+@pytest.mark.timeout(OTHER_TRAINER_TIMEOUT_S + 90)
+@pytest.mark.parametrize("trainer", ["lightning", "hf"])
+def test_the_same_scenario_under_another_library_handles_both_faults(tmp_path, trainer):
+    pytest.importorskip({"lightning": "pytorch_lightning", "hf": "transformers"}[trainer])
+    steps = 240
+    summary, _ = _run_demo(tmp_path, steps, "--trainer", trainer, timeout_s=OTHER_TRAINER_TIMEOUT_S)
+    assert summary["trainer"] == trainer
+    _both_faults_handled(summary, steps)

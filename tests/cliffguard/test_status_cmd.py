@@ -45,3 +45,26 @@ def test_status_of_one_run_tells_its_incidents_and_commands(recorded, capsys):
     text = capsys.readouterr().out
     assert all(f"incident {i['id'][:8]}" in text for i in summary["incidents"])
     assert main(["status", "no-such-run", "--db", url]) == 1
+
+
+def test_status_shows_the_commands_a_run_applies_and_the_lr_scale_it_applied_not_the_one_asked(recorded, capsys):
+    from controller.store.db import Store, StoreConfig
+    from controller.store.models import Run
+
+    url, summary = recorded
+    store = Store.open(StoreConfig(url=url))
+    try:
+        with store.session() as s:
+            run = s.get(Run, summary["run"])
+            run.lr_scale, run.lr_scale_applied, run.capabilities = 0.5, 1.0, ["pause", "resume", "validate"]
+            s.add(Run(id="tracker-run", capabilities=[], lr_scale_applied=1.0))
+    finally:
+        store.close()
+    assert main(["status", "--db", url]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith(summary["run"]))
+    assert "1 (asked 0.5)" in line and line.endswith("pause, resume, validate")
+    assert next(x for x in out.splitlines() if x.startswith("tracker-run")).endswith("none (alerts only)")
+    assert main(["status", summary["run"], "--db", url]) == 0
+    head = capsys.readouterr().out.splitlines()[0]
+    assert "lr_scale applied 1 (asked 0.5)" in head and "commands it applies: pause, resume, validate" in head

@@ -38,6 +38,8 @@ def store(request, tmp_path, monkeypatch):
         with session_scope(engine) as s:
             s.add(Run(id="run-1", recovery_state="halted", last_step=42, lr_scale=0.5))
             s.add(Run(id="done", status="finished"))
+            s.add(Run(id="watch-only", capabilities=[]))
+            s.add(Run(id="no-rollback", capabilities=["pause", "resume", "validate"]))
         yield engine, url
 
 
@@ -80,6 +82,8 @@ def test_accepted_request_becomes_a_signed_command_with_audit_and_outbox_rows(st
     ("run-1", "rollback", {"lr_scale": 0.5}, 0, "to_step"),
     ("run-1", "set_lr_scale", {"lr_scale": "high"}, 0, "lr_scale"),
     ("run-1", "pause", {}, 120, "older than a command's lifetime"),
+    ("watch-only", "pause", {}, 0, "cannot apply pause (it declared: no command)"),
+    ("no-rollback", "rollback", {"to_step": 1, "lr_scale": 0.5}, 0, "cannot apply rollback (it declared: pause, resume"),
 ])
 def test_bad_request_is_rejected_with_its_reason_and_nothing_is_queued(store, run_id, ctype, args, age_s, why):
     engine, _ = store

@@ -32,6 +32,7 @@ from controller.recovery_types import (
     RecoveryState,
     RunEndedIn,
     SendCommand,
+    StartedIn,
     TickIn,
     ValidationIn,
     VerdictIn,
@@ -593,6 +594,97 @@ def test_run_end_without_incident_is_a_no_op_and_an_applied_validate_is_not_canc
     assert d.s.phase is Phase.PAUSING and d.s.incident is not None
 
 
+def test_a_failed_rollback_to_a_memory_snapshot_forgets_the_older_memory_snapshots_not_the_disk_ones():
+    d = Driver()
+    d.steps(0, 4)
+    d.feed(CheckpointIn(step=5, kind="full", verified=True, now=d.now))
+    for step in (10, 20, 30):
+        d.steps(step - 5 if step > 10 else 5, step)
+        d.feed(CheckpointIn(step=step, kind="memory", verified=True, now=d.now))
+    d.validate(2.0, step=30)  # every checkpoint so far is stable
+    d.steps(31, 40)
+    d.spike(step=41, onset=39)
+    d.ack()
+    d.answer_validate(5.0)
+    assert d.commands()[-1][1]["to_step"] == 30
+    d.ack(status=AckStatus.FAILED, detail="step 30 is not available")
+    # 20 and 10 were in the same ring, older: gone too; the disk checkpoint at 5 is the next target
+    assert d.commands()[-1][1]["to_step"] == 5 and d.commands()[-1][1]["lr_scale"] == 0.5
+    assert [c.step for c in d.s.checkpoints] == [5]
+
+
+def _with_capabilities(*caps: CommandType) -> Driver:
+    d = Driver()
+    d.feed(StartedIn(capabilities=caps, now=d.now))
+    return d
+
+
+def test_an_alert_only_run_gets_a_critical_alert_for_a_spike_and_no_incident_or_command():
+    d = _with_capabilities()
+    healthy_run(d, 30)
+    acts = d.spike(step=31)
+    assert d.s.phase is Phase.RUNNING and d.s.incident is None and d.s.pending is None
+    assert not any(isinstance(a, (SendCommand, OpenIncident, RecordTransition)) for a in acts)
+    alerts = [a for a in acts if isinstance(a, Alert)]
+    assert [(a.level, a.rule) for a in alerts] == [("critical", "loss_spike")]
+    assert "cannot pause, validate, resume" in alerts[0].title and alerts[0].evidence["capabilities"] == []
+    d.now += 1000
+    assert d.feed(TickIn(now=d.now)) == []  # nothing pending, nothing to time out
+
+
+def test_pause_without_validate_or_resume_is_no_pause_cycle():
+    d = _with_capabilities(CommandType.PAUSE, CommandType.ROLLBACK)
+    healthy_run(d, 30)
+    acts = d.spike(step=31)
+    assert d.commands() == [] and d.s.phase is Phase.RUNNING
+    assert "cannot validate, resume" in next(a for a in acts if isinstance(a, Alert)).title
+
+
+def test_a_run_that_can_pause_but_not_roll_back_is_validated_then_halted_paused():
+    d = _with_capabilities(CommandType.PAUSE, CommandType.VALIDATE, CommandType.RESUME)
+    healthy_run(d, 30)
+    d.spike(step=31, onset=29)
+    d.ack()
+    acts = d.answer_validate(5.0)
+    assert d.s.phase is Phase.HALTED and d.s.pending is None and d.s.lr_scale == 1.0
+    assert [c for c, _ in d.commands()] == ["pause", "validate"]  # no rollback, no resume: it stays paused
+    rec = next(a for a in acts if isinstance(a, RecordTransition))
+    assert rec.trigger == "rollback_unsupported" and rec.evidence["capabilities"] == ["pause", "resume", "validate"]
+    assert [(a.level, "human needed" in a.title) for a in acts if isinstance(a, Alert)] == [("critical", True)]
+    assert [a.outcome for a in acts if isinstance(a, CloseIncident)] == ["halted"]
+
+
+def test_the_same_run_with_rollback_rolls_back_and_a_normal_validation_resumes_either_way():
+    d = _with_capabilities(CommandType.PAUSE, CommandType.VALIDATE, CommandType.RESUME, CommandType.ROLLBACK)
+    healthy_run(d, 30)
+    d.spike(step=31, onset=29)
+    d.ack()
+    d.answer_validate(5.0)
+    assert d.s.phase is Phase.ROLLING_BACK
+    n = _with_capabilities(CommandType.PAUSE, CommandType.VALIDATE, CommandType.RESUME)
+    healthy_run(n, 30)
+    n.spike(step=31)
+    n.ack()
+    n.answer_validate(2.0)
+    assert n.s.phase is Phase.RESUMING and [c for c, _ in n.commands()] == ["pause", "validate", "resume"]
+
+
+def test_capabilities_default_to_every_command_and_survive_the_state_dict():
+    assert new_state("r", "s").capabilities == tuple(CommandType)
+    d = _with_capabilities(CommandType.VALIDATE, CommandType.PAUSE)
+    assert d.s.capabilities == (CommandType.PAUSE, CommandType.VALIDATE)  # the enum's order, each once
+    restored = RecoveryState.from_state_dict(json.loads(json.dumps(d.s.state_dict())))
+    assert restored.capabilities == (CommandType.PAUSE, CommandType.VALIDATE)
+    old = d.s.state_dict()
+    del old["capabilities"]  # saved by a controller from before capabilities
+    assert RecoveryState.from_state_dict(old).capabilities == tuple(CommandType)
+    # a restart that declares more (a newer agent under the same run id) is believed
+    d.feed(StartedIn(capabilities=tuple(CommandType), now=d.now))
+    healthy_run(d, 30)
+    d.spike(step=31)
+    assert d.s.phase is Phase.PAUSING
+
+
 def test_zz_every_declared_transition_is_taken_somewhere():
     """Runs last in this module: replays the scenarios above and collects the edges they took."""
     scenarios = [
@@ -601,6 +693,7 @@ def test_zz_every_declared_transition_is_taken_somewhere():
         test_repeated_spikes_exhaust_the_budget_and_halt,
         test_no_stable_checkpoint_halts,
         test_failed_rollback_picks_an_older_stable_checkpoint_then_halts,
+        test_a_run_that_can_pause_but_not_roll_back_is_validated_then_halted_paused,
     ]
     taken: set[tuple[Phase, str]] = set()
     import controller.recovery as rec

@@ -33,10 +33,11 @@ def test_header_shows_run_state(filled):
     at = run_app()
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["recovery state"] == "running"
-    assert metrics["lr_scale"] == "0.5"
+    assert metrics["lr_scale applied"] == "0.5"  # the trainer's steps after the rollback say so
     assert metrics["world size"] == "2"
     assert metrics["last step"] == str(filled.run.steps - 1)
     assert "rank 1: running" in texts(at)
+    assert "commands this run applies: all" in texts(at)  # its run.started declared none: an older agent
 
 
 def test_loss_chart_has_median_bands_spikes_incidents_and_rollback(filled):

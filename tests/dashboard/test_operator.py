@@ -159,3 +159,21 @@ def test_the_dashboard_engine_cannot_write_postgresql(pg_url, tmp_path):
                         conn.execute(Run.__table__.update().values(lr_scale=0.1))
         finally:
             engine.dispose()
+
+
+def test_only_the_commands_the_run_applies_are_offered(with_token):
+    from sqlalchemy import update
+
+    with Session(with_token.engine) as s:
+        s.execute(update(Run).values(capabilities=["pause", "resume", "validate"]))
+        s.commit()
+    at = run_app()
+    assert at.selectbox(key="op_action").options == ["pause", "resume", "validate"]
+    with Session(with_token.engine) as s:
+        s.execute(update(Run).values(capabilities=[]))
+        s.commit()
+    at = run_app()
+    assert at.selectbox(key="op_action").disabled
+    before = _counts(with_token.engine)
+    next(b for b in at.button if b.label == "send command").click().run()
+    assert any("applies no command" in e.value for e in at.error) and _counts(with_token.engine) == before

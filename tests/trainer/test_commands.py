@@ -101,3 +101,11 @@ def test_heartbeats_report_the_machines_mode(tmp_path):
     states = [e.data["state"] for e in sink.events if e.type is EventType.HEARTBEAT]
     assert states == ["paused", "validating"]
     tr.ckpt.close()
+
+
+def test_the_bundled_trainer_declares_every_command_in_run_started(tmp_path):
+    trainer, sink, _ = make_trainer(small_config(tmp_path, steps=1))
+    assert trainer.kit.capabilities == frozenset(CommandType)
+    trainer.run()
+    started = next(e for e in sink.events if e.type is EventType.RUN_STARTED)
+    assert set(started.data["capabilities"]) == set(CommandType)

@@ -226,6 +226,7 @@ def test_every_metric_type_arrives_with_sane_values(scenario):
     log = scenario["log"]
     started = log.of(EventType.RUN_STARTED)[0].data
     assert started["world_size"] == 2 and started["peak_source"] == "calibration" and started["peak_flops"] > 0
+    assert set(started["capabilities"]) == set(CommandType)  # the bundled trainer applies every command
     steps = log.of(EventType.STEP)
     assert {e.rank for e in steps} == {0, 1}  # rank 1's only because [agent] detail_steps asks for them
     assert all("rank_losses" in e.data and "detail" not in e.data for e in steps_of(log, 0))

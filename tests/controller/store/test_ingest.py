@@ -408,3 +408,36 @@ def test_rank_detail_reads_full_per_rank_rows_not_the_array_rows(engine):
         rows = read.rank_detail(s, "run-a", steps=5)
         assert [(r["step"], r["rank"]) for r in rows] == [(10, 0), (11, 1), (11, 2), (12, 1), (12, 2)]  # not (10, 1..3)
         assert read.rank_detail(s, "other") == []
+
+def test_run_started_stores_the_declared_capabilities_and_a_restart_without_them_clears_them(engine):
+    with session_scope(engine) as s:
+        ingest_event(s, f.run_started(ts=f.T0, capabilities=["validate", "pause"]))
+        assert s.get(Run, "run-a").capabilities == ["pause", "validate"]  # in the enum's order
+    with session_scope(engine) as s:
+        ingest_event(s, f.run_started(ts=f.T0 + 10))  # an older agent: every command
+        assert s.get(Run, "run-a").capabilities is None
+
+
+def test_the_applied_lr_scale_follows_rank_0_steps_and_applied_rollback_acks_never_going_back(engine):
+    with session_scope(engine) as s:
+        ingest_events(s, [f.step(1, ts=f.T0 + 1), f.step(1, rank=1, lr_scale=0.1, ts=f.T0 + 2)])
+        run = s.get(Run, "run-a")
+        assert (run.lr_scale_applied, run.lr_scale_applied_at) == (1.0, f.T0 + 1)  # rank 1 does not speak for the run
+        cmd_id = new_id()
+        s.add(CommandRow(id=cmd_id, run_id="run-a", type="rollback", args={"to_step": 0, "lr_scale": 0.5},
+                         issued_at=f.T0, expires_at=f.T0 + 60, status="sent"))
+        refused = _command(s)  # a pause: its ack says nothing about the LR
+    with session_scope(engine) as s:
+        ingest_event(s, f.ack(cmd_id, "failed", ts=f.T0 + 3))
+        assert s.get(Run, "run-a").lr_scale_applied == 1.0  # asked, never applied
+    with session_scope(engine) as s:
+        s.get(CommandRow, cmd_id).acked_at = None
+        s.get(CommandRow, cmd_id).status = "sent"
+    with session_scope(engine) as s:
+        ingest_event(s, f.ack(cmd_id, "applied", ts=f.T0 + 4))
+        ingest_event(s, f.ack(refused, "applied", ts=f.T0 + 5))
+        assert s.get(Run, "run-a").lr_scale_applied == 0.5
+        ingest_event(s, f.step(0, ts=f.T0 + 2))  # a late copy of an older step
+        assert s.get(Run, "run-a").lr_scale_applied == 0.5
+        ingest_event(s, f.step(1, lr_scale=0.5, ts=f.T0 + 6))
+        assert (s.get(Run, "run-a").lr_scale_applied, s.get(Run, "run-a").lr_scale_applied_at) == (0.5, f.T0 + 6)

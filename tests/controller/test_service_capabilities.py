@@ -1,0 +1,56 @@
+"""Capabilities through the real broker and controller: a run gets only the commands it declared."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import select
+
+from controller.store import read
+from controller.store.db import session_scope
+from controller.store.models import Alert, CommandRow, Run
+from tests.controller.service_support import FakeTrainer, store_engine
+from tests.controller.store.factory import RUN_STARTED_DATA
+from tests.controller.test_service import Running, prefix, spike, wait_for
+
+pytestmark = pytest.mark.broker
+
+
+def _started(t: FakeTrainer, run: str, caps: list[str]) -> None:
+    t.send(run, "run.started", 0, {**RUN_STARTED_DATA, "world_size": 1, "capabilities": caps})
+
+
+def _critical(engine, run: str) -> list[str]:
+    with session_scope(engine) as s:
+        return [a.title for a in s.scalars(select(Alert).where(Alert.run_id == run, Alert.level == "critical"))]
+
+
+def test_an_alert_only_run_gets_alerts_and_no_command_and_a_run_without_rollback_is_halted_paused(
+        kafka_cfg, tmp_path):
+    with store_engine("sqlite", tmp_path) as (engine, _):
+        t = FakeTrainer(kafka_cfg)
+        try:
+            with Running(kafka_cfg, engine, group="ctl-caps"):
+                _started(t, "tracker", [])
+                _started(t, "no-rollback", ["pause", "validate", "resume"])
+                for run in ("tracker", "no-rollback"):
+                    prefix(t, run)
+                    spike(t, run, 41)
+                t.ack(t.expect("no-rollback", "pause"))
+                val = t.expect("no-rollback", "validate")
+                t.ack(val)
+                t.validation("no-rollback", 43, 3.0, cmd=val)  # abnormal: a rollback is what it would need
+                wait_for(lambda: any("cannot pause" in x for x in _critical(engine, "tracker")))
+                wait_for(lambda: any("human needed" in x for x in _critical(engine, "no-rollback")))
+                t.quiet(1.5)
+            assert t.types("tracker") == []
+            assert t.types("no-rollback") == ["pause", "validate"]
+        finally:
+            t.close()
+        with session_scope(engine) as s:
+            assert s.scalars(select(CommandRow).where(CommandRow.run_id == "tracker")).all() == []
+            runs = {r.id: r for r in s.scalars(select(Run))}
+            assert (runs["tracker"].capabilities, runs["tracker"].recovery_state) == ([], "running")
+            assert read.incidents(s, "tracker") == []
+            assert runs["no-rollback"].recovery_state == "halted" and runs["no-rollback"].lr_scale == 1.0
+            assert [i["outcome"] for i in read.incidents(s, "no-rollback")] == ["halted"]
+            assert read.transitions(s, "no-rollback")[-1]["reason"].startswith("rollback_unsupported")
