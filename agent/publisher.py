@@ -536,7 +536,7 @@ class Publisher:
         self._up = False
         if self._spill is not None:
             if len(self._spill):
-                log.warning("publisher: %d events left in %s; the next start replays them",
+                log.warning("publisher: %d events left in %s (kept; a later start does not replay another start's file)",
                             len(self._spill), self.config.spill_path)
             self._spill.close()
 

@@ -139,27 +139,37 @@ def full_spill_disk(ctx: Ctx) -> Measured:
 @scenario("h13_planted_spill_symlink", "13: the spill path followed a planted symlink and overwrote its target",
           timeout_s=60)
 def planted_symlink(ctx: Ctx) -> Measured:
+    from core.kafka_config import KafkaConfig
+
     m = Measured()
-    kafka = fresh_kafka(ctx.bootstrap)
     target = ctx.path("precious.txt")
     target.write_bytes(b"keep me")
+    legacy = "cliffguard-spill-sym-r0.bin"  # the pre-instance name, predictable to an attacker
     planted = {
-        "link at the spill file": lambda d: (d.mkdir(mode=0o700), (d / "cliffguard-spill-sym-r0.bin").symlink_to(target)),
+        "link at the spill file": lambda d: (d.mkdir(mode=0o700), (d / legacy).symlink_to(target)),
         "link as the spill dir": lambda d: d.symlink_to(target.parent),
         "another user's dir": lambda d: (d.mkdir(mode=0o777), os.chown(d, 65534, 65534)),
     }
+    dead = KafkaConfig(bootstrap="127.0.0.1:1")  # no broker: every event goes to the spill file
     for what, plant in planted.items():
         spill_dir = ctx.tmp / f"spill-{len(os.listdir(ctx.tmp))}"
         plant(spill_dir)
         m.forged_sent += 1
         try:
-            tr = TinyTraining("sym", kafka, spill_dir)
+            tr = TinyTraining("sym", dead, spill_dir)
         except ValueError as exc:
             m.check("spill_path" in str(exc), f"{what}: refused without naming spill_path: {exc}")
             continue
+        for _ in range(5):
+            tr.step()
         tr.close()
-        m.forged_obeyed += 1
-        m.check(False, f"{what}: accepted")
+        # Each start spills to a file named by its own instance id, never a name planted in advance.
+        spills = [p for p in spill_dir.iterdir() if p.name.startswith("cliffguard-spill-") and p.name != legacy]
+        if not spills or any(p.is_symlink() or not p.is_file() for p in spills):
+            m.forged_obeyed += 1
+            m.check(False, f"{what}: accepted, and the spill went to {[str(p) for p in spills]}")
+        else:
+            m.note(f"{what}: the planted name was left alone; this start spilled to {spills[0].name}")
     m.check(target.read_bytes() == b"keep me", "the planted link's target was changed")
     m.note(f"{m.forged_sent - m.forged_obeyed} of {m.forged_sent} planted spill paths refused, target intact")
     return m
