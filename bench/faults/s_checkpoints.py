@@ -69,8 +69,9 @@ def _command(tr, m: Measured, ctype: str, **args: Any) -> tuple[AckStatus, str]:
 
 def _plant(root: Path) -> list[Path]:
     root.mkdir(parents=True, exist_ok=True)
-    bad = {"full-000000900.pt.json": "{}", "incremental-000000950.pt.json": '{"step": 950, "kind": "incr',
-           "full-000000990.pt.json": '{"step": "990", "kind": "full", "sha256": 7}'}
+    # DCP checkpoints: one shared directory per checkpoint, committed by ``<name>.json`` beside it
+    bad = {"full-000000900.json": "{}", "incremental-000000950.json": '{"step": 950, "kind": "incr',
+           "full-000000990.json": '{"step": "990", "kind": "full", "sha256": 7}'}
     for name, text in bad.items():
         (root / name).write_text(text)
     return [root / n for n in bad]
@@ -81,7 +82,7 @@ def _plant(root: Path) -> list[Path]:
 def malformed_sidecar(ctx: Ctx) -> Measured:
     m = Measured()
     ckpt = ctx.tmp / "ckpt"
-    bad = _plant(ckpt / "rank0")
+    bad = _plant(ckpt)
     tr = _trainer(ctx.tmp, "sidecar", ckpt)
     try:
         _train(tr, 25)
@@ -113,7 +114,7 @@ def reused_run_dir(ctx: Ctx) -> Measured:
         _train(old, 81)  # checkpoints at 20..80: higher steps than the new run reaches
     finally:
         _close(old)
-    old_files = sorted(p.name for p in (ckpt / "rank0").iterdir())
+    old_files = sorted(p.name for p in ckpt.iterdir())
     new = _trainer(ctx.tmp, "new-run", ckpt)
     try:
         _train(new, 35)
@@ -122,7 +123,7 @@ def reused_run_dir(ctx: Ctx) -> Measured:
         m.check(status is AckStatus.APPLIED, f"rollback to the new run's own step 20: {status} {detail}")
     finally:
         _close(new)
-    left = {p.name for p in (ckpt / "rank0").iterdir()}
+    left = {p.name for p in ckpt.iterdir()}
     m.check(set(old_files) <= left, f"{len(set(old_files) - left)} of the old run's files were removed")
     m.note(f"old run's {len(old_files)} files kept; new run kept its own [20, 30]")
     return m

@@ -62,7 +62,7 @@ def no_secret(ctx: Ctx) -> Measured:
                 tr.step()
         finally:
             tr.close()
-        trainer = _trainer(ctx.tmp, "secret-ckpt", ctx.tmp / "ckpt", writer="process")
+        trainer = _trainer(ctx.tmp, "secret-ckpt", ctx.tmp / "ckpt")
         try:
             _train(trainer, 21)
         finally:
