@@ -145,6 +145,7 @@ def measure(kafka: Any, *, nproc: int = 8, steps: int = 60, ranks_every: int = 2
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         frozen_at: float | None = None
         frozen_step: int | None = None
+        pid: int | None = None
         try:
             log.wait(lambda: _last_run_step(log) >= freeze_at, timeout_s, f"step {freeze_at}")
             pid = _rank_pid(str(out_dir), freeze_rank)
@@ -157,10 +158,16 @@ def measure(kafka: Any, *, nproc: int = 8, steps: int = 60, ranks_every: int = 2
             log.wait(lambda: [e for e in list(log.events) if e.type is EventType.HEARTBEAT
                               and e.ts >= frozen_at + silence_s + 2 * heartbeat_s], 60, "heartbeats after the stop")
         finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            # The stopped rank first, by pid: torchrun's workers may sit in a process group of their
+            # own, and a stopped process outlives a group kill that does not reach it.
+            for kill in ((lambda: os.kill(pid, signal.SIGKILL)) if pid is not None else None,
+                         lambda: os.killpg(proc.pid, signal.SIGKILL)):
+                if kill is None:
+                    continue
+                try:
+                    kill()
+                except ProcessLookupError:
+                    pass
             proc.wait(30)
             time.sleep(0.5)
             log.close()
