@@ -28,7 +28,6 @@ import argparse
 import json
 import logging
 import math
-import os
 import re
 import secrets
 import shutil
@@ -38,9 +37,6 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
-
-from core.deployment import AGENT_SECRET_ENV, PRIVATE_KEY_ENV, PUBLIC_KEY_ENV
-from core.keys import generate_keys
 
 DEFAULT_STEPS = 600
 DEFAULT_DIR = "cliffguard-demo"
@@ -60,13 +56,6 @@ BLOWUP_SPEC = "x100:3"
 """LR x100 for 3 steps. Only the first of them updates the weights (the guard skips the updates
 of the steps whose loss spikes), and that one must damage them enough that the loss stays >= 5σ
 for 3 steps and validation is far above the baseline: x30 left the loss at 5.0σ, too close."""
-CONTROLLER_ENV = {
-    # The demo's broker is Tansu: a group's first join waits ~max_poll_interval_ms.
-    "CLIFFGUARD_CONTROLLER__GROUP_ID": "cliffguard-demo",
-    "CLIFFGUARD_CONTROLLER__MAX_POLL_INTERVAL_MS": "3000",
-    "CLIFFGUARD_CONTROLLER__SESSION_TIMEOUT_MS": "3000",
-    "CLIFFGUARD_CONTROLLER__HEARTBEAT_INTERVAL_MS": "500",
-}
 _PROGRESS = re.compile(r"^step\s+\d+/\d+")
 _NOTABLE = re.compile(r"Traceback|Error|rollback|rolled back|resumed|paused|halt|fault", re.IGNORECASE)
 
@@ -99,22 +88,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
-def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "cliffguard.cli", *args]
-
-
 def _say(msg: str) -> None:
     print(f"[demo] {msg}", flush=True)
 
 
 def _pick_port(wanted: int, what: str) -> int:
-    from controller.broker import free_port, port_is_free
+    from cliffguard.demo_stack import pick_port
 
-    if port_is_free("127.0.0.1", wanted):
-        return wanted
-    port = free_port()
-    _say(f"port {wanted} is taken; the {what} uses {port} instead")
-    return port
+    return pick_port(wanted, what, _say)
 
 
 def _wait_for(pred, timeout_s: float, poll_s: float = 0.5) -> bool:
@@ -218,30 +199,16 @@ def run(args: argparse.Namespace) -> int:
     marker.write_text("made by `cliffguard demo`, which empties this directory at start\n")
 
     from cliffguard.commands.dashboard import without_command_secret
+    from cliffguard.demo_stack import cli as _cli
+    from cliffguard.demo_stack import start_monitoring
     from cliffguard.procs import ProcessSet
-    from controller.broker import EmbeddedBroker, ensure_topics
-    from controller.store.db import Store
 
     procs = ProcessSet()
     stopping = False
-    broker: EmbeddedBroker | None = None
-    store = None
+    stack = None
     try:
-        broker = EmbeddedBroker(port=_pick_port(args.broker_port, "broker"), log_path=out_dir / "broker.log").start()
-        kafka = broker.kafka_config(partitions=1)
-        ensure_topics(kafka)
-        _say(f"broker on {broker.bootstrap} (topics {kafka.metrics_topic}, {kafka.commands_topic}, {kafka.dlq_topic})")
-
-        db_url = f"sqlite:///{out_dir / 'cliffguard.db'}"
-        store = Store.open(db_url)  # migrate before anyone else touches it
-        keys = generate_keys(out_dir / "keys")
-        env = {**without_command_secret(os.environ), "PYTHONUNBUFFERED": "1"}
-        agent_secret = {f"{AGENT_SECRET_ENV}_FILE": str(keys["agent_secret"])}
-        controller = procs.spawn("controller", _cli("controller", "--db", db_url, "--bootstrap", broker.bootstrap),
-                                 env={**env, **CONTROLLER_ENV, f"{PRIVATE_KEY_ENV}_FILE": str(keys["private"]),
-                                      **agent_secret},
-                                 log_path=out_dir / "controller.log")
-        _say(f"controller started (pid {controller.proc.pid}); store {db_url}; log {out_dir / 'controller.log'}")
+        stack = start_monitoring(out_dir, procs, broker_port=args.broker_port, say=_say)
+        controller, env, db_url, store = stack.controller, stack.env, stack.db_url, stack.store
 
         if not args.no_dashboard:
             port = _pick_port(args.dashboard_port, "dashboard")
@@ -253,7 +220,7 @@ def run(args: argparse.Namespace) -> int:
             _say(f"dashboard at http://127.0.0.1:{port}  (operator token: {token})")
 
         run_id = f"demo-{time.strftime('%H%M%S')}-{uuid.uuid4().hex[:4]}"
-        train_args = ["train", "--nproc", str(args.nproc), "--bootstrap", broker.bootstrap, "--run", run_id,
+        train_args = ["train", "--nproc", str(args.nproc), "--bootstrap", stack.bootstrap, "--run", run_id,
                       "--out-dir", str(out_dir / "runs"), "--steps", str(args.steps),
                       "--progress-every", str(max(10, args.steps // 30))]
         for f in fault_texts:
@@ -267,7 +234,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"  {line}", flush=True)
 
         trainer = procs.spawn("train", _cli(*train_args), log_path=out_dir / "train.log", on_line=show,
-                              env={**env, f"{PUBLIC_KEY_ENV}_FILE": str(keys["public"]), **agent_secret})
+                              env=stack.trainer_env)
         watch = StoreWatch(store, run_id)
         while trainer.running:
             if not controller.running:
@@ -321,10 +288,8 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         procs.stop_all()
-        if broker is not None:
-            broker.stop()
-        if store is not None:
-            store.close()
+        if stack is not None:
+            stack.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
