@@ -55,6 +55,10 @@ class ElasticDemoConfig:
     """Rank 0 sleeps this long every step (the slow_rank fault), so that on 2 loaded cores the
     rejoining agent (tens of seconds to start) joins while the run still has steps to go."""
 
+    batch_policy: str = "proportional"
+    """trainer/elastic.py's policies: ``proportional``/``halve`` (world 2 trains at B/2, the issue's
+    scenario and the default) or ``keep`` (B via gradient accumulation)."""
+    lr_rule: str = "sqrt"
     monitor: bool = True
     """Broker, store and controller, with ``faults``; False: a plain elastic run (the loss bench)."""
     faults: tuple[str, ...] = ("corrupt@45", "corrupt@46", "corrupt@47", "lr_blowup@75x100:3")
@@ -73,8 +77,11 @@ class ElasticDemoConfig:
             raise ValueError("global_batch: must split over 4 ranks and, halved, over 2 (a multiple of 8)")
         if self.ckpt_every < 1 or self.ckpt_every >= self.rejoin_at - self.kill_at:
             raise ValueError("ckpt_every: must be >= 1 and below rejoin_at - kill_at")
+        from trainer.elastic import BATCH_POLICIES, LR_RULES
         from trainer.faults import FaultSpec
 
+        if self.batch_policy not in BATCH_POLICIES or self.lr_rule not in LR_RULES:
+            raise ValueError(f"batch_policy: one of {BATCH_POLICIES}, lr_rule one of {LR_RULES}")
         for f in self.faults:
             try:
                 spec = FaultSpec.parse(f)
@@ -95,8 +102,8 @@ def train_argv(cfg: ElasticDemoConfig, endpoint: str, world_nodes: str = "1:2", 
             "--steps", str(cfg.steps), "--global-batch", str(cfg.global_batch), "--warmup-steps", "5",
             "--ckpt-every", str(cfg.ckpt_every), "--full-every", "0", "--snapshot-every", str(cfg.ckpt_every),
             "--val-every", "10" if bootstrap else "0", "--progress-every", "5", "--n-layer", str(layers), "--n-head", str(heads),
-            "--n-embd", str(width), "--max-bytes", str(cfg.max_bytes), "--batch-policy", "proportional",
-            "--lr-rule", "sqrt", "--collective-timeout-s", "30", "--rdzv-timeout-s", "300", "--max-restarts", "6",
+            "--n-embd", str(width), "--max-bytes", str(cfg.max_bytes), "--batch-policy", cfg.batch_policy,
+            "--lr-rule", cfg.lr_rule, "--collective-timeout-s", "30", "--rdzv-timeout-s", "300", "--max-restarts", "6",
             *(["--fault", f"slow_rank@0:{cfg.pace_s}"] if cfg.pace_s else [])]
 
 
@@ -278,7 +285,8 @@ def summarize(cfg: ElasticDemoConfig, events: list[dict[str, Any]], mark: dict[s
     scale = [{"step": e["step"], "from_world": e["from_world"], "to_world": e["to_world"],
               "global_batch": e["global_batch"], "lr": e["lr"], "lr_factor": e["lr_factor"],
               "steps_lost": e["steps_lost"], "seconds_lost": e["seconds_lost"]} for e in events]
-    expected = [(4, 2, cfg.global_batch // 2), (2, 4, cfg.global_batch)]
+    expected = [(4, 2, cfg.global_batch if cfg.batch_policy == "keep" else cfg.global_batch // 2),
+                (2, 4, cfg.global_batch)]
     got = [(e["from_world"], e["to_world"], e["global_batch"]) for e in scale]
     finished = int(mark.get("step", -1)) >= cfg.steps and exit_code == 0
     incidents = [] if facts is None else facts["incidents"]

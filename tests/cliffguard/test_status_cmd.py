@@ -45,3 +45,18 @@ def test_status_of_one_run_tells_its_incidents_and_commands(recorded, capsys):
     text = capsys.readouterr().out
     assert all(f"incident {i['id'][:8]}" in text for i in summary["incidents"])
     assert main(["status", "no-such-run", "--db", url]) == 1
+
+
+def test_status_of_an_elastic_run_tells_its_world_batch_and_scale_changes(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("CLIFFGUARD_CONFIG", raising=False)
+    shutil.copy(DATA / "elastic_store.db", tmp_path / "elastic.db")
+    url, summary = f"sqlite:///{tmp_path / 'elastic.db'}", json.loads((DATA / "elastic_store.json").read_text())
+    assert main(["status", summary["run"], "--db", url, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["scale"]["world"], doc["scale"]["global_batch"]) == (4, 16)
+    assert [(e["from_world"], e["to_world"], e["global_batch"]) for e in doc["elastic_events"]] == [
+        (e["from_world"], e["to_world"], e["global_batch"]) for e in summary["scale_events"]]
+    assert main(["status", summary["run"], "--db", url]) == 0
+    text = capsys.readouterr().out
+    assert "world 4, global batch 16 (2 scale changes)" in text
+    assert "scaled down at step 100: world 4 -> 2, global batch 16 -> 8" in text
