@@ -261,7 +261,7 @@ def run_elastic_demo(cfg: ElasticDemoConfig, log=print) -> dict[str, Any]:
 def _monitored_facts(cfg: ElasticDemoConfig, stack: Any, log) -> dict[str, Any]:
     """The store's view once the controller has read the run's tail (open incidents closed, or
     ``settle_s`` passed)."""
-    from cliffguard.commands.demo import collect
+    from cliffguard.demo_stack import collect
 
     deadline = time.time() + 60
     while time.time() < deadline and _open_incidents(stack.store, cfg.run) != 0:

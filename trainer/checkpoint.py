@@ -372,7 +372,6 @@ class CheckpointManager:
     def restore(self, step: int, discard_newer: bool = True) -> tuple[dict[str, Any], str]:
         """(state, "memory"|"disk") for exactly this step; KeyError if absent or corrupt. The state
         is the caller's own copy (optimizer.load_state_dict keeps the tensors it is given)."""
-        self.fence()
         self.wait()
         with self._lock:
             snap = self.ring.get(step)
@@ -451,7 +450,10 @@ class CheckpointManager:
 
     # -- lifecycle -----------------------------------------------------------------------
     def wait(self) -> None:
-        """Block until every queued disk write finished (verified or reported failed)."""
+        """Block until every snapshot holds its copy and every queued disk write finished (verified
+        or reported failed): before anything changes the state in place outside the fenced
+        optimizer (a restore into the model, for one), call this or ``fence``."""
+        self.fence()
         self._jobs.join()
 
     def close(self) -> None:

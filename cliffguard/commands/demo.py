@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import re
 import secrets
 import shutil
@@ -37,6 +36,8 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
+
+from cliffguard.demo_stack import collect  # noqa: E402,F401 - the demo's summary facts (re-exported)
 
 DEFAULT_STEPS = 600
 DEFAULT_DIR = "cliffguard-demo"
@@ -136,32 +137,6 @@ class StoreWatch:
             run = read.get_run(s, self.run_id)
             open_incs = read.incidents(s, self.run_id, open_only=True)
         return run is not None and run["status"] != "running" and not open_incs
-
-
-def collect(store: Any, run_id: str) -> dict[str, Any]:
-    """Incidents (oldest first, with transitions), loss figures and steps lost, from the store."""
-    from cliffguard.demo_summary import incident_summary
-    from controller.store import read
-
-    with store.session() as s:
-        run = read.get_run(s, run_id)
-        incs = read.incidents(s, run_id, limit=None)[::-1]
-        out = [incident_summary(i, read.transitions(s, run_id, incident_id=i["id"], limit=None)) for i in incs]
-        curve = read.loss_curve(s, run_id, max_points=None)
-        flags = [f for f in read.data_flags(s, run_id, limit=None) if f["rule"] == "transient_spike"]
-        steps_lost = read.redone_steps(s, run_id)
-    finite = [p for p in curve if p["loss"] is not None and math.isfinite(p["loss"])]
-    tail = sorted(finite, key=lambda p: p["ts"])[-10:]
-    return {
-        "run_status": None if run is None else run["status"],
-        "last_step": None if run is None else run["last_step"],
-        "lr_scale": None if run is None else run["lr_scale"],
-        "incidents": out,
-        "initial_loss": finite[0]["loss"] if finite else None,
-        "final_loss": sum(p["loss"] for p in tail) / len(tail) if tail else None,
-        "steps_lost": steps_lost,
-        "flagged_samples": sum(len(f["sample_ids"]) for f in flags),
-    }
 
 
 def run(args: argparse.Namespace) -> int:
