@@ -14,6 +14,9 @@ of the window, so every write has training steps after it to interfere with:
 - ``async``: ``CheckpointManager.save(step, state, "full")``: a copy into a preallocated (recycled)
   flat CPU buffer on the training thread, then a torch.distributed.checkpoint save + sha256 +
   layout check + rename + sidecar on the writer thread;
+- ``async_overlap``: the same with ``overlap_copy`` (the copy runs on the manager's copier thread,
+  overlapped with the next forward/backward; the optimizer's next ``step`` waits for it): the block
+  is the state walk only, the stall includes any wait at that step and the copier's CPU share;
 - ``dcp_default``: ``dcp.async_save(state, ...)`` with DCP's own ``DefaultStager`` (thread
   executor): the stock way, for comparison of the blocking time.
 
@@ -26,7 +29,9 @@ median, which load noise can push below it);
 ``writer_tail_ms`` = how long the writer was still busy after the window ended (not counted in
 the stall; ``stall_upper_ms`` adds it: the stall if the loop had to wait for the writer).
 ``ratio`` = async stall / sync stall (lower is better); ``ratio_block`` = async block / sync block;
-``ratio_dcp_default_block`` = DCP default-stager block / sync block. The block is the stall on an
+``ratio_dcp_default_block`` = DCP default-stager block / sync block; ``block_parts`` splits the
+async block into the state walk and the one ``_foreach_copy_``, and ``ratio_copy_floor`` = that copy
+/ sync block: the floor of any snapshot copied on the training thread. The block is the stall on an
 idle machine (a GPU host's writer runs on otherwise idle cores); the stall includes the CPU
 contention of the background write on this shared CPU.
 """
@@ -99,8 +104,11 @@ class _Bench:
         (root / "dcp_default").mkdir(parents=True)
         self.mgrs: dict[str, Any] = {
             "async": CheckpointManager(CheckpointConfig(dir=str(root / "async"), keep_full=2)),
+            "async_overlap": CheckpointManager(CheckpointConfig(dir=str(root / "async_overlap"), keep_full=2,
+                                                                overlap_copy=True)),
             "dcp_default": _DcpDefault(root / "dcp_default"),
         }
+        self.mgrs["async_overlap"].fence_before(self.opt)
         for mgr in self.mgrs.values():  # warm-up: the first save allocates the staging buffers
             mgr.save(0, _state(self.model, self.opt), "full")
             mgr.wait()
@@ -149,8 +157,32 @@ class _Bench:
             mgr.close()
 
 
+def block_parts(state_fn, repeats: int = 9) -> dict[str, float]:
+    """Where the async save's blocking time goes (medians, ms): ``flatten_ms`` the whole copy into a
+    warm recycled buffer (what ``CheckpointManager.save`` blocks on, less the enqueue),
+    ``walk_ms`` collecting the state's tensors and laying out the buffer (``flatten(copy=False)``),
+    ``copy_ms`` the one ``_foreach_copy_`` (``fill``: memory bandwidth, the floor of any copy on
+    the training thread)."""
+    from trainer.checkpoint_io import fill, flatten
+
+    spare = flatten(state_fn())
+    parts: dict[str, list[float]] = {"flatten_ms": [], "walk_ms": [], "copy_ms": []}
+    for _ in range(repeats):
+        state = state_fn()
+        t0 = time.perf_counter()
+        spare = flatten(state, spare)
+        t1 = time.perf_counter()
+        spare = flatten(state, spare, copy=False)
+        t2 = time.perf_counter()
+        fill(spare)
+        t3 = time.perf_counter()
+        for key, dt in (("flatten_ms", t1 - t0), ("walk_ms", t2 - t1), ("copy_ms", t3 - t2)):
+            parts[key].append(dt * 1000)
+    return {k: statistics.median(v) for k, v in parts.items()}
+
+
 def bench_size(name: str, cfg: GPTConfig, steps: int, batch: int, repeats: int) -> dict[str, Any]:
-    modes = ["none", "sync", "sync_fsync", "async", "dcp_default"]
+    modes = ["none", "sync", "sync_fsync", "async", "async_overlap", "dcp_default"]
     times: dict[str, list[float]] = {m: [] for m in modes}
     blocks: dict[str, list[float]] = {m: [] for m in modes}
     tails: dict[str, list[float]] = {m: [] for m in modes}
@@ -168,6 +200,7 @@ def bench_size(name: str, cfg: GPTConfig, steps: int, batch: int, repeats: int) 
                     nbytes = max(nbytes, nb)
                 if (r + 1) % 5 == 0 or r + 1 == repeats:
                     print(f"  [{name}] {r + 1}/{repeats} rounds", flush=True)
+            parts = block_parts(lambda: _state(bench.model, bench.opt))
         finally:
             bench.close()
     res: dict[str, Any] = {
@@ -191,7 +224,11 @@ def bench_size(name: str, cfg: GPTConfig, steps: int, batch: int, repeats: int) 
     res["ratio"] = res["async_stall_ms"] / sync if sync > 0 else None
     res["ratio_block"] = res["async_block_ms"] / res["sync_block_ms"]
     res["ratio_dcp_default_block"] = res["dcp_default_block_ms"] / res["sync_block_ms"]
+    res["ratio_overlap_block"] = res["async_overlap_block_ms"] / res["sync_block_ms"]
+    res["ratio_overlap"] = res["async_overlap_stall_ms"] / sync if sync > 0 else None
     res["ratio_upper"] = res["async_stall_upper_ms"] / sync if sync > 0 else None
+    res["block_parts"] = parts
+    res["ratio_copy_floor"] = parts["copy_ms"] / res["sync_block_ms"]
     return res
 
 
@@ -217,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     out["ratio"] = first["ratio"]
     out["ratio_block"] = first["ratio_block"]
     out["block_ratio_ok"] = all(r["ratio_block"] <= 0.1 for r in out["sizes"].values())
+    out["overlap_block_ratio_ok"] = all(r["ratio_overlap_block"] <= 0.1 for r in out["sizes"].values())
 
     print("\nper checkpoint, medians over rounds (ms): block = inside the call; stall = window time minus the"
           " same round's no-checkpoint window; tail = writer still busy after the window")
@@ -224,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
             f" {'tail':>8}")
     print(head)
     for name, r in out["sizes"].items():
-        for i, mode in enumerate(("sync", "sync_fsync", "async", "dcp_default")):
+        for i, mode in enumerate(("sync", "sync_fsync", "async", "async_overlap", "dcp_default")):
             lead = (f"  {name:<8} {r['n_params']:>10,} {r['checkpoint_bytes'] / 1e6:>8.1f} {r['step_ms']:>8.1f}"
                     if i == 0 else f"  {'':<8} {'':>10} {'':>8} {'':>8}")
             print(f"{lead} {mode:<13} {r[f'{mode}_block_ms']:>8.2f} {r[f'{mode}_stall_ms']:>8.2f}"
@@ -233,6 +271,12 @@ def main(argv: list[str] | None = None) -> int:
         upper = "n/a" if r["ratio_upper"] is None else f"{r['ratio_upper']:.3f}"
         print(f"  {'':<8} ratio async/sync: block {r['ratio_block']:.3f} (DCP default stager"
               f" {r['ratio_dcp_default_block']:.3f}); with CPU contention: stall {stall}, stall+tail {upper}")
+        ov = "n/a" if r["ratio_overlap"] is None else f"{r['ratio_overlap']:.3f}"
+        print(f"  {'':<8} overlap_copy (copy on the copier thread, the optimizer step waits for it): block "
+              f"{r['ratio_overlap_block']:.3f}, stall {ov}")
+        bp = r["block_parts"]
+        print(f"  {'':<8} block parts: flatten {bp['flatten_ms']:.2f} ms = walk and layout {bp['walk_ms']:.2f} + copy "
+              f"{bp['copy_ms']:.2f}; the copy alone is {r['ratio_copy_floor']:.3f} x sync")
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(out, indent=2) + "\n")
         print(f"wrote {args.json_path}")

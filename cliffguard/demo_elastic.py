@@ -9,11 +9,19 @@ one node, and they resume from the newest disk checkpoint at world 2 with half t
 agent is started again: the first agent sees a node waiting, restarts its workers, and the run
 resumes at world 4 with the declared batch. The trainers' rank 0 appends each scale event to
 ``elastic-events-<tag>.jsonl`` and keeps a progress mark (step, loss) beside the checkpoints;
-the summary comes from those. No broker or controller here (``cliffguard demo`` has them):
-``incidents`` is empty by construction.
+the scale events and the final loss come from those.
 
-``ok`` only when exactly the expected events happened: a scale-down 4 -> 2 with global batch
-B/2, then a scale-up 2 -> 4 with B, and the run reached its last step.
+Monitored like ``cliffguard demo`` (cliffguard/demo_stack.py: embedded broker, SQLite store
+``<dir>/cliffguard.db``, controller) with its spike faults, injected before the kill: corrupted
+data (3 batches: validation normal -> ``resumed``) and an LR blow-up (-> ``rolled_back`` before
+it, LR x 0.5). The controller's windows are shortened for a run this short (``stable_window`` and
+``recover_window``); the kill waits until no incident is open, so a scale change never lands in
+the middle of a recovery. ``incidents`` and their verdict come from the store
+(cliffguard/demo_summary.py).
+
+``ok`` only when exactly the expected scale events happened (a scale-down 4 -> 2 with global
+batch B/2, then a scale-up 2 -> 4 with B), every injected fault had its expected incident, and
+the run reached its last step.
 """
 
 from __future__ import annotations
@@ -32,9 +40,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 @dataclass(kw_only=True, slots=True)
 class ElasticDemoConfig:
-    steps: int = 150
-    kill_at: int = 20
-    rejoin_at: int = 30
+    steps: int = 170
+    kill_at: int = 100
+    """The earliest kill step; the kill also waits until no incident is open."""
+    rejoin_at: int = 110
     global_batch: int = 16
     ckpt_every: int = 5
     out_dir: str = "cliffguard-demo-elastic"
@@ -46,6 +55,21 @@ class ElasticDemoConfig:
     """Rank 0 sleeps this long every step (the slow_rank fault), so that on 2 loaded cores the
     rejoining agent (tens of seconds to start) joins while the run still has steps to go."""
 
+    batch_policy: str = "proportional"
+    """trainer/elastic.py's policies: ``proportional``/``halve`` (world 2 trains at B/2, the issue's
+    scenario and the default) or ``keep`` (B via gradient accumulation)."""
+    lr_rule: str = "sqrt"
+    monitor: bool = True
+    """Broker, store and controller, with ``faults``; False: a plain elastic run (the loss bench)."""
+    faults: tuple[str, ...] = ("corrupt@45", "corrupt@46", "corrupt@47", "lr_blowup@75x100:3")
+    """Spike faults as ``cliffguard train --fault`` takes them (those of ``cliffguard demo``). Not
+    earlier: while the first ~30 steps' fast descent is in the spike rule's window its σ is wide
+    (measured: corrupted batches at step 30, loss 6.1 vs 3.0, stayed below 5σ); the blow-up needs a
+    stable checkpoint ``stable_window`` steps behind it."""
+    stable_window: int = 15
+    recover_window: int = 15
+    """The controller's recovery windows (controller/recovery_types.py), short for a short run."""
+
     def __post_init__(self) -> None:
         if not 0 < self.kill_at < self.rejoin_at < self.steps:
             raise ValueError("kill_at: need 0 < kill_at < rejoin_at < steps")
@@ -53,17 +77,33 @@ class ElasticDemoConfig:
             raise ValueError("global_batch: must split over 4 ranks and, halved, over 2 (a multiple of 8)")
         if self.ckpt_every < 1 or self.ckpt_every >= self.rejoin_at - self.kill_at:
             raise ValueError("ckpt_every: must be >= 1 and below rejoin_at - kill_at")
+        from trainer.elastic import BATCH_POLICIES, LR_RULES
+        from trainer.faults import FaultSpec
+
+        if self.batch_policy not in BATCH_POLICIES or self.lr_rule not in LR_RULES:
+            raise ValueError(f"batch_policy: one of {BATCH_POLICIES}, lr_rule one of {LR_RULES}")
+        for f in self.faults:
+            try:
+                spec = FaultSpec.parse(f)
+            except ValueError as exc:
+                raise ValueError(f"faults: {exc}") from None
+            if spec.step >= self.kill_at:
+                raise ValueError(f"faults: {f} is not before kill_at (spike faults run at world 4)")
+        if self.faults and not self.monitor:
+            raise ValueError("faults: need monitor (the controller handles them)")
 
 
-def train_argv(cfg: ElasticDemoConfig, endpoint: str, world_nodes: str = "1:2", nproc: int = 2) -> list[str]:
+def train_argv(cfg: ElasticDemoConfig, endpoint: str, world_nodes: str = "1:2", nproc: int = 2,
+               bootstrap: str | None = None) -> list[str]:
     layers, heads, width = cfg.model
+    stream = ["--bootstrap", bootstrap, *(a for f in cfg.faults for a in ("--fault", f))] if bootstrap else ["--no-monitor"]
     return [sys.executable, "-m", "cliffguard", "train", "--nnodes", world_nodes, "--nproc", str(nproc),
-            "--run", cfg.run, "--out-dir", cfg.out_dir, "--no-monitor", "--rdzv-endpoint", endpoint,
+            "--run", cfg.run, "--out-dir", cfg.out_dir, *stream, "--rdzv-endpoint", endpoint,
             "--steps", str(cfg.steps), "--global-batch", str(cfg.global_batch), "--warmup-steps", "5",
             "--ckpt-every", str(cfg.ckpt_every), "--full-every", "0", "--snapshot-every", str(cfg.ckpt_every),
-            "--val-every", "0", "--progress-every", "5", "--n-layer", str(layers), "--n-head", str(heads),
-            "--n-embd", str(width), "--max-bytes", str(cfg.max_bytes), "--batch-policy", "proportional",
-            "--lr-rule", "sqrt", "--collective-timeout-s", "30", "--rdzv-timeout-s", "300", "--max-restarts", "6",
+            "--val-every", "10" if bootstrap else "0", "--progress-every", "5", "--n-layer", str(layers), "--n-head", str(heads),
+            "--n-embd", str(width), "--max-bytes", str(cfg.max_bytes), "--batch-policy", cfg.batch_policy,
+            "--lr-rule", cfg.lr_rule, "--collective-timeout-s", "30", "--rdzv-timeout-s", "300", "--max-restarts", "6",
             *(["--fault", f"slow_rank@0:{cfg.pace_s}"] if cfg.pace_s else [])]
 
 
@@ -111,9 +151,10 @@ def run_uninterrupted(cfg: ElasticDemoConfig) -> dict[str, Any]:
             "seconds": round(time.time() - t0, 1)}
 
 
-def _start(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
+def _start(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     fh = log.open("ab")
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    base = os.environ if env is None else env
+    env = {**base, "PYTHONPATH": str(REPO) + os.pathsep + base.get("PYTHONPATH", "")}
     return subprocess.Popen(argv, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
@@ -134,7 +175,18 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
+def _open_incidents(store: Any, run_id: str) -> int | None:
+    from controller.store import read
+
+    try:
+        with store.session() as s:
+            return len(read.incidents(s, run_id, open_only=True))
+    except Exception:  # noqa: BLE001 - a busy SQLite moment: ask again next poll
+        return None
+
+
 def run_elastic_demo(cfg: ElasticDemoConfig, log=print) -> dict[str, Any]:
+    from cliffguard.procs import ProcessSet
     from controller.broker import free_port
 
     run_dir = Path(cfg.out_dir) / cfg.run
@@ -144,52 +196,114 @@ def run_elastic_demo(cfg: ElasticDemoConfig, log=print) -> dict[str, Any]:
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
     mark_path, events_path = _paths(cfg)
-    endpoint = f"127.0.0.1:{free_port()}"
     t0 = time.time()
-    first = _start(train_argv(cfg, endpoint), run_dir / "agent-a.log")
-    time.sleep(3.0)  # the first agent hosts the rendezvous store: it must outlive the second
-    second = _start(train_argv(cfg, endpoint), run_dir / "agent-b.log")
+    procs = ProcessSet()
+    stack = None
+    first = second = None
     killed_at = rejoined_at = None
     try:
+        env = None
+        bootstrap = None
+        if cfg.monitor:
+            from cliffguard.demo_stack import start_monitoring
+
+            monitor_dir = Path(cfg.out_dir) / "monitor"  # fresh store and keys: the summary is this run's
+            if monitor_dir.exists():
+                import shutil
+
+                shutil.rmtree(monitor_dir)
+            monitor_dir.mkdir(parents=True)
+            stack = start_monitoring(monitor_dir, procs, broker_port=0, say=log, controller_env={
+                "CLIFFGUARD_RECOVERY__STABLE_WINDOW": str(cfg.stable_window),
+                "CLIFFGUARD_RECOVERY__RECOVER_WINDOW": str(cfg.recover_window)})
+            env, bootstrap = stack.trainer_env, stack.bootstrap
+        endpoint = f"127.0.0.1:{free_port()}"
+        argv = train_argv(cfg, endpoint, bootstrap=bootstrap)
+        first = _start(argv, run_dir / "agent-a.log", env)
+        time.sleep(3.0)  # the first agent hosts the rendezvous store: it must outlive the second
+        second = _start(argv, run_dir / "agent-b.log", env)
         while first.poll() is None and time.time() - t0 < cfg.timeout_s:
             time.sleep(0.5)
+            if stack is not None and not stack.controller.running:
+                log("elastic demo: the controller exited; see controller.log")
+                break
             mark = _read_json(mark_path) or {}
             step = int(mark.get("step", -1))
-            if killed_at is None and step >= cfg.kill_at:
+            if killed_at is None and step >= cfg.kill_at and (stack is None or _open_incidents(stack.store, cfg.run) == 0):
                 log(f"elastic demo: step {step}: killing the second agent's worker group")
                 _kill_group(second)
                 killed_at = step
             elif killed_at is not None and rejoined_at is None and step >= cfg.rejoin_at and _events(events_path):
                 log(f"elastic demo: step {step} at world 2: the second agent rejoins")
-                second = _start(train_argv(cfg, endpoint), run_dir / "agent-b.log")
+                second = _start(argv, run_dir / "agent-b.log", env)
                 rejoined_at = step
-        code = first.poll()
-        if code is None:
+        if first.poll() is None:
             log("elastic demo: timed out")
         if rejoined_at is not None:
             try:
                 second.wait(timeout=120)
             except subprocess.TimeoutExpired:
                 pass
+        facts = _monitored_facts(cfg, stack, log) if stack is not None else None
     finally:
         for proc in (first, second):
-            if proc.poll() is None:
+            if proc is not None and proc.poll() is None:
                 _kill_group(proc)
-    events = _events(events_path)
-    mark = _read_json(mark_path) or {}
+        procs.stop_all()
+        if stack is not None:
+            stack.close()
+    return summarize(cfg, _events(events_path), _read_json(mark_path) or {}, first.returncode, facts) | {
+        "killed_at": killed_at, "rejoined_at": rejoined_at, "seconds": round(time.time() - t0, 1),
+        "logs": [str(run_dir / "agent-a.log"), str(run_dir / "agent-b.log")]
+        + ([str(Path(cfg.out_dir) / "monitor" / "controller.log")] if stack is not None else [])}
+
+
+def _monitored_facts(cfg: ElasticDemoConfig, stack: Any, log) -> dict[str, Any]:
+    """The store's view once the controller has read the run's tail (open incidents closed, or
+    ``settle_s`` passed)."""
+    from cliffguard.demo_stack import collect
+
+    deadline = time.time() + 60
+    while time.time() < deadline and _open_incidents(stack.store, cfg.run) != 0:
+        time.sleep(1.0)
+    facts = collect(stack.store, cfg.run)
+    from controller.store import read
+
+    with stack.store.session() as s:
+        facts["stored_scale_events"] = read.elastic_events(s, cfg.run, limit=None)
+    log(f"elastic demo: {len(facts['incidents'])} incidents in the store")
+    return facts
+
+
+def summarize(cfg: ElasticDemoConfig, events: list[dict[str, Any]], mark: dict[str, Any], exit_code: int | None,
+              facts: dict[str, Any] | None) -> dict[str, Any]:
+    """The verdict (pure): the scale events as expected, the faults' incidents as
+    cliffguard/demo_summary.py judges them, and the run at its last step."""
+    from cliffguard.demo_summary import judge
+    from trainer.faults import FaultSpec
+
     scale = [{"step": e["step"], "from_world": e["from_world"], "to_world": e["to_world"],
               "global_batch": e["global_batch"], "lr": e["lr"], "lr_factor": e["lr_factor"],
               "steps_lost": e["steps_lost"], "seconds_lost": e["seconds_lost"]} for e in events]
-    expected = [(4, 2, cfg.global_batch // 2), (2, 4, cfg.global_batch)]
+    expected = [(4, 2, cfg.global_batch if cfg.batch_policy == "keep" else cfg.global_batch // 2),
+                (2, 4, cfg.global_batch)]
     got = [(e["from_world"], e["to_world"], e["global_batch"]) for e in scale]
-    finished = int(mark.get("step", -1)) >= cfg.steps and first.returncode == 0
-    ok = got == expected and finished
-    problems = [] if ok else [f"scale events {got}, expected {expected}" if got != expected else "",
-                              "" if finished else f"run ended at step {mark.get('step')} (exit {first.returncode})"]
-    return {"ok": ok, "scale_events": scale, "incidents": [], "final_loss": mark.get("loss"),
-            "final_step": mark.get("step"), "killed_at": killed_at, "rejoined_at": rejoined_at,
-            "seconds": round(time.time() - t0, 1), "problems": [p for p in problems if p],
-            "logs": [str(run_dir / "agent-a.log"), str(run_dir / "agent-b.log")]}
+    finished = int(mark.get("step", -1)) >= cfg.steps and exit_code == 0
+    incidents = [] if facts is None else facts["incidents"]
+    faults_ok, fault_results, unmatched = judge([FaultSpec.parse(f) for f in cfg.faults], incidents)
+    stored = None if facts is None else [(e["from_world"], e["to_world"], e["global_batch"])
+                                         for e in facts["stored_scale_events"]]
+    fault_problems = "; ".join(f"{r['fault']}: {r['problem']}" for r in fault_results if r["problem"])
+    problems = [f"scale events {got}, expected {expected}" if got != expected else "",
+                "" if finished else f"run ended at step {mark.get('step')} (exit {exit_code})",
+                "" if faults_ok else f"faults: {fault_problems or 'an incident halted or was abandoned'}",
+                "" if stored in (None, got) else f"the store holds scale events {stored}, the trainer logged {got}"]
+    return {"ok": not any(problems), "scale_events": scale,
+            "incidents": [{k: i[k] for k in ("id", "rule", "outcome", "spike_step", "rollback_to", "lr_scale")}
+                          for i in incidents],
+            "faults": fault_results, "unmatched_incidents": unmatched, "final_loss": mark.get("loss"),
+            "final_step": mark.get("step"), "steps_lost_to_rollbacks": None if facts is None else facts["steps_lost"],
+            "problems": [p for p in problems if p]}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,6 +25,7 @@ from dashboard.sections import (
     alerts,
     checkpoints,
     data_quality,
+    elastic,
     gradients,
     header,
     incidents,
@@ -92,6 +93,7 @@ def main() -> None:
     _live(loss.render, ctx, every)
     _live(incidents.render, ctx, every)
     _live(checkpoints.render, ctx, every)
+    _live(elastic.render, ctx, every)
     _live(gradients.render, ctx, every)
     _live(ranks.render, ctx, every)
     _live(alerts.render, ctx, every)

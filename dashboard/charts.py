@@ -249,6 +249,36 @@ def memory_chart(df: pd.DataFrame) -> Chart:
     return Chart(_clean(long[["step", "rank", "kind", "MiB"]]), spec, "memory: allocated (solid) / reserved (dashed)")
 
 
+def scale_chart(timeline: pd.DataFrame, lr: pd.DataFrame) -> Chart:
+    """World size (stepped, left axis), global batch (stepped, dashed, middle) and learning rate
+    (right axis) by step; a rule at each scale change. ``timeline``: step, world, global_batch
+    (one row per change, the last row repeated at the final step); ``lr``: step, lr."""
+    changes = timeline.iloc[1:-1] if len(timeline) > 2 else timeline.iloc[0:0]
+    x = {"field": "step", "type": "quantitative"}
+    spec = {
+        "height": 220,
+        "layer": [
+            {"mark": {"type": "line", "color": PURPLE, "interpolate": "step-after", "strokeWidth": 2.5},
+             "encoding": {"x": x, "y": {"field": "world", "type": "quantitative", "title": "world size",
+                                        "axis": {"titleColor": PURPLE, "tickMinStep": 1}},
+                          "tooltip": _tips("step", "world", "global_batch")}},
+            {"mark": {"type": "line", "color": GREEN, "interpolate": "step-after", "strokeDash": [6, 3]},
+             "encoding": {"x": x, "y": {"field": "global_batch", "type": "quantitative", "title": "global batch",
+                                        "axis": {"titleColor": GREEN, "orient": "right"}}}},
+            {"data": {"values": _records(lr[["step", "lr"]].dropna())}, "mark": {"type": "line", "color": BLUE},
+             "encoding": {"x": x, "y": {"field": "lr", "type": "quantitative", "title": "learning rate",
+                                        "axis": {"format": ".0e", "titleColor": BLUE, "orient": "right",
+                                                 "offset": 50}},
+                          "tooltip": _tips("step", "lr")}},
+            {"data": {"values": _records(changes[["step"]])}, "mark": {"type": "rule", "color": AMBER},
+             "encoding": {"x": x}},
+        ],
+        "resolve": {"scale": {"y": "independent"}},
+    }
+    return Chart(_clean(timeline[["step", "world", "global_batch"]]), spec,
+                 "world size (purple), global batch (green, dashed), learning rate (blue)")
+
+
 def _scale(colors: dict[str, str]) -> Spec:
     return {"domain": list(colors), "range": list(colors.values())}
 

@@ -73,6 +73,7 @@ from trainer.checkpoint_io import (
     clone_tensors,
     delete_entry,
     entry_path,
+    fill,
     flatten,
     load_checked,
     remove_unfinished,
@@ -109,6 +110,11 @@ class CheckpointConfig:
     """thread: DCP saves from a background thread (the only writer; "process" was the pre-DCP one)."""
     collective_timeout_s: float = 120.0
     """Timeout of the checkpoint process group's collectives (a dead peer fails a save, never hangs it)."""
+    overlap_copy: bool = False
+    """Copy the snapshot on a copier thread, overlapped with the next forward/backward, and wait for
+    it only before the optimizer next changes the state (a pipelined snapshot, as CheckFreq does).
+    Takes effect once ``fence_before(optimizer)`` is called: until then (and for anything else that
+    changes the state in place) the copy stays on the training thread."""
 
     def __post_init__(self) -> None:
         if not self.dir:
@@ -156,7 +162,8 @@ class CheckpointManager:
         if self.coordinator:
             remove_unfinished(self.root, self._own_run)  # left by a writer that died mid-write
         # The ring's evicted buffers are recycled as copy targets once no queued write holds them.
-        self.ring = MemoryRing(cfg.memory_ring, copy_in=flatten, copy_out=lambda snap: clone_tensors(snap.materialize()),
+        self.ring = MemoryRing(cfg.memory_ring, copy_in=lambda state, spare: flatten(state, spare, copy=not self._fenced),
+                               copy_out=lambda snap: clone_tensors(snap.materialize()),
                                keep=lambda snap: self._in_flight.get(id(snap), 0) > 0)
         self.last_detail = ""
         self.malformed_sidecars: dict[str, str] = {}
@@ -168,6 +175,12 @@ class CheckpointManager:
         self._feeder = threading.Thread(target=self._write_loop, name=f"ckpt-writer-{rank}", daemon=True)
         self._feeder.start()
         self._closed = False
+        # overlap_copy: snapshots copied on the copier thread; _copied is set when none is pending.
+        self._fenced = False
+        self._copies: queue.Queue[FlatSnapshot | None] = queue.Queue()
+        self._copied = threading.Event()
+        self._copied.set()
+        self._copier: threading.Thread | None = None
 
     @staticmethod
     def _checkpoint_group(world: int, timeout_s: float) -> Any:
@@ -220,9 +233,37 @@ class CheckpointManager:
             return
         self._enqueue(step, kind, self._snapshot(step, state, in_ring=False))
 
+    def fence_before(self, optimizer: Any) -> None:
+        """Turn ``overlap_copy`` on for this optimizer: its ``step`` first waits for a pending copy."""
+        if not self.cfg.overlap_copy:
+            return
+        optimizer.register_step_pre_hook(lambda *_: self.fence())
+        if self._copier is None:
+            self._copier = threading.Thread(target=self._copy_loop, name=f"ckpt-copier-{self.rank}", daemon=True)
+            self._copier.start()
+        self._fenced = True
+
+    def fence(self) -> None:
+        """Wait until every snapshot taken so far holds its copy (a no-op without overlap_copy)."""
+        self._copied.wait()
+
+    def _copy_loop(self) -> None:
+        while (snap := self._copies.get()) is not None:
+            try:
+                fill(snap)
+            except Exception:  # noqa: BLE001 - logged; the snapshot keeps what it has, training goes on
+                log.exception("checkpoint copy failed")
+            finally:
+                if self._copies.empty():
+                    self._copied.set()
+
     def _snapshot(self, step: int, state: dict[str, Any], in_ring: bool) -> FlatSnapshot:
         t0 = time.perf_counter()
-        snap = self.ring.copy(state)
+        self.fence()  # one pending copy at a time: the buffers and views it uses stay its own
+        snap = self.ring.copy(state)  # with overlap_copy, the copy itself is the copier thread's (_copy_loop)
+        if self._fenced:
+            self._copied.clear()
+            self._copies.put(snap)
         if not in_ring:
             return snap
         with self._lock:
@@ -249,6 +290,7 @@ class CheckpointManager:
             try:
                 if job is None:
                     return
+                self.fence()
                 self._emit(self._write(*job))
             # DCP's CheckpointException is a BaseException: caught by name, or the writer thread dies
             except (Exception, CheckpointException) as exc:  # noqa: BLE001 - the writer logs and goes on; training must not die
@@ -377,7 +419,10 @@ class CheckpointManager:
 
     # -- lifecycle -----------------------------------------------------------------------
     def wait(self) -> None:
-        """Block until every queued disk write finished (verified or reported failed)."""
+        """Block until every snapshot holds its copy and every queued disk write finished (verified
+        or reported failed): before anything changes the state in place outside the fenced
+        optimizer (a restore into the model, for one), call this or ``fence``."""
+        self.fence()
         self._jobs.join()
 
     def close(self) -> None:
@@ -386,6 +431,9 @@ class CheckpointManager:
         self._closed = True
         self._jobs.put(None)
         self._feeder.join()
+        if self._copier is not None:
+            self._copies.put(None)
+            self._copier.join()
 
     def _emit(self, payload: dict[str, Any]) -> None:
         payload = {**payload, "bytes": int(payload["bytes"]), "seconds": round(float(payload["seconds"]), 6)}

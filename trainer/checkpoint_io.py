@@ -75,6 +75,8 @@ class FlatSnapshot:
     """uint8 CPU buffer holding every tensor's bytes."""
     views: list[torch.Tensor] | None = None
     """Typed views of the non-empty slots (built once per buffer, reused by every copy into it)."""
+    pending: list[torch.Tensor] | None = None
+    """Sources not yet copied (``flatten(..., copy=False)``); ``fill`` copies them."""
 
     @property
     def layout(self) -> tuple[tuple[torch.dtype, tuple[int, ...]], ...]:
@@ -111,8 +113,10 @@ def _strip(obj: Any, tensors: list[torch.Tensor]) -> Any:
     return copy.deepcopy(obj)
 
 
-def flatten(state: Any, spare: FlatSnapshot | None = None) -> FlatSnapshot:
-    """Copy ``state`` into a flat snapshot, reusing ``spare``'s buffer when the layout matches."""
+def flatten(state: Any, spare: FlatSnapshot | None = None, *, copy: bool = True) -> FlatSnapshot:
+    """Copy ``state`` into a flat snapshot, reusing ``spare``'s buffer when the layout matches.
+    ``copy=False``: walk the state and lay out the buffer now, copy the tensors later with ``fill``
+    (the caller must keep them unchanged until then)."""
     tensors: list[torch.Tensor] = []
     skeleton = _strip(state, tensors)
     metas = []
@@ -129,13 +133,21 @@ def flatten(state: Any, spare: FlatSnapshot | None = None) -> FlatSnapshot:
         flat = torch.empty(off, dtype=torch.uint8, pin_memory=pinned)
         views = [flat[o : o + t.numel() * t.element_size()].view(d).view(sh)
                  for t, (o, d, sh) in zip(tensors, metas, strict=True) if t.numel()]
-    srcs = [t for t in tensors if t.numel()]
+    snap = FlatSnapshot(skeleton=skeleton, metas=metas, flat=flat, views=views,
+                        pending=[t for t in tensors if t.numel()])
+    if copy:
+        fill(snap)
+    return snap
+
+
+def fill(snap: FlatSnapshot) -> None:
+    """Copy a snapshot's pending sources into its buffer (complete when this returns)."""
+    srcs, snap.pending = snap.pending, None
     if srcs:
         cuda = any(t.is_cuda for t in srcs)
-        torch._foreach_copy_(views, srcs, non_blocking=cuda)  # one call: per-tensor dispatch was most of the stall
+        torch._foreach_copy_(snap.views, srcs, non_blocking=cuda)  # one call: per-tensor dispatch was most of the stall
         if cuda:
-            torch.cuda.synchronize()  # the snapshot is complete when flatten returns
-    return FlatSnapshot(skeleton=skeleton, metas=metas, flat=flat, views=views)
+            torch.cuda.synchronize()
 
 
 def materialize(skeleton: Any, metas: list[tuple[int, torch.dtype, tuple[int, ...]]], flat: torch.Tensor) -> Any:

@@ -29,7 +29,6 @@ import argparse
 import json
 import logging
 import math
-import os
 import re
 import secrets
 import shutil
@@ -40,8 +39,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from core.deployment import AGENT_SECRET_ENV, PRIVATE_KEY_ENV, PUBLIC_KEY_ENV
-from core.keys import generate_keys
+from cliffguard.demo_stack import cli as _cli
+from cliffguard.demo_stack import collect  # noqa: F401 - the demo's summary facts (re-exported)
 
 DEFAULT_STEPS = 600
 DEFAULT_DIR = "cliffguard-demo"
@@ -61,13 +60,6 @@ BLOWUP_SPEC = "x100:3"
 """LR x100 for 3 steps. Only the first of them updates the weights (the guard skips the updates
 of the steps whose loss spikes), and that one must damage them enough that the loss stays >= 5σ
 for 3 steps and validation is far above the baseline: x30 left the loss at 5.0σ, too close."""
-CONTROLLER_ENV = {
-    # The demo's broker is Tansu: a group's first join waits ~max_poll_interval_ms.
-    "CLIFFGUARD_CONTROLLER__GROUP_ID": "cliffguard-demo",
-    "CLIFFGUARD_CONTROLLER__MAX_POLL_INTERVAL_MS": "3000",
-    "CLIFFGUARD_CONTROLLER__SESSION_TIMEOUT_MS": "3000",
-    "CLIFFGUARD_CONTROLLER__HEARTBEAT_INTERVAL_MS": "500",
-}
 TRAINERS = ("bundled", "hf", "lightning")
 """``--trainer``: hf and lightning run ``cliffguard/demo_trainers/<name>_run.py`` in one process."""
 _PROGRESS = re.compile(r"^step\s+\d+/\d+")
@@ -105,22 +97,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
-def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "cliffguard.cli", *args]
-
-
 def _say(msg: str) -> None:
     print(f"[demo] {msg}", flush=True)
 
 
 def _pick_port(wanted: int, what: str) -> int:
-    from controller.broker import free_port, port_is_free
+    from cliffguard.demo_stack import pick_port
 
-    if port_is_free("127.0.0.1", wanted):
-        return wanted
-    port = free_port()
-    _say(f"port {wanted} is taken; the {what} uses {port} instead")
-    return port
+    return pick_port(wanted, what, _say)
 
 
 def _wait_for(pred, timeout_s: float, poll_s: float = 0.5) -> bool:
@@ -161,33 +145,6 @@ class StoreWatch:
             run = read.get_run(s, self.run_id)
             open_incs = read.incidents(s, self.run_id, open_only=True)
         return run is not None and run["status"] != "running" and not open_incs
-
-
-def collect(store: Any, run_id: str) -> dict[str, Any]:
-    """Incidents (oldest first, with transitions), loss figures and steps lost, from the store."""
-    from cliffguard.demo_summary import incident_summary
-    from controller.store import read
-
-    with store.session() as s:
-        run = read.get_run(s, run_id)
-        incs = read.incidents(s, run_id, limit=None)[::-1]
-        out = [incident_summary(i, read.transitions(s, run_id, incident_id=i["id"], limit=None)) for i in incs]
-        curve = read.loss_curve(s, run_id, max_points=None)
-        flags = [f for f in read.data_flags(s, run_id, limit=None) if f["rule"] == "transient_spike"]
-        steps_lost = read.redone_steps(s, run_id)
-    finite = [p for p in curve if p["loss"] is not None and math.isfinite(p["loss"])]
-    tail = sorted(finite, key=lambda p: p["ts"])[-10:]
-    return {
-        "run_status": None if run is None else run["status"],
-        "last_step": None if run is None else run["last_step"],
-        "lr_scale": None if run is None else run["lr_scale"],
-        "lr_scale_applied": None if run is None else run.get("lr_scale_applied"),
-        "incidents": out,
-        "initial_loss": finite[0]["loss"] if finite else None,
-        "final_loss": sum(p["loss"] for p in tail) / len(tail) if tail else None,
-        "steps_lost": steps_lost,
-        "flagged_samples": sum(len(f["sample_ids"]) for f in flags),
-    }
 
 
 def trainer_command(args: argparse.Namespace, run_id: str, kafka: Any, out_dir: Path,
@@ -245,30 +202,15 @@ def run(args: argparse.Namespace) -> int:
     marker.write_text("made by `cliffguard demo`, which empties this directory at start\n")
 
     from cliffguard.commands.dashboard import without_command_secret
+    from cliffguard.demo_stack import start_monitoring
     from cliffguard.procs import ProcessSet
-    from controller.broker import EmbeddedBroker, ensure_topics
-    from controller.store.db import Store
 
     procs = ProcessSet()
     stopping = False
-    broker: EmbeddedBroker | None = None
-    store = None
+    stack = None
     try:
-        broker = EmbeddedBroker(port=_pick_port(args.broker_port, "broker"), log_path=out_dir / "broker.log").start()
-        kafka = broker.kafka_config(partitions=1)
-        ensure_topics(kafka)
-        _say(f"broker on {broker.bootstrap} (topics {kafka.metrics_topic}, {kafka.commands_topic}, {kafka.dlq_topic})")
-
-        db_url = f"sqlite:///{out_dir / 'cliffguard.db'}"
-        store = Store.open(db_url)  # migrate before anyone else touches it
-        keys = generate_keys(out_dir / "keys")
-        env = {**without_command_secret(os.environ), "PYTHONUNBUFFERED": "1"}
-        agent_secret = {f"{AGENT_SECRET_ENV}_FILE": str(keys["agent_secret"])}
-        controller = procs.spawn("controller", _cli("controller", "--db", db_url, "--bootstrap", broker.bootstrap),
-                                 env={**env, **CONTROLLER_ENV, f"{PRIVATE_KEY_ENV}_FILE": str(keys["private"]),
-                                      **agent_secret},
-                                 log_path=out_dir / "controller.log")
-        _say(f"controller started (pid {controller.proc.pid}); store {db_url}; log {out_dir / 'controller.log'}")
+        stack = start_monitoring(out_dir, procs, broker_port=args.broker_port, say=_say)
+        controller, env, db_url, store = stack.controller, stack.env, stack.db_url, stack.store
 
         if not args.no_dashboard:
             port = _pick_port(args.dashboard_port, "dashboard")
@@ -280,7 +222,7 @@ def run(args: argparse.Namespace) -> int:
             _say(f"dashboard at http://127.0.0.1:{port}  (operator token: {token})")
 
         run_id = f"demo-{time.strftime('%H%M%S')}-{uuid.uuid4().hex[:4]}"
-        train_argv, train_env = trainer_command(args, run_id, kafka, out_dir, fault_texts)
+        train_argv, train_env = trainer_command(args, run_id, stack.broker.kafka_config(partitions=1), out_dir, fault_texts)
         nproc = args.nproc if args.trainer == "bundled" else 1
         _say(f"training run {run_id} ({args.trainer} trainer): {nproc} process(es), {args.steps} steps, "
              f"faults: {' '.join(fault_texts)}")
@@ -292,7 +234,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"  {line}", flush=True)
 
         trainer = procs.spawn("train", train_argv, log_path=out_dir / "train.log", on_line=show,
-                              env={**env, f"{PUBLIC_KEY_ENV}_FILE": str(keys["public"]), **agent_secret, **train_env})
+                              env={**stack.trainer_env, **train_env})
         watch = StoreWatch(store, run_id)
         while trainer.running:
             if not controller.running:
@@ -350,10 +292,8 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         procs.stop_all()
-        if broker is not None:
-            broker.stop()
-        if store is not None:
-            store.close()
+        if stack is not None:
+            stack.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 

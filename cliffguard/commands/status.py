@@ -48,7 +48,9 @@ def run(args: argparse.Namespace) -> int:
                 run_row.pop("controller_state", None)
                 out = {"run": run_row, "incidents": read.incidents(s, args.run, limit=20),
                        "transitions": read.transitions(s, args.run, limit=50),
-                       "commands": read.commands(s, args.run, limit=50)}
+                       "commands": read.commands(s, args.run, limit=50),
+                       "scale": (read.scale_timeline(s, args.run) or [None])[-1],
+                       "elastic_events": read.elastic_events(s, args.run, limit=20)}
             else:
                 out = {"runs": read.list_runs(s), "dlq": read.dlq_counts(s)}
     finally:
@@ -72,6 +74,13 @@ def run(args: argparse.Namespace) -> int:
     print(f"run {r['id']}: {r['status']}, recovery {r['recovery_state']}, step {r['last_step']}, "
           f"lr_scale applied {describe_lr_scale(r.get('lr_scale_applied'), r['lr_scale'])}, "
           f"commands it applies: {describe(r.get('capabilities'))}")
+    if out["scale"] is not None:
+        print(f"  world {out['scale']['world']}, global batch {out['scale']['global_batch']}"
+              + (f" ({len(out['elastic_events'])} scale changes)" if out["elastic_events"] else ""))
+    for e in out["elastic_events"]:
+        print(f"  scaled {e['direction']:<4} at step {e['step']}: world {e['from_world']} -> {e['to_world']}, "
+              f"global batch {e['from_global_batch']} -> {e['global_batch']}, lr {e['lr']:.3g}; "
+              f"{e['steps_lost']} steps redone, {e['seconds_lost']:.1f} s lost")
     for inc in out["incidents"]:
         print(f"  incident {inc['id'][:8]} {inc['rule']} {inc['level']} spike@{inc['spike_step']} "
               f"onset@{inc['onset_step']} -> {inc['outcome']}" + (f" (rollback to {inc['rollback_to']})"

@@ -42,6 +42,7 @@ from controller.store.models import (
     CheckpointRow,
     CommandRow,
     DataFlag,
+    ElasticEventRow,
     GradHist,
     Heartbeat,
     Run,
@@ -307,6 +308,15 @@ def _data_flag(session: Session, ev: Event) -> bool:
     )
 
 
+def _elastic(session: Session, ev: Event) -> bool:
+    d = ev.data
+    return _insert_once(session, ElasticEventRow, dict(
+        event_id=ev.id, run_id=ev.run, step=ev.step, ts=ev.ts,
+        direction="up" if ev.type is EventType.ELASTIC_SCALED_UP else "down",
+        **{k: d[k] for k in ("from_world", "to_world", "from_global_batch", "global_batch", "grad_accum", "lr",
+                             "lr_factor", "steps_lost", "seconds_lost", "backoff_s", "policy", "lr_rule")}))
+
+
 def _heartbeat(session: Session, ev: Event) -> bool:
     d = ev.data
     if d.get("ranks") is not None:
@@ -465,4 +475,6 @@ _HANDLERS = {
     EventType.RUN_STARTED: _run_started,
     EventType.RUN_FINISHED: _run_ended,
     EventType.RUN_FAILED: _run_ended,
+    EventType.ELASTIC_SCALED_DOWN: _elastic,
+    EventType.ELASTIC_SCALED_UP: _elastic,
 }

@@ -293,6 +293,34 @@ class DataFlag(Base):
     sample_ids: Mapped[list[int]] = mapped_column(JSON, default=list)
 
 
+class ElasticEventRow(Base):
+    """A scale change the run resumed from (``elastic.scaled_down`` / ``elastic.scaled_up``): the
+    worlds, batches and LR on either side and its goodput cost (steps redone, seconds spent in
+    rendezvous and reload, a flapping node's declared back-off)."""
+
+    __tablename__ = "elastic_events"
+    __table_args__ = (Index("ix_elastic_events_run", "run_id", "ts"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    event_id: Mapped[str | None] = mapped_column(String(32), unique=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    step: Mapped[int] = mapped_column(Integer)
+    ts: Mapped[float] = mapped_column(Float)
+    direction: Mapped[str] = mapped_column(String(8))  # down | up
+    from_world: Mapped[int] = mapped_column(Integer)
+    to_world: Mapped[int] = mapped_column(Integer)
+    from_global_batch: Mapped[int] = mapped_column(Integer)
+    global_batch: Mapped[int] = mapped_column(Integer)
+    grad_accum: Mapped[int] = mapped_column(Integer, default=1)
+    lr: Mapped[float] = mapped_column(Float)
+    lr_factor: Mapped[float] = mapped_column(Float)
+    steps_lost: Mapped[int] = mapped_column(Integer, default=0)
+    seconds_lost: Mapped[float] = mapped_column(Float, default=0.0)
+    backoff_s: Mapped[float] = mapped_column(Float, default=0.0)
+    policy: Mapped[str] = mapped_column(String(16))
+    lr_rule: Mapped[str] = mapped_column(String(16))
+
+
 class Alert(Base):
     __tablename__ = "alerts"
     __table_args__ = (Index("ix_alerts_run", "run_id", "ts"),)

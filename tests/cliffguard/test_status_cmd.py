@@ -68,3 +68,17 @@ def test_status_shows_the_commands_a_run_applies_and_the_lr_scale_it_applied_not
     assert main(["status", summary["run"], "--db", url]) == 0
     head = capsys.readouterr().out.splitlines()[0]
     assert "lr_scale applied 1 (asked 0.5)" in head and "commands it applies: pause, resume, validate" in head
+
+def test_status_of_an_elastic_run_tells_its_world_batch_and_scale_changes(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("CLIFFGUARD_CONFIG", raising=False)
+    shutil.copy(DATA / "elastic_store.db", tmp_path / "elastic.db")
+    url, summary = f"sqlite:///{tmp_path / 'elastic.db'}", json.loads((DATA / "elastic_store.json").read_text())
+    assert main(["status", summary["run"], "--db", url, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["scale"]["world"], doc["scale"]["global_batch"]) == (4, 16)
+    assert [(e["from_world"], e["to_world"], e["global_batch"]) for e in doc["elastic_events"]] == [
+        (e["from_world"], e["to_world"], e["global_batch"]) for e in summary["scale_events"]]
+    assert main(["status", summary["run"], "--db", url]) == 0
+    text = capsys.readouterr().out
+    assert "world 4, global batch 16 (2 scale changes)" in text
+    assert "scaled down at step 100: world 4 -> 2, global batch 16 -> 8" in text

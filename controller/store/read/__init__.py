@@ -20,6 +20,7 @@ from controller.store.read.checkpoints import checkpoints
 from controller.store.read.commands import audit_log, commands
 from controller.store.read.curves import loss_curve, redone_steps, step_rows
 from controller.store.read.dlq import dlq_counts
+from controller.store.read.elastic import elastic_events, scale_timeline
 from controller.store.read.hists import grad_hists
 from controller.store.read.incidents import incident_detail, incidents, transitions
 from controller.store.read.ranks import (
@@ -49,6 +50,8 @@ __all__ = [
     "commands",
     "data_flags",
     "dlq_counts",
+    "elastic_events",
+    "scale_timeline",
     "get_run",
     "grad_hists",
     "heartbeats",
