@@ -52,6 +52,6 @@ def test_without_a_fenced_optimizer_the_copy_stays_on_the_training_thread(tmp_pa
     mgr = CheckpointManager(CheckpointConfig(dir=str(tmp_path), overlap_copy=True, snapshot_every=1))
     try:
         mgr.snapshot(1, _state(model, opt))
-        assert mgr.ring[1].pending is None and mgr._copier is None  # copied before snapshot returned
+        assert dict(mgr.ring.items())[1].pending is None and mgr._copier is None  # copied before snapshot returned
     finally:
         mgr.close()
