@@ -170,18 +170,32 @@ class HeartbeatRule:
         return []
 
     def state_dict(self) -> dict[str, Any]:
-        return {"last": {str(r): list(v) for r, v in self._last.items()}, "reported": {str(r): v for r, v in self._reported.items()},
+        # ``last`` and ``progress`` hold every rank (16k on a large run, saved with every batch):
+        # columns, not {rank: [ts, step]} objects, so saving them is a few list copies.
+        return {"last": _columns(self._last), "reported": {str(r): v for r, v in self._reported.items()},
                 "ended": self._ended, "reported_ts": {str(r): v for r, v in self._reported_ts.items()},
-                "progress": {str(r): list(v) for r, v in self._progress.items()},
+                "progress": _columns(self._progress),
                 "collective": {str(r): v for r, v in self._collective.items() if v},
                 "running": self._running, "hung": sorted(self._hung)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._last = {int(r): (float(v[0]), int(v[1])) for r, v in state["last"].items()}
+        self._last = {r: (float(a), int(b)) for r, (a, b) in _rows(state["last"]).items()}
         self._reported = {int(r): str(v) for r, v in state.get("reported", {}).items()}
         self._ended = bool(state.get("ended", False))
         self._reported_ts = {int(r): float(v) for r, v in state.get("reported_ts", {}).items()}
-        self._progress = {int(r): (int(v[0]), float(v[1])) for r, v in state.get("progress", {}).items()}
+        self._progress = {r: (int(a), float(b)) for r, (a, b) in _rows(state.get("progress", {})).items()}
         self._collective = {int(r): str(v) for r, v in state.get("collective", {}).items()}
         self._running = bool(state.get("running", True))
         self._hung = {int(r) for r in state.get("hung", [])}
+
+
+def _columns(pairs: dict[int, tuple[Any, Any]]) -> dict[str, list[Any]]:
+    firsts, seconds = (list(c) for c in zip(*pairs.values(), strict=True)) if pairs else ([], [])
+    return {"ranks": list(pairs), "a": firsts, "b": seconds}
+
+
+def _rows(stored: dict[str, Any]) -> dict[int, tuple[Any, Any]]:
+    """``_columns``' layout, or the {rank: [a, b]} one stored before it."""
+    if "ranks" in stored and "a" in stored:
+        return {int(r): (a, b) for r, a, b in zip(stored["ranks"], stored["a"], stored["b"], strict=True)}
+    return {int(r): (v[0], v[1]) for r, v in stored.items()}

@@ -39,7 +39,20 @@ def test_out_of_order_timestamps_do_not_move_the_clock_back():
     rule = HeartbeatRule()
     rule.seen(0, 100.0, 5)
     rule.seen(0, 90.0, 4)
-    assert rule.state_dict()["last"]["0"] == [100.0, 5]
+    assert rule.state_dict()["last"] == {"ranks": [0], "a": [100.0], "b": [5]}
+
+
+def test_state_in_columns_round_trips_and_the_older_per_rank_layout_still_loads():
+    rule = HeartbeatRule()
+    for r in range(4):
+        rule.seen(r, 100.0 + r, 7, "all_reduce" if r else "")
+    again = HeartbeatRule()
+    again.load_state_dict(rule.state_dict())
+    assert again.state_dict() == rule.state_dict() and again.tick(200.0) == rule.tick(200.0)
+    older = HeartbeatRule()
+    older.load_state_dict({"last": {"2": [50.0, 3]}, "progress": {"2": [3, 40.0]}})
+    assert older.state_dict()["last"] == {"ranks": [2], "a": [50.0], "b": [3]}
+    assert older.state_dict()["progress"] == {"ranks": [2], "a": [3], "b": [40.0]}
 
 
 def test_finished_runs_and_disabled_rule_report_nothing():
