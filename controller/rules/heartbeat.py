@@ -11,7 +11,7 @@ again re-arms.
 Hung ranks: while the run's newest heartbeat says ``running``, a rank that is alive but has not
 moved off its step for ``hung_after_s`` is stalled. When every stalled rank waits in a collective
 but one does not, that one holds the others up; the rule names the stalled ranks outside a
-collective (else those at the lowest step), once per episode, with the step and what the others
+collective (else, once every live rank is stalled, those at the lowest step), once per episode, with the step and what the others
 wait in. After ``run.finished`` or ``run.failed`` nothing is reported.
 """
 
@@ -128,6 +128,11 @@ class HeartbeatRule:
         if not stalled:
             return []
         outside = [r for r in stalled if not self._collective.get(r)]
+        if not outside and len(stalled) < len(alive):
+            # Node heartbeats arrive spread over heartbeat_s, so ranks pass hung_after_s a few
+            # seconds apart: the rank holding the others up may not have passed it yet. Naming
+            # the waiting ranks now would name thousands of the wrong ranks on a large run.
+            return []
         if not outside:
             low = min(step for step, _ in stalled.values())
             outside = [r for r, (step, _) in stalled.items() if step == low]
