@@ -155,20 +155,27 @@ class RunTable:
 
 
 def save_slots(session: Session, slots: list[RunSlot]) -> None:
-    """Write the dirty slots' state (and the phase and LR scale the dashboard shows), without
-    reading the run rows back (each holds the previous state)."""
+    """Write the dirty slots' state (and the phase and LR scale the dashboard shows): one
+    executemany for the run rows, without reading them back (each holds the previous state),
+    and one for the rule states that changed."""
+    if not slots:
+        return
+    known = set(session.scalars(select(Run.id).where(Run.id.in_([s.run_id for s in slots]))))
+    slots = [s for s in slots if s.run_id in known]  # a run the store has not seen (only a tick touched it)
+    if not slots:
+        return
+    runs, rules = [], []
     for slot in slots:
-        state, rules = slot.encode()
-        done = session.execute(update(Run).where(Run.id == slot.run_id).values(
-            controller_state=state, recovery_state=str(slot.recovery.phase), lr_scale=slot.recovery.lr_scale),
-            execution_options={"synchronize_session": False})
-        if not done.rowcount:  # a run the store has not seen (only a tick touched it)
-            continue
-        if rules:
-            ins = insert_for(session, RuleState)
-            session.execute(ins.on_conflict_do_update(index_elements=["run_id", "rule"],
-                                                      set_={"state": ins.excluded.state}),
-                            [{"run_id": slot.run_id, "rule": name, "state": text} for name, text in rules.items()])
-            assert isinstance(slot.detector, RulesApart)
+        state, changed = slot.encode()
+        runs.append({"id": slot.run_id, "controller_state": state, "recovery_state": str(slot.recovery.phase),
+                     "lr_scale": slot.recovery.lr_scale})
+        rules += [{"run_id": slot.run_id, "rule": name, "state": text} for name, text in changed.items()]
+    session.execute(update(Run), runs)  # ORM bulk UPDATE by primary key
+    if rules:
+        ins = insert_for(session, RuleState)
+        session.execute(ins.on_conflict_do_update(index_elements=["run_id", "rule"],
+                                                  set_={"state": ins.excluded.state}), rules)
+    for slot in slots:
+        if isinstance(slot.detector, RulesApart):
             slot.detector.changed.clear()
         slot.dirty = False
