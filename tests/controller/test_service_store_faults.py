@@ -138,14 +138,14 @@ def test_a_lock_met_while_isolating_a_poisonous_event_keeps_the_rest_of_the_batc
     locked_once = []
     real = batch_mod.ingest_events
 
-    def ingest(session, events):
+    def ingest(session, events, **kw):
         ids = {e.id for e in events}
         if poison in ids:
             raise RuntimeError("boom")
         if ids == {unlucky} and not locked_once:
             locked_once.append(1)
             raise OperationalError("INSERT", {}, sqlite3.OperationalError("database is locked"))
-        return real(session, events)
+        return real(session, events, **kw)
 
     monkeypatch.setattr(batch_mod, "ingest_events", ingest)
     svc = service(engine)
@@ -234,7 +234,7 @@ def test_a_failed_tick_reloads_the_runs_so_their_timeouts_go_on(db, monkeypatch)
 def test_a_lost_store_in_a_batch_stops_the_service(db, monkeypatch):
     engine, _ = db
 
-    def ingest(session, events):
+    def ingest(session, events, **kw):
         raise OperationalError("INSERT", {}, sqlite3.OperationalError("attempt to write a readonly database"))
 
     monkeypatch.setattr(batch_mod, "ingest_events", ingest)
