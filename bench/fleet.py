@@ -76,7 +76,10 @@ def _hung_named(engine, run: str, rank: int) -> float | None:
         rows = conn.execute(select(Alert.ts, Alert.evidence).where(Alert.run_id == run, Alert.rule == "rank_hung")
                             .order_by(Alert.ts)).all()
     for ts, evidence in rows:
-        if rank in (evidence or {}).get("ranks", []):
+        # the alert's evidence wraps the verdict's (controller/recovery.py): the named ranks are
+        # under "window"; "rank" is the first of them
+        evidence = evidence or {}
+        if evidence.get("rank") == rank or rank in (evidence.get("window") or {}).get("ranks", []):
             return float(ts)
     return None
 

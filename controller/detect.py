@@ -42,7 +42,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from controller.rules.base import RankScope, RewindingRule, Rule, TickingRule
+from controller.rules.base import (
+    RANK_METRIC_EVENTS,
+    RankScope,
+    RewindingRule,
+    Rule,
+    TickingRule,
+    carries_rank_samples,
+)
 from controller.rules.divergence import DivergenceConfig
 from controller.rules.elastic import SCALE_EVENTS, ElasticScaleRule
 from controller.rules.grad_norm import GradNormConfig, GradNormRule
@@ -136,6 +143,8 @@ class RunDetector:
         self.rule_errors: Counter[str] = Counter()
         """Exceptions per rule name (persisted); see ``_rule_failed``."""
         self._run_id: str | None = None  # for logs only: the detector is built before it sees its run
+        self.changed: set[str] = set(self.rules)
+        """Rules called since their state was last saved (controller/runstate.py saves only those)."""
 
     # -- events ------------------------------------------------------------------------------
 
@@ -146,10 +155,13 @@ class RunDetector:
         if event.type in SCALE_EVENTS and "loss" in self.rules:
             # A new global batch changes the loss's noise: the jump is not a spike (controller/rules/elastic.py).
             out += self._call("loss", event.step, self.loss.rebaseline)
+        samples = carries_rank_samples(event)
         for name, rule in self.rules.items():
             if event.type not in rule.consumes:
                 continue
             if rule.scope is RankScope.LOSS_RANK and not loss_turn:
+                continue
+            if rule.consumes == RANK_METRIC_EVENTS and not samples:
                 continue
             out += self._call(name, event.step, rule.on_event, event)
         return out
@@ -204,6 +216,7 @@ class RunDetector:
     # -- rule isolation ----------------------------------------------------------------------
 
     def _call(self, name: str, step: int, fn: Callable[..., list[Verdict] | None], *args: Any) -> list[Verdict]:
+        self.changed.add(name)
         try:
             return fn(*args) or []
         except Exception as exc:  # noqa: BLE001 - one broken rule must not silence the others
@@ -228,8 +241,11 @@ class RunDetector:
     def state_dict(self) -> dict[str, Any]:
         # Rule states sit at the top level under the rule's name, beside the detector's own keys
         # (DETECTOR_STATE_KEYS): the layout stored before rules were registered, kept as is.
+        return {**{name: rule.state_dict() for name, rule in self.rules.items()}, **self.own_state_dict()}
+
+    def own_state_dict(self) -> dict[str, Any]:
+        """The detector's own keys, without the rules' states."""
         return {
-            **{name: rule.state_dict() for name, rule in self.rules.items()},
             "loss_rank": self._loss_rank,
             "last_step": self._last_step,
             "catching_up": self._catching_up,

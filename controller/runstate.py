@@ -1,6 +1,7 @@
 """Per-run controller state: the run's detector and its recovery machine, and where they live.
 
-A run's slot is serialised into ``runs.controller_state`` in the same transaction as the consumer
+A run's slot is serialised into ``runs.controller_state`` (and each rule's state that changed
+since the last save into ``rule_states``: see ``RunSlot.encode``) in the same transaction as the consumer
 offsets, so whichever instance owns the run's partition next (after a crash or a rebalance)
 continues exactly where the last committed batch left it. ``partition`` is remembered too: on a
 partition assignment the service reloads the runs that live there (a run waiting for an ack must
@@ -13,14 +14,15 @@ import json
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from controller.recovery import new_state
 from controller.recovery_types import RecoveryState
-from controller.store.models import Run
+from controller.store.models import RuleState, Run
+from controller.store.upsert import insert_for
 from controller.verdict import Verdict
 from core.events import Event
 from core.floats import from_json, to_json
@@ -38,6 +40,27 @@ class Detector(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@runtime_checkable
+class RulesApart(Protocol):
+    """A detector whose rules' states are saved apart, each only when it changed
+    (``controller.detect.RunDetector``); other detectors are saved whole in ``controller_state``."""
+
+    rules: dict[str, Any]
+    changed: set[str]
+    """Rules that saw an event, a tick or a rewind since their state was last saved."""
+
+    def own_state_dict(self) -> dict[str, Any]: ...
+
+
+def encode_json(obj: Any) -> str:
+    """JSON text; non-finite floats in the wire spelling (core.floats). The C encoder does the
+    common case (no non-finite float anywhere) 20x faster than the Python walk."""
+    try:
+        return json.dumps(obj, allow_nan=False)
+    except (ValueError, TypeError):
+        return json.dumps(to_json(obj), allow_nan=False)
 
 
 DetectorFactory = Callable[[], Detector]
@@ -60,18 +83,24 @@ class RunSlot:
     dirty: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        state = {
-            "v": STATE_VERSION,
-            "partition": self.partition,
-            "detector": self.detector.state_dict(),
-            "recovery": self.recovery.state_dict(),
-        }
-        try:
-            # Saved every batch, and a 16k-rank run's rule state holds ~10^6 numbers: the C encoder
-            # does the common case (no non-finite float anywhere) 20x faster than a Python walk.
-            return json.loads(json.dumps(state, allow_nan=False))
-        except (ValueError, TypeError):
-            return to_json(state)
+        """The whole state as one JSON document (every rule inline)."""
+        return json.loads(encode_json(self._state(self.detector.state_dict())))
+
+    def encode(self) -> tuple[dict[str, Any], dict[str, str]]:
+        """(``controller_state``, {rule: JSON text} of the rules changed since the last save).
+        A 16k-rank run's per-rank windows hold ~10^6 numbers that change every ``ranks_every``
+        steps: encoding and writing them with every batch cost seconds."""
+        det = self.detector
+        if not isinstance(det, RulesApart):
+            return self.to_json(), {}
+        rules = {name: encode_json(det.rules[name].state_dict()) for name in sorted(det.changed)}
+        state = json.loads(encode_json(self._state(det.own_state_dict())))
+        state["rules_apart"] = True
+        return state, rules
+
+    def _state(self, detector: dict[str, Any]) -> dict[str, Any]:
+        return {"v": STATE_VERSION, "partition": self.partition, "detector": detector,
+                "recovery": self.recovery.state_dict()}
 
 
 class RunTable:
@@ -85,17 +114,22 @@ class RunTable:
         slot = self.slots.get(run_id)
         if slot is None:
             row = session.get(Run, run_id)
-            slot = self._from_stored(run_id, row.controller_state if row is not None else None)
+            slot = self._from_stored(session, run_id, row.controller_state if row is not None else None)
             self.slots[run_id] = slot
         if partition is not None and slot.partition != partition:
             slot.partition = partition
             slot.dirty = True
         return slot
 
-    def _from_stored(self, run_id: str, stored: dict[str, Any] | None) -> RunSlot:
+    def _from_stored(self, session: Session, run_id: str, stored: dict[str, Any] | None) -> RunSlot:
         det = self._factory()
         if stored and stored.get("v") == STATE_VERSION:
-            det.load_state_dict(from_json(stored["detector"]))
+            apart = {name: json.loads(text) for name, text in session.execute(
+                select(RuleState.rule, RuleState.state).where(RuleState.run_id == run_id)).all()
+            } if stored.get("rules_apart") else {}
+            det.load_state_dict(from_json({**stored["detector"], **apart}))
+            if isinstance(det, RulesApart):
+                det.changed = set(det.rules) - set(apart)  # stored inline (older layout) or new: save apart
             rec = RecoveryState.from_state_dict(stored["recovery"])
             return RunSlot(run_id, det, rec, stored.get("partition"))
         return RunSlot(run_id, det, new_state(run_id, uuid.uuid4().hex), None, dirty=True)
@@ -106,7 +140,7 @@ class RunTable:
         n = 0
         for run_id, stored in rows:
             if stored and stored.get("partition") in partitions:
-                self.slots[run_id] = self._from_stored(run_id, stored)
+                self.slots[run_id] = self._from_stored(session, run_id, stored)
                 n += 1
         return n
 
@@ -121,12 +155,27 @@ class RunTable:
 
 
 def save_slots(session: Session, slots: list[RunSlot]) -> None:
-    """Write the dirty slots' state (and the phase and LR scale the dashboard shows)."""
+    """Write the dirty slots' state (and the phase and LR scale the dashboard shows): one
+    executemany for the run rows, without reading them back (each holds the previous state),
+    and one for the rule states that changed."""
+    if not slots:
+        return
+    known = set(session.scalars(select(Run.id).where(Run.id.in_([s.run_id for s in slots]))))
+    slots = [s for s in slots if s.run_id in known]  # a run the store has not seen (only a tick touched it)
+    if not slots:
+        return
+    runs, rules = [], []
     for slot in slots:
-        row = session.get(Run, slot.run_id)
-        if row is None:  # a run the store has not seen (only a tick touched it)
-            continue
-        row.controller_state = slot.to_json()
-        row.recovery_state = str(slot.recovery.phase)
-        row.lr_scale = slot.recovery.lr_scale
+        state, changed = slot.encode()
+        runs.append({"id": slot.run_id, "controller_state": state, "recovery_state": str(slot.recovery.phase),
+                     "lr_scale": slot.recovery.lr_scale})
+        rules += [{"run_id": slot.run_id, "rule": name, "state": text} for name, text in changed.items()]
+    session.execute(update(Run), runs)  # ORM bulk UPDATE by primary key
+    if rules:
+        ins = insert_for(session, RuleState)
+        session.execute(ins.on_conflict_do_update(index_elements=["run_id", "rule"],
+                                                  set_={"state": ins.excluded.state}), rules)
+    for slot in slots:
+        if isinstance(slot.detector, RulesApart):
+            slot.detector.changed.clear()
         slot.dirty = False

@@ -79,5 +79,13 @@ def per_rank_samples(event: Event) -> Iterator[tuple[int, dict[str, Any]]]:
     """
     if event.type is EventType.RANKS:
         yield from reversed(list(rank_entries(event.data)))
-    elif event.type is EventType.STEP and not is_run_level(event.data) and not is_detail(event.data):
+    elif carries_rank_samples(event):
         yield event.rank, event.data
+
+
+def carries_rank_samples(event: Event) -> bool:
+    """Whether ``per_rank_samples`` finds any sample in the event (the detector skips the per-rank
+    metric rules for the others, so their large state is not saved again for nothing)."""
+    if event.type is EventType.RANKS:
+        return True
+    return event.type is EventType.STEP and not is_run_level(event.data) and not is_detail(event.data)

@@ -11,7 +11,7 @@ again re-arms.
 Hung ranks: while the run's newest heartbeat says ``running``, a rank that is alive but has not
 moved off its step for ``hung_after_s`` is stalled. When every stalled rank waits in a collective
 but one does not, that one holds the others up; the rule names the stalled ranks outside a
-collective (else those at the lowest step), once per episode, with the step and what the others
+collective (else, once every live rank is stalled, those at the lowest step), once per episode, with the step and what the others
 wait in. After ``run.finished`` or ``run.failed`` nothing is reported.
 """
 
@@ -128,6 +128,11 @@ class HeartbeatRule:
         if not stalled:
             return []
         outside = [r for r in stalled if not self._collective.get(r)]
+        if not outside and len(stalled) < len(alive):
+            # Node heartbeats arrive spread over heartbeat_s, so ranks pass hung_after_s a few
+            # seconds apart: the rank holding the others up may not have passed it yet. Naming
+            # the waiting ranks now would name thousands of the wrong ranks on a large run.
+            return []
         if not outside:
             low = min(step for step, _ in stalled.values())
             outside = [r for r, (step, _) in stalled.items() if step == low]
@@ -170,18 +175,32 @@ class HeartbeatRule:
         return []
 
     def state_dict(self) -> dict[str, Any]:
-        return {"last": {str(r): list(v) for r, v in self._last.items()}, "reported": {str(r): v for r, v in self._reported.items()},
+        # ``last`` and ``progress`` hold every rank (16k on a large run, saved with every batch):
+        # columns, not {rank: [ts, step]} objects, so saving them is a few list copies.
+        return {"last": _columns(self._last), "reported": {str(r): v for r, v in self._reported.items()},
                 "ended": self._ended, "reported_ts": {str(r): v for r, v in self._reported_ts.items()},
-                "progress": {str(r): list(v) for r, v in self._progress.items()},
+                "progress": _columns(self._progress),
                 "collective": {str(r): v for r, v in self._collective.items() if v},
                 "running": self._running, "hung": sorted(self._hung)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._last = {int(r): (float(v[0]), int(v[1])) for r, v in state["last"].items()}
+        self._last = {r: (float(a), int(b)) for r, (a, b) in _rows(state["last"]).items()}
         self._reported = {int(r): str(v) for r, v in state.get("reported", {}).items()}
         self._ended = bool(state.get("ended", False))
         self._reported_ts = {int(r): float(v) for r, v in state.get("reported_ts", {}).items()}
-        self._progress = {int(r): (int(v[0]), float(v[1])) for r, v in state.get("progress", {}).items()}
+        self._progress = {r: (int(a), float(b)) for r, (a, b) in _rows(state.get("progress", {})).items()}
         self._collective = {int(r): str(v) for r, v in state.get("collective", {}).items()}
         self._running = bool(state.get("running", True))
         self._hung = {int(r) for r in state.get("hung", [])}
+
+
+def _columns(pairs: dict[int, tuple[Any, Any]]) -> dict[str, list[Any]]:
+    firsts, seconds = (list(c) for c in zip(*pairs.values(), strict=True)) if pairs else ([], [])
+    return {"ranks": list(pairs), "a": firsts, "b": seconds}
+
+
+def _rows(stored: dict[str, Any]) -> dict[int, tuple[Any, Any]]:
+    """``_columns``' layout, or the {rank: [a, b]} one stored before it."""
+    if "ranks" in stored and "a" in stored:
+        return {int(r): (a, b) for r, a, b in zip(stored["ranks"], stored["a"], stored["b"], strict=True)}
+    return {int(r): (v[0], v[1]) for r, v in stored.items()}

@@ -151,6 +151,19 @@ class Heartbeat(Base):
     state: Mapped[str] = mapped_column(String(16), default="running")
 
 
+class RuleState(Base):
+    """One rule's state of one run (``RunDetector.state_dict()[rule]``) as JSON text, written only
+    when the rule saw something since the last save: a 16k-rank run's per-rank windows are ~10^6
+    numbers that change every ``ranks_every`` steps, while ``runs.controller_state`` (the small
+    rest) is written every batch. Same transaction as the offsets (controller/runstate.py)."""
+
+    __tablename__ = "rule_states"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    rule: Mapped[str] = mapped_column(String(64), primary_key=True)
+    state: Mapped[str] = mapped_column(Text)
+
+
 class Incident(Base):
     __tablename__ = "incidents"
     __table_args__ = (Index("ix_incidents_run", "run_id", "opened_at"),)

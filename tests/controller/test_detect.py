@@ -266,3 +266,14 @@ def test_without_the_loss_rule_the_others_still_run_and_loss_entry_points_say_wh
     assert {v.rule for v in out} == {"straggler"}
     with pytest.raises(LookupError):
         det.window_evidence()
+
+
+def test_per_rank_metric_rules_are_not_called_for_events_without_rank_samples():
+    from core.rank_arrays import summarize_losses
+    from tests.controller.store import factory as f
+
+    det = RunDetector()
+    det.changed.clear()
+    data = {**f.step(1, 2.0).data, "rank_losses": summarize_losses([2.0, 2.0])}
+    det.on_event(make_event("step", "r", 1, data, rank=0, world=2))  # run-level: the arrays come in `ranks`
+    assert not det.changed & {"straggler", "mfu", "memory"} and "loss" in det.changed

@@ -39,7 +39,20 @@ def test_out_of_order_timestamps_do_not_move_the_clock_back():
     rule = HeartbeatRule()
     rule.seen(0, 100.0, 5)
     rule.seen(0, 90.0, 4)
-    assert rule.state_dict()["last"]["0"] == [100.0, 5]
+    assert rule.state_dict()["last"] == {"ranks": [0], "a": [100.0], "b": [5]}
+
+
+def test_state_in_columns_round_trips_and_the_older_per_rank_layout_still_loads():
+    rule = HeartbeatRule()
+    for r in range(4):
+        rule.seen(r, 100.0 + r, 7, "all_reduce" if r else "")
+    again = HeartbeatRule()
+    again.load_state_dict(rule.state_dict())
+    assert again.state_dict() == rule.state_dict() and again.tick(200.0) == rule.tick(200.0)
+    older = HeartbeatRule()
+    older.load_state_dict({"last": {"2": [50.0, 3]}, "progress": {"2": [3, 40.0]}})
+    assert older.state_dict()["last"] == {"ranks": [2], "a": [50.0], "b": [3]}
+    assert older.state_dict()["progress"] == {"ranks": [2], "a": [3], "b": [40.0]}
 
 
 def test_finished_runs_and_disabled_rule_report_nothing():
@@ -65,3 +78,19 @@ def test_state_dict_round_trips_through_json():
     twin.load_state_dict(json.loads(json.dumps(rule.state_dict())))
     assert twin.tick(50.0) == []  # the warn was already reported
     assert [(v.rank, v.level) for v in twin.tick(130.0)] == [(0, Level.CRITICAL), (1, Level.CRITICAL)]
+
+
+def test_ranks_passing_hung_after_s_seconds_apart_do_not_name_the_waiting_ranks():
+    # 4 nodes of 2 ranks beat 1 s apart; rank 5 hangs outside any collective at step 7 while
+    # the others wait in all_reduce: the first waiting ranks to pass hung_after_s are not named.
+    rule = HeartbeatRule(HeartbeatConfig(hung_after_s=45.0))
+    for node in range(4):
+        for r in (2 * node, 2 * node + 1):
+            rule.seen(r, 100.0 + node, 7, "" if r == 5 else "all_reduce")
+    named = []
+    for t in range(140, 160):
+        for node in range(4):  # every node keeps beating (alive), still at step 7
+            for r in (2 * node, 2 * node + 1):
+                rule.seen(r, t - 0.5 + node * 0.1, 7, "" if r == 5 else "all_reduce")
+        named += [v for v in rule.tick(float(t)) if v.rule == "rank_hung"]
+    assert [v.evidence["ranks"] for v in named] == [[5]]

@@ -32,3 +32,37 @@ def test_non_finite_floats_take_the_wire_spelling():
     slot = _slot([2.0] * 30 + [math.nan, math.inf])
     text = json.dumps(slot.to_json(), allow_nan=False)  # would raise on a bare NaN
     assert '"NaN"' in text or '"Infinity"' in text
+
+
+def test_rule_states_are_saved_apart_only_when_changed_and_load_back(tmp_path):
+    from sqlalchemy import select
+
+    from bench.controller_support import fresh_store
+    from controller.runstate import RunTable, default_detector_factory, save_slots
+    from controller.store.db import session_scope
+    from controller.store.ingest import ingest_events
+    from controller.store.models import RuleState, Run
+
+    engine = fresh_store(tmp_path)
+    table = RunTable(default_detector_factory())
+    events = [make_event("step", "r", s, f.step(s, 2.0 - 0.01 * s).data) for s in range(30)]
+    with session_scope(engine) as s:
+        ingest_events(s, events)
+        slot = table.get(s, "r")
+        for ev in events:
+            slot.detector.on_event(ev)
+        save_slots(s, [slot])
+    with session_scope(engine) as s:
+        first = dict(s.execute(select(RuleState.rule, RuleState.state)).all())
+        assert set(first) == set(slot.detector.rules)  # a new run: every rule once
+        assert "straggler" not in s.get(Run, "r").controller_state["detector"]
+    slot.detector.on_event(make_event("heartbeat", "r", 30, {"state": "running"}))
+    assert slot.detector.changed == {"heartbeat"}
+    with session_scope(engine) as s:
+        save_slots(s, [slot])
+    with session_scope(engine) as s:
+        second = dict(s.execute(select(RuleState.rule, RuleState.state)).all())
+        assert second["straggler"] == first["straggler"] and second["heartbeat"] != first["heartbeat"]
+        reloaded = RunTable(default_detector_factory()).get(s, "r")
+    assert reloaded.detector.state_dict() == json.loads(json.dumps(to_json(slot.detector.state_dict())))
+    assert reloaded.detector.changed == set()
