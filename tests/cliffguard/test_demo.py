@@ -60,6 +60,45 @@ def test_judge_fails_when_an_incident_was_abandoned():
     assert not judge(faults, [_inc("a", 101, "resumed"), _inc("x", 250, "abandoned")])[0]
 
 
+def _alert(id_: str, step: int, level: str = "critical") -> dict:
+    return {"id": id_, "level": level, "rule": "loss_spike", "action": "trigger", "evidence": {"step": step}}
+
+
+def test_a_report_only_run_is_judged_by_its_alerts_and_by_no_command_sent():
+    from cliffguard.demo_summary import judge_alerts
+
+    faults = [FaultSpec.parse(f) for f in ("corrupt@100", "corrupt@101", "lr_blowup@200x100:3")]
+    alerts = [_alert("a", 101), _alert("b", 102), _alert("c", 201), _alert("x", 150, "info")]
+    ok, results, unmatched = judge_alerts(faults, alerts, commands_sent=0)
+    assert ok and [r["alerts"] for r in results] == [2, 1] and unmatched == []
+    ok, results, _ = judge_alerts(faults, alerts, commands_sent=1)
+    assert not ok and "command" in results[0]["problem"]
+    ok, results, unmatched = judge_alerts(faults, [_alert("a", 101), _alert("y", 170)], commands_sent=0)
+    assert not ok and results[1]["problem"] == "no alert" and unmatched == ["y"]
+    # no fault at all (a clean run): ok only while nothing was sent
+    assert judge_alerts([], [], commands_sent=0)[0] and not judge_alerts([], [], commands_sent=2)[0]
+
+
+def test_the_summary_judges_each_trainer_by_what_it_can_do():
+    from cliffguard.commands.demo import summarize
+
+    faults = [FaultSpec.parse("corrupt@100"), FaultSpec.parse("lr_blowup@200x100:3")]
+    facts = {"incidents": [_inc("a", 101, "resumed"), _inc("b", 202, "rolled_back", rollback_to=150, lr_scale=0.5)],
+             "alerts": [], "commands_sent": 5, "final_loss": 2.5, "initial_loss": 5.5, "steps_lost": 50,
+             "flagged_samples": 16, "lr_scale": 0.5, "lr_scale_applied": 0.5, "run_status": "finished"}
+    assert summarize(_demo_args("--trainer", "plain"), "r", faults, facts, 0)["ok"]
+    assert not summarize(_demo_args("--trainer", "plain"), "r", faults, {**facts, "lr_scale_applied": 1.0}, 0)["ok"]
+    assert not summarize(_demo_args("--trainer", "plain"), "r", faults, facts, 1)["ok"]
+    # the tracker: incidents (or any command) mean the controller acted on a run that cannot obey
+    tracker = _demo_args("--trainer", "accelerate-tracker")
+    quiet = {**facts, "incidents": [], "alerts": [_alert("a", 101), _alert("b", 203)], "commands_sent": 0,
+             "lr_scale": 1.0, "lr_scale_applied": None}
+    summary = summarize(tracker, "r", faults, quiet, 0)
+    assert summary["ok"] and summary["commands_sent"] == 0 and summary["alerts"] == 2
+    assert not summarize(tracker, "r", faults, {**quiet, "commands_sent": 1}, 0)["ok"]
+    assert not summarize(tracker, "r", faults, {**quiet, "alerts": [_alert("a", 101)]}, 0)["ok"]
+
+
 def _demo_args(*argv: str):
     import argparse
 
@@ -85,6 +124,15 @@ def test_the_trainer_option_picks_the_training_command_and_its_kafka_settings(tm
         assert argv[argv.index("--run") + 1] == "r1" and argv[-2:] == ["--fault", "lr_blowup@20x100:3"]
         assert env == {"CLIFFGUARD_KAFKA__BOOTSTRAP": "127.0.0.1:9999", "CLIFFGUARD_KAFKA__TOPIC_PREFIX": "demo-x",
                        "CLIFFGUARD_KAFKA__PARTITIONS": "1"}
+    argv, env = trainer_command(_demo_args("--trainer", "plain", "--steps", "60"), "r1", kafka, tmp_path, faults)
+    assert argv[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    assert argv[5:8] == ["-m", "cliffguard.demo_trainers.plain_run", "--"] and "CLIFFGUARD_KAFKA__BOOTSTRAP" in env
+    argv, _ = trainer_command(_demo_args("--trainer", "plain", "--nproc", "1", "--steps", "60"), "r1", kafka,
+                              tmp_path, faults)
+    assert argv[1:4] == ["-m", "cliffguard.demo_trainers.plain_run", "--run"]
+    argv, _ = trainer_command(_demo_args("--trainer", "accelerate-tracker", "--steps", "60"), "r1", kafka,
+                              tmp_path, faults)
+    assert argv[1:3] == ["-m", "cliffguard.demo_trainers.accelerate_tracker_run"]
     with pytest.raises(SystemExit):
         _demo_args("--trainer", "keras")
 
