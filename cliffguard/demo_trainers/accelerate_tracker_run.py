@@ -46,9 +46,10 @@ def main(argv: list[str] | None = None) -> int:
             optimizer.step()  # report-only: every update is applied, good or bad
             optimizer.zero_grad(set_to_none=True)
             scheduler.step()
-            accelerator.log({"loss": float(loss), "lr": lr, "tokens": x.numel()}, step=step)
+            value = float(loss.detach())
+            accelerator.log({"loss": value, "lr": lr, "tokens": x.numel()}, step=step)
             if (step + 1) % args.progress_every == 0:
-                progress(step + 1, args.steps, float(loss), lr, 1.0)
+                progress(step + 1, args.steps, value, lr, 1.0)
     finally:
         accelerator.end_training()  # the tracker's finish(): run.finished
     return 0
