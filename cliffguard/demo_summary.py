@@ -153,7 +153,8 @@ def render(summary: dict[str, Any]) -> str:
     if summary.get("commands_sent") is not None:
         lines.append(f"commands sent to the run: {summary['commands_sent']}")
     if summary["unmatched_incidents"]:
-        lines.append(f"incidents not caused by an injected fault: {len(summary['unmatched_incidents'])}")
+        what = "alerts" if summary.get("incidents") == [] and summary.get("alerts") else "incidents"
+        lines.append(f"{what} not caused by an injected fault: {len(summary['unmatched_incidents'])}")
     fl, il = summary["final_loss"], summary["initial_loss"]
     lines.append(f"samples flagged after transient spikes: {summary['flagged_samples']}")
     lines.append(f"steps lost to rollbacks: {summary['steps_lost']}   "
