@@ -98,7 +98,8 @@ def start_monitoring(out_dir: Path, procs: Any, *, broker_port: int, say,
 
 
 def collect(store: Any, run_id: str) -> dict[str, Any]:
-    """Incidents (oldest first, with transitions), loss figures and steps lost, from the store."""
+    """Incidents (oldest first, with transitions), alerts, commands sent, loss figures and steps
+    lost, from the store."""
     from cliffguard.demo_summary import incident_summary
     from controller.store import read
 
@@ -109,6 +110,8 @@ def collect(store: Any, run_id: str) -> dict[str, Any]:
         curve = read.loss_curve(s, run_id, max_points=None)
         flags = [f for f in read.data_flags(s, run_id, limit=None) if f["rule"] == "transient_spike"]
         steps_lost = read.redone_steps(s, run_id)
+        alerts = read.alerts(s, run_id, limit=None)[::-1]
+        commands_sent = len(read.commands(s, run_id, limit=None))
     finite = [p for p in curve if p["loss"] is not None and math.isfinite(p["loss"])]
     tail = sorted(finite, key=lambda p: p["ts"])[-10:]
     return {
@@ -121,4 +124,7 @@ def collect(store: Any, run_id: str) -> dict[str, Any]:
         "final_loss": sum(p["loss"] for p in tail) / len(tail) if tail else None,
         "steps_lost": steps_lost,
         "flagged_samples": sum(len(f["sample_ids"]) for f in flags),
+        "alerts": [{"id": a["id"], "level": a["level"], "rule": a["rule"], "action": a["action"],
+                    "evidence": {"step": (a["evidence"] or {}).get("step")}} for a in alerts],
+        "commands_sent": commands_sent,
     }

@@ -12,7 +12,9 @@ update). What each fault should lead to:
 - ``slow_rank``, ``kill_rank``, ``broker_outage``: no loss incident expected; not judged here.
 
 ``ok`` is true when every judged fault has its expected incident and no incident ended ``halted``
-or ``abandoned`` (the run ended before its recovery finished).
+or ``abandoned`` (the run ended before its recovery finished). A report-only run (the Accelerate
+tracker: it declared no command) is judged by ``judge_alerts`` instead: an alert per fault, and
+not one command sent.
 """
 
 from __future__ import annotations
@@ -96,6 +98,33 @@ def judge(faults: list[FaultSpec], incidents: list[dict[str, Any]]) -> tuple[boo
     return ok, results, unmatched
 
 
+def judge_alerts(faults: list[FaultSpec], alerts: list[dict[str, Any]],
+                 commands_sent: int) -> tuple[bool, list[dict[str, Any]], list[str]]:
+    """The verdict on a report-only run (one that declared no command): every judged fault must
+    raise a warn/critical alert whose evidence step lies in the fault's window, and the controller
+    must have sent no command at all. (ok, per-fault results, ids of alerts no fault explains)."""
+    raised = [a for a in alerts if a["level"] in ("warn", "critical") and a.get("action", "trigger") == "trigger"]
+    used: set[str] = set()
+    results: list[dict[str, Any]] = []
+    ok = commands_sent == 0
+    for spec, end in merge_consecutive(faults):
+        if spec.kind not in EXPECTED:
+            continue
+        lo, hi = spec.step, end + MATCH_SLACK_STEPS
+        hits = [a for a in raised if isinstance((a.get("evidence") or {}).get("step"), int)
+                and lo <= a["evidence"]["step"] < hi]
+        used.update(a["id"] for a in hits)
+        problem = None if hits else "no alert"
+        if commands_sent:
+            problem = f"{commands_sent} command(s) sent to a report-only run"
+        ok = ok and problem is None
+        name = f"{spec.kind}@{spec.step}" + (f"..{end - 1}" if end - spec.step > 1 else "")
+        results.append({"fault": name, "kind": spec.kind, "step": spec.step, "end": end, "expected": ["alert"],
+                        "incident": None, "alerts": len(hits), "outcome": "alert" if hits else None,
+                        "ok": problem is None, "problem": problem})
+    return ok, results, [a["id"] for a in raised if a["id"] not in used]
+
+
 def finite_or_none(x: float | None) -> float | None:
     return x if x is not None and math.isfinite(x) else None
 
@@ -121,8 +150,11 @@ def render(summary: dict[str, Any]) -> str:
         mark = "ok  " if f["ok"] else "FAIL"
         lines.append(f"[{mark}] {f['fault']:<16} expected {'/'.join(f['expected']):<12} got {f['outcome']}"
                      + (f"  ({f['problem']})" if f["problem"] else ""))
+    if summary.get("commands_sent") is not None:
+        lines.append(f"commands sent to the run: {summary['commands_sent']}")
     if summary["unmatched_incidents"]:
-        lines.append(f"incidents not caused by an injected fault: {len(summary['unmatched_incidents'])}")
+        what = "alerts" if summary.get("incidents") == [] and summary.get("alerts") else "incidents"
+        lines.append(f"{what} not caused by an injected fault: {len(summary['unmatched_incidents'])}")
     fl, il = summary["final_loss"], summary["initial_loss"]
     lines.append(f"samples flagged after transient spikes: {summary['flagged_samples']}")
     lines.append(f"steps lost to rollbacks: {summary['steps_lost']}   "

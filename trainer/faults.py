@@ -142,6 +142,12 @@ class FaultInjector:
         gen = torch.Generator().manual_seed(hash((self.seed, step, self.rank)) & 0x7FFF_FFFF)
         return torch.randint(0, 256, x.shape, generator=gen, dtype=x.dtype).to(x.device)
 
+    def corrupt_pair(self, step: int, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A corrupted sample is random bytes: its inputs *and* its next-byte targets are garbage
+        (``y`` is ``x`` shifted by one, so both come from one corrupted window)."""
+        window = self.corrupt_batch(step, torch.cat([x, y[:, -1:]], dim=1))
+        return window[:, :-1], window[:, 1:]
+
     def nan_loss(self, step: int) -> bool:
         return bool(self._hits("nan", step))
 

@@ -61,6 +61,9 @@ class NoFaults:
     def corrupt_batch(self, step: int, x: torch.Tensor) -> torch.Tensor:
         return x
 
+    def corrupt_pair(self, step: int, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x, y
+
     def nan_loss(self, step: int) -> bool:
         return False
 
@@ -268,9 +271,7 @@ class Trainer:
             extra["rng_digest"] = digest_tensors([torch.get_rng_state()])
         with agent.data_wait():
             x, y, _ids = self.sampler.batch(step)
-            # A corrupted sample is random bytes: its inputs *and* its next-byte targets are garbage.
-            window = self.faults.corrupt_batch(step, torch.cat([x, y[:, -1:]], dim=1))
-            x, y = window[:, :-1], window[:, 1:]
+            x, y = self.faults.corrupt_pair(step, x, y)
             x, y = x.to(self.accelerator.device), y.to(self.accelerator.device)
         self.faults.delay(step)
         outage = getattr(agent.sink, "simulate_outage", None)  # the Publisher has it; test sinks may not

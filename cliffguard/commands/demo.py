@@ -11,7 +11,8 @@ Starts, in this order and each in its own process group:
    operator token, both printed, and without any key (its actions are requests the controller
    signs);
 4. a 2-process training run (``cliffguard train --nproc 2``) of the default GPT (``--trainer
-   hf|lightning``: the same scenario in one process under that library, cliffguard/demo_trainers/) with two faults:
+   hf|lightning|plain|accelerate-tracker``: the same scenario under that library,
+   cliffguard/demo_trainers/; the Accelerate tracker only reports, so it expects alerts and no command) with two faults:
    corrupted data (3 consecutive batches: validation normal -> resume, samples flagged) and an
    LR blow-up (validation abnormal -> rollback to a stable checkpoint with LR x 0.5, resume).
 
@@ -60,8 +61,11 @@ BLOWUP_SPEC = "x100:3"
 """LR x100 for 3 steps. Only the first of them updates the weights (the guard skips the updates
 of the steps whose loss spikes), and that one must damage them enough that the loss stays >= 5σ
 for 3 steps and validation is far above the baseline: x30 left the loss at 5.0σ, too close."""
-TRAINERS = ("bundled", "hf", "lightning")
-"""``--trainer``: hf and lightning run ``cliffguard/demo_trainers/<name>_run.py`` in one process."""
+TRAINERS = ("bundled", "hf", "lightning", "plain", "accelerate-tracker")
+"""``--trainer``: the others run ``cliffguard/demo_trainers/<name>_run.py`` (``-`` read as ``_``): plain
+under torchrun with ``--nproc`` processes, the rest in one process."""
+REPORT_ONLY_TRAINERS = ("accelerate-tracker",)
+"""Trainers that declare no command: judged by their alerts and by no command sent (demo_summary.judge_alerts)."""
 _PROGRESS = re.compile(r"^step\s+\d+/\d+")
 _NOTABLE = re.compile(r"Traceback|Error|rollback|rolled back|resumed|paused|halt|fault", re.IGNORECASE)
 
@@ -85,13 +89,18 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--keep-running", action="store_true", help="leave the dashboard up after the run, until Ctrl-C")
     p.add_argument("--broker-port", type=int, default=9092, help="broker port (default 9092; a free one if taken)")
     p.add_argument("--dashboard-port", type=int, default=8501, help="dashboard port (default 8501; a free one if taken)")
-    p.add_argument("--nproc", type=int, default=2, help="training processes (default 2; hf and lightning run 1)")
+    p.add_argument("--nproc", type=int, default=2, help="training processes (default 2; bundled and plain run "
+                   "that many, hf, lightning and accelerate-tracker run 1)")
     p.add_argument("--elastic", action="store_true",
                    help="the elastic demo instead: two torchrun agents of 2 processes, one killed and brought back "
                         "(cliffguard/demo_elastic.py; --dir and --json apply)")
     p.add_argument("--trainer", choices=TRAINERS, default="bundled",
                    help="who trains: the bundled GPT trainer (default), or the same scenario under the Hugging "
-                        "Face Trainer (extra [hf]) or PyTorch Lightning (extra [lightning]) through their integrations")
+                        "Face Trainer (extra [hf]) or PyTorch Lightning (extra [lightning]) through their integrations, "
+                        "a plain loop on the recovery kit, or an Accelerate loop with the report-only tracker "
+                        "(expects alerts and no command)")
+    p.add_argument("--clean", action="store_true",
+                   help="no faults (a baseline run: same steps and seed, to compare the final loss with)")
     p.add_argument("--settle-s", type=float, default=60.0,
                    help="after training ends, wait at most this long for the controller to close open incidents")
     return p
@@ -157,8 +166,12 @@ def trainer_command(args: argparse.Namespace, run_id: str, kafka: Any, out_dir: 
         for f in faults:
             argv += ["--fault", f]
         return argv, {}
-    argv = [sys.executable, "-m", f"cliffguard.demo_trainers.{args.trainer}_run", "--run", run_id,
-            "--steps", str(args.steps), "--progress-every", progress_every]
+    module = f"cliffguard.demo_trainers.{args.trainer.replace('-', '_')}_run"
+    launch = [sys.executable, "-m", module]
+    if args.trainer == "plain" and args.nproc > 1:
+        launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
+                  "-m", module, "--"]  # "--": torchrun would read --run as its own --run-path
+    argv = [*launch, "--run", run_id, "--steps", str(args.steps), "--progress-every", progress_every]
     for f in faults:
         argv += ["--fault", f]
     # the integrations read Kafka from the deployment config, as every process does
@@ -179,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
     if args.steps < 50:
         print("cliffguard demo: --steps: must be >= 50", file=sys.stderr)
         return 2
-    fault_texts = args.faults or default_faults(args.steps)
+    fault_texts = [] if args.clean else (args.faults or default_faults(args.steps))
     try:
         faults = [FaultSpec.parse(f) for f in fault_texts]
     except ValueError as exc:
@@ -223,9 +236,9 @@ def run(args: argparse.Namespace) -> int:
 
         run_id = f"demo-{time.strftime('%H%M%S')}-{uuid.uuid4().hex[:4]}"
         train_argv, train_env = trainer_command(args, run_id, stack.broker.kafka_config(partitions=1), out_dir, fault_texts)
-        nproc = args.nproc if args.trainer == "bundled" else 1
+        nproc = args.nproc if args.trainer in ("bundled", "plain") else 1
         _say(f"training run {run_id} ({args.trainer} trainer): {nproc} process(es), {args.steps} steps, "
-             f"faults: {' '.join(fault_texts)}")
+             f"faults: {' '.join(fault_texts) or 'none'}")
 
         def show(line: str) -> None:
             if stopping:
@@ -250,24 +263,12 @@ def run(args: argparse.Namespace) -> int:
             _wait_for(lambda: (watch.poll(), _safe(watch.settled))[1], args.settle_s, 1.0)
         watch.poll()
 
-        from cliffguard.demo_summary import finite_or_none, judge, render
-
         facts = collect(store, run_id)
-        ok, fault_results, unmatched = judge(faults, facts["incidents"])
-        # the LR scale the controller asked for must be the one the trainer reports applying
-        applied_ok = facts["lr_scale_applied"] is not None and math.isclose(facts["lr_scale_applied"],
-                                                                             facts["lr_scale"] or 1.0)
-        ok = ok and train_rc == 0 and applied_ok
-        summary = {
-            "ok": ok, "run": run_id, "trainer": args.trainer, "steps": args.steps, "faults": fault_results,
-            "incidents": facts["incidents"], "unmatched_incidents": unmatched,
-            "final_loss": finite_or_none(facts["final_loss"]), "initial_loss": finite_or_none(facts["initial_loss"]),
-            "steps_lost": facts["steps_lost"], "flagged_samples": facts["flagged_samples"],
-            "lr_scale": facts["lr_scale"], "lr_scale_applied": facts["lr_scale_applied"],
-            "run_status": facts["run_status"],
-            "train_exit_code": train_rc, "wall_s": round(time.monotonic() - t0, 1), "db": db_url,
-            "logs": str(out_dir),
-        }
+        summary = summarize(args, run_id, faults, facts, train_rc)
+        summary.update({"wall_s": round(time.monotonic() - t0, 1), "db": db_url, "logs": str(out_dir)})
+        ok = summary["ok"]
+        from cliffguard.demo_summary import render
+
         print(render(summary), flush=True)
         if args.json_path:
             Path(args.json_path).write_text(json.dumps(summary, indent=2, allow_nan=False))
@@ -296,6 +297,32 @@ def run(args: argparse.Namespace) -> int:
             stack.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def summarize(args: argparse.Namespace, run_id: str, faults: list[Any], facts: dict[str, Any],
+              train_rc: int | None) -> dict[str, Any]:
+    """The demo's summary of one run, ``ok`` judged per trainer: a recovering trainer by its
+    incidents and by applying the LR scale the controller asked for; a report-only one by its
+    alerts and by not one command sent."""
+    from cliffguard.demo_summary import finite_or_none, judge, judge_alerts
+
+    if args.trainer in REPORT_ONLY_TRAINERS:
+        ok, fault_results, unmatched = judge_alerts(faults, facts["alerts"], facts["commands_sent"])
+        ok = ok and not facts["incidents"]  # alert-only: the controller opens no incident it cannot act on
+    else:
+        ok, fault_results, unmatched = judge(faults, facts["incidents"])
+        # the LR scale the controller asked for must be the one the trainer reports applying
+        ok = ok and facts["lr_scale_applied"] is not None and math.isclose(facts["lr_scale_applied"],
+                                                                           facts["lr_scale"] or 1.0)
+    return {
+        "ok": ok and train_rc == 0, "run": run_id, "trainer": args.trainer, "steps": args.steps,
+        "clean": not faults, "faults": fault_results, "incidents": facts["incidents"],
+        "unmatched_incidents": unmatched, "final_loss": finite_or_none(facts["final_loss"]),
+        "initial_loss": finite_or_none(facts["initial_loss"]), "steps_lost": facts["steps_lost"],
+        "flagged_samples": facts["flagged_samples"], "lr_scale": facts["lr_scale"],
+        "lr_scale_applied": facts["lr_scale_applied"], "run_status": facts["run_status"],
+        "alerts": len(facts["alerts"]), "commands_sent": facts["commands_sent"], "train_exit_code": train_rc,
+    }
 
 
 def _safe(fn) -> bool:

@@ -65,7 +65,7 @@ class DemoData:
 
     def batch(self, position: int) -> tuple[torch.Tensor, torch.Tensor]:
         x, y, _ = self.sampler.batch(position)
-        return self.faults.corrupt_batch(position, x), y
+        return self.faults.corrupt_pair(position, x, y)  # as the bundled trainer corrupts (trainer/loop.py)
 
     def val_batches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return self.sampler.val_batches(VAL_BATCHES, GLOBAL_BATCH)

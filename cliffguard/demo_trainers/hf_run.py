@@ -37,7 +37,7 @@ MODEL = transformers.GPT2Config(vocab_size=BUNDLED.vocab_size, n_positions=SEQ_L
 
 def one_batch(items: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """Each item is a whole step's batch (batch size 1 of batches). GPT-2 shifts the labels itself: the
-    labels are the clean sequence (x's first token, then y), the input is x, corrupted or not."""
+    labels are the window x came from (x's first token, then y; a corrupted batch has both garbage)."""
     x, y = items[0]
     return {"input_ids": x, "labels": torch.cat([x[:, :1], y[:, :-1]], dim=1)}
 
@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="cliffguard-hf-demo-") as out:
         targs = transformers.TrainingArguments(
             output_dir=out, max_steps=args.steps, per_device_train_batch_size=1, per_device_eval_batch_size=1,
-            eval_strategy="no", save_strategy="no",  # the kit validates every [agent.recovery] val_every steps report_to=[], use_cpu=True,
+            eval_strategy="no", save_strategy="no",  # the kit validates every [agent.recovery] val_every steps
+            report_to=[], use_cpu=True,
             disable_tqdm=True, dataloader_num_workers=0, seed=args.seed, max_grad_norm=0.0,
             remove_unused_columns=False, logging_steps=args.steps)
         trainer = transformers.Trainer(model=model, args=targs, optimizers=(opt, sched), data_collator=one_batch,

@@ -113,6 +113,18 @@ def _acks(sink):
 
 
 @pytest.mark.slow
+def test_every_step_arrives_as_a_step_event_with_hf_default_logging_steps(tmp_path):
+    """The callback reports from ``on_step_end`` (agent/integrations/hf.py), not from ``on_log``: with
+    HF's default ``logging_steps=500`` the Trainer logs no loss in 8 steps, yet every step is an event."""
+    assert transformers.TrainingArguments(output_dir=str(tmp_path / "d")).logging_steps == 500  # HF's default
+    cb, sink = _callback()
+    trainer = _trainer(tmp_path, cb, steps=8, logging_steps=500)
+    trainer.train()
+    assert not [h for h in trainer.state.log_history if "loss" in h]  # HF itself logged no step loss
+    assert [e.step for e in _steps(sink)] == list(range(8))
+
+
+@pytest.mark.slow
 def test_it_is_a_real_trainer_callback_reporting_every_step_and_its_capabilities(tmp_path):
     cb, sink = _callback()
     assert isinstance(cb, transformers.TrainerCallback) and hasattr(cb, "on_push_begin")

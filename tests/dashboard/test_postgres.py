@@ -7,21 +7,23 @@ import uuid
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from controller.store.db import make_engine
+from tests.controller.service_support import store_engine
 from tests.dashboard.conftest import APP, chart_with
 from tests.dashboard.fill import fill_store
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(180)]
 
 
-def test_sections_render_over_postgresql(pg_url, monkeypatch):
-    engine = make_engine(pg_url)
-    run_id = f"dash-{uuid.uuid4().hex[:10]}"  # the database is shared with other tests
-    try:
+def test_sections_render_over_postgresql(pg_url, tmp_path, monkeypatch):
+    # A schema of its own: the database is shared with other tests (and other checkouts' schemas).
+    with store_engine("postgres", tmp_path, pg_url) as (engine, url):
+        run_id = f"dash-{uuid.uuid4().hex[:10]}"
         run = fill_store(engine, run_id)
-    finally:
-        engine.dispose()
-    monkeypatch.setenv("CLIFFGUARD_DASHBOARD__DB_URL", pg_url)
+        _render(url, run_id, run, monkeypatch)
+
+
+def _render(url, run_id, run, monkeypatch):
+    monkeypatch.setenv("CLIFFGUARD_DASHBOARD__DB_URL", url)
     monkeypatch.delenv("CLIFFGUARD_OPERATOR_TOKEN", raising=False)
     at = AppTest.from_file(APP, default_timeout=90)
     at.query_params["run"] = run_id
