@@ -65,7 +65,8 @@ calibration_s = 0.05
 
 
 class EventLog:
-    """Every event of one run on the metrics topic, read on a thread."""
+    """Every event of one run on the metrics topic, read on a thread (manual assignment: no group
+    join wait). Also the end-to-end tests' reader (tests/trainer/test_train_e2e.py)."""
 
     def __init__(self, kafka: Any, run: str) -> None:
         from kafka import KafkaConsumer, TopicPartition
@@ -88,7 +89,7 @@ class EventLog:
                     if ev.run == self.run:
                         self.events.append(ev)
 
-    def wait(self, what: Any, timeout: float, msg: str) -> Any:
+    def wait(self, what: Any, timeout: float = 60.0, msg: str = "") -> Any:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             got = what()

@@ -11,15 +11,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 import time
 import uuid
-from collections.abc import Callable
 
 import pytest
 
+from bench.fleet_ranks import EventLog as RunEventLog
 from core.enums import CommandType, EventType
-from core.events import Event, decode_event, encode_command, make_command
+from core.events import Event, encode_command, make_command
 from core.signing import Secret, sign_command
 from trainer.model import GPT, GPTConfig
 from trainer.schedule import WarmupCosine
@@ -71,45 +70,14 @@ min_history = 16
 """
 
 
-class EventLog:
-    """Every event of the metrics topic, read on a thread (manual assignment: no group join wait)."""
+class EventLog(RunEventLog):
+    """Every event of this file's run on the metrics topic, read on a thread (bench/fleet_ranks.py)."""
 
     def __init__(self, kafka) -> None:
-        from kafka import KafkaConsumer, TopicPartition
-
-        self.events: list[Event] = []
-        self._stop = threading.Event()
-        self._consumer = KafkaConsumer(**kafka.client_kwargs(), group_id=None, enable_auto_commit=False,
-                                       auto_offset_reset="earliest", fetch_max_wait_ms=100)
-        parts = self._consumer.partitions_for_topic(kafka.metrics_topic) or {0}
-        self._consumer.assign([TopicPartition(kafka.metrics_topic, p) for p in parts])
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            for records in self._consumer.poll(timeout_ms=100).values():
-                for r in records:
-                    ev = decode_event(r.value)
-                    if ev.run == RUN:
-                        self.events.append(ev)
+        super().__init__(kafka, RUN)
 
     def of(self, type: EventType, **data) -> list[Event]:
         return [e for e in list(self.events) if e.type is type and all(e.data.get(k) == v for k, v in data.items())]
-
-    def wait(self, what: Callable[[], object], timeout: float = 60.0, msg: str = "") -> object:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            got = what()
-            if got:
-                return got
-            time.sleep(0.05)
-        raise AssertionError(f"timed out waiting for {msg}")
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        self._consumer.close()
 
 
 class Controller:
