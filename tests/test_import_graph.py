@@ -90,9 +90,7 @@ def test_only_the_trainer_and_benchmarks_import_the_agent():
             if t.split(".")[0] != "agent":
                 continue
             runtime = t.startswith(AGENT_RUNTIME)
-            # cliffguard.demo_trainers are training processes (the demo's trainers): they run the agent
-            trainer = m.startswith("cliffguard.demo_trainers.")
-            if top in ("controller", "dashboard", "core") or (top == "cliffguard" and runtime and not trainer):
+            if top in ("controller", "dashboard", "core") or (top == "cliffguard" and runtime):
                 bad.append((m, t))
     assert bad == []
 

@@ -18,7 +18,9 @@ MODULE_OF = {"kafka-python": "kafka", "pytorch-lightning": "pytorch_lightning", 
 AGENT_SIDE = ("agent", "core", "trainer")
 # modules of the agent side that are an extra's own integration: only they import that extra
 EXTRA_MODULES = {"agent/integrations/hf.py": "hf", "agent/integrations/hf_checkpoints.py": "hf",
-                 "agent/integrations/lightning.py": "lightning"}
+                 "agent/integrations/lightning.py": "lightning",
+                 # the demo's trainers under those libraries (cliffguard demo --trainer hf|lightning)
+                 "trainer/demo_trainers/hf_run.py": "hf", "trainer/demo_trainers/lightning_run.py": "lightning"}
 OPTIONAL = {"numpy"}  # read inside try/except ImportError (agent/recovery/state.py): RNG state when present
 
 

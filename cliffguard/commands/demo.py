@@ -12,7 +12,7 @@ Starts, in this order and each in its own process group:
    signs);
 4. a 2-process training run (``cliffguard train --nproc 2``) of the default GPT (``--trainer
    hf|lightning|plain|accelerate-tracker``: the same scenario under that library,
-   cliffguard/demo_trainers/; the Accelerate tracker only reports, so it expects alerts and no command) with two faults:
+   trainer/demo_trainers/; the Accelerate tracker only reports, so it expects alerts and no command) with two faults:
    corrupted data (3 consecutive batches: validation normal -> resume, samples flagged) and an
    LR blow-up (validation abnormal -> rollback to a stable checkpoint with LR x 0.5, resume).
 
@@ -62,7 +62,7 @@ BLOWUP_SPEC = "x100:3"
 of the steps whose loss spikes), and that one must damage them enough that the loss stays >= 5σ
 for 3 steps and validation is far above the baseline: x30 left the loss at 5.0σ, too close."""
 TRAINERS = ("bundled", "hf", "lightning", "plain", "accelerate-tracker")
-"""``--trainer``: the others run ``cliffguard/demo_trainers/<name>_run.py`` (``-`` read as ``_``): plain
+"""``--trainer``: the others run ``trainer/demo_trainers/<name>_run.py`` (``-`` read as ``_``): plain
 under torchrun with ``--nproc`` processes, the rest in one process."""
 REPORT_ONLY_TRAINERS = ("accelerate-tracker",)
 """Trainers that declare no command: judged by their alerts and by no command sent (demo_summary.judge_alerts)."""
@@ -166,7 +166,7 @@ def trainer_command(args: argparse.Namespace, run_id: str, kafka: Any, out_dir: 
         for f in faults:
             argv += ["--fault", f]
         return argv, {}
-    module = f"cliffguard.demo_trainers.{args.trainer.replace('-', '_')}_run"
+    module = f"trainer.demo_trainers.{args.trainer.replace('-', '_')}_run"
     launch = [sys.executable, "-m", module]
     if args.trainer == "plain" and args.nproc > 1:
         launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",

@@ -123,19 +123,19 @@ def test_the_trainer_option_picks_the_training_command_and_its_kafka_settings(tm
     assert argv[-4:] == ["--fault", "corrupt@10", "--fault", "lr_blowup@20x100:3"]
     for name in ("hf", "lightning"):
         argv, env = trainer_command(_demo_args("--trainer", name, "--steps", "60"), "r1", kafka, tmp_path, faults)
-        assert argv[1:3] == ["-m", f"cliffguard.demo_trainers.{name}_run"] and "--nproc" not in argv
+        assert argv[1:3] == ["-m", f"trainer.demo_trainers.{name}_run"] and "--nproc" not in argv
         assert argv[argv.index("--run") + 1] == "r1" and argv[-2:] == ["--fault", "lr_blowup@20x100:3"]
         assert env == {"CLIFFGUARD_KAFKA__BOOTSTRAP": "127.0.0.1:9999", "CLIFFGUARD_KAFKA__TOPIC_PREFIX": "demo-x",
                        "CLIFFGUARD_KAFKA__PARTITIONS": "1"}
     argv, env = trainer_command(_demo_args("--trainer", "plain", "--steps", "60"), "r1", kafka, tmp_path, faults)
     assert argv[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    assert argv[5:8] == ["-m", "cliffguard.demo_trainers.plain_run", "--"] and "CLIFFGUARD_KAFKA__BOOTSTRAP" in env
+    assert argv[5:8] == ["-m", "trainer.demo_trainers.plain_run", "--"] and "CLIFFGUARD_KAFKA__BOOTSTRAP" in env
     argv, _ = trainer_command(_demo_args("--trainer", "plain", "--nproc", "1", "--steps", "60"), "r1", kafka,
                               tmp_path, faults)
-    assert argv[1:4] == ["-m", "cliffguard.demo_trainers.plain_run", "--run"]
+    assert argv[1:4] == ["-m", "trainer.demo_trainers.plain_run", "--run"]
     argv, _ = trainer_command(_demo_args("--trainer", "accelerate-tracker", "--steps", "60"), "r1", kafka,
                               tmp_path, faults)
-    assert argv[1:3] == ["-m", "cliffguard.demo_trainers.accelerate_tracker_run"]
+    assert argv[1:3] == ["-m", "trainer.demo_trainers.accelerate_tracker_run"]
     with pytest.raises(SystemExit):
         _demo_args("--trainer", "keras")
 

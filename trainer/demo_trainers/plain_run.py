@@ -3,7 +3,7 @@ bundled GPT, the README's loop shape, ``RecoveryKit`` + ``Agent`` and nothing el
 (``WORLD_SIZE`` > 1) every rank joins a gloo group, the model is wrapped in DDP and each rank trains
 on its share of the step's global batch, as the bundled trainer does.
 
-``python -m torch.distributed.run --standalone --nproc_per_node 2 -m cliffguard.demo_trainers.plain_run
+``python -m torch.distributed.run --standalone --nproc_per_node 2 -m trainer.demo_trainers.plain_run
 --run ID --steps 600 --fault corrupt@198 ...``
 """
 
@@ -20,7 +20,7 @@ from agent.config import AgentConfig
 from agent.hooks import Agent
 from agent.integrations.settings import agent_wiring
 from agent.recovery import RecoveryKit
-from cliffguard.demo_trainers.common import LR, RING, SEQ_LEN, DemoData, lr_multiplier, parse_args, progress
+from trainer.demo_trainers.common import LR, RING, SEQ_LEN, DemoData, lr_multiplier, parse_args, progress
 from trainer.model import GPT, GPTConfig
 
 MODEL = GPTConfig(block_size=SEQ_LEN)  # the bundled trainer's default model

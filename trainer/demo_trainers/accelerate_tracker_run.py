@@ -3,7 +3,7 @@
 The run declares no command, so the controller must alert on the faults and send nothing; the
 faults' damage stays (nothing here can skip an update or roll back).
 
-``python -m cliffguard.demo_trainers.accelerate_tracker_run --run ID --steps 600 --fault corrupt@198 ...``
+``python -m trainer.demo_trainers.accelerate_tracker_run --run ID --steps 600 --fault corrupt@198 ...``
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from agent.config import AgentConfig
 from agent.hooks import Agent
 from agent.integrations.accelerate import AgentTracker
 from agent.integrations.settings import agent_wiring
-from cliffguard.demo_trainers.common import LR, RING, SEQ_LEN, DemoData, lr_multiplier, parse_args, progress
+from trainer.demo_trainers.common import LR, RING, SEQ_LEN, DemoData, lr_multiplier, parse_args, progress
 from trainer.model import GPT, GPTConfig
 
 MODEL = GPTConfig(block_size=SEQ_LEN)  # the bundled trainer's default model

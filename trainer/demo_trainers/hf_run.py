@@ -1,7 +1,7 @@
 """The demo's scenario under the Hugging Face ``Trainer``: a GPT-2 built from a config (the bundled
 model's size, nothing downloaded), cliffguard attached by ``agent.integrations.hf.CliffguardCallback``.
 
-``python -m cliffguard.demo_trainers.hf_run --run ID --steps 600 --fault corrupt@198 ...``
+``python -m trainer.demo_trainers.hf_run --run ID --steps 600 --fault corrupt@198 ...``
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import transformers
 
 from agent.config import AgentConfig
 from agent.integrations.hf import CliffguardCallback
-from cliffguard.demo_trainers.common import (
+from trainer.demo_trainers.common import (
     LR,
     RING,
     SEQ_LEN,

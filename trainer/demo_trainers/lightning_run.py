@@ -1,7 +1,7 @@
 """The demo's scenario under PyTorch Lightning: the bundled GPT (built from its config) in a
 LightningModule, cliffguard attached by ``agent.integrations.lightning.CliffguardCallback``.
 
-``python -m cliffguard.demo_trainers.lightning_run --run ID --steps 600 --fault corrupt@198 ...``
+``python -m trainer.demo_trainers.lightning_run --run ID --steps 600 --fault corrupt@198 ...``
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 from agent.collectors.mfu import ModelShape
 from agent.config import AgentConfig
 from agent.integrations.lightning import CliffguardCallback
-from cliffguard.demo_trainers.common import (
+from trainer.demo_trainers.common import (
     LR,
     RING,
     SEQ_LEN,
