@@ -24,11 +24,11 @@ def copy_supported(session: Session) -> bool:
     return bind.dialect.name == "postgresql" and bind.dialect.driver == "psycopg"
 
 
-def copy_insert_new(session: Session, table: Table, rows: list[dict[str, Any]], conflict: list[str]) -> None:
+def copy_insert_new(session: Session, table: Table, rows: list[dict[str, Any]], conflict: list[str]) -> int:
     """Insert ``rows`` (dicts with the same keys) into ``table``, skipping any that conflict on
-    ``conflict``, in the session's transaction."""
+    ``conflict``, in the session's transaction; returns how many were inserted."""
     if not rows:
-        return
+        return 0
     from psycopg.types.json import Json
 
     cols = list(rows[0])
@@ -45,4 +45,6 @@ def copy_insert_new(session: Session, table: Table, rows: list[dict[str, Any]], 
                 cp.write_row([Json(row[c]) if c in json_cols and row[c] is not None else row[c] for c in cols])
         on = ", ".join(f'"{c}"' for c in conflict)
         cur.execute(f'INSERT INTO "{table.name}" ({names}) SELECT {names} FROM "{tmp}" ON CONFLICT ({on}) DO NOTHING')
+        inserted = cur.rowcount
         cur.execute(f'TRUNCATE "{tmp}"')  # a second batch in the same transaction starts empty
+    return inserted

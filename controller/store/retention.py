@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -237,11 +238,30 @@ def downsample_if_due(
     """``downsample`` when at least ``every_steps`` more steps have aged out of full resolution
     since the last pass, else None. Costs one primary-key read when not due, so the controller
     can call it for every run in every batch it commits."""
+    return downsample_due(session, {run_id: newest_step}, config).get(run_id)
+
+
+def downsample_due(session: Session, newest: Mapping[str, int], config: RetentionConfig | None = None, *,
+                   watermarks: Mapping[str, int] | None = None) -> dict[str, DownsampleResult]:
+    """``downsample_if_due`` for each run -> its newest step, with one read of the runs'
+    watermarks (none when the caller passes ``watermarks``, from ``run_watermarks``); returns
+    the results of the runs that were due."""
     cfg = config or RetentionConfig()
-    done = session.scalar(select(Run.downsampled_below).where(Run.id == run_id))
-    if done is None or tier_edges(newest_step, cfg)[1] < done + cfg.every_steps:
-        return None
-    return downsample(session, run_id, cfg, newest_step=newest_step)
+    done = watermarks if watermarks is not None else run_watermarks(session, newest)
+    out = {}
+    for run_id, step in newest.items():
+        below = done.get(run_id)
+        if below is not None and tier_edges(step, cfg)[1] >= below + cfg.every_steps:
+            out[run_id] = downsample(session, run_id, cfg, newest_step=step)
+    return out
+
+
+def run_watermarks(session: Session, run_ids: Iterable[str]) -> dict[str, int]:
+    """Run id -> ``runs.downsampled_below`` (steps below it are folded into buckets), one read."""
+    ids = list(run_ids)
+    if not ids:
+        return {}
+    return dict(session.execute(select(Run.id, Run.downsampled_below).where(Run.id.in_(ids))).all())
 
 
 def downsample_all(session: Session, config: RetentionConfig | None = None) -> dict[str, DownsampleResult]:
