@@ -36,7 +36,7 @@ from typing import Any
 from sqlalchemy import bindparam, func, or_, update
 from sqlalchemy.orm import Session
 
-from controller.store.copy_rows import copy_insert_new, copy_supported
+from controller.store.copy_rows import insert_new
 from controller.store.fit import fit_row, fit_rows, fit_value
 from controller.store.models import (
     CheckpointRow,
@@ -171,14 +171,11 @@ def record_rule_stats(session: Session, points: list[dict[str, Any]], spike_rule
 
 
 def _insert_step_rows(session: Session, rows: list[dict[str, Any]]) -> int:
-    """Insert the rows whose event id is new in one ``COPY`` (PostgreSQL) or one executemany
-    of INSERT ... ON CONFLICT DO NOTHING; returns how many were new (both report the rows
-    written: no lookup first, no RETURNING)."""
+    """Insert the rows whose event id is new (``copy_rows.insert_new``: one ``COPY`` or one
+    executemany); returns how many were new, as the database counts them: no lookup first, no
+    RETURNING."""
     rows = list({r["event_id"]: r for r in rows}.values())  # a message the broker delivered twice
-    if copy_supported(session):
-        return copy_insert_new(session, StepMetric.__table__, rows, ["event_id"])
-    stmt = insert_for(session, StepMetric).on_conflict_do_nothing(index_elements=["event_id"])
-    return session.connection().execute(stmt, rows).rowcount
+    return insert_new(session, StepMetric.__table__, rows, ["event_id"])
 
 
 def _touch_runs(session: Session, events: list[Event]) -> None:
