@@ -37,8 +37,13 @@ def check_value(kind: Any, value: Any, where: str) -> Any:
     if kind is float:
         if isinstance(value, bool):
             raise SchemaError(where, "expected a number, got a boolean")
-        if isinstance(value, (int, float)):
-            return float(value)
+        if isinstance(value, float):
+            return value
+        if isinstance(value, int):
+            try:
+                return float(value)
+            except OverflowError:
+                raise SchemaError(where, "integer too large for a float") from None
         if isinstance(value, str) and value in WIRE_NONFINITE:
             return WIRE_NONFINITE[value]
         raise SchemaError(where, f"expected a number, got {_got(value)}")
