@@ -155,6 +155,7 @@ class BatchProcessor:
         newest: dict[str, int] = {}
         points: dict[str, dict[str, Any]] = {}  # step event id -> what the spike rule knew there
         rules: dict[str, Any] = {}  # run id -> the spike rule's settings it was judged with
+        exact: set[str] = set()  # step events judged or in an incident: their rows stay one per step
         for rec in batch.records:
             ev = rec.event
             newest[ev.run] = max(newest.get(ev.run, 0), ev.step)
@@ -177,9 +178,12 @@ class BatchProcessor:
                 if isinstance(inp, AckIn) and acked_command(session, ev) is None:
                     continue  # an unknown command, or another run's: it must not move this run
                 self._feed(session, slot, inp, res)
+            if verdicts or (level is not None and level is not Level.OK) or slot.recovery.incident is not None:
+                exact.add(ev.id)  # a step row that write_bucket must not fold away
             slot.dirty = True
         marks = run_watermarks(session, newest)  # one read, for the step rows and for retention
-        ingest_steps(session, events, points, watermarks=marks)
+        ingest_steps(session, events, points, watermarks=marks, write_bucket=self.ctx.retention.write_bucket,
+                     exact=exact)
         record_rule_stats(session, [], {run: asdict(cfg) for run, cfg in rules.items()})
         save_slots(session, [s for s in touched.values() if s.dirty])
         # folds old steps into buckets for the runs where enough have aged

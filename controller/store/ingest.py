@@ -50,6 +50,7 @@ from controller.store.models import (
     ValidationRow,
 )
 from controller.store.retention import run_watermarks
+from controller.store.step_buckets import bucket_rows
 from controller.store.step_metrics import STEP_METRICS
 from controller.store.upsert import insert_for
 from core.capabilities import normalize as normalize_capabilities
@@ -108,12 +109,16 @@ def ingest_events(session: Session, events: Iterable[Event], *, steps: bool = Tr
 
 def ingest_steps(session: Session, events: Iterable[Event],
                  rule_points: Mapping[str, Mapping[str, Any]] | None = None,
-                 watermarks: Mapping[str, int] | None = None) -> int:
+                 watermarks: Mapping[str, int] | None = None, *,
+                 write_bucket: int = 1, exact: Iterable[str] = ()) -> int:
     """Insert the step rows of ``events`` (``step`` and ``ranks`` events; others are ignored) whose runs are already
     recorded (``ingest_events`` touched them); returns how many were new. ``rule_points``: event
     id -> ``median``/``sigma``/``level`` of the loss-spike rule at that step, written with the row
     (what ``record_rule_stats`` would otherwise set by an UPDATE after the insert).
-    ``watermarks``: each run's ``downsampled_below`` when the caller has read it already."""
+    ``watermarks``: each run's ``downsampled_below`` when the caller has read it already.
+    ``write_bucket`` > 1 folds the rows into buckets of that many steps before they are written
+    (``store/step_buckets.py``), but those of the event ids in ``exact``; the count returned is
+    then of rows, not events."""
     events = [e for e in events if e.type in _STEP_ROW_EVENTS]
     if not events:
         return 0
@@ -130,6 +135,7 @@ def ingest_steps(session: Session, events: Iterable[Event],
             rows.append(_step_row(ev, point=points.get(ev.id)))
         else:
             rows.extend(_rank_rows(ev))
+    rows = bucket_rows(rows, write_bucket, exact)
     changed = _insert_step_rows(session, fit_rows(StepMetric, rows)) if rows else 0
     _lr_scales_applied(session, [(ev.run, ev.data["lr_scale"], ev.ts) for ev in applied.values()])
     return changed

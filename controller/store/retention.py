@@ -82,6 +82,12 @@ class RetentionConfig:
     every_steps: int = 1_000
     """``downsample_if_due`` folds once this many more steps have aged out of full resolution
     (each pass then touches about this many steps per rank, a fraction of a second)."""
+    write_bucket: int = 1
+    """Step rows are written folded into buckets of this many steps (``store/step_buckets.py``:
+    each run's newest step, spikes, incidents, non-finite losses and guard decisions stay exact);
+    1 writes every step. A divisor of ``mid_bucket``, so retention's mid tier completes the
+    buckets a batch boundary split. Above 1 the dashboard's newest steps are bucketed too, and
+    the backtest (``controller/backtest.py``) replays only the exact rows."""
     max_step_jump: int = 1_000_000
     """A newest step with no other row of its run within this many steps below it is not trusted
     to age the run's rows (see the module docstring)."""
@@ -97,6 +103,8 @@ class RetentionConfig:
             raise ValueError("far_bucket: must be a multiple of mid_bucket")
         if self.every_steps < 1:
             raise ValueError("every_steps: must be >= 1")
+        if self.write_bucket < 1 or self.mid_bucket % self.write_bucket:
+            raise ValueError("write_bucket: must be >= 1 and divide mid_bucket")
         if self.max_step_jump < 1:
             raise ValueError("max_step_jump: must be >= 1")
 
