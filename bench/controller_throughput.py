@@ -16,7 +16,8 @@
   (``core.events.decode_event``): the ceiling of any controller that reads the events, and
   ``raw_decode.ratio`` (to ``raw``) says how much of it decoding alone takes.
 
-``ratio`` = e2e / raw per store and run count (``ratio.sqlite["8"]``). Everything shares the
+``--write-bucket N`` runs the controller with ``RetentionConfig(write_bucket=N)`` (step rows
+written in N-step buckets, ``controller/store/step_buckets.py``). ``ratio`` = e2e / raw per store and run count (``ratio.sqlite["8"]``). Everything shares the
 machine's CPUs with the broker; each figure carries the 1-minute load average taken right after
 it (``loadavg_1m``), since a busy machine lowers every figure.
 """
@@ -42,6 +43,7 @@ from controller.broker import EmbeddedBroker
 from controller.detect import RunDetector
 from controller.recovery import new_state, transition
 from controller.recovery_types import RecoveryConfig
+from controller.store.retention import RetentionConfig
 from core.events import decode_event
 
 
@@ -80,12 +82,13 @@ def produce(kafka, runs: int, n: int) -> None:
     producer.close()
 
 
-def e2e_rate(broker, runs: int, n: int, pg_url: str | None = None) -> tuple[float, dict]:
+def e2e_rate(broker, runs: int, n: int, pg_url: str | None = None, write_bucket: int = 1) -> tuple[float, dict]:
     kafka = fresh_kafka(broker)
     produce(kafka, runs, n)
     engine = fresh_store(pg_url=pg_url)
     # the raw consumer's batch size: per-batch costs (fence, offsets, commit) amortised alike
-    svc = controller(kafka, engine, tick_s=3600.0, max_poll_records=RAW_CONSUMER["max_poll_records"])
+    svc = controller(kafka, engine, RetentionConfig(write_bucket=write_bucket), tick_s=3600.0,
+                     max_poll_records=RAW_CONSUMER["max_poll_records"])
     svc.start()
     first = None
     deadline = time.monotonic() + 600
@@ -145,12 +148,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--events", type=int, default=20_000, help="events per end-to-end configuration")
     p.add_argument("--runs", default="1,8,64", help="concurrent run counts (comma-separated)")
     p.add_argument("--core-events", type=int, default=20_000)
+    p.add_argument("--write-bucket", type=int, default=1,
+                   help="RetentionConfig.write_bucket of the controller (1: a row per step)")
     p.add_argument("--pg-url", default=os.environ.get("CLIFFGUARD_TEST_PG_URL"),
                    help="also measure on this PostgreSQL database (default: $CLIFFGUARD_TEST_PG_URL)")
     args = p.parse_args(argv)
     run_counts = [int(x) for x in args.runs.split(",")]
     stores = {"sqlite": None, **({"postgresql": args.pg_url} if args.pg_url else {})}
-    out: dict = {"events": args.events, "core": {}, "e2e": {}, "raw": {}}
+    out: dict = {"events": args.events, "write_bucket": args.write_bucket, "core": {}, "e2e": {}, "raw": {}}
     out["core"] = {**core_rates(args.core_events), "events": args.core_events, "loadavg_1m": _load()}
     core = out["core"]["events_per_s"]
     print(f"core (rules + state machine): {core:,.0f} events/s (rules alone "
@@ -166,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         for store, url in stores.items():
             out["e2e"][store] = {}
             for runs in run_counts:
-                rate, stats = e2e_rate(broker, runs, args.events, url)
+                rate, stats = e2e_rate(broker, runs, args.events, url, args.write_bucket)
                 out["e2e"][store][str(runs)] = {"events_per_s": rate, "ratio": rate / raw, "batches": stats["batches"],
                                                 "loadavg_1m": _load()}
                 print(f"e2e {store} {runs:>3} runs: {rate:,.0f} events/s ({stats['batches']} batches) "
