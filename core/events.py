@@ -248,10 +248,17 @@ def decode_event(raw: bytes | str, max_bytes: int | None = None) -> Event:
     return event_from_dict(_parse_json(raw))
 
 
-try:
-    from orjson import loads as _orjson_loads
-except ImportError:  # optional: the standard parser alone gives the same events, ~4x slower
-    _orjson_loads = None
+_UNSET: Any = object()
+_orjson_loads: Any = _UNSET  # looked up on the first decode: the agent side never imports it
+
+
+def _find_orjson() -> Any:
+    try:
+        from orjson import loads
+    except ImportError:  # optional (the controller extra): the standard parser alone gives the same events
+        return None
+    return loads
+
 _DIGITS_ONLY = bytes(48 if 48 <= i <= 57 else 32 for i in range(256))  # b"0"-"9" kept, the rest blank
 _LONG_NUMBER = b"0" * 20
 
@@ -263,6 +270,9 @@ def _fast_parse(raw: bytes | str) -> Any:
     Such an integer has 20 or more digits in a row, which a message from ``encode_event`` never
     holds outside a string (floats are written with at most 17), so any run of 20 digits sends
     the message to the standard parser, whose integers ``controller/bounds.py`` range-checks."""
+    global _orjson_loads
+    if _orjson_loads is _UNSET:
+        _orjson_loads = _find_orjson()
     if _orjson_loads is None or type(raw) is not bytes or _LONG_NUMBER in raw.translate(_DIGITS_ONLY):
         return None
     try:
