@@ -10,6 +10,9 @@
   polled batch) consumes them; events/s from its first committed batch to the last (the consumer
   group join is not counted). The store is SQLite, and also PostgreSQL (a fresh schema, dropped
   afterwards) when ``--pg-url`` or ``CLIFFGUARD_TEST_PG_URL`` names a database.
+- ``no_rules`` per store and number of runs: the same end to end with a detector that judges
+  nothing (``controller_support.NoRules``): what the poll, decoding, the state machine and the
+  store cost, i.e. the controller's ceiling however fast the rules become.
 - ``raw``: plain kafka-python ``KafkaConsumer`` reading the same topic's messages (no decoding),
   in the same run on the same broker: the ceiling the controller sits under.
 - ``raw_decode``: the same consumer, each message also decoded and validated
@@ -31,6 +34,7 @@ import time
 import uuid
 
 from bench.controller_support import (
+    NoRules,
     controller,
     drop_store,
     fresh_kafka,
@@ -82,13 +86,14 @@ def produce(kafka, runs: int, n: int) -> None:
     producer.close()
 
 
-def e2e_rate(broker, runs: int, n: int, pg_url: str | None = None, write_bucket: int = 1) -> tuple[float, dict]:
+def e2e_rate(broker, runs: int, n: int, pg_url: str | None = None, write_bucket: int = 1,
+             rules: bool = True) -> tuple[float, dict]:
     kafka = fresh_kafka(broker)
     produce(kafka, runs, n)
     engine = fresh_store(pg_url=pg_url)
     # the raw consumer's batch size: per-batch costs (fence, offsets, commit) amortised alike
-    svc = controller(kafka, engine, RetentionConfig(write_bucket=write_bucket), tick_s=3600.0,
-                     max_poll_records=RAW_CONSUMER["max_poll_records"])
+    svc = controller(kafka, engine, RetentionConfig(write_bucket=write_bucket), None if rules else NoRules,
+                     tick_s=3600.0, max_poll_records=RAW_CONSUMER["max_poll_records"])
     svc.start()
     first = None
     deadline = time.monotonic() + 600
@@ -155,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     run_counts = [int(x) for x in args.runs.split(",")]
     stores = {"sqlite": None, **({"postgresql": args.pg_url} if args.pg_url else {})}
-    out: dict = {"events": args.events, "write_bucket": args.write_bucket, "core": {}, "e2e": {}, "raw": {}}
+    out: dict = {"events": args.events, "write_bucket": args.write_bucket, "core": {}, "e2e": {}, "no_rules": {},
+                 "raw": {}}
     out["core"] = {**core_rates(args.core_events), "events": args.core_events, "loadavg_1m": _load()}
     core = out["core"]["events_per_s"]
     print(f"core (rules + state machine): {core:,.0f} events/s (rules alone "
@@ -176,15 +182,23 @@ def main(argv: list[str] | None = None) -> int:
                                                 "loadavg_1m": _load()}
                 print(f"e2e {store} {runs:>3} runs: {rate:,.0f} events/s ({stats['batches']} batches) "
                       f"ratio {rate / raw:.3f}", flush=True)
+            out["no_rules"][store] = {}
+            for runs in run_counts:
+                rate, stats = e2e_rate(broker, runs, args.events, url, args.write_bucket, rules=False)
+                out["no_rules"][store][str(runs)] = {"events_per_s": rate, "ratio": rate / raw,
+                                                     "batches": stats["batches"], "loadavg_1m": _load()}
+                print(f"no rules {store} {runs:>3} runs: {rate:,.0f} events/s ratio {rate / raw:.3f}", flush=True)
     out["ratio"] = {store: {k: v["ratio"] for k, v in per.items()} for store, per in out["e2e"].items()}
     print()
     print(f"{'config':<28}{'events/s':>12}{'ratio':>8}{'load':>7}")
     print(f"{'core':<28}{core:>12,.0f}{'':>8}{out['core']['loadavg_1m']:>7.2f}")
     print(f"{'raw consume':<28}{raw:>12,.0f}{1.0:>8.3f}{out['raw']['loadavg_1m']:>7.2f}")
     print(f"{'raw consume + decode':<28}{dec:>12,.0f}{dec / raw:>8.3f}{out['raw_decode']['loadavg_1m']:>7.2f}")
-    for store, per in out["e2e"].items():
-        for k, v in per.items():
-            print(f"{f'e2e {store} {k} runs':<28}{v['events_per_s']:>12,.0f}{v['ratio']:>8.3f}{v['loadavg_1m']:>7.2f}")
+    for kind in ("e2e", "no_rules"):
+        for store, per in out[kind].items():
+            for k, v in per.items():
+                print(f"{f'{kind} {store} {k} runs':<28}{v['events_per_s']:>12,.0f}{v['ratio']:>8.3f}"
+                      f"{v['loadavg_1m']:>7.2f}")
     out["loadavg_1m"] = _load()  # this machine is shared: say how busy it was
     with open(args.json, "w") as fh:
         json.dump(out, fh, indent=1)

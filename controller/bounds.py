@@ -54,7 +54,7 @@ def out_of_range(event: Event) -> str | None:
         elif isinstance(value, int):
             values = (value,)
         else:
-            continue  # checked once per event per field: most are floats and strings
+            continue  # a float or a string (most fields): no integer to bound
         lo, hi = columns.get(name, INT64)
         for v in values:
             if isinstance(v, int) and not isinstance(v, bool) and not lo <= v <= hi:
