@@ -49,12 +49,15 @@ def out_of_range(event: Event) -> str | None:
     model = _stored_model(event.type)
     columns = int_limits(model) if model is not None else {}
     for name, value in event.data.items():
-        if isinstance(value, list):
+        kind = type(value)
+        if kind is float or kind is str or kind is bool or value is None:
+            continue  # most fields, checked for every event: no integer to bound
+        if kind is list:
             values = value
         elif isinstance(value, int):
             values = (value,)
         else:
-            continue  # a float or a string (most fields): no integer to bound
+            continue
         lo, hi = columns.get(name, INT64)
         for v in values:
             if isinstance(v, int) and not isinstance(v, bool) and not lo <= v <= hi:

@@ -225,9 +225,11 @@ def _rank_rows(ev: Event) -> list[dict[str, Any]]:
 def _step_row(ev: Event, *, data: dict[str, Any] | None = None, event_id: str | None = None,
               rank: int | None = None, point: Mapping[str, Any] | None = None) -> dict[str, Any]:
     d = ev.data if data is None else data
-    row: dict[str, Any] = {m.name: d.get(m.name) for m in STEP_METRICS}
-    row["loss"] = d.get("loss")
+    get = d.get
+    row: dict[str, Any] = {name: get(name) for name in _METRIC_NAMES}
+    loss, guard, norms = get("loss"), get("guard"), get("layer_grad_norms")
     row.update(
+        loss=loss,
         event_id=ev.id if event_id is None else event_id,
         run_id=ev.run,
         step=ev.step,
@@ -236,14 +238,17 @@ def _step_row(ev: Event, *, data: dict[str, Any] | None = None, event_id: str | 
         resolution=1,
         loss_min=None,
         loss_max=None,
-        nonfinite=store_kind(d.get("loss")),
-        guard=str(d["guard"]) if d.get("guard") is not None else None,
-        layer_grad_norms=to_json(d["layer_grad_norms"]) if d.get("layer_grad_norms") is not None else None,
+        nonfinite=store_kind(loss),
+        guard=None if guard is None else str(guard),
+        layer_grad_norms=None if norms is None else to_json(norms),
         rule_median=point["median"] if point else None,
         rule_sigma=point["sigma"] if point else None,
         rule_level=point["level"] if point else None,
     )
     return row  # fitted to the columns with the rest of the batch (fit_rows)
+
+
+_METRIC_NAMES = tuple(m.name for m in STEP_METRICS)
 
 
 def _wrote(session: Session, stmt: Any, key: Any) -> bool:
