@@ -13,6 +13,7 @@ from controller.broker import EmbeddedBroker, ensure_topics
 from controller.config import ControllerConfig
 from controller.service import ControllerService
 from controller.store.db import init_db, make_engine
+from controller.store.retention import RetentionConfig
 from core.events import encode_event, make_event
 from core.kafka_config import KafkaConfig
 from core.signing import Secret
@@ -79,6 +80,24 @@ def drop_store(engine) -> None:
         admin.dispose()
 
 
-def controller(kafka: KafkaConfig, engine, **overrides) -> ControllerService:
+class NoRules:
+    """A detector that judges nothing: what the controller costs without its rules (the poll,
+    decoding, the state machine and the store)."""
+
+    def on_event(self, event) -> list:
+        return []
+
+    def tick(self, now: float) -> list:
+        return []
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+def controller(kafka: KafkaConfig, engine, retention: RetentionConfig | None = None, detector_factory=None,
+               **overrides) -> ControllerService:
     cfg = ControllerConfig(group_id=f"bench-{uuid.uuid4().hex[:6]}", **{**GROUP, **overrides})
-    return ControllerService(cfg, kafka, engine, SECRET)
+    return ControllerService(cfg, kafka, engine, SECRET, retention=retention, detector_factory=detector_factory)

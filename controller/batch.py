@@ -27,7 +27,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from controller.alerts import AlertsConfig, AlertSpec, enqueue_alert
-from controller.edge import EdgeBatch
+from controller.edge import DeadLetter, EdgeBatch
 from controller.operator import enqueue_command
 from controller.recovery import transition
 from controller.recovery_types import (
@@ -57,7 +57,7 @@ from controller.store.dlq import count_dead_letter
 from controller.store.ingest import acked_command, ingest_events, ingest_steps, record_rule_stats
 from controller.store.models import CheckpointRow, CommandRow, ConsumerOffset, DataFlag, Incident, Transition
 from controller.store.offsets import save_offsets
-from controller.store.retention import RetentionConfig, downsample_if_due
+from controller.store.retention import RetentionConfig, downsample_due, run_watermarks
 from controller.verdict import Verdict
 from core.capabilities import declared as declared_capabilities
 from core.enums import AckStatus, EventType, Level
@@ -144,14 +144,18 @@ class BatchProcessor:
     def process(self, session: Session, batch: EdgeBatch, now: float) -> BatchResult:
         res = BatchResult(events=len(batch.records), dead=len(batch.dead))
         self._fence(session, batch)
+        dead: dict[tuple[str, str], list[DeadLetter]] = {}
         for d in batch.dead:
-            count_dead_letter(session, d.topic, d.reason, d.detail, now=now)
+            dead.setdefault((d.topic, d.reason), []).append(d)
+        for (topic, reason), letters in dead.items():  # one counter update per reason, the newest detail
+            count_dead_letter(session, topic, reason, letters[-1].detail, n=len(letters), now=now)
         events = [r.event for r in batch.records]
         ingest_events(session, events, steps=False)  # the step rows go in below, with the rule's figures
         touched: dict[str, RunSlot] = {}
         newest: dict[str, int] = {}
         points: dict[str, dict[str, Any]] = {}  # step event id -> what the spike rule knew there
         rules: dict[str, Any] = {}  # run id -> the spike rule's settings it was judged with
+        exact: set[str] = set()  # step events judged or in an incident: their rows stay one per step
         for rec in batch.records:
             ev = rec.event
             newest[ev.run] = max(newest.get(ev.run, 0), ev.step)
@@ -174,13 +178,16 @@ class BatchProcessor:
                 if isinstance(inp, AckIn) and acked_command(session, ev) is None:
                     continue  # an unknown command, or another run's: it must not move this run
                 self._feed(session, slot, inp, res)
+            if verdicts or (level is not None and level is not Level.OK) or slot.recovery.incident is not None:
+                exact.add(ev.id)  # a step row that write_bucket must not fold away
             slot.dirty = True
-        ingest_steps(session, events, points)
+        marks = run_watermarks(session, newest)  # one read, for the step rows and for retention
+        ingest_steps(session, events, points, watermarks=marks, write_bucket=self.ctx.retention.write_bucket,
+                     exact=exact)
         record_rule_stats(session, [], {run: asdict(cfg) for run, cfg in rules.items()})
         save_slots(session, [s for s in touched.values() if s.dirty])
-        for run_id, step in newest.items():
-            # one primary-key read per run when not due; folds old steps into buckets when it is
-            downsample_if_due(session, run_id, step, self.ctx.retention)
+        # folds old steps into buckets for the runs where enough have aged
+        downsample_due(session, newest, self.ctx.retention, watermarks=marks)
         save_offsets(session, self.ctx.group_id, batch.next_offsets, now=now)
         return res
 

@@ -21,6 +21,7 @@ integers). A value outside goes to the DLQ as ``out_of_range`` instead of being 
 from __future__ import annotations
 
 from collections import OrderedDict
+from functools import cache
 from typing import Any
 
 from controller.store.fit import INT64, int_limits
@@ -31,6 +32,7 @@ STEP_JUMP = "step_jump"
 OUT_OF_RANGE = "out_of_range"
 
 
+@cache
 def _stored_model(etype: str) -> Any:
     """The table each event type's data lands in (its integer columns bound its fields)."""
     from controller.store import models
@@ -47,7 +49,15 @@ def out_of_range(event: Event) -> str | None:
     model = _stored_model(event.type)
     columns = int_limits(model) if model is not None else {}
     for name, value in event.data.items():
-        values = value if isinstance(value, list) else [value]
+        kind = type(value)
+        if kind is float or kind is str or kind is bool or value is None:
+            continue  # most fields, checked for every event: no integer to bound
+        if kind is list:
+            values = value
+        elif isinstance(value, int):
+            values = (value,)
+        else:
+            continue
         lo, hi = columns.get(name, INT64)
         for v in values:
             if isinstance(v, int) and not isinstance(v, bool) and not lo <= v <= hi:

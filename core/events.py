@@ -50,7 +50,7 @@ from core.floats import dumps
 from core.payloads import COMMAND_ARGS, EVENT_PAYLOADS, FieldSpec, schema_of
 from core.policy import COMMAND_TTL_S
 from core.rank_arrays import check_loss_summary, check_node_heartbeat, check_ranks
-from core.schema import SchemaError, UnknownVersion, check_fields, check_value
+from core.schema import FieldsChecker, SchemaError, UnknownVersion, check_fields, check_value
 
 SCHEMA_VERSION = 1
 MAX_EVENT_BYTES_DEFAULT = 1_000_000
@@ -101,17 +101,22 @@ def _check_envelope_common(obj: Any) -> None:
     check_run_id(obj.get("run"))
 
 
+def _reject_constant(name: str) -> Any:
+    raise SchemaError("$", f"bare {name} is not JSON; non-finite floats are sent as strings")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+"""Built once: ``json.loads`` with a keyword builds a decoder per call."""
+
+
 def _parse_json(raw: bytes | str) -> Any:
     try:
         text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
     except UnicodeDecodeError as exc:
         raise SchemaError("$", f"not UTF-8: {exc.reason} at byte {exc.start}") from None
 
-    def _reject_constant(name: str) -> Any:
-        raise SchemaError("$", f"bare {name} is not JSON; non-finite floats are sent as strings")
-
     try:
-        return json.loads(text, parse_constant=_reject_constant)
+        return _DECODER.decode(text)
     except json.JSONDecodeError as exc:
         raise SchemaError("$", f"invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     except RecursionError:
@@ -182,23 +187,34 @@ def _check_step(value: Any, path: str) -> int:
     return step
 
 
+_EVENT_TYPES: dict[str, EventType] = {t.value: t for t in EventType}
+_DATA_CHECKERS = {t: FieldsChecker(s) for t, s in DATA_SCHEMAS.items()}
+
+
 def event_from_dict(obj: Any) -> Event:
     _check_envelope_common(obj)
-    try:
-        etype = EventType(obj.get("type"))
-    except ValueError:
-        raise SchemaError("type", f"unknown event type {obj.get('type')!r}") from None
-    rank = check_value(int, obj.get("rank"), "rank")
-    world = check_value(int, obj.get("world"), "world")
+    t = obj.get("type")
+    etype = _EVENT_TYPES.get(t) if isinstance(t, str) else None
+    if etype is None:
+        raise SchemaError("type", f"unknown event type {t!r}")
+    rank, world = obj.get("rank"), obj.get("world")
+    if type(rank) is not int:  # the exact type is the common case; check_value says what is wrong
+        rank = check_value(int, rank, "rank")
+    if type(world) is not int:
+        world = check_value(int, world, "world")
     if not 1 <= world <= MAX_WORLD:
         raise SchemaError("world", f"must be in [1, {MAX_WORLD}]")
     if not 0 <= rank < world:
         raise SchemaError("rank", f"rank {rank} outside world of {world}")
-    step = _check_step(obj.get("step"), "step")
-    ts = check_value(float, obj.get("ts"), "ts")
+    step = obj.get("step")
+    if type(step) is not int or not 0 <= step <= MAX_STEP:
+        step = _check_step(step, "step")
+    ts = obj.get("ts")
+    if type(ts) is not float:
+        ts = check_value(float, ts, "ts")
     if not math.isfinite(ts):
         raise SchemaError("ts", "must be finite")
-    data = check_fields(DATA_SCHEMAS[etype], obj.get("data"), "data")
+    data = _DATA_CHECKERS[etype](obj.get("data"), "data")
     _check_arrays(etype, data, world)
     return Event(
         type=etype, run=obj["run"], step=step, data=data, rank=rank, world=world, ts=ts, id=obj["id"], v=obj["v"]
@@ -223,7 +239,46 @@ def decode_event(raw: bytes | str, max_bytes: int | None = None) -> Event:
     """Bytes from Kafka -> a validated Event, or SchemaError naming what is wrong."""
     if max_bytes is not None and len(raw) > max_bytes:
         raise SchemaError("$", f"message of {len(raw)} bytes exceeds the limit of {max_bytes}")
+    obj = _fast_parse(raw)
+    if obj is not None:
+        try:
+            return event_from_dict(obj)
+        except SchemaError:
+            pass  # the standard parser below decides, and words, every rejection
     return event_from_dict(_parse_json(raw))
+
+
+_UNSET: Any = object()
+_orjson_loads: Any = _UNSET  # looked up on the first decode: the agent side never imports it
+
+
+def _find_orjson() -> Any:
+    try:
+        from orjson import loads
+    except ImportError:  # optional (the controller extra): the standard parser alone gives the same events
+        return None
+    return loads
+
+_DIGITS_ONLY = bytes(48 if 48 <= i <= 57 else 32 for i in range(256))  # b"0"-"9" kept, the rest blank
+_LONG_NUMBER = b"0" * 20
+
+
+def _fast_parse(raw: bytes | str) -> Any:
+    """``raw`` parsed by orjson when that is sure to read it as the standard parser would, else
+    None. orjson rejects more (bare NaN, lone surrogates, 1e400: then None and the standard
+    parser decides) and reads one thing differently: an integer beyond 64 bits becomes a float.
+    Such an integer has 20 or more digits in a row, which a message from ``encode_event`` never
+    holds outside a string (floats are written with at most 17), so any run of 20 digits sends
+    the message to the standard parser, whose integers ``controller/bounds.py`` range-checks."""
+    global _orjson_loads
+    if _orjson_loads is _UNSET:
+        _orjson_loads = _find_orjson()
+    if _orjson_loads is None or type(raw) is not bytes or _LONG_NUMBER in raw.translate(_DIGITS_ONLY):
+        return None
+    try:
+        return _orjson_loads(raw)
+    except ValueError:  # orjson.JSONDecodeError
+        return None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -37,8 +37,13 @@ def check_value(kind: Any, value: Any, where: str) -> Any:
     if kind is float:
         if isinstance(value, bool):
             raise SchemaError(where, "expected a number, got a boolean")
-        if isinstance(value, (int, float)):
-            return float(value)
+        if isinstance(value, float):
+            return value
+        if isinstance(value, int):
+            try:
+                return float(value)
+            except OverflowError:
+                raise SchemaError(where, "integer too large for a float") from None
         if isinstance(value, str) and value in WIRE_NONFINITE:
             return WIRE_NONFINITE[value]
         raise SchemaError(where, f"expected a number, got {_got(value)}")
@@ -80,13 +85,70 @@ def check_value(kind: Any, value: Any, where: str) -> Any:
 def check_fields(schema: Mapping[str, tuple[Any, bool]], obj: Any, where: str) -> dict[str, Any]:
     """Validate an object against {field: (kind, required)}; unknown fields survive (a newer
     minor version may add them)."""
-    if not isinstance(obj, dict):
-        raise SchemaError(where, f"expected an object, got {_got(obj)}")
-    out = dict(obj)
-    for name, (kind, required) in schema.items():
-        if name not in obj or obj[name] is None:
-            if required:
-                raise SchemaError(f"{where}.{name}", "missing")
-            continue
-        out[name] = check_value(kind, obj[name], f"{where}.{name}")
-    return out
+    hit = _CHECKERS.get(id(schema))
+    if hit is None or hit[0] is not schema:
+        hit = _CHECKERS[id(schema)] = (schema, FieldsChecker(schema))
+    return hit[1](obj, where)
+
+
+_CHECKERS: dict[int, tuple[Mapping[str, tuple[Any, bool]], FieldsChecker]] = {}
+"""Each schema's prepared checker (schemas are module-level tables, so this stays small)."""
+
+
+_EXACT = (float, int, str, bool, dict)
+"""Kinds whose value is already normalised when its type is exactly the kind (a float is its own
+``float()``; ``bool`` is not an ``int`` here because the test is ``type(v) is kind``)."""
+
+
+class FieldsChecker:
+    """``check_fields`` for one schema, prepared once: the controller decodes every message with
+    it, so the common case (each value already of its kind's exact type, an enum given by its
+    value) costs a type test or a dict lookup per field. Anything else goes through
+    ``check_value``, which normalises it or raises the same ``SchemaError`` as ever."""
+
+    __slots__ = ("_plan",)
+
+    def __init__(self, schema: Mapping[str, tuple[Any, bool]]) -> None:
+        plan = []
+        for name, (kind, required) in schema.items():
+            if kind in _EXACT:
+                fast: Any = kind
+            elif isinstance(kind, type) and issubclass(kind, StrEnum):
+                fast = {e.value: e for e in kind}
+            elif isinstance(kind, tuple) and kind[0] == "list" and kind[1] in _EXACT:
+                fast = ("list", kind[1])
+            else:
+                fast = None
+            plan.append((name, kind, required, fast))
+        self._plan = tuple(plan)
+
+    def __call__(self, obj: Any, where: str) -> dict[str, Any]:
+        if type(obj) is not dict:
+            if not isinstance(obj, dict):
+                raise SchemaError(where, f"expected an object, got {_got(obj)}")
+        out = dict(obj)
+        get = obj.get
+        for name, kind, required, fast in self._plan:
+            v = get(name)
+            if v is None:
+                if required:
+                    raise SchemaError(f"{where}.{name}", "missing")
+                continue
+            tv = type(v)
+            if tv is fast:
+                continue
+            if tv is str and type(fast) is dict:
+                member = fast.get(v)
+                if member is not None:
+                    out[name] = member
+                    continue
+            elif tv is list and type(fast) is tuple:
+                inner = fast[1]
+                for x in v:
+                    if type(x) is not inner:
+                        break
+                else:
+                    out[name] = list(v)
+                    continue
+            out[name] = check_value(kind, v, f"{where}.{name}")
+        return out

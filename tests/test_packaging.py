@@ -21,7 +21,9 @@ EXTRA_MODULES = {"agent/integrations/hf.py": "hf", "agent/integrations/hf_checkp
                  "agent/integrations/lightning.py": "lightning",
                  # the demo's trainers under those libraries (cliffguard demo --trainer hf|lightning)
                  "trainer/demo_trainers/hf_run.py": "hf", "trainer/demo_trainers/lightning_run.py": "lightning"}
-OPTIONAL = {"numpy"}  # read inside try/except ImportError (agent/recovery/state.py): RNG state when present
+# read inside try/except ImportError: numpy (agent/recovery/state.py) for RNG state when present, orjson
+# (core/events.py, in the controller extra) to decode events faster
+OPTIONAL = {"numpy", "orjson"}
 
 
 def _module(requirement: str) -> str:

@@ -1,4 +1,5 @@
-"""Bulk INSERT ... ON CONFLICT DO NOTHING through PostgreSQL's ``COPY`` (psycopg 3).
+"""Bulk INSERT ... ON CONFLICT DO NOTHING: ``COPY`` on PostgreSQL (psycopg 3), one plain
+executemany on SQLite (``insert_new`` picks).
 
 ``COPY`` is several times faster than a multi-row INSERT for a batch of step rows, but it cannot
 skip a row that conflicts. So the rows are copied into a temporary table shaped like the target
@@ -11,6 +12,7 @@ or boolean.
 
 from __future__ import annotations
 
+import json
 import zlib
 from typing import Any
 
@@ -24,11 +26,11 @@ def copy_supported(session: Session) -> bool:
     return bind.dialect.name == "postgresql" and bind.dialect.driver == "psycopg"
 
 
-def copy_insert_new(session: Session, table: Table, rows: list[dict[str, Any]], conflict: list[str]) -> None:
+def copy_insert_new(session: Session, table: Table, rows: list[dict[str, Any]], conflict: list[str]) -> int:
     """Insert ``rows`` (dicts with the same keys) into ``table``, skipping any that conflict on
-    ``conflict``, in the session's transaction."""
+    ``conflict``, in the session's transaction; returns how many were inserted."""
     if not rows:
-        return
+        return 0
     from psycopg.types.json import Json
 
     cols = list(rows[0])
@@ -45,4 +47,41 @@ def copy_insert_new(session: Session, table: Table, rows: list[dict[str, Any]], 
                 cp.write_row([Json(row[c]) if c in json_cols and row[c] is not None else row[c] for c in cols])
         on = ", ".join(f'"{c}"' for c in conflict)
         cur.execute(f'INSERT INTO "{table.name}" ({names}) SELECT {names} FROM "{tmp}" ON CONFLICT ({on}) DO NOTHING')
+        inserted = cur.rowcount
         cur.execute(f'TRUNCATE "{tmp}"')  # a second batch in the same transaction starts empty
+    return inserted
+
+
+def insert_new(session: Session, table: Table, rows: list[dict[str, Any]], conflict: list[str]) -> int:
+    """Insert ``rows`` (dicts with the same keys) into ``table`` unless they conflict on
+    ``conflict``; returns how many were inserted. ``COPY`` on PostgreSQL with psycopg, else one
+    DB-API executemany of a statement built once: SQLAlchemy's per-row parameter processing
+    costs more than SQLite's insert itself."""
+    if not rows:
+        return 0
+    if copy_supported(session):
+        return copy_insert_new(session, table, rows, conflict)
+    bind = session.get_bind()
+    if bind.dialect.name != "sqlite":
+        from controller.store.upsert import insert_for
+
+        stmt = insert_for(session, table).on_conflict_do_nothing(index_elements=conflict)
+        return session.connection().execute(stmt, rows).rowcount
+    cols = list(rows[0])
+    dumps = getattr(bind.dialect, "_json_serializer", None) or json.dumps
+    json_at = [i for i, c in enumerate(cols) if isinstance(table.c[c].type, JSON)]
+    names = ", ".join(f'"{c}"' for c in cols)
+    sql = (f'INSERT INTO "{table.name}" ({names}) VALUES ({", ".join("?" * len(cols))}) '
+           f'ON CONFLICT ({", ".join(conflict)}) DO NOTHING')
+    values = [[row[c] for c in cols] for row in rows]
+    for v in values:
+        for i in json_at:
+            if v[i] is not None:
+                v[i] = dumps(v[i])
+    raw = session.connection().connection.driver_connection
+    cur = raw.cursor()
+    try:
+        cur.executemany(sql, values)
+        return cur.rowcount
+    finally:
+        cur.close()

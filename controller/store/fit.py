@@ -11,7 +11,9 @@ to the column's range) and a warning names the column.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from functools import cache
+from types import MappingProxyType
 from typing import Any
 
 from sqlalchemy import BigInteger, Integer, String
@@ -36,9 +38,11 @@ def _limits(model: Any) -> dict[str, tuple[str, Any]]:
     return out
 
 
-def int_limits(model: Any) -> dict[str, tuple[int, int]]:
-    """Integer column -> (lowest, highest) value it holds, for ``model``'s table."""
-    return {k: bound for k, (kind, bound) in _limits(model).items() if kind == "int"}
+@cache
+def int_limits(model: Any) -> Mapping[str, tuple[int, int]]:
+    """Integer column -> (lowest, highest) value it holds, for ``model``'s table (read-only:
+    ``controller/bounds.py`` asks for it with every event)."""
+    return MappingProxyType({k: bound for k, (kind, bound) in _limits(model).items() if kind == "int"})
 
 
 def fit_value(model: Any, key: str, value: Any) -> Any:
@@ -75,3 +79,26 @@ def fit_row(model: Any, row: dict[str, Any]) -> dict[str, Any]:
         if v is not None:
             out[k] = _fit(model, k, limits[k], v)
     return out
+
+
+@cache
+def _checks(model: Any) -> tuple[tuple[str, str, Any], ...]:
+    return tuple((k, kind, bound) for k, (kind, bound) in _limits(model).items())
+
+
+def fit_rows(model: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``fit_row`` for a batch of rows, changed in place: a value that already fits (nearly all)
+    costs a type test and a comparison; only the others go through ``_fit``."""
+    checks = _checks(model)
+    for row in rows:
+        for k, kind, bound in checks:
+            v = row.get(k)
+            if v is None:
+                continue
+            if kind == "int":
+                if type(v) is int and bound[0] <= v <= bound[1]:
+                    continue
+            elif type(v) is str and (bound is None or len(v) <= bound) and "\x00" not in v:
+                continue
+            row[k] = _fit(model, k, (kind, bound), v)
+    return rows

@@ -33,11 +33,11 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from sqlalchemy import bindparam, func, or_, select, update
+from sqlalchemy import bindparam, func, or_, update
 from sqlalchemy.orm import Session
 
-from controller.store.copy_rows import copy_insert_new, copy_supported
-from controller.store.fit import fit_row, fit_value
+from controller.store.copy_rows import insert_new
+from controller.store.fit import fit_row, fit_rows, fit_value
 from controller.store.models import (
     CheckpointRow,
     CommandRow,
@@ -49,6 +49,8 @@ from controller.store.models import (
     StepMetric,
     ValidationRow,
 )
+from controller.store.retention import run_watermarks
+from controller.store.step_buckets import bucket_rows
 from controller.store.step_metrics import STEP_METRICS
 from controller.store.upsert import insert_for
 from core.capabilities import normalize as normalize_capabilities
@@ -60,7 +62,6 @@ from core.ranks import RUN_RANK
 
 log = logging.getLogger(__name__)
 
-_ID_CHUNK = 5000  # event ids per IN (...) lookup; below SQLite's 32766 bound-parameter limit
 # an ack status the trainer decided (a later "duplicate" ack must not replace it)
 _STEP_ROW_EVENTS = frozenset({EventType.STEP, EventType.RANKS})  # the events that become step rows
 _DECIDED = {str(s) for s in AckStatus if s is not AckStatus.DUPLICATE}
@@ -107,19 +108,21 @@ def ingest_events(session: Session, events: Iterable[Event], *, steps: bool = Tr
 
 
 def ingest_steps(session: Session, events: Iterable[Event],
-                 rule_points: Mapping[str, Mapping[str, Any]] | None = None) -> int:
+                 rule_points: Mapping[str, Mapping[str, Any]] | None = None,
+                 watermarks: Mapping[str, int] | None = None, *,
+                 write_bucket: int = 1, exact: Iterable[str] = ()) -> int:
     """Insert the step rows of ``events`` (``step`` and ``ranks`` events; others are ignored) whose runs are already
     recorded (``ingest_events`` touched them); returns how many were new. ``rule_points``: event
     id -> ``median``/``sigma``/``level`` of the loss-spike rule at that step, written with the row
-    (what ``record_rule_stats`` would otherwise set by an UPDATE after the insert)."""
+    (what ``record_rule_stats`` would otherwise set by an UPDATE after the insert).
+    ``watermarks``: each run's ``downsampled_below`` when the caller has read it already.
+    ``write_bucket`` > 1 folds the rows into buckets of that many steps before they are written
+    (``store/step_buckets.py``), but those of the event ids in ``exact``; the count returned is
+    then of rows, not events."""
     events = [e for e in events if e.type in _STEP_ROW_EVENTS]
     if not events:
         return 0
-    watermark = dict(
-        session.execute(
-            select(Run.id, Run.downsampled_below).where(Run.id.in_({e.run for e in events}))
-        ).all()
-    )
+    watermark = watermarks if watermarks is not None else run_watermarks(session, {e.run for e in events})
     points = rule_points or {}
     rows: list[dict[str, Any]] = []
     applied: dict[str, Event] = {}  # run -> its newest run-rank step: the lr_scale the trainer applied
@@ -132,17 +135,27 @@ def ingest_steps(session: Session, events: Iterable[Event],
             rows.append(_step_row(ev, point=points.get(ev.id)))
         else:
             rows.extend(_rank_rows(ev))
-    changed = _insert_step_rows(session, rows) if rows else 0
-    for ev in applied.values():
-        _lr_scale_applied(session, ev.run, ev.data["lr_scale"], ev.ts)
+    rows = bucket_rows(rows, write_bucket, exact)
+    changed = _insert_step_rows(session, fit_rows(StepMetric, rows)) if rows else 0
+    _lr_scales_applied(session, [(ev.run, ev.data["lr_scale"], ev.ts) for ev in applied.values()])
     return changed
 
 
+_LR_APPLIED = (update(Run)
+               .where(Run.id == bindparam("b_run"),
+                      or_(Run.lr_scale_applied_at.is_(None), Run.lr_scale_applied_at < bindparam("b_ts")))
+               .values(lr_scale_applied=bindparam("b_scale"), lr_scale_applied_at=bindparam("b_ts")))
+
+
+def _lr_scales_applied(session: Session, applied: list[tuple[str, float, float]]) -> None:
+    """Each (run, scale, ts): the trainer applied ``scale`` at ``ts``; an older report never
+    overwrites a newer one. One executemany for all the runs."""
+    if applied:
+        session.connection().execute(_LR_APPLIED, [{"b_run": r, "b_scale": s, "b_ts": t} for r, s, t in applied])
+
+
 def _lr_scale_applied(session: Session, run_id: str, scale: float, ts: float) -> None:
-    """The trainer applied ``scale`` at ``ts``; an older report never overwrites a newer one."""
-    session.execute(update(Run)
-                    .where(Run.id == run_id, or_(Run.lr_scale_applied_at.is_(None), Run.lr_scale_applied_at < ts))
-                    .values(lr_scale_applied=scale, lr_scale_applied_at=ts))
+    _lr_scales_applied(session, [(run_id, scale, ts)])
 
 
 def record_rule_stats(session: Session, points: list[dict[str, Any]], spike_rules: dict[str, dict[str, Any]]) -> None:
@@ -157,26 +170,18 @@ def record_rule_stats(session: Session, points: list[dict[str, Any]], spike_rule
                         rule_level=bindparam("b_level")))
         session.connection().execute(stmt, [{"b_event_id": p["event_id"], "b_median": p["median"],
                                              "b_sigma": p["sigma"], "b_level": p["level"]} for p in points])
-    for run_id, rule in spike_rules.items():
-        session.execute(update(Run).where(Run.id == run_id).values(spike_rule=to_json(rule)))
+    if spike_rules:
+        stmt = update(Run.__table__).where(Run.__table__.c.id == bindparam("b_run")).values(
+            spike_rule=bindparam("b_rule", type_=Run.__table__.c.spike_rule.type))
+        session.connection().execute(stmt, [{"b_run": r, "b_rule": to_json(rule)} for r, rule in spike_rules.items()])
 
 
 def _insert_step_rows(session: Session, rows: list[dict[str, Any]]) -> int:
-    """Insert the rows whose event id is new; returns how many. The ids already stored are
-    looked up first and the rest go in one executemany (one ``COPY`` on PostgreSQL): several
-    times faster than INSERT ... RETURNING (which is how else we would learn what was new)."""
-    fresh: dict[str, dict[str, Any]] = {}
-    for i in range(0, len(rows), _ID_CHUNK):
-        chunk = [r["event_id"] for r in rows[i : i + _ID_CHUNK]]
-        seen = set(session.scalars(select(StepMetric.event_id).where(StepMetric.event_id.in_(chunk))))
-        fresh.update((r["event_id"], r) for r in rows[i : i + _ID_CHUNK] if r["event_id"] not in seen)
-    if fresh and copy_supported(session):
-        # ON CONFLICT still guards against a concurrent writer of the same events
-        copy_insert_new(session, StepMetric.__table__, list(fresh.values()), ["event_id"])
-    elif fresh:
-        stmt = insert_for(session, StepMetric).on_conflict_do_nothing(index_elements=["event_id"])
-        session.connection().execute(stmt, list(fresh.values()))
-    return len(fresh)
+    """Insert the rows whose event id is new (``copy_rows.insert_new``: one ``COPY`` or one
+    executemany); returns how many were new, as the database counts them: no lookup first, no
+    RETURNING."""
+    rows = list({r["event_id"]: r for r in rows}.values())  # a message the broker delivered twice
+    return insert_new(session, StepMetric.__table__, rows, ["event_id"])
 
 
 def _touch_runs(session: Session, events: list[Event]) -> None:
@@ -186,22 +191,20 @@ def _touch_runs(session: Session, events: list[Event]) -> None:
         cur = newest.get(ev.run)
         if cur is None or ev.ts >= cur.ts:
             newest[ev.run] = ev
-    for ev in newest.values():
-        ins = insert_for(session, Run).values(
-            **fit_row(Run, dict(id=ev.run, world_size=ev.world, last_step=ev.step, last_event_ts=ev.ts))
-        )
-        session.execute(
-            ins.on_conflict_do_update(
-                index_elements=["id"],
-                set_={
-                    "world_size": ins.excluded.world_size,
-                    "last_step": ins.excluded.last_step,
-                    "last_event_ts": ins.excluded.last_event_ts,
-                    "updated_at": func.now(),
-                },
-                where=or_(Run.last_event_ts.is_(None), Run.last_event_ts < ins.excluded.last_event_ts),
-            )
-        )
+    ins = insert_for(session, Run)
+    stmt = ins.on_conflict_do_update(
+        index_elements=["id"],
+        set_={
+            "world_size": ins.excluded.world_size,
+            "last_step": ins.excluded.last_step,
+            "last_event_ts": ins.excluded.last_event_ts,
+            "updated_at": func.now(),
+        },
+        where=or_(Run.last_event_ts.is_(None), Run.last_event_ts < ins.excluded.last_event_ts),
+    )
+    # one executemany for the batch's runs (every column a new row needs has a default)
+    session.connection().execute(stmt, fit_rows(Run, [
+        dict(id=ev.run, world_size=ev.world, last_step=ev.step, last_event_ts=ev.ts) for ev in newest.values()]))
 
 
 def _rank_rows(ev: Event) -> list[dict[str, Any]]:
@@ -222,9 +225,11 @@ def _rank_rows(ev: Event) -> list[dict[str, Any]]:
 def _step_row(ev: Event, *, data: dict[str, Any] | None = None, event_id: str | None = None,
               rank: int | None = None, point: Mapping[str, Any] | None = None) -> dict[str, Any]:
     d = ev.data if data is None else data
-    row: dict[str, Any] = {m.name: d.get(m.name) for m in STEP_METRICS}
-    row["loss"] = d.get("loss")
+    get = d.get
+    row: dict[str, Any] = {name: get(name) for name in _METRIC_NAMES}
+    loss, guard, norms = get("loss"), get("guard"), get("layer_grad_norms")
     row.update(
+        loss=loss,
         event_id=ev.id if event_id is None else event_id,
         run_id=ev.run,
         step=ev.step,
@@ -233,14 +238,17 @@ def _step_row(ev: Event, *, data: dict[str, Any] | None = None, event_id: str | 
         resolution=1,
         loss_min=None,
         loss_max=None,
-        nonfinite=store_kind(d.get("loss")),
-        guard=str(d["guard"]) if d.get("guard") is not None else None,
-        layer_grad_norms=to_json(d["layer_grad_norms"]) if d.get("layer_grad_norms") is not None else None,
+        nonfinite=store_kind(loss),
+        guard=None if guard is None else str(guard),
+        layer_grad_norms=None if norms is None else to_json(norms),
         rule_median=point["median"] if point else None,
         rule_sigma=point["sigma"] if point else None,
         rule_level=point["level"] if point else None,
     )
-    return fit_row(StepMetric, row)
+    return row  # fitted to the columns with the rest of the batch (fit_rows)
+
+
+_METRIC_NAMES = tuple(m.name for m in STEP_METRICS)
 
 
 def _wrote(session: Session, stmt: Any, key: Any) -> bool:

@@ -34,15 +34,14 @@ def save_offsets(
     if not offsets:
         return
     ts = time.time() if now is None else now
+    rows = []
     for (topic, partition), offset in sorted(offsets.items()):
         if offset < 0:
             raise ValueError(f"offset: must be >= 0, got {offset} for {topic}[{partition}]")
-        ins = insert_for(session, ConsumerOffset).values(
-            group_id=group, topic=topic, partition=partition, offset=offset, updated_at=ts
-        )
-        session.execute(
-            ins.on_conflict_do_update(
-                index_elements=["group_id", "topic", "partition"],
-                set_={"offset": ins.excluded.offset, "updated_at": ins.excluded.updated_at},
-            )
-        )
+        rows.append({"group_id": group, "topic": topic, "partition": partition, "offset": offset, "updated_at": ts})
+    ins = insert_for(session, ConsumerOffset)
+    stmt = ins.on_conflict_do_update(
+        index_elements=["group_id", "topic", "partition"],
+        set_={"offset": ins.excluded.offset, "updated_at": ins.excluded.updated_at},
+    )
+    session.connection().execute(stmt, rows)  # one executemany for every partition of the batch

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,6 +82,12 @@ class RetentionConfig:
     every_steps: int = 1_000
     """``downsample_if_due`` folds once this many more steps have aged out of full resolution
     (each pass then touches about this many steps per rank, a fraction of a second)."""
+    write_bucket: int = 1
+    """Step rows are written folded into buckets of this many steps (``store/step_buckets.py``:
+    each run's newest step, spikes, incidents, non-finite losses and guard decisions stay exact);
+    1 writes every step. A divisor of ``mid_bucket``, so retention's mid tier completes the
+    buckets a batch boundary split. Above 1 the dashboard's newest steps are bucketed too, and
+    the backtest (``controller/backtest.py``) replays only the exact rows."""
     max_step_jump: int = 1_000_000
     """A newest step with no other row of its run within this many steps below it is not trusted
     to age the run's rows (see the module docstring)."""
@@ -96,6 +103,8 @@ class RetentionConfig:
             raise ValueError("far_bucket: must be a multiple of mid_bucket")
         if self.every_steps < 1:
             raise ValueError("every_steps: must be >= 1")
+        if self.write_bucket < 1 or self.mid_bucket % self.write_bucket:
+            raise ValueError("write_bucket: must be >= 1 and divide mid_bucket")
         if self.max_step_jump < 1:
             raise ValueError("max_step_jump: must be >= 1")
 
@@ -237,11 +246,30 @@ def downsample_if_due(
     """``downsample`` when at least ``every_steps`` more steps have aged out of full resolution
     since the last pass, else None. Costs one primary-key read when not due, so the controller
     can call it for every run in every batch it commits."""
+    return downsample_due(session, {run_id: newest_step}, config).get(run_id)
+
+
+def downsample_due(session: Session, newest: Mapping[str, int], config: RetentionConfig | None = None, *,
+                   watermarks: Mapping[str, int] | None = None) -> dict[str, DownsampleResult]:
+    """``downsample_if_due`` for each run -> its newest step, with one read of the runs'
+    watermarks (none when the caller passes ``watermarks``, from ``run_watermarks``); returns
+    the results of the runs that were due."""
     cfg = config or RetentionConfig()
-    done = session.scalar(select(Run.downsampled_below).where(Run.id == run_id))
-    if done is None or tier_edges(newest_step, cfg)[1] < done + cfg.every_steps:
-        return None
-    return downsample(session, run_id, cfg, newest_step=newest_step)
+    done = watermarks if watermarks is not None else run_watermarks(session, newest)
+    out = {}
+    for run_id, step in newest.items():
+        below = done.get(run_id)
+        if below is not None and tier_edges(step, cfg)[1] >= below + cfg.every_steps:
+            out[run_id] = downsample(session, run_id, cfg, newest_step=step)
+    return out
+
+
+def run_watermarks(session: Session, run_ids: Iterable[str]) -> dict[str, int]:
+    """Run id -> ``runs.downsampled_below`` (steps below it are folded into buckets), one read."""
+    ids = list(run_ids)
+    if not ids:
+        return {}
+    return dict(session.execute(select(Run.id, Run.downsampled_below).where(Run.id.in_(ids))).all())
 
 
 def downsample_all(session: Session, config: RetentionConfig | None = None) -> dict[str, DownsampleResult]:

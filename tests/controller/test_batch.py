@@ -77,3 +77,40 @@ def test_an_unverified_checkpoint_event_is_stored_and_alerted(engine):
         (alert,) = s.scalars(select(AlertRow)).all()
         assert alert.rule == "checkpoint_unverified" and alert.run_id == "run-a" and "sha256" in alert.body
         assert s.scalar(select(CheckpointRow.verified)) is False
+
+
+class _FlagsStep15:
+    """A stand-in detector: one warning verdict, at step 15."""
+
+    def on_event(self, ev):
+        from controller.verdict import Verdict
+        from core.enums import Level
+
+        return [Verdict(rule="loss_spike", level=Level.WARN, step=15, message="test")] if ev.step == 15 else []
+
+    def tick(self, now):
+        return []
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        pass
+
+
+def test_with_a_write_bucket_the_steps_a_verdict_names_and_the_newest_stay_exact(engine):
+    from sqlalchemy import select
+
+    from controller.store.models import StepMetric
+    from controller.store.retention import RetentionConfig
+    from tests.controller.store import factory as f
+
+    ctx = BatchContext(group_id="g", commands_topic="cmds", secret=Secret("test-secret-of-enough-length"),
+                       recovery=RecoveryConfig(), alerts=AlertsConfig(), retention=RetentionConfig(write_bucket=10))
+    evs = [f.step(s, 2.0, run="run-w", ts=T0 + s) for s in range(30)]
+    batch = EdgeBatch(records=[EdgeRecord("events", 0, i, ev) for i, ev in enumerate(evs)],
+                      next_offsets={("events", 0): len(evs)})
+    with session_scope(engine) as s:
+        BatchProcessor(ctx, RunTable(_FlagsStep15)).process(s, batch, now=T0 + 30)
+        rows = s.execute(select(StepMetric.step, StepMetric.resolution).order_by(StepMetric.step)).all()
+    assert [tuple(r) for r in rows] == [(0, 10), (10, 9), (15, 1), (20, 9), (29, 1)]

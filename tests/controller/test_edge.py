@@ -130,7 +130,10 @@ def test_a_signature_over_other_bytes_is_refused():
     ("step", {**STEP, "mem_allocated": 2**63}, True),              # past any store's integers
     ("step", {**STEP, "mem_allocated": 2**40}, False),             # a BIGINT column
     ("run.started", {**PAYLOADS[EventType.RUN_STARTED], "n_params": 2**64}, True),  # stored as JSON
-], ids=["int32-column", "int32-max", "int32-step-column", "int64", "bigint-fits", "json-int64"])
+    ("step", {**STEP, "extra": 2**70}, True),           # a field of a newer minor: beyond 64 bits still
+    ("step", {**STEP, "sample_range": [0, 2**70]}, True),
+], ids=["int32-column", "int32-max", "int32-step-column", "int64", "bigint-fits", "json-int64", "unknown-int70",
+        "list-int70"])
 def test_classify_dead_letters_integers_that_do_not_fit_their_storage(etype, data, dead):
     raw = encode_event(make_event(etype, "run-1", 3, data))
     out = _classify(raw)

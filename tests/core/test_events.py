@@ -275,3 +275,63 @@ def test_check_run_id_is_the_envelope_rule():
         with pytest.raises(SchemaError, match="^run: "):
             check_run_id(bad)
         _reject(json.dumps(_event(run=bad)), "run")
+
+
+def _outcome(raw):
+    """What ``decode_event`` makes of ``raw``: the event (as wire JSON, so NaN compares equal) or
+    the error's type, field and reason."""
+    try:
+        return ("ok", dumps(decode_event(raw).to_dict()))
+    except SchemaError as exc:
+        return (type(exc).__name__, exc.field, exc.reason)
+
+
+def _hostile_messages() -> list[bytes]:
+    good = json.dumps(_event(), separators=(",", ":"))
+    out = [good.encode(), encode_event(make_event("step", "run-1", 5, {**STEP, "loss": math.nan}))]
+    for name, bad in [("loss", "NaN"), ("loss", "Infinity"), ("tokens", 2**70), ("tokens", 2**64), ("tokens", 2**63),
+                      ("tokens", -(2**64)), ("extra", 2**70), ("sample_range", [0, 2**70]), ("loss", 10**400),
+                      ("guard", "ok "), ("skipped", 1), ("tokens", 4096.0), ("lr", 1), ("loss", "\ud800")]:
+        out.append(json.dumps(_event(data={**STEP, name: bad})).encode())
+    for field, bad in [("step", 2**70), ("step", 12345678901234567890), ("ts", 10**25), ("rank", -0),
+                       ("world", 2**64), ("run", "r" * 20), ("id", "1" * 32)]:
+        out.append(json.dumps(_event(**{field: bad})).encode())
+    out += [
+        good.replace('"loss":2.5', '"loss":NaN').encode(),
+        good.replace('"loss":2.5', '"loss":-Infinity').encode(),
+        good.replace('"loss":2.5', '"loss":1e400').encode(),
+        good.replace('"loss":2.5', '"loss":2.5,"loss":3.5').encode(),  # a repeated key: the last one counts
+        good.replace('"run-1"', '"run\u002d1"').encode(),
+        good.replace('"ok"', '"\\ud800"').encode(),
+        b"\xef\xbb\xbf" + good.encode(),  # a byte order mark
+        good.encode() + b"x",
+        good.encode() + b"\x00",
+        good.encode()[:-1],
+        good.encode().replace(b"run-1", b"run-\xff"),
+        b"[" * 5000 + b"]" * 5000,
+        b'{"v":1,"data":' + b'{"a":' * 5000 + b"1" + b"}" * 5001,
+        b"", b"null", b"[]", b"1",
+    ]
+    return out
+
+
+def test_bytes_decode_exactly_as_the_standard_parser_reads_them(monkeypatch):
+    """The fast path (orjson when installed) accepts, normalises and rejects every message as
+    the standard parser does, with the same reason: hostile messages still reach the DLQ as before."""
+    import core.events as events
+
+    messages = _hostile_messages()
+    fast = [_outcome(m) for m in messages]
+    monkeypatch.setattr(events, "_orjson_loads", None)
+    assert fast == [_outcome(m) for m in messages]
+    assert sum(o[0] == "ok" for o in fast) >= 5 and sum(o[0] != "ok" for o in fast) >= 20
+
+
+def test_the_fast_parser_is_used_for_ordinary_messages_and_not_for_long_integers():
+    import core.events as events
+
+    pytest.importorskip("orjson")
+    ordinary = encode_event(make_event("step", "run-1", 5, STEP))
+    assert events._fast_parse(ordinary) is not None
+    assert events._fast_parse(json.dumps(_event(data={**STEP, "extra": 2**70})).encode()) is None
+    assert events._fast_parse(ordinary.decode()) is None  # text goes to the standard parser
