@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import asdict, dataclass, field, replace
+import operator
+from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from typing import Any, ClassVar
 
@@ -353,7 +354,9 @@ class RecoveryState:
         return all(t in self.capabilities for t in types)
 
     def clone(self) -> RecoveryState:
-        return replace(self)  # every nested value is immutable
+        # every nested value is immutable, so a shallow copy is a full one; positional construction
+        # from one attrgetter is ~4x cheaper than dataclasses.replace, and clone runs once per event
+        return RecoveryState(*_STATE_FIELDS(self))
 
     def new_id(self, what: str) -> str:
         self.seq += 1
@@ -416,3 +419,6 @@ class RecoveryState:
         other = RecoveryState.from_state_dict(d)
         for name in self.__slots__:
             setattr(self, name, getattr(other, name))
+
+
+_STATE_FIELDS = operator.attrgetter(*(f.name for f in fields(RecoveryState)))

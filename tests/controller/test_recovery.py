@@ -745,3 +745,17 @@ def test_an_unverified_checkpoint_raises_an_alert_with_the_trainers_reason():
     assert alert.evidence == {"step": 5, "kind": "full", "detail": "write failed: No space left on device"}
     _, acts = transition(d.cfg, d.s, CheckpointIn(step=5, kind="full", verified=True, now=d.now))
     assert not [a for a in acts if isinstance(a, Alert)]
+
+
+def test_clone_copies_every_field_and_is_independent():
+    import dataclasses
+
+    from controller.recovery_types import RecoveryState
+
+    s = new_state("r", "salt")
+    s.seq, s.lr_scale, s.unhealthy_steps = 7, 0.5, (3, 4)
+    c = s.clone()
+    assert c == s and c is not s
+    assert [f.name for f in dataclasses.fields(RecoveryState)] == list(RecoveryState.__slots__)
+    c.seq, c.unhealthy_steps = 8, (5,)
+    assert (s.seq, s.unhealthy_steps) == (7, (3, 4))
