@@ -12,9 +12,14 @@ Kinds (``core.events.CheckpointKind``):
   training every parameter and optimizer moment changes every step, so a delta is as large as the
   state and adds a fragile dependency on its base.
 
-Writing (``save``): on the training thread the state is copied into a flat CPU buffer (the only
-stall; evicted buffers are recycled, so it is a copy into warm, preallocated memory — the
-staging step of an asynchronous DCP save, see ``trainer/checkpoint_io.py``). A background thread
+Writing (``save``): the state is copied into a flat CPU buffer (evicted buffers are recycled, so
+it is a copy into warm, preallocated memory — the staging step of an asynchronous DCP save, see
+``trainer/checkpoint_io.py``). By default (``overlap_copy``, once ``fence_before(optimizer)`` is
+called) the training thread only walks the state and lays out the buffer; the copy runs on a
+copier thread while the next forward/backward runs (they only read the parameters), and the
+optimizer's next ``step`` — the first change to the saved tensors — waits for it (``fence``; so do
+restore, discard and the next snapshot). Without a fenced optimizer the copy is on the training
+thread (the whole stall). A background thread
 then saves it with ``torch.distributed.checkpoint`` into ``<name>.tmp/``: with a process group,
 collectively on the manager's own gloo group (so its collectives never interleave with the
 training loop's), each rank writing its share. One ordered writer thread, rather than
@@ -110,11 +115,12 @@ class CheckpointConfig:
     """thread: DCP saves from a background thread (the only writer; "process" was the pre-DCP one)."""
     collective_timeout_s: float = 120.0
     """Timeout of the checkpoint process group's collectives (a dead peer fails a save, never hangs it)."""
-    overlap_copy: bool = False
+    overlap_copy: bool = True
     """Copy the snapshot on a copier thread, overlapped with the next forward/backward, and wait for
     it only before the optimizer next changes the state (a pipelined snapshot, as CheckFreq does).
-    Takes effect once ``fence_before(optimizer)`` is called: until then (and for anything else that
-    changes the state in place) the copy stays on the training thread."""
+    Takes effect once ``fence_before(optimizer)`` is called (the bundled loop does, trainer/loop.py):
+    until then the copy stays on the training thread. Anything else that changes the saved tensors
+    in place must call ``fence()`` first (restore, discard and the next snapshot already do)."""
 
     def __post_init__(self) -> None:
         if not self.dir:
@@ -181,6 +187,11 @@ class CheckpointManager:
         self._copied = threading.Event()
         self._copied.set()
         self._copier: threading.Thread | None = None
+        self.fence_hooks: list[Any] = []
+        """The optimizers' step pre-hook handles (``fence_before``)."""
+        self.fence_wait_s = 0.0
+        """Seconds the training thread has waited in ``fence`` for a pending copy (the part of the
+        snapshot's stall that overlap did not hide; bench/checkpoint_stall.py reads it)."""
 
     @staticmethod
     def _checkpoint_group(world: int, timeout_s: float) -> Any:
@@ -234,10 +245,15 @@ class CheckpointManager:
         self._enqueue(step, kind, self._snapshot(step, state, in_ring=False))
 
     def fence_before(self, optimizer: Any) -> None:
-        """Turn ``overlap_copy`` on for this optimizer: its ``step`` first waits for a pending copy."""
+        """Turn ``overlap_copy`` on for this optimizer: its ``step`` first waits for a pending copy.
+        Pass the ``torch.optim.Optimizer`` itself (a wrapper such as Accelerate's has no step hooks):
+        forward and backward only read the parameters, so its step is the first change to the state."""
         if not self.cfg.overlap_copy:
             return
-        optimizer.register_step_pre_hook(lambda *_: self.fence())
+        if not hasattr(optimizer, "register_step_pre_hook") or not hasattr(optimizer, "_optimizer_step_pre_hooks"):
+            raise ValueError(f"optimizer: {type(optimizer).__name__} has no step pre-hooks; pass the torch "
+                             "optimizer it wraps")
+        self.fence_hooks.append(optimizer.register_step_pre_hook(lambda *_: self.fence()))
         if self._copier is None:
             self._copier = threading.Thread(target=self._copy_loop, name=f"ckpt-copier-{self.rank}", daemon=True)
             self._copier.start()
@@ -245,14 +261,19 @@ class CheckpointManager:
 
     def fence(self) -> None:
         """Wait until every snapshot taken so far holds its copy (a no-op without overlap_copy)."""
+        if self._copied.is_set():
+            return
+        t0 = time.perf_counter()
         self._copied.wait()
+        self.fence_wait_s += time.perf_counter() - t0
 
     def _copy_loop(self) -> None:
         while (snap := self._copies.get()) is not None:
             try:
                 fill(snap)
-            except Exception:  # noqa: BLE001 - logged; the snapshot keeps what it has, training goes on
+            except Exception as exc:  # noqa: BLE001 - logged; the snapshot is marked bad, training goes on
                 log.exception("checkpoint copy failed")
+                snap.error = f"snapshot copy failed: {exc!r}"
             finally:
                 if self._copies.empty():
                     self._copied.set()
@@ -309,6 +330,8 @@ class CheckpointManager:
                 self._jobs.task_done()
 
     def _write(self, step: int, kind: CheckpointKind, snap: FlatSnapshot) -> dict[str, Any]:
+        if snap.error:
+            raise RuntimeError(snap.error)
         keep = {CheckpointKind.FULL.value: self.cfg.keep_full,
                 CheckpointKind.INCREMENTAL.value: self.cfg.keep_incremental}
         # Views into one buffer: DCP copies each tensor whose storage is larger than itself.
@@ -346,7 +369,8 @@ class CheckpointManager:
         """(state, "memory"|"disk") for exactly this step; KeyError if absent or corrupt. The state
         is the caller's own copy (optimizer.load_state_dict keeps the tensors it is given)."""
         self.wait()
-        state = self.ring.get(step)
+        bad = next((snap.error for s, snap in self.ring.items() if s == step and snap.error), None)
+        state = None if bad else self.ring.get(step)  # a failed copy is no rollback target: disk, if any
         source = "memory"
         if state is None:
             metas = [m for m in self._entries() if m["step"] == step]

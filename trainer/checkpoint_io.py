@@ -77,6 +77,8 @@ class FlatSnapshot:
     """Typed views of the non-empty slots (built once per buffer, reused by every copy into it)."""
     pending: list[torch.Tensor] | None = None
     """Sources not yet copied (``flatten(..., copy=False)``); ``fill`` copies them."""
+    error: str | None = None
+    """Why a deferred copy failed (the buffer then holds no consistent state: never written or restored)."""
 
     @property
     def layout(self) -> tuple[tuple[torch.dtype, tuple[int, ...]], ...]:
