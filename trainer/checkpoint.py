@@ -311,7 +311,7 @@ class CheckpointManager:
             try:
                 if job is None:
                     return
-                self.fence()
+                self._copied.wait()  # not fence(): that counts the training thread's waits
                 self._emit(self._write(*job))
             # DCP's CheckpointException is a BaseException: caught by name, or the writer thread dies
             except (Exception, CheckpointException) as exc:  # noqa: BLE001 - the writer logs and goes on; training must not die

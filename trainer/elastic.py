@@ -21,8 +21,10 @@ new world trains with:
 - **flapping**: more than ``max_changes`` scale changes within ``flap_window_s`` and the new
   world waits ``flap_backoff_s`` before training (declared in the event), instead of thrashing.
 
-Rank 0 keeps a progress mark (``<checkpoint dir>/elastic-progress[-tag].json``: step, time)
-at most once a second; the next start reads it to count what was lost.
+Rank 0 keeps a progress mark (``<checkpoint dir>/elastic-progress[-tag].json``: step, time, the
+last loss and the mean of the last ``loss_window``) at most once a second; the next start reads it
+to count what was lost. A completed run adds ``val_loss``, its loss on ``final_eval_batches`` fixed
+held-out batches (the same at every world size): what an elastic run is compared by.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import json
 import math
 import os
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,6 +66,12 @@ class ElasticConfig:
     """Scale changes allowed within flap_window_s before the back-off applies."""
     flap_backoff_s: float = 30.0
     """Pause before training when a node flaps (declared in the scale event)."""
+    final_eval_batches: int = 16
+    """Held-out batches (``val_batch_size`` each, the same on every world) evaluated when the run
+    completes, written to the progress mark as ``val_loss``: the loss to compare an elastic run with
+    an uninterrupted one by (bench/elastic_loss.py); 0 = none."""
+    loss_window: int = 20
+    """The progress mark's ``loss_mean``: the mean training loss of this many last steps."""
 
     def __post_init__(self) -> None:
         if self.base_world < 0:
@@ -78,6 +87,10 @@ class ElasticConfig:
                 raise ValueError(f"{name}: must be > 0")
         if self.max_restarts < 0 or self.max_changes < 1 or self.flap_backoff_s < 0:
             raise ValueError("max_restarts: must be >= 0 (max_changes >= 1, flap_backoff_s >= 0)")
+        if self.final_eval_batches < 0:
+            raise ValueError("final_eval_batches: must be >= 0")
+        if self.loss_window < 1:
+            raise ValueError("loss_window: must be >= 1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +172,7 @@ class Elastic:
         self.changes: list[float] = []  # wall times of scale changes (flapping)
         self.progress_path = progress_path
         self._last_mark = 0.0
+        self._losses: deque[float] = deque(maxlen=cfg.loss_window)  # this start's last steps
 
     def lr_factor(self, step: int) -> float:
         start, old, new = self.ramp
@@ -202,8 +216,12 @@ class Elastic:
 
     # -- the progress mark (rank 0) ---------------------------------------------------------
     def mark_progress(self, step: int, loss: float | None = None, now: float | None = None,
-                      force: bool = False) -> None:
+                      force: bool = False, val_loss: float | None = None) -> None:
+        """Called after every step with its loss (``loss_mean`` counts each step once); written at most
+        once a second unless ``force``. ``val_loss``: the completed run's held-out loss."""
         now = time.time() if now is None else now
+        if loss is not None and math.isfinite(loss) and not force:
+            self._losses.append(loss)
         if self.progress_path is None or (now - self._last_mark < 1.0 and not force):
             return
         self._last_mark = now
@@ -211,6 +229,11 @@ class Elastic:
         mark = {"step": step, "time": now, "world": self.world, "global_batch": self.plan.global_batch}
         if loss is not None and math.isfinite(loss):
             mark["loss"] = loss
+        if self._losses:
+            mark["loss_mean"] = sum(self._losses) / len(self._losses)
+            mark["loss_mean_steps"] = len(self._losses)
+        if val_loss is not None and math.isfinite(val_loss):
+            mark["val_loss"] = val_loss
         try:
             tmp.write_text(json.dumps(mark))
             os.replace(tmp, self.progress_path)

@@ -398,7 +398,7 @@ class Trainer:
                 self.elastic.mark_progress(self.step, self.last_loss)
                 self.kit.handle_commands()
             self.ckpt.wait()
-            self.elastic.mark_progress(self.step, self.last_loss, force=True)
+            self.elastic.mark_progress(self.step, self.last_loss, force=True, val_loss=self._final_eval())
             return 0 if not self.stop_reason.startswith("failed") else 1
         except BaseException as exc:
             error = exc
@@ -411,6 +411,13 @@ class Trainer:
                     closer()
                 except Exception:  # noqa: BLE001 - close the rest anyway
                     log.exception("close failed")
+
+    def _final_eval(self) -> float | None:
+        """A completed elastic run's held-out loss (every rank reaches the last step together)."""
+        n = self.cfg.elastic.final_eval_batches
+        if not (self.cfg.elastic.enabled and n and self.step >= self.cfg.steps):
+            return None
+        return self.val_loss(batches=n)[0]
 
     def _final_loss(self) -> float | None:
         return self.last_loss if math.isfinite(self.last_loss) else None

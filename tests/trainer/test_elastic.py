@@ -119,3 +119,17 @@ def test_a_trainer_resumes_a_world_2_checkpoint_at_world_1_with_half_the_batch(t
     assert [e.step for e in steps] == [3, 4, 5]
     assert steps[-1].data["sample_range"] == [16, 18]
     assert dataclasses.asdict(tr.elastic.plan)["world"] == 1 and torch.get_num_threads() >= 1
+    # The completed run's mark: the held-out loss and the mean of its last steps' losses (this start's).
+    mark = json.loads(tr._progress_mark_path(cfg).read_text())
+    assert mark["step"] == 6 and mark["val_loss"] == pytest.approx(tr.val_loss(cfg.elastic.final_eval_batches)[0])
+    assert mark["loss_mean_steps"] == 3 and mark["loss_mean"] == pytest.approx(
+        sum(e.data["loss"] for e in steps) / 3)
+
+
+def test_the_progress_mark_averages_the_last_loss_window_steps(tmp_path):
+    el = Elastic(ElasticConfig(enabled=True, loss_window=3), 8, 1, 2, progress_path=tmp_path / "mark.json")
+    for step, loss in enumerate([9.0, 1.0, 2.0, float("nan"), 3.0], start=1):
+        el.mark_progress(step, loss, now=10.0 * step)
+    el.mark_progress(5, 3.0, now=51.0, force=True, val_loss=2.5)  # the final mark repeats the last step's loss
+    mark = json.loads((tmp_path / "mark.json").read_text())
+    assert (mark["loss_mean"], mark["loss_mean_steps"], mark["val_loss"], mark["loss"]) == (2.0, 3, 2.5, 3.0)
