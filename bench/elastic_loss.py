@@ -36,8 +36,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from cliffguard.demo_elastic import ElasticDemoConfig, _paths, run_elastic_demo, run_uninterrupted
-from trainer.elastic import ElasticConfig
+from cliffguard.demo_elastic import ElasticDemoConfig, run_elastic_demo, run_uninterrupted
+from trainer.config import TrainConfig
+from trainer.elastic import ElasticConfig, progress_mark_path
 
 DEFAULT_POLICIES = ("proportional:sqrt", "proportional:linear", "proportional:none", "keep:sqrt")
 
@@ -56,7 +57,8 @@ def samples_ratio(steps: int, batch: int, scale_events: list[dict[str, Any]]) ->
 def losses(cfg: ElasticDemoConfig) -> dict[str, float | None]:
     """The finished run's held-out loss, mean of its last steps' training loss and last step's loss."""
     try:
-        mark = json.loads(_paths(cfg)[0].read_text())
+        run = TrainConfig(run=cfg.run, out_dir=cfg.out_dir)  # the demo's runs keep the default checkpoint dir
+        mark = json.loads(progress_mark_path(run.checkpoint.dir, run.run).read_text())
     except (OSError, ValueError):
         mark = {}
     return {"val_loss": mark.get("val_loss"), "loss_mean": mark.get("loss_mean"), "loss_last": mark.get("loss")}

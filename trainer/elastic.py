@@ -11,9 +11,11 @@ new world trains with:
   the world is below ``base_world``; ``keep`` keeps B and raises gradient accumulation so the
   per-rank micro-batch is unchanged. A batch that does not split over the new world is a
   ``ValueError`` naming it, never a silently different batch.
-- **learning rate** (``lr_rule``): a factor ``sqrt`` (B'/B)^0.5, ``linear`` B'/B, or ``none``,
-  reached by a linear ramp over ``rescale_warmup_steps`` from the factor the run had (a jump
-  in LR is what the warm-up avoids).
+- **learning rate** (``lr_rule``): a factor ``sqrt`` (B'/B)^0.5 (the default: Adam's rule, and the
+  one that held up at both lengths of the halved stretch bench/elastic_loss.py was measured at),
+  ``linear`` B'/B, or ``none``. A higher factor (a scale-up) is reached by a linear warm-up over
+  ``rescale_warmup_steps`` from the factor the run had (a jump up in LR is what the warm-up
+  avoids); a lower one applies at once.
 - **data**: the sampler starts a new segment at the restored step (``trainer/data.py``): stream
   positions stay contiguous, so no sample of an epoch is seen twice or skipped.
 - **report**: an ``elastic.scaled_down`` / ``elastic.scaled_up`` event (``ScaleEvent``) with the
@@ -53,7 +55,8 @@ class ElasticConfig:
     lr_rule: str = "sqrt"
     """sqrt | linear | none: the LR factor for the new global batch."""
     rescale_warmup_steps: int = 10
-    """Steps over which the LR factor moves to the new batch's (0 = at once)."""
+    """Steps over which a higher LR factor (a larger batch) is reached (0 = at once); a lower one
+    applies at once."""
     collective_timeout_s: float = 60.0
     """init_process_group timeout: survivors fail a collective with a dead peer after this, not 30 min."""
     rdzv_timeout_s: float = 120.0
@@ -202,8 +205,10 @@ class Elastic:
             raise ValueError(f"world: checkpoint step {step} was saved at world {old_world}, this start has "
                              f"{self.world} ranks and [train.elastic] enabled is false")
         self.plan = plan_batch(self.cfg, self.base_world, self.base_batch, self.base_accum, self.world)
-        current = self.lr_factor(step)
-        self.ramp = (step, current, self.plan.lr_factor)
+        current, new = self.lr_factor(step), self.plan.lr_factor
+        # A warm-up only where the LR rises (the larger batch after a scale-up): a lower LR is safe at
+        # once, and ramping it down would train the smaller, noisier batch at the larger one's LR.
+        self.ramp = (step, current, new) if new > current else (step, new, new)
         self.changes = [t for t in self.changes if now - t < self.cfg.flap_window_s] + [now]
         backoff = self.cfg.flap_backoff_s if len(self.changes) > self.cfg.max_changes else 0.0
         mark = self.read_progress()
@@ -259,6 +264,14 @@ class Elastic:
             return None
         ok = isinstance(mark, dict) and isinstance(mark.get("step"), int) and isinstance(mark.get("time"), int | float)
         return mark if ok else None
+
+
+def progress_mark_path(checkpoint_dir: str | Path, run: str) -> Path:
+    """Where rank 0 of run ``run`` keeps its progress mark (beside the run's checkpoints)."""
+    from trainer.checkpoint_io import run_tag
+
+    tag = run_tag(run)
+    return Path(checkpoint_dir) / (f"elastic-progress-{tag}.json" if tag else "elastic-progress.json")
 
 
 def _split(batch: int, world: int, accum: int) -> int:

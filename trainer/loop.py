@@ -45,7 +45,7 @@ from trainer.checkpoint import CheckpointManager
 from trainer.commands import TrainerCommands
 from trainer.config import TrainConfig
 from trainer.data import Sampler, load_corpus
-from trainer.elastic import Elastic
+from trainer.elastic import Elastic, progress_mark_path
 from trainer.loss_scale import AdaptiveLossScaler, LossScaleConfig
 from trainer.model import GPT
 from trainer.schedule import WarmupCosine
@@ -143,12 +143,7 @@ class Trainer:
 
     @staticmethod
     def _progress_mark_path(cfg: TrainConfig) -> Any:
-        from pathlib import Path
-
-        from trainer.checkpoint_io import run_tag
-
-        tag = run_tag(cfg.run)
-        return Path(cfg.checkpoint.dir) / (f"elastic-progress-{tag}.json" if tag else "elastic-progress.json")
+        return progress_mark_path(cfg.checkpoint.dir, cfg.run)
 
     @property
     def stop_reason(self) -> str:
