@@ -211,3 +211,25 @@ def test_fence_before_refuses_a_wrapper_without_step_hooks(tmp_path):
             mgr.fence_before(wrapped)
     finally:
         mgr.close()
+
+
+def test_the_copier_and_writer_threads_run_at_a_lower_priority(tmp_path):
+    import os
+    import sys
+    import threading
+
+    import pytest
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("per-thread niceness is Linux's")
+    model, opt = _model_and_opt()
+    mgr = CheckpointManager(CheckpointConfig(dir=str(tmp_path), background_nice=5, snapshot_every=1))
+    mgr.fence_before(opt)
+    try:
+        mgr.save(1, _state(model, opt), "full")  # both threads have run a job
+        mgr.wait()
+        mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        for thread in (mgr._feeder, mgr._copier):
+            assert os.getpriority(os.PRIO_PROCESS, thread.native_id) == min(mine + 5, 19)
+    finally:
+        mgr.close()
