@@ -77,6 +77,8 @@ class FlatSnapshot:
     """Typed views of the non-empty slots (built once per buffer, reused by every copy into it)."""
     pending: list[torch.Tensor] | None = None
     """Sources not yet copied (``flatten(..., copy=False)``); ``fill`` copies them."""
+    error: str | None = None
+    """Why a deferred copy failed (the buffer then holds no consistent state: never written or restored)."""
 
     @property
     def layout(self) -> tuple[tuple[torch.dtype, tuple[int, ...]], ...]:
@@ -420,10 +422,13 @@ def check_layout(path: Path) -> None:
         md = _read_metadata(path)
     except Exception as exc:  # noqa: BLE001 - an unreadable metadata file means the checkpoint is bad
         raise CorruptCheckpoint(f"{path.name}: metadata does not load ({exc!r})") from exc
+    ends: dict[str, int] = {}  # each file's furthest item end (one stat per file, not per item)
     for info in (md.storage_data or {}).values():
-        file = path / info.relative_path
-        if not file.is_file() or info.offset + info.length > file.stat().st_size:
-            raise CorruptCheckpoint(f"{path.name}/{info.relative_path}: shorter than its metadata says")
+        ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
+    for name, end in sorted(ends.items()):
+        file = path / name
+        if not file.is_file() or end > file.stat().st_size:
+            raise CorruptCheckpoint(f"{path.name}/{name}: shorter than its metadata says")
 
 
 def load_full(path: Path) -> dict[str, Any]:

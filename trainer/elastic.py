@@ -11,9 +11,11 @@ new world trains with:
   the world is below ``base_world``; ``keep`` keeps B and raises gradient accumulation so the
   per-rank micro-batch is unchanged. A batch that does not split over the new world is a
   ``ValueError`` naming it, never a silently different batch.
-- **learning rate** (``lr_rule``): a factor ``sqrt`` (B'/B)^0.5, ``linear`` B'/B, or ``none``,
-  reached by a linear ramp over ``rescale_warmup_steps`` from the factor the run had (a jump
-  in LR is what the warm-up avoids).
+- **learning rate** (``lr_rule``): a factor ``sqrt`` (B'/B)^0.5 (the default: Adam's rule, and the
+  one that held up at both lengths of the halved stretch bench/elastic_loss.py was measured at),
+  ``linear`` B'/B, or ``none``. A higher factor (a scale-up) is reached by a linear warm-up over
+  ``rescale_warmup_steps`` from the factor the run had (a jump up in LR is what the warm-up
+  avoids); a lower one applies at once.
 - **data**: the sampler starts a new segment at the restored step (``trainer/data.py``): stream
   positions stay contiguous, so no sample of an epoch is seen twice or skipped.
 - **report**: an ``elastic.scaled_down`` / ``elastic.scaled_up`` event (``ScaleEvent``) with the
@@ -21,8 +23,10 @@ new world trains with:
 - **flapping**: more than ``max_changes`` scale changes within ``flap_window_s`` and the new
   world waits ``flap_backoff_s`` before training (declared in the event), instead of thrashing.
 
-Rank 0 keeps a progress mark (``<checkpoint dir>/elastic-progress[-tag].json``: step, time)
-at most once a second; the next start reads it to count what was lost.
+Rank 0 keeps a progress mark (``<checkpoint dir>/elastic-progress[-tag].json``: step, time, the
+last loss and the mean of the last ``loss_window``) at most once a second; the next start reads it
+to count what was lost. A completed run adds ``val_loss``, its loss on ``final_eval_batches`` fixed
+held-out batches (the same at every world size): what an elastic run is compared by.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import json
 import math
 import os
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,7 +55,8 @@ class ElasticConfig:
     lr_rule: str = "sqrt"
     """sqrt | linear | none: the LR factor for the new global batch."""
     rescale_warmup_steps: int = 10
-    """Steps over which the LR factor moves to the new batch's (0 = at once)."""
+    """Steps over which a higher LR factor (a larger batch) is reached (0 = at once); a lower one
+    applies at once."""
     collective_timeout_s: float = 60.0
     """init_process_group timeout: survivors fail a collective with a dead peer after this, not 30 min."""
     rdzv_timeout_s: float = 120.0
@@ -63,6 +69,12 @@ class ElasticConfig:
     """Scale changes allowed within flap_window_s before the back-off applies."""
     flap_backoff_s: float = 30.0
     """Pause before training when a node flaps (declared in the scale event)."""
+    final_eval_batches: int = 16
+    """Held-out batches (``val_batch_size`` each, the same on every world) evaluated when the run
+    completes, written to the progress mark as ``val_loss``: the loss to compare an elastic run with
+    an uninterrupted one by (bench/elastic_loss.py); 0 = none."""
+    loss_window: int = 20
+    """The progress mark's ``loss_mean``: the mean training loss of this many last steps."""
 
     def __post_init__(self) -> None:
         if self.base_world < 0:
@@ -78,6 +90,10 @@ class ElasticConfig:
                 raise ValueError(f"{name}: must be > 0")
         if self.max_restarts < 0 or self.max_changes < 1 or self.flap_backoff_s < 0:
             raise ValueError("max_restarts: must be >= 0 (max_changes >= 1, flap_backoff_s >= 0)")
+        if self.final_eval_batches < 0:
+            raise ValueError("final_eval_batches: must be >= 0")
+        if self.loss_window < 1:
+            raise ValueError("loss_window: must be >= 1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +175,7 @@ class Elastic:
         self.changes: list[float] = []  # wall times of scale changes (flapping)
         self.progress_path = progress_path
         self._last_mark = 0.0
+        self._losses: deque[float] = deque(maxlen=cfg.loss_window)  # this start's last steps
 
     def lr_factor(self, step: int) -> float:
         start, old, new = self.ramp
@@ -188,8 +205,10 @@ class Elastic:
             raise ValueError(f"world: checkpoint step {step} was saved at world {old_world}, this start has "
                              f"{self.world} ranks and [train.elastic] enabled is false")
         self.plan = plan_batch(self.cfg, self.base_world, self.base_batch, self.base_accum, self.world)
-        current = self.lr_factor(step)
-        self.ramp = (step, current, self.plan.lr_factor)
+        current, new = self.lr_factor(step), self.plan.lr_factor
+        # A warm-up only where the LR rises (the larger batch after a scale-up): a lower LR is safe at
+        # once, and ramping it down would train the smaller, noisier batch at the larger one's LR.
+        self.ramp = (step, current, new) if new > current else (step, new, new)
         self.changes = [t for t in self.changes if now - t < self.cfg.flap_window_s] + [now]
         backoff = self.cfg.flap_backoff_s if len(self.changes) > self.cfg.max_changes else 0.0
         mark = self.read_progress()
@@ -202,8 +221,12 @@ class Elastic:
 
     # -- the progress mark (rank 0) ---------------------------------------------------------
     def mark_progress(self, step: int, loss: float | None = None, now: float | None = None,
-                      force: bool = False) -> None:
+                      force: bool = False, val_loss: float | None = None) -> None:
+        """Called after every step with its loss (``loss_mean`` counts each step once); written at most
+        once a second unless ``force``. ``val_loss``: the completed run's held-out loss."""
         now = time.time() if now is None else now
+        if loss is not None and math.isfinite(loss) and not force:
+            self._losses.append(loss)
         if self.progress_path is None or (now - self._last_mark < 1.0 and not force):
             return
         self._last_mark = now
@@ -211,6 +234,11 @@ class Elastic:
         mark = {"step": step, "time": now, "world": self.world, "global_batch": self.plan.global_batch}
         if loss is not None and math.isfinite(loss):
             mark["loss"] = loss
+        if self._losses:
+            mark["loss_mean"] = sum(self._losses) / len(self._losses)
+            mark["loss_mean_steps"] = len(self._losses)
+        if val_loss is not None and math.isfinite(val_loss):
+            mark["val_loss"] = val_loss
         try:
             tmp.write_text(json.dumps(mark))
             os.replace(tmp, self.progress_path)
@@ -236,6 +264,14 @@ class Elastic:
             return None
         ok = isinstance(mark, dict) and isinstance(mark.get("step"), int) and isinstance(mark.get("time"), int | float)
         return mark if ok else None
+
+
+def progress_mark_path(checkpoint_dir: str | Path, run: str) -> Path:
+    """Where rank 0 of run ``run`` keeps its progress mark (beside the run's checkpoints)."""
+    from trainer.checkpoint_io import run_tag
+
+    tag = run_tag(run)
+    return Path(checkpoint_dir) / (f"elastic-progress-{tag}.json" if tag else "elastic-progress.json")
 
 
 def _split(batch: int, world: int, accum: int) -> int:

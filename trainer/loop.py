@@ -14,7 +14,8 @@ One optimizer step (``Trainer.train_step``), in order::
 
 At each step boundary (``Trainer.run``): commands, a hold if the guard asked for one, the paused
 wait and its timeouts (the recovery kit, agent/recovery/kit.py, via trainer/commands.py), then before the next step: memory snapshot
-every ``snapshot_every``, disk checkpoints every ``ckpt_every``/``full_every``, validation every
+every ``snapshot_every``, disk checkpoints every ``ckpt_every``/``full_every`` (their copy overlaps the next forward/backward;
+``optimizer.step`` waits for it: ``CheckpointManager.fence_before``), validation every
 ``val_every``. The mode (agent/modes.py) and the LR scale (agent/lr_scale.py) are the agent's:
 the loop moves and reads them there, so the heartbeats and step events report the same values. A checkpoint labelled ``s`` is the state *before* step ``s`` runs, so rolling
 back to ``s`` replays step ``s`` onwards exactly (same data, same RNG, same parameters).
@@ -44,7 +45,7 @@ from trainer.checkpoint import CheckpointManager
 from trainer.commands import TrainerCommands
 from trainer.config import TrainConfig
 from trainer.data import Sampler, load_corpus
-from trainer.elastic import Elastic
+from trainer.elastic import Elastic, progress_mark_path
 from trainer.loss_scale import AdaptiveLossScaler, LossScaleConfig
 from trainer.model import GPT
 from trainer.schedule import WarmupCosine
@@ -129,6 +130,9 @@ class Trainer:
         self.agent = Agent(accelerator, self.model, self.optimizer, cfg.agent, shape=shape, sink=sink,
                            kafka=cfg.kafka, secret=secret, command_source=command_source)
         self.ckpt = CheckpointManager(cfg.checkpoint, self.rank, self.world, self._on_checkpoint, run_id=cfg.agent.run)
+        # overlap_copy: a snapshot's copy runs beside the next forward/backward; the fence on the torch
+        # optimizer (the one Accelerate wraps) waits for it right before step() first changes the state.
+        self.ckpt.fence_before(optimizer)
         self.val_data = self.sampler.val_batches(cfg.val_batches, cfg.val_batch_size)
         self.scale_event: Any = None  # set by load_state when a checkpoint of another world was restored
         self.step = 0
@@ -139,12 +143,7 @@ class Trainer:
 
     @staticmethod
     def _progress_mark_path(cfg: TrainConfig) -> Any:
-        from pathlib import Path
-
-        from trainer.checkpoint_io import run_tag
-
-        tag = run_tag(cfg.run)
-        return Path(cfg.checkpoint.dir) / (f"elastic-progress-{tag}.json" if tag else "elastic-progress.json")
+        return progress_mark_path(cfg.checkpoint.dir, cfg.run)
 
     @property
     def stop_reason(self) -> str:
@@ -297,7 +296,7 @@ class Trainer:
         if applied:
             if cfg.clip_layer_norm > 0:
                 clipped = self._clip()
-            self.optimizer.step()
+            self.optimizer.step()  # waits first for a pending snapshot copy (CheckpointManager.fence_before)
         if self.scaler is not None:
             self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
@@ -394,7 +393,7 @@ class Trainer:
                 self.elastic.mark_progress(self.step, self.last_loss)
                 self.kit.handle_commands()
             self.ckpt.wait()
-            self.elastic.mark_progress(self.step, self.last_loss, force=True)
+            self.elastic.mark_progress(self.step, self.last_loss, force=True, val_loss=self._final_eval())
             return 0 if not self.stop_reason.startswith("failed") else 1
         except BaseException as exc:
             error = exc
@@ -407,6 +406,13 @@ class Trainer:
                     closer()
                 except Exception:  # noqa: BLE001 - close the rest anyway
                     log.exception("close failed")
+
+    def _final_eval(self) -> float | None:
+        """A completed elastic run's held-out loss (every rank reaches the last step together)."""
+        n = self.cfg.elastic.final_eval_batches
+        if not (self.cfg.elastic.enabled and n and self.step >= self.cfg.steps):
+            return None
+        return self.val_loss(batches=n)[0]
 
     def _final_loss(self) -> float | None:
         return self.last_loss if math.isfinite(self.last_loss) else None

@@ -34,7 +34,9 @@ def test_a_batch_that_does_not_split_is_an_error_naming_it_never_a_silent_other_
 
 
 @pytest.mark.parametrize("kw, field", [({"batch_policy": "double"}, "batch_policy"), ({"lr_rule": "cube"}, "lr_rule"),
-                                       ({"rdzv_timeout_s": 0}, "rdzv_timeout_s"), ({"base_world": -1}, "base_world")])
+                                       ({"rdzv_timeout_s": 0}, "rdzv_timeout_s"), ({"base_world": -1}, "base_world"),
+                                       ({"final_eval_batches": -1}, "final_eval_batches"),
+                                       ({"loss_window": 0}, "loss_window")])
 def test_config_validation(kw, field):
     with pytest.raises(ValueError, match=f"^{field}:"):
         ElasticConfig(**kw)
@@ -51,12 +53,15 @@ def test_scale_down_then_up_events_lr_ramp_lost_progress_and_flap_backoff(tmp_pa
     assert ev is not None and not ev.scaled_up
     assert (ev.from_world, ev.to_world, ev.from_global_batch, ev.global_batch) == (4, 2, 16, 8)
     assert (ev.steps_lost, ev.seconds_lost, ev.backoff_s) == (7, 12.5, 0.0)
-    assert down.lr_factor(50) == 1.0 and down.lr_factor(60) == pytest.approx(math.sqrt(0.5))
-    assert down.lr_factor(55) == pytest.approx((1 + math.sqrt(0.5)) / 2)  # ramped, not a jump
+    assert down.lr_factor(50) == down.lr_factor(51) == pytest.approx(math.sqrt(0.5))  # a lower LR: at once
     up = Elastic(cfg, 16, 1, 4, progress_path=mark)
     ev = up.on_restore(down.state_dict(), 80, now=1100.0)
     assert ev.scaled_up and (ev.global_batch, ev.lr_factor) == (16, 1.0) and up.plan.global_batch == 16
-    assert up.lr_factor(80) == pytest.approx(math.sqrt(0.5))
+    assert up.lr_factor(80) == pytest.approx(math.sqrt(0.5)) and up.lr_factor(90) == 1.0
+    assert up.lr_factor(85) == pytest.approx((1 + math.sqrt(0.5)) / 2)  # a higher LR: warmed up, not a jump
+    mid = Elastic(cfg, 16, 1, 2)
+    mid.on_restore(up.state_dict(), 85, now=1120.0)  # down again in the middle of that warm-up: at once
+    assert mid.lr_factor(85) == pytest.approx(math.sqrt(0.5))
     again = Elastic(cfg, 16, 1, 2, progress_path=mark)  # a third change within the window: the node flaps
     assert again.on_restore(up.state_dict(), 90, now=1150.0).backoff_s == 5.0
     assert Elastic(cfg, 16, 1, 4).on_restore(up.state_dict(), 80) is None  # the same world: no event
@@ -119,3 +124,17 @@ def test_a_trainer_resumes_a_world_2_checkpoint_at_world_1_with_half_the_batch(t
     assert [e.step for e in steps] == [3, 4, 5]
     assert steps[-1].data["sample_range"] == [16, 18]
     assert dataclasses.asdict(tr.elastic.plan)["world"] == 1 and torch.get_num_threads() >= 1
+    # The completed run's mark: the held-out loss and the mean of its last steps' losses (this start's).
+    mark = json.loads(tr._progress_mark_path(cfg).read_text())
+    assert mark["step"] == 6 and mark["val_loss"] == pytest.approx(tr.val_loss(cfg.elastic.final_eval_batches)[0])
+    assert mark["loss_mean_steps"] == 3 and mark["loss_mean"] == pytest.approx(
+        sum(e.data["loss"] for e in steps) / 3)
+
+
+def test_the_progress_mark_averages_the_last_loss_window_steps(tmp_path):
+    el = Elastic(ElasticConfig(enabled=True, loss_window=3), 8, 1, 2, progress_path=tmp_path / "mark.json")
+    for step, loss in enumerate([9.0, 1.0, 2.0, float("nan"), 3.0], start=1):
+        el.mark_progress(step, loss, now=10.0 * step)
+    el.mark_progress(5, 3.0, now=51.0, force=True, val_loss=2.5)  # the final mark repeats the last step's loss
+    mark = json.loads((tmp_path / "mark.json").read_text())
+    assert (mark["loss_mean"], mark["loss_mean_steps"], mark["val_loss"], mark["loss"]) == (2.0, 3, 2.5, 3.0)
