@@ -22,7 +22,7 @@ Which events feed which rule:
   Per-rank ``step`` events sent for a detail command (``detail: true``) feed no rule.
 * step time, MFU and memory are per rank: the ``ranks`` events' arrays (every ``ranks_every``
   steps), or every rank's ``step`` events from older agents, feed the straggler, MFU and memory
-  rules (``rules.base.per_rank_samples``). Their windows count samples, so with arrays every 10
+  rules (``rules.base.rank_columns``). Their windows count samples, so with arrays every 10
   steps a window of 50 spans 500 steps.
 * every event from a rank is a sign of life for the heartbeat rule, a node heartbeat for each of
   its ranks (with how long ago each was alive, and its step); ``run.finished``/``failed``
