@@ -27,7 +27,7 @@ import sys
 import time
 from typing import Any
 
-from controller.detect import RunDetector
+from controller.detect import RULES, RunDetector
 from core.enums import EventType
 from core.events import Event, decode_event, encode_event, make_event
 from core.rank_arrays import summarize_losses
@@ -90,8 +90,11 @@ def measure(args: argparse.Namespace, mix: bool, sweeps: list[list[Event]]) -> d
     timed = stream(args.warm, args.steps, **kw)
     best = math.inf
     verdicts = 0
+    registry = RULES
+    for name in args.without:
+        registry = registry.without(name)
     for _ in range(args.repeat):
-        det = RunDetector()
+        det = RunDetector(registry=registry)
         for ev in warm:
             det.on_event(ev)
         t0 = time.perf_counter()
@@ -113,10 +116,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ranks-every", type=int, default=10)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--only", choices=("step", "mix"), help="measure one stream only")
+    p.add_argument("--without", action="append", default=[], metavar="RULE",
+                   help="leave this rule out (e.g. heartbeat: its share of the mix); repeatable")
     p.add_argument("--json", help="write the figures here")
     args = p.parse_args(argv)
     sweeps = [ranks_chunks(v, args.ranks, args.chunk, args.ranks_every) for v in range(4)]
-    out: dict[str, Any] = {"ranks": args.ranks, "chunk": args.chunk, "ranks_every": args.ranks_every}
+    out: dict[str, Any] = {"ranks": args.ranks, "chunk": args.chunk, "ranks_every": args.ranks_every,
+                           "without": args.without}
     for name in ("step", "mix"):
         if args.only in (None, name):
             out[name] = measure(args, name == "mix", sweeps)

@@ -127,14 +127,15 @@ class MfuRule:
     def _judge(self, step: int, row: int) -> list[Verdict]:
         """Judged once per step, on the speaking rank's sample (core.ranks)."""
         cfg = self.config
-        if self._parts(1) is None:
+        newest = self._parts(1)
+        if newest is None:
             return []  # the ranks' windows do not overlap yet (one is still replaying)
         w = self._recent
         per_rank, _ = row_medians(w.column(MFU), w.valid())
         run_mfu = median(per_rank)
         if run_mfu >= cfg.mfu_min:
             self._low_since = None
-            self._update_baseline()
+            self._update_baseline(newest[0])
             return []
         if self._low_since is not None:
             return []
@@ -147,9 +148,9 @@ class MfuRule:
                         message=f"MFU {run_mfu:.1%} below {cfg.mfu_min:.0%} for {cfg.window} steps; "
                         f"likely cause: {detail}")]
 
-    def _parts(self, newest: int) -> tuple[dict[str, float], tuple[list[int], np.ndarray], float] | None:
-        """Mean seconds per step of each part over the newest points, per-rank busy (ranks, medians),
-        step time; None when the ranks have no step in common there."""
+    def _parts(self, newest: int) -> tuple[dict[str, float], tuple[np.ndarray, np.ndarray], float] | None:
+        """Mean seconds per step of each part over the newest points, per-rank busy (rows of
+        ``_recent``, medians), step time; None when the ranks have no step in common there."""
         w = self._recent
         # The same steps for every rank (see straggler.py: a rank one step ahead would stand out).
         horizon = int(w.last_steps().min())
@@ -159,8 +160,10 @@ class MfuRule:
         rows = np.flatnonzero(mask.any(axis=1))
         if not len(rows):
             return None
-        mask = mask[rows]
-        st, data, comm = (w.column(c)[rows] for c in (STEP_TIME, DATA_WAIT, COMM))
+        # only the slots some rank uses there (the windows are usually aligned: one or two)
+        cut = np.ix_(rows, np.flatnonzero(mask.any(axis=0)))
+        mask = mask[cut]
+        st, data, comm = (w.column(c)[cut] for c in (STEP_TIME, DATA_WAIT, COMM))
         # Medians per rank (a x3 hiccup on one rank makes every other rank wait), then the mean.
         step_time = fmean(row_medians(st, mask)[0])
         data_s = fmean(row_medians(data, mask)[0])
@@ -169,13 +172,10 @@ class MfuRule:
             compute = fmean(row_medians(st - data - comm, mask)[0])
             busy = row_medians(st - comm, mask)[0]
         return ({"data_wait": data_s, "comm_exposed": comm_s, "compute": compute},
-                ([w.ranks[r] for r in rows.tolist()], busy), step_time)
+                (rows, busy), step_time)
 
-    def _update_baseline(self) -> None:
-        measured = self._parts(1)
-        if measured is None:
-            return
-        parts = measured[0]
+    def _update_baseline(self, parts: dict[str, float]) -> None:
+        """Fold the newest step's parts (``_parts(1)``) into the healthy baseline."""
         if self._baseline is None:
             self._baseline = parts
         else:
@@ -187,11 +187,11 @@ class MfuRule:
         cfg = self.config
         measured = self._parts(max(4, cfg.window // 4))  # a superset of _parts(1), which observe checked
         assert measured is not None, "cause() is only asked once the ranks' windows overlap"
-        parts, (ranks, busy), step_time = measured
+        parts, (rows, busy), step_time = measured
         ev: dict[str, Any] = {"seconds_per_step": parts, "baseline_seconds_per_step": self._baseline}
-        if len(ranks) >= 2:
+        if len(rows) >= 2:
             k = int(np.argmax(busy))  # the first seen of equally busy ranks
-            rank, mine = ranks[k], float(busy[k])
+            rank, mine = self._recent.ranks[rows[k]], float(busy[k])
             others = median(np.delete(busy, k))
             ratio = mine / others if others > 0 else math.inf
             ev["straggler_ratio"] = ratio

@@ -90,8 +90,11 @@ class RankWindows:
     def valid(self) -> np.ndarray:
         """(rows, size): which ring slots hold a point."""
         n = len(self)
-        age = (np.arange(self.size) - self.start[:n, None]) % self.size
-        return age < self.count[:n, None]
+        count = self.count[:n, None]
+        if n and count.min() == self.size:
+            return np.ones((n, self.size), bool)  # every window full: the common case
+        rel = np.arange(self.size) - self.start[:n, None]  # slot minus the oldest point's slot
+        return np.where(rel >= 0, rel, rel + self.size) < count
 
     def first_steps(self) -> np.ndarray:
         n = len(self)
