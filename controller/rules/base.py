@@ -71,9 +71,9 @@ class RewindingRule(Protocol):
 
 
 def rank_columns(event: Event, fields: Sequence[tuple[str, Any]], dtype: type = np.float64
-                 ) -> tuple[np.ndarray, list[np.ndarray]]:
+                 ) -> tuple[np.ndarray, np.ndarray]:
     """The per-rank samples in an event, for the per-rank metric rules (straggler, MFU, memory):
-    the ranks, and one array per ``(field, default)`` of ``fields``, sample by sample.
+    the ranks, and (len(fields), samples) values, a row per ``(field, default)``, sample by sample.
 
     * a ``ranks`` event: one sample per rank, highest rank first, so a rule that judges on the
       speaking rank's sample (core.ranks) judges once the whole chunk is in;
@@ -86,11 +86,10 @@ def rank_columns(event: Event, fields: Sequence[tuple[str, Any]], dtype: type = 
     if event.type is EventType.RANKS:
         n = len(data["step_time_s"])
         ranks = np.arange(data["first_rank"] + n - 1, data["first_rank"] - 1, -1, dtype=np.int64)
-        return ranks, [np.array(data[name], dtype)[::-1] for name, _ in fields]
+        return ranks, np.array([data[name] for name, _ in fields], dtype)[:, ::-1]
     if carries_rank_samples(event):
-        return (np.array([event.rank], np.int64),
-                [np.array([data.get(name, default)], dtype) for name, default in fields])
-    return np.zeros(0, np.int64), [np.zeros(0, dtype) for _ in fields]
+        return np.array([event.rank], np.int64), np.array([[data.get(name, d)] for name, d in fields], dtype)
+    return np.zeros(0, np.int64), np.zeros((len(fields), 0), dtype)
 
 
 def carries_rank_samples(event: Event) -> bool:

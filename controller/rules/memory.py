@@ -71,17 +71,19 @@ class MemoryRule:
         if not cfg.enabled:
             return []
         ok = reserved > 0
-        ranks, reserved, allocated = ranks[ok], reserved[ok], allocated[ok]
-        if not len(ranks):
-            return []
+        if not ok.all():
+            ranks, reserved, allocated = ranks[ok], reserved[ok], allocated[ok]
+            if not len(ranks):
+                return []
         w = self._recent
         rows = w.rows_for(ranks)
         self._fit()
         w.push(rows, step, np.maximum(0, reserved - allocated)[:, None])
         full = w.count[rows] == cfg.window
-        rows, reserved, allocated = rows[full], reserved[full], allocated[full]
-        if not len(rows):
-            return []
+        if not full.all():
+            rows, reserved, allocated = rows[full], reserved[full], allocated[full]
+            if not len(rows):
+                return []
         current = full_row_medians(w.column(0)[rows])
         base = self._baseline[rows]
         lower = np.isnan(base) | (current < base)

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from controller.rules.base import RANK_METRIC_EVENTS, RankScope, rank_columns
-from controller.rules.rank_window import RankWindows, fmean, median, row_medians
+from controller.rules.rank_window import RankWindows, fmean, full_row_medians, median, row_medians
 from controller.rules.straggler import judge_points
 from controller.verdict import Action, Verdict
 from core.enums import Level
@@ -107,7 +107,7 @@ class MfuRule:
         ranks, values = ranks[ok], values[ok]
         out: list[Verdict] = []
         done = 0
-        for at in judge_points(ranks, self._speaker).tolist():
+        for at in judge_points(ranks, self._speaker):
             self._push(step, ranks[done : at + 1], values[done : at + 1])
             row = self._recent.row_of(int(ranks[at]))
             if self._recent.count[row] >= self.config.window:
@@ -131,7 +131,11 @@ class MfuRule:
         if newest is None:
             return []  # the ranks' windows do not overlap yet (one is still replaying)
         w = self._recent
-        per_rank, _ = row_medians(w.column(MFU), w.valid())
+        n = len(w)
+        if w.count[:n].min() == cfg.window:  # every window full (the steady state): no mask
+            per_rank = full_row_medians(w.column(MFU))
+        else:
+            per_rank = row_medians(w.column(MFU), w.valid())[0]
         run_mfu = median(per_rank)
         if run_mfu >= cfg.mfu_min:
             self._low_since = None
@@ -153,26 +157,33 @@ class MfuRule:
         ``_recent``, medians), step time; None when the ranks have no step in common there."""
         w = self._recent
         # The same steps for every rank (see straggler.py: a rank one step ahead would stand out).
-        horizon = int(w.last_steps().min())
-        lo = max(horizon - newest, int(w.first_steps().max()) - 1)
-        steps = w.steps[: len(w)]
-        mask = w.valid() & (steps > lo) & (steps <= horizon)
-        rows = np.flatnonzero(mask.any(axis=1))
-        if not len(rows):
-            return None
-        # only the slots some rank uses there (the windows are usually aligned: one or two)
-        cut = np.ix_(rows, np.flatnonzero(mask.any(axis=0)))
-        mask = mask[cut]
-        st, data, comm = (w.column(c)[cut] for c in (STEP_TIME, DATA_WAIT, COMM))
-        # Medians per rank (a x3 hiccup on one rank makes every other rank wait), then the mean.
-        step_time = fmean(row_medians(st, mask)[0])
-        data_s = fmean(row_medians(data, mask)[0])
-        comm_s = fmean(row_medians(comm, mask)[0])
-        with np.errstate(invalid="ignore"):
-            compute = fmean(row_medians(st - data - comm, mask)[0])
-            busy = row_medians(st - comm, mask)[0]
+        last = w.last_steps()
+        horizon = int(last.min())
+        if newest == 1 and int(last.max()) == horizon:
+            # Every rank's newest point is at the horizon (steps only grow in a window): each
+            # rank's one point in (horizon - 1, horizon] is its newest, its own median.
+            n = len(w)
+            rows, newest_slot = np.arange(n), (w.start[:n] + w.count[:n] - 1) % w.size
+            st, data, comm = (w.values[c, rows, newest_slot] for c in (STEP_TIME, DATA_WAIT, COMM))
+            with np.errstate(invalid="ignore"):
+                medians = np.stack([st, data, comm, st - data - comm, st - comm])
+        else:
+            lo = max(horizon - newest, int(w.first_steps().max()) - 1)
+            steps = w.steps[: len(w)]
+            mask = w.valid() & (steps > lo) & (steps <= horizon)
+            rows = np.flatnonzero(mask.any(axis=1))
+            if not len(rows):
+                return None
+            # only the slots some rank uses there (the windows are usually aligned: one or two)
+            cut = np.ix_(rows, np.flatnonzero(mask.any(axis=0)))
+            st, data, comm = (w.column(c)[cut] for c in (STEP_TIME, DATA_WAIT, COMM))
+            with np.errstate(invalid="ignore"):
+                series = np.stack([st, data, comm, st - data - comm, st - comm])
+            # Medians per rank (a x3 hiccup on one rank makes every other rank wait), then the mean.
+            medians = row_medians(series, mask[cut])[0]
+        step_time, data_s, comm_s, compute = (fmean(m) for m in medians[:4])
         return ({"data_wait": data_s, "comm_exposed": comm_s, "compute": compute},
-                (rows, busy), step_time)
+                (rows, medians[4]), step_time)
 
     def _update_baseline(self, parts: dict[str, float]) -> None:
         """Fold the newest step's parts (``_parts(1)``) into the healthy baseline."""
@@ -211,7 +222,7 @@ class MfuRule:
 
     def on_event(self, event: Event) -> list[Verdict]:
         ranks, columns = rank_columns(event, _COLUMNS)
-        return self._observe(event.step, ranks, np.stack(columns, axis=1))
+        return self._observe(event.step, ranks, columns.T)
 
     def state_dict(self) -> dict[str, Any]:
         w = self._recent

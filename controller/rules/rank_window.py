@@ -44,6 +44,10 @@ class RankWindows:
 
     def rows_for(self, ranks: np.ndarray) -> np.ndarray:
         """The rows of ``ranks`` (distinct), adding rows for new ranks in the order given."""
+        if len(ranks) == 1:  # one rank's step event: no array work beyond the lookup
+            row = self.row_of(int(ranks[0]))
+            if row is not None:
+                return np.array([row])
         if len(ranks) and int(ranks.max()) >= len(self._row):
             grown = np.full(max(int(ranks.max()) + 1, 2 * len(self._row)), _NONE, np.int64)
             grown[: len(self._row)] = self._row
@@ -74,6 +78,17 @@ class RankWindows:
 
     def push(self, rows: np.ndarray, step: int, values: np.ndarray) -> None:
         """Append one point to each of ``rows`` (distinct); ``values`` is (len(rows), width)."""
+        if len(rows) == 1:  # one rank's step event: plain indexing
+            row = int(rows[0])
+            start, count = int(self.start[row]), int(self.count[row])
+            pos = (start + count) % self.size
+            self.steps[row, pos] = step
+            self.values[:, row, pos] = values[0]
+            if count == self.size:
+                self.start[row] = (start + 1) % self.size
+            else:
+                self.count[row] = count + 1
+            return
         pos = (self.start[rows] + self.count[rows]) % self.size
         self.steps[rows, pos] = step
         self.values[:, rows, pos] = values.T
@@ -83,6 +98,11 @@ class RankWindows:
 
     def drop_from(self, rows: np.ndarray, step: int) -> None:
         """Drop each row's newest points at or after ``step`` (rows whose steps only grow)."""
+        if len(rows) == 1:  # one rank's step event: plain indexing
+            row = int(rows[0])
+            while self.count[row] and self.steps[row, (self.start[row] + self.count[row] - 1) % self.size] >= step:
+                self.count[row] -= 1
+            return
         while len(rows):
             rows = rows[(self.count[rows] > 0) & (self.steps[rows, (self.start[rows] + self.count[rows] - 1) % self.size] >= step)]
             self.count[rows] -= 1
@@ -90,11 +110,10 @@ class RankWindows:
     def valid(self) -> np.ndarray:
         """(rows, size): which ring slots hold a point."""
         n = len(self)
-        count = self.count[:n, None]
-        if n and count.min() == self.size:
+        if n and self.count[:n].min() == self.size:
             return np.ones((n, self.size), bool)  # every window full: the common case
         rel = np.arange(self.size) - self.start[:n, None]  # slot minus the oldest point's slot
-        return np.where(rel >= 0, rel, rel + self.size) < count
+        return np.where(rel >= 0, rel, rel + self.size) < self.count[:n, None]
 
     def first_steps(self) -> np.ndarray:
         n = len(self)
@@ -129,12 +148,14 @@ class RankWindows:
 
 
 def row_medians(values: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each row's median over its masked slots and how many there were (NaN where none)."""
+    """Each row's median over its masked slots and how many there were (NaN where none).
+
+    ``values`` is (rows, slots), or (series, rows, slots) for several series under one mask."""
     keep = mask.any(axis=0)
     if not keep.all():  # slots no row uses (windows are usually aligned): less to sort
-        values, mask = values[:, keep], mask[:, keep]
+        values, mask = values[..., keep], mask[:, keep]
     a = np.where(mask, values, np.nan)
-    a.sort(axis=1)  # NaN (the padding) sorts last
+    a.sort(axis=-1)  # NaN (the padding) sorts last
     counts = mask.sum(axis=1)
     return _middle(a, counts), counts
 
@@ -149,14 +170,14 @@ def full_row_medians(values: np.ndarray) -> np.ndarray:
 
 
 def _middle(sorted_rows: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    if sorted_rows.shape[1] == 0:
-        return np.full(len(counts), np.nan)
+    if sorted_rows.shape[-1] == 0:
+        return np.full(sorted_rows.shape[:-1], np.nan)
     r = np.arange(len(counts))
-    last = sorted_rows.shape[1] - 1
-    lo = sorted_rows[r, np.clip((counts - 1) // 2, 0, last)]
-    hi = sorted_rows[r, np.clip(counts // 2, 0, last)]
+    # counts <= slots, so counts // 2 is a slot; (0 - 1) // 2 is -1, a slot too, blanked below
+    lo = sorted_rows[..., r, (counts - 1) // 2]
+    hi = sorted_rows[..., r, counts // 2]
     out = np.where(counts % 2 == 1, lo, (lo + hi) / 2)
-    out[counts == 0] = np.nan
+    out[..., counts == 0] = np.nan
     return out
 
 

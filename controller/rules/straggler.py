@@ -63,18 +63,19 @@ def busy_time(data: dict[str, Any]) -> float | None:
 
 def busy_times(step_time: np.ndarray, comm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each sample's busy time, and which samples have one (a positive step time: not NaN)."""
-    with np.errstate(invalid="ignore"):
-        busy = np.where((comm >= 0) & (comm < step_time), step_time - comm, step_time)
-    return busy, step_time > 0
+    # x - 0.0 is x, so one subtraction covers both cases (and never meets inf - inf)
+    return step_time - np.where((comm >= 0) & (comm < step_time), comm, 0.0), step_time > 0
 
 
-def judge_points(ranks: np.ndarray, speaker: int | None) -> np.ndarray:
+def judge_points(ranks: np.ndarray, speaker: int | None) -> list[int]:
     """Where in a sequence of samples the speaking rank (core.ranks: the lowest rank seen, so far)
     sends one: positions whose rank is at or below every rank before it, the speaker's included."""
+    if len(ranks) == 1:  # one rank's step event
+        return [0] if speaker is None or int(ranks[0]) <= speaker else []
     lowest = np.minimum.accumulate(ranks)
     if speaker is not None:
         lowest = np.minimum(lowest, speaker)
-    return np.flatnonzero(ranks == lowest)
+    return np.flatnonzero(ranks == lowest).tolist()
 
 
 class StragglerRule:
@@ -126,7 +127,7 @@ class StragglerRule:
             return []
         out: list[Verdict] = []
         done = 0
-        for at in judge_points(ranks, self._speaker).tolist():
+        for at in judge_points(ranks, self._speaker):
             self._push(step, ranks[done : at + 1], busy[done : at + 1])
             out += self._judge(step)
             done = at + 1
