@@ -7,7 +7,10 @@ Two streams of one run, both decoded from their wire form first (decoding is not
 - ``step``: one run-level ``step`` event per step (rank 0, every rank's loss summarised), the
   O(1)-per-step stream of a healthy run;
 - ``mix``: the same, plus every ``ranks_every`` steps the run's ``ranks`` events
-  (``--ranks`` ranks in chunks of ``--chunk``), with per-rank timings and memory that vary.
+  (``--ranks`` ranks in chunks of ``--chunk``), with per-rank timings and memory that vary;
+- ``per_rank``: what older agents send, one per-rank ``step`` event per step from the one rank of
+  a 1-rank run (no loss summary, so the straggler, MFU and memory rules judge every event):
+  ``bench.controller_throughput``'s stream.
 
 The windows are filled by ``--warm`` steps first (not timed), then ``--steps`` steps are timed,
 ``--repeat`` times on fresh detectors; the best repeat is reported with ``os.getloadavg()``.
@@ -33,13 +36,14 @@ from core.events import Event, decode_event, encode_event, make_event
 from core.rank_arrays import summarize_losses
 
 RUN = "speed"
+STREAMS = ("step", "mix", "per_rank")
 
 
 def healthy_loss(step: int) -> float:
     return 3.0 / (1 + step / 500) + 0.01 * ((step * 7919) % 11 - 5) / 5
 
 
-def step_event(step: int, world: int) -> Event:
+def step_event(step: int, world: int, run_level: bool = True) -> Event:
     loss = healthy_loss(step)
     losses = [loss + 0.001 * ((r * 31 + step) % 7 - 3) for r in range(8)]
     data = {
@@ -47,8 +51,9 @@ def step_event(step: int, world: int) -> Event:
         "tokens": 1024, "step_time_s": 0.5, "data_wait_s": 0.01, "comm_exposed_s": 0.05, "compute_s": 0.44,
         "tokens_per_s": 20000.0, "mfu": 0.5, "mem_allocated": 1000, "mem_reserved": 1200, "loss_scale": 1.0,
         "skipped": False, "clipped_layers": 0, "guard": "ok", "sample_range": [step * 8, (step + 1) * 8],
-        "rank_losses": summarize_losses(losses),
     }
+    if run_level:
+        data["rank_losses"] = summarize_losses(losses)
     return decode_event(encode_event(make_event(EventType.STEP, RUN, step, data, rank=0, world=world)))
 
 
@@ -74,21 +79,21 @@ def ranks_chunks(variant: int, world: int, chunk: int, every: int) -> list[Event
     return out
 
 
-def stream(first: int, steps: int, *, world: int, chunk: int, every: int, mix: bool,
+def stream(first: int, steps: int, *, world: int, chunk: int, every: int, kind: str,
            sweeps: list[list[Event]]) -> list[Event]:
     out: list[Event] = []
     for k in range(first, first + steps):
-        out.append(step_event(k, world))
-        if mix and k and k % every == 0:
+        out.append(step_event(k, 1, run_level=False) if kind == "per_rank" else step_event(k, world))
+        if kind == "mix" and k and k % every == 0:
             out += [dataclasses.replace(ev, step=k) for ev in sweeps[(k // every) % len(sweeps)]]
     return out
 
 
-def measure(args: argparse.Namespace, mix: bool, sweeps: list[list[Event]]) -> dict[str, Any]:
-    kw = {"world": args.ranks, "chunk": args.chunk, "every": args.ranks_every, "mix": mix, "sweeps": sweeps}
+def measure(args: argparse.Namespace, kind: str, sweeps: list[list[Event]]) -> dict[str, Any]:
+    kw = {"world": args.ranks, "chunk": args.chunk, "every": args.ranks_every, "kind": kind, "sweeps": sweeps}
     warm = stream(0, args.warm, **kw)
     timed = stream(args.warm, args.steps, **kw)
-    best = math.inf
+    best = cpu = math.inf
     verdicts = 0
     registry = RULES
     for name in args.without:
@@ -97,14 +102,16 @@ def measure(args: argparse.Namespace, mix: bool, sweeps: list[list[Event]]) -> d
         det = RunDetector(registry=registry)
         for ev in warm:
             det.on_event(ev)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         n = 0
         for ev in timed:
             n += len(det.on_event(ev))
-        best = min(best, time.perf_counter() - t0)
+        best, cpu = min(best, time.perf_counter() - t0), min(cpu, time.process_time() - c0)
         verdicts = n
-    return {"run_steps_per_s": args.steps / best, "events_per_s": len(timed) / best, "events": len(timed),
-            "steps": args.steps, "verdicts": verdicts, "loadavg": list(os.getloadavg())}
+    # CPU seconds too: on a shared machine they move less than the wall clock
+    return {"run_steps_per_s": args.steps / best, "run_steps_per_cpu_s": args.steps / cpu,
+            "events_per_s": len(timed) / best, "events": len(timed), "steps": args.steps, "verdicts": verdicts,
+            "loadavg": list(os.getloadavg())}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,22 +122,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunk", type=int, default=1024, help="ranks per ranks event")
     p.add_argument("--ranks-every", type=int, default=10)
     p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--only", choices=("step", "mix"), help="measure one stream only")
+    p.add_argument("--only", choices=STREAMS, help="measure one stream only")
     p.add_argument("--without", action="append", default=[], metavar="RULE",
                    help="leave this rule out (e.g. heartbeat: its share of the mix); repeatable")
     p.add_argument("--json", help="write the figures here")
     args = p.parse_args(argv)
-    sweeps = [ranks_chunks(v, args.ranks, args.chunk, args.ranks_every) for v in range(4)]
+    sweeps = [ranks_chunks(v, args.ranks, args.chunk, args.ranks_every) for v in range(4)] if args.only in (
+        None, "mix") else []
     out: dict[str, Any] = {"ranks": args.ranks, "chunk": args.chunk, "ranks_every": args.ranks_every,
                            "without": args.without}
-    for name in ("step", "mix"):
+    for name in STREAMS:
         if args.only in (None, name):
-            out[name] = measure(args, name == "mix", sweeps)
-    print(f"{'stream':<6} {'run-steps/s':>12} {'events/s':>10} {'loadavg (1 min)':>16}")
-    for name in ("step", "mix"):
+            out[name] = measure(args, name, sweeps)
+    print(f"{'stream':<9} {'run-steps/s':>12} {'per CPU-s':>10} {'events/s':>10} {'loadavg (1 min)':>16}")
+    for name in STREAMS:
         if name in out:
             r = out[name]
-            print(f"{name:<6} {r['run_steps_per_s']:>12,.0f} {r['events_per_s']:>10,.0f} {r['loadavg'][0]:>16.2f}")
+            print(f"{name:<9} {r['run_steps_per_s']:>12,.0f} {r['run_steps_per_cpu_s']:>10,.0f} "
+                  f"{r['events_per_s']:>10,.0f} {r['loadavg'][0]:>16.2f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)

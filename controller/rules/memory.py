@@ -87,14 +87,16 @@ class MemoryRule:
         current = full_row_medians(w.column(0)[rows])
         base = self._baseline[rows]
         lower = np.isnan(base) | (current < base)
-        self._baseline[rows[lower]], self._baseline_step[rows[lower]] = current[lower], step
-        base = self._baseline[rows]
+        base = self._baseline[rows] = np.where(lower, current, base)
+        self._baseline_step[rows] = np.where(lower, step, self._baseline_step[rows])
         growth = current - base
         threshold = np.maximum(cfg.min_growth_bytes, cfg.min_growth_rel * reserved)
-        calm = growth < threshold / 2
-        self._flagged[rows[calm]] = False
-        fire = ~calm & ~(growth < threshold) & ~self._flagged[rows]
-        self._flagged[rows[fire]] = True
+        calm = growth < threshold / 2  # re-armed
+        flagged = self._flagged[rows]
+        fire = ~calm & ~(growth < threshold) & ~flagged
+        self._flagged[rows] = (flagged & ~calm) | fire
+        if not fire.any():
+            return []
         out: list[Verdict] = []
         for i in np.flatnonzero(fire).tolist():
             row = int(rows[i])

@@ -23,6 +23,7 @@ rank's window overlaps again the rule judges nothing.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,8 +77,19 @@ class MfuConfig:
             raise ValueError("baseline_alpha: must be in (0, 1]")
 
 
+# Timings of inf give inf - inf = NaN in the parts, as Python floats did, silently: no errstate
+# block around the subtractions (it costs more than they do on a one-rank event).
+warnings.filterwarnings("ignore", "invalid value encountered in subtract", RuntimeWarning, __name__)
+
 _COLUMNS = (("mfu", 0.0), ("step_time_s", 0.0), ("data_wait_s", 0.0), ("comm_exposed_s", 0.0))
 MFU, STEP_TIME, DATA_WAIT, COMM = range(len(_COLUMNS))
+
+
+def _with_compute_and_busy(times: np.ndarray) -> np.ndarray:
+    """(step time, data wait, exposed communication, ...) -> the same followed by compute (what is
+    left of the step time) and busy time (the step time less exposed communication)."""
+    st, data, comm = times
+    return np.concatenate((times, (st - data - comm)[None], (st - comm)[None]))
 
 
 class MfuRule:
@@ -104,7 +116,8 @@ class MfuRule:
         ok = np.isfinite(mfu) & (mfu > 0)
         if not self.config.enabled or not ok.any():
             return []
-        ranks, values = ranks[ok], values[ok]
+        if not ok.all():
+            ranks, values = ranks[ok], values[ok]
         out: list[Verdict] = []
         done = 0
         for at in judge_points(ranks, self._speaker):
@@ -121,7 +134,7 @@ class MfuRule:
             rows = self._recent.rows_for(ranks)
             self._recent.drop_from(rows, step)  # replaced by the replay of a rollback
             self._recent.push(rows, step, values)
-            low = int(ranks.min())
+            low = int(ranks[0]) if len(ranks) == 1 else int(ranks.min())
             self._speaker = low if self._speaker is None else min(self._speaker, low)
 
     def _judge(self, step: int, row: int) -> list[Verdict]:
@@ -164,9 +177,7 @@ class MfuRule:
             # rank's one point in (horizon - 1, horizon] is its newest, its own median.
             n = len(w)
             rows, newest_slot = np.arange(n), (w.start[:n] + w.count[:n] - 1) % w.size
-            st, data, comm = (w.values[c, rows, newest_slot] for c in (STEP_TIME, DATA_WAIT, COMM))
-            with np.errstate(invalid="ignore"):
-                medians = np.stack([st, data, comm, st - data - comm, st - comm])
+            medians = _with_compute_and_busy(w.values[STEP_TIME : COMM + 1, rows, newest_slot])
         else:
             lo = max(horizon - newest, int(w.first_steps().max()) - 1)
             steps = w.steps[: len(w)]
@@ -176,12 +187,10 @@ class MfuRule:
                 return None
             # only the slots some rank uses there (the windows are usually aligned: one or two)
             cut = np.ix_(rows, np.flatnonzero(mask.any(axis=0)))
-            st, data, comm = (w.column(c)[cut] for c in (STEP_TIME, DATA_WAIT, COMM))
-            with np.errstate(invalid="ignore"):
-                series = np.stack([st, data, comm, st - data - comm, st - comm])
+            times = w.values[(slice(STEP_TIME, COMM + 1), *cut)]
             # Medians per rank (a x3 hiccup on one rank makes every other rank wait), then the mean.
-            medians = row_medians(series, mask[cut])[0]
-        step_time, data_s, comm_s, compute = (fmean(m) for m in medians[:4])
+            medians = row_medians(_with_compute_and_busy(times), mask[cut])[0]
+        step_time, data_s, comm_s, compute = (fmean(m) for m in medians[:4].tolist())
         return ({"data_wait": data_s, "comm_exposed": comm_s, "compute": compute},
                 (rows, medians[4]), step_time)
 

@@ -188,6 +188,6 @@ def median(values: np.ndarray) -> float:
     return float(a[n // 2]) if n % 2 else float((a[n // 2 - 1] + a[n // 2]) / 2)
 
 
-def fmean(values: np.ndarray) -> float:
+def fmean(values: Sequence[float]) -> float:
     """``statistics.fmean``: the correctly rounded sum over the count."""
-    return math.fsum(values.tolist()) / len(values)
+    return math.fsum(values) / len(values)

@@ -137,7 +137,7 @@ class StragglerRule:
     def _push(self, step: int, ranks: np.ndarray, busy: np.ndarray) -> None:
         if len(ranks):
             self._busy.push(self._busy.rows_for(ranks), step, busy[:, None])
-            low = int(ranks.min())
+            low = int(ranks[0]) if len(ranks) == 1 else int(ranks.min())
             self._speaker = low if self._speaker is None else min(self._speaker, low)
 
     def _judge(self, step: int) -> list[Verdict]:
@@ -168,7 +168,7 @@ class StragglerRule:
     def on_event(self, event: Event) -> list[Verdict]:
         ranks, (step_time, comm) = rank_columns(event, (("step_time_s", 0.0), ("comm_exposed_s", 0.0)))
         busy, ok = busy_times(step_time, comm)
-        return self._observe(event.step, ranks[ok], busy[ok])
+        return self._observe(event.step, ranks, busy) if ok.all() else self._observe(event.step, ranks[ok], busy[ok])
 
     def state_dict(self) -> dict[str, Any]:
         w = self._busy
