@@ -26,10 +26,14 @@ class RankWindows:
 
     def __init__(self, size: int, width: int, dtype: type = np.float64) -> None:
         self.size, self.width, self.dtype = size, width, dtype
+        self._clear()
+
+    def _clear(self) -> None:
+        size, width = self.size, self.width
         self.ranks: list[int] = []
         self._row = np.full(0, _NONE, np.int64)  # rank -> row
         self.steps = np.zeros((0, size), np.int64)
-        self.values = np.zeros((width, 0, size), dtype)  # column-major: values[c, row] is one window
+        self.values = np.zeros((width, 0, size), self.dtype)  # column-major: values[c, row] is one window
         self.start = np.zeros(0, np.int64)  # ring position of each row's oldest point
         self.count = np.zeros(0, np.int64)
 
@@ -136,7 +140,7 @@ class RankWindows:
 
     def load(self, per_rank: Iterable[tuple[int, Sequence[tuple[int, Sequence[float | int]]]]]) -> None:
         """Replace every row: (rank, its points oldest first), ranks in first-seen order."""
-        self.__init__(self.size, self.width, self.dtype)  # type: ignore[misc]
+        self._clear()
         for rank, pts in per_rank:
             kept = list(pts)[-self.size:]  # a deque of maxlen size keeps the newest
             row = self.rows_for(np.array([rank], np.int64))[0]
