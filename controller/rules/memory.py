@@ -68,35 +68,38 @@ class MemoryRule:
     def _observe(self, step: int, ranks: np.ndarray, reserved: np.ndarray, allocated: np.ndarray) -> list[Verdict]:
         """Samples in arrival order (distinct ranks): each rank is judged on its own window."""
         cfg = self.config
-        if not cfg.enabled:
+        if not cfg.enabled or not len(ranks):
             return []
-        ok = reserved > 0
-        if not ok.all():
+        if reserved.min() <= 0:  # CPU runs report no device memory
+            ok = reserved > 0
             ranks, reserved, allocated = ranks[ok], reserved[ok], allocated[ok]
             if not len(ranks):
                 return []
         w = self._recent
         rows = w.rows_for(ranks)
         self._fit()
-        w.push(rows, step, np.maximum(0, reserved - allocated)[:, None])
-        full = w.count[rows] == cfg.window
-        if not full.all():
+        w.push(rows, step, np.maximum(reserved - allocated, 0)[:, None])
+        if w.count[rows].min() < cfg.window:  # only full windows are judged
+            full = w.count[rows] == cfg.window
             rows, reserved, allocated = rows[full], reserved[full], allocated[full]
             if not len(rows):
                 return []
-        current = full_row_medians(w.column(0)[rows])
+        current = full_row_medians(w.values[0, rows])
         base = self._baseline[rows]
-        lower = np.isnan(base) | (current < base)
-        base = self._baseline[rows] = np.where(lower, current, base)
-        self._baseline_step[rows] = np.where(lower, step, self._baseline_step[rows])
+        lower = ~(current >= base)  # no baseline yet (NaN), or a lower median
+        if lower.any():
+            base = self._baseline[rows] = np.where(lower, current, base)
+            self._baseline_step[rows[lower]] = step
         growth = current - base
         threshold = np.maximum(cfg.min_growth_bytes, cfg.min_growth_rel * reserved)
         calm = growth < threshold / 2  # re-armed
         flagged = self._flagged[rows]
-        fire = ~calm & ~(growth < threshold) & ~flagged
-        self._flagged[rows] = (flagged & ~calm) | fire
+        fire = ~(calm | (growth < threshold) | flagged)
         if not fire.any():
+            if flagged.any():
+                self._flagged[rows] = flagged & ~calm
             return []
+        self._flagged[rows] = (flagged & ~calm) | fire
         out: list[Verdict] = []
         for i in np.flatnonzero(fire).tolist():
             row = int(rows[i])
