@@ -11,6 +11,7 @@ when the growth falls below half of that (e.g. after ``torch.cuda.empty_cache()`
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -142,16 +143,18 @@ class MemoryRule:
 
     def state_dict(self) -> dict[str, Any]:
         w = self._recent
-        return {str(r): {"recent": [v for _, (v,) in w.points(row)], "baseline": self.baseline(r),
-                         "baseline_step": int(self._baseline_step[row]), "flagged": bool(self._flagged[row])}
-                for row, r in enumerate(w.ranks)}
+        n = len(w)
+        _, (values,) = w.ordered()
+        base, base_step, flagged = self._baseline[:n].tolist(), self._baseline_step[:n].tolist(), self._flagged[:n].tolist()
+        return {str(r): {"recent": vs, "baseline": None if math.isnan(b) else self._number(b),
+                         "baseline_step": s, "flagged": f}
+                for r, vs, b, s, f in zip(w.ranks, values, base, base_step, flagged, strict=True)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._recent.load((int(r), [(0, (int(v),)) for v in st["recent"]]) for r, st in state.items())
         self._baseline, self._baseline_step, self._flagged = np.zeros(0), np.zeros(0, np.int64), np.zeros(0, bool)
         self._fit()
-        for row, st in enumerate(state.values()):
-            base = st.get("baseline")
-            self._baseline[row] = np.nan if base is None else base
-            self._baseline_step[row] = int(st.get("baseline_step", 0))
-            self._flagged[row] = bool(st.get("flagged", False))
+        n = len(state)
+        self._baseline[:n] = [np.nan if st.get("baseline") is None else st["baseline"] for st in state.values()]
+        self._baseline_step[:n] = [int(st.get("baseline_step", 0)) for st in state.values()]
+        self._flagged[:n] = [bool(st.get("flagged", False)) for st in state.values()]

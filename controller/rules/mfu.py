@@ -234,8 +234,10 @@ class MfuRule:
         return self._observe(event.step, ranks, columns.T)
 
     def state_dict(self) -> dict[str, Any]:
-        w = self._recent
-        return {"recent": {str(r): [[s, *v] for s, v in w.points(row)] for row, r in enumerate(w.ranks)},
+        steps, (mfu, step_time, data_wait, comm) = self._recent.ordered()
+        return {"recent": {str(r): [[s, a, b, c, d] for s, a, b, c, d in zip(*cols, strict=True)]
+                           for r, *cols in zip(self._recent.ranks, steps, mfu, step_time, data_wait, comm,
+                                               strict=True)},
                 "baseline": self._baseline, "low_since": self._low_since}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -138,17 +138,41 @@ class RankWindows:
         cols = self.values[:, row, idx].T.tolist()
         return list(zip(steps, cols, strict=True))
 
+    def ordered(self) -> tuple[list[list[int]], list[list[list[float | int]]]]:
+        """Every row's steps, and each column's values per row, oldest first, as Python lists (the
+        rules' stored state): a few array operations, and no Python object per point but the numbers."""
+        n = len(self)
+        rows = np.arange(n)[:, None]
+        slots = (self.start[:n, None] + np.arange(self.size)) % self.size
+        counts = self.count[:n].tolist()
+
+        def cut(table: np.ndarray) -> list[list[float | int]]:
+            return [r[:c] for r, c in zip(table[rows, slots].tolist(), counts, strict=True)]
+
+        return cut(self.steps), [cut(self.values[c]) for c in range(self.width)]  # type: ignore[return-value]
+
     def load(self, per_rank: Iterable[tuple[int, Sequence[tuple[int, Sequence[float | int]]]]]) -> None:
         """Replace every row: (rank, its points oldest first), ranks in first-seen order."""
         self._clear()
+        ranks: list[int] = []
+        counts: list[int] = []
+        steps: list[list[int]] = []
+        values: list[list[Sequence[float | int]]] = []
+        blank = [0] * self.width
         for rank, pts in per_rank:
             kept = list(pts)[-self.size:]  # a deque of maxlen size keeps the newest
-            row = self.rows_for(np.array([rank], np.int64))[0]
-            n = len(kept)
-            if n:
-                self.steps[row, :n] = [s for s, _ in kept]
-                self.values[:, row, :n] = np.array([v for _, v in kept], self.dtype).reshape(n, self.width).T
-            self.count[row] = n
+            pad = self.size - len(kept)
+            ranks.append(rank)
+            counts.append(len(kept))
+            steps.append([s for s, _ in kept] + [0] * pad)
+            values.append([v for _, v in kept] + [blank] * pad)
+        if not ranks:
+            return
+        rows = self.rows_for(np.array(ranks, np.int64))
+        self.steps[rows] = steps
+        shaped = np.array(values, self.dtype).reshape(len(ranks), self.size, self.width)
+        self.values[:, rows] = np.moveaxis(shaped, -1, 0)
+        self.count[rows] = counts
 
 
 def row_medians(values: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -171,8 +171,9 @@ class StragglerRule:
         return self._observe(event.step, ranks, busy) if ok.all() else self._observe(event.step, ranks[ok], busy[ok])
 
     def state_dict(self) -> dict[str, Any]:
-        w = self._busy
-        return {"busy": {str(r): [[s, v] for s, (v,) in w.points(row)] for row, r in enumerate(w.ranks)},
+        steps, (busy,) = self._busy.ordered()
+        return {"busy": {str(r): [[s, v] for s, v in zip(ss, vs, strict=True)]
+                         for r, ss, vs in zip(self._busy.ranks, steps, busy, strict=True)},
                 "flagged": {str(r): s for r, s in self._flagged.items()},
                 "candidate": self._candidate, "streak": self._streak}
 

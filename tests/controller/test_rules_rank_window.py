@@ -38,8 +38,11 @@ def test_rows_hold_what_a_deque_per_rank_would(seed: int) -> None:
         for r, v in zip(ranks, vals, strict=True):
             ref.setdefault(r, deque(maxlen=size)).append((step, v))
     assert w.ranks == list(ref)  # rows in first-seen order
+    steps, columns = w.ordered()
     for row, r in enumerate(w.ranks):
         assert w.points(row) == [(s, v) for s, v in ref[r]]
+        assert steps[row] == [s for s, _ in ref[r]]
+        assert [list(p) for p in zip(*(c[row] for c in columns), strict=True)] == [v for _, v in ref[r]]
     assert w.first_steps().tolist() == [q[0][0] for q in ref.values()]
     assert w.last_steps().tolist() == [q[-1][0] for q in ref.values()]
     assert w.valid().sum(axis=1).tolist() == [len(q) for q in ref.values()]
