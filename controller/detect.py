@@ -22,7 +22,7 @@ Which events feed which rule:
   Per-rank ``step`` events sent for a detail command (``detail: true``) feed no rule.
 * step time, MFU and memory are per rank: the ``ranks`` events' arrays (every ``ranks_every``
   steps), or every rank's ``step`` events from older agents, feed the straggler, MFU and memory
-  rules (``rules.base.per_rank_samples``). Their windows count samples, so with arrays every 10
+  rules (``rules.base.rank_columns``). Their windows count samples, so with arrays every 10
   steps a window of 50 spans 500 steps.
 * every event from a rank is a sign of life for the heartbeat rule, a node heartbeat for each of
   its ranks (with how long ago each was alive, and its step); ``run.finished``/``failed``
@@ -145,6 +145,13 @@ class RunDetector:
         self._run_id: str | None = None  # for logs only: the detector is built before it sees its run
         self.changed: set[str] = set(self.rules)
         """Rules called since their state was last saved (controller/runstate.py saves only those)."""
+        # Which rules each event type reaches, worked out once: (name, rule, loss rank's only,
+        # per-rank samples only), in registry order.
+        self._routes: dict[EventType, list[tuple[str, Rule, bool, bool]]] = {
+            etype: [(name, rule, rule.scope is RankScope.LOSS_RANK, rule.consumes == RANK_METRIC_EVENTS)
+                    for name, rule in self.rules.items() if etype in rule.consumes]
+            for etype in EventType
+        }
 
     # -- events ------------------------------------------------------------------------------
 
@@ -156,14 +163,17 @@ class RunDetector:
             # A new global batch changes the loss's noise: the jump is not a spike (controller/rules/elastic.py).
             out += self._call("loss", event.step, self.loss.rebaseline)
         samples = carries_rank_samples(event)
-        for name, rule in self.rules.items():
-            if event.type not in rule.consumes:
+        changed = self.changed
+        for name, rule, loss_only, per_rank in self._routes[event.type]:
+            if (loss_only and not loss_turn) or (per_rank and not samples):
                 continue
-            if rule.scope is RankScope.LOSS_RANK and not loss_turn:
-                continue
-            if rule.consumes == RANK_METRIC_EVENTS and not samples:
-                continue
-            out += self._call(name, event.step, rule.on_event, event)
+            changed.add(name)
+            try:  # _call, inlined: this loop runs for every event
+                found = rule.on_event(event)
+            except Exception as exc:  # noqa: BLE001 - one broken rule must not silence the others
+                found = self._rule_failed(name, event.step, exc)
+            if found:
+                out += found
         return out
 
     def _loss_turn(self, event: Event) -> tuple[bool, list[Verdict]]:

@@ -133,12 +133,32 @@ def check_node_heartbeat(data: Mapping[str, Any], world: int, max_step: int, whe
             raise SchemaError(f"{where}.collectives[{i}]", f"longer than {MAX_COLLECTIVE_CHARS} characters")
 
 
-def rank_entries(data: Mapping[str, Any]) -> Iterator[tuple[int, dict[str, Any]]]:
-    """A ``ranks`` event's data -> (rank, that rank's fields as in a per-rank step event)."""
+class RankRow(Mapping[str, Any]):
+    """One rank's fields of a ``ranks`` event, as in a per-rank step event: read from the arrays
+    when asked, so walking a 16,384-rank chunk copies nothing per rank."""
+
+    __slots__ = ("_data", "_i")
+
+    def __init__(self, data: Mapping[str, Any], i: int) -> None:
+        self._data, self._i = data, i
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in RANKS_ARRAYS:
+            raise KeyError(name)
+        return self._data[name][self._i]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(RANKS_ARRAYS)
+
+    def __len__(self) -> int:
+        return len(RANKS_ARRAYS)
+
+
+def rank_entries(data: Mapping[str, Any]) -> Iterator[tuple[int, RankRow]]:
+    """A ``ranks`` event's data -> (rank, that rank's fields)."""
     first = data["first_rank"]
-    columns = [(name, data[name]) for name in RANKS_ARRAYS]
     for i in range(len(data["step_time_s"])):
-        yield first + i, {name: values[i] for name, values in columns}
+        yield first + i, RankRow(data, i)
 
 
 def is_run_level(data: Mapping[str, Any]) -> bool:

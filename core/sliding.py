@@ -31,21 +31,23 @@ def sorted_median(vals: list[float]) -> float:
 def sorted_robust(vals: list[float]) -> tuple[float, float]:
     """(median, 1.4826·MAD) of an already sorted, non-empty list, without sorting the deviations."""
     n = len(vals)
-    med = sorted_median(vals)
-    split = bisect_left(vals, med)  # vals[:split] < med <= vals[split:]
     mid = n // 2
-    mad = _kth_deviation(vals, med, split, mid)
-    if not n % 2:
-        mad = 0.5 * (_kth_deviation(vals, med, split, mid - 1) + mad)
-    return med, MAD_TO_SIGMA * mad
+    if n % 2:
+        med = vals[mid]
+        return med, MAD_TO_SIGMA * _kth_deviations(vals, med, bisect_left(vals, med), mid)[1]
+    med = 0.5 * (vals[mid - 1] + vals[mid])
+    below, at = _kth_deviations(vals, med, bisect_left(vals, med), mid)  # vals[:split] < med <= vals[split:]
+    return med, MAD_TO_SIGMA * (0.5 * (below + at))
 
 
-def _kth_deviation(vals: list[float], med: float, split: int, k: int) -> float:
-    """The k-th smallest (0-based) of ``abs(v - med)`` over ``vals``.
+def _kth_deviations(vals: list[float], med: float, split: int, k: int) -> tuple[float, float]:
+    """The (k-1)-th and k-th smallest (0-based; k >= 1 for the first) of ``abs(v - med)`` over ``vals``.
 
     Left of ``split`` the deviations ``med - v`` grow as v moves left; right of it ``v - med``
     grows as v moves right. ``med - v`` is exactly ``abs(v - med)`` for v < med (IEEE rounding is
-    symmetric), so the value found is the one a sort of the deviations would put at k."""
+    symmetric), so the values found are the ones a sort of the deviations would put at k-1 and k:
+    the k+1 smallest are the first ``lo`` of the left and the first ``j`` of the right, the k-th
+    is the larger of the two sides' last, the (k-1)-th the larger of what is left then."""
     n_left, n_right = split, len(vals) - split
     lo, hi = max(0, k + 1 - n_right), min(k + 1, n_left)
     while lo < hi:  # smallest count i taken from the left with left[i] >= right[k - i]
@@ -55,12 +57,11 @@ def _kth_deviation(vals: list[float], med: float, split: int, k: int) -> float:
         else:
             hi = i
     j = k + 1 - lo
-    best = -math.inf
-    if lo > 0:
-        best = med - vals[split - lo]
-    if j > 0:
-        best = max(best, vals[split + j - 1] - med)
-    return best
+    left = med - vals[split - lo] if lo > 0 else -math.inf
+    right = vals[split + j - 1] - med if j > 0 else -math.inf
+    if left >= right:  # the k-th is the left side's last: the (k-1)-th is its previous or the right's last
+        return max(med - vals[split - lo + 1] if lo > 1 else -math.inf, right), left
+    return max(vals[split + j - 2] - med if j > 1 else -math.inf, left), right
 
 
 class SlidingWindow:

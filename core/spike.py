@@ -149,21 +149,25 @@ class SpikeDetector:
         self._crit_run = 0  # steps at or above k_crit so far in this excursion
         self._raw: tuple[float, float] | None = None  # robust_stats of the used window, until it changes
         self._used = 0  # points the cached stats were computed over
+        self._span_at: tuple[float, int] = (math.nan, 0)  # (interval, _span of it), cached
 
     def _span(self, interval: float) -> int:
         """Newest points of a full window the statistics use at this logging interval."""
-        cfg = self.config
-        if not cfg.window_steps:
-            return cfg.window
-        return max(cfg.min_history, int(round(cfg.window_steps / max(interval, 1e-9))))
+        if interval != self._span_at[0]:  # the interval rarely changes: asked twice per point
+            cfg = self.config
+            span = cfg.window if not cfg.window_steps else max(
+                cfg.min_history, int(round(cfg.window_steps / max(interval, 1e-9))))
+            self._span_at = (interval, span)
+        return self._span_at[1]
 
     def _stats(self, sigma_floor_rel: float, interval: float = 1.0) -> tuple[float, float]:
-        self._window.set_span(self._span(interval))
-        used = len(self._window.tail())
+        window = self._window
+        window.set_span(self._span(interval))
+        used = len(window.tail())
         if self._raw is None or used != self._used:
-            self._raw, self._used = self._window.robust(), used
+            self._raw, self._used = window.robust(), used
         med, raw = self._raw
-        return med, _floored(med, raw, sigma_floor_rel)
+        return med, max(raw, sigma_floor_rel * abs(med), 1e-12)  # _floored, inlined: twice per point
 
     def peek(self, loss: float, gap: int = 1, interval: float = 1.0) -> SpikeVerdict:
         """The verdict for ``loss`` without changing any state."""

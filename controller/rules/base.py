@@ -19,14 +19,16 @@ the rule's ``name`` (so a rule's name is also its state key: renaming one drops 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Sequence
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
 
 from controller.verdict import Verdict
 from core.enums import EventType
 from core.events import Event
-from core.rank_arrays import is_detail, is_run_level, rank_entries
+from core.rank_arrays import is_detail, is_run_level
 
 
 class RankScope(StrEnum):
@@ -39,7 +41,7 @@ class RankScope(StrEnum):
 STEP_EVENTS: frozenset[EventType] = frozenset({EventType.STEP})
 RANK_METRIC_EVENTS: frozenset[EventType] = frozenset({EventType.STEP, EventType.RANKS})
 """What the per-rank metric rules read: ``ranks`` arrays, and per-rank ``step`` events of agents
-that send one per rank (``per_rank_samples``)."""
+that send one per rank (``rank_columns``)."""
 ALL_EVENTS: frozenset[EventType] = frozenset(EventType)
 
 
@@ -68,23 +70,30 @@ class RewindingRule(Protocol):
     def rewind(self) -> None: ...
 
 
-def per_rank_samples(event: Event) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(rank, per-rank fields) in an event, for the per-rank metric rules (straggler, MFU, memory).
+def rank_columns(event: Event, fields: Sequence[tuple[str, Any]], dtype: type = np.float64
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """The per-rank samples in an event, for the per-rank metric rules (straggler, MFU, memory):
+    the ranks, and (len(fields), samples) values, a row per ``(field, default)``, sample by sample.
 
     * a ``ranks`` event: one sample per rank, highest rank first, so a rule that judges on the
       speaking rank's sample (core.ranks) judges once the whole chunk is in;
-    * a ``step`` event from an agent that sends one per rank (no ``rank_losses``): its sender's;
+    * a ``step`` event from an agent that sends one per rank (no ``rank_losses``): its sender's
+      (``default`` for a field it lacks);
     * a run-level ``step`` event, or a per-rank one sent for a detail command: none — the arrays
       already carry every rank, and a rank counted twice would outweigh the others.
     """
+    data = event.data
     if event.type is EventType.RANKS:
-        yield from reversed(list(rank_entries(event.data)))
-    elif carries_rank_samples(event):
-        yield event.rank, event.data
+        n = len(data["step_time_s"])
+        ranks = np.arange(data["first_rank"] + n - 1, data["first_rank"] - 1, -1, dtype=np.int64)
+        return ranks, np.array([data[name] for name, _ in fields], dtype)[:, ::-1]
+    if carries_rank_samples(event):
+        return np.array([event.rank], np.int64), np.array([[data.get(name, d)] for name, d in fields], dtype)
+    return np.zeros(0, np.int64), np.zeros((len(fields), 0), dtype)
 
 
 def carries_rank_samples(event: Event) -> bool:
-    """Whether ``per_rank_samples`` finds any sample in the event (the detector skips the per-rank
+    """Whether ``rank_columns`` finds any sample in the event (the detector skips the per-rank
     metric rules for the others, so their large state is not saved again for nothing)."""
     if event.type is EventType.RANKS:
         return True

@@ -23,8 +23,10 @@ class StepCadence:
         """Record ``step``; the gap to the previous point (1 for the first or a rewind)."""
         gap = step - self._last if self._last is not None and step > self._last else 1
         if self._last is not None and step > self._last:
-            self._gaps.append(gap)
-            self._interval = None
+            gaps = self._gaps
+            if len(gaps) < (gaps.maxlen or 0) or gaps[0] != gap:
+                self._interval = None  # else the gap leaving is the one coming: the same median
+            gaps.append(gap)
         self._last = step
         return gap
 

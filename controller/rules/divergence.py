@@ -159,6 +159,7 @@ class DivergenceDetector:
         self._memo: dict[tuple[str, int], float] = {}  # smoothed level and noise of _recent as it is now
         self._min: float | None = None
         self._min_step: int | None = None
+        self._span_at: tuple[float, int] = (math.nan, 0)  # (interval, _span of it), cached
 
     def reset(self) -> None:
         """Forget everything (after a rollback)."""
@@ -224,8 +225,10 @@ class DivergenceDetector:
         return DivergenceVerdict(fired, new, onset, "cusum" if fired else "")
 
     def _span(self, interval: float) -> int:
-        cfg = self.config
-        return min(cfg.smooth, max(3, int(round(cfg.smooth_steps / max(interval, 1e-9)))))
+        if interval != self._span_at[0]:  # the interval rarely changes: asked twice per point
+            cfg = self.config
+            self._span_at = (interval, min(cfg.smooth, max(3, int(round(cfg.smooth_steps / max(interval, 1e-9))))))
+        return self._span_at[1]
 
     def _noise(self, m: int) -> float:
         """Standard error of the median of ``m`` log losses, from the point-to-point noise of the

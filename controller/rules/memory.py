@@ -11,12 +11,14 @@ when the growth falls below half of that (e.g. after ``torch.cuda.empty_cache()`
 
 from __future__ import annotations
 
-from collections import deque
+import math
 from dataclasses import dataclass
-from statistics import median
 from typing import Any
 
-from controller.rules.base import RANK_METRIC_EVENTS, RankScope, per_rank_samples
+import numpy as np
+
+from controller.rules.base import RANK_METRIC_EVENTS, RankScope, rank_columns
+from controller.rules.rank_window import RankWindows, full_row_medians
 from controller.verdict import Action, Verdict
 from core.enums import Level
 from core.events import Event
@@ -47,14 +49,6 @@ class MemoryConfig:
             raise ValueError("min_growth_rel: must be in [0, 1)")
 
 
-@dataclass(slots=True)
-class _RankMemory:
-    recent: deque[int]
-    baseline: float | None = None
-    baseline_step: int = 0
-    flagged: bool = False
-
-
 class MemoryRule:
     name = "memory"
     consumes = RANK_METRIC_EVENTS
@@ -62,48 +56,105 @@ class MemoryRule:
 
     def __init__(self, config: MemoryConfig | None = None) -> None:
         self.config = config or MemoryConfig()
-        self._ranks: dict[int, _RankMemory] = {}
+        self._recent = RankWindows(self.config.window, 1, np.int64)  # per rank: cached bytes
+        # per row of _recent: the lowest median so far (NaN: none yet), its step, whether reported
+        self._baseline = np.zeros(0)
+        self._baseline_step = np.zeros(0, np.int64)
+        self._flagged = np.zeros(0, bool)
 
     def observe(self, step: int, rank: int, reserved: int, allocated: int) -> list[Verdict]:
-        cfg = self.config
-        if not cfg.enabled or reserved <= 0:
-            return []
-        m = self._ranks.setdefault(rank, _RankMemory(deque(maxlen=cfg.window)))
-        m.recent.append(max(0, reserved - allocated))
-        if len(m.recent) < cfg.window:
-            return []
-        current = median(m.recent)
-        if m.baseline is None or current < m.baseline:
-            m.baseline, m.baseline_step = current, step
-        growth = current - m.baseline
-        threshold = max(cfg.min_growth_bytes, cfg.min_growth_rel * reserved)
-        if growth < threshold / 2:
-            m.flagged = False
-            return []
-        if growth < threshold or m.flagged:
-            return []
-        m.flagged = True
-        ev = {"rank": rank, "cached_baseline": m.baseline, "cached_now": current, "growth_bytes": growth,
-              "baseline_step": m.baseline_step, "reserved": reserved, "allocated": allocated,
-              "window": cfg.window}
-        return [Verdict(rule="memory_growth", level=Level.WARN, step=step, rank=rank, onset_step=m.baseline_step,
-                        action=Action.ALERT, evidence=ev,
-                        message=f"rank {rank}: reserved-but-unallocated memory grew {growth / 2**20:.0f} MiB "
-                        f"since step {m.baseline_step}")]
+        return self._observe(step, np.array([rank], np.int64), np.array([reserved], np.int64),
+                             np.array([allocated], np.int64))
 
-    def on_event(self, event: Event) -> list[Verdict]:
+    def _observe(self, step: int, ranks: np.ndarray, reserved: np.ndarray, allocated: np.ndarray) -> list[Verdict]:
+        """Samples in arrival order (distinct ranks): each rank is judged on its own window."""
+        cfg = self.config
+        if not cfg.enabled or not len(ranks):
+            return []
+        if reserved.min() <= 0:  # CPU runs report no device memory
+            ok = reserved > 0
+            ranks, reserved, allocated = ranks[ok], reserved[ok], allocated[ok]
+            if not len(ranks):
+                return []
+        w = self._recent
+        rows = w.rows_for(ranks)
+        self._fit()
+        w.push(rows, step, np.maximum(reserved - allocated, 0)[:, None])
+        if w.count[rows].min() < cfg.window:  # only full windows are judged
+            full = w.count[rows] == cfg.window
+            rows, reserved, allocated = rows[full], reserved[full], allocated[full]
+            if not len(rows):
+                return []
+        current = full_row_medians(w.values[0, rows])
+        base = self._baseline[rows]
+        lower = ~(current >= base)  # no baseline yet (NaN), or a lower median
+        if lower.any():
+            base = self._baseline[rows] = np.where(lower, current, base)
+            self._baseline_step[rows[lower]] = step
+        growth = current - base
+        threshold = np.maximum(cfg.min_growth_bytes, cfg.min_growth_rel * reserved)
+        calm = growth < threshold / 2  # re-armed
+        flagged = self._flagged[rows]
+        fire = ~(calm | (growth < threshold) | flagged)
+        if not fire.any():
+            if flagged.any():
+                self._flagged[rows] = flagged & ~calm
+            return []
+        self._flagged[rows] = (flagged & ~calm) | fire
         out: list[Verdict] = []
-        for rank, data in per_rank_samples(event):
-            out += self.observe(event.step, rank, int(data.get("mem_reserved", 0)), int(data.get("mem_allocated", 0)))
+        for i in np.flatnonzero(fire).tolist():
+            row = int(rows[i])
+            out.append(self._verdict(step, w.ranks[row], self._number(current[i]), self._number(base[i]),
+                                     int(self._baseline_step[row]), int(reserved[i]), int(allocated[i])))
         return out
 
+    def _number(self, x: Any) -> int | float:
+        """A median as ``statistics.median`` gave it: an int of an odd window, a float of an even."""
+        return int(x) if self.config.window % 2 else float(x)
+
+    def _verdict(self, step: int, rank: int, current: int | float, baseline: int | float, baseline_step: int,
+                 reserved: int, allocated: int) -> Verdict:
+        growth = current - baseline
+        ev = {"rank": rank, "cached_baseline": baseline, "cached_now": current, "growth_bytes": growth,
+              "baseline_step": baseline_step, "reserved": reserved, "allocated": allocated,
+              "window": self.config.window}
+        return Verdict(rule="memory_growth", level=Level.WARN, step=step, rank=rank, onset_step=baseline_step,
+                       action=Action.ALERT, evidence=ev,
+                       message=f"rank {rank}: reserved-but-unallocated memory grew {growth / 2**20:.0f} MiB "
+                       f"since step {baseline_step}")
+
+    def _fit(self) -> None:
+        """Per-row arrays as long as the windows' rows (new ranks start without a baseline)."""
+        n, have = len(self._recent), len(self._baseline)
+        if n > have:
+            grow = max(n, 2 * have)
+            self._baseline = np.concatenate([self._baseline, np.full(grow - have, np.nan)])
+            self._baseline_step = np.concatenate([self._baseline_step, np.zeros(grow - have, np.int64)])
+            self._flagged = np.concatenate([self._flagged, np.zeros(grow - have, bool)])
+
+    def baseline(self, rank: int) -> int | float | None:
+        """The rank's baseline (the lowest median of its windows so far), None before one."""
+        row = self._recent.row_of(rank)
+        return None if row is None or np.isnan(self._baseline[row]) else self._number(self._baseline[row])
+
+    def on_event(self, event: Event) -> list[Verdict]:
+        ranks, (reserved, allocated) = rank_columns(event, (("mem_reserved", 0), ("mem_allocated", 0)), np.int64)
+        return self._observe(event.step, ranks, reserved, allocated)
+
     def state_dict(self) -> dict[str, Any]:
-        return {str(r): {"recent": list(m.recent), "baseline": m.baseline, "baseline_step": m.baseline_step,
-                         "flagged": m.flagged} for r, m in self._ranks.items()}
+        w = self._recent
+        n = len(w)
+        _, (values,) = w.ordered()
+        base, base_step, flagged = self._baseline[:n].tolist(), self._baseline_step[:n].tolist(), self._flagged[:n].tolist()
+        return {str(r): {"recent": vs, "baseline": None if math.isnan(b) else self._number(b),
+                         "baseline_step": s, "flagged": f}
+                for r, vs, b, s, f in zip(w.ranks, values, base, base_step, flagged, strict=True)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._ranks = {
-            int(r): _RankMemory(deque((int(v) for v in st["recent"]), maxlen=self.config.window),
-                                st.get("baseline"), int(st.get("baseline_step", 0)), bool(st.get("flagged", False)))
-            for r, st in state.items()
-        }
+        self._recent.load((int(r), [(0, (int(v),)) for v in st["recent"]]) for r, st in state.items())
+        self._baseline, self._baseline_step, self._flagged = np.zeros(0), np.zeros(0, np.int64), np.zeros(0, bool)
+        self._fit()
+        n = len(state)
+        self._baseline[:n] = [np.nan if st.get("baseline") is None else st["baseline"] for st in state.values()]
+        self._baseline_step[:n] = [int(st.get("baseline_step", 0)) for st in state.values()]
+        self._flagged[:n] = [bool(st.get("flagged", False)) for st in state.values()]

@@ -23,12 +23,15 @@ rank's window overlaps again the rule judges nothing.
 from __future__ import annotations
 
 import math
-from collections import deque
+import warnings
 from dataclasses import dataclass
-from statistics import fmean, median
 from typing import Any
 
-from controller.rules.base import RANK_METRIC_EVENTS, RankScope, per_rank_samples
+import numpy as np
+
+from controller.rules.base import RANK_METRIC_EVENTS, RankScope, rank_columns
+from controller.rules.rank_window import RankWindows, fmean, full_row_medians, median, row_medians
+from controller.rules.straggler import judge_points
 from controller.verdict import Action, Verdict
 from core.enums import Level
 from core.events import Event
@@ -74,6 +77,21 @@ class MfuConfig:
             raise ValueError("baseline_alpha: must be in (0, 1]")
 
 
+# Timings of inf give inf - inf = NaN in the parts, as Python floats did, silently: no errstate
+# block around the subtractions (it costs more than they do on a one-rank event).
+warnings.filterwarnings("ignore", "invalid value encountered in subtract", RuntimeWarning, __name__)
+
+_COLUMNS = (("mfu", 0.0), ("step_time_s", 0.0), ("data_wait_s", 0.0), ("comm_exposed_s", 0.0))
+MFU, STEP_TIME, DATA_WAIT, COMM = range(len(_COLUMNS))
+
+
+def _with_compute_and_busy(times: np.ndarray) -> np.ndarray:
+    """(step time, data wait, exposed communication, ...) -> the same followed by compute (what is
+    left of the step time) and busy time (the step time less exposed communication)."""
+    st, data, comm = times
+    return np.concatenate((times, (st - data - comm)[None], (st - comm)[None]))
+
+
 class MfuRule:
     name = "mfu"
     consumes = RANK_METRIC_EVENTS
@@ -81,37 +99,64 @@ class MfuRule:
 
     def __init__(self, config: MfuConfig | None = None) -> None:
         self.config = config or MfuConfig()
-        # rank -> (step, mfu, step_time_s, data_wait_s, comm_exposed_s)
-        self._recent: dict[int, deque[tuple[int, float, float, float, float]]] = {}
+        # per rank: (step, mfu, step_time_s, data_wait_s, comm_exposed_s), steps increasing
+        self._recent = RankWindows(self.config.window, len(_COLUMNS))
         self._speaker: int | None = None  # the lowest rank with a window (core.ranks)
         self._baseline: dict[str, float] | None = None  # seconds per step while healthy
         self._low_since: int | None = None  # onset step of the current low episode, once reported
 
     def observe(self, step: int, rank: int, data: dict[str, Any]) -> list[Verdict]:
-        cfg = self.config
-        mfu = float(data.get("mfu", 0.0))
-        if not cfg.enabled or not (math.isfinite(mfu) and mfu > 0):
+        values = np.array([[data.get(name, default) for name, default in _COLUMNS]], np.float64)
+        return self._observe(step, np.array([rank], np.int64), values)
+
+    def _observe(self, step: int, ranks: np.ndarray, values: np.ndarray) -> list[Verdict]:
+        """Samples in arrival order (distinct ranks), ``values`` (n, columns); judged at each of the
+        speaker's once its window is full."""
+        mfu = values[:, MFU]
+        ok = np.isfinite(mfu) & (mfu > 0)
+        if not self.config.enabled or not ok.any():
             return []
-        q = self._recent.get(rank)
-        if q is None:  # a new rank: the speaker can only move down (core.ranks), kept in O(1)
-            q = self._recent[rank] = deque(maxlen=cfg.window)
-            self._speaker = speaker((rank,) if self._speaker is None else (self._speaker, rank))
-        while q and q[-1][0] >= step:
-            q.pop()  # replaced by the replay of a rollback
-        q.append((step, mfu, float(data.get("step_time_s", 0.0)), float(data.get("data_wait_s", 0.0)),
-                  float(data.get("comm_exposed_s", 0.0))))
-        if len(q) < cfg.window or rank != self._speaker:
-            return []  # judged once per step, on the speaking rank's event (core.ranks)
-        if self._parts(1) is None:
+        if not ok.all():
+            ranks, values = ranks[ok], values[ok]
+        out: list[Verdict] = []
+        done = 0
+        for at in judge_points(ranks, self._speaker):
+            self._push(step, ranks[done : at + 1], values[done : at + 1])
+            row = self._recent.row_of(int(ranks[at]))
+            if self._recent.count[row] >= self.config.window:
+                out += self._judge(step, row)
+            done = at + 1
+        self._push(step, ranks[done:], values[done:])
+        return out
+
+    def _push(self, step: int, ranks: np.ndarray, values: np.ndarray) -> None:
+        if len(ranks):
+            rows = self._recent.rows_for(ranks)
+            self._recent.drop_from(rows, step)  # replaced by the replay of a rollback
+            self._recent.push(rows, step, values)
+            low = int(ranks[0]) if len(ranks) == 1 else int(ranks.min())
+            self._speaker = low if self._speaker is None else min(self._speaker, low)
+
+    def _judge(self, step: int, row: int) -> list[Verdict]:
+        """Judged once per step, on the speaking rank's sample (core.ranks)."""
+        cfg = self.config
+        newest = self._parts(1)
+        if newest is None:
             return []  # the ranks' windows do not overlap yet (one is still replaying)
-        run_mfu = median(median(p[1] for p in rq) for rq in self._recent.values() if rq)
+        w = self._recent
+        n = len(w)
+        if w.count[:n].min() == cfg.window:  # every window full (the steady state): no mask
+            per_rank = full_row_medians(w.column(MFU))
+        else:
+            per_rank = row_medians(w.column(MFU), w.valid())[0]
+        run_mfu = median(per_rank)
         if run_mfu >= cfg.mfu_min:
             self._low_since = None
-            self._update_baseline()
+            self._update_baseline(newest[0])
             return []
         if self._low_since is not None:
             return []
-        self._low_since = next((p[0] for p in q if p[1] < cfg.mfu_min), step)
+        self._low_since = next((s for s, v in w.points(row) if v[MFU] < cfg.mfu_min), step)
         cause, detail, ev = self.cause()
         ev.update({"mfu": run_mfu, "mfu_min": cfg.mfu_min, "window": cfg.window, "cause": cause,
                    "cause_detail": detail})
@@ -120,29 +165,37 @@ class MfuRule:
                         message=f"MFU {run_mfu:.1%} below {cfg.mfu_min:.0%} for {cfg.window} steps; "
                         f"likely cause: {detail}")]
 
-    def _parts(self, newest: int) -> tuple[dict[str, float], dict[int, float], float] | None:
-        """Mean seconds per step of each part over the newest points, per-rank busy, step time;
-        None when the ranks have no step in common there."""
+    def _parts(self, newest: int) -> tuple[dict[str, float], tuple[np.ndarray, np.ndarray], float] | None:
+        """Mean seconds per step of each part over the newest points, per-rank busy (rows of
+        ``_recent``, medians), step time; None when the ranks have no step in common there."""
+        w = self._recent
         # The same steps for every rank (see straggler.py: a rank one step ahead would stand out).
-        horizon = min(q[-1][0] for q in self._recent.values())
-        lo = max(horizon - newest, max(q[0][0] for q in self._recent.values()) - 1)
-        per_rank = {r: [p for p in q if lo < p[0] <= horizon] for r, q in self._recent.items()}
-        per_rank = {r: rows for r, rows in per_rank.items() if rows}
-        if not per_rank:
-            return None
-        # Medians per rank (a x3 hiccup on one rank makes every other rank wait), then the mean.
-        step_time = fmean(median(p[2] for p in rr) for rr in per_rank.values())
-        data = fmean(median(p[3] for p in rr) for rr in per_rank.values())
-        comm = fmean(median(p[4] for p in rr) for rr in per_rank.values())
-        compute = fmean(median(p[2] - p[3] - p[4] for p in rr) for rr in per_rank.values())
-        busy = {r: median(p[2] - p[4] for p in rr) for r, rr in per_rank.items()}
-        return {"data_wait": data, "comm_exposed": comm, "compute": compute}, busy, step_time
+        last = w.last_steps()
+        horizon = int(last.min())
+        if newest == 1 and int(last.max()) == horizon:
+            # Every rank's newest point is at the horizon (steps only grow in a window): each
+            # rank's one point in (horizon - 1, horizon] is its newest, its own median.
+            n = len(w)
+            rows, newest_slot = np.arange(n), (w.start[:n] + w.count[:n] - 1) % w.size
+            medians = _with_compute_and_busy(w.values[STEP_TIME : COMM + 1, rows, newest_slot])
+        else:
+            lo = max(horizon - newest, int(w.first_steps().max()) - 1)
+            steps = w.steps[: len(w)]
+            mask = w.valid() & (steps > lo) & (steps <= horizon)
+            rows = np.flatnonzero(mask.any(axis=1))
+            if not len(rows):
+                return None
+            # only the slots some rank uses there (the windows are usually aligned: one or two)
+            cut = np.ix_(rows, np.flatnonzero(mask.any(axis=0)))
+            times = w.values[(slice(STEP_TIME, COMM + 1), *cut)]
+            # Medians per rank (a x3 hiccup on one rank makes every other rank wait), then the mean.
+            medians = row_medians(_with_compute_and_busy(times), mask[cut])[0]
+        step_time, data_s, comm_s, compute = (fmean(m) for m in medians[:4].tolist())
+        return ({"data_wait": data_s, "comm_exposed": comm_s, "compute": compute},
+                (rows, medians[4]), step_time)
 
-    def _update_baseline(self) -> None:
-        measured = self._parts(1)
-        if measured is None:
-            return
-        parts = measured[0]
+    def _update_baseline(self, parts: dict[str, float]) -> None:
+        """Fold the newest step's parts (``_parts(1)``) into the healthy baseline."""
         if self._baseline is None:
             self._baseline = parts
         else:
@@ -154,12 +207,13 @@ class MfuRule:
         cfg = self.config
         measured = self._parts(max(4, cfg.window // 4))  # a superset of _parts(1), which observe checked
         assert measured is not None, "cause() is only asked once the ranks' windows overlap"
-        parts, busy, step_time = measured
+        parts, (rows, busy), step_time = measured
         ev: dict[str, Any] = {"seconds_per_step": parts, "baseline_seconds_per_step": self._baseline}
-        if len(busy) >= 2:
-            rank = max(busy, key=busy.__getitem__)
-            others = median(v for r, v in busy.items() if r != rank)
-            ratio = busy[rank] / others if others > 0 else math.inf
+        if len(rows) >= 2:
+            k = int(np.argmax(busy))  # the first seen of equally busy ranks
+            rank, mine = self._recent.ranks[rows[k]], float(busy[k])
+            others = median(np.delete(busy, k))
+            ratio = mine / others if others > 0 else math.inf
             ev["straggler_ratio"] = ratio
             if ratio >= cfg.straggler_ratio:
                 ev["straggler_rank"] = rank
@@ -176,18 +230,19 @@ class MfuRule:
         return "compute", "compute (no data wait, exposed communication or straggler stands out)", ev
 
     def on_event(self, event: Event) -> list[Verdict]:
-        out: list[Verdict] = []
-        for rank, data in per_rank_samples(event):
-            out += self.observe(event.step, rank, data)
-        return out
+        ranks, columns = rank_columns(event, _COLUMNS)
+        return self._observe(event.step, ranks, columns.T)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"recent": {str(r): [list(p) for p in q] for r, q in self._recent.items()},
+        steps, (mfu, step_time, data_wait, comm) = self._recent.ordered()
+        return {"recent": {str(r): [[s, a, b, c, d] for s, a, b, c, d in zip(*cols, strict=True)]
+                           for r, *cols in zip(self._recent.ranks, steps, mfu, step_time, data_wait, comm,
+                                               strict=True)},
                 "baseline": self._baseline, "low_since": self._low_since}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._recent = {int(r): deque((tuple(p) for p in q), maxlen=self.config.window)  # type: ignore[misc]
-                        for r, q in state["recent"].items()}
-        self._speaker = speaker(self._recent)
+        self._recent.load((int(r), [(int(p[0]), [float(x) for x in p[1:]]) for p in q])
+                          for r, q in state["recent"].items())
+        self._speaker = speaker(self._recent.ranks)
         self._baseline = state.get("baseline")
         self._low_since = state.get("low_since")

@@ -10,12 +10,13 @@ its median busy time is at least ``ratio`` times the median of the other ranks' 
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
-from statistics import median
 from typing import Any
 
-from controller.rules.base import RANK_METRIC_EVENTS, RankScope, per_rank_samples
+import numpy as np
+
+from controller.rules.base import RANK_METRIC_EVENTS, RankScope, rank_columns
+from controller.rules.rank_window import RankWindows, median, row_medians
 from controller.verdict import Action, Verdict
 from core.enums import Level
 from core.events import Event
@@ -55,11 +56,26 @@ class StragglerConfig:
 
 
 def busy_time(data: dict[str, Any]) -> float | None:
-    step_time = float(data.get("step_time_s", 0.0))
-    comm = float(data.get("comm_exposed_s", 0.0))
-    if not step_time > 0:  # also rejects NaN
-        return None
-    return step_time - comm if 0 <= comm < step_time else step_time
+    busy, ok = busy_times(np.array([data.get("step_time_s", 0.0)], np.float64),
+                          np.array([data.get("comm_exposed_s", 0.0)], np.float64))
+    return float(busy[0]) if ok[0] else None
+
+
+def busy_times(step_time: np.ndarray, comm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each sample's busy time, and which samples have one (a positive step time: not NaN)."""
+    # x - 0.0 is x, so one subtraction covers both cases (and never meets inf - inf)
+    return step_time - np.where((comm >= 0) & (comm < step_time), comm, 0.0), step_time > 0
+
+
+def judge_points(ranks: np.ndarray, speaker: int | None) -> list[int]:
+    """Where in a sequence of samples the speaking rank (core.ranks: the lowest rank seen, so far)
+    sends one: positions whose rank is at or below every rank before it, the speaker's included."""
+    if len(ranks) == 1:  # one rank's step event
+        return [0] if speaker is None or int(ranks[0]) <= speaker else []
+    lowest = np.minimum.accumulate(ranks)
+    if speaker is not None:
+        lowest = np.minimum(lowest, speaker)
+    return np.flatnonzero(ranks == lowest).tolist()
 
 
 class StragglerRule:
@@ -69,7 +85,7 @@ class StragglerRule:
 
     def __init__(self, config: StragglerConfig | None = None) -> None:
         self.config = config or StragglerConfig()
-        self._busy: dict[int, deque[tuple[int, float]]] = {}
+        self._busy = RankWindows(self.config.window, 1)  # per rank: (step, busy time)
         self._speaker: int | None = None  # the lowest rank with a window (core.ranks)
         self._flagged: dict[int, int] = {}  # rank -> onset step of its current episode
         self._candidate: int | None = None  # the rank that looked like a straggler last time
@@ -77,37 +93,55 @@ class StragglerRule:
 
     def worst(self) -> tuple[int, float, float, float] | None:
         """(rank, ratio, its median, the others' median) of the slowest rank with a full window."""
+        w = self._busy
+        need = self.config.window // 2
+        if np.count_nonzero(w.count[: len(w)] >= need) < 2:
+            return None  # fewer than two ranks could have enough common steps
         # Only steps every rank has reported: a rank whose window already holds one more step
         # than the others would otherwise stand out for a step whenever the busy time jumps.
-        horizon = min(q[-1][0] for q in self._busy.values())
-        oldest = max(q[0][0] for q in self._busy.values())
-        need = self.config.window // 2
-        common = {r: [v for s, v in q if oldest <= s <= horizon] for r, q in self._busy.items()}
-        full = {r: median(vs) for r, vs in common.items() if len(vs) >= need}
+        horizon = w.last_steps().min()
+        oldest = w.first_steps().max()
+        common = w.valid() & (w.steps[: len(w)] >= oldest) & (w.steps[: len(w)] <= horizon)
+        full = np.flatnonzero(common.sum(axis=1) >= need)
         if len(full) < 2:
             return None
-        rank = max(full, key=full.__getitem__)
-        others = median(v for r, v in full.items() if r != rank)
-        ratio = full[rank] / others if others > 0 else float("inf")
-        return rank, ratio, full[rank], others
+        medians, _ = row_medians(w.column(0)[full], common[full])
+        k = int(np.argmax(medians))  # the first seen of equally slow ranks, as before
+        mine = float(medians[k])
+        others = median(np.delete(medians, k))
+        ratio = mine / others if others > 0 else float("inf")
+        return w.ranks[full[k]], ratio, mine, others
 
     def is_straggler(self, ratio: float, mine: float, others: float) -> bool:
         return ratio >= self.config.ratio and mine - others >= self.config.min_excess_s
 
     def observe(self, step: int, rank: int, data: dict[str, Any]) -> list[Verdict]:
-        cfg = self.config
-        if not cfg.enabled:
-            return []
         busy = busy_time(data)
         if busy is None:
             return []
-        q = self._busy.get(rank)
-        if q is None:  # a new rank: the speaker can only move down (core.ranks), kept in O(1)
-            q = self._busy[rank] = deque(maxlen=cfg.window)
-            self._speaker = speaker((rank,) if self._speaker is None else (self._speaker, rank))
-        q.append((step, busy))
-        if rank != self._speaker:
-            return []  # judged once per step, on the speaking rank's event (cost: O(world·window))
+        return self._observe(step, np.array([rank], np.int64), np.array([busy]))
+
+    def _observe(self, step: int, ranks: np.ndarray, busy: np.ndarray) -> list[Verdict]:
+        """Samples in arrival order; judged at each of the speaker's (cost: O(world·window) each)."""
+        if not self.config.enabled or not len(ranks):
+            return []
+        out: list[Verdict] = []
+        done = 0
+        for at in judge_points(ranks, self._speaker):
+            self._push(step, ranks[done : at + 1], busy[done : at + 1])
+            out += self._judge(step)
+            done = at + 1
+        self._push(step, ranks[done:], busy[done:])
+        return out
+
+    def _push(self, step: int, ranks: np.ndarray, busy: np.ndarray) -> None:
+        if len(ranks):
+            self._busy.push(self._busy.rows_for(ranks), step, busy[:, None])
+            low = int(ranks[0]) if len(ranks) == 1 else int(ranks.min())
+            self._speaker = low if self._speaker is None else min(self._speaker, low)
+
+    def _judge(self, step: int) -> list[Verdict]:
+        cfg = self.config
         worst = self.worst()
         if worst is None:
             return []
@@ -120,7 +154,9 @@ class StragglerRule:
         self._candidate = candidate
         if candidate is not None and self._streak >= cfg.confirm and slow not in self._flagged:
             threshold = others * cfg.ratio
-            onset = next((s for s, v in self._busy[slow] if v >= threshold), step)
+            row = self._busy.row_of(slow)
+            assert row is not None
+            onset = next((s for s, (v,) in self._busy.points(row) if v >= threshold), step)
             self._flagged[slow] = onset
             ev = {"rank": slow, "busy_median_s": mine, "others_median_s": others, "ratio": ratio,
                   "window": cfg.window, "world_seen": len(self._busy)}
@@ -130,20 +166,20 @@ class StragglerRule:
         return out
 
     def on_event(self, event: Event) -> list[Verdict]:
-        out: list[Verdict] = []
-        for rank, data in per_rank_samples(event):
-            out += self.observe(event.step, rank, data)
-        return out
+        ranks, (step_time, comm) = rank_columns(event, (("step_time_s", 0.0), ("comm_exposed_s", 0.0)))
+        busy, ok = busy_times(step_time, comm)
+        return self._observe(event.step, ranks, busy) if ok.all() else self._observe(event.step, ranks[ok], busy[ok])
 
     def state_dict(self) -> dict[str, Any]:
-        return {"busy": {str(r): [list(p) for p in q] for r, q in self._busy.items()},
+        steps, (busy,) = self._busy.ordered()
+        return {"busy": {str(r): [[s, v] for s, v in zip(ss, vs, strict=True)]
+                         for r, ss, vs in zip(self._busy.ranks, steps, busy, strict=True)},
                 "flagged": {str(r): s for r, s in self._flagged.items()},
                 "candidate": self._candidate, "streak": self._streak}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._busy = {int(r): deque(((int(s), float(v)) for s, v in q), maxlen=self.config.window)
-                      for r, q in state["busy"].items()}
-        self._speaker = speaker(self._busy)
+        self._busy.load((int(r), [(int(s), (float(v),)) for s, v in q]) for r, q in state["busy"].items())
+        self._speaker = speaker(self._busy.ranks)
         self._flagged = {int(r): int(s) for r, s in state.get("flagged", {}).items()}
         self._candidate = state.get("candidate")
         self._streak = int(state.get("streak", 0))

@@ -32,7 +32,7 @@ def test_a_leak_warns_once_naming_the_baseline_and_re_arms_after_a_release():
     assert out[0].evidence["growth_bytes"] >= 256 * MIB and out[0].onset_step < 60
     assert "MiB" in out[0].message
     assert feed(rule, range(400, 420), lambda s: GIB) == []  # empty_cache(): growth gone, re-armed
-    rule._ranks[0].baseline = float(GIB)  # the baseline is the lowest median: unchanged
+    assert rule.baseline(0) == GIB  # the baseline is the lowest median: unchanged by the release
     assert len(feed(rule, range(420, 700), lambda s: GIB + (s - 420) * 4 * MIB)) == 1
 
 

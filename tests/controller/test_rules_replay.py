@@ -1,0 +1,27 @@
+"""The rules judge the recorded streams exactly as the code before the vectorised rules did
+(tests/controller/rules_replay.py: same verdicts, same evidence, same stored states)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.controller.rules_replay import replay, streams
+
+RECORDED = json.loads((Path(__file__).parent / "rules_replay.json").read_text())
+STREAMS = streams()
+
+
+def test_the_recording_covers_every_stream():
+    assert set(RECORDED) == set(STREAMS)
+
+
+@pytest.mark.parametrize("name", sorted(STREAMS))
+def test_same_verdicts_and_states_as_recorded(name):
+    events, config = STREAMS[name]
+    now = replay(events, config)
+    want = RECORDED[name]
+    assert now["verdicts"] == want["verdicts"]
+    assert now["digests"] == want["digests"]
