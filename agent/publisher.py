@@ -1,7 +1,8 @@
 """Getting events off the training thread and onto Kafka without ever blocking or raising.
 
 ``Publisher.publish(event)`` appends to a bounded in-memory queue and returns (microseconds; no
-lock held beyond a deque append, no I/O, no encoding). A background thread owns the kafka-python
+lock held beyond a deque append, no I/O, no encoding; an ``EventDraft``, agent/drafts.py, is not
+even validated there). A background thread owns the kafka-python
 ``KafkaProducer`` and does everything else::
 
     training thread ──publish──► deque (queue_max) ──► publisher thread
@@ -55,6 +56,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from agent.drafts import EventDraft
 from agent.spill import SpillFile
 from core.enums import EventType
 from core.events import Event, encode_event
@@ -64,6 +66,9 @@ from core.keys import EventSigner
 log = logging.getLogger(__name__)
 
 _KEYLEN = struct.Struct(">H")
+
+IDLE_WAIT_S = 1.0
+"""Longest sleep of an idle, connected publisher thread; ``publish`` wakes it at once."""
 
 
 class EventSink(Protocol):
@@ -106,8 +111,10 @@ class PublisherConfig:
     """Events held in memory between publish() and the publisher thread; past it they are dropped."""
     max_batch: int = 2_000
     """Most events the thread sends (or replays) per flush."""
-    linger_s: float = 0.005
-    """How long the idle thread sleeps before looking at the queue again (publish also wakes it)."""
+    linger_s: float = 0.05
+    """How long the thread lets events gather after the first one is queued before it sends them
+    (one send and flush per window, not per event: each costs the training process CPU). An idle
+    thread sleeps until ``publish`` wakes it."""
     send_timeout_s: float = 3.0
     """A batch not acknowledged within this marks the broker down (kafka delivery timeout)."""
     reconnect_min_s: float = 0.2
@@ -210,7 +217,8 @@ class Publisher:
         self.config = config or PublisherConfig()
         self.topic = kafka.metrics_topic
         self._producer_factory = producer_factory or self._default_producer
-        self._queue: deque[Event] = deque()
+        self._queue: deque[Event | EventDraft] = deque()
+        self._first_at = 0.0  # when the queue last went from empty to not: the batch window's start
         self._queue_max = self.config.queue_max
         self._wake = threading.Event()
         self._closing = threading.Event()
@@ -249,8 +257,12 @@ class Publisher:
             self._thread.start()
         return self
 
-    def publish(self, event: Event) -> None:
-        """Hand an event to the publisher thread. Never blocks, never raises."""
+    builds_events = True
+    """``publish`` also takes an ``EventDraft`` (agent/drafts.py): the publisher thread validates
+    and encodes it, so the training thread does neither."""
+
+    def publish(self, event: Event | EventDraft) -> None:
+        """Hand an event (or a draft of one) to the publisher thread. Never blocks, never raises."""
         if self._closing.is_set():
             with self._drop_lock:
                 self._dropped_closed += 1
@@ -262,6 +274,7 @@ class Publisher:
             return
         queue.append(event)
         if len(queue) == 1:
+            self._first_at = time.monotonic()
             self._wake.set()
 
     def close(self, timeout: float = 10.0) -> None:
@@ -368,9 +381,11 @@ class Publisher:
         while True:
             if self._forced_down and self._up:
                 self._mark_down("simulated outage (fault injection)")
+            closing = self._closing.is_set()
+            if not self._held and self._gathering(closing):
+                continue
             if not self._held:
                 self._held = self._take()
-            closing = self._closing.is_set()
             if closing and time.monotonic() >= self._deadline:
                 self._spill_records(self._held + self._take(len(self._queue)))
                 self._held = []
@@ -398,10 +413,25 @@ class Publisher:
             if closing and not self._queue and (not len(spill) or not self._up and self._next_probe >= self._deadline):
                 return
             if not self._queue and (not len(spill) or not self._up):
-                wait = self.config.linger_s if self._up else max(0.0, min(self._next_probe - time.monotonic(), 0.2))
+                # Up: nothing to do until publish (or close, or an outage switch) sets the event.
+                wait = IDLE_WAIT_S if self._up else max(0.0, min(self._next_probe - time.monotonic(), 0.2))
                 self._wake.clear()
                 if not self._queue:
                     self._wake.wait(wait)
+
+    def _gathering(self, closing: bool) -> bool:
+        """Let the current batch window fill (live sending only); True when it waited."""
+        if closing or not self._up or self._forced_down or len(self._spill or ()):
+            return False
+        queued = len(self._queue)
+        if not queued or queued >= self.config.max_batch:
+            return False
+        remaining = self._first_at + self.config.linger_s - time.monotonic()
+        if remaining <= 0:
+            return False
+        self._wake.clear()  # publish does not set it while the queue is not empty; close does
+        self._wake.wait(remaining)
+        return True
 
     def _take(self, limit: int | None = None) -> list[Record]:
         """Pop up to ``max_batch`` events off the queue and encode them (heartbeats get stamped)."""
@@ -410,6 +440,8 @@ class Publisher:
         for _ in range(min(len(queue), limit if limit is not None else self.config.max_batch)):
             event = queue.popleft()
             try:
+                if isinstance(event, EventDraft):
+                    event = event.build()
                 if event.type == EventType.HEARTBEAT:
                     event = dataclasses.replace(event, data={
                         **event.data, "dropped_events": self.dropped(), "spill_pending": len(self._spill or ())})
@@ -417,7 +449,7 @@ class Publisher:
             except Exception as exc:  # noqa: BLE001 - one unencodable event must not stop the rest
                 self._errors += 1
                 self._dropped_crash += 1
-                self.last_error = f"cannot encode {event.type} event: {exc}"
+                self.last_error = f"cannot build or encode {event.type} event: {exc}"
                 log.error("dropping an event that cannot be encoded: %s", exc)
         return out
 

@@ -5,6 +5,7 @@ The 2-process behaviour (all-reduce, broadcast, real broker) is in tests/trainer
 
 from __future__ import annotations
 
+import math
 import time
 
 import pytest
@@ -62,7 +63,7 @@ def _step(model, opt, agent, *, nan: bool = False) -> bool:
 
 
 def test_every_event_type_with_sane_values():
-    model, opt, agent, sink, source = _setup(hist_every=2)
+    model, opt, agent, sink, source = _setup(hist_every=2, layer_norms_every=3)
     agent.start(global_batch=4, lr_schedule={"kind": "constant"})
     for _ in range(5):
         _step(model, opt, agent)
@@ -84,7 +85,11 @@ def test_every_event_type_with_sane_values():
         assert d["loss"] == d["loss_local"] > 0 and d["grad_norm"] > 0
         assert d["tokens"] == 32 and d["tokens_per_s"] > 0 and d["mem_allocated"] > 0
         assert d["guard"] == "ok" and d["skipped"] is False
-        assert set(d["layer_grad_norms"]) == {n for n, _ in model.named_parameters()}
+        if e.step % 3 == 0:  # per-layer work only every layer_norms_every steps
+            assert set(d["layer_grad_norms"]) == {n for n, _ in model.named_parameters()}
+            assert math.sqrt(sum(v * v for v in d["layer_grad_norms"].values())) == pytest.approx(d["grad_norm"])
+        else:
+            assert "layer_grad_norms" not in d
     hists = by_type[EventType.GRAD_HIST]
     assert [e.step for e in hists] == [0, 2, 4]
     for e in hists:
