@@ -284,6 +284,7 @@ class Agent:
         self._local_loss = float("nan")
         self._grad_norm = float("nan")
         self._layer_norms: dict[str, float] = {}
+        self._bucket_norm_sq: torch.Tensor | None = None  # from the DDP hook, at the last backward
         if getattr(self, "comm", None) is not None:
             self.comm.reset()
 
@@ -319,6 +320,8 @@ class Agent:
         self._loss_sum = d if self._loss_sum is None else self._loss_sum + d
         self._micro += 1
         self._tokens += int(tokens)
+        if self.comm is not None:  # the DDP hook then takes the global norm from the reduced buckets
+            self.comm.want_grad_norm = self._publishes()
         if self.distributed and self.comm is not None:
             self._collective = "backward"  # DDP's gradient all-reduce runs (and waits) inside it
 
@@ -327,6 +330,8 @@ class Agent:
         self._collective = ""
         if self.comm is not None and self.comm.last_launch is not None:
             self._clock.comm_exposed += self.comm.exposed_since(time.perf_counter())
+            # the last synchronising backward's buckets hold the step's (accumulated) gradients
+            self._bucket_norm_sq = self.comm.grad_norm_sq()
             self.comm.reset()
 
     def before_optimizer_step(self) -> bool:
@@ -337,9 +342,13 @@ class Agent:
             self._pending.extend(self._poll_source())
         w = self.world
         dev = self._loss_sum.device
-        publishes = self.rank == 0 or self._detail.active(self.step)
+        publishes = self._publishes()
         layers_due = self._layer_norms_due()
-        sq = self._norms_sq(layers_due) if publishes or not self._grads_identical else None
+        sq = None
+        if publishes or not self._grads_identical:
+            sq = None if layers_due else self._bucket_norm_sq
+            if sq is None:
+                sq = self._norms_sq(layers_due)
         losses = torch.zeros(w, dtype=torch.float64, device=dev)
         losses[self.rank] = self._loss_sum / max(self._micro, 1)
         flag = float(len(self._pending)) if self.rank == 0 else 0.0
@@ -379,6 +388,10 @@ class Agent:
         if self.rank == 0 and self.config.hist_every and self.step % self.config.hist_every == 0:
             self._emit_histograms()
         return Guard.applies_update(self._decision)
+
+    def _publishes(self) -> bool:
+        """Whether this rank publishes a step event for the current step."""
+        return self.rank == 0 or self._detail.active(self.step)
 
     def _ranks_due(self) -> bool:
         """The same answer on every rank: they all close the same steps."""

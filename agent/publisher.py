@@ -111,10 +111,13 @@ class PublisherConfig:
     """Events held in memory between publish() and the publisher thread; past it they are dropped."""
     max_batch: int = 2_000
     """Most events the thread sends (or replays) per flush."""
-    linger_s: float = 0.05
-    """How long the thread lets events gather after the first one is queued before it sends them
-    (one send and flush per window, not per event: each costs the training process CPU). An idle
-    thread sleeps until ``publish`` wakes it."""
+    linger_s: float = 0.5
+    """How long routine telemetry (steps, ranks, heartbeats, histograms) gathers after the first
+    one is queued before the thread sends the lot: kafka-python spends ~2 ms of CPU per send and
+    flush in the training process, whatever the batch holds, so per event at tens of steps a
+    second that is a few percent of a step. Anything else (a guard verdict other than ``ok``,
+    command acks, run start/end) is sent at once with whatever is queued. An idle thread sleeps
+    until ``publish`` wakes it."""
     send_timeout_s: float = 3.0
     """A batch not acknowledged within this marks the broker down (kafka delivery timeout)."""
     reconnect_min_s: float = 0.2
@@ -164,6 +167,17 @@ def ensure_topic(kafka: KafkaConfig, topic: str, timeout_s: float | None = None)
                 pass  # someone else created it meanwhile
     finally:
         admin.close()
+
+
+_ROUTINE = frozenset({EventType.STEP, EventType.RANKS, EventType.HEARTBEAT, EventType.GRAD_HIST})
+
+
+def _urgent(event: Event | EventDraft) -> bool:
+    """Whether the controller acts on this event at once: not routine telemetry, or a step the
+    guard did not pass (the spike and rollback rules' input)."""
+    if event.type not in _ROUTINE:
+        return True
+    return event.type == EventType.STEP and event.data.get("guard", "ok") != "ok"
 
 
 def _tcp_reachable(kafka: KafkaConfig, timeout: float = 0.5) -> bool:
@@ -219,6 +233,7 @@ class Publisher:
         self._producer_factory = producer_factory or self._default_producer
         self._queue: deque[Event | EventDraft] = deque()
         self._first_at = 0.0  # when the queue last went from empty to not: the batch window's start
+        self._urgent = False  # an event that must not wait for the window is queued
         self._queue_max = self.config.queue_max
         self._wake = threading.Event()
         self._closing = threading.Event()
@@ -275,6 +290,9 @@ class Publisher:
         queue.append(event)
         if len(queue) == 1:
             self._first_at = time.monotonic()
+            self._wake.set()
+        if _urgent(event):
+            self._urgent = True
             self._wake.set()
 
     def close(self, timeout: float = 10.0) -> None:
@@ -424,18 +442,20 @@ class Publisher:
         if closing or not self._up or self._forced_down or len(self._spill or ()):
             return False
         queued = len(self._queue)
-        if not queued or queued >= self.config.max_batch:
+        if not queued or queued >= self.config.max_batch or self._urgent:
             return False
         remaining = self._first_at + self.config.linger_s - time.monotonic()
         if remaining <= 0:
             return False
-        self._wake.clear()  # publish does not set it while the queue is not empty; close does
-        self._wake.wait(remaining)
+        self._wake.clear()  # set again by an urgent publish, close or an outage switch
+        if not self._urgent:
+            self._wake.wait(remaining)
         return True
 
     def _take(self, limit: int | None = None) -> list[Record]:
         """Pop up to ``max_batch`` events off the queue and encode them (heartbeats get stamped)."""
         queue = self._queue
+        self._urgent = False  # before popping: an urgent event queued from now on sets it again
         out: list[Record] = []
         for _ in range(min(len(queue), limit if limit is not None else self.config.max_batch)):
             event = queue.popleft()

@@ -214,3 +214,34 @@ def test_start_declares_the_capabilities_it_is_given_and_none_when_not_given():
     _, _, agent, _, _ = _setup()
     with pytest.raises(ValueError, match="capabilities: unknown command 'fly'"):
         agent.start(capabilities=["fly"])
+
+
+def test_under_ddp_the_step_grad_norm_comes_from_the_reduced_buckets_and_matches_the_gradients(tmp_path):
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = DDP(GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8)))
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        sink = InMemorySink()
+        agent = Agent(None, model, opt, AgentConfig(run="unit", calibration_s=0.05, layer_norms_every=2), seq_len=8, sink=sink)
+        agent.start()
+        for _ in range(4):
+            x = torch.randint(0, 256, (4, 8))
+            _, loss = model(x, x)
+            agent.after_forward(loss, tokens=x.numel())
+            loss.backward()
+            agent.after_backward()
+            from_buckets = agent._bucket_norm_sq is not None
+            agent.before_optimizer_step()
+            expected = math.sqrt(sum(float(p.grad.double().square().sum()) for p in model.parameters()))
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            d = agent.after_step()
+            assert from_buckets and d["grad_norm"] == pytest.approx(expected, rel=1e-5)
+            assert ("layer_grad_norms" in d) == ((agent.step - 1) % 2 == 0)
+        agent.close()
+    finally:
+        dist.destroy_process_group()

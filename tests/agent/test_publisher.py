@@ -459,3 +459,23 @@ def test_events_published_together_go_in_one_send_and_an_idle_thread_sleeps(tmp_
     assert _wait(lambda: pub.stats()["sent"] == 6)
     assert CountingProducer.flushes == 1  # one window, one send and flush
     pub.close(5)
+
+
+def test_routine_events_wait_for_the_window_and_an_urgent_one_sends_them_at_once(tmp_path, kafka_free_cfg):
+    cluster = FakeCluster(up=True)
+    pub = Publisher(kafka_free_cfg, _cfg(tmp_path, linger_s=1.0), producer_factory=cluster.factory).start()
+    pub.publish(_hb(0))
+    assert _wait(lambda: pub.stats()["sent"] == 1, timeout=3)  # the first window
+    t0 = time.monotonic()
+    pub.publish(_hb(1))
+    time.sleep(0.2)
+    assert pub.stats()["sent"] == 1  # routine: gathering
+    step = {"loss": 9.0, "loss_local": 9.0, "lr": 0.1, "lr_scale": 1.0, "grad_norm": 1.0, "tokens": 1,
+            "step_time_s": 0.1, "data_wait_s": 0.0, "comm_exposed_s": 0.0, "compute_s": 0.1, "tokens_per_s": 10.0,
+            "mfu": 0.1, "mem_allocated": 1, "mem_reserved": 1, "loss_scale": 1.0, "skipped": True,
+            "clipped_layers": 0, "guard": "skip"}
+    pub.publish(make_event("step", "run-1", 2, step))  # the guard skipped it: the controller acts now
+    assert _wait(lambda: pub.stats()["sent"] == 3, timeout=3)
+    assert time.monotonic() - t0 < 0.9
+    assert _steps(cluster.acked) == [0, 1, 2]
+    pub.close(5)
