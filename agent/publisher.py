@@ -359,7 +359,9 @@ class Publisher:
             **kw,
             client_id="cliffguard-agent",
             acks="all",
-            linger_ms=0,
+            # _send() flushes each batch itself; until then records wait, so a batch goes in one
+            # produce request instead of one per record (the first record woke the I/O thread)
+            linger_ms=50,
             max_in_flight_requests_per_connection=1,
             delivery_timeout_ms=send_ms,
             max_block_ms=send_ms,
