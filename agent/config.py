@@ -27,6 +27,11 @@ class AgentConfig:
     layer_norms_every: int = 10
     """Per-layer norms in every this many steps' events (their cost grows with the layers; the
     global ``grad_norm`` is in every step event)."""
+    grad_norm_from_buckets: bool = True
+    """Under DDP, take the step's global grad norm from the buckets the all-reduce has just
+    written (agent/collectors/timing.py). Off when the loop changes the gradients between the
+    backward and ``before_optimizer_step`` in a way a norm must see, e.g. a loss scaler's unscale
+    (off by itself when the Accelerator has a scaler); clipping there is seen as the pre-clip norm."""
     heartbeat_s: float = 5.0
     """Seconds between heartbeats (one per node, from its local rank 0; also while paused)."""
     ranks_every: int = 10

@@ -135,6 +135,7 @@ class Agent:
         self._with_grad: list[int] = []  # indices into _params that had a gradient at the last norms
         self.comm = attach_comm_timer(model)
         self._grads_identical = self.comm is not None
+        self._bucket_norms = config.grad_norm_from_buckets and getattr(accelerator, "scaler", None) is None
         """Under DDP every rank holds the same (all-reduced) gradients, so only the ranks that
         publish a step event compute their norms; otherwise every rank's count in the mean."""
         self._clock = StepClock()
@@ -321,7 +322,7 @@ class Agent:
         self._micro += 1
         self._tokens += int(tokens)
         if self.comm is not None:  # the DDP hook then takes the global norm from the reduced buckets
-            self.comm.want_grad_norm = self._publishes()
+            self.comm.want_grad_norm = self._bucket_norms and self._publishes()
         if self.distributed and self.comm is not None:
             self._collective = "backward"  # DDP's gradient all-reduce runs (and waits) inside it
 

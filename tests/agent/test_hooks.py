@@ -216,7 +216,8 @@ def test_start_declares_the_capabilities_it_is_given_and_none_when_not_given():
         agent.start(capabilities=["fly"])
 
 
-def test_under_ddp_the_step_grad_norm_comes_from_the_reduced_buckets_and_matches_the_gradients(tmp_path):
+@pytest.mark.parametrize("buckets", [True, False])
+def test_under_ddp_the_step_grad_norm_comes_from_the_reduced_buckets_and_matches_the_gradients(tmp_path, buckets):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -226,7 +227,8 @@ def test_under_ddp_the_step_grad_norm_comes_from_the_reduced_buckets_and_matches
         model = DDP(GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8)))
         opt = torch.optim.SGD(model.parameters(), lr=1e-3)
         sink = InMemorySink()
-        agent = Agent(None, model, opt, AgentConfig(run="unit", calibration_s=0.05, layer_norms_every=2), seq_len=8, sink=sink)
+        agent = Agent(None, model, opt, AgentConfig(run="unit", calibration_s=0.05, layer_norms_every=2,
+                                                           grad_norm_from_buckets=buckets), seq_len=8, sink=sink)
         agent.start()
         for _ in range(4):
             x = torch.randint(0, 256, (4, 8))
@@ -240,7 +242,7 @@ def test_under_ddp_the_step_grad_norm_comes_from_the_reduced_buckets_and_matches
             opt.step()
             opt.zero_grad(set_to_none=True)
             d = agent.after_step()
-            assert from_buckets and d["grad_norm"] == pytest.approx(expected, rel=1e-5)
+            assert from_buckets == buckets and d["grad_norm"] == pytest.approx(expected, rel=1e-5)
             assert ("layer_grad_norms" in d) == ((agent.step - 1) % 2 == 0)
         agent.close()
     finally:
