@@ -135,9 +135,10 @@ class Agent:
         self._with_grad: list[int] = []  # indices into _params that had a gradient at the last norms
         self.comm = attach_comm_timer(model)
         self._grads_identical = self.comm is not None
-        self._bucket_norms = config.grad_norm_from_buckets and getattr(accelerator, "scaler", None) is None
         """Under DDP every rank holds the same (all-reduced) gradients, so only the ranks that
         publish a step event compute their norms; otherwise every rank's count in the mean."""
+        self._bucket_norms = config.grad_norm_from_buckets and getattr(accelerator, "scaler", None) is None
+        """The global norm from the DDP hook's reduced buckets (an Accelerator's scaler unscales later)."""
         self._clock = StepClock()
         self._heartbeat: Heartbeat | None = None
         self._node: NodeBeats | None = None
@@ -190,7 +191,8 @@ class Agent:
         self.emit(EventType.COMMAND_ACK, {"cmd": cmd_id, "cmd_type": cmd_type, "status": str(status), "detail": detail})
 
     def emit(self, type: EventType, data: dict[str, Any], *, step: int | None = None) -> None:
-        """Validate and hand one event to the sink (never raises: a bad event is logged)."""
+        """Hand one event to the sink, validated here or, for a ``Publisher``, on its thread (never
+        raises: a bad event is logged and dropped, and the publisher counts it)."""
         draft = EventDraft(type, self.config.run, self.step if step is None else step, dict(data),
                            rank=self.rank, world=self.world)
         if self._sink_builds:  # the publisher thread validates and encodes (agent/drafts.py)

@@ -17,7 +17,10 @@ A shared 2-core machine drifts by 2x within a minute, so the modes run in interl
 A, ...), and each round gives its own paired ratio: median(on) / median(off) over that round's
 steps. ``ratio`` is the median of the rounds' ratios, with its spread (quartiles, min, max);
 ``ratio_pooled`` is the old figure, median over all steps of each mode. ``cpu_ratio``: the same
-paired median of rank 0's CPU time per step (every thread of the process), which load moves less. Step time is rank 0's
+paired median of rank 0's CPU time per step (every thread of the process), which load moves less;
+``cpu_attributed_ratio``: 1 + the agent's own CPU per step (the training thread inside its calls,
+less the loop's own reduce it replaces, plus its side threads) over the plain step's CPU, the
+steadiest of the three on a shared machine (it leaves out the DDP hook's work inside backward). Step time is rank 0's
 wall time per optimizer step. The sink is a real ``Publisher`` to an embedded broker when one can
 be started (``--sink kafka``), else the in-memory sink. ``os.getloadavg()`` is recorded before
 and after.
@@ -76,31 +79,44 @@ def worker(args: argparse.Namespace) -> None:
     setups = {"off": build(None), "on": build(10), "on_hist1": build(1)}
     times: dict[str, list[float]] = {k: [] for k in setups}
 
+    hook_cpu = dict.fromkeys(setups, 0.0)  # training-thread CPU inside the agent's calls
+
     def step(mode: str, i: int) -> float:
         model, opt, agent = setups[mode]
         b = batches[i % len(batches)]
         x, y = b[:, :-1], b[:, 1:]
+        tt = time.thread_time
         t0 = time.perf_counter()
+        c = tt()
         if agent is not None:
             with agent.data_wait():
                 pass
+        h = tt() - c
         _, loss = model(x, y)
         if agent is not None:
+            c = tt()
             agent.after_forward(loss, tokens=x.numel())
+            h += tt() - c
         acc.backward(loss)
+        c = tt()
         if agent is not None:
             agent.after_backward()
-            if agent.before_optimizer_step():
-                opt.step()
-        else:
+            ok = agent.before_optimizer_step()
+        else:  # the loop's own reduce, which the agent's packed one replaces
             g = loss.detach().clone()
             dist.all_reduce(g)
             _ = g.item() / world  # the scalar the loop reads anyway
+            ok = True
+        h += tt() - c
+        if ok:
             opt.step()
         opt.zero_grad(set_to_none=True)
         if agent is not None:
+            c = tt()
             agent.after_step()
             agent.poll_commands()
+            h += tt() - c
+        hook_cpu[mode] += h
         return time.perf_counter() - t0
 
     for mode in setups:
@@ -108,14 +124,17 @@ def worker(args: argparse.Namespace) -> None:
             step(mode, i)
     order = list(setups)
     rounds: list[dict[str, float]] = []
-    cpu_rounds: list[dict[str, float]] = []
+    cpu_rounds: list[dict[str, dict[str, float]]] = []
+    n = args.steps_per_round
     for r in range(args.rounds):
         this: dict[str, list[float]] = {}
-        cpu: dict[str, float] = {}
+        cpu: dict[str, dict[str, float]] = {}
         for mode in order if r % 2 == 0 else order[::-1]:
-            c0 = time.process_time()  # every thread of this process: publisher, kafka IO, gloo
-            this[mode] = [step(mode, r * args.steps_per_round + i) for i in range(args.steps_per_round)]
-            cpu[mode] = (time.process_time() - c0) / args.steps_per_round
+            c0, m0, h0 = time.process_time(), time.thread_time(), hook_cpu[mode]
+            this[mode] = [step(mode, r * n + i) for i in range(n)]
+            every = time.process_time() - c0  # every thread of this process: publisher, kafka I/O, gloo
+            main = time.thread_time() - m0
+            cpu[mode] = {"all": every / n, "main": main / n, "side": (every - main) / n, "hooks": (hook_cpu[mode] - h0) / n}
             times[mode].extend(this[mode])
         rounds.append({mode: statistics.median(v) for mode, v in this.items()})
         cpu_rounds.append(cpu)
@@ -139,7 +158,15 @@ def summarize(res: dict, *, sink: str, load_before: tuple[float, ...], load_afte
     med = {k: statistics.median(v) for k, v in times.items()}
     per_round = {k: [r[k] / r["off"] for r in rounds] for k in ("on", "on_hist1")}
     spread = {k: _spread(v) for k, v in per_round.items()}
-    cpu = {k: _spread([r[k] / r["off"] for r in res["cpu_rounds"]]) for k in ("on", "on_hist1")}
+    cr = res["cpu_rounds"]
+    cpu = {k: _spread([r[k]["all"] / r["off"]["all"] for r in cr]) for k in ("on", "on_hist1")}
+    # The agent's own CPU, counted where it runs: the training thread inside its calls (less the
+    # loop's own reduce, which its packed all-reduce replaces) and the side threads (publisher,
+    # kafka I/O), over the plain step's CPU. It leaves out the DDP hook's cost inside backward.
+    attributed = {k: _spread([1 + (r[k]["hooks"] - r["off"]["hooks"] + r[k]["side"] - r["off"]["side"]) / r["off"]["all"]
+                              for r in cr]) for k in ("on", "on_hist1")}
+    parts = {k: {part: 1000 * statistics.median(r[k][part] for r in cr) for part in ("all", "main", "side", "hooks")}
+             for k in times}
     return {
         "benchmark": "agent_overhead",
         "ratio": spread["on"]["median"],
@@ -150,7 +177,10 @@ def summarize(res: dict, *, sink: str, load_before: tuple[float, ...], load_afte
         "ratio_mean": statistics.fmean(times["on"]) / statistics.fmean(times["off"]),
         "cpu_ratio": cpu["on"]["median"], "cpu_ratio_hist_every_step": cpu["on_hist1"]["median"],
         "cpu_ratio_spread": cpu["on"], "cpu_ratio_hist_every_step_spread": cpu["on_hist1"],
-        "cpu_ms_per_step": {k: 1000 * statistics.median(r[k] for r in res["cpu_rounds"]) for k in times},
+        "cpu_ms_per_step": parts,
+        "cpu_attributed_ratio": attributed["on"]["median"],
+        "cpu_attributed_ratio_hist_every_step": attributed["on_hist1"]["median"],
+        "cpu_attributed_spread": attributed,
         "median_step_s": med,
         "p90_step_s": {k: statistics.quantiles(v, n=10)[-1] for k, v in times.items()},
         "rounds": len(rounds), "steps_per_mode": len(times["off"]),
@@ -169,8 +199,12 @@ def print_table(result: dict) -> None:
         print(f"{k:<10}{1000 * med[k]:>11.2f}{1000 * p90[k]:>9.2f}{sp['median']:>8.3f}{sp['q1']:>8.3f}"
               f"{sp['q3']:>8.3f}{sp['min']:>8.3f}{sp['max']:>8.3f}")
     cpu = result["cpu_ms_per_step"]
-    print(f"rank 0 CPU per step (all threads, ms): off {cpu['off']:.2f}, on {cpu['on']:.2f} "
-          f"(x{result['cpu_ratio']:.3f}), on_hist1 {cpu['on_hist1']:.2f} (x{result['cpu_ratio_hist_every_step']:.3f})")
+    print("rank 0 CPU per step, ms (all threads | training thread | inside the agent's calls | side threads):")
+    for k in ("off", "on", "on_hist1"):
+        c = cpu[k]
+        print(f"  {k:<10}{c['all']:>8.2f}{c['main']:>8.2f}{c['hooks']:>8.2f}{c['side']:>8.2f}")
+    print(f"CPU ratio {result['cpu_ratio']:.3f} / {result['cpu_ratio_hist_every_step']:.3f}; the agent's own CPU over a "
+          f"plain step: {result['cpu_attributed_ratio']:.3f} / {result['cpu_attributed_ratio_hist_every_step']:.3f}")
     lb, la = result["loadavg_before"], result["loadavg_after"]
     print(f"ratio (hist every 10) = {result['ratio']:.3f}; ratio_hist_every_step = {result['ratio_hist_every_step']:.3f}"
           f"  (median of {result['rounds']} paired rounds; pooled {result['ratio_pooled']:.3f} / "
