@@ -111,7 +111,7 @@ class PublisherConfig:
     """Events held in memory between publish() and the publisher thread; past it they are dropped."""
     max_batch: int = 2_000
     """Most events the thread sends (or replays) per flush."""
-    linger_s: float = 0.5
+    linger_s: float = 1.0
     """How long routine telemetry (steps, ranks, heartbeats, histograms) gathers after the first
     one is queued before the thread sends the lot: kafka-python spends ~2 ms of CPU per send and
     flush in the training process, whatever the batch holds, so per event at tens of steps a
