@@ -23,7 +23,15 @@ class AgentConfig:
     hist_every: int = 100
     """Emit per-layer gradient histograms every this many steps (0 = never)."""
     layer_norms: bool = True
-    """Put per-layer gradient norms in every step event (carried by the same all-reduce)."""
+    """Put per-layer gradient norms in step events (carried by the same all-reduce)."""
+    layer_norms_every: int = 10
+    """Per-layer norms in every this many steps' events (their cost grows with the layers; the
+    global ``grad_norm`` is in every step event)."""
+    grad_norm_from_buckets: bool = True
+    """Under DDP, take the step's global grad norm from the buckets the all-reduce has just
+    written (agent/collectors/timing.py). Off when the loop changes the gradients between the
+    backward and ``before_optimizer_step`` in a way a norm must see, e.g. a loss scaler's unscale
+    (off by itself when the Accelerator has a scaler); clipping there is seen as the pre-clip norm."""
     heartbeat_s: float = 5.0
     """Seconds between heartbeats (one per node, from its local rank 0; also while paused)."""
     ranks_every: int = 10
@@ -56,6 +64,8 @@ class AgentConfig:
         check_run_id(self.run)  # else the broker side would drop every event of the run
         if self.hist_every < 0:
             raise ValueError("hist_every: must be >= 0")
+        if self.layer_norms_every < 1:
+            raise ValueError("layer_norms_every: must be >= 1")
         if self.detail_steps < 0:
             raise ValueError("detail_steps: must be >= 0")
         if self.ranks_every < 0:

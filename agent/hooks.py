@@ -8,17 +8,22 @@ Attach in five lines::
     ...  agent.after_backward(); if agent.before_optimizer_step(): optimizer.step()
     ...  agent.after_step(); for cmd in agent.poll_commands(): ...   # then agent.close()
 
-The single host sync. ``before_optimizer_step`` packs, on the device, one small tensor —
-``[per-rank loss slots (world) | pending-command flag | global grad-norm² | per-layer grad-norm²]``,
-plus every ``ranks_every`` steps the per-rank performance block (agent/rank_perf.py) — all-reduces
-it once (SUM) and reads it once (``.tolist()``). Each rank writes its own loss into
-its own slot, so after the sum every rank holds every rank's loss (its ``loss_local`` and the
-global mean) without a second read; rank 0 writes the number of commands it has queued into the
-flag, so every rank learns at the same step that a command body is to be broadcast. Gradients
-are identical on every rank after DDP's all-reduce, so the norm slots are divided by the world
-size. Rank 0 alone turns the loss slots into the run-level ``step`` event's loss summary
-(core/rank_arrays.py): one step event per step whatever the world. That is the only per-step host sync; a ``grad_hist`` emission adds one on rank 0 every
-``hist_every`` steps.
+The single host sync. ``before_optimizer_step`` packs, on the device, one small float64 tensor —
+``[per-rank loss slots (world) | pending-command flag | norm contributors | global grad-norm² |
+per-layer grad-norm² (every layer_norms_every steps)]``, plus every ``ranks_every`` steps the
+per-rank performance block (agent/rank_perf.py) — all-reduces it once (SUM) and reads it once
+(``.tolist()``). Each rank writes its own loss into its own slot, so after the sum every rank
+holds every rank's loss (its ``loss_local`` and the global mean) without a second read; rank 0
+writes the number of commands it has queued into the flag, so every rank learns at the same step
+that a command body is to be broadcast. Under DDP the gradients are identical on every rank, so
+only the ranks that publish a step event (rank 0, and a rank in a detail window) compute norms;
+each that does counts 1 in the contributors slot and the norms are the sum over it. Rank 0 alone
+turns the loss slots into the run-level ``step`` event's loss summary (core/rank_arrays.py): one
+step event per step whatever the world. That is the only per-step host sync; a ``grad_hist``
+emission adds one on rank 0 every ``hist_every`` steps.
+
+Off the training thread: events go to a ``Publisher`` as drafts (agent/drafts.py), which its
+thread validates, encodes and signs; the training thread builds a plain dict of numbers.
 
 Commands: rank 0 polls the ``CommandListener`` (non-blocking) right before that all-reduce. When
 the flag is set, ``poll_commands()`` broadcasts the verified commands from rank 0
@@ -48,6 +53,7 @@ from agent.collectors.mfu import ModelShape, mfu, resolve_peak
 from agent.collectors.timing import StepClock, attach_comm_timer
 from agent.config import AgentConfig
 from agent.detail import DetailWindow, detail_steps
+from agent.drafts import EventDraft, builds_events
 from agent.guard import Guard
 from agent.heartbeat import Heartbeat
 from agent.lr_scale import LRScale
@@ -57,7 +63,7 @@ from agent.rank_perf import PERF_FIELDS, PerfAccumulator, publishes_chunk, ranks
 from core.capabilities import normalize as normalize_capabilities
 from core.deployment import PUBLIC_KEY_ENV, SECRET_ENV, agent_event_signer, agent_verifying_key
 from core.enums import AckStatus, CommandType, EventType, GuardDecision
-from core.events import Command, make_event
+from core.events import Command
 from core.rank_arrays import summarize_losses
 
 log = logging.getLogger(__name__)
@@ -116,6 +122,7 @@ class Agent:
         self.peak_flops = 0.0
         self.peak_source = ""
         self.sink = sink if sink is not None else self._make_publisher(kafka, publisher_config, event_signer)
+        self._sink_builds = builds_events(self.sink)
         self.commands = command_source
         if self.commands is None and self.rank == 0 and kafka is not None:
             secret = secret if secret is not None else load_secret()
@@ -123,9 +130,15 @@ class Agent:
                 self.commands = self._make_listener(kafka, secret)
             else:
                 log.warning("no command key (%s or %s): commands are not listened for", PUBLIC_KEY_ENV, SECRET_ENV)
-        self.comm = attach_comm_timer(model)
         self._params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self._layer_names = [layer_name(n) for n, _ in self._params]
+        self._with_grad: list[int] = []  # indices into _params that had a gradient at the last norms
+        self.comm = attach_comm_timer(model)
+        self._grads_identical = self.comm is not None
+        """Under DDP every rank holds the same (all-reduced) gradients, so only the ranks that
+        publish a step event compute their norms; otherwise every rank's count in the mean."""
+        self._bucket_norms = config.grad_norm_from_buckets and getattr(accelerator, "scaler", None) is None
+        """The global norm from the DDP hook's reduced buckets (an Accelerator's scaler unscales later)."""
         self._clock = StepClock()
         self._heartbeat: Heartbeat | None = None
         self._node: NodeBeats | None = None
@@ -178,9 +191,15 @@ class Agent:
         self.emit(EventType.COMMAND_ACK, {"cmd": cmd_id, "cmd_type": cmd_type, "status": str(status), "detail": detail})
 
     def emit(self, type: EventType, data: dict[str, Any], *, step: int | None = None) -> None:
-        """Validate and hand one event to the sink (never raises: a bad event is logged)."""
+        """Hand one event to the sink, validated here or, for a ``Publisher``, on its thread (never
+        raises: a bad event is logged and dropped, and the publisher counts it)."""
+        draft = EventDraft(type, self.config.run, self.step if step is None else step, dict(data),
+                           rank=self.rank, world=self.world)
+        if self._sink_builds:  # the publisher thread validates and encodes (agent/drafts.py)
+            self.sink.publish(draft)
+            return
         try:
-            ev = make_event(type, self.config.run, self.step if step is None else step, data, rank=self.rank, world=self.world)
+            ev = draft.build()
         except ValueError:
             log.exception("dropping an invalid %s event", type)
             return
@@ -268,6 +287,7 @@ class Agent:
         self._local_loss = float("nan")
         self._grad_norm = float("nan")
         self._layer_norms: dict[str, float] = {}
+        self._bucket_norm_sq: torch.Tensor | None = None  # from the DDP hook, at the last backward
         if getattr(self, "comm", None) is not None:
             self.comm.reset()
 
@@ -303,6 +323,8 @@ class Agent:
         self._loss_sum = d if self._loss_sum is None else self._loss_sum + d
         self._micro += 1
         self._tokens += int(tokens)
+        if self.comm is not None:  # the DDP hook then takes the global norm from the reduced buckets
+            self.comm.want_grad_norm = self._bucket_norms and self._publishes()
         if self.distributed and self.comm is not None:
             self._collective = "backward"  # DDP's gradient all-reduce runs (and waits) inside it
 
@@ -311,6 +333,8 @@ class Agent:
         self._collective = ""
         if self.comm is not None and self.comm.last_launch is not None:
             self._clock.comm_exposed += self.comm.exposed_since(time.perf_counter())
+            # the last synchronising backward's buckets hold the step's (accumulated) gradients
+            self._bucket_norm_sq = self.comm.grad_norm_sq()
             self.comm.reset()
 
     def before_optimizer_step(self) -> bool:
@@ -321,21 +345,26 @@ class Agent:
             self._pending.extend(self._poll_source())
         w = self.world
         dev = self._loss_sum.device
-        parts = [torch.zeros(w, device=dev)]
-        parts[0][self.rank] = self._loss_sum / max(self._micro, 1)
-        parts.append(torch.tensor([float(len(self._pending)) if self.rank == 0 else 0.0], device=dev))
-        names, sq = self._norms_sq()
-        if sq is not None:
-            parts.append(sq.sum().reshape(1).to(dev))
-            if self.config.layer_norms:
-                parts.append(sq.to(dev))
-        packed = torch.cat(parts).double()
+        publishes = self._publishes()
+        layers_due = self._layer_norms_due()
+        sq = None
+        if publishes or not self._grads_identical:
+            sq = None if layers_due else self._bucket_norm_sq
+            if sq is None:
+                sq = self._norms_sq(layers_due)
+        losses = torch.zeros(w, dtype=torch.float64, device=dev)
+        losses[self.rank] = self._loss_sum / max(self._micro, 1)
+        flag = float(len(self._pending)) if self.rank == 0 else 0.0
+        parts = [losses, torch.tensor([flag, 0.0 if sq is None else 1.0], dtype=torch.float64, device=dev)]
+        parts.append(sq.to(dev) if sq is not None else torch.zeros(1 + (len(self._params) if layers_due else 0),
+                                                           dtype=torch.float64, device=dev))
         ranks_due = self._ranks_due()
         if ranks_due:  # every rank's performance rides on the same all-reduce (agent/rank_perf.py)
             block = torch.zeros(len(PERF_FIELDS) * w, dtype=torch.float64, device=dev)
             block[torch.arange(len(PERF_FIELDS), device=dev) * w + self.rank] = torch.tensor(
                 self._perf.slot(), dtype=torch.float64, device=dev)
-            packed = torch.cat([packed, block])
+            parts.append(block)
+        packed = torch.cat(parts)
         if self.distributed:
             t0 = time.perf_counter()
             self._collective = "all_reduce"
@@ -345,26 +374,38 @@ class Agent:
             self._clock.comm_exposed += time.perf_counter() - t0
         else:
             values = packed.tolist()
-        losses = values[:w]
-        self._losses = losses
-        self._local_loss = losses[self.rank]
-        self._global_loss = sum(losses) / w
+        losses_host = values[:w]
+        self._losses = losses_host
+        self._local_loss = losses_host[self.rank]
+        self._global_loss = sum(losses_host) / w
         self._flag_seen = values[w] > 0
-        if sq is not None:
-            self._grad_norm = (values[w + 1] / w) ** 0.5
-            if self.config.layer_norms:
-                self._layer_norms = {n: (v / w) ** 0.5 for n, v in zip(names, values[w + 2 : w + 2 + len(names)], strict=True)}
+        contributors = values[w + 1]
+        if contributors > 0:  # the mean over the ranks that computed norms (identical ones under DDP)
+            self._grad_norm = (values[w + 2] / contributors) ** 0.5
+            if layers_due and publishes:
+                layer_sq = values[w + 3 : w + 3 + len(self._params)]
+                self._layer_norms = {self._layer_names[i]: (layer_sq[i] / contributors) ** 0.5 for i in self._with_grad}
         if ranks_due:
-            self._emit_ranks(values[len(values) - len(PERF_FIELDS) * w :], losses)
+            self._emit_ranks(values[len(values) - len(PERF_FIELDS) * w :], losses_host)
         self._decision = self.guard.decide(self._global_loss, self.step)
         if self.rank == 0 and self.config.hist_every and self.step % self.config.hist_every == 0:
             self._emit_histograms()
         return Guard.applies_update(self._decision)
 
+    def _publishes(self) -> bool:
+        """Whether this rank publishes a step event for the current step."""
+        return self.rank == 0 or self._detail.active(self.step)
+
     def _ranks_due(self) -> bool:
         """The same answer on every rank: they all close the same steps."""
         every = self.config.ranks_every
         return bool(every) and self.step % every == 0 and self._perf.n > 0
+
+    def _layer_norms_due(self) -> bool:
+        """Per-layer norms (work and bytes proportional to the layers) every ``layer_norms_every``
+        steps; the same answer on every rank, so the packed tensor has the same layout on all."""
+        every = self.config.layer_norms_every
+        return self.config.layer_norms and bool(every) and self.step % every == 0 and bool(self._params)
 
     def _emit_ranks(self, block: list[float], losses: list[float]) -> None:
         per_event = self.config.ranks_per_event
@@ -373,17 +414,26 @@ class Agent:
                                                      per_event=per_event, steps=self._perf.n))
         self._perf.reset()
 
-    def _norms_sq(self) -> tuple[list[str], torch.Tensor | None]:
-        names, grads = [], []
-        for (_n, p), ln in zip(self._params, self._layer_names, strict=True):
+    def _norms_sq(self, per_layer: bool) -> torch.Tensor | None:
+        """float64 ``[global grad-norm² | per-layer grad-norm² (one slot per parameter, 0 without a
+        gradient), when per_layer]``; None when no parameter has a gradient. Sets ``_with_grad``."""
+        idx, grads = [], []
+        for i, (_n, p) in enumerate(self._params):
             if p.grad is not None:
-                names.append(ln)
+                idx.append(i)
                 g = p.grad.detach()
                 grads.append(g if g.dtype == torch.float32 else g.float())
+        self._with_grad = idx
         if not grads:
-            return names, None
+            return None
         # one fused kernel for every layer, not a norm and a square per tensor from Python
-        return names, torch.stack(torch._foreach_norm(grads)).square()
+        sq = torch.stack(torch._foreach_norm(grads)).double().square()
+        if not per_layer:
+            return sq.sum().reshape(1)
+        if len(idx) < len(self._params):
+            sq = torch.zeros(len(self._params), dtype=torch.float64, device=sq.device).index_copy_(
+                0, torch.tensor(idx, device=sq.device), sq)
+        return torch.cat([sq.sum().reshape(1), sq])
 
     def _emit_histograms(self) -> None:
         try:

@@ -1,6 +1,6 @@
-"""Agent overhead: median step time with the agent on vs off, same script, alternating.
+"""Agent overhead: step time with the agent on vs off, same script, interleaved blocks.
 
-``python -m bench.agent_overhead --json OUT.json [--nproc 2] [--rounds 8] [--steps-per-round 10]``
+``python -m bench.agent_overhead --json OUT.json [--nproc 2] [--rounds 16] [--steps-per-round 10]``
 
 Launches ``--nproc`` torchrun workers (gloo on CPU). Each worker builds three copies of the
 default GPT (``trainer.model.GPTConfig()``) on the default global batch, each under DDP:
@@ -8,15 +8,22 @@ default GPT (``trainer.model.GPTConfig()``) on the default global batch, each un
 - ``off``: the plain loop — forward, backward, ``optimizer.step()``, and the one all-reduced loss
   scalar a loop reads anyway (``all_reduce`` + ``.item()``);
 - ``on``: the same loop with the agent's hooks (its packed all-reduce replaces the loop's, the
-  DDP timing hook, the guard, per-layer norms, step events to the sink, heartbeats) and
-  gradient histograms every 10 steps;
+  DDP timing hook, the guard, norms, step events to the sink, heartbeats) and gradient
+  histograms every 10 steps;
 - ``on_hist1``: the same with histograms every step.
 
-Modes run in alternating rounds of ``--steps-per-round`` steps (after a warm-up), so drift in
-machine load hits all three alike. Step time is rank 0's wall time per optimizer step. The sink is
-a real ``Publisher`` to an embedded broker when one can be started (``--sink kafka``), else the
-in-memory sink. ``ratio`` = median(on) / median(off); ``ratio_hist_every_step`` =
-median(on_hist1) / median(off).
+A shared 2-core machine drifts by 2x within a minute, so the modes run in interleaved blocks of
+``--steps-per-round`` steps (after a warm-up), the order reversed every other round (A B C, C B
+A, ...), and each round gives its own paired ratio: median(on) / median(off) over that round's
+steps. ``ratio`` is the median of the rounds' ratios, with its spread (quartiles, min, max);
+``ratio_pooled`` is the old figure, median over all steps of each mode. ``cpu_ratio``: the same
+paired median of rank 0's CPU time per step (every thread of the process), which load moves less;
+``cpu_attributed_ratio``: 1 + the agent's own CPU per step (the training thread inside its calls,
+less the loop's own reduce it replaces, plus its side threads) over the plain step's CPU, the
+steadiest of the three on a shared machine (it leaves out the DDP hook's work inside backward). Step time is rank 0's
+wall time per optimizer step. The sink is a real ``Publisher`` to an embedded broker when one can
+be started (``--sink kafka``), else the in-memory sink. ``os.getloadavg()`` is recorded before
+and after.
 """
 
 from __future__ import annotations
@@ -72,54 +79,143 @@ def worker(args: argparse.Namespace) -> None:
     setups = {"off": build(None), "on": build(10), "on_hist1": build(1)}
     times: dict[str, list[float]] = {k: [] for k in setups}
 
+    hook_cpu = dict.fromkeys(setups, 0.0)  # training-thread CPU inside the agent's calls
+
     def step(mode: str, i: int) -> float:
         model, opt, agent = setups[mode]
         b = batches[i % len(batches)]
         x, y = b[:, :-1], b[:, 1:]
+        tt = time.thread_time
         t0 = time.perf_counter()
+        c = tt()
         if agent is not None:
             with agent.data_wait():
                 pass
+        h = tt() - c
         _, loss = model(x, y)
         if agent is not None:
+            c = tt()
             agent.after_forward(loss, tokens=x.numel())
+            h += tt() - c
         acc.backward(loss)
+        c = tt()
         if agent is not None:
             agent.after_backward()
-            if agent.before_optimizer_step():
-                opt.step()
-        else:
+            ok = agent.before_optimizer_step()
+        else:  # the loop's own reduce, which the agent's packed one replaces
             g = loss.detach().clone()
             dist.all_reduce(g)
             _ = g.item() / world  # the scalar the loop reads anyway
+            ok = True
+        h += tt() - c
+        if ok:
             opt.step()
         opt.zero_grad(set_to_none=True)
         if agent is not None:
+            c = tt()
             agent.after_step()
             agent.poll_commands()
+            h += tt() - c
+        hook_cpu[mode] += h
         return time.perf_counter() - t0
 
     for mode in setups:
         for i in range(args.warmup):
             step(mode, i)
+    order = list(setups)
+    rounds: list[dict[str, float]] = []
+    cpu_rounds: list[dict[str, dict[str, float]]] = []
+    n = args.steps_per_round
     for r in range(args.rounds):
-        for mode in setups:
-            for i in range(args.steps_per_round):
-                times[mode].append(step(mode, r * args.steps_per_round + i))
+        this: dict[str, list[float]] = {}
+        cpu: dict[str, dict[str, float]] = {}
+        for mode in order if r % 2 == 0 else order[::-1]:
+            c0, m0, h0 = time.process_time(), time.thread_time(), hook_cpu[mode]
+            this[mode] = [step(mode, r * n + i) for i in range(n)]
+            every = time.process_time() - c0  # every thread of this process: publisher, kafka I/O, gloo
+            main = time.thread_time() - m0
+            cpu[mode] = {"all": every / n, "main": main / n, "side": (every - main) / n, "hooks": (hook_cpu[mode] - h0) / n}
+            times[mode].extend(this[mode])
+        rounds.append({mode: statistics.median(v) for mode, v in this.items()})
+        cpu_rounds.append(cpu)
     for _, _, agent in setups.values():
         if agent is not None:
             agent.close()
     if rank == 0:
         with open(args.out, "w") as fh:
-            json.dump({"times": times, "world": world, "n_params": GPT(cfg).num_params(),
+            json.dump({"times": times, "rounds": rounds, "cpu_rounds": cpu_rounds, "world": world, "n_params": GPT(cfg).num_params(),
                        "global_batch": args.global_batch, "seq_len": cfg.block_size}, fh)
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    q1, q2, q3 = statistics.quantiles(values, n=4) if len(values) > 1 else (values[0],) * 3
+    return {"median": q2 if len(values) > 1 else values[0], "q1": q1, "q3": q3, "min": min(values), "max": max(values)}
+
+
+def summarize(res: dict, *, sink: str, load_before: tuple[float, ...], load_after: tuple[float, ...]) -> dict:
+    """The JSON result from a worker's raw times (pure: tests feed it made-up times)."""
+    times, rounds = res["times"], res["rounds"]
+    med = {k: statistics.median(v) for k, v in times.items()}
+    per_round = {k: [r[k] / r["off"] for r in rounds] for k in ("on", "on_hist1")}
+    spread = {k: _spread(v) for k, v in per_round.items()}
+    cr = res["cpu_rounds"]
+    cpu = {k: _spread([r[k]["all"] / r["off"]["all"] for r in cr]) for k in ("on", "on_hist1")}
+    # The agent's own CPU, counted where it runs: the training thread inside its calls (less the
+    # loop's own reduce, which its packed all-reduce replaces) and the side threads (publisher,
+    # kafka I/O), over the plain step's CPU. It leaves out the DDP hook's cost inside backward.
+    attributed = {k: _spread([1 + (r[k]["hooks"] - r["off"]["hooks"] + r[k]["side"] - r["off"]["side"]) / r["off"]["all"]
+                              for r in cr]) for k in ("on", "on_hist1")}
+    parts = {k: {part: 1000 * statistics.median(r[k][part] for r in cr) for part in ("all", "main", "side", "hooks")}
+             for k in times}
+    return {
+        "benchmark": "agent_overhead",
+        "ratio": spread["on"]["median"],
+        "ratio_hist_every_step": spread["on_hist1"]["median"],
+        "ratio_spread": spread["on"], "ratio_hist_every_step_spread": spread["on_hist1"],
+        "ratio_per_round": per_round,
+        "ratio_pooled": med["on"] / med["off"], "ratio_hist_every_step_pooled": med["on_hist1"] / med["off"],
+        "ratio_mean": statistics.fmean(times["on"]) / statistics.fmean(times["off"]),
+        "cpu_ratio": cpu["on"]["median"], "cpu_ratio_hist_every_step": cpu["on_hist1"]["median"],
+        "cpu_ratio_spread": cpu["on"], "cpu_ratio_hist_every_step_spread": cpu["on_hist1"],
+        "cpu_ms_per_step": parts,
+        "cpu_attributed_ratio": attributed["on"]["median"],
+        "cpu_attributed_ratio_hist_every_step": attributed["on_hist1"]["median"],
+        "cpu_attributed_spread": attributed,
+        "median_step_s": med,
+        "p90_step_s": {k: statistics.quantiles(v, n=10)[-1] for k, v in times.items()},
+        "rounds": len(rounds), "steps_per_mode": len(times["off"]),
+        "world": res["world"], "n_params": res["n_params"], "global_batch": res["global_batch"],
+        "seq_len": res["seq_len"], "sink": sink, "hist_every": 10,
+        "loadavg_before": list(load_before), "loadavg_after": list(load_after),
+    }
+
+
+def print_table(result: dict) -> None:
+    med, p90 = result["median_step_s"], result["p90_step_s"]
+    spreads = {"on": result["ratio_spread"], "on_hist1": result["ratio_hist_every_step_spread"]}
+    print(f"{'mode':<10}{'median ms':>11}{'p90 ms':>9}{'ratio':>8}{'q1':>8}{'q3':>8}{'min':>8}{'max':>8}")
+    print(f"{'off':<10}{1000 * med['off']:>11.2f}{1000 * p90['off']:>9.2f}{1.0:>8.3f}")
+    for k, sp in spreads.items():
+        print(f"{k:<10}{1000 * med[k]:>11.2f}{1000 * p90[k]:>9.2f}{sp['median']:>8.3f}{sp['q1']:>8.3f}"
+              f"{sp['q3']:>8.3f}{sp['min']:>8.3f}{sp['max']:>8.3f}")
+    cpu = result["cpu_ms_per_step"]
+    print("rank 0 CPU per step, ms (all threads | training thread | inside the agent's calls | side threads):")
+    for k in ("off", "on", "on_hist1"):
+        c = cpu[k]
+        print(f"  {k:<10}{c['all']:>8.2f}{c['main']:>8.2f}{c['hooks']:>8.2f}{c['side']:>8.2f}")
+    print(f"CPU ratio {result['cpu_ratio']:.3f} / {result['cpu_ratio_hist_every_step']:.3f}; the agent's own CPU over a "
+          f"plain step: {result['cpu_attributed_ratio']:.3f} / {result['cpu_attributed_ratio_hist_every_step']:.3f}")
+    lb, la = result["loadavg_before"], result["loadavg_after"]
+    print(f"ratio (hist every 10) = {result['ratio']:.3f}; ratio_hist_every_step = {result['ratio_hist_every_step']:.3f}"
+          f"  (median of {result['rounds']} paired rounds; pooled {result['ratio_pooled']:.3f} / "
+          f"{result['ratio_hist_every_step_pooled']:.3f}; loadavg {lb[0]:.2f} -> {la[0]:.2f})")
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", help="write the results here")
     p.add_argument("--nproc", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=16)
     p.add_argument("--steps-per-round", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--global-batch", type=int, default=16)
@@ -148,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"no broker ({exc}); using the in-memory sink")
             args.sink = "memory"
     out = os.path.join(tmp, "result.json")
+    load_before = os.getloadavg()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
            "-m", "bench.agent_overhead", "--worker", "--out", out, "--tmp", tmp, "--rounds", str(args.rounds),
            "--steps-per-round", str(args.steps_per_round), "--warmup", str(args.warmup),
@@ -161,21 +258,8 @@ def main(argv: list[str] | None = None) -> int:
             broker.stop()
     with open(out) as fh:
         res = json.load(fh)
-    med = {k: statistics.median(v) for k, v in res["times"].items()}
-    result = {
-        "benchmark": "agent_overhead",
-        "ratio": med["on"] / med["off"],
-        "ratio_hist_every_step": med["on_hist1"] / med["off"],
-        "median_step_s": med,
-        "p90_step_s": {k: statistics.quantiles(v, n=10)[-1] for k, v in res["times"].items()},
-        "steps_per_mode": len(res["times"]["off"]),
-        "world": res["world"], "n_params": res["n_params"], "global_batch": res["global_batch"],
-        "seq_len": res["seq_len"], "sink": args.sink, "hist_every": 10,
-    }
-    print(f"{'mode':<12}{'median step (ms)':>18}{'p90 (ms)':>12}{'ratio vs off':>14}")
-    for k in ("off", "on", "on_hist1"):
-        print(f"{k:<12}{1000 * med[k]:>18.2f}{1000 * result['p90_step_s'][k]:>12.2f}{med[k] / med['off']:>14.3f}")
-    print(f"ratio (hist every 10) = {result['ratio']:.3f}; ratio_hist_every_step = {result['ratio_hist_every_step']:.3f}")
+    result = summarize(res, sink=args.sink, load_before=load_before, load_after=os.getloadavg())
+    print_table(result)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=2)

@@ -127,7 +127,9 @@ class Trainer:
         c = cfg.model
         shape = ModelShape(n_params=self.raw_model.num_params(non_embedding=True), n_layers=c.n_layer,
                            n_heads=c.n_head, head_dim=c.n_embd // c.n_head, seq_len=cfg.data.seq_len)
-        self.agent = Agent(accelerator, self.model, self.optimizer, cfg.agent, shape=shape, sink=sink,
+        # the loss scaler unscales after the backward: the reduced buckets hold scaled gradients
+        agent_cfg = cfg.agent if self.scaler is None else dataclasses.replace(cfg.agent, grad_norm_from_buckets=False)
+        self.agent = Agent(accelerator, self.model, self.optimizer, agent_cfg, shape=shape, sink=sink,
                            kafka=cfg.kafka, secret=secret, command_source=command_source)
         self.ckpt = CheckpointManager(cfg.checkpoint, self.rank, self.world, self._on_checkpoint, run_id=cfg.agent.run)
         # overlap_copy: a snapshot's copy runs beside the next forward/backward; the fence on the torch

@@ -30,16 +30,34 @@ import torch.distributed as dist
 
 
 class CommTimer:
-    """DDP communication hook state: the default all-reduce, with launch times recorded."""
+    """DDP communication hook state: the default all-reduce, with launch times recorded, and (when
+    ``want_grad_norm``) each reduced bucket's norm.
+
+    The bucket norms give the step's global gradient norm from memory the all-reduce has just
+    written, so it is still in cache: one pass per bucket, where a norm over the parameters'
+    ``.grad`` after the backward reads every gradient back from memory (measured 0.07 ms vs
+    0.3-0.6 ms per step for a 0.8M-parameter model on a loaded CPU)."""
 
     def __init__(self, process_group: Any = None) -> None:
         self.process_group = process_group
         self.last_launch: float | None = None
         self.buckets = 0
+        self.want_grad_norm = False
+        """Set by the agent before the backward of a step whose norm it publishes."""
+        self.bucket_norms: list[torch.Tensor] = []
 
     def reset(self) -> None:
         self.last_launch = None
         self.buckets = 0
+        self.bucket_norms = []
+
+    def grad_norm_sq(self) -> torch.Tensor | None:
+        """float64 squared norm of the reduced gradients of this step's buckets; None unless every
+        launched bucket reported one (no bucket, or ``want_grad_norm`` was off)."""
+        norms = self.bucket_norms
+        if not norms or len(norms) != self.buckets:
+            return None
+        return torch.stack(norms).double().square().sum().reshape(1)
 
     def exposed_since(self, backward_end: float) -> float:
         """Exposed gradient-communication time of the backward that ended at ``backward_end``."""
@@ -56,7 +74,15 @@ class CommTimer:
         world = dist.get_world_size(group)
         tensor = bucket.buffer().div_(world)
         fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
-        return fut.then(lambda f: f.value()[0])
+        if not state.want_grad_norm:
+            return fut.then(lambda f: f.value()[0])
+
+        def reduced(f):
+            buf = f.value()[0]
+            state.bucket_norms.append(torch.linalg.vector_norm(buf, dtype=torch.float32))
+            return buf
+
+        return fut.then(reduced)
 
 
 def attach_comm_timer(model: torch.nn.Module) -> CommTimer | None:

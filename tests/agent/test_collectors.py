@@ -147,3 +147,30 @@ def test_guard_config_validation():
         GuardConfig(on_timeout="panic")
     with pytest.raises(ValueError, match="hold_after"):
         GuardConfig(hold_after=0)
+
+
+def test_ddp_hook_gives_the_global_grad_norm_of_the_reduced_buckets(tmp_path):
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from agent.collectors.timing import attach_comm_timer
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4)), bucket_cap_mb=0.0001)
+        timer = attach_comm_timer(model)
+        for want in (False, True, True):  # DDP rebuilds its buckets after the first step
+            timer.reset()
+            timer.want_grad_norm = want
+            model.zero_grad()
+            model(torch.randn(5, 8)).square().sum().backward()
+            got = timer.grad_norm_sq()
+            if not want:
+                assert got is None and timer.buckets >= 1
+                continue
+            assert timer.buckets >= 1 and len(timer.bucket_norms) == timer.buckets
+            expected = sum(float(p.grad.double().square().sum()) for p in model.parameters())
+            assert float(got) == pytest.approx(expected, rel=1e-5)
+    finally:
+        dist.destroy_process_group()

@@ -5,6 +5,7 @@ The 2-process behaviour (all-reduce, broadcast, real broker) is in tests/trainer
 
 from __future__ import annotations
 
+import math
 import time
 
 import pytest
@@ -62,7 +63,7 @@ def _step(model, opt, agent, *, nan: bool = False) -> bool:
 
 
 def test_every_event_type_with_sane_values():
-    model, opt, agent, sink, source = _setup(hist_every=2)
+    model, opt, agent, sink, source = _setup(hist_every=2, layer_norms_every=3)
     agent.start(global_batch=4, lr_schedule={"kind": "constant"})
     for _ in range(5):
         _step(model, opt, agent)
@@ -84,7 +85,11 @@ def test_every_event_type_with_sane_values():
         assert d["loss"] == d["loss_local"] > 0 and d["grad_norm"] > 0
         assert d["tokens"] == 32 and d["tokens_per_s"] > 0 and d["mem_allocated"] > 0
         assert d["guard"] == "ok" and d["skipped"] is False
-        assert set(d["layer_grad_norms"]) == {n for n, _ in model.named_parameters()}
+        if e.step % 3 == 0:  # per-layer work only every layer_norms_every steps
+            assert set(d["layer_grad_norms"]) == {n for n, _ in model.named_parameters()}
+            assert math.sqrt(sum(v * v for v in d["layer_grad_norms"].values())) == pytest.approx(d["grad_norm"])
+        else:
+            assert "layer_grad_norms" not in d
     hists = by_type[EventType.GRAD_HIST]
     assert [e.step for e in hists] == [0, 2, 4]
     for e in hists:
@@ -209,3 +214,36 @@ def test_start_declares_the_capabilities_it_is_given_and_none_when_not_given():
     _, _, agent, _, _ = _setup()
     with pytest.raises(ValueError, match="capabilities: unknown command 'fly'"):
         agent.start(capabilities=["fly"])
+
+
+@pytest.mark.parametrize("buckets", [True, False])
+def test_under_ddp_the_step_grad_norm_comes_from_the_reduced_buckets_and_matches_the_gradients(tmp_path, buckets):
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = DDP(GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8)))
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        sink = InMemorySink()
+        agent = Agent(None, model, opt, AgentConfig(run="unit", calibration_s=0.05, layer_norms_every=2,
+                                                           grad_norm_from_buckets=buckets), seq_len=8, sink=sink)
+        agent.start()
+        for _ in range(4):
+            x = torch.randint(0, 256, (4, 8))
+            _, loss = model(x, x)
+            agent.after_forward(loss, tokens=x.numel())
+            loss.backward()
+            agent.after_backward()
+            from_buckets = agent._bucket_norm_sq is not None
+            agent.before_optimizer_step()
+            expected = math.sqrt(sum(float(p.grad.double().square().sum()) for p in model.parameters()))
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            d = agent.after_step()
+            assert from_buckets == buckets and d["grad_norm"] == pytest.approx(expected, rel=1e-5)
+            assert ("layer_grad_norms" in d) == ((agent.step - 1) % 2 == 0)
+        agent.close()
+    finally:
+        dist.destroy_process_group()

@@ -409,3 +409,73 @@ def test_every_record_is_signed_with_the_run_key_live_and_after_a_replay(tmp_pat
     verifier = EventVerifier(secret)
     assert [json.loads(v)["step"] for _, v, _ in signed] == [0, 1]
     assert all(verifier.check("run-1", v, dict(h)["cliffguard.sig"]) is None for _, v, h in signed)
+
+
+def test_drafts_are_built_on_the_thread_and_a_bad_one_is_dropped_and_counted(tmp_path, kafka_free_cfg):
+    from agent.drafts import EventDraft
+    from core.enums import EventType
+
+    cluster = FakeCluster(up=True)
+    pub = Publisher(kafka_free_cfg, _cfg(tmp_path), producer_factory=cluster.factory).start()
+    assert pub.builds_events
+    pub.publish(EventDraft(EventType.HEARTBEAT, "run-1", 0, {"state": "running"}, ts=123.0))
+    pub.publish(EventDraft(EventType.STEP, "run-1", 1, {"loss": "not a step"}))  # fails validation
+    pub.publish(_hb(2))
+    pub.close(5)
+    assert _steps(cluster.acked) == [0, 2]
+    first = decode_event(cluster.acked[0][1])
+    assert first.ts == 123.0 and first.data["dropped_events"] == 0  # stamped like any heartbeat
+    s = pub.stats()
+    assert s["dropped"] == 1 and "step" in s["last_error"]
+
+
+class CountingProducer(FakeProducer):
+    flushes = 0
+
+    def flush(self, timeout=None):
+        CountingProducer.flushes += 1
+
+
+def test_events_published_together_go_in_one_send_and_an_idle_thread_sleeps(tmp_path, kafka_free_cfg):
+    cluster = FakeCluster(up=True)
+    pub = Publisher(kafka_free_cfg, _cfg(tmp_path, linger_s=0.05), producer_factory=lambda: CountingProducer(cluster))
+    turns = 0
+    take = pub._take
+
+    def counted_take(limit=None):
+        nonlocal turns
+        turns += 1
+        return take(limit)
+
+    pub._take = counted_take
+    pub.start()
+    pub.publish(_hb(0))
+    assert _wait(lambda: pub.stats()["sent"] == 1)
+    CountingProducer.flushes, turns = 0, 0
+    time.sleep(0.3)  # idle: the thread waits for publish, it does not poll
+    assert turns <= 1
+    for i in range(1, 6):
+        pub.publish(_hb(i))
+    assert _wait(lambda: pub.stats()["sent"] == 6)
+    assert CountingProducer.flushes == 1  # one window, one send and flush
+    pub.close(5)
+
+
+def test_routine_events_wait_for_the_window_and_an_urgent_one_sends_them_at_once(tmp_path, kafka_free_cfg):
+    cluster = FakeCluster(up=True)
+    pub = Publisher(kafka_free_cfg, _cfg(tmp_path, linger_s=1.0), producer_factory=cluster.factory).start()
+    pub.publish(_hb(0))
+    assert _wait(lambda: pub.stats()["sent"] == 1, timeout=3)  # the first window
+    t0 = time.monotonic()
+    pub.publish(_hb(1))
+    time.sleep(0.2)
+    assert pub.stats()["sent"] == 1  # routine: gathering
+    step = {"loss": 9.0, "loss_local": 9.0, "lr": 0.1, "lr_scale": 1.0, "grad_norm": 1.0, "tokens": 1,
+            "step_time_s": 0.1, "data_wait_s": 0.0, "comm_exposed_s": 0.0, "compute_s": 0.1, "tokens_per_s": 10.0,
+            "mfu": 0.1, "mem_allocated": 1, "mem_reserved": 1, "loss_scale": 1.0, "skipped": True,
+            "clipped_layers": 0, "guard": "skip"}
+    pub.publish(make_event("step", "run-1", 2, step))  # the guard skipped it: the controller acts now
+    assert _wait(lambda: pub.stats()["sent"] == 3, timeout=3)
+    assert time.monotonic() - t0 < 0.9
+    assert _steps(cluster.acked) == [0, 1, 2]
+    pub.close(5)

@@ -25,3 +25,15 @@ def test_store_kind_round_trip():
     assert [store_kind(v) for v in (None, 1.0, math.nan, math.inf, -math.inf)] == [None, None, "nan", "inf", "-inf"]
     assert from_store_kind("inf") == math.inf and from_store_kind("-inf") == -math.inf
     assert math.isnan(from_store_kind("nan")) and math.isnan(from_store_kind(None))
+
+
+def test_dumps_writes_the_same_bytes_with_or_without_non_finite_floats():
+    from enum import StrEnum
+
+    class Kind(StrEnum):
+        A = "a"
+
+    for obj in ({"a": 1.5, "b": [1, 2, (3, 4.25)], "c": Kind.A, Kind.A: "x", 3: None, "u": "é"},
+                {"x": math.nan, "y": [math.inf, -math.inf], "z": {"w": (1.0, math.nan)}, "c": Kind.A}):
+        slow = json.dumps(to_json(obj), separators=(",", ":"), allow_nan=False, ensure_ascii=False).encode()
+        assert dumps(obj) == slow
