@@ -39,6 +39,7 @@ from controller.verdict import Action, Verdict
 from core.enums import EventType, Level, TrainerMode
 from core.events import Event
 from core.rank_arrays import rank_entries
+from core.ranks import rank_spans
 
 _REARM_S = 1.0
 """A sign of life must be this much newer than the one a silence was reported on to re-arm it: a
@@ -272,22 +273,6 @@ class HeartbeatRule:
             self._collective = {int(r): str(v) for r, v in state.get("collective", {}).items()}
             self._hung = {int(r) for r in state.get("hung", [])}
         self._newest = max((ts for ts, _ in self._last.values()), default=-float("inf"))
-
-
-def rank_spans(ranks: Iterable[int]) -> str:
-    """Sorted ranks as ranges: [0, 1, 2, 5, 7, 8] -> "0-2, 5, 7-8"."""
-    out: list[str] = []
-    start = prev = None
-    for r in sorted(set(ranks)):
-        if prev is not None and r == prev + 1:
-            prev = r
-            continue
-        if start is not None:
-            out.append(f"{start}-{prev}" if prev != start else str(start))
-        start = prev = r
-    if start is not None:
-        out.append(f"{start}-{prev}" if prev != start else str(start))
-    return ", ".join(out)
 
 
 def _span(vals: list[float] | list[int], unit: str = "") -> str:

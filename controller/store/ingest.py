@@ -13,8 +13,8 @@ event changes nothing.
   later ``duplicate`` ack (the trainer saw a re-sent command) never overwrites what the first ack
   said, and an older ack never overwrites a newer one.
 - A ``ranks`` event becomes one ``step_metrics`` row per rank (but rank 0, whose run-level step
-  event has its row), with an id derived from the event's; a node heartbeat updates each of its
-  ranks' ``heartbeats`` row.
+  event has its row), with an id derived from the event's; a node heartbeat updates its node's
+  ``heartbeats`` row (``store.heartbeats``: one row per node, the ranks' steps in arrays).
 - Step rows below ``runs.downsampled_below`` are skipped: those steps were already folded into
   buckets by ``store.retention``, and a re-delivery must not add a second copy beside the bucket.
 
@@ -38,13 +38,13 @@ from sqlalchemy.orm import Session
 
 from controller.store.copy_rows import copy_insert_new, copy_supported
 from controller.store.fit import fit_row, fit_value
+from controller.store.heartbeats import upsert_heartbeats
 from controller.store.models import (
     CheckpointRow,
     CommandRow,
     DataFlag,
     ElasticEventRow,
     GradHist,
-    Heartbeat,
     Run,
     StepMetric,
     ValidationRow,
@@ -100,7 +100,7 @@ def ingest_events(session: Session, events: Iterable[Event], *, steps: bool = Tr
         handler = _HANDLERS.get(ev.type)
         if handler is not None and handler(session, ev):
             changed += 1
-    changed += _node_heartbeats(session, node_beats)
+    changed += upsert_heartbeats(session, node_beats)
     if steps:
         changed += ingest_steps(session, events)
     return changed
@@ -318,54 +318,7 @@ def _elastic(session: Session, ev: Event) -> bool:
 
 
 def _heartbeat(session: Session, ev: Event) -> bool:
-    d = ev.data
-    if d.get("ranks") is not None:
-        return _node_heartbeats(session, [ev]) == 1
-    ins = insert_for(session, Heartbeat).values(
-        **fit_row(
-            Heartbeat, dict(run_id=ev.run, rank=ev.rank, ts=ev.ts, step=ev.step, state=d["state"])
-        )
-    )
-    stmt = ins.on_conflict_do_update(
-        index_elements=["run_id", "rank"],
-        set_={"ts": ins.excluded.ts, "step": ins.excluded.step, "state": ins.excluded.state},
-        where=Heartbeat.ts < ins.excluded.ts,
-    )
-    return _wrote(session, stmt, Heartbeat.rank)
-
-
-def _node_heartbeats(session: Session, events: list[Event]) -> int:
-    """Node heartbeats: each of their ranks' row, at the time that rank was last alive; returns
-    how many of the events moved a row (exact for one event; for several, those that carried a
-    rank's newest beat of the batch, when any row moved). One executemany for the whole batch
-    and no read: the upsert's ``WHERE`` keeps a newer stored beat (a 16k-rank run sends ~400 of
-    these a second, and reading its 16k rows back with every batch cost more than the rules)."""
-    newest: dict[tuple[str, int], dict[str, Any]] = {}
-    carriers = 0
-    for ev in events:
-        d = ev.data
-        run, state = fit_value(Heartbeat, "run_id", ev.run), fit_value(Heartbeat, "state", d["state"])
-        moved = False
-        for r, step, age in zip(d["ranks"], d["steps"], d["ages_s"], strict=True):
-            key, ts = (run, r), ev.ts - age
-            row = newest.get(key)
-            if row is None or row["ts"] < ts:
-                newest[key] = {"run_id": run, "rank": r, "ts": ts, "step": fit_value(Heartbeat, "step", step),
-                               "state": state}
-                moved = True
-        carriers += moved
-    if not newest:
-        return 0
-    ins = insert_for(session, Heartbeat)
-    stmt = ins.on_conflict_do_update(
-        index_elements=["run_id", "rank"],
-        set_={"ts": ins.excluded.ts, "step": ins.excluded.step, "state": ins.excluded.state},
-        where=Heartbeat.ts < ins.excluded.ts,
-    )
-    # executemany with RETURNING (see _wrote): SQLAlchemy batches it into multi-row statements
-    # itself, without compiling one bound parameter object per value
-    wrote = len(session.connection().execute(stmt.returning(Heartbeat.rank), list(newest.values())).all())
-    return min(carriers, wrote)
+    return upsert_heartbeats(session, [ev]) == 1
 
 
 def _checkpoint(session: Session, ev: Event) -> bool:

@@ -142,6 +142,10 @@ class GradHist(Base):
 
 
 class Heartbeat(Base):
+    """The newest heartbeat of each beating rank: a node's local rank 0 (its node heartbeat, with
+    its ranks' last steps in the array columns: one row per node, not per rank) or a rank that
+    beats for itself (arrays NULL). ``controller/store/heartbeats.py`` writes and expands them."""
+
     __tablename__ = "heartbeats"
 
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
@@ -149,6 +153,14 @@ class Heartbeat(Base):
     ts: Mapped[float] = mapped_column(Float)
     step: Mapped[int] = mapped_column(Integer, default=0)
     state: Mapped[str] = mapped_column(String(16), default="running")
+    ranks: Mapped[list[int] | None] = mapped_column(JSON)
+    """The node's ranks; NULL: the row speaks for ``rank`` alone."""
+    steps: Mapped[list[int] | None] = mapped_column(JSON)
+    """Each of ``ranks``' last step."""
+    seen_ts: Mapped[list[float] | None] = mapped_column(JSON)
+    """When each of ``ranks`` was last alive (the beat's ts less the rank's age)."""
+    collectives: Mapped[list[str] | None] = mapped_column(JSON)
+    """The collective each of ``ranks`` is inside ("" for none)."""
 
 
 class RuleState(Base):

@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from controller.rules.heartbeat import PERSIST_S, HeartbeatConfig, HeartbeatRule, rank_spans
+from controller.rules.heartbeat import PERSIST_S, HeartbeatConfig, HeartbeatRule
 from core.enums import Level
+from core.ranks import rank_spans
 
 
 def test_config_rejects_bad_values_naming_the_field():
