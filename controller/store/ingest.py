@@ -12,8 +12,8 @@ event changes nothing.
 - ``command.ack`` sets the command's status once an ack from the command's own run arrives; a
   later ``duplicate`` ack (the trainer saw a re-sent command) never overwrites what the first ack
   said, and an older ack never overwrites a newer one.
-- A ``ranks`` event becomes one ``step_metrics`` row per rank (but rank 0, whose run-level step
-  event has its row), with an id derived from the event's; a node heartbeat updates its node's
+- A ``ranks`` event becomes one ``rank_arrays`` row (``store.rank_arrays``; the readers expand it
+  per rank); a node heartbeat updates its node's
   ``heartbeats`` row (``store.heartbeats``: one row per node, the ranks' steps in arrays).
 - Step rows below ``runs.downsampled_below`` are skipped: those steps were already folded into
   buckets by ``store.retention``, and a re-delivery must not add a second copy beside the bucket.
@@ -28,7 +28,6 @@ rejects bare NaN).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -49,13 +48,13 @@ from controller.store.models import (
     StepMetric,
     ValidationRow,
 )
+from controller.store.rank_arrays import insert_rank_arrays
 from controller.store.step_metrics import STEP_METRICS
 from controller.store.upsert import insert_for
 from core.capabilities import normalize as normalize_capabilities
 from core.enums import AckStatus, CommandType, EventType
 from core.events import Event
 from core.floats import store_kind, to_json
-from core.rank_arrays import rank_entries
 from core.ranks import RUN_RANK
 
 log = logging.getLogger(__name__)
@@ -122,6 +121,7 @@ def ingest_steps(session: Session, events: Iterable[Event],
     )
     points = rule_points or {}
     rows: list[dict[str, Any]] = []
+    arrays: list[Event] = []
     applied: dict[str, Event] = {}  # run -> its newest run-rank step: the lr_scale the trainer applied
     for ev in events:
         if ev.type is EventType.STEP and ev.rank == RUN_RANK and (ev.run not in applied or ev.ts >= applied[ev.run].ts):
@@ -131,8 +131,9 @@ def ingest_steps(session: Session, events: Iterable[Event],
         if ev.type is EventType.STEP:
             rows.append(_step_row(ev, point=points.get(ev.id)))
         else:
-            rows.extend(_rank_rows(ev))
+            arrays.append(ev)
     changed = _insert_step_rows(session, rows) if rows else 0
+    changed += insert_rank_arrays(session, arrays)  # one row per ranks event (store.rank_arrays)
     for ev in applied.values():
         _lr_scale_applied(session, ev.run, ev.data["lr_scale"], ev.ts)
     return changed
@@ -202,21 +203,6 @@ def _touch_runs(session: Session, events: list[Event]) -> None:
                 where=or_(Run.last_event_ts.is_(None), Run.last_event_ts < ins.excluded.last_event_ts),
             )
         )
-
-
-def _rank_rows(ev: Event) -> list[dict[str, Any]]:
-    """A ``ranks`` event -> one per-rank ``step_metrics`` row per rank but ``RUN_RANK`` (whose
-    run-level step event already has its row), so the per-rank reads and charts work unchanged.
-    Each row's id derives from the event's, so a re-delivery adds nothing."""
-    rows = []
-    for rank, fields in rank_entries(ev.data):
-        if rank == RUN_RANK:
-            continue
-        busy = fields["step_time_s"] - fields["data_wait_s"] - fields["comm_exposed_s"]
-        data = {**fields, "compute_s": busy, "skipped": False}
-        row_id = hashlib.blake2b(f"{ev.id}:{rank}".encode(), digest_size=16).hexdigest()
-        rows.append(_step_row(ev, data=data, event_id=row_id, rank=rank))
-    return rows
 
 
 def _step_row(ev: Event, *, data: dict[str, Any] | None = None, event_id: str | None = None,

@@ -163,6 +163,24 @@ class Heartbeat(Base):
     """The collective each of ``ranks`` is inside ("" for none)."""
 
 
+class RankArrayRow(Base):
+    """One ``ranks`` event: its chunk's per-rank arrays as they came (``core.rank_arrays.RANKS_ARRAYS``),
+    one row per event, not one per rank: a 16k-rank run's 16 events every ``ranks_every`` steps
+    are 16 rows, not 16k. ``controller/store/rank_arrays.py`` writes and expands them."""
+
+    __tablename__ = "rank_arrays"
+    __table_args__ = (Index("ix_rank_arrays_run_step", "run_id", "step"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    event_id: Mapped[str] = mapped_column(String(32), unique=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    step: Mapped[int] = mapped_column(Integer)
+    ts: Mapped[float] = mapped_column(Float)
+    first_rank: Mapped[int] = mapped_column(Integer)
+    arrays: Mapped[dict[str, Any]] = mapped_column(JSON)
+    """Array name -> one value per rank from ``first_rank`` on (non-finite floats as core.floats writes them)."""
+
+
 class RuleState(Base):
     """One rule's state of one run (``RunDetector.state_dict()[rule]``) as JSON text, written only
     when the rule saw something since the last save: a 16k-rank run's per-rank windows are ~10^6
