@@ -45,7 +45,7 @@ _REARM_S = 1.0
 """A sign of life must be this much newer than the one a silence was reported on to re-arm it: a
 node heartbeat re-states a dead rank's last time, measured a moment before the beat's ts."""
 _NAMED_MAX = 16
-PERSIST_S = 2.0
+PERSIST_S = 5.0
 """The run's time (newest sign of life) a stored snapshot may lag behind the rule's state."""
 
 @dataclass(kw_only=True, slots=True)
