@@ -254,7 +254,7 @@ class HeartbeatRule:
                 "ended": self._ended, "running": self._running, "hung": _pack("q", sorted(self._hung))}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._changed()
+        self._snapshot = None
         self._ended = bool(state.get("ended", False))
         self._running = bool(state.get("running", True))
         if state.get("packed"):
@@ -273,6 +273,10 @@ class HeartbeatRule:
             self._collective = {int(r): str(v) for r, v in state.get("collective", {}).items()}
             self._hung = {int(r) for r in state.get("hung", [])}
         self._newest = max((ts for ts, _ in self._last.values()), default=-float("inf"))
+        if state.get("packed"):
+            # what was loaded is the snapshot, until it must be re-taken: a reloaded rule then saves
+            # what the rule it was saved from would have, given the same events
+            self._snapshot, self._snapshot_at = state, self._newest
 
 
 def _span(vals: list[float] | list[int], unit: str = "") -> str:
