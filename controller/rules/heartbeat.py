@@ -12,8 +12,8 @@ nodes' beats are spread over ``heartbeat_s``, so they pass the threshold over a 
 one per rank.
 
 Persistence: the per-rank columns are stored packed (zlib'd native arrays, base64) and the
-snapshot is rebuilt only when something reported changes, a rank appears, or the run's time moved
-``PERSIST_S`` past the last snapshot. The controller saves a rule's state with every batch it
+snapshot is rebuilt only when something reported changes (silences, hung ranks, the run's state)
+or the run's time moved ``PERSIST_S`` past the last snapshot. The controller saves a rule's state with every batch it
 touched (every event touches this rule): re-encoding 16k ranks' columns each batch cost more than
 all the rest of the batch. A reload may so lag ``PERSIST_S`` behind the offsets, far below any
 silence threshold; the next beats refresh what it missed.
@@ -98,8 +98,6 @@ class HeartbeatRule:
             self._newest = ts
         prev = self._last.get(rank)
         if prev is None or ts >= prev[0]:
-            if prev is None:
-                self._changed()
             self._last[rank] = (ts, max(step, prev[1]) if prev else step)
             if collective is not None:
                 self._collective[rank] = collective

@@ -70,7 +70,9 @@ def test_a_large_run_state_is_small_and_re_encoded_only_when_it_must_be():
     rule.seen(3, 1000.0 + PERSIST_S, 7)
     second = rule.state_dict()
     assert second is not first and rule.state_dict() is second
-    rule.seen(20_000, 1000.0 + PERSIST_S, 7)  # a new rank: at once
+    rule.seen(20_000, 1000.0 + PERSIST_S, 7)  # a new rank waits for the next snapshot too
+    assert rule.state_dict() is second
+    rule.tick(1000.0 + PERSIST_S + 31)  # silences reported: at once
     assert rule.state_dict() is not second
     twin = HeartbeatRule()
     twin.load_state_dict(json.loads(json.dumps(rule.state_dict())))
