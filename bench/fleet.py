@@ -194,12 +194,13 @@ def run_fleet(broker, spec: FleetSpec, instances: int, *, duration_s: float, par
 
         sources = [(stream, spec)] + ([(probe_stream, probe_spec)] if probe_stream else [])
         sp_names = {id(sp): src.names for src, sp in sources}
-        for k in range(ticks):
-            due = t_start + k / spec.steps_per_s
+
+        def spread_until(due: float) -> None:
+            """Nodes beat on their own timers: a tick's heartbeats go out spread over the tick, not
+            in one burst at the step boundary (which only the step and ranks events share)."""
+            nonlocal sent_beats, next_sample
             tick_start = due - 1 / spec.steps_per_s
             while time.time() < due:
-                # Nodes beat on their own timers: a tick's heartbeats arrive spread over it, not
-                # in one burst at the step boundary (which only the step and ranks events share).
                 share = int(len(beats) * min(1.0, (time.time() - tick_start) * spec.steps_per_s))
                 for key, ev, kk, sp in beats[sent_beats:share]:
                     send(key, ev, kk, sp)
@@ -210,6 +211,10 @@ def run_fleet(broker, spec: FleetSpec, instances: int, *, duration_s: float, par
                     lag.append(_lag_sample(ends, parts, engine, group, t_start, offered))
             for key, ev, kk, sp in beats[sent_beats:]:
                 send(key, ev, kk, sp)
+            sent_beats = len(beats)
+
+        for k in range(ticks):
+            spread_until(t_start + k / spec.steps_per_s)
             now = time.time()
             tick = [(key, ev, sp) for src, sp in sources for key, ev in src.tick(k, now)]
             beats, sent_beats = [(key, ev, k, sp) for key, ev, sp in tick if ev.type is EventType.HEARTBEAT], 0
@@ -222,8 +227,7 @@ def run_fleet(broker, spec: FleetSpec, instances: int, *, duration_s: float, par
                     send(key, ev, k, sp)
             if k == hang_tick:
                 hang_ts = now
-        for key, ev, kk, sp in beats[sent_beats:]:
-            send(key, ev, kk, sp)
+        spread_until(t_start + ticks / spec.steps_per_s)  # the last tick lasts its interval too
         producer.flush()
         t_end = time.time()
         processed = _committed(engine, group)
