@@ -5,16 +5,20 @@
 
 For each instance count: fresh topics and store, ``cliffguard controller`` subprocesses in one
 consumer group, and the stream of ``bench.fleet_stream`` produced in real time (one tick per
-step) for ``--duration-s``. Injected: one loss spike per run (and ``--probes`` small runs with a
+step) for ``--duration-s``: each tick's step events first (every run's), then its ``ranks``
+arrays, and its node heartbeats spread evenly over the tick (nodes beat on their own timers).
+Injected: one loss spike per run (and ``--probes`` small runs with a
 spike each, so the latency has several samples), and one hung rank in run 0 ``--hang-before-s``
 before the end. Measured:
 
 - ``offered`` / ``processed`` events: produced, and committed by the controllers (the sum of the
   group's offsets in the store), at the end of the offered load without draining the backlog:
   ``processed_over_offered``; consumer lag (end offsets - committed) sampled every second;
-- verdict latency: a spike's step produced -> the run's ``pause`` on the commands topic;
+- verdict latency: a spike's step handed to the producer -> the run's ``pause`` on the commands topic;
 - time to name the hung rank: the hang -> a ``rank_hung`` alert naming it in the store;
-- CPU seconds per controller process (and of this process, the producer) over the run.
+- CPU seconds per controller process (and of this process, the producer) over the run;
+- the alerts of run 0 by rule (``alerts_by_rule``): a fleet that stops makes a few grouped
+  ``heartbeat`` alerts if the settle period outlasts the silence threshold, never one per rank.
 
 The top-level figures are those of the first instance count (default: one instance).
 """
@@ -82,6 +86,17 @@ def _hung_named(engine, run: str, rank: int) -> float | None:
         if evidence.get("rank") == rank or rank in (evidence.get("window") or {}).get("ranks", []):
             return float(ts)
     return None
+
+
+def _alerts_by_rule(engine, run: str) -> dict[str, int]:
+    """How many alerts of each rule ``run`` got (a stopped fleet's silence: a handful, not one per rank)."""
+    from sqlalchemy import func, select
+
+    from controller.store.models import Alert
+
+    with engine.connect() as conn:
+        return {rule: int(n) for rule, n in conn.execute(
+            select(Alert.rule, func.count()).where(Alert.run_id == run).group_by(Alert.rule)).all()}
 
 
 class CommandWatch(threading.Thread):
@@ -167,23 +182,52 @@ def run_fleet(broker, spec: FleetSpec, instances: int, *, duration_s: float, par
         time.sleep(warmup_s)  # controllers start and join the group before the load starts
         t_start = time.time()
         next_sample = t_start
-        for k in range(ticks):
-            due = t_start + k / spec.steps_per_s
+        beats: list[tuple[str, object]] = []  # the tick's node heartbeats, sent spread over the tick
+        sent_beats = 0
+
+        def send(key: str, ev, k: int, sp) -> None:
+            nonlocal offered
+            producer.send(kafka.metrics_topic, key=key.encode(), value=encode_event(ev))
+            offered += 1
+            if ev.type is EventType.STEP and k in sp.spikes.get(sp_names[id(sp)].index(ev.run), ()):
+                spike_sent[ev.run] = time.time()  # handed to the producer: the verdict clock starts
+
+        sources = [(stream, spec)] + ([(probe_stream, probe_spec)] if probe_stream else [])
+        sp_names = {id(sp): src.names for src, sp in sources}
+
+        def spread_until(due: float) -> None:
+            """Nodes beat on their own timers: a tick's heartbeats go out spread over the tick, not
+            in one burst at the step boundary (which only the step and ranks events share)."""
+            nonlocal sent_beats, next_sample
+            tick_start = due - 1 / spec.steps_per_s
             while time.time() < due:
-                time.sleep(min(0.01, max(0.0, due - time.time())))
+                share = int(len(beats) * min(1.0, (time.time() - tick_start) * spec.steps_per_s))
+                for key, ev, kk, sp in beats[sent_beats:share]:
+                    send(key, ev, kk, sp)
+                sent_beats = max(sent_beats, share)
+                time.sleep(min(0.005, max(0.0, due - time.time())))
                 if time.time() >= next_sample:
                     next_sample += 1.0
                     lag.append(_lag_sample(ends, parts, engine, group, t_start, offered))
+            for key, ev, kk, sp in beats[sent_beats:]:
+                send(key, ev, kk, sp)
+            sent_beats = len(beats)
+
+        for k in range(ticks):
+            spread_until(t_start + k / spec.steps_per_s)
             now = time.time()
-            sources = [(stream, spec)] + ([(probe_stream, probe_spec)] if probe_stream else [])
-            for src, sp in sources:
-                for key, ev in src.tick(k, now):
-                    producer.send(kafka.metrics_topic, key=key.encode(), value=encode_event(ev))
-                    offered += 1
-                    if ev.type is EventType.STEP and k in sp.spikes.get(src.names.index(ev.run), ()):
-                        spike_sent[ev.run] = now
+            tick = [(key, ev, sp) for src, sp in sources for key, ev in src.tick(k, now)]
+            beats, sent_beats = [(key, ev, k, sp) for key, ev, sp in tick if ev.type is EventType.HEARTBEAT], 0
+            for kind in (EventType.STEP, EventType.RANKS):  # every run's step first, then the arrays
+                for key, ev, sp in tick:
+                    if ev.type is kind:
+                        send(key, ev, k, sp)
+            for key, ev, sp in tick:
+                if ev.type not in (EventType.STEP, EventType.RANKS, EventType.HEARTBEAT):
+                    send(key, ev, k, sp)
             if k == hang_tick:
                 hang_ts = now
+        spread_until(t_start + ticks / spec.steps_per_s)  # the last tick lasts its interval too
         producer.flush()
         t_end = time.time()
         processed = _committed(engine, group)
@@ -211,6 +255,7 @@ def run_fleet(broker, spec: FleetSpec, instances: int, *, duration_s: float, par
         watch.join(5)
         producer.close()
         ends.close()
+    alerts = _alerts_by_rule(engine, names[0])
     latencies = [(watch.paused[r] - t) * 1000 for r, t in spike_sent.items() if r in watch.paused]
     wall = t_end - t_start
     out = {
@@ -224,6 +269,7 @@ def run_fleet(broker, spec: FleetSpec, instances: int, *, duration_s: float, par
         "verdict_p99_ms": _pct(latencies, 0.99), "spikes_injected": len(spike_sent),
         "spikes_paused": len(latencies),
         "hung_rank": hung_rank, "hung_named_s": (named_ts - hang_ts) if named_ts and hang_ts else None,
+        "alerts_by_rule": alerts,
         "lag": lag,
         "cpu_s": {f"controller-{i}": cpu[p.pid] for i, p in enumerate(procs)},
         "cpu_s_producer": self_cpu,

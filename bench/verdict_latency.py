@@ -7,7 +7,8 @@ against the embedded broker. Each trial uses a new run: 40 healthy steps are pro
 time to be consumed, then the spike's steps (as many as the loss rule's patience needs); the clock
 starts when the last of them is acknowledged by the broker and stops when a consumer assigned to
 the commands topic receives the run's pause. The path measured: fetch, decode, ingest, rules,
-state machine, one SQL commit (state + outbox + offsets), outbox publish, fetch by the trainer.
+state machine, the pause handed to the producer as the rule fires (``CommandOutbox.send_early``,
+before the batch's SQL commit), fetch by the trainer.
 
 Baseline, measured in the same run: the broker round trip alone (produce -> a consumer sees it)
 with the same client settings; ``ratio`` = p50 / the round trip's p50.
@@ -113,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trials", type=int, default=40)
     p.add_argument("--warmup-s", type=float, default=12.0, help="wait for the consumer group join")
     args = p.parse_args(argv)
+    load_start = os.getloadavg()[0]
     with EmbeddedBroker(port=0) as broker:
         kafka = fresh_kafka(broker)
         rtt = round_trip(kafka, args.trials)
@@ -129,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{out['broker_round_trip_p99_ms']:>9.1f}")
     print(f"ratio p50 / round trip p50: {out['ratio']:.1f}")
     out["loadavg_1m"] = os.getloadavg()[0]  # this machine is shared: say how busy it was
+    out["loadavg_1m_start"] = load_start
     with open(args.json, "w") as fh:
         json.dump(out, fh, indent=1)
     return 0

@@ -14,12 +14,14 @@
    the run;
 7. run states (``runs.controller_state``) and the consumer offsets.
 
-Nothing is sent from here: commands and alerts leave through the outbox after commit.
+Commands and alerts leave through the outbox after commit; a command may also be sent the moment
+it is queued, through ``on_command`` (``CommandOutbox.send_early``: the verdict's latency path).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -138,6 +140,9 @@ class BatchProcessor:
     def __init__(self, ctx: BatchContext, runs: RunTable) -> None:
         self.ctx = ctx
         self.runs = runs
+        self.on_command: Callable[[Session, str], object] | None = None
+        """Called with (session, command id) as soon as a command is queued, inside the batch's
+        transaction: the service sends it then (``CommandOutbox.send_early``), not after commit."""
 
     # -- the batch ----------------------------------------------------------------------------
 
@@ -238,10 +243,12 @@ class BatchProcessor:
         run_id = slot.run_id
         now = getattr(inp, "now", 0.0)
         if isinstance(act, SendCommand):
-            enqueue_command(session, run_id=run_id, type=act.type, args=act.args, secret=self.ctx.secret,
-                            commands_topic=self.ctx.commands_topic, ttl_s=act.ttl_s, source="controller",
-                            incident_id=act.incident_id, cmd_id=act.id, attempt=act.attempt, now=now)
+            row = enqueue_command(session, run_id=run_id, type=act.type, args=act.args, secret=self.ctx.secret,
+                                  commands_topic=self.ctx.commands_topic, ttl_s=act.ttl_s, source="controller",
+                                  incident_id=act.incident_id, cmd_id=act.id, attempt=act.attempt, now=now)
             res.commands += 1
+            if self.on_command is not None:
+                self.on_command(session, row.id)
         elif isinstance(act, RecordTransition):
             session.add(Transition(run_id=run_id, incident_id=act.incident_id, ts=act.ts, step=act.step,
                                    from_state=str(act.from_state), to_state=str(act.to_state),

@@ -9,6 +9,17 @@ trainer's verifier refuses a command id it has seen (acked ``duplicate``). Faile
 
 Several controller instances may run publishers on one store; a row sent twice is, again,
 harmless. The database transaction is never held open while talking to Kafka.
+
+Early send (the verdict's latency path): ``send_early(session, cmd_id)``, called by the batch the
+moment a rule's verdict queues a command (``BatchProcessor.on_command``), hands the row's bytes to
+the producer before the batch's store writes and commit, unless an older command of the run is
+still pending (a run's commands stay in order) or the run's recovery state was never stored. The row is still written and committed with the
+batch; the next ``publish_due`` finds its send in flight and records that send's outcome instead
+of sending it again (a failed early send is retried as any failed send). If the batch rolls back
+or the controller dies before the commit, the redo decides again from the stored state and so
+queues the same command id (ids derive from the stored salt and sequence), which the trainer's
+verifier refuses as a duplicate; an early send no committed row claims is
+forgotten after ``EARLY_KEEP_S``.
 """
 
 from __future__ import annotations
@@ -21,10 +32,13 @@ from typing import Any
 from sqlalchemy import Engine, func, select, update
 
 from controller.store.db import session_scope
-from controller.store.models import CommandRow, OutboxRow
+from controller.store.models import CommandRow, OutboxRow, Run
 from core.kafka_config import KafkaConfig
 
 log = logging.getLogger(__name__)
+
+EARLY_KEEP_S = 600.0
+"""How long an early send waits for its row to be committed before it is forgotten."""
 
 
 class CommandOutbox:
@@ -42,6 +56,9 @@ class CommandOutbox:
         self._thread: threading.Thread | None = None
         self.sent = 0
         self.errors = 0
+        self.early = 0
+        self._early: dict[str, tuple[Any, float]] = {}  # outbox row id -> (send future, when)
+        self._early_lock = threading.Lock()
 
     def _get_producer(self) -> Any:
         if self._producer is None:
@@ -54,6 +71,36 @@ class CommandOutbox:
                                            linger_ms=0, retries=3, max_in_flight_requests_per_connection=1,
                                            max_block_ms=5_000)
         return self._producer
+
+    def send_early(self, session: Any, cmd_id: str) -> bool:
+        """Send the command ``cmd_id`` queued in ``session`` (not yet committed) now; False when it
+        must wait for ``publish_due`` (an older command of its run is still pending, or the send
+        could not start). Never raises: the committed row is the delivery guarantee."""
+        try:
+            row = session.get(OutboxRow, f"cmd_{cmd_id}")
+            if row is None or row.status != "pending":
+                return False
+            run = session.get(Run, row.key)
+            if run is None or not run.controller_state:
+                # The run's recovery state (the salt its command ids derive from) is not stored
+                # yet: a crash before this commit would re-decide under another id, and the
+                # trainer would hold a command the store never knew. After the commit, then.
+                return False
+            older = session.scalar(select(func.count()).select_from(OutboxRow).where(
+                OutboxRow.kind == "command", OutboxRow.status == "pending", OutboxRow.key == row.key,
+                OutboxRow.id != row.id))
+            if older:
+                return False
+            fut = self._get_producer().send(row.target, key=(row.key or "").encode(), value=bytes(row.payload))
+        except Exception:  # noqa: BLE001 - publish_due sends it after the commit
+            log.warning("early send of command %s failed; sent after the commit", cmd_id, exc_info=True)
+            return False
+        now = time.time()
+        with self._early_lock:
+            self._early = {k: v for k, v in self._early.items() if now - v[1] < EARLY_KEEP_S}
+            self._early[row.id] = (fut, now)
+        self.early += 1
+        return True
 
     def publish_due(self, now: float | None = None) -> int:
         """One pass: send what is due, mark what the broker confirmed. Returns rows delivered.
@@ -78,6 +125,11 @@ class CommandOutbox:
         producer = self._get_producer()
         futures = []
         for row in rows:
+            with self._early_lock:
+                early = self._early.pop(row.id, None)
+            if early is not None:  # on its way since the verdict: its outcome is this row's
+                futures.append(early[0])
+                continue
             try:
                 fut = producer.send(row.target, key=(row.key or "").encode(), value=bytes(row.payload))
             except Exception as exc:  # noqa: BLE001 - record it on the row and retry later

@@ -98,6 +98,7 @@ class ControllerService:
         self.processor = BatchProcessor(ctx, self.runs)
         self.outbox = CommandOutbox(store_engine, kafka, batch=config.outbox_batch,
                                     interval_s=config.outbox_interval_s, retry_s=config.outbox_retry_s)
+        self.processor.on_command = self.outbox.send_early  # the verdict leaves before the batch commits
         self.deliverer: AlertDeliverer | None = None
         self.edge: EdgeConsumer | None = None
         self._last_tick = 0.0

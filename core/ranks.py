@@ -36,3 +36,19 @@ def takes_over(rank: int, current: int | None) -> bool:
     """True when a report from ``rank`` makes it the speaker instead of ``current`` (None: no
     speaker yet): the incremental form of ``speaker`` for a reader that sees ranks one by one."""
     return current is None or rank < current
+
+
+def rank_spans(ranks: Iterable[int]) -> str:
+    """Sorted ranks as ranges: [0, 1, 2, 5, 7, 8] -> "0-2, 5, 7-8"."""
+    out: list[str] = []
+    start = prev = None
+    for r in sorted(set(ranks)):
+        if prev is not None and r == prev + 1:
+            prev = r
+            continue
+        if start is not None:
+            out.append(f"{start}-{prev}" if prev != start else str(start))
+        start = prev = r
+    if start is not None:
+        out.append(f"{start}-{prev}" if prev != start else str(start))
+    return ", ".join(out)

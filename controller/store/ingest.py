@@ -12,9 +12,9 @@ event changes nothing.
 - ``command.ack`` sets the command's status once an ack from the command's own run arrives; a
   later ``duplicate`` ack (the trainer saw a re-sent command) never overwrites what the first ack
   said, and an older ack never overwrites a newer one.
-- A ``ranks`` event becomes one ``step_metrics`` row per rank (but rank 0, whose run-level step
-  event has its row), with an id derived from the event's; a node heartbeat updates each of its
-  ranks' ``heartbeats`` row.
+- A ``ranks`` event becomes one ``rank_arrays`` row (``store.rank_arrays``; the readers expand it
+  per rank); a node heartbeat updates its node's
+  ``heartbeats`` row (``store.heartbeats``: one row per node, the ranks' steps in arrays).
 - Step rows below ``runs.downsampled_below`` are skipped: those steps were already folded into
   buckets by ``store.retention``, and a re-delivery must not add a second copy beside the bucket.
 
@@ -28,7 +28,6 @@ rejects bare NaN).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -38,17 +37,18 @@ from sqlalchemy.orm import Session
 
 from controller.store.copy_rows import insert_new
 from controller.store.fit import fit_row, fit_rows, fit_value
+from controller.store.heartbeats import upsert_heartbeats
 from controller.store.models import (
     CheckpointRow,
     CommandRow,
     DataFlag,
     ElasticEventRow,
     GradHist,
-    Heartbeat,
     Run,
     StepMetric,
     ValidationRow,
 )
+from controller.store.rank_arrays import insert_rank_arrays
 from controller.store.retention import run_watermarks
 from controller.store.step_buckets import bucket_rows
 from controller.store.step_metrics import STEP_METRICS
@@ -57,7 +57,6 @@ from core.capabilities import normalize as normalize_capabilities
 from core.enums import AckStatus, CommandType, EventType
 from core.events import Event
 from core.floats import store_kind, to_json
-from core.rank_arrays import rank_entries
 from core.ranks import RUN_RANK
 
 log = logging.getLogger(__name__)
@@ -101,7 +100,7 @@ def ingest_events(session: Session, events: Iterable[Event], *, steps: bool = Tr
         handler = _HANDLERS.get(ev.type)
         if handler is not None and handler(session, ev):
             changed += 1
-    changed += _node_heartbeats(session, node_beats)
+    changed += upsert_heartbeats(session, node_beats)
     if steps:
         changed += ingest_steps(session, events)
     return changed
@@ -125,6 +124,7 @@ def ingest_steps(session: Session, events: Iterable[Event],
     watermark = watermarks if watermarks is not None else run_watermarks(session, {e.run for e in events})
     points = rule_points or {}
     rows: list[dict[str, Any]] = []
+    arrays: list[Event] = []
     applied: dict[str, Event] = {}  # run -> its newest run-rank step: the lr_scale the trainer applied
     for ev in events:
         if ev.type is EventType.STEP and ev.rank == RUN_RANK and (ev.run not in applied or ev.ts >= applied[ev.run].ts):
@@ -134,9 +134,10 @@ def ingest_steps(session: Session, events: Iterable[Event],
         if ev.type is EventType.STEP:
             rows.append(_step_row(ev, point=points.get(ev.id)))
         else:
-            rows.extend(_rank_rows(ev))
+            arrays.append(ev)
     rows = bucket_rows(rows, write_bucket, exact)
     changed = _insert_step_rows(session, fit_rows(StepMetric, rows)) if rows else 0
+    changed += insert_rank_arrays(session, arrays)  # one row per ranks event (store.rank_arrays)
     _lr_scales_applied(session, [(ev.run, ev.data["lr_scale"], ev.ts) for ev in applied.values()])
     return changed
 
@@ -205,21 +206,6 @@ def _touch_runs(session: Session, events: list[Event]) -> None:
     # one executemany for the batch's runs (every column a new row needs has a default)
     session.connection().execute(stmt, fit_rows(Run, [
         dict(id=ev.run, world_size=ev.world, last_step=ev.step, last_event_ts=ev.ts) for ev in newest.values()]))
-
-
-def _rank_rows(ev: Event) -> list[dict[str, Any]]:
-    """A ``ranks`` event -> one per-rank ``step_metrics`` row per rank but ``RUN_RANK`` (whose
-    run-level step event already has its row), so the per-rank reads and charts work unchanged.
-    Each row's id derives from the event's, so a re-delivery adds nothing."""
-    rows = []
-    for rank, fields in rank_entries(ev.data):
-        if rank == RUN_RANK:
-            continue
-        busy = fields["step_time_s"] - fields["data_wait_s"] - fields["comm_exposed_s"]
-        data = {**fields, "compute_s": busy, "skipped": False}
-        row_id = hashlib.blake2b(f"{ev.id}:{rank}".encode(), digest_size=16).hexdigest()
-        rows.append(_step_row(ev, data=data, event_id=row_id, rank=rank))
-    return rows
 
 
 def _step_row(ev: Event, *, data: dict[str, Any] | None = None, event_id: str | None = None,
@@ -326,54 +312,7 @@ def _elastic(session: Session, ev: Event) -> bool:
 
 
 def _heartbeat(session: Session, ev: Event) -> bool:
-    d = ev.data
-    if d.get("ranks") is not None:
-        return _node_heartbeats(session, [ev]) == 1
-    ins = insert_for(session, Heartbeat).values(
-        **fit_row(
-            Heartbeat, dict(run_id=ev.run, rank=ev.rank, ts=ev.ts, step=ev.step, state=d["state"])
-        )
-    )
-    stmt = ins.on_conflict_do_update(
-        index_elements=["run_id", "rank"],
-        set_={"ts": ins.excluded.ts, "step": ins.excluded.step, "state": ins.excluded.state},
-        where=Heartbeat.ts < ins.excluded.ts,
-    )
-    return _wrote(session, stmt, Heartbeat.rank)
-
-
-def _node_heartbeats(session: Session, events: list[Event]) -> int:
-    """Node heartbeats: each of their ranks' row, at the time that rank was last alive; returns
-    how many of the events moved a row (exact for one event; for several, those that carried a
-    rank's newest beat of the batch, when any row moved). One executemany for the whole batch
-    and no read: the upsert's ``WHERE`` keeps a newer stored beat (a 16k-rank run sends ~400 of
-    these a second, and reading its 16k rows back with every batch cost more than the rules)."""
-    newest: dict[tuple[str, int], dict[str, Any]] = {}
-    carriers = 0
-    for ev in events:
-        d = ev.data
-        run, state = fit_value(Heartbeat, "run_id", ev.run), fit_value(Heartbeat, "state", d["state"])
-        moved = False
-        for r, step, age in zip(d["ranks"], d["steps"], d["ages_s"], strict=True):
-            key, ts = (run, r), ev.ts - age
-            row = newest.get(key)
-            if row is None or row["ts"] < ts:
-                newest[key] = {"run_id": run, "rank": r, "ts": ts, "step": fit_value(Heartbeat, "step", step),
-                               "state": state}
-                moved = True
-        carriers += moved
-    if not newest:
-        return 0
-    ins = insert_for(session, Heartbeat)
-    stmt = ins.on_conflict_do_update(
-        index_elements=["run_id", "rank"],
-        set_={"ts": ins.excluded.ts, "step": ins.excluded.step, "state": ins.excluded.state},
-        where=Heartbeat.ts < ins.excluded.ts,
-    )
-    # executemany with RETURNING (see _wrote): SQLAlchemy batches it into multi-row statements
-    # itself, without compiling one bound parameter object per value
-    wrote = len(session.connection().execute(stmt.returning(Heartbeat.rank), list(newest.values())).all())
-    return min(carriers, wrote)
+    return upsert_heartbeats(session, [ev]) == 1
 
 
 def _checkpoint(session: Session, ev: Event) -> bool:

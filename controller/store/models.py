@@ -142,6 +142,10 @@ class GradHist(Base):
 
 
 class Heartbeat(Base):
+    """The newest heartbeat of each beating rank: a node's local rank 0 (its node heartbeat, with
+    its ranks' last steps in the array columns: one row per node, not per rank) or a rank that
+    beats for itself (arrays NULL). ``controller/store/heartbeats.py`` writes and expands them."""
+
     __tablename__ = "heartbeats"
 
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
@@ -149,6 +153,32 @@ class Heartbeat(Base):
     ts: Mapped[float] = mapped_column(Float)
     step: Mapped[int] = mapped_column(Integer, default=0)
     state: Mapped[str] = mapped_column(String(16), default="running")
+    ranks: Mapped[list[int] | None] = mapped_column(JSON)
+    """The node's ranks; NULL: the row speaks for ``rank`` alone."""
+    steps: Mapped[list[int] | None] = mapped_column(JSON)
+    """Each of ``ranks``' last step."""
+    seen_ts: Mapped[list[float] | None] = mapped_column(JSON)
+    """When each of ``ranks`` was last alive (the beat's ts less the rank's age)."""
+    collectives: Mapped[list[str] | None] = mapped_column(JSON)
+    """The collective each of ``ranks`` is inside ("" for none)."""
+
+
+class RankArrayRow(Base):
+    """One ``ranks`` event: its chunk's per-rank arrays as they came (``core.rank_arrays.RANKS_ARRAYS``),
+    one row per event, not one per rank: a 16k-rank run's 16 events every ``ranks_every`` steps
+    are 16 rows, not 16k. ``controller/store/rank_arrays.py`` writes and expands them."""
+
+    __tablename__ = "rank_arrays"
+    __table_args__ = (Index("ix_rank_arrays_run_step", "run_id", "step"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    event_id: Mapped[str] = mapped_column(String(32), unique=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    step: Mapped[int] = mapped_column(Integer)
+    ts: Mapped[float] = mapped_column(Float)
+    first_rank: Mapped[int] = mapped_column(Integer)
+    arrays: Mapped[dict[str, Any]] = mapped_column(JSON)
+    """Array name -> one value per rank from ``first_rank`` on (non-finite floats as core.floats writes them)."""
 
 
 class RuleState(Base):

@@ -19,7 +19,8 @@ def render(ctx: Context) -> None:
         st.warning(f"run {ctx.run_id} is not in the store")
         return
     newest = ctx.read(read.step_rows, ctx.run_id, newest=1)
-    beats = ctx.frame(read.heartbeats, ctx.run_id, keys=("rank", "ts", "step", "state"))
+    now = time.time()
+    live = ctx.read(read.liveness, ctx.run_id, now=now)
     cols = st.columns(6)
     cols[0].metric("status", run["status"])
     cols[1].metric("recovery state", run["recovery_state"].replace("_", " "))
@@ -30,7 +31,18 @@ def render(ctx: Context) -> None:
     cols[4].metric("loss", "—" if last_loss is None else f"{last_loss:.4f}")
     cols[5].metric("world size", run["world_size"])
     st.caption(f"commands this run applies: {describe(run.get('capabilities'))}")
-    if len(beats):
-        now = time.time()
-        parts = [f"rank {b.rank}: {b.state}, step {b.step}, {derive.age(now - b.ts)} ago" for b in beats.itertuples()]
-        st.caption("heartbeats — " + " · ".join(parts))
+    if live["ranks"]:
+        st.caption("heartbeats — " + liveness_line(live, now))
+
+
+def liveness_line(live: dict, now: float) -> str:
+    """``read.liveness`` in one line: a run of 16k ranks is a few ranges, not a line per rank."""
+    steps = (f"step {live['highest_step']:,}" if live["lowest_step"] == live["highest_step"]
+             else f"steps {live['lowest_step']:,}-{live['highest_step']:,} (lowest: ranks {live['lowest_ranks']})")
+    parts = [f"{live['ranks']:,} ranks, {'/'.join(live['states'])}", steps,
+             f"newest {derive.age(now - live['newest_ts'])} ago"]
+    if live["silent"]:
+        parts.append(f"silent: ranks {live['silent']}")
+    if live["in_collective"]:
+        parts.append("in " + ", ".join(f"{name}: {n:,}" for name, n in sorted(live["in_collective"].items())))
+    return " · ".join(parts)

@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from controller.rules.heartbeat import HeartbeatConfig, HeartbeatRule
+from controller.rules.heartbeat import PERSIST_S, HeartbeatConfig, HeartbeatRule
 from core.enums import Level
+from core.ranks import rank_spans
 
 
 def test_config_rejects_bad_values_naming_the_field():
@@ -22,10 +23,10 @@ def test_silence_warns_then_goes_critical_once_per_rank():
     rule.seen(0, 1000.0, 10)
     rule.seen(1, 1000.0, 10)
     assert rule.tick(1029.0) == []
-    warn = rule.tick(1031.0)
-    assert [(v.rule, v.rank, v.level, v.step) for v in warn] == [
-        ("heartbeat", 0, Level.WARN, 10), ("heartbeat", 1, Level.WARN, 10)]
-    assert warn[0].evidence["silent_s"] == pytest.approx(31.0) and "silent for 31s" in warn[0].message
+    warn = rule.tick(1031.0)  # one verdict names both
+    assert [(v.rule, v.rank, v.level, v.step) for v in warn] == [("heartbeat", 0, Level.WARN, 10)]
+    assert warn[0].evidence["ranks"] == "0-1" and warn[0].evidence["count"] == 2
+    assert warn[0].evidence["silent_s"] == [pytest.approx(31.0)] * 2 and "ranks 0-1 (2 ranks) silent for 31s" in warn[0].message
     assert rule.tick(1050.0) == []
     rule.seen(1, 1100.0, 12)  # rank 1 speaks again: re-armed
     crit = rule.tick(1121.0)
@@ -39,20 +40,58 @@ def test_out_of_order_timestamps_do_not_move_the_clock_back():
     rule = HeartbeatRule()
     rule.seen(0, 100.0, 5)
     rule.seen(0, 90.0, 4)
-    assert rule.state_dict()["last"] == {"ranks": [0], "a": [100.0], "b": [5]}
+    assert rule._last == {0: (100.0, 5)}
 
 
-def test_state_in_columns_round_trips_and_the_older_per_rank_layout_still_loads():
+def test_packed_state_round_trips_and_the_older_layouts_still_load():
     rule = HeartbeatRule()
     for r in range(4):
         rule.seen(r, 100.0 + r, 7, "all_reduce" if r else "")
+    rule.tick(140.0)
     again = HeartbeatRule()
-    again.load_state_dict(rule.state_dict())
-    assert again.state_dict() == rule.state_dict() and again.tick(200.0) == rule.tick(200.0)
-    older = HeartbeatRule()
-    older.load_state_dict({"last": {"2": [50.0, 3]}, "progress": {"2": [3, 40.0]}})
-    assert older.state_dict()["last"] == {"ranks": [2], "a": [50.0], "b": [3]}
-    assert older.state_dict()["progress"] == {"ranks": [2], "a": [3], "b": [40.0]}
+    again.load_state_dict(json.loads(json.dumps(rule.state_dict())))
+    assert again.state_dict() == rule.state_dict() and again.tick(300.0) == rule.tick(300.0)
+    assert again._collective == {r: c for r, c in rule._collective.items() if c} and again._reported == rule._reported
+    for stored in ({"last": {"2": [50.0, 3]}, "progress": {"2": [3, 40.0]}},
+                   {"last": {"ranks": [2], "a": [50.0], "b": [3]}, "progress": {"ranks": [2], "a": [3], "b": [40.0]}}):
+        older = HeartbeatRule()
+        older.load_state_dict(stored)
+        assert older._last == {2: (50.0, 3)} and older._progress == {2: (3, 40.0)}
+
+
+def test_a_large_run_state_is_small_and_re_encoded_only_when_it_must_be():
+    rule = HeartbeatRule()
+    for r in range(16_384):
+        rule.seen(r, 1000.0, 5, "")
+    first = rule.state_dict()
+    assert len(json.dumps(first)) < 20_000  # packed: not 16k numbers per column
+    rule.seen(3, 1001.0, 6)  # the run's time moved less than PERSIST_S: the snapshot stands
+    assert rule.state_dict() is first
+    rule.seen(3, 1000.0 + PERSIST_S, 7)
+    second = rule.state_dict()
+    assert second is not first and rule.state_dict() is second
+    rule.seen(20_000, 1000.0 + PERSIST_S, 7)  # a new rank waits for the next snapshot too
+    assert rule.state_dict() is second
+    rule.tick(1000.0 + PERSIST_S + 31)  # silences reported: at once
+    assert rule.state_dict() is not second
+    twin = HeartbeatRule()
+    twin.load_state_dict(json.loads(json.dumps(rule.state_dict())))
+    assert twin._last == rule._last and twin._progress == rule._progress
+
+
+def test_a_stopped_fleet_is_one_alert_per_level_and_tick_naming_rank_ranges():
+    rule = HeartbeatRule(HeartbeatConfig(warn_after_s=30, critical_after_s=120, hung_after_s=0))
+    for r in range(4096):
+        rule.seen(r, 1000.0 + (r // 1024) * 0.25, 9, "all_reduce")  # nodes beat at 4 times
+    rule.seen(5000, 1000.0, 9)
+    warn = rule.tick(1031.0)
+    assert len(warn) == 1 and warn[0].level is Level.WARN and warn[0].rank == 0
+    assert warn[0].evidence["ranks"] == "0-4095, 5000" and warn[0].evidence["count"] == 4097
+    assert "ranks 0-4095, 5000 (4097 ranks) silent for 30-31s (last step 9, inside all_reduce)" in warn[0].message
+    assert rule.tick(1032.0) == []
+    crit = rule.tick(1130.0)
+    assert [(v.level, v.evidence["count"]) for v in crit] == [(Level.CRITICAL, 4097)]
+    assert rank_spans([7, 1, 2, 3, 9, 10]) == "1-3, 7, 9-10" and rank_spans([]) == ""
 
 
 def test_finished_runs_and_disabled_rule_report_nothing():
@@ -77,7 +116,7 @@ def test_state_dict_round_trips_through_json():
     twin = HeartbeatRule()
     twin.load_state_dict(json.loads(json.dumps(rule.state_dict())))
     assert twin.tick(50.0) == []  # the warn was already reported
-    assert [(v.rank, v.level) for v in twin.tick(130.0)] == [(0, Level.CRITICAL), (1, Level.CRITICAL)]
+    assert [(v.rank, v.level, v.evidence["ranks"]) for v in twin.tick(130.0)] == [(0, Level.CRITICAL, "0-1")]
 
 
 def test_ranks_passing_hung_after_s_seconds_apart_do_not_name_the_waiting_ranks():

@@ -56,7 +56,8 @@ def test_rule_states_are_saved_apart_only_when_changed_and_load_back(tmp_path):
         first = dict(s.execute(select(RuleState.rule, RuleState.state)).all())
         assert set(first) == set(slot.detector.rules)  # a new run: every rule once
         assert "straggler" not in s.get(Run, "r").controller_state["detector"]
-    slot.detector.on_event(make_event("heartbeat", "r", 30, {"state": "running"}))
+    # later than the heartbeat rule's PERSIST_S: its packed snapshot is taken again
+    slot.detector.on_event(make_event("heartbeat", "r", 30, {"state": "running"}, ts=events[-1].ts + 10))
     assert slot.detector.changed == {"heartbeat"}
     with session_scope(engine) as s:
         save_slots(s, [slot])

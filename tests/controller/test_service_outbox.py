@@ -95,3 +95,48 @@ def test_a_failed_send_backs_off_retries_and_gives_up_when_the_command_expired(e
     with session_scope(engine) as s:
         assert s.get(OutboxRow, f"cmd_{expired}").status == "failed"
         assert s.scalars(select(OutboxRow.status).where(OutboxRow.id == f"cmd_{cmd}")).one() == "delivered"
+
+
+def test_an_early_send_goes_before_the_commit_and_is_not_sent_again(engine):
+    producer = FakeProducer()
+    box = CommandOutbox(engine, KafkaConfig(), producer=producer)
+    now = time.time()
+    with session_scope(engine) as s:
+        first = enqueue_command(s, run_id="r", type="pause", args={}, secret=SECRET, commands_topic="p.commands",
+                                ttl_s=60, source="controller", now=now).id
+        assert not box.send_early(s, first)  # the run's state (its command ids' salt) is not stored yet
+    assert box.publish_due(now) == 1
+    with session_scope(engine) as s:
+        s.get(Run, "r").controller_state = {"stored": True}
+    with session_scope(engine) as s:
+        cmd = enqueue_command(s, run_id="r", type="pause", args={}, secret=SECRET, commands_topic="p.commands",
+                              ttl_s=60, source="controller", now=now).id
+        assert box.send_early(s, cmd)
+        assert len(producer.sent) == 2  # on the wire while the transaction is still open
+    assert box.publish_due(now + 1) == 1 and len(producer.sent) == 2 and box.early == 1
+    with session_scope(engine) as s:
+        assert s.get(CommandRow, cmd).status == "sent" and s.get(OutboxRow, f"cmd_{cmd}").status == "delivered"
+    assert producer.sent[1][2] == _payloads(engine, [cmd])[0]
+
+
+def test_an_early_send_waits_behind_an_older_pending_command_and_a_failed_one_is_retried(engine):
+    producer = FakeProducer()
+    box = CommandOutbox(engine, KafkaConfig(), producer=producer, retry_s=2.0)
+    now = time.time()
+    with session_scope(engine) as s:
+        s.get(Run, "r").controller_state = {"stored": True}
+    older = queue(engine, "pause", now)
+    with session_scope(engine) as s:
+        newer = enqueue_command(s, run_id="r", type="resume", args={}, secret=SECRET, commands_topic="p.commands",
+                                ttl_s=60, source="controller", now=now + 0.001).id
+        assert not box.send_early(s, newer)  # it would overtake the pause
+    assert box.publish_due(now + 1) == 2
+    assert [v for _, _, v in producer.sent] == _payloads(engine, [older, newer])
+    producer.fail = True
+    with session_scope(engine) as s:
+        failing = enqueue_command(s, run_id="r", type="pause", args={}, secret=SECRET, commands_topic="p.commands",
+                                  ttl_s=60, source="controller", now=now + 2).id
+        assert box.send_early(s, failing)
+    producer.fail = False
+    assert box.publish_due(now + 3) == 0  # the early send failed: backoff, then sent again
+    assert box.publish_due(now + 10) == 1 and len(producer.sent) == 3

@@ -36,7 +36,7 @@ def test_header_shows_run_state(filled):
     assert metrics["lr_scale applied"] == "0.5"  # the trainer's steps after the rollback say so
     assert metrics["world size"] == "2"
     assert metrics["last step"] == str(filled.run.steps - 1)
-    assert "rank 1: running" in texts(at)
+    assert "heartbeats — 2 ranks, running" in texts(at)  # a summary (read.liveness), not a line per rank
     assert "commands this run applies: all" in texts(at)  # its run.started declared none: an older agent
 
 

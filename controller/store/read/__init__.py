@@ -32,7 +32,7 @@ from controller.store.read.ranks import (
 )
 from controller.store.read.requests import REQUEST_COLUMNS, recent_requests
 from controller.store.read.rule_stats import STAT_COLUMNS, SpikeRuleStats, spike_rule_stats
-from controller.store.read.runs import get_run, heartbeats, list_runs
+from controller.store.read.runs import get_run, heartbeats, list_runs, liveness
 from controller.store.read.validations import data_flags, validations
 
 __all__ = [
@@ -55,6 +55,7 @@ __all__ = [
     "get_run",
     "grad_hists",
     "heartbeats",
+    "liveness",
     "incident_detail",
     "incidents",
     "latest_rank_steps",

@@ -1,4 +1,4 @@
-"""Runs and their newest heartbeat per rank."""
+"""Runs and their newest heartbeat per rank (expanded from the node rows)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from controller.store.heartbeats import per_rank
 from controller.store.models import Heartbeat, Run
 from controller.store.read._rows import row_dict
+from core.ranks import rank_spans
 
 
 def list_runs(session: Session, *, limit: int | None = 100) -> list[dict[str, Any]]:
@@ -24,6 +26,30 @@ def get_run(session: Session, run_id: str) -> dict[str, Any] | None:
 
 
 def heartbeats(session: Session, run_id: str) -> list[dict[str, Any]]:
-    """The newest heartbeat per rank: run_id, rank, ts, step, state; ordered by rank."""
-    rows = session.scalars(select(Heartbeat).where(Heartbeat.run_id == run_id).order_by(Heartbeat.rank))
-    return [row_dict(r) for r in rows]
+    """The newest sign of life per rank: run_id, rank, ts, step, state, collective, ``via`` (the
+    rank whose heartbeat carried it: the node's leader); ordered by rank."""
+    rows = session.scalars(select(Heartbeat).where(Heartbeat.run_id == run_id))
+    return per_rank(row_dict(r) for r in rows)
+
+
+def liveness(session: Session, run_id: str, *, now: float, silent_after_s: float = 30.0) -> dict[str, Any]:
+    """A run's liveness in a few numbers (a 16k-rank run has 16k ranks: the dashboard shows
+    these, not a line per rank): ``ranks``, ``silent`` (ranks silent ``silent_after_s`` or more,
+    as ranges), ``lowest_step``/``highest_step``, ``behind`` (ranks below the highest step, as
+    ranges, with ``lowest_ranks`` those at the lowest), ``in_collective`` (collective -> count),
+    ``newest_ts`` and ``states``."""
+    beats = heartbeats(session, run_id)
+    if not beats:
+        return {"ranks": 0}
+    steps = [b["step"] for b in beats]
+    low, high = min(steps), max(steps)
+    colls: dict[str, int] = {}
+    for b in beats:
+        if b["collective"]:
+            colls[b["collective"]] = colls.get(b["collective"], 0) + 1
+    return {"ranks": len(beats), "newest_ts": max(b["ts"] for b in beats),
+            "silent": rank_spans(b["rank"] for b in beats if now - b["ts"] >= silent_after_s),
+            "lowest_step": low, "highest_step": high,
+            "behind": rank_spans(b["rank"] for b in beats if b["step"] < high),
+            "lowest_ranks": rank_spans(b["rank"] for b in beats if b["step"] == low) if low < high else "",
+            "in_collective": colls, "states": sorted({b["state"] for b in beats})}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from controller.store import read
 from controller.store.db import session_scope
@@ -17,6 +17,7 @@ from controller.store.models import (
     DataFlag,
     GradHist,
     Heartbeat,
+    RankArrayRow,
     Run,
     StepMetric,
     ValidationRow,
@@ -379,20 +380,26 @@ def _ranks(step: int, world: int = 4, **kw):
     return f.event(EventType.RANKS, step, data, world=world, **kw)
 
 
-def test_ranks_arrays_become_per_rank_rows_and_node_heartbeats_per_rank_beats(engine):
+def test_a_ranks_event_is_one_row_read_per_rank_and_a_node_heartbeat_one_row(engine):
     beat = {"state": "running", "ranks": [0, 1, 2, 3], "steps": [10, 10, 9, 10], "ages_s": [0.0, 1.0, 40.0, 0.5],
             "collectives": ["", "", "all_reduce", ""]}
     events = [f.step(10, 2.5, rank=0, world=4), _ranks(10), f.event(EventType.HEARTBEAT, 10, beat, world=4)]
     with session_scope(engine) as s:
-        assert ingest_events(s, events) == 1 + 3 + 1
+        assert ingest_events(s, events) == 1 + 1 + 1
     with session_scope(engine) as s:
-        rows = s.scalars(select(StepMetric).order_by(StepMetric.rank)).all()
-        assert [(m.step, m.rank, m.loss_local) for m in rows] == [(10, 0, 2.5), (10, 1, 3.0), (10, 2, 4.0), (10, 3, 5.0)]
-        assert rows[1].compute_s == pytest.approx(0.3) and rows[1].mem_reserved == 2 << 30 and rows[1].loss is None
-        assert [r["rank"] for r in read.latest_rank_steps(s, "run-a")] == [0, 1, 2, 3]
-        beats = s.scalars(select(Heartbeat).order_by(Heartbeat.rank)).all()
-        assert [(b.rank, b.step, b.ts) for b in beats] == [(0, 10, f.T0 + 10), (1, 10, f.T0 + 9), (2, 9, f.T0 - 30),
-                                                           (3, 10, f.T0 + 9.5)]
+        assert [(m.step, m.rank, m.loss_local) for m in s.scalars(select(StepMetric))] == [(10, 0, 2.5)]
+        assert s.scalar(select(func.count()).select_from(RankArrayRow)) == 1  # one row for the event
+        ranks = read.rank_metrics(s, "run-a", columns=("loss_local", "compute_s", "mem_reserved"))
+        assert [(m["step"], m["rank"], m["loss_local"]) for m in ranks] == [(10, 0, 2.5), (10, 1, 3.0), (10, 2, 4.0),
+                                                                            (10, 3, 5.0)]
+        assert ranks[1]["compute_s"] == pytest.approx(0.3) and ranks[1]["mem_reserved"] == 2 << 30
+        latest = read.latest_rank_steps(s, "run-a")
+        assert [r["rank"] for r in latest] == [0, 1, 2, 3] and latest[0]["loss"] == 2.5
+        assert latest[2]["loss_local"] == 4.0 and latest[2]["loss"] is None and set(latest[2]) == set(latest[0])
+        assert s.scalar(select(func.count()).select_from(Heartbeat)) == 1  # one row for the node
+        beats = read.heartbeats(s, "run-a")
+        assert [(b["rank"], b["step"], b["ts"]) for b in beats] == [(0, 10, f.T0 + 10), (1, 10, f.T0 + 9),
+                                                                    (2, 9, f.T0 - 30), (3, 10, f.T0 + 9.5)]
     before = snapshot(engine)
     with session_scope(engine) as s:
         assert ingest_events(s, events) == 0

@@ -1,0 +1,70 @@
+"""``ranks`` events in the store: one ``rank_arrays`` row per event, expanded per rank on read.
+
+A 16k-rank run sends 16 ``ranks`` events of 1024 ranks every ``ranks_every`` steps; one
+``step_metrics`` row per rank made that 16k rows per 10 steps, the controller's largest write
+(seconds per burst on a loaded machine, during which no verdict could leave). Idempotent like
+the step rows: the event id is unique and an id already stored is not inserted again.
+``per_rank`` gives each rank's fields as the per-rank step rows had them (``compute_s`` derived,
+``skipped`` False, the run-level metrics None), for ``controller/store/read/ranks.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from controller.store.models import RankArrayRow
+from controller.store.upsert import insert_for
+from core.enums import EventType
+from core.events import Event
+from core.floats import from_json, to_json
+from core.rank_arrays import RANKS_ARRAYS
+from core.ranks import RUN_RANK
+
+_ID_CHUNK = 5000  # event ids per IN (...) lookup, below SQLite's bound-parameter limit
+
+
+def insert_rank_arrays(session: Session, events: Iterable[Event]) -> int:
+    """Store the ``ranks`` events not stored yet (one row each); returns how many were new."""
+    rows = {ev.id: {"event_id": ev.id, "run_id": ev.run, "step": ev.step, "ts": ev.ts,
+                    "first_rank": ev.data["first_rank"],
+                    "arrays": to_json({name: list(ev.data[name]) for name in RANKS_ARRAYS})}
+            for ev in events if ev.type is EventType.RANKS}
+    ids = list(rows)
+    for i in range(0, len(ids), _ID_CHUNK):
+        for seen in session.scalars(select(RankArrayRow.event_id).where(RankArrayRow.event_id.in_(ids[i:i + _ID_CHUNK]))):
+            rows.pop(seen, None)
+    if rows:
+        stmt = insert_for(session, RankArrayRow).on_conflict_do_nothing(index_elements=["event_id"])
+        session.connection().execute(stmt, list(rows.values()))
+    return len(rows)
+
+
+def per_rank(step: int, ts: float, first_rank: int, arrays: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+    """One stored event -> a dict per rank (but ``RUN_RANK``, whose run-level step row exists):
+    step, rank, ts and the per-rank metrics."""
+    cols = from_json(dict(arrays))
+    n = len(cols["step_time_s"])
+    for i in range(n):
+        rank = first_rank + i
+        if rank == RUN_RANK:
+            continue
+        d: dict[str, Any] = {name: cols[name][i] for name in RANKS_ARRAYS}
+        d["compute_s"] = d["step_time_s"] - d["data_wait_s"] - d["comm_exposed_s"]
+        yield {"step": step, "rank": rank, "ts": ts, "skipped": False, **d}
+
+
+def rank_points(session: Session, run_id: str, from_step: int | None = None,
+                to_step: int | None = None) -> list[dict[str, Any]]:
+    """Every rank's fields from the run's stored ``ranks`` events in ``[from_step, to_step]``."""
+    conds = [RankArrayRow.run_id == run_id]
+    if from_step is not None:
+        conds.append(RankArrayRow.step >= from_step)
+    if to_step is not None:
+        conds.append(RankArrayRow.step <= to_step)
+    rows = session.execute(select(RankArrayRow.step, RankArrayRow.ts, RankArrayRow.first_rank, RankArrayRow.arrays)
+                           .where(*conds).order_by(RankArrayRow.step, RankArrayRow.first_rank)).all()
+    return [p for step, ts, first, arrays in rows for p in per_rank(step, ts, first, arrays)]

@@ -1,0 +1,44 @@
+"""``ranks`` events stored one row per event (controller/store/rank_arrays.py), read per rank by
+``read.rank_metrics`` (merged with per-rank step rows, bucketed) and ``read.latest_rank_steps``."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from controller.store import read
+from controller.store.db import session_scope
+from controller.store.ingest import ingest_events
+from controller.store.rank_arrays import insert_rank_arrays
+from core.enums import EventType
+from tests.controller.store import factory as f
+
+
+def _ranks(step: int, first: int, n: int, step_time: float):
+    data = {"first_rank": first, "steps": 10, "step_time_s": [step_time] * n, "data_wait_s": [0.0] * n,
+            "comm_exposed_s": [0.0] * n, "mfu": [0.4] * n, "tokens_per_s": [1e3] * n,
+            "mem_allocated": [1] * n, "mem_reserved": [2] * n, "loss_local": [math.nan] + [2.0] * (n - 1)}
+    return f.event(EventType.RANKS, step, data, world=8, ts=f.T0 + step)
+
+
+def test_arrays_merge_with_per_rank_rows_and_bucket_like_the_sql_path(engine):
+    events = [f.step(s, 2.0, world=8) for s in range(0, 100, 10)]
+    events += [_ranks(s, first, 4, 0.1 * (s // 10 + 1)) for s in range(0, 100, 10) for first in (0, 4)]
+    events.append(f.step(95, 2.0, rank=5, world=8, detail=True))  # a per-rank step row beside the arrays
+    with session_scope(engine) as s:
+        ingest_events(s, events)
+        assert insert_rank_arrays(s, events) == 0  # stored once
+    with session_scope(engine) as s:
+        full = read.rank_metrics(s, "run-a", columns=("step_time_s", "loss_local"))
+        assert len(full) == 10 + 10 * 7 + 1 and {p["rank"] for p in full} == set(range(8))
+        assert [p for p in full if p["rank"] == 4 and p["step"] == 20][0]["loss_local"] != 2.0  # nan at the chunk's first
+        coarse = read.rank_metrics(s, "run-a", columns=("step_time_s",), max_points=5)
+        three = [p for p in coarse if p["rank"] == 3]
+        assert [p["step"] for p in three] == [0, 20, 40, 60, 80]
+        assert three[0]["step_time_s"] == pytest.approx(0.15)  # steps 0 and 10 averaged
+        recent = read.rank_metrics(s, "run-a", columns=("step_time_s",), last_steps=6)
+        assert {p["step"] for p in recent} == {90, 95}
+        latest = read.latest_rank_steps(s, "run-a")
+        assert [(r["rank"], r["step"]) for r in latest] == [(0, 90), *[(r, 90) for r in range(1, 5)], (5, 95),
+                                                           (6, 90), (7, 90)]
