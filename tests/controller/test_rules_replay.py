@@ -24,4 +24,10 @@ def test_same_verdicts_and_states_as_recorded(name):
     now = replay(events, config)
     want = RECORDED[name]
     assert now["verdicts"] == want["verdicts"]
-    assert now["digests"] == want["digests"]
+    assert _without_heartbeat(now["digests"]) == _without_heartbeat(want["digests"])
+
+
+def _without_heartbeat(digests: list[dict[str, str]]) -> list[dict[str, str]]:
+    # the heartbeat rule's stored state became packed columns after the recording, by design (its
+    # verdicts above are still compared; tests/controller/test_rules_heartbeat.py covers its state)
+    return [{rule: d for rule, d in per.items() if rule != "heartbeat"} for per in digests]
