@@ -16,6 +16,7 @@ from controller.store.db import init_db, make_engine
 from controller.store.retention import RetentionConfig
 from core.events import encode_event, make_event
 from core.kafka_config import KafkaConfig
+from core.rank_arrays import summarize_losses
 from core.signing import Secret
 
 SECRET = Secret("bench-secret-bench-secret")
@@ -39,7 +40,9 @@ def healthy_loss(step: int) -> float:
 
 
 def step_bytes(run: str, step: int, loss: float | None = None) -> bytes:
-    return encode_event(make_event("step", run, step, step_data(healthy_loss(step) if loss is None else loss, step)))
+    """Rank 0's run-level ``step`` event of a one-rank run, as the agent sends it (with ``rank_losses``)."""
+    loss = healthy_loss(step) if loss is None else loss
+    return encode_event(make_event("step", run, step, {**step_data(loss, step), "rank_losses": summarize_losses([loss])}))
 
 
 def fresh_kafka(broker: EmbeddedBroker, partitions: int = 4) -> KafkaConfig:
