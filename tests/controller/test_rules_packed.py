@@ -123,8 +123,8 @@ WORLD = 16_384
 
 
 def _sweep(step: int, rng: np.random.Generator, slow: bool) -> list:
-    """One ``ranks`` sweep of a 16k-rank run: noisy timings, rank 5000 slow once ``slow``, MFU
-    low in the second half of the stream, memory creeping up on rank 7."""
+    """One ``ranks`` sweep of a 16k-rank run: noisy timings, rank 5000 slow once ``slow``, and
+    past step 120 (after the reload) MFU low and memory creeping up on rank 7."""
     from core.events import make_event
 
     out = []
@@ -134,11 +134,11 @@ def _sweep(step: int, rng: np.random.Generator, slow: bool) -> list:
         if slow and first <= 5000 < first + n:
             st[5000 - first] *= 3
         mem = np.full(n, 40_000_000_000) + rng.integers(0, 10**6, n)
-        if first == 0:
-            mem[7] -= 10**8 * step  # reserved-minus-allocated grows
+        if first == 0 and step > 120:
+            mem[7] -= 10**8 * (step - 120)  # reserved-minus-allocated grows
         data = {"first_rank": first, "steps": 10, "step_time_s": st.tolist(),
                 "data_wait_s": (0.01 * rng.random(n)).tolist(), "comm_exposed_s": (0.05 * rng.random(n)).tolist(),
-                "mfu": ((0.2 if step > 600 else 0.45) + 0.01 * rng.random(n)).tolist(),
+                "mfu": ((0.2 if step > 150 else 0.45) + 0.01 * rng.random(n)).tolist(),
                 "tokens_per_s": [8000.0] * n, "loss_local": [3.0] * n,
                 "mem_allocated": mem.tolist(), "mem_reserved": [60_000_000_000] * n}
         out.append(make_event("ranks", "fleet", step, data, rank=first, world=WORLD))
@@ -146,14 +146,14 @@ def _sweep(step: int, rng: np.random.Generator, slow: bool) -> list:
 
 
 def test_a_16k_rank_state_reloads_to_the_same_verdicts_packed_and_from_the_old_layout():
-    from controller.rules.memory import MemoryRule
-    from controller.rules.mfu import MfuRule
-    from controller.rules.straggler import StragglerRule
+    from controller.rules.memory import MemoryConfig, MemoryRule
+    from controller.rules.mfu import MfuConfig, MfuRule
+    from controller.rules.straggler import StragglerConfig, StragglerRule
 
     rng = np.random.default_rng(0)
-    stream = [_sweep(10 * k, rng, slow=k > 25) for k in range(1, 91)]
-    rules = [StragglerRule(), MfuRule(), MemoryRule()]
-    for sweep in stream[:45]:
+    stream = [_sweep(10 * k, rng, slow=k > 12) for k in range(1, 25)]
+    rules = [StragglerRule(StragglerConfig(window=8)), MfuRule(MfuConfig(window=8)), MemoryRule(MemoryConfig(window=8))]
+    for sweep in stream[:11]:  # windows full, their rings turned
         for ev in sweep:
             for rule in rules:
                 rule.on_event(ev)
@@ -170,7 +170,7 @@ def test_a_16k_rank_state_reloads_to_the_same_verdicts_packed_and_from_the_old_l
 
     def verdicts(rs):
         return [(v.rule, v.step, v.rank, v.onset_step, v.message)
-                for sweep in stream[45:] for ev in sweep for r in rs for v in r.on_event(ev)]
+                for sweep in stream[11:] for ev in sweep for r in rs for v in r.on_event(ev)]
 
     want = verdicts(rules)
     assert {v[0] for v in want} == {"straggler", "mfu_low", "memory_growth"}
