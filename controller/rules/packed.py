@@ -55,12 +55,16 @@ def unpack(kind: str, text: Any) -> list[Any]:
 def pack_array(values: np.ndarray) -> list[str]:
     """A numpy array's values in C order, little-endian, one text per byte plane (its dtype and
     shape are the reader's to know). Byte planes: a float's sign, exponent and top mantissa bytes
-    barely vary across a window of timings, and its low bytes are noise; zlib is run only on the
-    planes whose first ``_SAMPLE`` bytes it shrinks, so noise costs a copy, not a compression."""
+    barely vary across a window of timings (an integer's high bytes not at all), and its low bytes
+    are noise. A plane of one byte value is stored as that value; zlib is run only on the planes
+    whose first ``_SAMPLE`` bytes it shrinks, so noise costs a copy, not a compression."""
     raw = np.ascontiguousarray(values, values.dtype.newbyteorder("<")).view(np.uint8)
-    planes = raw.reshape(-1, values.dtype.itemsize).T
+    planes = np.ascontiguousarray(raw.reshape(-1, values.dtype.itemsize).T)
     out = []
     for plane in planes:
+        if len(plane) and not (plane != plane[0]).any():
+            out.append(f"c{plane[0]}:{len(plane)}")  # the length too: a reader checks every plane's
+            continue
         data = plane.tobytes()
         sample = data[:_SAMPLE]
         if len(zlib.compress(sample, 1)) < _SHRINKS * len(sample):
@@ -83,8 +87,16 @@ def unpack_array(stored: Any, dtype: type | np.dtype, shape: tuple[int, ...], na
         raise PackedStateError(f"{name}: expected {kind.itemsize} byte planes of {kind}, got {got}")
     out = np.empty((count, kind.itemsize), np.uint8)
     for i, text in enumerate(stored):
-        if not isinstance(text, str) or text[:1] not in ("z", "r"):
+        if not isinstance(text, str) or text[:1] not in ("z", "r", "c"):
             raise PackedStateError(f"{name}: byte plane {i} is not a packed plane")
+        if text[0] == "c":
+            byte, _, length = text[1:].partition(":")
+            if not (byte.isdigit() and len(byte) <= 3 and int(byte) < 256 and length.isdigit()):
+                raise PackedStateError(f"{name}: byte plane {i} is no byte value and length")
+            if int(length) != count:
+                raise PackedStateError(f"{name}: byte plane {i} holds {length} bytes where shape {shape} needs {count}")
+            out[:, i] = int(byte)
+            continue
         try:
             data = unpack_bytes(text[1:]) if text[0] == "z" else base64.b64decode(text[1:], validate=True)
         except binascii.Error as exc:

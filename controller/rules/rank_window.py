@@ -163,26 +163,35 @@ class RankWindows:
         """(rows, size) steps and (width, rows, size) values, each row oldest first and its empty
         slots 0: a few array operations, and the same arrays whatever the ring positions were."""
         n = len(self)
-        rows = np.arange(n)[:, None]
-        slots = (self.start[:n, None] + np.arange(self.size)) % self.size
-        empty = np.arange(self.size) >= self.count[:n, None]
-        steps = self.steps[rows, slots]
-        steps[empty] = 0
-        values = self.values[:, rows, slots]
-        values[:, empty] = 0
+        start = self.start[:n]
+        if n and not (start != start[0]).any():  # rings turned alike (the common case): two block copies
+            s = int(start[0])
+            steps = np.concatenate((self.steps[:n, s:], self.steps[:n, :s]), axis=1)
+            values = np.concatenate((self.values[:, :n, s:], self.values[:, :n, :s]), axis=2)
+        else:
+            rows = np.arange(n)[:, None]
+            slots = (start[:, None] + np.arange(self.size)) % self.size
+            steps = self.steps[rows, slots]
+            values = self.values[:, rows, slots]
+        if n and self.count[:n].min() < self.size:
+            empty = np.arange(self.size) >= self.count[:n, None]
+            steps[empty] = 0
+            values[:, empty] = 0
         return steps, values
 
     def packed(self) -> dict[str, Any]:
         """The windows as compact JSON (controller/rules/packed.py), kept until a point changes:
         ranks in first-seen order as gaps (mostly 1s, which zlib folds), counts, and the steps and
-        values oldest first."""
+        values oldest first (empty slots 0)."""
         if self._packed is None:
             n = len(self)
             steps, values = self._ordered_arrays()
             self._packed = {"v": PACKED_VERSION, "rows": n, "size": self.size, "width": self.width,
                             "rank_gaps": pack_array(np.diff(np.array(self.ranks, np.int64), prepend=0)),
                             "count": pack_array(self.count[:n]),
-                            "steps": pack_array(steps), "values": pack_array(values)}
+                            # steps as gaps along each row: aligned windows' rows are then equal
+                            "step_gaps": pack_array(np.diff(steps, axis=1, prepend=0)),
+                            "values": pack_array(values)}
         return self._packed
 
     def load_packed(self, stored: Any) -> None:
@@ -195,7 +204,7 @@ class RankWindows:
             raise PackedStateError(f"rank windows: {width} values per point stored, {self.width} expected")
         ranks = np.cumsum(unpack_array(stored.get("rank_gaps"), np.int64, (n,), "rank windows: ranks"))
         count = unpack_array(stored.get("count"), np.int64, (n,), "rank windows: counts")
-        steps = unpack_array(stored.get("steps"), np.int64, (n, size), "rank windows: steps")
+        steps = np.cumsum(unpack_array(stored.get("step_gaps"), np.int64, (n, size), "rank windows: steps"), axis=1)
         values = unpack_array(stored.get("values"), self.dtype, (width, n, size), "rank windows: values")
         if n and (ranks.min() < 0 or ranks.max() >= MAX_WORLD or len(np.unique(ranks)) != n):
             raise PackedStateError(f"rank windows: ranks are not distinct numbers in 0..{MAX_WORLD - 1}")

@@ -42,7 +42,8 @@ def test_noise_planes_are_stored_raw_and_repeats_zipped():
     rng = np.random.default_rng(0)
     a = 0.5 + 0.05 * rng.random(100_000)
     planes = pack_array(a)
-    assert planes[0][0] == "r" and planes[7][0] == "z"  # low mantissa byte: noise; sign and exponent: one value
+    assert planes[0][0] == "r" and planes[7] == "c63:100000"  # low mantissa byte: noise; sign and exponent: one value
+    assert planes[6][0] == "z"  # the exponent's low bits and the top mantissa bits: a few values
     assert np.array_equal(unpack_array(planes, np.float64, a.shape, "a"), a)
     assert sum(map(len, pack_array(np.arange(100_000) // 50))) < 0.02 * 8 * 100_000
 
@@ -95,7 +96,9 @@ def _dup_ranks(s):
     (lambda s: s["values"].__setitem__(3, "x"), "values: byte plane 3 is not a packed plane"),
     (lambda s: s["values"].__setitem__(3, "r!!"), "values: byte plane 3 is not base64"),
     (lambda s: s["values"].pop(), "values: expected 8 byte planes"),
-    (lambda s: s.update(steps=pack_array(np.zeros(3, np.int64))), "steps: byte plane 0 holds 3 bytes"),
+    (lambda s: s.update(step_gaps=pack_array(np.arange(3))), "steps: byte plane 0 holds 3 bytes"),
+    (lambda s: s["values"].__setitem__(7, "c256"), "values: byte plane 7 is no byte value"),
+    (lambda s: s["values"].__setitem__(7, "c63:5"), "values: byte plane 7 holds 5 bytes"),
     (lambda s: s.update(rows=s["rows"] + 1), "ranks: byte plane 0 holds"),
     (lambda s: s.update(rows=-1), "rows must be"),
     (lambda s: s.update(width=3), "values per point"),
