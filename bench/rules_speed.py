@@ -12,6 +12,13 @@ Two streams of one run, both decoded from their wire form first (decoding is not
   a 1-rank run (no loss summary, so the straggler, MFU and memory rules judge every event):
   ``bench.controller_throughput``'s stream.
 
+And ``state`` (``--only state``): what saving the straggler, MFU and memory rules' states costs
+once their windows are full (``--warm`` steps of ``ranks`` sweeps): ``state_dict()`` plus the JSON
+encode, bytes and ms per rule, packed (controller/rules/packed.py) and in the JSON-list layout
+stored before (``list_state_dict``), in the same process. Two kinds of timings: the ``mix``
+sweeps' (a few distinct values per rank) and ``noise`` (full-precision random timings and memory,
+fresh every sweep: the low bytes of each number are incompressible, the floor of any packing).
+
 The windows are filled by ``--warm`` steps first (not timed), then ``--steps`` steps are timed,
 ``--repeat`` times on fresh detectors; the best repeat is reported with ``os.getloadavg()``.
 Figures are run-steps per second (a mix step counts once, whatever its events). No package of
@@ -26,6 +33,7 @@ import dataclasses
 import json
 import math
 import os
+import random
 import sys
 import time
 from typing import Any
@@ -37,6 +45,7 @@ from core.rank_arrays import summarize_losses
 
 RUN = "speed"
 STREAMS = ("step", "mix", "per_rank")
+STATE_KINDS = ("mix", "noise")
 
 
 def healthy_loss(step: int) -> float:
@@ -57,13 +66,16 @@ def step_event(step: int, world: int, run_level: bool = True) -> Event:
     return decode_event(encode_event(make_event(EventType.STEP, RUN, step, data, rank=0, world=world)))
 
 
-def ranks_chunks(variant: int, world: int, chunk: int, every: int) -> list[Event]:
-    """One sweep of ``ranks`` events (step 0; the caller sets it), timings varying by rank and variant."""
+def ranks_chunks(variant: int, world: int, chunk: int, every: int, noise: bool = False) -> list[Event]:
+    """One sweep of ``ranks`` events (step 0; the caller sets it), timings varying by rank and
+    variant (``noise``: full-precision random ones, seeded by the variant)."""
     out = []
+    rng = random.Random(variant)
     for first in range(0, world, chunk):
         n = min(chunk, world - first)
         rs = range(first, first + n)
-        jitter = [((r * 7919 + variant * 104729) % 97) / 97 - 0.5 for r in rs]
+        jitter = [rng.random() - 0.5 for _ in rs] if noise else [((r * 7919 + variant * 104729) % 97) / 97 - 0.5
+                                                                 for r in rs]
         data: dict[str, Any] = {
             "first_rank": first, "steps": every,
             "step_time_s": [0.5 + 0.02 * j for j in jitter],
@@ -114,6 +126,44 @@ def measure(args: argparse.Namespace, kind: str, sweeps: list[list[Event]]) -> d
             "loadavg": list(os.getloadavg())}
 
 
+def measure_state(args: argparse.Namespace, kind: str) -> dict[str, Any]:
+    """Bytes and best-of-``--repeat`` ms of state_dict + JSON encode, packed and as lists."""
+    from controller.rules.memory import MemoryRule
+    from controller.rules.mfu import MfuRule
+    from controller.rules.straggler import StragglerRule
+
+    rules = [StragglerRule(), MfuRule(), MemoryRule()]
+    sweeps = args.ranks_every
+    for k in range(1, args.warm // sweeps + 1):
+        variant = k if kind == "noise" else k % 4  # noise: no sweep repeats
+        for ev in ranks_chunks(variant, args.ranks, args.chunk, sweeps, noise=kind == "noise"):
+            ev = dataclasses.replace(ev, step=k * sweeps)
+            for rule in rules:
+                rule.on_event(ev)
+    out: dict[str, Any] = {}
+    for rule in rules:
+        row: dict[str, Any] = {}
+        stored = json.loads(json.dumps(rule.state_dict()))
+        for layout in ("packed", "lists"):
+            best = math.inf
+            for _ in range(args.repeat):
+                # a twin loaded from the stored state: its packed form is not cached yet, as after a new point
+                twin = type(rule)(rule.config)
+                twin.load_state_dict(stored)
+                save = twin.state_dict if layout == "packed" else twin.list_state_dict
+                t0 = time.perf_counter()
+                text = json.dumps(save())
+                best = min(best, time.perf_counter() - t0)
+            row[layout] = {"bytes": len(text), "ms": best * 1e3}
+        row["smaller"] = row["lists"]["bytes"] / row["packed"]["bytes"]
+        row["faster"] = row["lists"]["ms"] / row["packed"]["ms"]
+        out[rule.name] = row
+    out["total"] = {layout: {m: sum(out[r.name][layout][m] for r in rules) for m in ("bytes", "ms")}
+                    for layout in ("packed", "lists")}
+    out["loadavg"] = list(os.getloadavg())
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.rules_speed", description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=3000, help="timed steps per repeat")
@@ -122,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunk", type=int, default=1024, help="ranks per ranks event")
     p.add_argument("--ranks-every", type=int, default=10)
     p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--only", choices=STREAMS, help="measure one stream only")
+    p.add_argument("--only", choices=(*STREAMS, "state"), help="measure one stream only (or the state saves)")
     p.add_argument("--without", action="append", default=[], metavar="RULE",
                    help="leave this rule out (e.g. heartbeat: its share of the mix); repeatable")
     p.add_argument("--json", help="write the figures here")
@@ -134,12 +184,23 @@ def main(argv: list[str] | None = None) -> int:
     for name in STREAMS:
         if args.only in (None, name):
             out[name] = measure(args, name, sweeps)
+    if args.only in (None, "state"):
+        out["state"] = {kind: measure_state(args, kind) for kind in STATE_KINDS}
     print(f"{'stream':<9} {'run-steps/s':>12} {'per CPU-s':>10} {'events/s':>10} {'loadavg (1 min)':>16}")
     for name in STREAMS:
         if name in out:
             r = out[name]
             print(f"{name:<9} {r['run_steps_per_s']:>12,.0f} {r['run_steps_per_cpu_s']:>10,.0f} "
                   f"{r['events_per_s']:>10,.0f} {r['loadavg'][0]:>16.2f}")
+    if "state" in out:
+        print(f"\n{'state save':<18} {'packed MB':>10} {'ms':>8} {'lists MB':>10} {'ms':>8} {'smaller':>8} {'faster':>7}")
+        for kind, rows in out["state"].items():
+            for name in ("straggler", "mfu", "memory", "total"):
+                r = rows[name]
+                p_, l_ = r["packed"], r["lists"]
+                print(f"{kind + ' ' + name:<18} {p_['bytes'] / 1e6:>10.2f} {p_['ms']:>8.0f} {l_['bytes'] / 1e6:>10.2f} "
+                      f"{l_['ms']:>8.0f} {l_['bytes'] / p_['bytes']:>7.1f}x {l_['ms'] / p_['ms']:>6.1f}x")
+            print(f"{kind + ' loadavg':<18} {rows['loadavg'][0]:>10.2f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)

@@ -11,6 +11,7 @@ keep ticking even when no event arrives).
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +29,11 @@ from core.events import Event
 from core.floats import from_json, to_json
 
 STATE_VERSION = 1
+UNREADABLE_STATE = (ValueError, TypeError, KeyError, IndexError)
+"""What a rule's ``load_state_dict`` raises on a stored state it cannot read (the packed layouts
+raise controller.rules.packed.PackedStateError, a ValueError, with what was wrong)."""
+
+log = logging.getLogger(__name__)
 
 
 class Detector(Protocol):
@@ -122,17 +128,47 @@ class RunTable:
         return slot
 
     def _from_stored(self, session: Session, run_id: str, stored: dict[str, Any] | None) -> RunSlot:
-        det = self._factory()
         if stored and stored.get("v") == STATE_VERSION:
-            apart = {name: json.loads(text) for name, text in session.execute(
-                select(RuleState.rule, RuleState.state).where(RuleState.run_id == run_id)).all()
-            } if stored.get("rules_apart") else {}
-            det.load_state_dict(from_json({**stored["detector"], **apart}))
+            apart: dict[str, Any] = {}
+            rows = session.execute(select(RuleState.rule, RuleState.state).where(
+                RuleState.run_id == run_id)).all() if stored.get("rules_apart") else []
+            for name, text in rows:
+                try:
+                    apart[name] = json.loads(text)
+                except ValueError as exc:  # truncated text: the rule starts fresh (not in apart: saved again)
+                    log.warning("run %s: the stored %s rule state is not JSON (%s); the rule starts fresh",
+                                run_id, name, exc)
+            det, unreadable = self._load_detector(run_id, from_json({**stored["detector"], **apart}))
             if isinstance(det, RulesApart):
-                det.changed = set(det.rules) - set(apart)  # stored inline (older layout) or new: save apart
+                # stored inline (older layout), new, or unreadable: save apart
+                det.changed = set(det.rules) - set(apart) | unreadable
             rec = RecoveryState.from_state_dict(stored["recovery"])
             return RunSlot(run_id, det, rec, stored.get("partition"))
-        return RunSlot(run_id, det, new_state(run_id, uuid.uuid4().hex), None, dirty=True)
+        return RunSlot(run_id, self._factory(), new_state(run_id, uuid.uuid4().hex), None, dirty=True)
+
+    def _load_detector(self, run_id: str, state: dict[str, Any]) -> tuple[Detector, set[str]]:
+        """A detector with the stored state, and the rules whose stored state could not be read:
+        those start fresh, with a warning, rather than failing every batch of the run (the store
+        is not trusted). What is not a rule's state still fails the load as before."""
+        det = self._factory()
+        try:
+            det.load_state_dict(state)
+            return det, set()
+        except UNREADABLE_STATE:
+            if not isinstance(det, RulesApart):
+                raise
+        unreadable: set[str] = set()
+        for name, rule in self._factory().rules.items():  # a fresh detector's: loads may fail half-way
+            if name in state:
+                try:
+                    rule.load_state_dict(state[name])
+                except UNREADABLE_STATE as exc:
+                    log.warning("run %s: the stored %s rule state is unreadable (%s); the rule starts fresh",
+                                run_id, name, exc)
+                    unreadable.add(name)
+        det = self._factory()
+        det.load_state_dict({k: v for k, v in state.items() if k not in unreadable})
+        return det, unreadable
 
     def load_partitions(self, session: Session, partitions: set[int]) -> int:
         """Load the live runs whose stored partition is in ``partitions``; returns how many."""

@@ -11,7 +11,7 @@ ranges ("ranks 0-1023, 2048-4095"): a 16k-rank run that stops yields a handful o
 nodes' beats are spread over ``heartbeat_s``, so they pass the threshold over a few ticks), not
 one per rank.
 
-Persistence: the per-rank columns are stored packed (zlib'd native arrays, base64) and the
+Persistence: the per-rank columns are stored packed (controller/rules/packed.py) and the
 snapshot is rebuilt only when something reported changes (silences, hung ranks, the run's state)
 or the run's time moved ``PERSIST_S`` past the last snapshot. The controller saves a rule's state with every batch it
 touched (every event touches this rule): re-encoding 16k ranks' columns each batch cost more than
@@ -27,14 +27,12 @@ wait in. After ``run.finished`` or ``run.failed`` nothing is reported.
 
 from __future__ import annotations
 
-import base64
-import zlib
-from array import array
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from controller.rules.base import ALL_EVENTS, RankScope
+from controller.rules.packed import pack as _pack
+from controller.rules.packed import unpack as _unpack
 from controller.verdict import Action, Verdict
 from core.enums import EventType, Level, TrainerMode
 from core.events import Event
@@ -285,15 +283,6 @@ def _span(vals: list[float] | list[int], unit: str = "") -> str:
 
 def _by_level(item: tuple[Level, Any]) -> int:
     return 0 if item[0] is Level.WARN else 1
-
-
-def _pack(kind: str, values: Iterable[Any]) -> str:
-    """Numbers -> base64 of their zlib'd native array (a 16k-rank column in ~1 ms, a few kB)."""
-    return base64.b64encode(zlib.compress(array(kind, values).tobytes(), 1)).decode("ascii")
-
-
-def _unpack(kind: str, text: str) -> list[Any]:
-    return array(kind, zlib.decompress(base64.b64decode(text))).tolist()
 
 
 def _pack_columns(pairs: dict[int, tuple[Any, Any]], a: str, b: str) -> dict[str, str]:

@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 
 from controller.rules.base import RANK_METRIC_EVENTS, RankScope, rank_columns
-from controller.rules.rank_window import RankWindows, full_row_medians
+from controller.rules.packed import pack_array, unpack_array
+from controller.rules.rank_window import PACKED_VERSION, RankWindows, full_row_medians, packed_layout
 from controller.verdict import Action, Verdict
 from core.enums import Level
 from core.events import Event
@@ -142,6 +143,14 @@ class MemoryRule:
         return self._observe(event.step, ranks, reserved, allocated)
 
     def state_dict(self) -> dict[str, Any]:
+        n = len(self._recent)
+        return {"packed": PACKED_VERSION, "recent": self._recent.packed(),
+                "baseline": pack_array(self._baseline[:n]),  # NaN: no baseline yet
+                "baseline_step": pack_array(self._baseline_step[:n]),
+                "flagged": pack_array(self._flagged[:n].astype(np.uint8))}
+
+    def list_state_dict(self) -> dict[str, Any]:
+        """The state in the JSON-list layout stored before the packed one (still loaded)."""
         w = self._recent
         n = len(w)
         _, (values,) = w.ordered()
@@ -151,10 +160,18 @@ class MemoryRule:
                 for r, vs, b, s, f in zip(w.ranks, values, base, base_step, flagged, strict=True)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._recent.load((int(r), [(0, (int(v),)) for v in st["recent"]]) for r, st in state.items())
+        if packed_layout(state):
+            self._recent.load_packed(state["recent"])
+            n = len(self._recent)
+            columns = (unpack_array(state.get("baseline"), np.float64, (n,), "memory: baselines"),
+                       unpack_array(state.get("baseline_step"), np.int64, (n,), "memory: baseline steps"),
+                       unpack_array(state.get("flagged"), np.uint8, (n,), "memory: flags").astype(bool))
+        else:
+            self._recent.load((int(r), [(0, (int(v),)) for v in st["recent"]]) for r, st in state.items())
+            rows = state.values()
+            columns = ([np.nan if st.get("baseline") is None else st["baseline"] for st in rows],
+                       [int(st.get("baseline_step", 0)) for st in rows], [bool(st.get("flagged", False)) for st in rows])
         self._baseline, self._baseline_step, self._flagged = np.zeros(0), np.zeros(0, np.int64), np.zeros(0, bool)
         self._fit()
-        n = len(state)
-        self._baseline[:n] = [np.nan if st.get("baseline") is None else st["baseline"] for st in state.values()]
-        self._baseline_step[:n] = [int(st.get("baseline_step", 0)) for st in state.values()]
-        self._flagged[:n] = [bool(st.get("flagged", False)) for st in state.values()]
+        n = len(self._recent)
+        self._baseline[:n], self._baseline_step[:n], self._flagged[:n] = columns

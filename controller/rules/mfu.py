@@ -30,7 +30,15 @@ from typing import Any
 import numpy as np
 
 from controller.rules.base import RANK_METRIC_EVENTS, RankScope, rank_columns
-from controller.rules.rank_window import RankWindows, fmean, full_row_medians, median, row_medians
+from controller.rules.rank_window import (
+    PACKED_VERSION,
+    RankWindows,
+    fmean,
+    full_row_medians,
+    median,
+    packed_layout,
+    row_medians,
+)
 from controller.rules.straggler import judge_points
 from controller.verdict import Action, Verdict
 from core.enums import Level
@@ -234,6 +242,11 @@ class MfuRule:
         return self._observe(event.step, ranks, columns.T)
 
     def state_dict(self) -> dict[str, Any]:
+        return {"packed": PACKED_VERSION, "recent": self._recent.packed(),
+                "baseline": self._baseline, "low_since": self._low_since}
+
+    def list_state_dict(self) -> dict[str, Any]:
+        """The state in the JSON-list layout stored before the packed one (still loaded)."""
         steps, (mfu, step_time, data_wait, comm) = self._recent.ordered()
         return {"recent": {str(r): [[s, a, b, c, d] for s, a, b, c, d in zip(*cols, strict=True)]
                            for r, *cols in zip(self._recent.ranks, steps, mfu, step_time, data_wait, comm,
@@ -241,8 +254,11 @@ class MfuRule:
                 "baseline": self._baseline, "low_since": self._low_since}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._recent.load((int(r), [(int(p[0]), [float(x) for x in p[1:]]) for p in q])
-                          for r, q in state["recent"].items())
+        if packed_layout(state):
+            self._recent.load_packed(state["recent"])
+        else:
+            self._recent.load((int(r), [(int(p[0]), [float(x) for x in p[1:]]) for p in q])
+                              for r, q in state["recent"].items())
         self._speaker = speaker(self._recent.ranks)
         self._baseline = state.get("baseline")
         self._low_since = state.get("low_since")

@@ -15,10 +15,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
+from controller.rules.packed import PackedStateError, pack_array, unpack_array
+from core.events import MAX_WORLD
+
 _NONE = -1
+PACKED_VERSION = 1
+"""The layout ``RankWindows.packed`` writes; a reader of another raises PackedStateError."""
 
 
 class RankWindows:
@@ -36,6 +42,7 @@ class RankWindows:
         self.values = np.zeros((width, 0, size), self.dtype)  # column-major: values[c, row] is one window
         self.start = np.zeros(0, np.int64)  # ring position of each row's oldest point
         self.count = np.zeros(0, np.int64)
+        self._packed: dict[str, Any] | None = None  # what packed() returns until a point changes
 
     def __len__(self) -> int:
         return len(self.ranks)
@@ -64,6 +71,7 @@ class RankWindows:
             self._grow(first + len(fresh))
             rows[new] = self._row[fresh] = np.arange(first, first + len(fresh))
             self.ranks += fresh.tolist()
+            self._packed = None
         return rows
 
     def _grow(self, n: int) -> None:
@@ -82,6 +90,7 @@ class RankWindows:
 
     def push(self, rows: np.ndarray, step: int, values: np.ndarray) -> None:
         """Append one point to each of ``rows`` (distinct); ``values`` is (len(rows), width)."""
+        self._packed = None
         if len(rows) == 1:  # one rank's step event: plain indexing
             row = int(rows[0])
             start, count = int(self.start[row]), int(self.count[row])
@@ -102,6 +111,7 @@ class RankWindows:
 
     def drop_from(self, rows: np.ndarray, step: int) -> None:
         """Drop each row's newest points at or after ``step`` (rows whose steps only grow)."""
+        self._packed = None
         if len(rows) == 1:  # one rank's step event: plain indexing
             row = int(rows[0])
             while self.count[row] and self.steps[row, (self.start[row] + self.count[row] - 1) % self.size] >= step:
@@ -140,16 +150,73 @@ class RankWindows:
 
     def ordered(self) -> tuple[list[list[int]], list[list[list[float | int]]]]:
         """Every row's steps, and each column's values per row, oldest first, as Python lists (the
-        rules' stored state): a few array operations, and no Python object per point but the numbers."""
-        n = len(self)
-        rows = np.arange(n)[:, None]
-        slots = (self.start[:n, None] + np.arange(self.size)) % self.size
-        counts = self.count[:n].tolist()
+        rules' stored state before it was packed)."""
+        steps, values = self._ordered_arrays()
+        counts = self.count[: len(self)].tolist()
 
         def cut(table: np.ndarray) -> list[list[float | int]]:
-            return [r[:c] for r, c in zip(table[rows, slots].tolist(), counts, strict=True)]
+            return [r[:c] for r, c in zip(table.tolist(), counts, strict=True)]
 
-        return cut(self.steps), [cut(self.values[c]) for c in range(self.width)]  # type: ignore[return-value]
+        return cut(steps), [cut(values[c]) for c in range(self.width)]  # type: ignore[return-value]
+
+    def _ordered_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(rows, size) steps and (width, rows, size) values, each row oldest first and its empty
+        slots 0: a few array operations, and the same arrays whatever the ring positions were."""
+        n = len(self)
+        start = self.start[:n]
+        if n and not (start != start[0]).any():  # rings turned alike (the common case): two block copies
+            s = int(start[0])
+            steps = np.concatenate((self.steps[:n, s:], self.steps[:n, :s]), axis=1)
+            values = np.concatenate((self.values[:, :n, s:], self.values[:, :n, :s]), axis=2)
+        else:
+            rows = np.arange(n)[:, None]
+            slots = (start[:, None] + np.arange(self.size)) % self.size
+            steps = self.steps[rows, slots]
+            values = self.values[:, rows, slots]
+        if n and self.count[:n].min() < self.size:
+            empty = np.arange(self.size) >= self.count[:n, None]
+            steps[empty] = 0
+            values[:, empty] = 0
+        return steps, values
+
+    def packed(self) -> dict[str, Any]:
+        """The windows as compact JSON (controller/rules/packed.py), kept until a point changes:
+        ranks in first-seen order as gaps (mostly 1s, which zlib folds), counts, and the steps and
+        values oldest first (empty slots 0)."""
+        if self._packed is None:
+            n = len(self)
+            steps, values = self._ordered_arrays()
+            self._packed = {"v": PACKED_VERSION, "rows": n, "size": self.size, "width": self.width,
+                            "rank_gaps": pack_array(np.diff(np.array(self.ranks, np.int64), prepend=0)),
+                            "count": pack_array(self.count[:n]),
+                            # steps as gaps along each row: aligned windows' rows are then equal
+                            "step_gaps": pack_array(np.diff(steps, axis=1, prepend=0)),
+                            "values": pack_array(values)}
+        return self._packed
+
+    def load_packed(self, stored: Any) -> None:
+        """Replace every row with what ``packed`` stored, checked throughout (PackedStateError)."""
+        if not isinstance(stored, dict) or stored.get("v") != PACKED_VERSION:
+            got = stored.get("v") if isinstance(stored, dict) else type(stored).__name__
+            raise PackedStateError(f"rank windows: unknown packed layout {got!r} (expected v {PACKED_VERSION})")
+        n, size, width = (_count(stored, key) for key in ("rows", "size", "width"))
+        if width != self.width:
+            raise PackedStateError(f"rank windows: {width} values per point stored, {self.width} expected")
+        ranks = np.cumsum(unpack_array(stored.get("rank_gaps"), np.int64, (n,), "rank windows: ranks"))
+        count = unpack_array(stored.get("count"), np.int64, (n,), "rank windows: counts")
+        steps = np.cumsum(unpack_array(stored.get("step_gaps"), np.int64, (n, size), "rank windows: steps"), axis=1)
+        values = unpack_array(stored.get("values"), self.dtype, (width, n, size), "rank windows: values")
+        if n and (ranks.min() < 0 or ranks.max() >= MAX_WORLD or len(np.unique(ranks)) != n):
+            raise PackedStateError(f"rank windows: ranks are not distinct numbers in 0..{MAX_WORLD - 1}")
+        if n and (count.min() < 0 or count.max() > size):
+            raise PackedStateError(f"rank windows: a count outside 0..{size}")
+        if size != self.size:  # the window was resized since: keep each rank's newest points, as load does
+            self.load((int(r), list(zip(steps[i, :c].tolist(), values[:, i, :c].T.tolist(), strict=True)))
+                      for i, (r, c) in enumerate(zip(ranks.tolist(), count.tolist(), strict=True)))
+            return
+        self._clear()
+        rows = self.rows_for(ranks)  # 0..n-1: the ranks are new and distinct
+        self.steps[rows], self.values[:, rows], self.count[rows] = steps, values, count
 
     def load(self, per_rank: Iterable[tuple[int, Sequence[tuple[int, Sequence[float | int]]]]]) -> None:
         """Replace every row: (rank, its points oldest first), ranks in first-seen order."""
@@ -173,6 +240,24 @@ class RankWindows:
         shaped = np.array(values, self.dtype).reshape(len(ranks), self.size, self.width)
         self.values[:, rows] = np.moveaxis(shaped, -1, 0)
         self.count[rows] = counts
+
+
+def packed_layout(state: Any) -> bool:
+    """Whether a rule's stored state is the packed layout (``"packed": PACKED_VERSION``), rather
+    than the JSON lists stored before it; PackedStateError for any other."""
+    if not isinstance(state, dict):
+        raise PackedStateError(f"rule state: expected an object, got {type(state).__name__}")
+    version = state.get("packed")
+    if version is not None and version != PACKED_VERSION:
+        raise PackedStateError(f"rule state: unknown packed layout {version!r} (expected {PACKED_VERSION})")
+    return version is not None
+
+
+def _count(stored: dict[str, Any], key: str) -> int:
+    value = stored.get(key)
+    if type(value) is not int or value < 0:
+        raise PackedStateError(f"rank windows: {key} must be a non-negative integer, got {value!r}")
+    return value
 
 
 def row_medians(values: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

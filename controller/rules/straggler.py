@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from controller.rules.base import RANK_METRIC_EVENTS, RankScope, rank_columns
-from controller.rules.rank_window import RankWindows, median, row_medians
+from controller.rules.rank_window import PACKED_VERSION, RankWindows, median, packed_layout, row_medians
 from controller.verdict import Action, Verdict
 from core.enums import Level
 from core.events import Event
@@ -171,14 +171,23 @@ class StragglerRule:
         return self._observe(event.step, ranks, busy) if ok.all() else self._observe(event.step, ranks[ok], busy[ok])
 
     def state_dict(self) -> dict[str, Any]:
+        return {"packed": PACKED_VERSION, "busy": self._busy.packed(), **self._flags()}
+
+    def list_state_dict(self) -> dict[str, Any]:
+        """The state in the JSON-list layout stored before the packed one (still loaded)."""
         steps, (busy,) = self._busy.ordered()
         return {"busy": {str(r): [[s, v] for s, v in zip(ss, vs, strict=True)]
-                         for r, ss, vs in zip(self._busy.ranks, steps, busy, strict=True)},
-                "flagged": {str(r): s for r, s in self._flagged.items()},
+                         for r, ss, vs in zip(self._busy.ranks, steps, busy, strict=True)}, **self._flags()}
+
+    def _flags(self) -> dict[str, Any]:
+        return {"flagged": {str(r): s for r, s in self._flagged.items()},
                 "candidate": self._candidate, "streak": self._streak}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._busy.load((int(r), [(int(s), (float(v),)) for s, v in q]) for r, q in state["busy"].items())
+        if packed_layout(state):
+            self._busy.load_packed(state["busy"])
+        else:
+            self._busy.load((int(r), [(int(s), (float(v),)) for s, v in q]) for r, q in state["busy"].items())
         self._speaker = speaker(self._busy.ranks)
         self._flagged = {int(r): int(s) for r, s in state.get("flagged", {}).items()}
         self._candidate = state.get("candidate")

@@ -65,7 +65,7 @@ def test_run_level_and_detail_steps_feed_no_per_rank_rule_but_the_loss_rules_rea
         detail = {**STEP, "detail": True, "step_time_s": 9.0}
         for r in range(1, 3):
             det.on_event(make_event(EventType.STEP, "r", s, detail, rank=r, world=WORLD))
-    assert det.rules["straggler"].state_dict()["busy"] == {} and det.rules["mfu"].state_dict()["recent"] == {}
+    assert det.rules["straggler"].list_state_dict()["busy"] == {} and det.rules["mfu"].list_state_dict()["recent"] == {}
     assert det.loss.window_evidence()["n"] > 0 and det.state_dict()["loss_rank"] == 0
     spike = []
     for s in range(40, 45):

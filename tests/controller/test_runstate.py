@@ -67,3 +67,39 @@ def test_rule_states_are_saved_apart_only_when_changed_and_load_back(tmp_path):
         reloaded = RunTable(default_detector_factory()).get(s, "r")
     assert reloaded.detector.state_dict() == json.loads(json.dumps(to_json(slot.detector.state_dict())))
     assert reloaded.detector.changed == set()
+
+
+def test_an_unreadable_rule_state_starts_that_rule_fresh_with_a_warning(tmp_path, caplog):
+    from sqlalchemy import update
+
+    from bench.controller_support import fresh_store
+    from controller.runstate import RunTable, default_detector_factory, save_slots
+    from controller.store.db import session_scope
+    from controller.store.ingest import ingest_events
+    from controller.store.models import RuleState
+
+    engine = fresh_store(tmp_path)
+    events = [make_event("ranks", "r", 10 * k, {"first_rank": 0, "steps": 10, "step_time_s": [0.5, 0.5 + k / 100],
+                                                "data_wait_s": [0.0, 0.0], "comm_exposed_s": [0.1, 0.0],
+                                                "tokens_per_s": [1.0, 1.0], "mfu": [0.4, 0.4], "loss_local": [3.0, 3.0],
+                                                "mem_allocated": [1, 1], "mem_reserved": [2, 2]}, world=2)
+              for k in range(1, 8)]
+    with session_scope(engine) as s:
+        ingest_events(s, events)
+        slot = RunTable(default_detector_factory()).get(s, "r")
+        for ev in events:
+            slot.detector.on_event(ev)
+        save_slots(s, [slot])
+    saved = slot.detector.state_dict()
+    stored = json.loads(json.dumps(saved["mfu"]))
+    stored["recent"]["values"][0] = stored["recent"]["values"][0][:9]  # truncated
+    with session_scope(engine) as s:
+        s.execute(update(RuleState).where(RuleState.rule == "mfu").values(state=json.dumps(stored)))
+        s.execute(update(RuleState).where(RuleState.rule == "memory").values(state='{"packed": 1, "rec'))
+        reloaded = RunTable(default_detector_factory()).get(s, "r")
+    det = reloaded.detector
+    assert len(det.rules["mfu"]._recent) == 0 and len(det.rules["memory"]._recent) == 0  # fresh
+    assert det.rules["straggler"].state_dict() == saved["straggler"]  # the readable rest as saved
+    assert {"mfu", "memory"} <= det.changed  # saved again at the next save
+    warned = " ".join(r.getMessage() for r in caplog.records if r.levelname == "WARNING")
+    assert "mfu rule state is unreadable" in warned and "memory rule state is not JSON" in warned
