@@ -147,8 +147,9 @@ class SpikeDetector:
         # the window, with its newest span (see _span) kept sorted as it slides
         self._window = SlidingWindow(self.config.window)
         self._crit_run = 0  # steps at or above k_crit so far in this excursion
-        self._raw: tuple[float, float] | None = None  # robust_stats of the used window, until it changes
-        self._used = 0  # points the cached stats were computed over
+        # robust_stats of the used window and the interval it was used at, until either changes
+        self._raw: tuple[float, float] | None = None
+        self._raw_interval = math.nan
         self._span_at: tuple[float, int] = (math.nan, 0)  # (interval, _span of it), cached
 
     def _span(self, interval: float) -> int:
@@ -160,46 +161,68 @@ class SpikeDetector:
             self._span_at = (interval, span)
         return self._span_at[1]
 
+    def _robust(self, interval: float) -> tuple[float, float]:
+        """(median, raw σ) of the used window; computed once per window and interval (the spike
+        and divergence rules both ask, at the same interval, once per point each)."""
+        raw = self._raw
+        if raw is None or interval != self._raw_interval:
+            window = self._window
+            window.set_span(self._span(interval))
+            raw = self._raw = window.robust()
+            self._raw_interval = interval
+        return raw
+
     def _stats(self, sigma_floor_rel: float, interval: float = 1.0) -> tuple[float, float]:
-        window = self._window
-        window.set_span(self._span(interval))
-        used = len(window.tail())
-        if self._raw is None or used != self._used:
-            self._raw, self._used = window.robust(), used
-        med, raw = self._raw
+        med, raw = self._robust(interval)
         return med, max(raw, sigma_floor_rel * abs(med), 1e-12)  # _floored, inlined: twice per point
 
-    def peek(self, loss: float, gap: int = 1, interval: float = 1.0) -> SpikeVerdict:
-        """The verdict for ``loss`` without changing any state."""
+    def _judge(self, loss: float, gap: int, interval: float) -> tuple[Level, float | None, float | None,
+                                                                     float | None, str]:
+        """peek's figures: (level, median, sigma, sigmas, reason)."""
         cfg = self.config
-        n = len(self._window)
         if not math.isfinite(loss):
-            return SpikeVerdict(Level.CRITICAL, loss, None, None, None, n, "non-finite loss")
-        if n < cfg.min_history:
-            return SpikeVerdict(Level.OK, loss, None, None, None, n, "warming up")
-        med, sigma = self._stats(cfg.sigma_floor_rel, interval)
+            return Level.CRITICAL, None, None, None, "non-finite loss"
+        if len(self._window) < cfg.min_history:
+            return Level.OK, None, None, None, "warming up"
+        med, raw = self._robust(interval)
+        sigma = max(raw, cfg.sigma_floor_rel * abs(med), 1e-12)
         k = (loss - med) / sigma
         if k >= cfg.k_crit:
             why = f"{k:.1f}σ above median"
             if k >= cfg.k_extreme and loss >= med * (1 + cfg.jump_extreme):
-                return SpikeVerdict(Level.CRITICAL, loss, med, sigma, k, n, f"{why} (extreme)")
+                return Level.CRITICAL, med, sigma, k, f"{why} (extreme)"
             if self._crit_run + max(1, gap) >= cfg.patience:
-                return SpikeVerdict(Level.CRITICAL, loss, med, sigma, k, n, why)
-            return SpikeVerdict(Level.WARN, loss, med, sigma, k, n, f"{why} (patience)")
+                return Level.CRITICAL, med, sigma, k, why
+            return Level.WARN, med, sigma, k, f"{why} (patience)"
         if k >= cfg.k_warn:
-            return SpikeVerdict(Level.WARN, loss, med, sigma, k, n, f"{k:.1f}σ above median")
-        return SpikeVerdict(Level.OK, loss, med, sigma, k, n, "")
+            return Level.WARN, med, sigma, k, f"{k:.1f}σ above median"
+        return Level.OK, med, sigma, k, ""
+
+    def peek(self, loss: float, gap: int = 1, interval: float = 1.0) -> SpikeVerdict:
+        """The verdict for ``loss`` without changing any state."""
+        level, med, sigma, k, reason = self._judge(loss, gap, interval)
+        return SpikeVerdict(level, loss, med, sigma, k, len(self._window), reason)
+
+    def judge(self, loss: float, gap: int = 1, interval: float = 1.0) -> tuple[Level, float | None, float | None,
+                                                                               float | None, str]:
+        """``observe``'s verdict as a tuple (level, median, sigma, sigmas, reason), for callers that
+        judge a loss per event and need a ``SpikeVerdict`` only when it is not healthy (its ``n``
+        is then ``len(self)``: only a healthy loss enters the window)."""
+        judged = self._judge(loss, gap, interval)
+        if judged[0] is Level.OK:  # finite, below k_warn (or warming up): into the window
+            self._crit_run = 0
+            self._window.append(loss)
+            self._raw = None
+        else:  # non-finite, or at or above k_warn
+            k = judged[3]
+            self._crit_run = self._crit_run + max(1, gap) if k is None or k >= self.config.k_crit else 0
+        return judged
 
     def observe(self, loss: float, gap: int = 1, interval: float = 1.0) -> SpikeVerdict:
         """Judge ``loss`` and, if healthy, add it to the window."""
-        verdict = self.peek(loss, gap, interval)
-        finite = math.isfinite(loss)
-        above_crit = (not finite) or (verdict.sigmas is not None and verdict.sigmas >= self.config.k_crit)
-        self._crit_run = self._crit_run + max(1, gap) if above_crit else 0
-        if verdict.level is Level.OK and finite:
-            self._window.append(loss)
-            self._raw = None
-        return verdict
+        n = len(self._window)
+        level, med, sigma, k, reason = self.judge(loss, gap, interval)
+        return SpikeVerdict(level, loss, med, sigma, k, n, reason)
 
     def stats(self, sigma_floor_rel: float | None = None, interval: float = 1.0) -> tuple[float, float] | None:
         """(median, σ) of the healthy window, with the config's σ floor unless one is given."""
