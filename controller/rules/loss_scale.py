@@ -82,10 +82,10 @@ class LossScaleRule:
         self._peaks.append((self._seen, step, scale))
         self._seen += 1
         halvings = math.log2(peak / scale) if scale < peak else 0.0
-        ev = {"scale": scale, "window_max": peak, "window_max_step": peak_step, "halvings": halvings}
-        if halvings >= cfg.crit_halvings or scale < cfg.min_scale:
-            return self._report(step, Level.CRITICAL, ev)
-        if halvings >= cfg.warn_halvings:
+        if halvings >= cfg.warn_halvings or scale < cfg.min_scale:  # the evidence is built only then
+            ev = {"scale": scale, "window_max": peak, "window_max_step": peak_step, "halvings": halvings}
+            if halvings >= cfg.crit_halvings or scale < cfg.min_scale:
+                return self._report(step, Level.CRITICAL, ev)
             return self._report(step, Level.WARN, ev)
         if halvings < cfg.warn_halvings / 2:  # hysteresis: re-arm once well back
             self._level, self._onset = Level.OK, None
