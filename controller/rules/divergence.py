@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
-from core.sliding import SlidingWindow, sorted_robust
+from core.sliding import SlidingWindow, sorted_median, sorted_robust
 
 METHODS = ("cusum", "runmin", "all")
 MEDIAN_NOISE = 1.2533
@@ -189,8 +189,10 @@ class DivergenceDetector:
     def _smoothed(self, m: int) -> float:
         at = self._smooth_at
         if at is None or at[0] != m:  # the run-minimum and shift tests ask for the same one per point
-            self._logs.set_span(m)
-            at = self._smooth_at = (m, self._logs.median())
+            logs = self._logs
+            if logs.span != m:
+                logs.set_span(m)
+            at = self._smooth_at = (m, sorted_median(logs.tail()))
         return at[1]
 
     def observe(self, step: int, loss: float, med: float | None, sigma: float | None,
@@ -240,10 +242,11 @@ class DivergenceDetector:
         return "cusum" if new >= cfg.threshold else "", new, onset
 
     def _span(self, interval: float) -> int:
-        if interval != self._span_at[0]:  # the interval rarely changes: asked twice per point
+        at = self._span_at
+        if interval != at[0]:  # the interval rarely changes: asked twice per point
             cfg = self.config
-            self._span_at = (interval, min(cfg.smooth, max(3, int(round(cfg.smooth_steps / max(interval, 1e-9))))))
-        return self._span_at[1]
+            at = self._span_at = (interval, min(cfg.smooth, max(3, int(round(cfg.smooth_steps / max(interval, 1e-9))))))
+        return at[1]
 
     def _noise(self, m: int) -> float:
         """Standard error of the median of ``m`` log losses, from the point-to-point noise of the

@@ -51,11 +51,13 @@ class LossSpikeConfig(SpikeConfig):
             raise ValueError("rebaseline_after: must be >= 0")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class LossPoint:
     """What the spike rule knew when it judged one loss: the healthy window's median and σ just
     before it (None while warming up) and its verdict. The dashboard draws its bands from these
-    (stored per step by ``controller.batch``): median + k_warn·σ and median + k_crit·σ."""
+    (stored per step by ``controller.batch``): median + k_warn·σ and median + k_crit·σ.
+    Not to be changed once made; not frozen only because one is made per loss, and a frozen
+    dataclass costs about three times as much to build."""
 
     step: int
     median: float | None
