@@ -153,12 +153,13 @@ class SpikeDetector:
         self._span_at: tuple[float, int] = (math.nan, 0)  # (interval, _span of it), cached
 
     def _span(self, interval: float) -> int:
-        """Newest points of a full window the statistics use at this logging interval."""
+        """Newest points of a full window the statistics use at this logging interval (at most
+        the window, as ``SlidingWindow.set_span`` would clamp it)."""
         if interval != self._span_at[0]:  # the interval rarely changes: asked twice per point
             cfg = self.config
             span = cfg.window if not cfg.window_steps else max(
                 cfg.min_history, int(round(cfg.window_steps / max(interval, 1e-9))))
-            self._span_at = (interval, span)
+            self._span_at = (interval, min(span, cfg.window))
         return self._span_at[1]
 
     def _robust(self, interval: float) -> tuple[float, float]:
@@ -167,7 +168,9 @@ class SpikeDetector:
         raw = self._raw
         if raw is None or interval != self._raw_interval:
             window = self._window
-            window.set_span(self._span(interval))
+            span = self._span(interval)
+            if span != window.span:
+                window.set_span(span)
             raw = self._raw = window.robust()
             self._raw_interval = interval
         return raw
@@ -182,7 +185,7 @@ class SpikeDetector:
         cfg = self.config
         if not math.isfinite(loss):
             return Level.CRITICAL, None, None, None, "non-finite loss"
-        if len(self._window) < cfg.min_history:
+        if len(self._window.items) < cfg.min_history:
             return Level.OK, None, None, None, "warming up"
         med, raw = self._robust(interval)
         sigma = max(raw, cfg.sigma_floor_rel * abs(med), 1e-12)
@@ -231,7 +234,7 @@ class SpikeDetector:
         return self._stats(self.config.sigma_floor_rel if sigma_floor_rel is None else sigma_floor_rel, interval)
 
     def __len__(self) -> int:
-        return len(self._window)
+        return len(self._window.items)
 
     def state_dict(self) -> dict[str, Any]:
         return {"window": list(self._window.items), "crit_run": self._crit_run}

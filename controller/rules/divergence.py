@@ -215,10 +215,11 @@ class DivergenceDetector:
         if not cfg.enabled or not math.isfinite(loss):
             return "", self._sum, None
         method = cfg.method
+        m = self._span(interval)  # points in the smoothed loss
         # the log test needs a positive loss (a loss that can go negative is judged by the CUSUM)
-        run = self._runmin(step, loss, interval) if method != "cusum" and loss > 0 else None
+        run = self._runmin(step, loss, m) if method != "cusum" and loss > 0 else None
         cus = self._cusum(step, loss, med, sigma) if method != "runmin" else None
-        shift = self._shift(med, interval) if method == "all" and loss > 0 else None
+        shift = self._shift(med, m) if method == "all" and loss > 0 else None
         if run is not None and run[0]:
             return run
         if shift is not None:  # only a shift that fired is returned
@@ -260,9 +261,8 @@ class DivergenceDetector:
             self._mad_diffs = sorted_robust(sorted(diffs))[1]
         return MEDIAN_NOISE * self._mad_diffs / math.sqrt(2) / math.sqrt(m)
 
-    def _shift(self, med: float | None, interval: float) -> tuple[str, float, int | None] | None:
+    def _shift(self, med: float | None, m: int) -> tuple[str, float, int | None] | None:
         cfg = self.config
-        m = self._span(interval)
         if med is None or med <= 0 or len(self._recent) < m:
             return None
         rise = self._smoothed(m) - math.log(med)
@@ -273,10 +273,9 @@ class DivergenceDetector:
         onset = next(s for s, x in list(self._recent)[-m:] if x >= math.log(med) + rise / 2)
         return "shift", rise, onset
 
-    def _runmin(self, step: int, loss: float, interval: float) -> tuple[str, float, int | None]:
+    def _runmin(self, step: int, loss: float, m: int) -> tuple[str, float, int | None]:
         cfg = self.config
         self._push(step, math.log(loss))
-        m = self._span(interval)
         recent = self._recent
         if len(recent) < m:
             return "", 0.0, None

@@ -110,8 +110,7 @@ class LossRules:
         gap = cadence.observe(step)
         interval = cadence.interval
         level, median, sigma, sigmas, reason = judged = spike.judge(loss, gap, interval)
-        finite = math.isfinite(loss)
-        if not finite and len(spike) >= cfg.min_history:
+        if level is not Level.OK and not math.isfinite(loss) and len(spike) >= cfg.min_history:
             # A non-finite loss is judged without the window's statistics, but they held all the
             # same (it never enters the window), so its point still carries the band it broke through.
             median, sigma = spike.stats()  # type: ignore[misc]  # >= min_history >= 2 points
