@@ -175,10 +175,6 @@ class SpikeDetector:
             self._raw_interval = interval
         return raw
 
-    def _stats(self, sigma_floor_rel: float, interval: float = 1.0) -> tuple[float, float]:
-        med, raw = self._robust(interval)
-        return med, max(raw, sigma_floor_rel * abs(med), 1e-12)  # _floored, inlined: twice per point
-
     def _judge(self, loss: float, gap: int, interval: float) -> tuple[Level, float | None, float | None,
                                                                      float | None, str]:
         """peek's figures: (level, median, sigma, sigmas, reason)."""
@@ -229,9 +225,11 @@ class SpikeDetector:
 
     def stats(self, sigma_floor_rel: float | None = None, interval: float = 1.0) -> tuple[float, float] | None:
         """(median, σ) of the healthy window, with the config's σ floor unless one is given."""
-        if len(self._window) < 2:
+        if len(self._window.items) < 2:
             return None
-        return self._stats(self.config.sigma_floor_rel if sigma_floor_rel is None else sigma_floor_rel, interval)
+        med, raw = self._robust(interval)
+        floor = self.config.sigma_floor_rel if sigma_floor_rel is None else sigma_floor_rel
+        return med, max(raw, floor * abs(med), 1e-12)  # _floored, inlined: asked once per point
 
     def __len__(self) -> int:
         return len(self._window.items)

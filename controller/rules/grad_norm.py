@@ -85,7 +85,7 @@ class NormSpike:
         if value == 0:
             return None  # no gradient this step (frozen layer, skipped update): nothing to judge
         window = self.window
-        if len(window) < cfg.min_history:
+        if len(window.values) < cfg.min_history:
             window.add(value)
             return None
         log_value = math.log(value)
@@ -103,7 +103,8 @@ class NormSpike:
             level = Level.OK
         if level is Level.OK:
             window.add_log(log_value)
-            self.level, self.onset = Level.OK, None
+            self.level = Level.OK
+            self.onset = None
             return None
         ev = {"value": value, "median": math.exp(med), "log_sigma": sigma, "sigmas": z, "n": len(window)}
         return self._escalate(step, level, ev)
@@ -136,15 +137,16 @@ class GradNormRule:
         self.layers: dict[str, NormSpike] = {}
 
     def observe(self, step: int, data: dict[str, Any]) -> list[Verdict]:
-        if not self.config.enabled:
+        cfg = self.config
+        if not cfg.enabled:
             return []
         skipped = bool(data.get("skipped", False))
         out: list[Verdict] = []
         hit = self.total.observe(step, float(data.get("grad_norm", 0.0)), skipped)
-        if hit:
+        if hit is not None:
             level, ev = hit
             out.append(self._verdict("grad_norm", step, level, self.total.onset, ev, "gradient norm"))
-        layer_norms = data.get("layer_grad_norms") if self.config.per_layer else None
+        layer_norms = data.get("layer_grad_norms") if cfg.per_layer else None
         if layer_norms:
             for name, value in layer_norms.items():
                 series = self.layers.get(name)
