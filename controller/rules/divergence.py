@@ -206,41 +206,59 @@ class DivergenceDetector:
         test, statistic, onset = self._judge(step, loss, med, sigma, interval)
         return DivergenceVerdict(True, statistic, onset, test) if test else None
 
-    # The tests' results are (test that fired or "", statistic, onset_step): tuples, as one is
-    # made per point and test.
-
     def _judge(self, step: int, loss: float, med: float | None, sigma: float | None,
                interval: float) -> tuple[str, float, int | None]:
+        """(test that fired or "", statistic, onset_step): the three tests, written out in one
+        function as they run for every point (see the module docstring for each)."""
         cfg = self.config
         if not cfg.enabled or not math.isfinite(loss):
             return "", self._sum, None
         method = cfg.method
-        m = self._span(interval)  # points in the smoothed loss
-        # the log test needs a positive loss (a loss that can go negative is judged by the CUSUM)
-        run = self._runmin(step, loss, m) if method != "cusum" and loss > 0 else None
-        cus = self._cusum(step, loss, med, sigma) if method != "runmin" else None
-        shift = self._shift(med, m) if method == "all" and loss > 0 else None
-        if run is not None and run[0]:
+        at = self._span_at
+        m = at[1] if interval == at[0] else self._span(interval)  # points in the smoothed loss
+        # the log tests need a positive loss (a loss that can go negative is judged by the CUSUM)
+        positive = loss > 0
+        run: tuple[str, float, int | None] | None = None
+        if positive and method != "cusum":  # runmin
+            self._push(step, math.log(loss))
+            recent = self._recent
+            if len(recent) < m:
+                run = "", 0.0, None
+            else:
+                smoothed = self._smoothed(m)
+                if self._min is None or smoothed < self._min:  # the step in the middle of the newest m
+                    self._min, self._min_step = smoothed, recent[len(recent) - m + m // 2][0]
+                rise = smoothed - self._min
+                # at or above max(rise bar, noise bar): the noise is worked out only past the first
+                fired = rise >= math.log1p(cfg.rise) and rise >= cfg.rise_k * self._noise(m)
+                run = "runmin" if fired else "", rise, self._min_step
+        cus: tuple[str, float, int | None] | None = None
+        if method != "runmin":  # cusum
+            if med is None or sigma is None or step < cfg.grace_steps:
+                cus = "", self._sum, None
+            else:
+                z = min((loss - med) / sigma, cfg.z_clip)
+                new = max(0.0, self._sum + z - cfg.drift)
+                if new > 0 and self._sum == 0:
+                    self._start = step
+                elif new == 0:
+                    self._start = None
+                self._sum = new
+                onset = None if self._start is None else max(0, self._start - cfg.onset_margin)
+                cus = "cusum" if new >= cfg.threshold else "", new, onset
+        if run is not None and run[0]:  # (the CUSUM above still ran: it keeps a sum)
             return run
-        if shift is not None:  # only a shift that fired is returned
-            return shift
+        if positive and method == "all" and med is not None and med > 0 and len(self._recent) >= m:  # shift
+            log_med = math.log(med)
+            rise = self._smoothed(m) - log_med
+            # at or above max(rise bar, noise bar): the noise is worked out only past the first
+            if rise >= math.log1p(cfg.shift_rise) and rise >= cfg.shift_k * self._noise(m):
+                # the first point of the burst: above the median by at least half the smoothed rise
+                onset = next(s for s, x in list(self._recent)[-m:] if x >= log_med + rise / 2)
+                return "shift", rise, onset
         if cus is not None:
             return cus
         return run or ("", 0.0, None)
-
-    def _cusum(self, step: int, loss: float, med: float | None, sigma: float | None) -> tuple[str, float, int | None]:
-        cfg = self.config
-        if med is None or sigma is None or step < cfg.grace_steps:
-            return "", self._sum, None
-        z = min((loss - med) / sigma, cfg.z_clip)
-        new = max(0.0, self._sum + z - cfg.drift)
-        if new > 0 and self._sum == 0:
-            self._start = step
-        elif new == 0:
-            self._start = None
-        self._sum = new
-        onset = None if self._start is None else max(0, self._start - cfg.onset_margin)
-        return "cusum" if new >= cfg.threshold else "", new, onset
 
     def _span(self, interval: float) -> int:
         at = self._span_at
@@ -260,32 +278,6 @@ class DivergenceDetector:
             diffs = [b - a for (_, a), (_, b) in pairwise(recent)]  # as a sliding window would hold them
             self._mad_diffs = sorted_robust(sorted(diffs))[1]
         return MEDIAN_NOISE * self._mad_diffs / math.sqrt(2) / math.sqrt(m)
-
-    def _shift(self, med: float | None, m: int) -> tuple[str, float, int | None] | None:
-        cfg = self.config
-        if med is None or med <= 0 or len(self._recent) < m:
-            return None
-        rise = self._smoothed(m) - math.log(med)
-        # below max(rise bar, noise bar): the noise is worked out only past the first
-        if rise < math.log1p(cfg.shift_rise) or rise < cfg.shift_k * self._noise(m):
-            return None
-        # the first point of the burst: above the median by at least half the smoothed rise
-        onset = next(s for s, x in list(self._recent)[-m:] if x >= math.log(med) + rise / 2)
-        return "shift", rise, onset
-
-    def _runmin(self, step: int, loss: float, m: int) -> tuple[str, float, int | None]:
-        cfg = self.config
-        self._push(step, math.log(loss))
-        recent = self._recent
-        if len(recent) < m:
-            return "", 0.0, None
-        smoothed = self._smoothed(m)
-        if self._min is None or smoothed < self._min:  # the step in the middle of the newest m
-            self._min, self._min_step = smoothed, recent[len(recent) - m + m // 2][0]
-        rise = smoothed - self._min
-        # at or above max(rise bar, noise bar): the noise is worked out only past the first
-        fired = rise >= math.log1p(cfg.rise) and rise >= cfg.rise_k * self._noise(m)
-        return "runmin" if fired else "", rise, self._min_step
 
     def _push(self, step: int, x: float) -> None:
         self._recent.append((step, x))
