@@ -54,7 +54,8 @@ def _kth_deviations(vals: list[float], med: float, split: int, k: int,
     the k+1 smallest are the first ``lo`` of the left and the first ``j`` of the right, the k-th
     is the larger of the two sides' last, the (k-1)-th the larger of what is left then."""
     n_left, n_right = split, len(vals) - split
-    lo, hi = max(0, k + 1 - n_right), min(k + 1, n_left)
+    lo = k + 1 - n_right if k + 1 > n_right else 0
+    hi = k + 1 if k + 1 < n_left else n_left
     # lo is the smallest count i taken from the left with left[i] >= right[k - i] (hi if none):
     # the condition below holds for every i under it and for none at or over it, so any search
     # finds the same lo. The hint's neighbourhood is probed first, then the rest is bisected.

@@ -219,6 +219,7 @@ class DivergenceDetector:
         # the log tests need a positive loss (a loss that can go negative is judged by the CUSUM)
         positive = loss > 0
         run: tuple[str, float, int | None] | None = None
+        smoothed = 0.0
         if positive and method != "cusum":  # runmin
             self._push(step, math.log(loss))
             recent = self._recent
@@ -237,8 +238,12 @@ class DivergenceDetector:
             if med is None or sigma is None or step < cfg.grace_steps:
                 cus = "", self._sum, None
             else:
-                z = min((loss - med) / sigma, cfg.z_clip)
-                new = max(0.0, self._sum + z - cfg.drift)
+                z = (loss - med) / sigma
+                if cfg.z_clip < z:  # min(z, z_clip), as min would pick it
+                    z = cfg.z_clip
+                new = self._sum + z - cfg.drift
+                if not new > 0.0:  # max(0.0, new), as max would pick it
+                    new = 0.0
                 if new > 0 and self._sum == 0:
                     self._start = step
                 elif new == 0:
@@ -250,7 +255,7 @@ class DivergenceDetector:
             return run
         if positive and method == "all" and med is not None and med > 0 and len(self._recent) >= m:  # shift
             log_med = math.log(med)
-            rise = self._smoothed(m) - log_med
+            rise = smoothed - log_med  # the runmin test's: it ran (method "all") on as many points
             # at or above max(rise bar, noise bar): the noise is worked out only past the first
             if rise >= math.log1p(cfg.shift_rise) and rise >= cfg.shift_k * self._noise(m):
                 # the first point of the burst: above the median by at least half the smoothed rise
