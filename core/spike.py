@@ -35,6 +35,11 @@ from core.sliding import MAD_TO_SIGMA, SlidingWindow, sorted_robust
 
 __all__ = ["MAD_TO_SIGMA", "SpikeConfig", "SpikeDetector", "SpikeVerdict", "robust_stats", "window_stats"]
 
+# An enum member read through its class costs ~10x a module global (the enum's metaclass):
+# the per-point paths below use these.
+_OK = Level.OK
+
+
 @dataclass(kw_only=True, slots=True)
 class SpikeConfig:
     """Figures for the step-aware and extreme settings, all controller defaults, on a development
@@ -182,7 +187,7 @@ class SpikeDetector:
         if not math.isfinite(loss):
             return Level.CRITICAL, None, None, None, "non-finite loss"
         if len(self._window.items) < cfg.min_history:
-            return Level.OK, None, None, None, "warming up"
+            return _OK, None, None, None, "warming up"
         med, raw = self._robust(interval)
         sigma = max(raw, cfg.sigma_floor_rel * abs(med), 1e-12)
         k = (loss - med) / sigma
@@ -195,7 +200,7 @@ class SpikeDetector:
             return Level.WARN, med, sigma, k, f"{why} (patience)"
         if k >= cfg.k_warn:
             return Level.WARN, med, sigma, k, f"{k:.1f}σ above median"
-        return Level.OK, med, sigma, k, ""
+        return _OK, med, sigma, k, ""
 
     def peek(self, loss: float, gap: int = 1, interval: float = 1.0) -> SpikeVerdict:
         """The verdict for ``loss`` without changing any state."""
@@ -208,7 +213,7 @@ class SpikeDetector:
         judge a loss per event and need a ``SpikeVerdict`` only when it is not healthy (its ``n``
         is then ``len(self)``: only a healthy loss enters the window)."""
         judged = self._judge(loss, gap, interval)
-        if judged[0] is Level.OK:  # finite, below k_warn (or warming up): into the window
+        if judged[0] is _OK:  # finite, below k_warn (or warming up): into the window
             self._crit_run = 0
             self._window.append(loss)
             self._raw = None

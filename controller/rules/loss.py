@@ -34,6 +34,10 @@ from core.enums import Level
 from core.events import Event
 from core.spike import SpikeConfig, SpikeDetector, SpikeVerdict
 
+# An enum member read through its class costs ~10x a module global (the enum's metaclass):
+# the per-point paths below use these.
+_OK, _CRITICAL = Level.OK, Level.CRITICAL
+
 
 @dataclass(kw_only=True, slots=True)
 class LossSpikeConfig(SpikeConfig):
@@ -110,18 +114,18 @@ class LossRules:
         gap = cadence.observe(step)
         interval = cadence.interval
         level, median, sigma, sigmas, reason = judged = spike.judge(loss, gap, interval)
-        if level is not Level.OK and not math.isfinite(loss) and len(spike) >= cfg.min_history:
+        if level is not _OK and not math.isfinite(loss) and len(spike) >= cfg.min_history:
             # A non-finite loss is judged without the window's statistics, but they held all the
             # same (it never enters the window), so its point still carries the band it broke through.
             median, sigma = spike.stats()  # type: ignore[misc]  # >= min_history >= 2 points
         self.last_point = LossPoint(step, median, sigma, level)
         out: list[Verdict] = []
-        if level is Level.OK:
+        if level is _OK:
             self._exc = None
         else:
             self._spiked(step, loss, judged, out)
         exc = self._exc
-        if exc is not None and exc.level is Level.CRITICAL:
+        if exc is not None and exc.level is _CRITICAL:
             # A reported spike is being dealt with; its points would only re-report it as a "divergence".
             self.divergence.reset_cusum()
             return out
