@@ -63,7 +63,7 @@ from controller.rules.straggler import StragglerConfig, StragglerRule
 from controller.verdict import Action, Verdict
 from core.enums import EventType, Level
 from core.events import Event
-from core.rank_arrays import is_detail
+from core.rank_arrays import is_detail, is_run_level
 from core.ranks import takes_over
 from core.settings import shared_field
 from core.spike import SpikeConfig
@@ -75,6 +75,8 @@ RULE_ERROR = "rule_error"
 ERROR_MAX = 300
 DETECTOR_STATE_KEYS = frozenset({"loss_rank", "last_step", "catching_up", "rewinds", "rule_errors"})
 """The detector's own keys in its state, so no rule may be named like one."""
+# An enum member read through its class costs ~10x a module global (the enum's metaclass).
+_STEP = EventType.STEP
 
 
 @dataclass(kw_only=True, slots=True)
@@ -145,31 +147,46 @@ class RunDetector:
         self._run_id: str | None = None  # for logs only: the detector is built before it sees its run
         self.changed: set[str] = set(self.rules)
         """Rules called since their state was last saved (controller/runstate.py saves only those)."""
-        # Which rules each event type reaches, worked out once: (name, rule, loss rank's only,
-        # per-rank samples only), in registry order.
-        self._routes: dict[EventType, list[tuple[str, Rule, bool, bool]]] = {
-            etype: [(name, rule, rule.scope is RankScope.LOSS_RANK, rule.consumes == RANK_METRIC_EVENTS)
-                    for name, rule in self.rules.items() if etype in rule.consumes]
-            for etype in EventType
-        }
+        # Which rules each event reaches, worked out once per (event type, loss rank's turn,
+        # carries per-rank samples): (names, [(name, bound on_event)]) in registry order.
+        self._routes: dict[tuple[EventType, bool, bool], tuple[frozenset[str], list[tuple[str, Callable[[Event], list[Verdict]]]]]] = {}
+        for etype in EventType:
+            for loss_turn in (False, True):
+                for samples in (False, True):
+                    route = [(name, rule.on_event) for name, rule in self.rules.items()
+                             if etype in rule.consumes
+                             and (loss_turn or rule.scope is not RankScope.LOSS_RANK)
+                             and (samples or rule.consumes != RANK_METRIC_EVENTS)]
+                    self._routes[etype, loss_turn, samples] = (frozenset(n for n, _ in route), route)
+        self._has_loss = "loss" in self.rules
 
     # -- events ------------------------------------------------------------------------------
 
     def on_event(self, event: Event) -> list[Verdict]:
         self._run_id = event.run
-        judged = event.type is EventType.STEP and not is_detail(event.data)
-        loss_turn, out = self._loss_turn(event) if judged else (False, [])
-        if event.type in SCALE_EVENTS and "loss" in self.rules:
-            # A new global batch changes the loss's noise: the jump is not a spike (controller/rules/elastic.py).
-            out += self._call("loss", event.step, self.loss.rebaseline)
-        samples = carries_rank_samples(event)
-        changed = self.changed
-        for name, rule, loss_only, per_rank in self._routes[event.type]:
-            if (loss_only and not loss_turn) or (per_rank and not samples):
-                continue
-            changed.add(name)
+        etype = event.type
+        out: list[Verdict]
+        if etype is _STEP and not is_detail(data := event.data):
+            samples = not is_run_level(data)  # carries_rank_samples, for a step event that is not a detail one
+            if event.rank == self._loss_rank and not self._catching_up:  # _loss_turn's usual case
+                last = self._last_step
+                if last is not None and event.step <= last:
+                    out = self._advance(event.step)
+                else:
+                    self._last_step, out = event.step, []
+                loss_turn = True
+            else:
+                loss_turn, out = self._loss_turn(event)
+        else:
+            loss_turn, out, samples = False, [], carries_rank_samples(event)
+            if etype in SCALE_EVENTS and self._has_loss:
+                # A new global batch changes the loss's noise: the jump is not a spike (controller/rules/elastic.py).
+                out += self._call("loss", event.step, self.loss.rebaseline)
+        names, route = self._routes[etype, loss_turn, samples]
+        self.changed |= names
+        for name, on_event in route:
             try:  # _call, inlined: this loop runs for every event
-                found = rule.on_event(event)
+                found = on_event(event)
             except Exception as exc:  # noqa: BLE001 - one broken rule must not silence the others
                 found = self._rule_failed(name, event.step, exc)
             if found:

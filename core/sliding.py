@@ -28,19 +28,24 @@ def sorted_median(vals: list[float]) -> float:
     return vals[mid] if n % 2 else 0.5 * (vals[mid - 1] + vals[mid])
 
 
-def sorted_robust(vals: list[float]) -> tuple[float, float]:
-    """(median, 1.4826·MAD) of an already sorted, non-empty list, without sorting the deviations."""
+def sorted_robust(vals: list[float], hint: list[int] | None = None) -> tuple[float, float]:
+    """(median, 1.4826·MAD) of an already sorted, non-empty list, without sorting the deviations.
+
+    ``hint`` (a one-item list, updated in place) carries where the search for the MAD ended last
+    time: a window that slid by one value ends it at or next to the same place, so it is tried
+    first. The figures do not depend on it."""
     n = len(vals)
     mid = n // 2
     if n % 2:
         med = vals[mid]
-        return med, MAD_TO_SIGMA * _kth_deviations(vals, med, bisect_left(vals, med), mid)[1]
+        return med, MAD_TO_SIGMA * _kth_deviations(vals, med, bisect_left(vals, med), mid, hint)[1]
     med = 0.5 * (vals[mid - 1] + vals[mid])
-    below, at = _kth_deviations(vals, med, bisect_left(vals, med), mid)  # vals[:split] < med <= vals[split:]
+    below, at = _kth_deviations(vals, med, bisect_left(vals, med), mid, hint)  # vals[:split] < med <= vals[split:]
     return med, MAD_TO_SIGMA * (0.5 * (below + at))
 
 
-def _kth_deviations(vals: list[float], med: float, split: int, k: int) -> tuple[float, float]:
+def _kth_deviations(vals: list[float], med: float, split: int, k: int,
+                    hint: list[int] | None = None) -> tuple[float, float]:
     """The (k-1)-th and k-th smallest (0-based; k >= 1 for the first) of ``abs(v - med)`` over ``vals``.
 
     Left of ``split`` the deviations ``med - v`` grow as v moves left; right of it ``v - med``
@@ -49,13 +54,34 @@ def _kth_deviations(vals: list[float], med: float, split: int, k: int) -> tuple[
     the k+1 smallest are the first ``lo`` of the left and the first ``j`` of the right, the k-th
     is the larger of the two sides' last, the (k-1)-th the larger of what is left then."""
     n_left, n_right = split, len(vals) - split
-    lo, hi = max(0, k + 1 - n_right), min(k + 1, n_left)
-    while lo < hi:  # smallest count i taken from the left with left[i] >= right[k - i]
+    lo = k + 1 - n_right if k + 1 > n_right else 0
+    hi = k + 1 if k + 1 < n_left else n_left
+    # lo is the smallest count i taken from the left with left[i] >= right[k - i] (hi if none):
+    # the condition below holds for every i under it and for none at or over it, so any search
+    # finds the same lo. The hint's neighbourhood is probed first, then the rest is bisected.
+    if hint is not None and lo < hint[0] <= hi:
+        h = hint[0]
+        if med - vals[split - h] < vals[split + k - h + 1] - med:  # it holds at h - 1: lo >= h
+            lo = h
+            if h < hi:
+                if not med - vals[split - 1 - h] < vals[split + k - h] - med:
+                    hi = h
+                else:
+                    lo = h + 1
+                    if h + 1 < hi and not med - vals[split - 2 - h] < vals[split + k - h - 1] - med:
+                        hi = h + 1
+        else:  # lo <= h - 1
+            hi = h - 1
+            if lo < hi and med - vals[split - h + 1] < vals[split + k - h + 2] - med:  # it holds at h - 2
+                lo = hi
+    while lo < hi:
         i = (lo + hi) // 2
         if med - vals[split - 1 - i] < vals[split + k - i] - med:
             lo = i + 1
         else:
             hi = i
+    if hint is not None:
+        hint[0] = lo
     j = k + 1 - lo
     left = med - vals[split - lo] if lo > 0 else -math.inf
     right = vals[split + j - 1] - med if j > 0 else -math.inf
@@ -67,12 +93,13 @@ def _kth_deviations(vals: list[float], med: float, split: int, k: int) -> tuple[
 class SlidingWindow:
     """The newest ``maxlen`` values, and the newest ``span`` of them sorted (``span`` <= maxlen)."""
 
-    __slots__ = ("items", "span", "_sorted")
+    __slots__ = ("items", "span", "_sorted", "_hint")
 
     def __init__(self, maxlen: int, values: Iterable[float] = (), span: int | None = None) -> None:
         self.items: deque[float] = deque(values, maxlen=maxlen)
         self.span = maxlen if span is None else min(span, maxlen)
         self._sorted: list[float] = []
+        self._hint = [0]  # where robust()'s last search ended (see sorted_robust)
         self._rebuild()
 
     def _rebuild(self) -> None:
@@ -111,4 +138,4 @@ class SlidingWindow:
 
     def robust(self) -> tuple[float, float]:
         """(median, 1.4826·MAD) of the sorted span; the window must not be empty."""
-        return sorted_robust(self._sorted)
+        return sorted_robust(self._sorted, self._hint)

@@ -35,6 +35,11 @@ from core.sliding import MAD_TO_SIGMA, SlidingWindow, sorted_robust
 
 __all__ = ["MAD_TO_SIGMA", "SpikeConfig", "SpikeDetector", "SpikeVerdict", "robust_stats", "window_stats"]
 
+# An enum member read through its class costs ~10x a module global (the enum's metaclass):
+# the per-point paths below use these.
+_OK = Level.OK
+
+
 @dataclass(kw_only=True, slots=True)
 class SpikeConfig:
     """Figures for the step-aware and extreme settings, all controller defaults, on a development
@@ -147,68 +152,92 @@ class SpikeDetector:
         # the window, with its newest span (see _span) kept sorted as it slides
         self._window = SlidingWindow(self.config.window)
         self._crit_run = 0  # steps at or above k_crit so far in this excursion
-        self._raw: tuple[float, float] | None = None  # robust_stats of the used window, until it changes
-        self._used = 0  # points the cached stats were computed over
+        # robust_stats of the used window and the interval it was used at, until either changes
+        self._raw: tuple[float, float] | None = None
+        self._raw_interval = math.nan
         self._span_at: tuple[float, int] = (math.nan, 0)  # (interval, _span of it), cached
 
     def _span(self, interval: float) -> int:
-        """Newest points of a full window the statistics use at this logging interval."""
+        """Newest points of a full window the statistics use at this logging interval (at most
+        the window, as ``SlidingWindow.set_span`` would clamp it)."""
         if interval != self._span_at[0]:  # the interval rarely changes: asked twice per point
             cfg = self.config
             span = cfg.window if not cfg.window_steps else max(
                 cfg.min_history, int(round(cfg.window_steps / max(interval, 1e-9))))
-            self._span_at = (interval, span)
+            self._span_at = (interval, min(span, cfg.window))
         return self._span_at[1]
 
-    def _stats(self, sigma_floor_rel: float, interval: float = 1.0) -> tuple[float, float]:
-        window = self._window
-        window.set_span(self._span(interval))
-        used = len(window.tail())
-        if self._raw is None or used != self._used:
-            self._raw, self._used = window.robust(), used
-        med, raw = self._raw
-        return med, max(raw, sigma_floor_rel * abs(med), 1e-12)  # _floored, inlined: twice per point
+    def _robust(self, interval: float) -> tuple[float, float]:
+        """(median, raw σ) of the used window; computed once per window and interval (the spike
+        and divergence rules both ask, at the same interval, once per point each)."""
+        raw = self._raw
+        if raw is None or interval != self._raw_interval:
+            window = self._window
+            span = self._span(interval)
+            if span != window.span:
+                window.set_span(span)
+            raw = self._raw = window.robust()
+            self._raw_interval = interval
+        return raw
 
-    def peek(self, loss: float, gap: int = 1, interval: float = 1.0) -> SpikeVerdict:
-        """The verdict for ``loss`` without changing any state."""
+    def _judge(self, loss: float, gap: int, interval: float) -> tuple[Level, float | None, float | None,
+                                                                     float | None, str]:
+        """peek's figures: (level, median, sigma, sigmas, reason)."""
         cfg = self.config
-        n = len(self._window)
         if not math.isfinite(loss):
-            return SpikeVerdict(Level.CRITICAL, loss, None, None, None, n, "non-finite loss")
-        if n < cfg.min_history:
-            return SpikeVerdict(Level.OK, loss, None, None, None, n, "warming up")
-        med, sigma = self._stats(cfg.sigma_floor_rel, interval)
+            return Level.CRITICAL, None, None, None, "non-finite loss"
+        if len(self._window.items) < cfg.min_history:
+            return _OK, None, None, None, "warming up"
+        med, raw = self._robust(interval)
+        sigma = max(raw, cfg.sigma_floor_rel * abs(med), 1e-12)
         k = (loss - med) / sigma
         if k >= cfg.k_crit:
             why = f"{k:.1f}σ above median"
             if k >= cfg.k_extreme and loss >= med * (1 + cfg.jump_extreme):
-                return SpikeVerdict(Level.CRITICAL, loss, med, sigma, k, n, f"{why} (extreme)")
+                return Level.CRITICAL, med, sigma, k, f"{why} (extreme)"
             if self._crit_run + max(1, gap) >= cfg.patience:
-                return SpikeVerdict(Level.CRITICAL, loss, med, sigma, k, n, why)
-            return SpikeVerdict(Level.WARN, loss, med, sigma, k, n, f"{why} (patience)")
+                return Level.CRITICAL, med, sigma, k, why
+            return Level.WARN, med, sigma, k, f"{why} (patience)"
         if k >= cfg.k_warn:
-            return SpikeVerdict(Level.WARN, loss, med, sigma, k, n, f"{k:.1f}σ above median")
-        return SpikeVerdict(Level.OK, loss, med, sigma, k, n, "")
+            return Level.WARN, med, sigma, k, f"{k:.1f}σ above median"
+        return _OK, med, sigma, k, ""
+
+    def peek(self, loss: float, gap: int = 1, interval: float = 1.0) -> SpikeVerdict:
+        """The verdict for ``loss`` without changing any state."""
+        level, med, sigma, k, reason = self._judge(loss, gap, interval)
+        return SpikeVerdict(level, loss, med, sigma, k, len(self._window), reason)
+
+    def judge(self, loss: float, gap: int = 1, interval: float = 1.0) -> tuple[Level, float | None, float | None,
+                                                                               float | None, str]:
+        """``observe``'s verdict as a tuple (level, median, sigma, sigmas, reason), for callers that
+        judge a loss per event and need a ``SpikeVerdict`` only when it is not healthy (its ``n``
+        is then ``len(self)``: only a healthy loss enters the window)."""
+        judged = self._judge(loss, gap, interval)
+        if judged[0] is _OK:  # finite, below k_warn (or warming up): into the window
+            self._crit_run = 0
+            self._window.append(loss)
+            self._raw = None
+        else:  # non-finite, or at or above k_warn
+            k = judged[3]
+            self._crit_run = self._crit_run + max(1, gap) if k is None or k >= self.config.k_crit else 0
+        return judged
 
     def observe(self, loss: float, gap: int = 1, interval: float = 1.0) -> SpikeVerdict:
         """Judge ``loss`` and, if healthy, add it to the window."""
-        verdict = self.peek(loss, gap, interval)
-        finite = math.isfinite(loss)
-        above_crit = (not finite) or (verdict.sigmas is not None and verdict.sigmas >= self.config.k_crit)
-        self._crit_run = self._crit_run + max(1, gap) if above_crit else 0
-        if verdict.level is Level.OK and finite:
-            self._window.append(loss)
-            self._raw = None
-        return verdict
+        n = len(self._window)
+        level, med, sigma, k, reason = self.judge(loss, gap, interval)
+        return SpikeVerdict(level, loss, med, sigma, k, n, reason)
 
     def stats(self, sigma_floor_rel: float | None = None, interval: float = 1.0) -> tuple[float, float] | None:
         """(median, σ) of the healthy window, with the config's σ floor unless one is given."""
-        if len(self._window) < 2:
+        if len(self._window.items) < 2:
             return None
-        return self._stats(self.config.sigma_floor_rel if sigma_floor_rel is None else sigma_floor_rel, interval)
+        med, raw = self._robust(interval)
+        floor = self.config.sigma_floor_rel if sigma_floor_rel is None else sigma_floor_rel
+        return med, max(raw, floor * abs(med), 1e-12)  # _floored, inlined: asked once per point
 
     def __len__(self) -> int:
-        return len(self._window)
+        return len(self._window.items)
 
     def state_dict(self) -> dict[str, Any]:
         return {"window": list(self._window.items), "crit_run": self._crit_run}

@@ -21,13 +21,15 @@ class StepCadence:
 
     def observe(self, step: int) -> int:
         """Record ``step``; the gap to the previous point (1 for the first or a rewind)."""
-        gap = step - self._last if self._last is not None and step > self._last else 1
-        if self._last is not None and step > self._last:
-            gaps = self._gaps
-            if len(gaps) < (gaps.maxlen or 0) or gaps[0] != gap:
-                self._interval = None  # else the gap leaving is the one coming: the same median
-            gaps.append(gap)
+        last = self._last
         self._last = step
+        if last is None or step <= last:
+            return 1
+        gap = step - last
+        gaps = self._gaps
+        if len(gaps) < (gaps.maxlen or 0) or gaps[0] != gap:
+            self._interval = None  # else the gap leaving is the one coming: the same median
+        gaps.append(gap)
         return gap
 
     @property

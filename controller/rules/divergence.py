@@ -29,9 +29,10 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
-from core.sliding import SlidingWindow
+from core.sliding import SlidingWindow, sorted_median, sorted_robust
 
 METHODS = ("cusum", "runmin", "all")
 MEDIAN_NOISE = 1.2533
@@ -153,10 +154,10 @@ class DivergenceDetector:
         self._sum = 0.0
         self._start: int | None = None  # first step of the current positive CUSUM run
         self._recent: deque[tuple[int, float]] = deque(maxlen=self.config.smooth)  # (step, log loss)
-        # the same log losses and their successive differences, kept sorted as they slide
-        self._logs = SlidingWindow(self.config.smooth)
-        self._diffs = SlidingWindow(max(1, self.config.smooth - 1))
-        self._memo: dict[tuple[str, int], float] = {}  # smoothed level and noise of _recent as it is now
+        self._logs = SlidingWindow(self.config.smooth)  # the same log losses, kept sorted as they slide
+        # smoothed level (at a span) and noise of _recent as it is now, until the next push
+        self._smooth_at: tuple[int, float] | None = None
+        self._mad_diffs: float | None = None
         self._min: float | None = None
         self._min_step: int | None = None
         self._span_at: tuple[float, int] = (math.nan, 0)  # (interval, _span of it), cached
@@ -166,8 +167,7 @@ class DivergenceDetector:
         self.reset_cusum()
         self._recent.clear()
         self._logs.clear()
-        self._diffs.clear()
-        self._memo.clear()
+        self._smooth_at = self._mad_diffs = None
         self._min = None
         self._min_step = None
 
@@ -187,94 +187,107 @@ class DivergenceDetector:
             self._min, self._min_step = self._smoothed(len(self._recent)), self._recent[-1][0]
 
     def _smoothed(self, m: int) -> float:
-        key = ("smoothed", m)
-        if key not in self._memo:  # the run-minimum and shift tests ask for the same one per point
-            self._logs.set_span(m)
-            self._memo[key] = self._logs.median()
-        return self._memo[key]
+        at = self._smooth_at
+        if at is None or at[0] != m:  # the run-minimum and shift tests ask for the same one per point
+            logs = self._logs
+            if logs.span != m:
+                logs.set_span(m)
+            at = self._smooth_at = (m, sorted_median(logs.tail()))
+        return at[1]
 
     def observe(self, step: int, loss: float, med: float | None, sigma: float | None,
                 interval: float = 1.0) -> DivergenceVerdict:
+        test, statistic, onset = self._judge(step, loss, med, sigma, interval)
+        return DivergenceVerdict(bool(test), statistic, onset, test)
+
+    def fired(self, step: int, loss: float, med: float | None, sigma: float | None,
+              interval: float = 1.0) -> DivergenceVerdict | None:
+        """``observe``, returning only a verdict that fired (None otherwise, and no verdict built)."""
+        test, statistic, onset = self._judge(step, loss, med, sigma, interval)
+        return DivergenceVerdict(True, statistic, onset, test) if test else None
+
+    def _judge(self, step: int, loss: float, med: float | None, sigma: float | None,
+               interval: float) -> tuple[str, float, int | None]:
+        """(test that fired or "", statistic, onset_step): the three tests, written out in one
+        function as they run for every point (see the module docstring for each)."""
         cfg = self.config
         if not cfg.enabled or not math.isfinite(loss):
-            return DivergenceVerdict(False, self._sum, None)
-        # the log test needs a positive loss (a loss that can go negative is judged by the CUSUM)
-        run = self._runmin(step, loss, med, sigma, interval) if cfg.method != "cusum" and loss > 0 else None
-        cus = self._cusum(step, loss, med, sigma) if cfg.method != "runmin" else None
-        shift = self._shift(loss, med, interval) if cfg.method == "all" and loss > 0 else None
-        for v in (run, shift, cus):
-            if v is not None and v.fired:
-                return v
+            return "", self._sum, None
+        method = cfg.method
+        at = self._span_at
+        m = at[1] if interval == at[0] else self._span(interval)  # points in the smoothed loss
+        # the log tests need a positive loss (a loss that can go negative is judged by the CUSUM)
+        positive = loss > 0
+        run: tuple[str, float, int | None] | None = None
+        smoothed = 0.0
+        if positive and method != "cusum":  # runmin
+            self._push(step, math.log(loss))
+            recent = self._recent
+            if len(recent) < m:
+                run = "", 0.0, None
+            else:
+                smoothed = self._smoothed(m)
+                if self._min is None or smoothed < self._min:  # the step in the middle of the newest m
+                    self._min, self._min_step = smoothed, recent[len(recent) - m + m // 2][0]
+                rise = smoothed - self._min
+                # at or above max(rise bar, noise bar): the noise is worked out only past the first
+                fired = rise >= math.log1p(cfg.rise) and rise >= cfg.rise_k * self._noise(m)
+                run = "runmin" if fired else "", rise, self._min_step
+        cus: tuple[str, float, int | None] | None = None
+        if method != "runmin":  # cusum
+            if med is None or sigma is None or step < cfg.grace_steps:
+                cus = "", self._sum, None
+            else:
+                z = (loss - med) / sigma
+                if cfg.z_clip < z:  # min(z, z_clip), as min would pick it
+                    z = cfg.z_clip
+                new = self._sum + z - cfg.drift
+                if not new > 0.0:  # max(0.0, new), as max would pick it
+                    new = 0.0
+                if new > 0 and self._sum == 0:
+                    self._start = step
+                elif new == 0:
+                    self._start = None
+                self._sum = new
+                onset = None if self._start is None else max(0, self._start - cfg.onset_margin)
+                cus = "cusum" if new >= cfg.threshold else "", new, onset
+        if run is not None and run[0]:  # (the CUSUM above still ran: it keeps a sum)
+            return run
+        if positive and method == "all" and med is not None and med > 0 and len(self._recent) >= m:  # shift
+            log_med = math.log(med)
+            rise = smoothed - log_med  # the runmin test's: it ran (method "all") on as many points
+            # at or above max(rise bar, noise bar): the noise is worked out only past the first
+            if rise >= math.log1p(cfg.shift_rise) and rise >= cfg.shift_k * self._noise(m):
+                # the first point of the burst: above the median by at least half the smoothed rise
+                onset = next(s for s, x in list(self._recent)[-m:] if x >= log_med + rise / 2)
+                return "shift", rise, onset
         if cus is not None:
             return cus
-        return run or DivergenceVerdict(False, 0.0, None)
-
-    def _cusum(self, step: int, loss: float, med: float | None, sigma: float | None) -> DivergenceVerdict:
-        cfg = self.config
-        if med is None or sigma is None or step < cfg.grace_steps:
-            return DivergenceVerdict(False, self._sum, None)
-        z = min((loss - med) / sigma, cfg.z_clip)
-        new = max(0.0, self._sum + z - cfg.drift)
-        if new > 0 and self._sum == 0:
-            self._start = step
-        elif new == 0:
-            self._start = None
-        self._sum = new
-        onset = None if self._start is None else max(0, self._start - cfg.onset_margin)
-        fired = new >= cfg.threshold
-        return DivergenceVerdict(fired, new, onset, "cusum" if fired else "")
+        return run or ("", 0.0, None)
 
     def _span(self, interval: float) -> int:
-        if interval != self._span_at[0]:  # the interval rarely changes: asked twice per point
+        at = self._span_at
+        if interval != at[0]:  # the interval rarely changes: asked twice per point
             cfg = self.config
-            self._span_at = (interval, min(cfg.smooth, max(3, int(round(cfg.smooth_steps / max(interval, 1e-9))))))
-        return self._span_at[1]
+            at = self._span_at = (interval, min(cfg.smooth, max(3, int(round(cfg.smooth_steps / max(interval, 1e-9))))))
+        return at[1]
 
     def _noise(self, m: int) -> float:
         """Standard error of the median of ``m`` log losses, from the point-to-point noise of the
         recent ones (1.4826·MAD of successive differences / √2): unlike the window's σ it is not
         inflated by a trend or by the very level shifts it is used to judge."""
-        key = ("noise", m)
-        if key not in self._memo:
-            if len(self._recent) < 3:
-                return 0.0
-            self._memo[key] = MEDIAN_NOISE * self._diffs.robust()[1] / math.sqrt(2) / math.sqrt(m)
-        return self._memo[key]
-
-    def _shift(self, loss: float, med: float | None, interval: float) -> DivergenceVerdict | None:
-        cfg = self.config
-        m = self._span(interval)
-        if med is None or med <= 0 or len(self._recent) < m:
-            return None
-        rise = self._smoothed(m) - math.log(med)
-        bar = max(math.log1p(cfg.shift_rise), cfg.shift_k * self._noise(m))
-        if rise < bar:
-            return None
-        # the first point of the burst: above the median by at least half the smoothed rise
-        onset = next(s for s, x in list(self._recent)[-m:] if x >= math.log(med) + rise / 2)
-        return DivergenceVerdict(True, rise, onset, "shift")
-
-    def _runmin(self, step: int, loss: float, med: float | None, sigma: float | None,
-                interval: float) -> DivergenceVerdict:
-        cfg = self.config
-        self._push(step, math.log(loss))
-        m = self._span(interval)
-        if len(self._recent) < m:
-            return DivergenceVerdict(False, 0.0, None)
-        smoothed = self._smoothed(m)
-        if self._min is None or smoothed < self._min:  # the step in the middle of the newest m
-            self._min, self._min_step = smoothed, self._recent[len(self._recent) - m + m // 2][0]
-        rise = smoothed - self._min
-        bar = max(math.log1p(cfg.rise), cfg.rise_k * self._noise(m))
-        fired = rise >= bar
-        return DivergenceVerdict(fired, rise, self._min_step, "runmin" if fired else "")
+        recent = self._recent
+        if len(recent) < 3:
+            return 0.0
+        if self._mad_diffs is None:  # asked only when a rise is large enough for the noise to matter
+            diffs = [b - a for (_, a), (_, b) in pairwise(recent)]  # as a sliding window would hold them
+            self._mad_diffs = sorted_robust(sorted(diffs))[1]
+        return MEDIAN_NOISE * self._mad_diffs / math.sqrt(2) / math.sqrt(m)
 
     def _push(self, step: int, x: float) -> None:
-        if self._recent:
-            self._diffs.append(x - self._recent[-1][1])
         self._recent.append((step, x))
         self._logs.append(x)
-        self._memo.clear()
+        self._smooth_at = self._mad_diffs = None
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -291,7 +304,6 @@ class DivergenceDetector:
         recent = [r for r in state.get("recent", []) if isinstance(r, list | tuple)]  # old states held bare losses
         self._recent = deque(maxlen=self.config.smooth)
         self._logs.clear()
-        self._diffs.clear()
         for s, x in recent:
             self._push(int(s), float(x))
         self._min = state.get("min")

@@ -19,6 +19,10 @@ from controller.verdict import Action, Verdict
 from core.enums import Level
 from core.events import Event
 
+# An enum member read through its class costs ~10x a module global (the enum's metaclass):
+# the per-point paths below use these.
+_OK = Level.OK
+
 
 @dataclass(kw_only=True, slots=True)
 class GradNormConfig:
@@ -84,22 +88,29 @@ class NormSpike:
             return self._escalate(step, Level.CRITICAL, {"value": value, "reason": "non-finite"})
         if value == 0:
             return None  # no gradient this step (frozen layer, skipped update): nothing to judge
-        if len(self.window) < cfg.min_history:
-            self.window.add(value)
+        window = self.window
+        if len(window.values) < cfg.min_history:
+            window.add(value)
             return None
-        z, med, sigma = self.window.zscore(value, cfg.sigma_floor)
-        ratio = value / math.exp(med)
-        if z >= cfg.k_crit and ratio >= cfg.min_ratio_crit:
-            level = Level.CRITICAL
-        elif z >= cfg.k_warn and ratio >= cfg.min_ratio_warn:
-            level = Level.WARN
+        log_value = math.log(value)
+        med, sigma = window.stats(cfg.sigma_floor)
+        z = (log_value - med) / sigma  # LogWindow.zscore, with the log kept for add_log
+        if z >= cfg.k_warn:  # below it the level is ok whatever the ratio: no exp for a healthy norm
+            ratio = value / math.exp(med)
+            if z >= cfg.k_crit and ratio >= cfg.min_ratio_crit:
+                level = Level.CRITICAL
+            elif ratio >= cfg.min_ratio_warn:
+                level = Level.WARN
+            else:
+                level = _OK
         else:
-            level = Level.OK
-        if level is Level.OK:
-            self.window.add(value)
-            self.level, self.onset = Level.OK, None
+            level = _OK
+        if level is _OK:
+            window.add_log(log_value)
+            self.level = _OK
+            self.onset = None
             return None
-        ev = {"value": value, "median": math.exp(med), "log_sigma": sigma, "sigmas": z, "n": len(self.window)}
+        ev = {"value": value, "median": math.exp(med), "log_sigma": sigma, "sigmas": z, "n": len(window)}
         return self._escalate(step, level, ev)
 
     def _escalate(self, step: int, level: Level, ev: dict[str, Any]) -> tuple[Level, dict[str, Any]] | None:
@@ -130,16 +141,18 @@ class GradNormRule:
         self.layers: dict[str, NormSpike] = {}
 
     def observe(self, step: int, data: dict[str, Any]) -> list[Verdict]:
-        if not self.config.enabled:
+        cfg = self.config
+        if not cfg.enabled:
             return []
         skipped = bool(data.get("skipped", False))
         out: list[Verdict] = []
         hit = self.total.observe(step, float(data.get("grad_norm", 0.0)), skipped)
-        if hit:
+        if hit is not None:
             level, ev = hit
             out.append(self._verdict("grad_norm", step, level, self.total.onset, ev, "gradient norm"))
-        if self.config.per_layer:
-            for name, value in (data.get("layer_grad_norms") or {}).items():
+        layer_norms = data.get("layer_grad_norms") if cfg.per_layer else None
+        if layer_norms:
+            for name, value in layer_norms.items():
                 series = self.layers.get(name)
                 if series is None:
                     if len(self.layers) >= self.config.max_layers:

@@ -32,7 +32,11 @@ from controller.rules.divergence import DivergenceConfig, DivergenceDetector
 from controller.verdict import Action, Verdict
 from core.enums import Level
 from core.events import Event
-from core.spike import SpikeConfig, SpikeDetector
+from core.spike import SpikeConfig, SpikeDetector, SpikeVerdict
+
+# An enum member read through its class costs ~10x a module global (the enum's metaclass):
+# the per-point paths below use these.
+_OK, _CRITICAL = Level.OK, Level.CRITICAL
 
 
 @dataclass(kw_only=True, slots=True)
@@ -51,11 +55,13 @@ class LossSpikeConfig(SpikeConfig):
             raise ValueError("rebaseline_after: must be >= 0")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class LossPoint:
     """What the spike rule knew when it judged one loss: the healthy window's median and σ just
     before it (None while warming up) and its verdict. The dashboard draws its bands from these
-    (stored per step by ``controller.batch``): median + k_warn·σ and median + k_crit·σ."""
+    (stored per step by ``controller.batch``): median + k_warn·σ and median + k_crit·σ.
+    Not to be changed once made; not frozen only because one is made per loss, and a frozen
+    dataclass costs about three times as much to build."""
 
     step: int
     median: float | None
@@ -103,47 +109,33 @@ class LossRules:
         return []
 
     def observe(self, step: int, loss: float) -> list[Verdict]:
+        spike, cfg, cadence = self.spike, self.spike_config, self.cadence
         self._recent.append((step, loss))
-        gap = self.cadence.observe(step)
-        interval = self.cadence.interval
-        v = self.spike.observe(loss, gap, interval)
-        # A non-finite loss is judged without the window's statistics, but they held all the same
-        # (it never enters the window), so its point still carries the band it broke through.
-        ready = not math.isfinite(loss) and len(self.spike) >= self.spike_config.min_history
-        held = self.spike.stats() if ready else None
-        median, sigma = held if held is not None else (v.median, v.sigma)
-        self.last_point = LossPoint(step, median, sigma, v.level)
+        gap = cadence.observe(step)
+        interval = cadence.interval
+        level, median, sigma, sigmas, reason = judged = spike.judge(loss, gap, interval)
+        if level is not _OK and not math.isfinite(loss) and len(spike) >= cfg.min_history:
+            # A non-finite loss is judged without the window's statistics, but they held all the
+            # same (it never enters the window), so its point still carries the band it broke through.
+            median, sigma = spike.stats()  # type: ignore[misc]  # >= min_history >= 2 points
+        self.last_point = LossPoint(step, median, sigma, level)
         out: list[Verdict] = []
-        if v.level is Level.OK:
+        if level is _OK:
             self._exc = None
         else:
-            exc = self._exc = self._exc or _Excursion(onset=step)
-            exc.points.append(loss)
-            if v.level is Level.CRITICAL and exc.level is not Level.CRITICAL or exc.level is Level.OK:
-                exc.level = v.level
-                nonfinite = not math.isfinite(loss)
-                out.append(Verdict(
-                    rule="nonfinite" if nonfinite else "loss_spike", level=v.level, step=step,
-                    onset_step=exc.onset, evidence={**self.window_evidence(), **v.evidence()},
-                    action=Action.RECOVER if v.level is Level.CRITICAL else Action.ALERT,
-                    message=(f"loss is {loss}" if nonfinite else
-                             f"loss {loss:.4g} is {v.sigmas:.1f}σ above the median {v.median:.4g}")))
-            reb = self.spike_config.rebaseline_after
-            if reb and exc.level is not Level.OK and step - exc.onset >= reb:
-                finite = [x for x in exc.points if math.isfinite(x)][-self.spike_config.window:]
-                if len(finite) >= self.spike_config.min_history:
-                    self.spike.load_state_dict({"window": finite, "crit_run": 0})
-                    self._exc = None
-                    self.divergence.reset()
-        if self._exc is not None and self._exc.level is Level.CRITICAL:
+            self._spiked(step, loss, judged, out)
+        exc = self._exc
+        if exc is not None and exc.level is _CRITICAL:
             # A reported spike is being dealt with; its points would only re-report it as a "divergence".
             self.divergence.reset_cusum()
             return out
-        ready = len(self.spike) >= self.spike_config.min_history
-        stats = self.spike.stats(self.divergence.config.sigma_floor_rel, interval) if ready else None
-        dv = self.divergence.observe(step, loss, *(stats or (None, None)), interval=interval)
-        reb = self.spike_config.rebaseline_after
-        if dv.fired and self._diverging is None:
+        divergence = self.divergence
+        if len(spike) >= cfg.min_history:
+            med, sig = spike.stats(divergence.config.sigma_floor_rel, interval)  # type: ignore[misc]
+            dv = divergence.fired(step, loss, med, sig, interval)
+        else:
+            dv = divergence.fired(step, loss, None, None, interval)
+        if dv is not None and self._diverging is None:
             self._diverging = step
             what = {"cusum": f"CUSUM {dv.statistic:.0f}",
                     "runmin": f"smoothed loss {math.expm1(dv.statistic):+.0%} over its running minimum",
@@ -153,14 +145,40 @@ class LossRules:
                 action=Action.RECOVER, evidence={**self.window_evidence(), **dv.evidence()},
                 message=f"loss has been rising since step {dv.onset_step} ({what})"))
         elif self._diverging is not None:
-            if not dv.fired and self.divergence.cusum_sum == 0:
+            reb = cfg.rebaseline_after
+            if dv is None and divergence.cusum_sum == 0:
                 self._diverging = None  # back to normal: the next rise is a new divergence
             elif reb and step - self._diverging >= reb:
                 # still up after rebaseline_after steps: the new normal; only a further rise alarms
-                self.divergence.rebaseline()
-                self.divergence.reset_cusum()
+                divergence.rebaseline()
+                divergence.reset_cusum()
                 self._diverging = None
         return out
+
+    def _spiked(self, step: int, loss: float, judged: tuple[Level, float | None, float | None, float | None, str],
+                out: list[Verdict]) -> None:
+        """A loss at or above k_warn, or non-finite: the excursion goes on, reported once per level,
+        and becomes the new baseline after ``rebaseline_after`` steps."""
+        level, median, sigma, sigmas, reason = judged
+        v = SpikeVerdict(level, loss, median, sigma, sigmas, len(self.spike), reason)
+        exc = self._exc = self._exc or _Excursion(onset=step)
+        exc.points.append(loss)
+        if v.level is Level.CRITICAL and exc.level is not Level.CRITICAL or exc.level is Level.OK:
+            exc.level = v.level
+            nonfinite = not math.isfinite(loss)
+            out.append(Verdict(
+                rule="nonfinite" if nonfinite else "loss_spike", level=v.level, step=step,
+                onset_step=exc.onset, evidence={**self.window_evidence(), **v.evidence()},
+                action=Action.RECOVER if v.level is Level.CRITICAL else Action.ALERT,
+                message=(f"loss is {loss}" if nonfinite else
+                         f"loss {loss:.4g} is {v.sigmas:.1f}σ above the median {v.median:.4g}")))
+        reb = self.spike_config.rebaseline_after
+        if reb and exc.level is not Level.OK and step - exc.onset >= reb:
+            finite = [x for x in exc.points if math.isfinite(x)][-self.spike_config.window:]
+            if len(finite) >= self.spike_config.min_history:
+                self.spike.load_state_dict({"window": finite, "crit_run": 0})
+                self._exc = None
+                self.divergence.reset()
 
     def window_evidence(self) -> dict[str, Any]:
         stats = self.spike.stats(interval=self.cadence.interval)

@@ -38,7 +38,11 @@ class LogWindow:
         return (math.log(value) - med) / sigma, med, sigma
 
     def add(self, value: float) -> None:
-        self.values.append(math.log(value))
+        self.add_log(math.log(value))
+
+    def add_log(self, log_value: float) -> None:
+        """``add`` for a value whose log the caller already has."""
+        self.values.append(log_value)
         self._stale += 1
 
     def state_dict(self) -> dict[str, Any]:

@@ -29,6 +29,16 @@ def test_sorted_robust_matches_a_full_sort_bit_for_bit(seed: int) -> None:
         assert sorted_robust(sorted(vals)) == naive(vals)
 
 
+def test_sorted_robust_is_the_same_whatever_the_search_hint() -> None:
+    rng = random.Random(3)
+    for n in range(1, 40):
+        vals = sorted(rng.choice([rng.gauss(3, 1), rng.expovariate(0.1), 2.0]) for _ in range(n))
+        for h in range(-2, n + 3):
+            hint = [h]
+            assert sorted_robust(vals, hint) == naive(vals)
+            assert sorted_robust(vals, hint) == naive(vals)  # the hint now where the search ended
+
+
 def test_window_slides_with_a_changing_span() -> None:
     rng = random.Random(7)
     w = SlidingWindow(100)
