@@ -77,9 +77,15 @@ class CommTimer:
         if not state.want_grad_norm:
             return fut.then(lambda f: f.value()[0])
 
+        # The callback runs on a gloo worker thread and is released there: it must not hold the
+        # timer (and through it the process group), or a release after the group was destroyed
+        # would run the group's destructor on its own worker, which then joins itself and aborts
+        # the process ("Resource deadlock avoided"). It holds only this step's list.
+        norms = state.bucket_norms
+
         def reduced(f):
             buf = f.value()[0]
-            state.bucket_norms.append(torch.linalg.vector_norm(buf, dtype=torch.float32))
+            norms.append(torch.linalg.vector_norm(buf, dtype=torch.float32))
             return buf
 
         return fut.then(reduced)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import math
 import time
 
@@ -173,4 +174,10 @@ def test_ddp_hook_gives_the_global_grad_norm_of_the_reduced_buckets(tmp_path):
             expected = sum(float(p.grad.double().square().sum()) for p in model.parameters())
             assert float(got) == pytest.approx(expected, rel=1e-5)
     finally:
+        # Free the DDP model (its reducer and the hook state hold the gloo group) here, on this
+        # thread, before the group goes, so the group's last reference is dropped on this thread
+        # and not on one of its own workers (whose destructor would join itself and abort the
+        # whole test process: "Resource deadlock avoided"; see CommTimer.hook).
+        model = timer = None
+        gc.collect()
         dist.destroy_process_group()
