@@ -6,6 +6,15 @@ A 16k-rank run sends 16 ``ranks`` events of 1024 ranks every ``ranks_every`` ste
 the step rows: the event id is unique and an id already stored is not inserted again.
 ``per_rank`` gives each rank's fields as the per-rank step rows had them (``compute_s`` derived,
 ``skipped`` False, the run-level metrics None), for ``controller/store/read/ranks.py``.
+
+Retention (``thin_rank_arrays``, called by ``store.retention.downsample``): a 16k-rank run at one
+step per second stores ~1.1 MB of arrays every ``ranks_every`` steps, ~10 GB a day if nothing
+ages. Sets newer than ``RetentionConfig.rank_arrays_full_steps`` are all kept (what a straggler
+hunt looks at); older ones keep one set (every chunk of one step: the bucket's first) per
+``rank_arrays_bucket`` steps, so the per-rank history of any age stays drawable at a bounded cost:
+~1.2 GB per million steps of a 16k-rank run with the defaults. A per-rank array cannot be folded
+into a mean the way a step row is (a straggler's minute would vanish in it), so whole sets are
+kept or dropped.
 """
 
 from __future__ import annotations
@@ -13,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from controller.store.models import RankArrayRow
@@ -41,6 +50,18 @@ def insert_rank_arrays(session: Session, events: Iterable[Event]) -> int:
         stmt = insert_for(session, RankArrayRow).on_conflict_do_nothing(index_elements=["event_id"])
         session.connection().execute(stmt, list(rows.values()))
     return len(rows)
+
+
+def thin_rank_arrays(session: Session, run_id: str, below: int, bucket: int) -> int:
+    """Keep, of the run's ``ranks`` rows with step < ``below``, only those at the first stored step
+    of each ``bucket``-step span (``below`` a multiple of ``bucket``, so a span is never split);
+    returns how many rows were deleted. Idempotent: a kept step stays its span's first."""
+    if below <= 0:
+        return 0
+    old = (RankArrayRow.run_id == run_id, RankArrayRow.step < below)
+    firsts = select(func.min(RankArrayRow.step)).where(*old).group_by(RankArrayRow.step // bucket)
+    gone = delete(RankArrayRow).where(*old, RankArrayRow.step.not_in(firsts))
+    return session.connection().execute(gone).rowcount
 
 
 def per_rank(step: int, ts: float, first_rank: int, arrays: Mapping[str, Any]) -> Iterator[dict[str, Any]]:

@@ -60,6 +60,7 @@ from sqlalchemy import Float, case, cast, delete, func, insert, literal, or_, se
 from sqlalchemy.orm import Session
 
 from controller.store.models import Run, StepMetric
+from controller.store.rank_arrays import thin_rank_arrays
 from controller.store.step_metrics import STEP_METRICS, Fold, StepMetricSpec
 
 SM = StepMetric
@@ -88,6 +89,11 @@ class RetentionConfig:
     1 writes every step. A divisor of ``mid_bucket``, so retention's mid tier completes the
     buckets a batch boundary split. Above 1 the dashboard's newest steps are bucketed too, and
     the backtest (``controller/backtest.py``) replays only the exact rows."""
+    rank_arrays_full_steps: int = 1_000
+    """Newest steps whose per-rank arrays (``ranks`` events) are all kept; older ones are thinned
+    to one set per ``rank_arrays_bucket`` steps (``store/rank_arrays.py``: a 16k-rank set is ~1 MB)."""
+    rank_arrays_bucket: int = 1_000
+    """Steps per kept set of per-rank arrays beyond ``rank_arrays_full_steps``."""
     max_step_jump: int = 1_000_000
     """A newest step with no other row of its run within this many steps below it is not trusted
     to age the run's rows (see the module docstring)."""
@@ -105,6 +111,10 @@ class RetentionConfig:
             raise ValueError("every_steps: must be >= 1")
         if self.write_bucket < 1 or self.mid_bucket % self.write_bucket:
             raise ValueError("write_bucket: must be >= 1 and divide mid_bucket")
+        if self.rank_arrays_full_steps < 0:
+            raise ValueError("rank_arrays_full_steps: must be >= 0")
+        if self.rank_arrays_bucket < 1:
+            raise ValueError("rank_arrays_bucket: must be >= 1")
         if self.max_step_jump < 1:
             raise ValueError("max_step_jump: must be >= 1")
 
@@ -127,6 +137,13 @@ def tier_edges(newest_step: int, cfg: RetentionConfig) -> tuple[int, int]:
     mid_below = align(newest_step - cfg.full_steps + 1)
     far_below = min(mid_below, align(newest_step - cfg.mid_steps + 1))
     return far_below, mid_below
+
+
+def rank_arrays_below(newest_step: int, cfg: RetentionConfig) -> int:
+    """Per-rank arrays of steps below this are thinned: the newest ``rank_arrays_full_steps``
+    are kept whole, the edge aligned down to a multiple of ``rank_arrays_bucket``."""
+    edge = newest_step - cfg.rank_arrays_full_steps + 1
+    return max(0, (edge // cfg.rank_arrays_bucket) * cfg.rank_arrays_bucket)
 
 
 def projected_rows(n_steps: int, cfg: RetentionConfig) -> int:
@@ -235,6 +252,7 @@ def downsample(
         .where(Run.id == run_id, Run.downsampled_below < mid_below)
         .values(downsampled_below=mid_below)
     )
+    thin_rank_arrays(session, run_id, rank_arrays_below(newest_step, cfg), cfg.rank_arrays_bucket)
     rows_after = session.scalar(select(func.count()).where(SM.run_id == run_id)) or 0
     written = rows_after - (rows_before - folded)
     return DownsampleResult(rows_before, rows_after, written, mid_below)

@@ -6,11 +6,14 @@ from __future__ import annotations
 import math
 
 import pytest
+from sqlalchemy import select
 
 from controller.store import read
 from controller.store.db import session_scope
 from controller.store.ingest import ingest_events
+from controller.store.models import RankArrayRow
 from controller.store.rank_arrays import insert_rank_arrays
+from controller.store.retention import RetentionConfig, downsample
 from core.enums import EventType
 from tests.controller.store import factory as f
 
@@ -42,3 +45,32 @@ def test_arrays_merge_with_per_rank_rows_and_bucket_like_the_sql_path(engine):
         latest = read.latest_rank_steps(s, "run-a")
         assert [(r["rank"], r["step"]) for r in latest] == [(0, 90), *[(r, 90) for r in range(1, 5)], (5, 95),
                                                            (6, 90), (7, 90)]
+
+
+def _stored_sets(engine) -> dict[int, int]:
+    with session_scope(engine) as s:
+        steps = s.scalars(select(RankArrayRow.step).where(RankArrayRow.run_id == "run-a")).all()
+    return {step: steps.count(step) for step in sorted(set(steps))}
+
+
+def test_retention_keeps_recent_sets_whole_and_one_set_per_bucket_before(engine):
+    """Sets (two chunks a step, every 10 steps, from step 3 so no bucket starts on a set) newer
+    than rank_arrays_full_steps stay; older ones keep each 100-step span's first set; idempotent."""
+    cfg = RetentionConfig(full_steps=200, mid_steps=400, mid_bucket=10, far_bucket=100,
+                          rank_arrays_full_steps=250, rank_arrays_bucket=100)
+    steps = range(3, 1000, 10)
+    events = [f.step(s, 2.0, world=8) for s in steps] + [_ranks(s, first, 4, 0.1) for s in steps for first in (0, 4)]
+    with session_scope(engine) as s:
+        ingest_events(s, events)
+    with session_scope(engine) as s:
+        downsample(s, "run-a", cfg)  # newest step 993: arrays below 700 (993 - 250 + 1, aligned down) thinned
+    kept = _stored_sets(engine)
+    assert set(kept.values()) == {2}  # a set is kept or dropped whole
+    assert [s for s in kept if s < 700] == [3, 103, 203, 303, 403, 503, 603]
+    assert [s for s in kept if s >= 700] == list(range(703, 1000, 10))
+    with session_scope(engine) as s:
+        downsample(s, "run-a", cfg)
+    assert _stored_sets(engine) == kept
+    with session_scope(engine) as s:  # the thinned history still reads per rank
+        pts = read.rank_metrics(s, "run-a", columns=("step_time_s",))
+    assert {p["step"] for p in pts} >= {3, 603, 993}

@@ -91,6 +91,8 @@ def test_config_validation():
         ({"mid_steps": 10, "full_steps": 20}, "mid_steps"),
         ({"mid_bucket": 1}, "mid_bucket"),
         ({"far_bucket": 25}, "far_bucket"),
+        ({"rank_arrays_full_steps": -1}, "rank_arrays_full_steps"),
+        ({"rank_arrays_bucket": 0}, "rank_arrays_bucket"),
     ]:
         with pytest.raises(ValueError, match=rf"^{field}: "):
             RetentionConfig(**kwargs)
