@@ -47,7 +47,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from agent.collectors.grad_hist import grad_histograms, layer_name
+from agent.collectors.grad_hist import GradHistogram, layer_name
 from agent.collectors.memory import memory_stats
 from agent.collectors.mfu import ModelShape, mfu, resolve_peak
 from agent.collectors.timing import StepClock, attach_comm_timer
@@ -133,6 +133,7 @@ class Agent:
         self._params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self._layer_names = [layer_name(n) for n, _ in self._params]
         self._with_grad: list[int] = []  # indices into _params that had a gradient at the last norms
+        self._hist = GradHistogram(config.hist)  # keeps its layout and buffers from read to read
         self.comm = attach_comm_timer(model)
         self._grads_identical = self.comm is not None
         """Under DDP every rank holds the same (all-reduced) gradients, so only the ranks that
@@ -437,7 +438,7 @@ class Agent:
 
     def _emit_histograms(self) -> None:
         try:
-            layers = grad_histograms(self._params, self.config.hist)
+            layers = self._hist.read(self._params)
         except Exception:  # noqa: BLE001 - never break the step for a metric
             log.exception("gradient histogram failed at step %d", self.step)
             return
