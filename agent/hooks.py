@@ -12,7 +12,7 @@ The single host sync. ``before_optimizer_step`` packs, on the device, one small 
 ``[per-rank loss slots (world) | pending-command flag | norm contributors | global grad-norm² |
 per-layer grad-norm² (every layer_norms_every steps)]``, plus every ``ranks_every`` steps the
 per-rank performance block (agent/rank_perf.py) — all-reduces it once (SUM) and reads it once
-(``.tolist()``). Each rank writes its own loss into its own slot, so after the sum every rank
+(``.tolist()``); the tensor is a kept buffer filled in place (agent/packed_step.py). Each rank writes its own loss into its own slot, so after the sum every rank
 holds every rank's loss (its ``loss_local`` and the global mean) without a second read; rank 0
 writes the number of commands it has queued into the flag, so every rank learns at the same step
 that a command body is to be broadcast. Under DDP the gradients are identical on every rank, so
@@ -59,6 +59,7 @@ from agent.heartbeat import Heartbeat
 from agent.lr_scale import LRScale
 from agent.modes import STOPPING, ModeMachine
 from agent.node_beats import NodeBeats, NodeLayout
+from agent.packed_step import PackedStep
 from agent.rank_perf import PERF_FIELDS, PerfAccumulator, publishes_chunk, ranks_payload
 from core.capabilities import normalize as normalize_capabilities
 from core.deployment import PUBLIC_KEY_ENV, SECRET_ENV, agent_event_signer, agent_verifying_key
@@ -134,6 +135,7 @@ class Agent:
         self._layer_names = [layer_name(n) for n, _ in self._params]
         self._with_grad: list[int] = []  # indices into _params that had a gradient at the last norms
         self._hist = GradHistogram(config.hist)  # keeps its layout and buffers from read to read
+        self._packed: PackedStep | None = None  # the step's all-reduced tensor, built on the first step
         self.comm = attach_comm_timer(model)
         self._grads_identical = self.comm is not None
         """Under DDP every rank holds the same (all-reduced) gradients, so only the ranks that
@@ -345,7 +347,6 @@ class Agent:
         if self.rank == 0 and self.commands is not None:
             self._pending.extend(self._poll_source())
         w = self.world
-        dev = self._loss_sum.device
         publishes = self._publishes()
         layers_due = self._layer_norms_due()
         sq = None
@@ -353,19 +354,13 @@ class Agent:
             sq = None if layers_due else self._bucket_norm_sq
             if sq is None:
                 sq = self._norms_sq(layers_due)
-        losses = torch.zeros(w, dtype=torch.float64, device=dev)
-        losses[self.rank] = self._loss_sum / max(self._micro, 1)
-        flag = float(len(self._pending)) if self.rank == 0 else 0.0
-        parts = [losses, torch.tensor([flag, 0.0 if sq is None else 1.0], dtype=torch.float64, device=dev)]
-        parts.append(sq.to(dev) if sq is not None else torch.zeros(1 + (len(self._params) if layers_due else 0),
-                                                           dtype=torch.float64, device=dev))
         ranks_due = self._ranks_due()
-        if ranks_due:  # every rank's performance rides on the same all-reduce (agent/rank_perf.py)
-            block = torch.zeros(len(PERF_FIELDS) * w, dtype=torch.float64, device=dev)
-            block[torch.arange(len(PERF_FIELDS), device=dev) * w + self.rank] = torch.tensor(
-                self._perf.slot(), dtype=torch.float64, device=dev)
-            parts.append(block)
-        packed = torch.cat(parts)
+        if self._packed is None or self._packed.device != self._loss_sum.device:
+            self._packed = PackedStep(world=w, rank=self.rank, n_layers=len(self._params), device=self._loss_sum.device)
+        # every rank's performance rides on the same all-reduce (agent/rank_perf.py)
+        packed = self._packed.fill(loss_sum=self._loss_sum, micro=self._micro,
+                                   flag=float(len(self._pending)) if self.rank == 0 else 0.0, sq=sq, layers=layers_due,
+                                   perf=self._perf.slot() if ranks_due else None)
         if self.distributed:
             t0 = time.perf_counter()
             self._collective = "all_reduce"
