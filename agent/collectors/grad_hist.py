@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 
@@ -61,20 +62,20 @@ class HistConfig:
         return [2.0**e for e in range(self.lo_exp, self.hi_exp + 1)]
 
 
-def _percentiles(counts: torch.Tensor, zeros: torch.Tensor, numel: torch.Tensor, qs: torch.Tensor,
-                 lo_exp: int) -> torch.Tensor:
+def _percentiles(counts: np.ndarray, zeros: np.ndarray, numel: np.ndarray, qs: np.ndarray, lo_exp: int) -> np.ndarray:
     """(layers, len(qs)) quantiles of |g| from the histogram: zeros first, then log-linear within
     the bin."""
-    target = (numel[:, None] * qs[None, :]).clamp(min=1.0)
-    cum = torch.cumsum(counts, dim=1) + zeros[:, None]
-    b = torch.searchsorted(cum, target).clamp(max=counts.shape[1] - 1)
-    below = torch.where(b > 0, cum.gather(1, (b - 1).clamp(min=0)), zeros[:, None])
-    in_bin = counts.gather(1, b).clamp(min=1.0)
-    frac = ((target - below) / in_bin).clamp(0.0, 1.0)
-    value = torch.pow(2.0, lo_exp + b.double() + frac)
-    return torch.where(target <= zeros[:, None], torch.zeros_like(value), value)
+    target = np.maximum(numel[:, None] * qs[None, :], 1.0)
+    cum = np.cumsum(counts, axis=1) + zeros[:, None]
+    b = np.minimum((cum[:, None, :] < target[:, :, None]).sum(axis=2), counts.shape[1] - 1)  # first cum >= target
+    below = np.where(b > 0, np.take_along_axis(cum, np.maximum(b - 1, 0), axis=1), zeros[:, None])
+    in_bin = np.maximum(np.take_along_axis(counts, b, axis=1), 1.0)
+    frac = np.clip((target - below) / in_bin, 0.0, 1.0)
+    value = np.power(2.0, lo_exp + b + frac)
+    return np.where(target <= zeros[:, None], 0.0, value)
 
 
+_QUANTILES = np.array([0.50, 0.99])
 _EXP_BIAS = 127  # float32: |g| = 1.m x 2**(field - 127) for an exponent field in 1..254
 _INF_FIELD = 255  # inf and NaN
 _MAG = 0x7FFFFFFF  # every bit of a float32 but its sign
@@ -89,7 +90,7 @@ offsets cached, 4 bytes per element); larger ones run alone, where a kernel laun
 noise next to its elements."""
 
 
-def _field_slots(cfg: HistConfig, dev: torch.device) -> torch.Tensor:
+def _field_slots(cfg: HistConfig) -> np.ndarray:
     """A (257, nb + 3) one-hot map from a key (0 = exact zero, 1 + the float32 exponent field) to
     its slot: 0 = underflow, 1..nb = the bins, nb + 1 = zeros, nb + 2 = non-finite."""
     nb = cfg.n_bins
@@ -98,7 +99,7 @@ def _field_slots(cfg: HistConfig, dev: torch.device) -> torch.Tensor:
     slot[1] = 0  # subnormal: below every edge unless lo_exp < -126 (see GradHistogram.read)
     slot[1 + _INF_FIELD] = nb + 2
     slot[0] = nb + 1
-    return torch.nn.functional.one_hot(slot, nb + 3).to(dev, torch.float64)
+    return torch.nn.functional.one_hot(slot, nb + 3).double().numpy()
 
 
 @dataclass(slots=True)
@@ -164,17 +165,29 @@ class GradHistogram:
         self.chunk_numel = chunk_numel
         self._signature: tuple | None = None
         self._layout: _Layout | None = None
-        self._slots: torch.Tensor | None = None
-        self._quantiles = torch.tensor([0.50, 0.99], dtype=torch.float64)
+        self._slots: np.ndarray | None = None
 
     def _layout_for(self, grads: list[torch.Tensor], dev: torch.device) -> _Layout:
         signature = (dev, tuple(g.numel() for g in grads))
         if signature != self._signature or self._layout is None:
             self._layout = _Layout(list(signature[1]), len(grads), dev, self.chunk_numel)
-            self._slots = _field_slots(self.cfg, dev)
-            self._quantiles = torch.tensor([0.50, 0.99], dtype=torch.float64, device=dev)
+            self._slots = _field_slots(self.cfg)
             self._signature = signature
         return self._layout
+
+    def _subnormal_fix(self, grads: list[torch.Tensor], dev: torch.device) -> torch.Tensor:
+        """(layers, nb + 3) corrections moving each layer's subnormals from the underflow slot to
+        their exact bins (only when the bins reach below float32's smallest normal)."""
+        cfg, nb = self.cfg, self.cfg.n_bins
+        fix = torch.zeros(len(grads), nb + 3, dtype=torch.float64, device=dev)
+        for i, g in enumerate(grads):
+            g = g.to(dev, torch.float32)
+            sub = g[(g != 0) & (g.abs() < 2.0 ** (1 - _EXP_BIAS))].abs()
+            if sub.numel():
+                slot = (torch.frexp(sub)[1] - (1 + cfg.lo_exp)).clamp(-1, nb - 1) + 1
+                fix[i, 0] -= sub.numel()
+                fix[i] += torch.bincount(slot, minlength=nb + 3).double()
+        return fix
 
     def read(self, named_params: Iterable[tuple[str, torch.nn.Parameter]]) -> dict[str, dict]:
         """The ``layers`` payload (one host sync; two when a layer has inf/NaN gradients).
@@ -233,29 +246,25 @@ class GradHistogram:
             mx = torch.zeros(n_layers, dtype=torch.float64, device=dev)
             if piece_max:
                 mx = mx.scatter_reduce_(0, lay.piece_layer, torch.stack(piece_max).double(), "amax")
-        assert self._slots is not None
-        table = fields.reshape(n_layers, _KEYS).double() @ self._slots
+        parts = [fields.reshape(n_layers, _KEYS).double(), norm[:, None], mx[:, None]]
         if cfg.lo_exp < 1 - _EXP_BIAS:  # bins reach into the subnormals: bin those exactly
-            for i, g in enumerate(grads):
-                g = g.to(dev, torch.float32)
-                sub = g[(g != 0) & (g.abs() < 2.0 ** (1 - _EXP_BIAS))].abs()
-                if sub.numel():
-                    slot = (torch.frexp(sub)[1] - (1 + cfg.lo_exp)).clamp(-1, nb - 1) + 1
-                    table[i] -= torch.bincount(torch.zeros_like(slot), minlength=nb + 3).double()
-                    table[i] += torch.bincount(slot, minlength=nb + 3).double()
+            parts.append(self._subnormal_fix(grads, dev))
+        # the one host sync; the rest is a few numpy operations on (layers x bins) numbers
+        host = torch.cat(parts, dim=1).cpu().numpy()
+        assert self._slots is not None
+        table = host[:, :_KEYS] @ self._slots
+        if cfg.lo_exp < 1 - _EXP_BIAS:
+            table += host[:, _KEYS + 2 :]
+        norms, maxima = host[:, _KEYS], host[:, _KEYS + 1]
         underflow = table[:, 0]
-        counts = table[:, 1 : nb + 1].clone()
+        counts = table[:, 1 : nb + 1]
         counts[:, 0] += underflow  # below the first edge is reported in bin 0 (and as underflow)
         zeros = table[:, nb + 1]
         nonfinite = table[:, nb + 2]
         numels = [g.numel() for g in grads]
-        n = torch.tensor(numels, device=dev, dtype=torch.float64)
-        pct = _percentiles(counts, zeros, n, self._quantiles, cfg.lo_exp)
-        stats = torch.cat([torch.stack([zeros, nonfinite], dim=1), pct, torch.stack([mx, norm, underflow], dim=1)], dim=1)
-        # counts travel as int64 bit patterns in the same float64 block: one copy to the host
-        host = torch.cat([counts.to(torch.int64).view(torch.float64), stats], dim=1).cpu()  # the one host sync
-        count_rows = host[:, :nb].view(torch.int64).tolist()
-        rows = host[:, nb:].tolist()
+        pct = _percentiles(counts, zeros, np.array(numels, dtype=np.float64), _QUANTILES, cfg.lo_exp)
+        count_rows = counts.astype(np.int64).tolist()
+        rows = np.stack([zeros, nonfinite, pct[:, 0], pct[:, 1], maxima, norms, underflow], axis=1).tolist()
         out: dict[str, dict] = {}
         for name, numel, counts_i, row, g in zip(names, numels, count_rows, rows, grads, strict=True):
             zeros_i, nonfinite_i, p50_i, p99_i, mx_i, norm_i, underflow_i = row
