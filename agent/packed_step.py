@@ -62,12 +62,14 @@ class PackedStep:
             self._buffers[(layers, perf)] = buf
         return buf
 
-    def fill(self, *, loss_sum: torch.Tensor, micro: int, flag: float, sq: torch.Tensor | None, layers: bool,
+    def fill(self, *, loss_sum: torch.Tensor, micro: int, flag: float, sq: torch.Tensor | float | None, layers: bool,
              perf: list[float] | None) -> torch.Tensor:
         """This rank's part of the step's tensor (every other slot 0), ready to all-reduce.
 
-        ``sq``: float64 ``[global | per-layer (when layers)]`` grad-norm², None when this rank
-        computed no norms; ``perf``: this rank's value of each of ``PERF_FIELDS``, or None."""
+        ``sq``: float64 ``[global | per-layer (when layers)]`` grad-norm² (the global one alone
+        may be a float), None when this rank computed no norms; ``perf``: this rank's value of
+        each of ``PERF_FIELDS``, or None. Each kernel costs ~10-20 us on a training thread
+        between a backward and an optimizer step, so numbers go through the host array."""
         buf = self._buffer(layers, perf is not None)
         host = buf.host
         host.fill(0.0)
@@ -75,11 +77,13 @@ class PackedStep:
         host[self.contributors_at] = 0.0 if sq is None else 1.0
         if perf is not None:
             host[self.perf_at(layers) + self.rank :: self.world] = perf
+        if isinstance(sq, float):
+            host[self.sq_at] = sq
         if buf.staging is not None:
             buf.packed.copy_(buf.staging, non_blocking=False)
-        buf.loss.copy_(loss_sum.reshape(1))
+        buf.loss.copy_(loss_sum if loss_sum.dim() == 0 else loss_sum.reshape(1))
         if micro > 1:
             buf.loss.div_(micro)
-        if sq is not None:
+        if isinstance(sq, torch.Tensor):
             buf.sq.copy_(sq)
         return buf.packed
