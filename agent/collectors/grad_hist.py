@@ -66,10 +66,12 @@ def _percentiles(counts: np.ndarray, zeros: np.ndarray, numel: np.ndarray, qs: n
     """(layers, len(qs)) quantiles of |g| from the histogram: zeros first, then log-linear within
     the bin."""
     target = np.maximum(numel[:, None] * qs[None, :], 1.0)
-    cum = np.cumsum(counts, axis=1) + zeros[:, None]
+    cum = np.cumsum(counts, axis=1)
+    cum += zeros[:, None]
     b = np.minimum((cum[:, None, :] < target[:, :, None]).sum(axis=2), counts.shape[1] - 1)  # first cum >= target
-    below = np.where(b > 0, np.take_along_axis(cum, np.maximum(b - 1, 0), axis=1), zeros[:, None])
-    in_bin = np.maximum(np.take_along_axis(counts, b, axis=1), 1.0)
+    rows = np.arange(len(counts))[:, None]
+    below = np.where(b > 0, cum[rows, np.maximum(b - 1, 0)], zeros[:, None])
+    in_bin = np.maximum(counts[rows, b], 1.0)
     frac = np.clip((target - below) / in_bin, 0.0, 1.0)
     value = np.power(2.0, lo_exp + b + frac)
     return np.where(target <= zeros[:, None], 0.0, value)
@@ -111,14 +113,19 @@ class _Chunk:
     """Each element's key offset (layer * 257): a cached tensor for packed small layers, an int for
     a chunk of one layer."""
     views: list[torch.Tensor] = field(default_factory=list)
-    """The pieces' places in the reader's flat buffer."""
+    """The pieces' places in the reader's flat buffer, flat."""
+    targets: list[torch.Tensor] = field(default_factory=list)
+    """The same places shaped like the whole gradients they receive (packed chunks): one
+    ``_foreach_copy_`` fills the chunk, no reshape per layer."""
 
 
 class _Layout:
     """How a set of gradient shapes is cut into chunks; rebuilt only when the shapes change."""
 
-    def __init__(self, numels: list[int], n_layers: int, dev: torch.device, chunk_numel: int) -> None:
+    def __init__(self, shapes: list[torch.Size], dev: torch.device, chunk_numel: int) -> None:
         self.chunks: list[_Chunk] = []
+        numels = [s.numel() for s in shapes]
+        n_layers = len(shapes)
         packed: list[tuple[int, int, int]] = []
         packed_n = 0
 
@@ -143,15 +150,18 @@ class _Layout:
                 e = min(n, s + chunk_numel)
                 self.chunks.append(_Chunk([(i, s, e)], e - s, i * _KEYS))
         close_packed()
-        self.piece_layer = torch.tensor([i for c in self.chunks for i, _, _ in c.pieces], dtype=torch.int64, device=dev)
-        self.one_piece_per_layer = len(self.piece_layer) == n_layers
-        """Every layer is one piece, in order: per-piece results are per-layer results."""
+        order = [i for c in self.chunks for i, _, _ in c.pieces]
+        self.piece_layer = torch.tensor(order, dtype=torch.int64, device=dev)
+        self.one_piece_per_layer = order == list(range(n_layers))
+        """Every layer is one piece, in layer order: per-piece results are per-layer results."""
         most = max((c.numel for c in self.chunks), default=0)
         self.flat = torch.empty(most, dtype=torch.float32, device=dev)
         self.keys = torch.empty(most, dtype=torch.int32, device=dev)
         self.n_keys = n_layers * _KEYS
         for c in self.chunks:
             c.views = list(self.flat[: c.numel].split([e - s for _, s, e in c.pieces]))
+            if isinstance(c.base, torch.Tensor):
+                c.targets = [v.view(shapes[i]) for v, (i, _, _) in zip(c.views, c.pieces, strict=True)]
 
 
 class GradHistogram:
@@ -166,11 +176,12 @@ class GradHistogram:
         self._signature: tuple | None = None
         self._layout: _Layout | None = None
         self._slots: np.ndarray | None = None
+        self._names: dict[str, str] = {}  # parameter name -> layer name
 
     def _layout_for(self, grads: list[torch.Tensor], dev: torch.device) -> _Layout:
-        signature = (dev, tuple(g.numel() for g in grads))
+        signature = (dev, tuple(g.shape for g in grads))
         if signature != self._signature or self._layout is None:
-            self._layout = _Layout(list(signature[1]), len(grads), dev, self.chunk_numel)
+            self._layout = _Layout(list(signature[1]), dev, self.chunk_numel)
             self._slots = _field_slots(self.cfg)
             self._signature = signature
         return self._layout
@@ -201,11 +212,16 @@ class GradHistogram:
         layer cost ten times more on a CPU."""
         names: list[str] = []
         grads: list[torch.Tensor] = []
+        short = self._names
         for name, p in named_params:
-            if p.grad is None:
+            g = p.grad
+            if g is None:
                 continue
-            names.append(layer_name(name))
-            grads.append(p.grad.detach().reshape(-1))
+            layer = short.get(name)
+            if layer is None:
+                layer = short[name] = layer_name(name)
+            names.append(layer)
+            grads.append(g.detach())
         if not grads:
             return {}
         cfg = self.cfg
@@ -220,11 +236,11 @@ class GradHistogram:
             n = chunk.numel
             flat, keys = lay.flat[:n], lay.keys[:n]
             views = chunk.views
-            if len(chunk.pieces) == 1:
-                i, s, e = chunk.pieces[0]
-                flat.copy_(grads[i][s:e])
+            if chunk.targets:
+                torch._foreach_copy_(chunk.targets, [grads[i] for i, _, _ in chunk.pieces])
             else:
-                torch.cat([grads[i].to(dev) for i, _, _ in chunk.pieces], out=flat)
+                i, s, e = chunk.pieces[0]
+                flat.copy_(grads[i].reshape(-1)[s:e])
             piece_sq.extend(torch._foreach_norm(views))  # non-finite gradients give a non-finite norm, on purpose
             bits = flat.view(torch.int32)
             bits.bitwise_and_(_MAG)  # |g|: same norm, and the maxima below are of magnitudes

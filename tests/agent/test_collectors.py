@@ -117,6 +117,17 @@ def test_histogram_reader_matches_the_per_value_reference_on_awkward_layers(chun
             assert 0.0 <= got["p50"] <= got["p99"] <= got["max"] or got["numel"] == 0
 
 
+def test_histogram_reader_keeps_each_layer_its_own_numbers_when_big_layers_run_alone():
+    """A layer too big to pack runs alone, ahead of the packed small ones around it: every
+    layer's norm, max and counts stay its own."""
+    cfg = HistConfig(lo_exp=-4, hi_exp=4)
+    grads = {"s1": torch.full((3,), 0.25), "big": torch.full((16,), 4.0), "s2": torch.full((2, 2), 1.0)}
+    out = GradHistogram(cfg, chunk_numel=16).read([(k, _param(g)) for k, g in grads.items()])
+    for name, g in grads.items():
+        assert out[name]["norm"] == pytest.approx(float(g.norm())) and out[name]["max"] == float(g.max())
+        assert out[name]["counts"][int(math.log2(float(g.max()))) - cfg.lo_exp] == g.numel()
+
+
 def test_histogram_reader_follows_a_change_of_layers():
     cfg = HistConfig(lo_exp=-4, hi_exp=2)
     reader = GradHistogram(cfg)
