@@ -111,7 +111,11 @@ class _Chunk:
     pieces: list[tuple[int, int, int]]
     numel: int
     offsets: list[int]
-    """Each piece's key offset (layer * 257), added by one ``_foreach_add_``."""
+    """Each piece's key offset ((layer - the chunk's first layer) * 257), added by one
+    ``_foreach_add_``: the chunk's ``bincount`` covers only its own layers' keys."""
+    first: int = 0
+    """The chunk's first layer (its layers are consecutive)."""
+    n_keys: int = 0
     views: list[torch.Tensor] = field(default_factory=list)
     """The pieces' places in the reader's flat buffer, flat."""
     keys: list[torch.Tensor] = field(default_factory=list)
@@ -132,7 +136,9 @@ class _Layout:
 
         def close(pieces: list[tuple[int, int, int]]) -> None:
             if pieces:
-                self.chunks.append(_Chunk(pieces, sum(e - s for _, s, e in pieces), [i * _KEYS for i, _, _ in pieces]))
+                first, last = pieces[0][0], pieces[-1][0]
+                self.chunks.append(_Chunk(pieces, sum(e - s for _, s, e in pieces),
+                                          [(i - first) * _KEYS for i, _, _ in pieces], first, (last - first + 1) * _KEYS))
 
         for i, shape in enumerate(shapes):
             n = shape.numel()
@@ -154,6 +160,8 @@ class _Layout:
         self.piece_layer = torch.tensor(order, dtype=torch.int64, device=dev)
         self.one_piece_per_layer = order == list(range(n_layers))
         """Every layer is one piece, in layer order: per-piece results are per-layer results."""
+        self.numels = [shape.numel() for shape in shapes]
+        self.numels_f64 = np.array(self.numels, dtype=np.float64)
         most = max((c.numel for c in self.chunks), default=0)
         self.flat = torch.empty(most, dtype=torch.float32, device=dev)
         self.keys = torch.empty(most, dtype=torch.int32, device=dev)
@@ -251,8 +259,13 @@ class GradHistogram:
             torch.bitwise_right_shift(bits, 23, out=keys)
             torch._foreach_add_(chunk.keys, chunk.offsets)
             keys.add_(bits.clamp_(max=1))  # + 1 unless an exact zero; integer passes: a bool mask costs 3x
-            counted = torch.bincount(keys, minlength=lay.n_keys)
-            fields = counted if fields is None else fields.add_(counted)
+            at = chunk.first * _KEYS
+            if fields is None and at == 0 and chunk.n_keys == lay.n_keys:  # one chunk holds every layer
+                fields = torch.bincount(keys, minlength=chunk.n_keys)
+                continue
+            if fields is None:
+                fields = torch.zeros(lay.n_keys, dtype=torch.int64, device=dev)
+            fields[at : at + chunk.n_keys] += torch.bincount(keys, minlength=chunk.n_keys)
         if fields is None:  # every layer is empty
             fields = torch.zeros(lay.n_keys, dtype=torch.int64, device=dev)
         if lay.one_piece_per_layer:
@@ -280,27 +293,24 @@ class GradHistogram:
         counts[:, 0] += underflow  # below the first edge is reported in bin 0 (and as underflow)
         zeros = table[:, nb + 1]
         nonfinite = table[:, nb + 2]
-        numels = [g.numel() for g in grads]
-        pct = _percentiles(counts, zeros, np.array(numels, dtype=np.float64), _QUANTILES, cfg.lo_exp)
+        numels = lay.numels
+        pct = _percentiles(counts, zeros, lay.numels_f64, _QUANTILES, cfg.lo_exp)
         count_rows = counts.astype(np.int64).tolist()
-        rows = np.stack([zeros, nonfinite, pct[:, 0], pct[:, 1], maxima, norms, underflow], axis=1).tolist()
+        ints = np.stack([zeros, nonfinite], axis=1).astype(np.int64).tolist()
+        with np.errstate(invalid="ignore"):  # a layer's max is NaN/inf until fixed below
+            capped = np.fmin(pct, maxima[:, None])  # fmin: a NaN max leaves the percentile (fixed below)
+        fraction = np.divide(underflow, lay.numels_f64, out=np.zeros_like(underflow), where=lay.numels_f64 > 0)
+        floats = np.stack([capped[:, 0], capped[:, 1], maxima, norms, fraction], axis=1).tolist()
         out: dict[str, dict] = {}
-        for name, numel, counts_i, row, g in zip(names, numels, count_rows, rows, grads, strict=True):
-            zeros_i, nonfinite_i, p50_i, p99_i, mx_i, norm_i, underflow_i = row
+        for i, (name, numel, counts_i, (zeros_i, nonfinite_i), row) in enumerate(
+                zip(names, numels, count_rows, ints, floats, strict=True)):
+            p50_i, p99_i, mx_i, norm_i, underflow_i = row
             if nonfinite_i:  # rare, and a second host sync: the largest finite magnitude
-                mag = g.to(torch.float32).view(torch.int32) & _MAG
+                mag = grads[i].to(torch.float32).view(torch.int32) & _MAG
                 mx_i = float(torch.where(mag < (_INF_FIELD << 23), mag, 0).amax().view(torch.float32))
-            out[name] = {
-                "counts": counts_i,
-                "zeros": int(zeros_i),
-                "nonfinite": int(nonfinite_i),
-                "p50": min(p50_i, mx_i),
-                "p99": min(p99_i, mx_i),
-                "max": mx_i,
-                "norm": norm_i,
-                "underflow": underflow_i / numel if numel else 0.0,
-                "numel": numel,
-            }
+                p50_i, p99_i = min(float(pct[i, 0]), mx_i), min(float(pct[i, 1]), mx_i)
+            out[name] = {"counts": counts_i, "zeros": zeros_i, "nonfinite": nonfinite_i, "p50": p50_i, "p99": p99_i,
+                         "max": mx_i, "norm": norm_i, "underflow": underflow_i, "numel": numel}
         return out
 
 
