@@ -12,10 +12,11 @@ The single host sync. ``before_optimizer_step`` packs, on the device, one small 
 ``[per-rank loss slots (world) | pending-command flag | norm contributors | global grad-norm² |
 per-layer grad-norm² (every layer_norms_every steps)]``, plus every ``ranks_every`` steps the
 per-rank performance block (agent/rank_perf.py) — all-reduces it once (SUM) and reads it once
-(``.tolist()``); the tensor is a kept buffer filled in place (agent/packed_step.py). Each rank writes its own loss into its own slot, so after the sum every rank
-holds every rank's loss (its ``loss_local`` and the global mean) without a second read; rank 0
-writes the number of commands it has queued into the flag, so every rank learns at the same step
-that a command body is to be broadcast. Under DDP the gradients are identical on every rank, so
+(``.tolist()``); the tensor is a kept buffer filled in place (agent/packed_step.py). Each rank
+writes its own loss into its own slot, so after the sum every rank holds every rank's loss (its
+``loss_local`` and the global mean) without a second read; rank 0 writes the number of commands
+it has queued into the flag, so every rank learns at the same step that a command body is to be
+broadcast. Under DDP the gradients are identical on every rank, so
 only the ranks that publish a step event (rank 0, and a rank in a detail window) compute norms;
 each that does counts 1 in the contributors slot and the norms are the sum over it. Rank 0 alone
 turns the loss slots into the run-level ``step`` event's loss summary (core/rank_arrays.py): one
