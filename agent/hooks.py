@@ -12,10 +12,11 @@ The single host sync. ``before_optimizer_step`` packs, on the device, one small 
 ``[per-rank loss slots (world) | pending-command flag | norm contributors | global grad-norm² |
 per-layer grad-norm² (every layer_norms_every steps)]``, plus every ``ranks_every`` steps the
 per-rank performance block (agent/rank_perf.py) — all-reduces it once (SUM) and reads it once
-(``.tolist()``). Each rank writes its own loss into its own slot, so after the sum every rank
-holds every rank's loss (its ``loss_local`` and the global mean) without a second read; rank 0
-writes the number of commands it has queued into the flag, so every rank learns at the same step
-that a command body is to be broadcast. Under DDP the gradients are identical on every rank, so
+(``.tolist()``); the tensor is a kept buffer filled in place (agent/packed_step.py). Each rank
+writes its own loss into its own slot, so after the sum every rank holds every rank's loss (its
+``loss_local`` and the global mean) without a second read; rank 0 writes the number of commands
+it has queued into the flag, so every rank learns at the same step that a command body is to be
+broadcast. Under DDP the gradients are identical on every rank, so
 only the ranks that publish a step event (rank 0, and a rank in a detail window) compute norms;
 each that does counts 1 in the contributors slot and the norms are the sum over it. Rank 0 alone
 turns the loss slots into the run-level ``step`` event's loss summary (core/rank_arrays.py): one
@@ -47,7 +48,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from agent.collectors.grad_hist import grad_histograms, layer_name
+from agent.collectors.grad_hist import GradHistogram, layer_name
 from agent.collectors.memory import memory_stats
 from agent.collectors.mfu import ModelShape, mfu, resolve_peak
 from agent.collectors.timing import StepClock, attach_comm_timer
@@ -59,6 +60,7 @@ from agent.heartbeat import Heartbeat
 from agent.lr_scale import LRScale
 from agent.modes import STOPPING, ModeMachine
 from agent.node_beats import NodeBeats, NodeLayout
+from agent.packed_step import PackedStep
 from agent.rank_perf import PERF_FIELDS, PerfAccumulator, publishes_chunk, ranks_payload
 from core.capabilities import normalize as normalize_capabilities
 from core.deployment import PUBLIC_KEY_ENV, SECRET_ENV, agent_event_signer, agent_verifying_key
@@ -133,6 +135,8 @@ class Agent:
         self._params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self._layer_names = [layer_name(n) for n, _ in self._params]
         self._with_grad: list[int] = []  # indices into _params that had a gradient at the last norms
+        self._hist = GradHistogram(config.hist)  # keeps its layout and buffers from read to read
+        self._packed: PackedStep | None = None  # the step's all-reduced tensor, built on the first step
         self.comm = attach_comm_timer(model)
         self._grads_identical = self.comm is not None
         """Under DDP every rank holds the same (all-reduced) gradients, so only the ranks that
@@ -287,7 +291,7 @@ class Agent:
         self._local_loss = float("nan")
         self._grad_norm = float("nan")
         self._layer_norms: dict[str, float] = {}
-        self._bucket_norm_sq: torch.Tensor | None = None  # from the DDP hook, at the last backward
+        self._bucket_norm_sq: torch.Tensor | float | None = None  # from the DDP hook, at the last backward
         if getattr(self, "comm", None) is not None:
             self.comm.reset()
 
@@ -319,7 +323,11 @@ class Agent:
 
     def after_forward(self, loss: torch.Tensor, *, tokens: int = 0) -> None:
         """Record one micro-batch's loss (stays on device) and its token count on this rank."""
-        d = loss.detach().float().reshape(())
+        d = loss.detach()  # one kernel at most: each costs ~10-20 us here (agent/packed_step.py)
+        if d.dtype != torch.float32:
+            d = d.float()
+        if d.dim() != 0:
+            d = d.reshape(())
         self._loss_sum = d if self._loss_sum is None else self._loss_sum + d
         self._micro += 1
         self._tokens += int(tokens)
@@ -344,7 +352,6 @@ class Agent:
         if self.rank == 0 and self.commands is not None:
             self._pending.extend(self._poll_source())
         w = self.world
-        dev = self._loss_sum.device
         publishes = self._publishes()
         layers_due = self._layer_norms_due()
         sq = None
@@ -352,19 +359,13 @@ class Agent:
             sq = None if layers_due else self._bucket_norm_sq
             if sq is None:
                 sq = self._norms_sq(layers_due)
-        losses = torch.zeros(w, dtype=torch.float64, device=dev)
-        losses[self.rank] = self._loss_sum / max(self._micro, 1)
-        flag = float(len(self._pending)) if self.rank == 0 else 0.0
-        parts = [losses, torch.tensor([flag, 0.0 if sq is None else 1.0], dtype=torch.float64, device=dev)]
-        parts.append(sq.to(dev) if sq is not None else torch.zeros(1 + (len(self._params) if layers_due else 0),
-                                                           dtype=torch.float64, device=dev))
         ranks_due = self._ranks_due()
-        if ranks_due:  # every rank's performance rides on the same all-reduce (agent/rank_perf.py)
-            block = torch.zeros(len(PERF_FIELDS) * w, dtype=torch.float64, device=dev)
-            block[torch.arange(len(PERF_FIELDS), device=dev) * w + self.rank] = torch.tensor(
-                self._perf.slot(), dtype=torch.float64, device=dev)
-            parts.append(block)
-        packed = torch.cat(parts)
+        if self._packed is None or self._packed.device != self._loss_sum.device:
+            self._packed = PackedStep(world=w, rank=self.rank, n_layers=len(self._params), device=self._loss_sum.device)
+        # every rank's performance rides on the same all-reduce (agent/rank_perf.py)
+        packed = self._packed.fill(loss_sum=self._loss_sum, micro=self._micro,
+                                   flag=float(len(self._pending)) if self.rank == 0 else 0.0, sq=sq, layers=layers_due,
+                                   perf=self._perf.slot() if ranks_due else None)
         if self.distributed:
             t0 = time.perf_counter()
             self._collective = "all_reduce"
@@ -437,7 +438,7 @@ class Agent:
 
     def _emit_histograms(self) -> None:
         try:
-            layers = grad_histograms(self._params, self.config.hist)
+            layers = self._hist.read(self._params)
         except Exception:  # noqa: BLE001 - never break the step for a metric
             log.exception("gradient histogram failed at step %d", self.step)
             return

@@ -22,6 +22,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -44,20 +45,23 @@ class CommTimer:
         self.buckets = 0
         self.want_grad_norm = False
         """Set by the agent before the backward of a step whose norm it publishes."""
-        self.bucket_norms: list[torch.Tensor] = []
+        self.bucket_norms: list[torch.Tensor | float] = []
 
     def reset(self) -> None:
         self.last_launch = None
         self.buckets = 0
         self.bucket_norms = []
 
-    def grad_norm_sq(self) -> torch.Tensor | None:
-        """float64 squared norm of the reduced gradients of this step's buckets; None unless every
+    def grad_norm_sq(self) -> torch.Tensor | float | None:
+        """Squared norm of the reduced gradients of this step's buckets (a float for buckets on a
+        CPU, else a float64 ``(1,)`` tensor on their device: no host sync); None unless every
         launched bucket reported one (no bucket, or ``want_grad_norm`` was off)."""
         norms = self.bucket_norms
         if not norms or len(norms) != self.buckets:
             return None
-        return torch.stack(norms).double().square().sum().reshape(1)
+        if all(isinstance(n, float) for n in norms):
+            return math.fsum(n * n for n in norms)
+        return torch.stack([torch.as_tensor(n) for n in norms]).double().square().sum().reshape(1)
 
     def exposed_since(self, backward_end: float) -> float:
         """Exposed gradient-communication time of the backward that ended at ``backward_end``."""
@@ -85,7 +89,9 @@ class CommTimer:
 
         def reduced(f):
             buf = f.value()[0]
-            norms.append(torch.linalg.vector_norm(buf, dtype=torch.float32))
+            norm = torch.linalg.vector_norm(buf, dtype=torch.float32)
+            # on a CPU the number is here already: read it on this thread, not with more kernels on the training thread
+            norms.append(float(norm) if buf.device.type == "cpu" else norm)
             return buf
 
         return fut.then(reduced)

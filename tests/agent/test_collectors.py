@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from agent.collectors.grad_hist import HistConfig, grad_histograms, layer_name
+from agent.collectors.grad_hist import GradHistogram, HistConfig, grad_histograms, layer_name
 from agent.collectors.memory import memory_stats
 from agent.collectors.mfu import ModelShape, calibrate_peak, mfu, resolve_peak, table_peak
 from agent.collectors.timing import StepClock
@@ -63,6 +63,80 @@ def test_histogram_bins_match_a_per_value_reference_with_subnormals_and_bf16(lo_
         assert out[name]["zeros"] == sum(v == 0 for v in vals)
         assert out[name]["max"] == max(finite)  # the largest finite magnitude, -inf aside
         assert out[name]["underflow"] == sum(a < 2.0**lo_exp for a in finite) / len(vals)
+
+
+def _reference_layer(values: list[float], cfg: HistConfig) -> dict:
+    """A per-value reference for one layer: the contract, value by value in Python."""
+    counts = [0] * cfg.n_bins
+    finite = [abs(v) for v in values if math.isfinite(v) and v != 0]
+    for a in finite:
+        counts[min(max(math.frexp(a)[1] - 1 - cfg.lo_exp, 0), cfg.n_bins - 1)] += 1
+    return {"counts": counts, "zeros": sum(v == 0 for v in values),
+            "nonfinite": sum(not math.isfinite(v) for v in values),
+            "max": max(finite, default=0.0), "underflow": sum(a < 2.0**cfg.lo_exp for a in finite) / max(len(values), 1),
+            "numel": len(values)}
+
+
+def _awkward(n: int, gen: torch.Generator) -> torch.Tensor:
+    """Normal values over many magnitudes, with zeros (both signs), subnormals, exact powers of
+    two, huge values and inf/NaN sprinkled in."""
+    g = torch.randn(n, generator=gen) * torch.pow(2.0, torch.randint(-60, 20, (n,), generator=gen).float())
+    specials = torch.tensor([0.0, -0.0, 1e-42, -3e-39, 2.0**-126, 2.0**-40, 2.0**-41, 1.0, -2.0**3, 3e38,
+                             float("inf"), float("-inf"), float("nan")])
+    where = torch.randint(0, n, (n // 4,), generator=gen)
+    g[where] = specials[torch.randint(0, len(specials), (n // 4,), generator=gen)]
+    return g
+
+
+@pytest.mark.parametrize("chunk_numel", [1 << 22, 7, 300])
+def test_histogram_reader_matches_the_per_value_reference_on_awkward_layers(chunk_numel):
+    """Packed small layers, layers cut across chunks, other dtypes, an empty layer: every layer's
+    counts, zeros, non-finite count, max and norm equal a per-value reference, and
+    ``sum(counts) + zeros + nonfinite == numel``; a reader reused on new gradients stays right."""
+    cfg = HistConfig()
+    gen = torch.Generator().manual_seed(1)
+    reader = GradHistogram(cfg, chunk_numel=chunk_numel)
+    for _ in range(2):  # the second read reuses the layout and buffers
+        grads = {"a": _awkward(1000, gen), "b": _awkward(5, gen), "empty": torch.zeros(0),
+                 "c": _awkward(777, gen).reshape(7, 111), "bf": _awkward(64, gen).bfloat16(),
+                 "half": torch.randn(50, generator=gen).half(), "f64": _awkward(40, gen).double()}
+        params = [(k, _param(g)) for k, g in grads.items()] + [("frozen", torch.nn.Parameter(torch.zeros(3)))]
+        out = reader.read(params)
+        assert list(out) == list(grads)  # no gradient, no layer
+        for name, g in grads.items():
+            vals = g.float().reshape(-1).tolist()
+            want = _reference_layer(vals, cfg)
+            got = out[name]
+            for key in ("counts", "zeros", "nonfinite", "numel"):
+                assert got[key] == want[key], (name, key)
+            assert sum(got["counts"]) + got["zeros"] + got["nonfinite"] == got["numel"]
+            assert got["max"] == want["max"] and got["underflow"] == pytest.approx(want["underflow"])
+            norm = float(g.float().norm())
+            assert got["norm"] == pytest.approx(norm, rel=1e-5) or (math.isnan(norm) and math.isnan(got["norm"])) \
+                or (math.isinf(norm) and got["norm"] == norm), name
+            assert 0.0 <= got["p50"] <= got["p99"] <= got["max"] or got["numel"] == 0
+
+
+def test_histogram_reader_keeps_each_layer_its_own_numbers_when_big_layers_run_alone():
+    """A layer too big to pack runs alone, ahead of the packed small ones around it: every
+    layer's norm, max and counts stay its own."""
+    cfg = HistConfig(lo_exp=-4, hi_exp=4)
+    grads = {"s1": torch.full((3,), 0.25), "big": torch.full((16,), 4.0), "s2": torch.full((2, 2), 1.0)}
+    out = GradHistogram(cfg, chunk_numel=16).read([(k, _param(g)) for k, g in grads.items()])
+    for name, g in grads.items():
+        assert out[name]["norm"] == pytest.approx(float(g.norm())) and out[name]["max"] == float(g.max())
+        assert out[name]["counts"][int(math.log2(float(g.max()))) - cfg.lo_exp] == g.numel()
+
+
+def test_histogram_reader_follows_a_change_of_layers():
+    cfg = HistConfig(lo_exp=-4, hi_exp=2)
+    reader = GradHistogram(cfg)
+    assert reader.read([("w", _param(torch.tensor([1.0, 0.0])))])["w"]["counts"][4] == 1
+    out = reader.read([("w", _param(torch.tensor([0.5, 0.5, 0.0]))), ("v", _param(torch.tensor([0.0])))])
+    assert out["w"]["counts"][3] == 2 and out["w"]["zeros"] == 1 and out["v"]["zeros"] == 1
+    assert reader.read([("w", torch.nn.Parameter(torch.zeros(2)))]) == {}
+    with pytest.raises(ValueError, match="chunk_numel"):
+        GradHistogram(cfg, chunk_numel=0)
 
 
 def test_histogram_percentiles_and_norm_on_real_gradients():

@@ -479,3 +479,31 @@ def test_routine_events_wait_for_the_window_and_an_urgent_one_sends_them_at_once
     assert time.monotonic() - t0 < 0.9
     assert _steps(cluster.acked) == [0, 1, 2]
     pub.close(5)
+
+
+def test_the_key_hash_cache_picks_the_default_partitioners_partitions():
+    from kafka.partitioner.default import DefaultPartitioner
+
+    from agent.publisher import _key_partitioner
+
+    class Cluster:
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        def topics(self) -> set[str]:
+            return {"t"}
+
+        def partitions_for_topic(self, topic: str) -> set[int]:
+            return set(range(self.n))
+
+        def available_partitions_for_topic(self, topic: str) -> set[int]:
+            return set(range(self.n))
+
+    cached, default = _key_partitioner(), DefaultPartitioner()
+    for n in (1, 3, 8, 64):  # a topic that grows partitions moves keys as the default does
+        for key in (b"run-a", b"r", b"a-much-longer-run-id-2026-12-01", b"x" * 7):
+            for _ in range(2):  # hashed, then remembered
+                assert cached.partition("t", key, key, b"", b"", Cluster(n)) == default.partition(
+                    "t", key, key, b"", b"", Cluster(n))
+    with pytest.raises(ValueError, match="not found"):
+        cached.partition("other", b"k", b"k", b"", b"", Cluster(2))
