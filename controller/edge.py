@@ -18,6 +18,10 @@ not. Reasons (a closed set, used as the DLQ count key):
 - ``out_of_range`` — an integer that does not fit where it is stored (``controller/bounds.py``).
 - ``step_jump`` — a step too far from the run's newest accepted one (``controller/bounds.py``).
 
+``classify_polled`` is ``classify`` for a whole poll, with the common case (the typed decoder of
+core/batch_decode.py takes the message, no signatures, ``ts`` in the window) in a tight loop and
+every other message through ``classify``, so each dead letter is worded in one place.
+
 ``EdgeConsumer`` is the thin I/O around it: a consumer group on ``<prefix>.metrics`` with
 auto-commit off (the controller stores offsets with its state and commits them itself). Each dead
 letter is produced to ``<prefix>.dlq`` before ``poll`` returns: the value is the original bytes
@@ -41,7 +45,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -195,6 +199,42 @@ def classify(raw: bytes | None, *, topic: str, partition: int, offset: int, max_
     return event
 
 
+def classify_polled(batch: EdgeBatch, polled: Mapping[Any, list[Any]], *, max_bytes: int, decoder: BatchDecoder,
+                    clock: tuple[ClockWindow, float], verifier: EventVerifier | None = None,
+                    steps: StepBounds | None = None) -> None:
+    """``classify`` of every message of one ``KafkaConsumer.poll`` ({partition: [record]}), into
+    ``batch``, in order. The common case (``decoder`` takes the message, no signatures to check,
+    ``ts`` inside the window) is a tight loop here: ``decoder`` bounds every integer as
+    ``out_of_range`` would (it is built with ``int_bounds``), and any other message goes through
+    ``classify``, which decides and words every dead letter."""
+    window, now = clock
+    # with signatures to check, classify does it all (the decoded event is not enough)
+    fast = decoder.fast if verifier is None and decoder.bounded else None
+    oldest, newest = window.bounds(now)
+    records, dead, next_offsets = batch.records, batch.dead, batch.next_offsets
+    for tp, messages in polled.items():
+        topic, partition = tp.topic, tp.partition
+        for msg in messages:
+            raw, offset = msg.value, msg.offset
+            event = fast(raw) if fast is not None and raw is not None and len(raw) <= max_bytes else None
+            if event is not None and oldest <= event.ts <= newest:
+                why = None if steps is None else steps.check(event)
+                if why is None:
+                    records.append(_edge_record(topic, partition, offset, event))
+                else:
+                    dead.append(DeadLetter(STEP_JUMP, why, topic, partition, offset, raw, msg.key))
+                continue
+            sig = None if verifier is None else (verifier, header(msg.headers, EVENT_SIG_HEADER))
+            out = classify(raw, topic=topic, partition=partition, offset=offset, max_bytes=max_bytes,
+                           key=msg.key, clock=clock, signature=sig, steps=steps)
+            if type(out) is DeadLetter:
+                dead.append(out)
+            else:
+                records.append(_edge_record(topic, partition, offset, out))
+        if messages:
+            next_offsets[(topic, partition)] = messages[-1].offset + 1
+
+
 class _Rebalance:
     """Adapts two plain callables to kafka-python's ConsumerRebalanceListener."""
 
@@ -297,42 +337,11 @@ class EdgeConsumer:
             if self._on_recreated is not None:
                 self._on_recreated(self.topic)
             return batch
-        self._classify_into(batch, polled, self._clock())
+        classify_polled(batch, polled, max_bytes=self.max_bytes, decoder=self._decoder,
+                        clock=(self.clock_window, self._clock()), verifier=self.event_verifier, steps=self.step_bounds)
         if batch.dead:
             self._send_dead(batch.dead)
         return batch
-
-    def _classify_into(self, batch: EdgeBatch, polled: dict[Any, list[Any]], now: float) -> None:
-        """``classify`` of every polled message, into ``batch``. The common case (the typed
-        decoder takes the message, no signatures to check, ``ts`` inside the window) is a tight
-        loop here: that decoder bounds every integer as ``out_of_range`` would, and a message
-        outside it goes through ``classify``, which decides and words every dead letter."""
-        verifier, steps, max_bytes, window = self.event_verifier, self.step_bounds, self.max_bytes, self.clock_window
-        # without signatures the decoded event is all the checks need; with them, classify does it all
-        fast = self._decoder.fast if verifier is None else None
-        oldest, newest = window.bounds(now)
-        records, dead, next_offsets = batch.records, batch.dead, batch.next_offsets
-        for tp, messages in polled.items():
-            topic, partition = tp.topic, tp.partition
-            for msg in messages:
-                raw, offset = msg.value, msg.offset
-                event = fast(raw) if fast is not None and raw is not None and len(raw) <= max_bytes else None
-                if event is not None and oldest <= event.ts <= newest:
-                    why = None if steps is None else steps.check(event)
-                    if why is None:
-                        records.append(_edge_record(topic, partition, offset, event))
-                    else:
-                        dead.append(DeadLetter(STEP_JUMP, why, topic, partition, offset, raw, msg.key))
-                else:
-                    sig = None if verifier is None else (verifier, header(msg.headers, EVENT_SIG_HEADER))
-                    out = classify(raw, topic=topic, partition=partition, offset=offset, max_bytes=max_bytes,
-                                   key=msg.key, clock=(window, now), signature=sig, steps=steps)
-                    if type(out) is DeadLetter:
-                        dead.append(out)
-                    else:
-                        records.append(_edge_record(topic, partition, offset, out))
-            if messages:
-                next_offsets[(topic, partition)] = messages[-1].offset + 1
 
     def _send_dead(self, dead: list[DeadLetter]) -> None:
         futures = []
