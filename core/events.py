@@ -292,16 +292,17 @@ def _find_orjson() -> Any:
     return loads
 
 _DIGITS_ONLY = bytes(48 if 48 <= i <= 57 else 32 for i in range(256))  # b"0"-"9" kept, the rest blank
-_LONG_NUMBER = b"0" * 20
+_LONG_NUMBER = b"0" * 19
 
 
 def _fast_parse(raw: bytes | str) -> Any:
     """``raw`` parsed by orjson when that is sure to read it as the standard parser would, else
     None. orjson rejects more (bare NaN, lone surrogates, 1e400: then None and the standard
-    parser decides) and reads one thing differently: an integer beyond 64 bits becomes a float.
-    Such an integer has 20 or more digits in a row, which a message from ``encode_event`` never
-    holds outside a string (floats are written with at most 17), so any run of 20 digits sends
-    the message to the standard parser, whose integers ``controller/bounds.py`` range-checks."""
+    parser decides) and reads one thing differently: an integer beyond 64 bits becomes a float
+    (above 2**64 - 1, or below -2**63: 19 digits are enough for that one). Such an integer has 19
+    or more digits in a row, which a message from ``encode_event`` never holds outside a string
+    (floats are written with at most 17), so any run of 19 digits sends the message to the
+    standard parser, whose integers ``controller/bounds.py`` range-checks."""
     global _orjson_loads
     if _orjson_loads is _UNSET:
         _orjson_loads = _find_orjson()

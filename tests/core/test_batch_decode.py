@@ -96,8 +96,9 @@ def _mutate(event: dict[str, Any], rng: random.Random) -> bytes:
             return (text[:a] + rng.choice(NUMBER_TEXT) + text[b:]).encode()
     elif kind == 8:  # a repeated key: the last one counts
         text = json.dumps(obj, separators=(",", ":"))
-        name = f'"{rng.choice([k for k in path if isinstance(k, str)] or ["v"])}":'
-        return text.replace(name, name + json.dumps(rng.choice(JUNK)) + "," + name, 1).encode()
+        name = f'"{rng.choice([*(k for k in path if isinstance(k, str)), "type", "v"])}":'
+        junk = rng.choice([*JUNK, *(t.value for t in EventType)])
+        return text.replace(name, name + json.dumps(junk) + "," + name, 1).encode()
     raw = json.dumps(obj, separators=(",", ":"), indent=rng.choice([None, None, 1])).encode()
     if kind == 9:
         return raw[: rng.randrange(len(raw))]
@@ -143,10 +144,16 @@ def _event_typed(ev: Event) -> Any:
 
 
 def _standard(raw: bytes) -> Any:
+    """What the standard parser alone (no msgspec, no orjson) makes of ``raw``."""
+    import core.events as events
+
+    orjson, events._orjson_loads = events._orjson_loads, None
     try:
         return ("ok", _event_typed(decode_event_standard(raw)))
     except SchemaError as exc:
         return (type(exc).__name__, exc.field, exc.reason)
+    finally:
+        events._orjson_loads = orjson
 
 
 def _messages(n: int, seed: int) -> list[bytes]:
@@ -174,11 +181,12 @@ def test_the_typed_decoder_accepts_only_what_the_standard_path_accepts_and_gives
 
 
 @needs_msgspec
-def test_decode_event_gives_the_same_outcome_with_and_without_the_typed_decoder(monkeypatch):
-    """Every message: the same Event, or the same error type, field and reason (the DLQ detail)."""
+def test_decode_event_gives_the_same_outcome_as_the_standard_parser_alone(monkeypatch):
+    """Every message: the same Event, or the same error type, field and reason (the DLQ detail),
+    with both fast paths (msgspec, then orjson) as with neither."""
     import core.events as events
 
-    messages = _messages(1500, 3)
+    messages = _messages(2500, 3)
 
     def outcome(raw):
         try:
@@ -187,7 +195,8 @@ def test_decode_event_gives_the_same_outcome_with_and_without_the_typed_decoder(
             return (type(exc).__name__, exc.field, exc.reason)
 
     with_fast = [outcome(m) for m in messages]
-    monkeypatch.setattr(events, "_batch_decoder", without_msgspec(monkeypatch))
+    assert with_fast == [_standard(m) for m in messages]
+    monkeypatch.setattr(events, "_batch_decoder", without_msgspec(monkeypatch))  # orjson alone
     assert with_fast == [outcome(m) for m in messages]
 
 
@@ -222,6 +231,16 @@ def test_what_the_typed_path_leaves_to_the_standard_one(change, why):
     base = make_event("step", "run-1", 5, PAYLOADS[EventType.STEP], world=2).to_dict()
     raw = json.dumps(to_json({**base, **change})).encode()
     assert BatchDecoder().fast(raw) is None, why
+
+
+@needs_msgspec
+@pytest.mark.parametrize("second", ["ranks", "run.finished", "step"])
+def test_a_repeated_type_is_read_as_the_standard_parser_reads_it(second):
+    """The last ``type`` counts for the standard parser; msgspec picks the Struct by the tag."""
+    raw = encode_event(make_event("step", "run-1", 5, STEP)).replace(b'"type":"step"',
+                                                                     b'"type":"step","type":"%s"' % second.encode())
+    ev = BatchDecoder().fast(raw)
+    assert ev is None or _standard(raw) == ("ok", _event_typed(ev))
 
 
 @needs_msgspec

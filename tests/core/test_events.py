@@ -290,7 +290,7 @@ def _hostile_messages() -> list[bytes]:
     good = json.dumps(_event(), separators=(",", ":"))
     out = [good.encode(), encode_event(make_event("step", "run-1", 5, {**STEP, "loss": math.nan}))]
     for name, bad in [("loss", "NaN"), ("loss", "Infinity"), ("tokens", 2**70), ("tokens", 2**64), ("tokens", 2**63),
-                      ("tokens", -(2**64)), ("extra", 2**70), ("sample_range", [0, 2**70]), ("loss", 10**400),
+                      ("tokens", -(2**64)), ("extra", 2**70), ("extra", -(2**63) - 1), ("tokens", -(2**63) - 1), ("sample_range", [0, 2**70]), ("loss", 10**400),
                       ("guard", "ok "), ("skipped", 1), ("tokens", 4096.0), ("lr", 1), ("loss", "\ud800")]:
         out.append(json.dumps(_event(data={**STEP, name: bad})).encode())
     for field, bad in [("step", 2**70), ("step", 12345678901234567890), ("ts", 10**25), ("rank", -0),
