@@ -20,7 +20,7 @@
   controller does (``core.batch_decode.BatchDecoder.decode``: msgspec's typed decoder, the
   standard path for what it leaves): the ceiling of any controller that reads the events, and
   ``raw_decode.ratio`` (to ``raw``) says how much of it decoding alone takes.
-  ``raw_decode_standard``: the same with ``decode_event_standard`` per message (no msgspec), the
+  ``raw_decode_standard``: the same with ``decode_event`` per message (no msgspec), the
   path every message took before.
 
 ``--write-bucket N`` runs the controller with ``RetentionConfig(write_bucket=N)`` (step rows
@@ -53,7 +53,7 @@ from controller.recovery import new_state, transition
 from controller.recovery_types import RecoveryConfig
 from controller.store.retention import RetentionConfig
 from core.batch_decode import BatchDecoder
-from core.events import decode_event, decode_event_standard
+from core.events import decode_event
 
 
 def core_rates(n: int) -> dict[str, float]:
@@ -122,7 +122,7 @@ RAW_CONSUMER = {"enable_auto_commit": False, "max_poll_records": 2000, "fetch_ma
 
 def raw_rate(broker, n: int, decode: str | None = None, repeats: int = 3) -> float:
     """events/s of a plain consumer (``decode``: "batch", each poll also through the controller's
-    ``BatchDecoder``; "standard", ``decode_event_standard`` per message), the best
+    ``BatchDecoder``; "standard", ``decode_event`` per message), the best
     of ``repeats`` reads of the same messages: a read takes a fraction of a second, so one hiccup
     of a shared machine would otherwise set the ceiling every ratio is taken against."""
     from kafka import KafkaConsumer, TopicPartition
@@ -145,7 +145,7 @@ def raw_rate(broker, n: int, decode: str | None = None, repeats: int = 3) -> flo
                 elif decode == "standard":
                     for messages in batch.values():
                         for m in messages:
-                            decode_event_standard(m.value)
+                            decode_event(m.value)
                 if batch and first is None:
                     first = time.perf_counter()
                     got_first = sum(len(m) for m in batch.values())

@@ -162,18 +162,22 @@ def header(headers: Any, name: str) -> bytes | None:
 def classify(raw: bytes | None, *, topic: str, partition: int, offset: int, max_bytes: int,
              key: bytes | None = None, clock: tuple[ClockWindow, float] | None = None,
              signature: tuple[EventVerifier, bytes | None] | None = None,
-             steps: StepBounds | None = None) -> Event | DeadLetter:
+             steps: StepBounds | None = None, decoder: BatchDecoder | None = None) -> Event | DeadLetter:
     """One message -> its validated Event, or a DeadLetter with the reason. Never raises.
     ``clock``: (window, now) to check the event's ``ts`` against; None skips the check.
     ``signature``: (verifier, the ``cliffguard.sig`` header) to check; None skips the check.
-    ``steps``: the runs' step bounds, moved by each accepted event; None skips the check."""
+    ``steps``: the runs' step bounds, moved by each accepted event; None skips the check.
+    ``decoder``: tried before ``decode_event`` (core/batch_decode.py), which decides whatever it leaves."""
     origin = (topic, partition, offset, raw or b"", key)
     if raw is None:
         return DeadLetter(UNDECODABLE, "$: message has no value", *origin)
     if len(raw) > max_bytes:
         return DeadLetter(OVERSIZED, f"$: message of {len(raw)} bytes exceeds the limit of {max_bytes}", *origin)
+    event = None if decoder is None else decoder.fast(raw)
+    checked = event is not None and decoder.bounded  # its integers already fit their storage
     try:
-        event = decode_event(raw)
+        if event is None:
+            event = decode_event(raw)
     except UnknownVersion as exc:
         return DeadLetter(UNKNOWN_VERSION, str(exc), *origin)
     except SchemaError as exc:
@@ -189,7 +193,7 @@ def classify(raw: bytes | None, *, topic: str, partition: int, offset: int, max_
         why = clock[0].violation(event.ts, clock[1])
         if why is not None:
             return DeadLetter(CLOCK_SKEW, why, *origin)
-    why = out_of_range(event)
+    why = None if checked else out_of_range(event)
     if why is not None:
         return DeadLetter(OUT_OF_RANGE, why, *origin)
     if steps is not None:
@@ -208,7 +212,7 @@ def classify_polled(batch: EdgeBatch, polled: Mapping[Any, list[Any]], *, max_by
     ``out_of_range`` would (it is built with ``int_bounds``), and any other message goes through
     ``classify``, which decides and words every dead letter."""
     window, now = clock
-    # with signatures to check, classify does it all (the decoded event is not enough)
+    # with signatures to check, classify does it all (with the decoder)
     fast = decoder.fast if verifier is None and decoder.bounded else None
     oldest, newest = window.bounds(now)
     records, dead, next_offsets = batch.records, batch.dead, batch.next_offsets
@@ -226,7 +230,8 @@ def classify_polled(batch: EdgeBatch, polled: Mapping[Any, list[Any]], *, max_by
                 continue
             sig = None if verifier is None else (verifier, header(msg.headers, EVENT_SIG_HEADER))
             out = classify(raw, topic=topic, partition=partition, offset=offset, max_bytes=max_bytes,
-                           key=msg.key, clock=clock, signature=sig, steps=steps)
+                           key=msg.key, clock=clock, signature=sig, steps=steps,
+                           decoder=decoder if fast is None else None)  # else it already failed, or ts did
             if type(out) is DeadLetter:
                 dead.append(out)
             else:

@@ -42,7 +42,7 @@ from core.events import (
     SchemaError,
     build_event,
     check_run_id,
-    decode_event_standard,
+    decode_event,
     id_matches,
 )
 from core.payloads import FieldSpec
@@ -180,7 +180,7 @@ class BatchDecoder:
             ev = fast(raw)
             if ev is None:
                 try:
-                    ev = decode_event_standard(raw)
+                    ev = decode_event(raw)
                 except SchemaError as exc:
                     ev = exc
             out.append(ev)

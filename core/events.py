@@ -255,21 +255,11 @@ def encode_event(event: Event) -> bytes:
 
 
 def decode_event(raw: bytes | str, max_bytes: int | None = None) -> Event:
-    """Bytes from Kafka -> a validated Event, or SchemaError naming what is wrong."""
+    """Bytes from Kafka -> a validated Event, or SchemaError naming what is wrong. The
+    controller tries the typed decoder of core/batch_decode.py first; this decides, and words,
+    every message that one leaves."""
     if max_bytes is not None and len(raw) > max_bytes:
         raise SchemaError("$", f"message of {len(raw)} bytes exceeds the limit of {max_bytes}")
-    global _batch_decoder
-    if _batch_decoder is _UNSET:
-        from core.batch_decode import BatchDecoder
-
-        _batch_decoder = BatchDecoder()
-    event = _batch_decoder.fast(raw)
-    return event if event is not None else decode_event_standard(raw)
-
-
-def decode_event_standard(raw: bytes | str) -> Event:
-    """``decode_event`` without the typed fast path of core/batch_decode.py: what decides, and
-    words, every message that path leaves (the size is the caller's to check)."""
     obj = _fast_parse(raw)
     if obj is not None:
         try:
@@ -281,7 +271,6 @@ def decode_event_standard(raw: bytes | str) -> Event:
 
 _UNSET: Any = object()
 _orjson_loads: Any = _UNSET  # looked up on the first decode: the agent side never imports it
-_batch_decoder: Any = _UNSET  # built on the first decode (the msgspec types of every event type)
 
 
 def _find_orjson() -> Any:

@@ -31,12 +31,13 @@ from controller.edge import (
     EdgeRecord,
     classify,
     classify_polled,
+    header,
 )
 from controller.store.fit import INT64
 from core.batch_decode import BatchDecoder
 from core.enums import EventType
 from core.events import encode_event, make_event
-from core.keys import EventSigner, EventVerifier, event_key
+from core.keys import EVENT_SIG_HEADER, EventSigner, EventVerifier, event_key
 from tests.core.test_events import PAYLOADS, STEP
 
 FAST_GROUP = {"max_poll_interval_ms": 3000, "session_timeout_ms": 3000, "heartbeat_interval_ms": 500}
@@ -170,20 +171,25 @@ def test_classify_dead_letters_a_step_jump_and_accepts_going_back_only_after_a_r
     assert not isinstance(step(1), DeadLetter)
 
 
-def _polled(messages):
-    """``messages`` as ``KafkaConsumer.poll`` hands them over: {partition: [record]}."""
+def _polled(messages, signed=False):
+    """``messages`` as ``KafkaConsumer.poll`` hands them over: {partition: [record]}; ``signed``:
+    the first 12 and 4 in 5 of the rest with a signature under their run's key, the others without."""
     from collections import namedtuple
 
     tp, rec = namedtuple("TP", "topic partition"), namedtuple("Rec", "value offset key headers")
     out: dict = {}
     for i, raw in enumerate(messages):
-        out.setdefault(tp("t.metrics", i % 3), []).append(rec(raw, i, b"k%d" % i, []))
+        headers = []
+        if signed and (i < 12 or i % 5) and raw is not None:
+            run = "run-1" if b'"run-1"' in raw else "run-a" if b'"run-a"' in raw else "run-b"
+            headers = [(EVENT_SIG_HEADER, EventSigner(event_key(AGENT_SECRET, run)).sign(raw))]
+        out.setdefault(tp("t.metrics", i % 3), []).append(rec(raw, i, b"k%d" % i, headers))
     return out
 
 
 def _poll_outcome(messages, clock, *, verifier=None, batched=True, max_bytes=10_000):
     """Records and dead letters of one poll: ``classify_polled`` or ``classify`` per message."""
-    polled, steps, batch = _polled(messages), StepBounds(max_step_jump=1_000), EdgeBatch()
+    polled, steps, batch = _polled(messages, verifier is not None), StepBounds(max_step_jump=1_000), EdgeBatch()
     if batched:
         decoder = BatchDecoder(int_bounds, INT64)
         classify_polled(batch, polled, max_bytes=max_bytes, decoder=decoder, clock=clock, verifier=verifier,
@@ -191,7 +197,7 @@ def _poll_outcome(messages, clock, *, verifier=None, batched=True, max_bytes=10_
     else:
         for tp, recs in polled.items():
             for r in recs:
-                sig = None if verifier is None else (verifier, None)
+                sig = None if verifier is None else (verifier, header(r.headers, EVENT_SIG_HEADER))
                 out = classify(r.value, topic=tp.topic, partition=tp.partition, offset=r.offset, max_bytes=max_bytes,
                                key=r.key, clock=clock, signature=sig, steps=steps)
                 if isinstance(out, DeadLetter):
@@ -226,13 +232,13 @@ def test_a_polled_batch_is_classified_exactly_as_message_by_message(signed):
         except ValueError:
             pass
         msgs.append(raw)
-    verifier = EventVerifier(b"k" * 32) if signed else None
+    verifier = EventVerifier(AGENT_SECRET) if signed else None
     batched = _poll_outcome(msgs, (ClockWindow(), now), verifier=verifier)
     assert batched == _poll_outcome(msgs, (ClockWindow(), now), verifier=verifier, batched=False)
     records, dead, _ = batched
-    if not signed:
-        assert len(records) >= 100 and {d.reason for d in dead} >= {STEP_JUMP, CLOCK_SKEW, OUT_OF_RANGE, OVERSIZED,
-                                                                   UNDECODABLE, SCHEMA_INVALID}
+    assert len(records) >= 100 and {d.reason for d in dead} >= {STEP_JUMP, CLOCK_SKEW, OUT_OF_RANGE, OVERSIZED,
+                                                               UNDECODABLE, SCHEMA_INVALID}
+    assert (UNSIGNED in {d.reason for d in dead}) is signed
 
 
 def _collect(edge: EdgeConsumer, want_records: int, want_dead: int = 0, timeout: float = 30.0):

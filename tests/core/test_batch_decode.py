@@ -14,10 +14,10 @@ import pytest
 
 from core.batch_decode import BatchDecoder
 from core.enums import EventType
-from core.events import Event, SchemaError, decode_event, decode_event_standard, encode_event, make_event
+from core.events import Event, SchemaError, decode_event, encode_event, make_event
 from core.floats import to_json
 from core.rank_arrays import summarize_losses
-from tests.core.test_events import PAYLOADS, STEP
+from tests.core.test_events import PAYLOADS, STEP, _hostile_messages
 
 needs_msgspec = pytest.mark.skipif(importlib.util.find_spec("msgspec") is None, reason="msgspec not installed")
 
@@ -149,7 +149,7 @@ def _standard(raw: bytes) -> Any:
 
     orjson, events._orjson_loads = events._orjson_loads, None
     try:
-        return ("ok", _event_typed(decode_event_standard(raw)))
+        return ("ok", _event_typed(decode_event(raw)))
     except SchemaError as exc:
         return (type(exc).__name__, exc.field, exc.reason)
     finally:
@@ -181,23 +181,26 @@ def test_the_typed_decoder_accepts_only_what_the_standard_path_accepts_and_gives
 
 
 @needs_msgspec
-def test_decode_event_gives_the_same_outcome_as_the_standard_parser_alone(monkeypatch):
+def test_decode_and_decode_event_give_the_standard_parsers_outcome():
     """Every message: the same Event, or the same error type, field and reason (the DLQ detail),
-    with both fast paths (msgspec, then orjson) as with neither."""
-    import core.events as events
+    from ``BatchDecoder.decode`` (msgspec, then ``decode_event``) and from ``decode_event``
+    (orjson when installed) as from the standard parser alone."""
+    messages = _messages(2500, 3) + _hostile_messages()
 
-    messages = _messages(2500, 3)
+    def outcome(ev):
+        if isinstance(ev, SchemaError):
+            return (type(ev).__name__, ev.field, ev.reason)
+        return ("ok", _event_typed(ev))
 
-    def outcome(raw):
+    def decoded(raw):
         try:
-            return ("ok", _event_typed(decode_event(raw)))
+            return decode_event(raw)
         except SchemaError as exc:
-            return (type(exc).__name__, exc.field, exc.reason)
+            return exc
 
-    with_fast = [outcome(m) for m in messages]
-    assert with_fast == [_standard(m) for m in messages]
-    monkeypatch.setattr(events, "_batch_decoder", without_msgspec(monkeypatch))  # orjson alone
-    assert with_fast == [outcome(m) for m in messages]
+    reference = [_standard(m) for m in messages]
+    assert [outcome(ev) for ev in BatchDecoder().decode(messages)] == reference
+    assert [outcome(decoded(m)) for m in messages] == reference
 
 
 @needs_msgspec
@@ -210,7 +213,7 @@ def test_every_event_type_and_the_array_shapes_take_the_typed_path():
         if b'"NaN"' in raw or b"Infinity" in raw:
             assert decoder.fast(raw) is None
         else:
-            assert decoder.fast(raw) == decode_event_standard(raw), e["type"]
+            assert decoder.fast(raw) == decode_event(raw), e["type"]
     assert {e["type"] for e in valid} == {t.value for t in EventType}
 
 

@@ -316,15 +316,13 @@ def _hostile_messages() -> list[bytes]:
 
 
 def test_bytes_decode_exactly_as_the_standard_parser_reads_them(monkeypatch):
-    """The fast paths (msgspec, orjson when installed) accept, normalise and reject every message
-    as the standard parser does, with the same reason: hostile messages still reach the DLQ as
-    before (tests/core/test_batch_decode.py mutates many more)."""
+    """The fast path (orjson when installed) accepts, normalises and rejects every message as
+    the standard parser does, with the same reason: hostile messages still reach the DLQ as
+    before (tests/core/test_batch_decode.py mutates many more, for msgspec's path too)."""
     import core.events as events
-    from tests.core.test_batch_decode import without_msgspec
 
     messages = _hostile_messages()
     fast = [_outcome(m) for m in messages]
-    monkeypatch.setattr(events, "_batch_decoder", without_msgspec(monkeypatch))
     monkeypatch.setattr(events, "_orjson_loads", None)
     assert fast == [_outcome(m) for m in messages]
     assert sum(o[0] == "ok" for o in fast) >= 5 and sum(o[0] != "ok" for o in fast) >= 20
