@@ -125,7 +125,7 @@ def check_node_heartbeat(data: Mapping[str, Any], world: int, max_step: int, whe
     if _length(data, HEARTBEAT_ARRAYS, where) == 0:
         return
     ranks, steps, ages, collectives = data["ranks"], data["steps"], data["ages_s"], data["collectives"]
-    if (0 <= min(ranks) and max(ranks) < world and 0 <= min(steps) and max(steps) <= max_step and 0 <= min(ages)
+    if (min(ranks) >= 0 and max(ranks) < world and min(steps) >= 0 and max(steps) <= max_step and min(ages) >= 0
             and math.isfinite(sum(ages)) and max(map(len, collectives)) <= MAX_COLLECTIVE_CHARS):
         return  # no element can fail the checks below (a NaN or inf age makes the sum non-finite)
     for i, (r, s, age, coll) in enumerate(zip(ranks, steps, ages, collectives, strict=True)):
