@@ -39,6 +39,7 @@ from core.events import (
     MAX_STEP,
     MAX_WORLD,
     SCHEMA_VERSION,
+    Event,
     SchemaError,
     build_event,
     check_run_id,
@@ -48,11 +49,11 @@ from core.events import (
 from core.payloads import FieldSpec
 
 IntBounds = Callable[[EventType], Mapping[str, tuple[int, int]]]
-"""Event type -> {data field: (lowest, highest)}; a field not named there gets ``default``."""
+"""Event type -> {data field: (lowest, highest)}; a field not named there gets ``default_bound``."""
 
 _Convert = Callable[[Any], Any]
-_ID_MATCH = id_matches
 _MAX_RUNS_REMEMBERED = 100_000
+"""Run ids whose check is remembered (the set starts again when full)."""
 
 
 def _find_msgspec() -> Any:
@@ -144,7 +145,7 @@ class BatchDecoder:
             return dict[str, inner], (None if conv is None else lambda v: {k: conv(x) for k, x in v.items()})
         raise AssertionError(f"unknown field kind {kind!r}")
 
-    def fast(self, raw: Any) -> Any:
+    def fast(self, raw: Any) -> Event | None:
         """``raw`` -> its Event when the fast path is sure of it, else None (``decode_event`` decides)."""
         if not self.available or type(raw) is not bytes:
             return None
@@ -153,7 +154,7 @@ class BatchDecoder:
         except self._errors:
             return None
         run, world = env.run, env.world
-        if env.rank >= world or not _ID_MATCH(env.id):
+        if env.rank >= world or not id_matches(env.id):
             return None
         if run not in self._runs:  # the run id rule (core/events.py), once per run
             try:
@@ -172,10 +173,10 @@ class BatchDecoder:
                 return None
         return build_event(etype, run, env.step, data, env.rank, world, env.ts, env.id, env.v)
 
-    def decode(self, raws: list[bytes]) -> list[Any]:
+    def decode(self, raws: list[bytes]) -> list[Event | SchemaError]:
         """Each message -> its Event, or the ``SchemaError`` ``decode_event`` raises for it."""
         fast = self.fast
-        out: list[Any] = []
+        out: list[Event | SchemaError] = []
         for raw in raws:
             ev = fast(raw)
             if ev is None:
