@@ -332,7 +332,8 @@ def test_the_fast_parser_is_used_for_ordinary_messages_and_not_for_long_integers
     import core.events as events
 
     pytest.importorskip("orjson")
-    ordinary = encode_event(make_event("step", "run-1", 5, STEP))
-    assert events._fast_parse(ordinary) is not None
+    ordinary = dumps({**make_event("step", "run-1", 5, STEP).to_dict(), "id": "ab" * 16})  # a random id may
+    assert events._fast_parse(ordinary) is not None  # hold 19 decimal digits in a row (~0.2 %): that one may not
+    assert events._fast_parse(dumps(_event(data={**STEP, "extra": -(2**63) - 1}))) is None  # 19 digits
     assert events._fast_parse(json.dumps(_event(data={**STEP, "extra": 2**70})).encode()) is None
     assert events._fast_parse(ordinary.decode()) is None  # text goes to the standard parser
