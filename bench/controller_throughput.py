@@ -16,9 +16,12 @@
 - ``raw``: plain kafka-python ``KafkaConsumer`` reading the same topic's messages (no decoding),
   in the same run on the same broker: the ceiling the controller sits under (the best of three
   reads, as is ``raw_decode``).
-- ``raw_decode``: the same consumer, each message also decoded and validated
-  (``core.events.decode_event``): the ceiling of any controller that reads the events, and
+- ``raw_decode``: the same consumer, each poll's messages also decoded and validated as the
+  controller does (``core.batch_decode.BatchDecoder.decode``: msgspec's typed decoder, the
+  standard path for what it leaves): the ceiling of any controller that reads the events, and
   ``raw_decode.ratio`` (to ``raw``) says how much of it decoding alone takes.
+  ``raw_decode_standard``: the same with ``decode_event`` per message (no msgspec), the
+  path every message took before.
 
 ``--write-bucket N`` runs the controller with ``RetentionConfig(write_bucket=N)`` (step rows
 written in N-step buckets, ``controller/store/step_buckets.py``). ``ratio`` = e2e / raw per store and run count (``ratio.sqlite["8"]``). Everything shares the
@@ -49,6 +52,7 @@ from controller.detect import RunDetector
 from controller.recovery import new_state, transition
 from controller.recovery_types import RecoveryConfig
 from controller.store.retention import RetentionConfig
+from core.batch_decode import BatchDecoder
 from core.events import decode_event
 
 
@@ -116,8 +120,9 @@ RAW_CONSUMER = {"enable_auto_commit": False, "max_poll_records": 2000, "fetch_ma
 """The consumer settings of ``raw`` and ``raw_decode``; the controller runs with the same batch size."""
 
 
-def raw_rate(broker, n: int, decode: bool = False, repeats: int = 3) -> float:
-    """events/s of a plain consumer (``decode``: also ``decode_event`` on each message), the best
+def raw_rate(broker, n: int, decode: str | None = None, repeats: int = 3) -> float:
+    """events/s of a plain consumer (``decode``: "batch", each poll also through the controller's
+    ``BatchDecoder``; "standard", ``decode_event`` per message), the best
     of ``repeats`` reads of the same messages: a read takes a fraction of a second, so one hiccup
     of a shared machine would otherwise set the ceiling every ratio is taken against."""
     from kafka import KafkaConsumer, TopicPartition
@@ -125,7 +130,7 @@ def raw_rate(broker, n: int, decode: bool = False, repeats: int = 3) -> float:
     kafka = fresh_kafka(broker)
     produce(kafka, 8, n)
     parts = [TopicPartition(kafka.metrics_topic, p) for p in range(kafka.partitions)]
-    best = 0.0
+    best, decoder = 0.0, BatchDecoder()
     for _ in range(repeats):
         consumer = KafkaConsumer(**kafka.client_kwargs(), **RAW_CONSUMER)
         consumer.assign(parts)
@@ -134,7 +139,10 @@ def raw_rate(broker, n: int, decode: bool = False, repeats: int = 3) -> float:
         try:
             while got < n:
                 batch = consumer.poll(timeout_ms=500)
-                if decode:
+                if decode == "batch":
+                    for messages in batch.values():
+                        decoder.decode([m.value for m in messages])
+                elif decode == "standard":
                     for messages in batch.values():
                         for m in messages:
                             decode_event(m.value)
@@ -177,9 +185,13 @@ def main(argv: list[str] | None = None) -> int:
         raw = raw_rate(broker, args.events)
         out["raw"] = {"events_per_s": raw, "loadavg_1m": _load()}
         print(f"raw kafka-python consume: {raw:,.0f} events/s", flush=True)
-        dec = raw_rate(broker, args.events, decode=True)
-        out["raw_decode"] = {"events_per_s": dec, "ratio": dec / raw, "loadavg_1m": _load()}
+        dec = raw_rate(broker, args.events, decode="batch")
+        out["raw_decode"] = {"events_per_s": dec, "ratio": dec / raw, "typed": BatchDecoder().available,
+                             "loadavg_1m": _load()}
         print(f"raw consume + decode: {dec:,.0f} events/s (ratio {dec / raw:.3f})", flush=True)
+        std = raw_rate(broker, args.events, decode="standard")
+        out["raw_decode_standard"] = {"events_per_s": std, "ratio": std / raw, "loadavg_1m": _load()}
+        print(f"raw consume + standard decode: {std:,.0f} events/s (ratio {std / raw:.3f})", flush=True)
         for store, url in stores.items():
             out["e2e"][store] = {}
             for runs in run_counts:
@@ -200,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'core':<28}{core:>12,.0f}{'':>8}{out['core']['loadavg_1m']:>7.2f}")
     print(f"{'raw consume':<28}{raw:>12,.0f}{1.0:>8.3f}{out['raw']['loadavg_1m']:>7.2f}")
     print(f"{'raw consume + decode':<28}{dec:>12,.0f}{dec / raw:>8.3f}{out['raw_decode']['loadavg_1m']:>7.2f}")
+    print(f"{'raw + standard decode':<28}{std:>12,.0f}{std / raw:>8.3f}"
+          f"{out['raw_decode_standard']['loadavg_1m']:>7.2f}")
     for kind in ("e2e", "no_rules"):
         for store, per in out[kind].items():
             for k, v in per.items():

@@ -21,6 +21,7 @@ integers). A value outside goes to the DLQ as ``out_of_range`` instead of being 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Mapping
 from functools import cache
 from typing import Any
 
@@ -44,10 +45,16 @@ def _stored_model(etype: str) -> Any:
     }.get(etype)
 
 
+def int_bounds(etype: str) -> Mapping[str, tuple[int, int]]:
+    """{data field: (lowest, highest)} of the 32-bit columns ``etype``'s data lands in; every
+    other integer must fit ``INT64``."""
+    model = _stored_model(etype)
+    return int_limits(model) if model is not None else {}
+
+
 def out_of_range(event: Event) -> str | None:
     """``field: reason`` for the first integer of ``event.data`` that does not fit its storage."""
-    model = _stored_model(event.type)
-    columns = int_limits(model) if model is not None else {}
+    columns = int_bounds(event.type)
     for name, value in event.data.items():
         kind = type(value)
         if kind is float or kind is str or kind is bool or value is None:

@@ -18,6 +18,10 @@ not. Reasons (a closed set, used as the DLQ count key):
 - ``out_of_range`` — an integer that does not fit where it is stored (``controller/bounds.py``).
 - ``step_jump`` — a step too far from the run's newest accepted one (``controller/bounds.py``).
 
+``classify_polled`` is ``classify`` for a whole poll, with the common case (the typed decoder of
+core/batch_decode.py takes the message, no signatures, ``ts`` in the window) in a tight loop and
+every other message through ``classify``, so each dead letter is worded in one place.
+
 ``EdgeConsumer`` is the thin I/O around it: a consumer group on ``<prefix>.metrics`` with
 auto-commit off (the controller stores offsets with its state and commits them itself). Each dead
 letter is produced to ``<prefix>.dlq`` before ``poll`` returns: the value is the original bytes
@@ -41,14 +45,17 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.bounds import OUT_OF_RANGE, STEP_JUMP, StepBounds, out_of_range
+from controller.bounds import OUT_OF_RANGE, STEP_JUMP, StepBounds, int_bounds, out_of_range
+from controller.store.fit import INT64
+from core.batch_decode import BatchDecoder
 from core.events import Event, SchemaError, UnknownVersion, decode_event
 from core.kafka_config import KafkaConfig
 from core.keys import EVENT_SIG_HEADER, EventVerifier
+from core.slots import slot_builder
 from core.topic_watch import TopicIdWatch
 
 log = logging.getLogger(__name__)
@@ -79,11 +86,16 @@ class ClockWindow:
         if not self.max_event_age_s > 0:
             raise ValueError("max_event_age_s: must be > 0")
 
+    def bounds(self, now: float) -> tuple[float, float]:
+        """(oldest, newest) ``ts`` inside the window around ``now``."""
+        return now - self.max_event_age_s, now + self.max_clock_skew_s
+
     def violation(self, ts: float, now: float) -> str | None:
         """Why ``ts`` is outside the window around ``now``, or None when it is inside."""
-        if ts > now + self.max_clock_skew_s:
+        oldest, newest = self.bounds(now)
+        if ts > newest:
             return f"ts: {ts!r} is more than {self.max_clock_skew_s:g} s ahead of the controller's clock ({now:.0f})"
-        if ts < now - self.max_event_age_s:
+        if ts < oldest:
             return f"ts: {ts!r} is more than {self.max_event_age_s:g} s behind the controller's clock ({now:.0f})"
         return None
 
@@ -127,6 +139,10 @@ class EdgeRecord:
     event: Event
 
 
+_edge_record = slot_builder(EdgeRecord)
+"""``EdgeRecord(topic, partition, offset, event)`` without the frozen ``__init__`` (core/slots.py)."""
+
+
 @dataclass(slots=True)
 class EdgeBatch:
     records: list[EdgeRecord] = field(default_factory=list)
@@ -146,43 +162,82 @@ def header(headers: Any, name: str) -> bytes | None:
 def classify(raw: bytes | None, *, topic: str, partition: int, offset: int, max_bytes: int,
              key: bytes | None = None, clock: tuple[ClockWindow, float] | None = None,
              signature: tuple[EventVerifier, bytes | None] | None = None,
-             steps: StepBounds | None = None) -> Event | DeadLetter:
+             steps: StepBounds | None = None, decoder: BatchDecoder | None = None) -> Event | DeadLetter:
     """One message -> its validated Event, or a DeadLetter with the reason. Never raises.
     ``clock``: (window, now) to check the event's ``ts`` against; None skips the check.
     ``signature``: (verifier, the ``cliffguard.sig`` header) to check; None skips the check.
-    ``steps``: the runs' step bounds, moved by each accepted event; None skips the check."""
-    def dead(reason: str, detail: str) -> DeadLetter:
-        return DeadLetter(reason, detail, topic, partition, offset, raw or b"", key)
-
+    ``steps``: the runs' step bounds, moved by each accepted event; None skips the check.
+    ``decoder``: tried before ``decode_event`` (core/batch_decode.py), which decides whatever it leaves."""
+    origin = (topic, partition, offset, raw or b"", key)
     if raw is None:
-        return dead(UNDECODABLE, "$: message has no value")
+        return DeadLetter(UNDECODABLE, "$: message has no value", *origin)
     if len(raw) > max_bytes:
-        return dead(OVERSIZED, f"$: message of {len(raw)} bytes exceeds the limit of {max_bytes}")
+        return DeadLetter(OVERSIZED, f"$: message of {len(raw)} bytes exceeds the limit of {max_bytes}", *origin)
+    event = None if decoder is None else decoder.fast(raw)
+    checked = event is not None and decoder.bounded  # its integers already fit their storage
     try:
-        event = decode_event(raw)
+        if event is None:
+            event = decode_event(raw)
     except UnknownVersion as exc:
-        return dead(UNKNOWN_VERSION, str(exc))
+        return DeadLetter(UNKNOWN_VERSION, str(exc), *origin)
     except SchemaError as exc:
         reason = UNDECODABLE if exc.field == "$" else SCHEMA_INVALID
-        return dead(reason, str(exc))
+        return DeadLetter(reason, str(exc), *origin)
     except Exception as exc:  # noqa: BLE001 - a decoder bug must not kill the consumer
-        return dead(SCHEMA_INVALID, f"$: {type(exc).__name__}: {exc}")
+        return DeadLetter(SCHEMA_INVALID, f"$: {type(exc).__name__}: {exc}", *origin)
     if signature is not None:
         bad = signature[0].check(event.run, raw, signature[1])
         if bad is not None:
-            return dead(bad, f"$: {bad.replace('_', ' ')} event for run {event.run!r}")
+            return DeadLetter(bad, f"$: {bad.replace('_', ' ')} event for run {event.run!r}", *origin)
     if clock is not None:
         why = clock[0].violation(event.ts, clock[1])
         if why is not None:
-            return dead(CLOCK_SKEW, why)
-    why = out_of_range(event)
+            return DeadLetter(CLOCK_SKEW, why, *origin)
+    why = None if checked else out_of_range(event)
     if why is not None:
-        return dead(OUT_OF_RANGE, why)
+        return DeadLetter(OUT_OF_RANGE, why, *origin)
     if steps is not None:
         why = steps.check(event)
         if why is not None:
-            return dead(STEP_JUMP, why)
+            return DeadLetter(STEP_JUMP, why, *origin)
     return event
+
+
+def classify_polled(batch: EdgeBatch, polled: Mapping[Any, list[Any]], *, max_bytes: int, decoder: BatchDecoder,
+                    clock: tuple[ClockWindow, float], verifier: EventVerifier | None = None,
+                    steps: StepBounds | None = None) -> None:
+    """``classify`` of every message of one ``KafkaConsumer.poll`` ({partition: [record]}), into
+    ``batch``, in order. The common case (``decoder`` takes the message, no signatures to check,
+    ``ts`` inside the window) is a tight loop here: ``decoder`` bounds every integer as
+    ``out_of_range`` would (it is built with ``int_bounds``), and any other message goes through
+    ``classify``, which decides and words every dead letter."""
+    window, now = clock
+    # with signatures to check, classify does it all (with the decoder)
+    fast = decoder.fast if verifier is None and decoder.bounded else None
+    oldest, newest = window.bounds(now)
+    records, dead, next_offsets = batch.records, batch.dead, batch.next_offsets
+    for tp, messages in polled.items():
+        topic, partition = tp.topic, tp.partition
+        for msg in messages:
+            raw, offset = msg.value, msg.offset
+            event = fast(raw) if fast is not None and raw is not None and len(raw) <= max_bytes else None
+            if event is not None and oldest <= event.ts <= newest:
+                why = None if steps is None else steps.check(event)
+                if why is None:
+                    records.append(_edge_record(topic, partition, offset, event))
+                else:
+                    dead.append(DeadLetter(STEP_JUMP, why, topic, partition, offset, raw, msg.key))
+                continue
+            sig = None if verifier is None else (verifier, header(msg.headers, EVENT_SIG_HEADER))
+            out = classify(raw, topic=topic, partition=partition, offset=offset, max_bytes=max_bytes,
+                           key=msg.key, clock=clock, signature=sig, steps=steps,
+                           decoder=decoder if fast is None else None)  # else it already failed, or ts did
+            if type(out) is DeadLetter:
+                dead.append(out)
+            else:
+                records.append(_edge_record(topic, partition, offset, out))
+        if messages:
+            next_offsets[(topic, partition)] = messages[-1].offset + 1
 
 
 class _Rebalance:
@@ -239,6 +294,8 @@ class EdgeConsumer:
         self._clock = clock
         self.event_verifier = event_verifier
         self.step_bounds = step_bounds
+        # the store's integer limits (controller/bounds.py) are checked by the decoder itself
+        self._decoder = BatchDecoder(int_bounds, INT64)
         self.topic = kafka.metrics_topic
         self.dead_count_by_reason: Counter[str] = Counter()
         self.dlq_send_errors = 0
@@ -285,19 +342,8 @@ class EdgeConsumer:
             if self._on_recreated is not None:
                 self._on_recreated(self.topic)
             return batch
-        now = self._clock()
-        verifier = self.event_verifier
-        for tp, messages in polled.items():
-            for msg in messages:
-                sig = None if verifier is None else (verifier, header(msg.headers, EVENT_SIG_HEADER))
-                out = classify(msg.value, topic=tp.topic, partition=tp.partition, offset=msg.offset,
-                               max_bytes=self.max_bytes, key=msg.key, clock=(self.clock_window, now), signature=sig,
-                               steps=self.step_bounds)
-                if isinstance(out, DeadLetter):
-                    batch.dead.append(out)
-                else:
-                    batch.records.append(EdgeRecord(tp.topic, tp.partition, msg.offset, out))
-                batch.next_offsets[(tp.topic, tp.partition)] = msg.offset + 1
+        classify_polled(batch, polled, max_bytes=self.max_bytes, decoder=self._decoder,
+                        clock=(self.clock_window, self._clock()), verifier=self.event_verifier, steps=self.step_bounds)
         if batch.dead:
             self._send_dead(batch.dead)
         return batch

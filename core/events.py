@@ -40,7 +40,7 @@ import math
 import re
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +51,7 @@ from core.payloads import COMMAND_ARGS, EVENT_PAYLOADS, FieldSpec, schema_of
 from core.policy import COMMAND_TTL_S
 from core.rank_arrays import check_loss_summary, check_node_heartbeat, check_ranks
 from core.schema import FieldsChecker, SchemaError, UnknownVersion, check_fields, check_value
+from core.slots import slot_builder
 
 SCHEMA_VERSION = 1
 MAX_EVENT_BYTES_DEFAULT = 1_000_000
@@ -68,6 +69,8 @@ COMMAND_ARG_SCHEMAS: dict[CommandType, dict[str, FieldSpec]] = {t: schema_of(p) 
 
 _ID_RE = re.compile(r"^[0-9a-f]{32}$")
 _RUN_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+id_matches = _ID_RE.match
+"""Whether a string is a valid event/command id (truthy when it is)."""
 
 
 def new_id() -> str:
@@ -96,7 +99,7 @@ def _check_envelope_common(obj: Any) -> None:
     if v != SCHEMA_VERSION:
         raise UnknownVersion("v", f"unknown major schema version {v} (this reader knows {SCHEMA_VERSION})")
     ident = obj.get("id")
-    if not isinstance(ident, str) or not _ID_RE.match(ident):
+    if not isinstance(ident, str) or not id_matches(ident):
         raise SchemaError("id", "expected 32 lowercase hex characters")
     check_run_id(obj.get("run"))
 
@@ -215,20 +218,36 @@ def event_from_dict(obj: Any) -> Event:
     if not math.isfinite(ts):
         raise SchemaError("ts", "must be finite")
     data = _DATA_CHECKERS[etype](obj.get("data"), "data")
-    _check_arrays(etype, data, world)
+    check_arrays(etype, data, world)
     return Event(
         type=etype, run=obj["run"], step=step, data=data, rank=rank, world=world, ts=ts, id=obj["id"], v=obj["v"]
     )
 
 
-def _check_arrays(etype: EventType, data: dict[str, Any], world: int) -> None:
+def check_arrays(etype: EventType, data: dict[str, Any], world: int) -> None:
     """Per-rank arrays (core/rank_arrays.py): bounded and consistent with the envelope's world."""
-    if etype is EventType.RANKS:
-        check_ranks(data, world)
-    elif etype is EventType.HEARTBEAT:
-        check_node_heartbeat(data, world, MAX_STEP)
-    elif etype is EventType.STEP and data.get("rank_losses") is not None:
-        check_loss_summary(data["rank_losses"], world, "data.rank_losses")
+    check = ARRAY_CHECKS.get(etype)
+    if check is not None:
+        check(data, world)
+
+
+def _check_step_arrays(data: dict[str, Any], world: int) -> None:
+    summary = data.get("rank_losses")
+    if summary is not None:
+        check_loss_summary(summary, world, "data.rank_losses")
+
+
+ARRAY_CHECKS: dict[EventType, Callable[[dict[str, Any], int], None]] = {
+    EventType.RANKS: check_ranks,
+    EventType.HEARTBEAT: lambda data, world: check_node_heartbeat(data, world, MAX_STEP),
+    EventType.STEP: _check_step_arrays,
+}
+"""The event types whose data holds per-rank arrays, and their check (``check_arrays``)."""
+
+
+build_event = slot_builder(Event)
+"""``build_event(type, run, step, data, rank, world, ts, id, v)``: an ``Event`` of values already
+validated (core/batch_decode.py), without the frozen dataclass ``__init__`` (core/slots.py)."""
 
 
 def encode_event(event: Event) -> bytes:
@@ -236,7 +255,9 @@ def encode_event(event: Event) -> bytes:
 
 
 def decode_event(raw: bytes | str, max_bytes: int | None = None) -> Event:
-    """Bytes from Kafka -> a validated Event, or SchemaError naming what is wrong."""
+    """Bytes from Kafka -> a validated Event, or SchemaError naming what is wrong. The
+    controller tries the typed decoder of core/batch_decode.py first; this decides, and words,
+    every message that one leaves."""
     if max_bytes is not None and len(raw) > max_bytes:
         raise SchemaError("$", f"message of {len(raw)} bytes exceeds the limit of {max_bytes}")
     obj = _fast_parse(raw)
@@ -260,16 +281,17 @@ def _find_orjson() -> Any:
     return loads
 
 _DIGITS_ONLY = bytes(48 if 48 <= i <= 57 else 32 for i in range(256))  # b"0"-"9" kept, the rest blank
-_LONG_NUMBER = b"0" * 20
+_LONG_NUMBER = b"0" * 19
 
 
 def _fast_parse(raw: bytes | str) -> Any:
     """``raw`` parsed by orjson when that is sure to read it as the standard parser would, else
     None. orjson rejects more (bare NaN, lone surrogates, 1e400: then None and the standard
-    parser decides) and reads one thing differently: an integer beyond 64 bits becomes a float.
-    Such an integer has 20 or more digits in a row, which a message from ``encode_event`` never
-    holds outside a string (floats are written with at most 17), so any run of 20 digits sends
-    the message to the standard parser, whose integers ``controller/bounds.py`` range-checks."""
+    parser decides) and reads one thing differently: an integer beyond 64 bits becomes a float
+    (above 2**64 - 1, or below -2**63: 19 digits are enough for that one). Such an integer has 19
+    or more digits in a row, which a message from ``encode_event`` never holds outside a string
+    (floats are written with at most 17), so any run of 19 digits sends the message to the
+    standard parser, whose integers ``controller/bounds.py`` range-checks."""
     global _orjson_loads
     if _orjson_loads is _UNSET:
         _orjson_loads = _find_orjson()

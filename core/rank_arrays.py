@@ -79,10 +79,11 @@ def _rank(value: int, world: int, where: str) -> None:
 
 
 def _length(data: Mapping[str, Any], names: Sequence[str], where: str) -> int:
-    lengths = {name: len(data[name]) for name in names}
-    n = lengths[names[0]]
-    if any(v != n for v in lengths.values()):
-        raise SchemaError(where, f"arrays of different lengths: {lengths}")
+    n = len(data[names[0]])
+    for name in names:
+        if len(data[name]) != n:
+            lengths = {name: len(data[name]) for name in names}
+            raise SchemaError(where, f"arrays of different lengths: {lengths}")
     if n > MAX_RANKS_PER_EVENT:
         raise SchemaError(where, f"{n} ranks exceed the limit of {MAX_RANKS_PER_EVENT} per event")
     return n
@@ -121,9 +122,13 @@ def check_node_heartbeat(data: Mapping[str, Any], world: int, max_step: int, whe
     if len(present) != len(HEARTBEAT_ARRAYS):
         missing = sorted(set(HEARTBEAT_ARRAYS) - set(present))
         raise SchemaError(f"{where}.{missing[0]}", f"a node heartbeat carries all of {', '.join(HEARTBEAT_ARRAYS)}")
-    _length(data, HEARTBEAT_ARRAYS, where)
-    for i, (r, s, age, coll) in enumerate(zip(data["ranks"], data["steps"], data["ages_s"], data["collectives"],
-                                              strict=True)):
+    if _length(data, HEARTBEAT_ARRAYS, where) == 0:
+        return
+    ranks, steps, ages, collectives = data["ranks"], data["steps"], data["ages_s"], data["collectives"]
+    if (min(ranks) >= 0 and max(ranks) < world and min(steps) >= 0 and max(steps) <= max_step and min(ages) >= 0
+            and math.isfinite(sum(ages)) and max(map(len, collectives)) <= MAX_COLLECTIVE_CHARS):
+        return  # no element can fail the checks below (a NaN or inf age makes the sum non-finite)
+    for i, (r, s, age, coll) in enumerate(zip(ranks, steps, ages, collectives, strict=True)):
         _rank(r, world, f"{where}.ranks[{i}]")
         if not 0 <= s <= max_step:
             raise SchemaError(f"{where}.steps[{i}]", f"must be in [0, {max_step}]")

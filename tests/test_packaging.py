@@ -22,8 +22,8 @@ EXTRA_MODULES = {"agent/integrations/hf.py": "hf", "agent/integrations/hf_checkp
                  # the demo's trainers under those libraries (cliffguard demo --trainer hf|lightning)
                  "trainer/demo_trainers/hf_run.py": "hf", "trainer/demo_trainers/lightning_run.py": "lightning"}
 # read inside try/except ImportError: numpy (agent/recovery/state.py) for RNG state when present, orjson
-# (core/events.py, in the controller extra) to decode events faster
-OPTIONAL = {"numpy", "orjson"}
+# (core/events.py) and msgspec (core/batch_decode.py), both in the controller extra, to decode events faster
+OPTIONAL = {"numpy", "orjson", "msgspec"}
 
 
 def _module(requirement: str) -> str:

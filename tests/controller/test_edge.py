@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from agent.publisher import Publisher, PublisherConfig
-from controller.bounds import StepBounds
+from controller.bounds import StepBounds, int_bounds
 from controller.config import ControllerConfig
 from controller.edge import (
     BAD_SIGNATURE,
@@ -26,12 +26,18 @@ from controller.edge import (
     UNSIGNED,
     ClockWindow,
     DeadLetter,
+    EdgeBatch,
     EdgeConsumer,
+    EdgeRecord,
     classify,
+    classify_polled,
+    header,
 )
+from controller.store.fit import INT64
+from core.batch_decode import BatchDecoder
 from core.enums import EventType
 from core.events import encode_event, make_event
-from core.keys import EventSigner, EventVerifier, event_key
+from core.keys import EVENT_SIG_HEADER, EventSigner, EventVerifier, event_key
 from tests.core.test_events import PAYLOADS, STEP
 
 FAST_GROUP = {"max_poll_interval_ms": 3000, "session_timeout_ms": 3000, "heartbeat_interval_ms": 500}
@@ -163,6 +169,76 @@ def test_classify_dead_letters_a_step_jump_and_accepts_going_back_only_after_a_r
     started = {**PAYLOADS[EventType.RUN_STARTED]}
     assert not isinstance(step(0, "run.started", started), DeadLetter)  # a restart from step 0
     assert not isinstance(step(1), DeadLetter)
+
+
+def _polled(messages, signed=False):
+    """``messages`` as ``KafkaConsumer.poll`` hands them over: {partition: [record]}; ``signed``:
+    the first 12 and 4 in 5 of the rest with a signature under their run's key, the others without."""
+    from collections import namedtuple
+
+    tp, rec = namedtuple("TP", "topic partition"), namedtuple("Rec", "value offset key headers")
+    out: dict = {}
+    for i, raw in enumerate(messages):
+        headers = []
+        if signed and (i < 12 or i % 5) and raw is not None:
+            run = "run-1" if b'"run-1"' in raw else "run-a" if b'"run-a"' in raw else "run-b"
+            headers = [(EVENT_SIG_HEADER, EventSigner(event_key(AGENT_SECRET, run)).sign(raw))]
+        out.setdefault(tp("t.metrics", i % 3), []).append(rec(raw, i, b"k%d" % i, headers))
+    return out
+
+
+def _poll_outcome(messages, clock, *, verifier=None, batched=True, max_bytes=10_000):
+    """Records and dead letters of one poll: ``classify_polled`` or ``classify`` per message."""
+    polled, steps, batch = _polled(messages, verifier is not None), StepBounds(max_step_jump=1_000), EdgeBatch()
+    if batched:
+        decoder = BatchDecoder(int_bounds, INT64)
+        classify_polled(batch, polled, max_bytes=max_bytes, decoder=decoder, clock=clock, verifier=verifier,
+                        steps=steps)
+    else:
+        for tp, recs in polled.items():
+            for r in recs:
+                sig = None if verifier is None else (verifier, header(r.headers, EVENT_SIG_HEADER))
+                out = classify(r.value, topic=tp.topic, partition=tp.partition, offset=r.offset, max_bytes=max_bytes,
+                               key=r.key, clock=clock, signature=sig, steps=steps)
+                if isinstance(out, DeadLetter):
+                    batch.dead.append(out)
+                else:
+                    batch.records.append(EdgeRecord(tp.topic, tp.partition, r.offset, out))
+                batch.next_offsets[(tp.topic, tp.partition)] = r.offset + 1
+    return batch.records, batch.dead, batch.next_offsets
+
+
+@pytest.mark.parametrize("signed", [False, True])
+def test_a_polled_batch_is_classified_exactly_as_message_by_message(signed):
+    """The tight loop of ``classify_polled`` (typed decoder bounded by the store's integers) gives
+    the records and dead letters, reasons and details that ``classify`` gives per message: on
+    hostile and mutated messages, integers beyond the columns, clock skew and step jumps."""
+    pytest.importorskip("msgspec")
+    from tests.core.test_batch_decode import _messages
+
+    now = 1e9
+    ts = {"ts": now}
+    msgs = [encode_event(make_event("step", "run-a", 5_000 + i, STEP, ts=now)) for i in range(5)]
+    msgs += [encode_event(make_event("step", "run-a", 9_000, STEP, ts=now)),               # a step jump
+             encode_event(make_event("step", "run-b", 1, STEP, ts=now + 7200)),             # ahead of the clock
+             encode_event(make_event("step", "run-b", 1, {**STEP, "tokens": 2**31}, ts=now)),  # an INTEGER column
+             encode_event(make_event("validation", "run-b", 2, {"val_loss": 2.0, "batches": 2**31 - 1}, ts=now)),
+             encode_event(make_event("step", "run-b", 3, {**STEP, "sample_range": [0, 2**63]}, ts=now)),
+             None, b"x" * 10_001]
+    for raw in _messages(600, 7):  # valid and mutated events of every type, their ts moved into the window
+        try:
+            obj = json.loads(raw)
+            raw = json.dumps({**obj, **ts} if isinstance(obj, dict) and "ts" in obj else obj).encode()
+        except ValueError:
+            pass
+        msgs.append(raw)
+    verifier = EventVerifier(AGENT_SECRET) if signed else None
+    batched = _poll_outcome(msgs, (ClockWindow(), now), verifier=verifier)
+    assert batched == _poll_outcome(msgs, (ClockWindow(), now), verifier=verifier, batched=False)
+    records, dead, _ = batched
+    assert len(records) >= 100 and {d.reason for d in dead} >= {STEP_JUMP, CLOCK_SKEW, OUT_OF_RANGE, OVERSIZED,
+                                                               UNDECODABLE, SCHEMA_INVALID}
+    assert (UNSIGNED in {d.reason for d in dead}) is signed
 
 
 def _collect(edge: EdgeConsumer, want_records: int, want_dead: int = 0, timeout: float = 30.0):

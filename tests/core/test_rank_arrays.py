@@ -12,6 +12,7 @@ from core.floats import dumps
 from core.rank_arrays import (
     MAX_OUTLIERS,
     MAX_RANKS_PER_EVENT,
+    check_node_heartbeat,
     is_detail,
     is_run_level,
     rank_entries,
@@ -108,3 +109,47 @@ def test_node_heartbeats_are_bounded_and_all_or_nothing():
                  "data": {**beat, "ages_s": [0.1, "NaN"]}})
     with pytest.raises(SchemaError, match="finite"):
         decode_event(raw)
+
+
+def test_the_node_heartbeat_check_finds_the_first_bad_element_as_element_by_element():
+    """``check_node_heartbeat`` skips its per-element loop when no element can fail: on random
+    arrays (NaN, infinities, huge ages, ranks and steps at and past their bounds, long names) it
+    accepts and rejects exactly as checking each element in order does, with the same reason."""
+    import random
+
+    rng = random.Random(5)
+
+    def reference(data, world):
+        for i, (r, s, age, coll) in enumerate(zip(data["ranks"], data["steps"], data["ages_s"], data["collectives"],
+                                                  strict=True)):
+            if not 0 <= r < world:
+                return (f"data.ranks[{i}]", f"rank {r} outside world of {world}")
+            if not 0 <= s <= MAX_STEP:
+                return (f"data.steps[{i}]", f"must be in [0, {MAX_STEP}]")
+            if not (math.isfinite(age) and age >= 0):
+                return (f"data.ages_s[{i}]", "must be finite and >= 0")
+            if len(coll) > 64:
+                return (f"data.collectives[{i}]", "longer than 64 characters")
+        return None
+
+    def outcome(data, world):
+        try:
+            check_node_heartbeat(data, world, MAX_STEP)
+        except SchemaError as exc:
+            return (exc.field, exc.reason)
+        return None
+
+    def pick(good, bad):
+        return rng.choice(bad) if rng.random() < 0.08 else rng.choice(good)
+
+    failures = 0
+    for _ in range(3000):
+        n, world = rng.randint(1, 6), rng.choice([1, 4, 8])
+        data = {"state": "running", "ranks": [pick([0, world - 1], [world, -1, 7]) for _ in range(n)],
+                "steps": [pick([0, 5, MAX_STEP], [MAX_STEP + 1, -1]) for _ in range(n)],
+                "ages_s": [pick([0.0, 0.5, 1e308, -0.0], [math.nan, math.inf, -math.inf, -1e-9]) for _ in range(n)],
+                "collectives": [pick(["", "allreduce", "x" * 64], ["x" * 65]) for _ in range(n)]}
+        want = reference(data, world)
+        failures += want is not None
+        assert outcome(data, world) == want, data
+    assert 500 < failures < 2500  # both outcomes were exercised
