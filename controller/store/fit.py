@@ -82,17 +82,20 @@ def fit_row(model: Any, row: dict[str, Any]) -> dict[str, Any]:
 
 
 @cache
-def _checks(model: Any) -> tuple[tuple[str, str, Any], ...]:
-    return tuple((k, kind, bound) for k, (kind, bound) in _limits(model).items())
+def _value_checks(model: Any, columns: tuple[str, ...]) -> tuple[tuple[int, str, str, Any], ...]:
+    """(position, column, kind, bound) of ``model``'s sized columns among ``columns``."""
+    limits = _limits(model)
+    return tuple((i, k, *limits[k]) for i, k in enumerate(columns) if k in limits)
 
 
-def fit_rows(model: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``fit_row`` for a batch of rows, changed in place: a value that already fits (nearly all)
-    costs a type test and a comparison; only the others go through ``_fit``."""
-    checks = _checks(model)
+def fit_values(model: Any, columns: tuple[str, ...], rows: list[list[Any]]) -> list[list[Any]]:
+    """Every row (values in ``columns`` order) made storable in ``model``'s columns, changed in
+    place: a value that already fits (nearly all) costs a type test and a comparison; only the
+    others go through ``_fit``."""
+    checks = _value_checks(model, columns)
     for row in rows:
-        for k, kind, bound in checks:
-            v = row.get(k)
+        for i, k, kind, bound in checks:
+            v = row[i]
             if v is None:
                 continue
             if kind == "int":
@@ -100,5 +103,15 @@ def fit_rows(model: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     continue
             elif type(v) is str and (bound is None or len(v) <= bound) and "\x00" not in v:
                 continue
-            row[k] = _fit(model, k, (kind, bound), v)
+            row[i] = _fit(model, k, (kind, bound), v)
+    return rows
+
+
+def fit_rows(model: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``fit_values`` for rows given as dicts, changed in place."""
+    for row in rows:
+        columns = tuple(row)
+        values = [list(row.values())]
+        fit_values(model, columns, values)
+        row.update(zip(columns, values[0], strict=True))
     return rows
