@@ -72,6 +72,7 @@ log = logging.getLogger(__name__)
 
 _LEVEL_TEXT = {level: str(level) for level in Level}
 _OK = Level.OK  # an enum member read through its class costs ~10x a module global
+_STEP = EventType.STEP
 MAX_FLAGGED_SAMPLES = 100_000
 
 
@@ -115,15 +116,16 @@ class BatchResult:
 def inputs_for(event: Event, verdicts: list[Verdict], now: float, loss_level: Level | None = None) -> list[Input]:
     """The recovery inputs one event yields (after its verdicts); only ``core.ranks.RUN_RANK``'s
     events yield run-level inputs. ``loss_level``: what the loss rule judged this step's loss."""
-    out: list[Input] = [VerdictIn(verdict=v, now=now) for v in verdicts]
+    out: list[Input] = [VerdictIn(verdict=v, now=now) for v in verdicts] if verdicts else []
     if event.rank != RUN_RANK:
         return out
     d = event.data
-    if event.type is EventType.STEP:
+    if event.type is _STEP:
         rng = d.get("sample_range")
-        ok = bool(rng) and len(rng) == 2
-        out.append(ProgressIn(step=event.step, now=now, sample_end=rng[1] if ok else None,
-                              sample_start=rng[0] if ok else None, loss_level=loss_level))
+        if rng and len(rng) == 2:
+            out.append(ProgressIn(event.step, now, rng[1], rng[0], loss_level))
+        else:
+            out.append(ProgressIn(event.step, now, None, None, loss_level))
     elif event.type is EventType.CHECKPOINT:
         out.append(CheckpointIn(step=event.step, kind=str(d["kind"]), verified=bool(d["verified"]), now=now,
                                 detail=str(d.get("detail") or "")))

@@ -60,6 +60,20 @@ class RulesApart(Protocol):
     def own_state_dict(self) -> dict[str, Any]: ...
 
 
+_APART: dict[type, bool] = {}
+
+
+def rules_apart(detector: Any) -> bool:
+    """``isinstance(detector, RulesApart)``, asked once per detector class (its instances all set
+    the same attributes): a runtime protocol check walks the protocol's members every time, and
+    this runs for every run of every batch."""
+    kind = type(detector)
+    known = _APART.get(kind)
+    if known is None:
+        known = _APART[kind] = isinstance(detector, RulesApart)
+    return known
+
+
 def encode_json(obj: Any) -> str:
     """JSON text; non-finite floats in the wire spelling (core.floats). The C encoder does the
     common case (no non-finite float anywhere) 20x faster than the Python walk."""
@@ -100,7 +114,7 @@ class RunSlot:
         A 16k-rank run's per-rank windows hold ~10^6 numbers that change every ``ranks_every``
         steps: encoding and writing them with every batch cost seconds."""
         det = self.detector
-        if not isinstance(det, RulesApart):
+        if not rules_apart(det):
             return self.to_json(), {}
         rules = {name: encode_json(det.rules[name].state_dict()) for name in sorted(det.changed)}
         state = json.loads(encode_json(self._state(det.own_state_dict())))
@@ -142,7 +156,7 @@ class RunTable:
                     log.warning("run %s: the stored %s rule state is not JSON (%s); the rule starts fresh",
                                 run_id, name, exc)
             det, unreadable = self._load_detector(run_id, from_json({**stored["detector"], **apart}))
-            if isinstance(det, RulesApart):
+            if rules_apart(det):
                 # stored inline (older layout), new, or unreadable: save apart
                 det.changed = set(det.rules) - set(apart) | unreadable
             rec = RecoveryState.from_state_dict(stored["recovery"])
@@ -158,7 +172,7 @@ class RunTable:
             det.load_state_dict(state)
             return det, set()
         except UNREADABLE_STATE:
-            if not isinstance(det, RulesApart):
+            if not rules_apart(det):
                 raise
         unreadable: set[str] = set()
         for name, rule in self._factory().rules.items():  # a fresh detector's: loads may fail half-way
@@ -229,6 +243,6 @@ def save_slots(session: Session, slots: list[RunSlot], *, known: Collection[str]
     if rules:
         conn.execute(built_once(session, "save_slots.rules", _rule_upsert), rules)
     for slot in slots:
-        if isinstance(slot.detector, RulesApart):
+        if rules_apart(slot.detector):
             slot.detector.changed.clear()
         slot.dirty = False

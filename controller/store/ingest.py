@@ -228,7 +228,7 @@ def _step_values(ev: Event, point: Mapping[str, Any] | None) -> list[Any]:
     the rest of the batch: ``fit_values``); ``point``: what the loss rule knew at this step."""
     get = ev.data.get
     loss, guard, norms = get("loss"), get("guard"), get("layer_grad_norms")
-    row = [get(name) for name in _METRIC_NAMES]
+    row = list(map(get, _METRIC_NAMES))
     row += (loss, ev.id, ev.run, ev.step, ev.rank, ev.ts, 1, None, None, store_kind(loss),
             None if guard is None else str(guard), None if norms is None else to_json(norms),
             *((point["median"], point["sigma"], point["level"]) if point else (None, None, None)))
