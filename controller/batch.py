@@ -243,8 +243,8 @@ class BatchProcessor:
             starts[key] = min(starts.get(key, item.offset), item.offset)
         if not starts:
             return
-        rows = session.execute(_STORED_OFFSETS, {"group": self.ctx.group_id,
-                                                  "topics": sorted({t for t, _ in starts})}).all()
+        rows = session.connection().execute(_STORED_OFFSETS, {"group": self.ctx.group_id,
+                                                               "topics": sorted({t for t, _ in starts})}).all()
         for topic, partition, stored in rows:
             start = starts.get((topic, partition))
             # stored < start is a gap in the log (e.g. transaction markers), not a competitor

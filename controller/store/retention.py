@@ -269,7 +269,7 @@ def run_watermarks(session: Session, run_ids: Iterable[str]) -> dict[str, int]:
     ids = list(run_ids)
     if not ids:
         return {}
-    return dict(session.execute(_WATERMARKS, {"ids": ids}).all())
+    return dict(session.connection().execute(_WATERMARKS, {"ids": ids}).all())  # Core: no ORM layer per batch
 
 
 _WATERMARKS = select(Run.id, Run.downsampled_below).where(Run.id.in_(bindparam("ids", expanding=True)))
