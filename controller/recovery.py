@@ -256,8 +256,8 @@ class _Step:
 
 def transition(cfg: RecoveryConfig, state: RecoveryState, inp: Input) -> tuple[RecoveryState, list[ActionT]]:
     """Pure: the next state and the actions for one input. ``state`` is not modified."""
-    if type(inp) is ProgressIn and state.phase is not _RECOVERING and state.flagging is None and all(
-            c.stable for c in state.checkpoints):
+    if type(inp) is ProgressIn and state.phase is not _RECOVERING and state.flagging is None and (
+            not state.checkpoints or all(c.stable for c in state.checkpoints)):
         # The common case, a step with no checkpoint to stabilise, no recovery to finish and no
         # excursion to flag: _on_progress's effect then, without a _Step and its action list.
         s = state.clone()

@@ -1,5 +1,5 @@
 """Bulk INSERT ... ON CONFLICT DO NOTHING: ``COPY`` on PostgreSQL (psycopg 3), one plain
-executemany on SQLite (``insert_new`` picks).
+executemany on SQLite (``insert_values`` picks).
 
 ``COPY`` is several times faster than a multi-row INSERT for a batch of step rows, but it cannot
 skip a row that conflicts. So the rows are copied into a temporary table shaped like the target
@@ -44,26 +44,17 @@ def copy_insert_new(session: Session, table: Table, columns: tuple[str, ...] | l
         cur.execute(f'CREATE TEMP TABLE IF NOT EXISTS "{tmp}" ON COMMIT DELETE ROWS AS '
                     f'SELECT {names} FROM "{table.name}" WITH NO DATA')
         with cur.copy(f'COPY "{tmp}" ({names}) FROM STDIN') as cp:
+            write = cp.write_row
             for row in rows:
-                if json_at:
-                    row = list(row)
-                    for i in json_at:
-                        if row[i] is not None:
-                            row[i] = Json(row[i])
-                cp.write_row(row)
+                for i in json_at:  # in place: insert_values' rows are the caller's to give
+                    if row[i] is not None:
+                        row[i] = Json(row[i])
+                write(row)
         on = ", ".join(f'"{c}"' for c in conflict)
         cur.execute(f'INSERT INTO "{table.name}" ({names}) SELECT {names} FROM "{tmp}" ON CONFLICT ({on}) DO NOTHING')
         inserted = cur.rowcount
         cur.execute(f'TRUNCATE "{tmp}"')  # a second batch in the same transaction starts empty
     return inserted
-
-
-def insert_new(session: Session, table: Table, rows: list[dict[str, Any]], conflict: list[str]) -> int:
-    """``insert_values`` for rows given as dicts with the same keys."""
-    if not rows:
-        return 0
-    cols = tuple(rows[0])
-    return insert_values(session, table, cols, [[row[c] for c in cols] for row in rows], conflict)
 
 
 def insert_values(session: Session, table: Table, columns: tuple[str, ...] | list[str], rows: list[list[Any]],
