@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 
 from controller.recovery import new_state
 from controller.recovery_types import RecoveryState
+from controller.store.json_text import orjson_text
 from controller.store.models import RuleState, Run
 from controller.store.upsert import built_once, insert_for
 from controller.verdict import Verdict
@@ -76,42 +77,16 @@ def rules_apart(detector: Any) -> bool:
 
 def encode_json(obj: Any) -> str:
     """JSON text; non-finite floats in the wire spelling (core.floats). orjson, where installed,
-    does the common case (a state that reads back equal: no non-finite float, tuple or non-text
+    does the common case (``store.json_text.orjson_text``: no non-finite float, tuple or non-text
     key anywhere) several times faster than the standard C encoder, whose float formatting is
     most of a rule state's cost; the C encoder does the next case 20x faster than the Python walk."""
-    fast = _orjson_text(obj)
+    fast = orjson_text(obj)
     if fast is not None:
         return fast
     try:
         return json.dumps(obj, allow_nan=False)
     except (ValueError, TypeError):
         return json.dumps(to_json(obj), allow_nan=False)
-
-
-_ORJSON: Any = None  # (dumps, loads), False without orjson (optional: the controller extra)
-
-
-def _orjson_text(obj: Any) -> str | None:
-    """``obj`` as orjson writes it, if it reads back equal (else None). orjson writes a NaN or an
-    infinity as null, a tuple as a list, and refuses what it cannot write (an integer beyond 64
-    bits, a non-text key): the read-back comparison catches the first two, the
-    TypeError the rest, and the caller then encodes as before."""
-    global _ORJSON
-    if _ORJSON is None:
-        try:
-            from orjson import dumps, loads
-        except ImportError:
-            _ORJSON = False
-        else:
-            _ORJSON = (dumps, loads)
-    if _ORJSON is False:
-        return None
-    dumps, loads = _ORJSON
-    try:
-        raw = dumps(obj)
-    except TypeError:  # orjson.JSONEncodeError
-        return None
-    return raw.decode() if loads(raw) == obj else None
 
 
 DetectorFactory = Callable[[], Detector]
