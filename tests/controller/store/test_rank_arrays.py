@@ -42,3 +42,17 @@ def test_arrays_merge_with_per_rank_rows_and_bucket_like_the_sql_path(engine):
         latest = read.latest_rank_steps(s, "run-a")
         assert [(r["rank"], r["step"]) for r in latest] == [(0, 90), *[(r, 90) for r in range(1, 5)], (5, 95),
                                                            (6, 90), (7, 90)]
+
+
+def test_stored_arrays_are_what_to_json_gives_with_or_without_its_walk():
+    from controller.store.rank_arrays import _stored_arrays
+    from core.floats import to_json
+    from core.rank_arrays import RANKS_ARRAYS
+
+    base = {name: [1.0, 2.5, 3] for name in RANKS_ARRAYS}
+    odd = [[1.0, float("nan")], [float("inf"), 1.0], [1e308, 1e308], [2**1100, 1], [1.0, None]]
+    for values in [None, *odd]:
+        data = dict(base) if values is None else {**base, RANKS_ARRAYS[0]: values}
+        got = _stored_arrays(data)
+        assert got == to_json({name: list(data[name]) for name in RANKS_ARRAYS}), values
+    assert _stored_arrays({**base, RANKS_ARRAYS[0]: [float("nan")]})[RANKS_ARRAYS[0]] == ["NaN"]
