@@ -11,7 +11,7 @@
    checkpoints, timed-out command rows;
 6. the step rows, in one INSERT carrying what the loss-spike rule knew at each judged step
    (median, σ, level), which the dashboard draws as the loss bands, and the rule's settings on
-   the run;
+   the run (once per loaded run: ``RunSlot.spike_rule``);
 7. run states (``runs.controller_state``) and the consumer offsets.
 
 Commands and alerts leave through the outbox after commit; a command may also be sent the moment
@@ -207,7 +207,7 @@ class BatchProcessor:
         marks = run_watermarks(session, newest)  # one read, for the step rows and for retention
         ingest_steps(session, events, points, watermarks=marks, write_bucket=self.ctx.retention.write_bucket,
                      exact=exact)
-        rules = {}  # run id -> the spike rule's settings it judged with, where not stored yet
+        rules: dict[str, Any] = {}  # run id -> the spike rule's settings it judged with, where not stored yet
         for slot, loss, _ in runs.values():
             if loss is not None and loss.last_point is not None and slot.spike_rule is not loss.spike_config:
                 rules[slot.run_id] = asdict(loss.spike_config)
