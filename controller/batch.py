@@ -11,7 +11,7 @@
    checkpoints, timed-out command rows;
 6. the step rows, in one INSERT carrying what the loss-spike rule knew at each judged step
    (median, σ, level), which the dashboard draws as the loss bands, and the rule's settings on
-   the run;
+   the run (once per loaded run: ``RunSlot.spike_rule``);
 7. run states (``runs.controller_state``) and the consumer offsets.
 
 Commands and alerts leave through the outbox after commit; a command may also be sent the moment
@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
 from controller.alerts import AlertsConfig, AlertSpec, enqueue_alert
@@ -70,7 +70,17 @@ from core.signing import SigningKey
 
 log = logging.getLogger(__name__)
 
+_LEVEL_TEXT = {level: str(level) for level in Level}
+_OK = Level.OK  # an enum member read through its class costs ~10x a module global
+_STEP = EventType.STEP
 MAX_FLAGGED_SAMPLES = 100_000
+
+
+_STORED_OFFSETS = (select(ConsumerOffset.topic, ConsumerOffset.partition, ConsumerOffset.offset)
+                   .where(ConsumerOffset.group_id == bindparam("group"),
+                          ConsumerOffset.topic.in_(bindparam("topics", expanding=True)))
+                   .with_for_update())
+"""The fence's read of a batch's stored offsets, locked (built once: it runs with every batch)."""
 
 
 class StaleBatch(RuntimeError):
@@ -106,15 +116,16 @@ class BatchResult:
 def inputs_for(event: Event, verdicts: list[Verdict], now: float, loss_level: Level | None = None) -> list[Input]:
     """The recovery inputs one event yields (after its verdicts); only ``core.ranks.RUN_RANK``'s
     events yield run-level inputs. ``loss_level``: what the loss rule judged this step's loss."""
-    out: list[Input] = [VerdictIn(verdict=v, now=now) for v in verdicts]
+    out: list[Input] = [VerdictIn(verdict=v, now=now) for v in verdicts] if verdicts else []
     if event.rank != RUN_RANK:
         return out
     d = event.data
-    if event.type is EventType.STEP:
+    if event.type is _STEP:
         rng = d.get("sample_range")
-        ok = bool(rng) and len(rng) == 2
-        out.append(ProgressIn(step=event.step, now=now, sample_end=rng[1] if ok else None,
-                              sample_start=rng[0] if ok else None, loss_level=loss_level))
+        if rng and len(rng) == 2:
+            out.append(ProgressIn(event.step, now, rng[1], rng[0], loss_level))
+        else:
+            out.append(ProgressIn(event.step, now, None, None, loss_level))
     elif event.type is EventType.CHECKPOINT:
         out.append(CheckpointIn(step=event.step, kind=str(d["kind"]), verified=bool(d["verified"]), now=now,
                                 detail=str(d.get("detail") or "")))
@@ -156,17 +167,24 @@ class BatchProcessor:
             count_dead_letter(session, topic, reason, letters[-1].detail, n=len(letters), now=now)
         events = [r.event for r in batch.records]
         ingest_events(session, events, steps=False)  # the step rows go in below, with the rule's figures
-        touched: dict[str, RunSlot] = {}
         newest: dict[str, int] = {}
         points: dict[str, dict[str, Any]] = {}  # step event id -> what the spike rule knew there
-        rules: dict[str, Any] = {}  # run id -> the spike rule's settings it was judged with
         exact: set[str] = set()  # step events judged or in an incident: their rows stay one per step
+        # run id -> (its slot, its loss rules, the partition it was seen on): looked up once per run
+        runs: dict[str, tuple[RunSlot, LossRules | None, int]] = {}
         for rec in batch.records:
             ev = rec.event
-            newest[ev.run] = max(newest.get(ev.run, 0), ev.step)
-            slot = self.runs.get(session, ev.run, rec.partition)
-            touched[ev.run] = slot
-            loss = _loss_rules(slot.detector)
+            run = ev.run
+            known = runs.get(run)
+            if known is None or known[2] != rec.partition:
+                slot = self.runs.get(session, run, rec.partition)
+                known = runs[run] = (slot, _loss_rules(slot.detector), rec.partition)
+                slot.dirty = True
+            if ev.step > newest.get(run, 0):
+                newest[run] = ev.step
+            elif run not in newest:
+                newest[run] = 0
+            slot, loss, _ = known
             before = loss.last_point if loss is not None else None
             try:
                 verdicts = slot.detector.on_event(ev)
@@ -174,23 +192,28 @@ class BatchProcessor:
                 log.exception("detector failed on %s event of run %s step %d", ev.type, ev.run, ev.step)
                 verdicts = []
             level = None
-            if loss is not None and loss.last_point is not None and loss.last_point is not before:
+            if loss is not None:
                 p = loss.last_point
-                points[ev.id] = {"median": p.median, "sigma": p.sigma, "level": str(p.level)}
-                rules[ev.run] = loss.spike_config
-                level = p.level
+                if p is not None and p is not before:
+                    points[ev.id] = {"median": p.median, "sigma": p.sigma, "level": _LEVEL_TEXT[p.level]}
+                    level = p.level
             for inp in inputs_for(ev, verdicts, now, level):
-                if isinstance(inp, AckIn) and acked_command(session, ev) is None:
+                if type(inp) is AckIn and acked_command(session, ev) is None:
                     continue  # an unknown command, or another run's: it must not move this run
                 self._feed(session, slot, inp, res)
-            if verdicts or (level is not None and level is not Level.OK) or slot.recovery.incident is not None:
+            if verdicts or (level is not None and level is not _OK) or slot.recovery.incident is not None:
                 exact.add(ev.id)  # a step row that write_bucket must not fold away
-            slot.dirty = True
+        touched = [known[0] for known in runs.values()]
         marks = run_watermarks(session, newest)  # one read, for the step rows and for retention
         ingest_steps(session, events, points, watermarks=marks, write_bucket=self.ctx.retention.write_bucket,
                      exact=exact)
-        record_rule_stats(session, [], {run: asdict(cfg) for run, cfg in rules.items()})
-        save_slots(session, [s for s in touched.values() if s.dirty])
+        rules: dict[str, Any] = {}  # run id -> the spike rule's settings it judged with, where not stored yet
+        for slot, loss, _ in runs.values():
+            if loss is not None and loss.last_point is not None and slot.spike_rule is not loss.spike_config:
+                rules[slot.run_id] = asdict(loss.spike_config)
+                slot.spike_rule = loss.spike_config
+        record_rule_stats(session, [], rules)
+        save_slots(session, [s for s in touched if s.dirty], known=marks.keys())
         # folds old steps into buckets for the runs where enough have aged
         downsample_due(session, newest, self.ctx.retention, watermarks=marks)
         save_offsets(session, self.ctx.group_id, batch.next_offsets, now=now)
@@ -220,12 +243,8 @@ class BatchProcessor:
             starts[key] = min(starts.get(key, item.offset), item.offset)
         if not starts:
             return
-        rows = session.execute(
-            select(ConsumerOffset.topic, ConsumerOffset.partition, ConsumerOffset.offset)
-            .where(ConsumerOffset.group_id == self.ctx.group_id,
-                   ConsumerOffset.topic.in_({t for t, _ in starts}))
-            .with_for_update()
-        ).all()
+        rows = session.connection().execute(_STORED_OFFSETS, {"group": self.ctx.group_id,
+                                                               "topics": sorted({t for t, _ in starts})}).all()
         for topic, partition, stored in rows:
             start = starts.get((topic, partition))
             # stored < start is a gap in the log (e.g. transaction markers), not a competitor

@@ -147,18 +147,20 @@ class RunDetector:
         self._run_id: str | None = None  # for logs only: the detector is built before it sees its run
         self.changed: set[str] = set(self.rules)
         """Rules called since their state was last saved (controller/runstate.py saves only those)."""
-        # Which rules each event reaches, worked out once per (event type, loss rank's turn,
-        # carries per-rank samples): (names, [(name, bound on_event)]) in registry order.
+        # Which rules each event reaches, worked out on first use per (event type, loss rank's
+        # turn, carries per-rank samples): (names, [(name, bound on_event)]) in registry order.
+        # On first use, not here: a controller builds a detector for every run it meets.
         self._routes: dict[tuple[EventType, bool, bool], tuple[frozenset[str], list[tuple[str, Callable[[Event], list[Verdict]]]]]] = {}
-        for etype in EventType:
-            for loss_turn in (False, True):
-                for samples in (False, True):
-                    route = [(name, rule.on_event) for name, rule in self.rules.items()
-                             if etype in rule.consumes
-                             and (loss_turn or rule.scope is not RankScope.LOSS_RANK)
-                             and (samples or rule.consumes != RANK_METRIC_EVENTS)]
-                    self._routes[etype, loss_turn, samples] = (frozenset(n for n, _ in route), route)
         self._has_loss = "loss" in self.rules
+
+    def _route(self, key: tuple[EventType, bool, bool]) -> tuple[frozenset[str], list[tuple[str, Callable[[Event], list[Verdict]]]]]:
+        etype, loss_turn, samples = key
+        route = [(name, rule.on_event) for name, rule in self.rules.items()
+                 if etype in rule.consumes
+                 and (loss_turn or rule.scope is not RankScope.LOSS_RANK)
+                 and (samples or rule.consumes != RANK_METRIC_EVENTS)]
+        found = self._routes[key] = (frozenset(n for n, _ in route), route)
+        return found
 
     # -- events ------------------------------------------------------------------------------
 
@@ -182,7 +184,10 @@ class RunDetector:
             if etype in SCALE_EVENTS and self._has_loss:
                 # A new global batch changes the loss's noise: the jump is not a spike (controller/rules/elastic.py).
                 out += self._call("loss", event.step, self.loss.rebaseline)
-        names, route = self._routes[etype, loss_turn, samples]
+        try:
+            names, route = self._routes[etype, loss_turn, samples]
+        except KeyError:
+            names, route = self._route((etype, loss_turn, samples))
         self.changed |= names
         for name, on_event in route:
             try:  # _call, inlined: this loop runs for every event

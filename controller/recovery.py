@@ -78,6 +78,10 @@ from core.capabilities import normalize as normalize_capabilities
 from core.enums import AckStatus, CommandType, Level
 from core.policy import rollback_step, rolled_back_lr_scale
 
+# An enum member read through its class costs ~10x a module global; these are read for every step.
+_RECOVERING = Phase.RECOVERING
+_OK = Level.OK
+
 UNHEALTHY_KEEP = 64
 PAUSE_CYCLE = (CommandType.PAUSE, CommandType.VALIDATE, CommandType.RESUME)
 """What a run must apply for the machine to open an incident: pause, judge the frozen weights, resume."""
@@ -252,6 +256,13 @@ class _Step:
 
 def transition(cfg: RecoveryConfig, state: RecoveryState, inp: Input) -> tuple[RecoveryState, list[ActionT]]:
     """Pure: the next state and the actions for one input. ``state`` is not modified."""
+    if type(inp) is ProgressIn and state.phase is not _RECOVERING and state.flagging is None and (
+            not state.checkpoints or all(c.stable for c in state.checkpoints)):
+        # The common case, a step with no checkpoint to stabilise, no recovery to finish and no
+        # excursion to flag: _on_progress's effect then, without a _Step and its action list.
+        s = state.clone()
+        _note_step(s, inp)
+        return s, []
     st = _Step(cfg, state)
     if isinstance(inp, VerdictIn):
         _on_verdict(st, inp)
@@ -328,10 +339,9 @@ def _ask_detail(st: _Step, v: Verdict) -> None:
 
 def _on_progress(st: _Step, inp: ProgressIn) -> None:
     cfg, s = st.cfg, st.s
-    s.last_step = max(s.last_step, inp.step) if s.phase is not Phase.RECOVERING else inp.step
-    if inp.sample_end is not None:
-        s.last_sample_end = inp.sample_end
-    _note_samples(st, inp)
+    flagging = s.flagging
+    _note_step(s, inp)
+    _flag_samples(st, inp, flagging)
     _mark_stable(st, f"{cfg.stable_window} healthy steps followed it")
     if s.phase is Phase.RECOVERING and is_recovered(cfg, s):
         inc = s.incident
@@ -347,18 +357,28 @@ def _on_progress(st: _Step, inp: ProgressIn) -> None:
         s.incident = None
 
 
-def _note_samples(st: _Step, inp: ProgressIn) -> None:
-    """Remember the samples of a step in an excursion (the spike rule reports only an excursion's
-    onset and its critical step; the steps between, warn or critical, took the same suspect data).
-    A step the loss rule did not judge counts too. While a resumed transient excursion goes on, its
-    further bad steps are flagged as they come; the first healthy (or unjudged) step ends that."""
-    s = st.s
-    bad = inp.loss_level in (Level.WARN, Level.CRITICAL)
-    if s.flagging is not None and not bad:
-        s.flagging = None
-    if inp.loss_level is Level.OK or inp.sample_start is None or inp.sample_end is None:
+def _note_step(s: RecoveryState, inp: ProgressIn) -> None:
+    """What every step does to the state: the newest step and sample, and the samples of a step
+    in an excursion (the spike rule reports only an excursion's onset and its critical step; the
+    steps between, warn or critical, took the same suspect data). A step the loss rule did not
+    judge counts too."""
+    s.last_step = max(s.last_step, inp.step) if s.phase is not _RECOVERING else inp.step
+    if inp.sample_end is not None:
+        s.last_sample_end = inp.sample_end
+    if inp.loss_level is not _OK and inp.sample_start is not None and inp.sample_end is not None:
+        s.unhealthy_samples = (*s.unhealthy_samples, (inp.step, inp.sample_start, inp.sample_end))[-UNHEALTHY_KEEP:]
+
+
+def _flag_samples(st: _Step, inp: ProgressIn, flagging: tuple[int, float, str] | None) -> None:
+    """While a resumed transient excursion (``flagging``, as it was before this step) goes on,
+    its further bad steps are flagged as they come; the first healthy (or unjudged) step ends that."""
+    if flagging is None:
         return
-    s.unhealthy_samples = (*s.unhealthy_samples, (inp.step, inp.sample_start, inp.sample_end))[-UNHEALTHY_KEEP:]
+    s = st.s
+    if inp.loss_level not in (Level.WARN, Level.CRITICAL):
+        s.flagging = None
+    if inp.loss_level is _OK or inp.sample_start is None or inp.sample_end is None:
+        return
     if s.flagging is not None and s.phase in (Phase.RESUMING, Phase.RUNNING):
         _, score, reason = s.flagging
         st.actions.append(FlagSamples(step=inp.step, ranges=((inp.sample_start, inp.sample_end),), score=score,
@@ -427,7 +447,7 @@ def _on_validation(st: _Step, inp: ValidationIn) -> None:
         reason = f"validation normal: {inp.val_loss:.4f} within margin of baseline {base:.4f}"
         # every bad step of the excursion so far, also those the trainer ran while the pause was on its
         # way (an extreme spike is critical at its first step, before the rest of a bad stretch); the
-        # rest, run after the resume, are flagged as they arrive (_note_samples)
+        # rest, run after the resume, are flagged as they arrive (_flag_samples)
         ranges = tuple((a, b) for step, a, b in s.unhealthy_samples if inc.onset_step <= step)
         assert base is not None
         score = inp.val_loss / base if base else 0.0

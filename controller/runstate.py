@@ -13,17 +13,18 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
 from controller.recovery import new_state
 from controller.recovery_types import RecoveryState
+from controller.store.json_text import orjson_text
 from controller.store.models import RuleState, Run
-from controller.store.upsert import insert_for
+from controller.store.upsert import built_once, insert_for
 from controller.verdict import Verdict
 from core.events import Event
 from core.floats import from_json, to_json
@@ -60,9 +61,28 @@ class RulesApart(Protocol):
     def own_state_dict(self) -> dict[str, Any]: ...
 
 
+_APART: dict[type, bool] = {}
+
+
+def rules_apart(detector: Any) -> bool:
+    """``isinstance(detector, RulesApart)``, asked once per detector class (its instances all set
+    the same attributes): a runtime protocol check walks the protocol's members every time, and
+    this runs for every run of every batch."""
+    kind = type(detector)
+    known = _APART.get(kind)
+    if known is None:
+        known = _APART[kind] = isinstance(detector, RulesApart)
+    return known
+
+
 def encode_json(obj: Any) -> str:
-    """JSON text; non-finite floats in the wire spelling (core.floats). The C encoder does the
-    common case (no non-finite float anywhere) 20x faster than the Python walk."""
+    """JSON text; non-finite floats in the wire spelling (core.floats). orjson, where installed,
+    does the common case (``store.json_text.orjson_text``: no non-finite float, tuple or non-text
+    key anywhere) several times faster than the standard C encoder, whose float formatting is
+    most of a rule state's cost; the C encoder does the next case 20x faster than the Python walk."""
+    fast = orjson_text(obj)
+    if fast is not None:
+        return fast
     try:
         return json.dumps(obj, allow_nan=False)
     except (ValueError, TypeError):
@@ -87,6 +107,9 @@ class RunSlot:
     recovery: RecoveryState
     partition: int | None = None
     dirty: bool = False
+    spike_rule: Any = None
+    """The loss rules' spike settings this slot last wrote on the run's row (``controller.batch``
+    writes them again only when they are not these); a reloaded slot starts with none."""
 
     def to_json(self) -> dict[str, Any]:
         """The whole state as one JSON document (every rule inline)."""
@@ -97,7 +120,7 @@ class RunSlot:
         A 16k-rank run's per-rank windows hold ~10^6 numbers that change every ``ranks_every``
         steps: encoding and writing them with every batch cost seconds."""
         det = self.detector
-        if not isinstance(det, RulesApart):
+        if not rules_apart(det):
             return self.to_json(), {}
         rules = {name: encode_json(det.rules[name].state_dict()) for name in sorted(det.changed)}
         state = json.loads(encode_json(self._state(det.own_state_dict())))
@@ -139,7 +162,7 @@ class RunTable:
                     log.warning("run %s: the stored %s rule state is not JSON (%s); the rule starts fresh",
                                 run_id, name, exc)
             det, unreadable = self._load_detector(run_id, from_json({**stored["detector"], **apart}))
-            if isinstance(det, RulesApart):
+            if rules_apart(det):
                 # stored inline (older layout), new, or unreadable: save apart
                 det.changed = set(det.rules) - set(apart) | unreadable
             rec = RecoveryState.from_state_dict(stored["recovery"])
@@ -155,7 +178,7 @@ class RunTable:
             det.load_state_dict(state)
             return det, set()
         except UNREADABLE_STATE:
-            if not isinstance(det, RulesApart):
+            if not rules_apart(det):
                 raise
         unreadable: set[str] = set()
         for name, rule in self._factory().rules.items():  # a fresh detector's: loads may fail half-way
@@ -190,28 +213,42 @@ class RunTable:
 
 
 
-def save_slots(session: Session, slots: list[RunSlot]) -> None:
+def _run_update(session: Session) -> Any:
+    t = Run.__table__
+    return update(t).where(t.c.id == bindparam("b_id")).values(
+        controller_state=bindparam("b_state", type_=t.c.controller_state.type),
+        recovery_state=bindparam("b_phase"), lr_scale=bindparam("b_lr_scale"))
+
+
+def _rule_upsert(session: Session) -> Any:
+    ins = insert_for(session, RuleState)
+    return ins.on_conflict_do_update(index_elements=["run_id", "rule"], set_={"state": ins.excluded.state})
+
+
+def save_slots(session: Session, slots: list[RunSlot], *, known: Collection[str] | None = None) -> None:
     """Write the dirty slots' state (and the phase and LR scale the dashboard shows): one
     executemany for the run rows, without reading them back (each holds the previous state),
-    and one for the rule states that changed."""
+    and one for the rule states that changed. ``known``: the ids of the runs the store holds,
+    when the caller has read them already (else one read here: a run only a tick touched may
+    not be stored)."""
     if not slots:
         return
-    known = set(session.scalars(select(Run.id).where(Run.id.in_([s.run_id for s in slots]))))
-    slots = [s for s in slots if s.run_id in known]  # a run the store has not seen (only a tick touched it)
+    if known is None:
+        known = set(session.scalars(select(Run.id).where(Run.id.in_([s.run_id for s in slots]))))
+    slots = [s for s in slots if s.run_id in known]
     if not slots:
         return
     runs, rules = [], []
     for slot in slots:
         state, changed = slot.encode()
-        runs.append({"id": slot.run_id, "controller_state": state, "recovery_state": str(slot.recovery.phase),
-                     "lr_scale": slot.recovery.lr_scale})
+        runs.append({"b_id": slot.run_id, "b_state": state, "b_phase": str(slot.recovery.phase),
+                     "b_lr_scale": slot.recovery.lr_scale})
         rules += [{"run_id": slot.run_id, "rule": name, "state": text} for name, text in changed.items()]
-    session.execute(update(Run), runs)  # ORM bulk UPDATE by primary key
+    conn = session.connection()
+    conn.execute(built_once(session, "save_slots.runs", _run_update), runs)
     if rules:
-        ins = insert_for(session, RuleState)
-        session.execute(ins.on_conflict_do_update(index_elements=["run_id", "rule"],
-                                                  set_={"state": ins.excluded.state}), rules)
+        conn.execute(built_once(session, "save_slots.rules", _rule_upsert), rules)
     for slot in slots:
-        if isinstance(slot.detector, RulesApart):
+        if rules_apart(slot.detector):
             slot.detector.changed.clear()
         slot.dirty = False

@@ -1,5 +1,5 @@
 """Bulk INSERT ... ON CONFLICT DO NOTHING: ``COPY`` on PostgreSQL (psycopg 3), one plain
-executemany on SQLite (``insert_new`` picks).
+executemany on SQLite (``insert_values`` picks).
 
 ``COPY`` is several times faster than a multi-row INSERT for a batch of step rows, but it cannot
 skip a row that conflicts. So the rows are copied into a temporary table shaped like the target
@@ -26,15 +26,16 @@ def copy_supported(session: Session) -> bool:
     return bind.dialect.name == "postgresql" and bind.dialect.driver == "psycopg"
 
 
-def copy_insert_new(session: Session, table: Table, rows: list[dict[str, Any]], conflict: list[str]) -> int:
-    """Insert ``rows`` (dicts with the same keys) into ``table``, skipping any that conflict on
+def copy_insert_new(session: Session, table: Table, columns: tuple[str, ...] | list[str], rows: list[list[Any]],
+                    conflict: list[str]) -> int:
+    """Insert ``rows`` (values in ``columns`` order) into ``table``, skipping any that conflict on
     ``conflict``, in the session's transaction; returns how many were inserted."""
     if not rows:
         return 0
     from psycopg.types.json import Json
 
-    cols = list(rows[0])
-    json_cols = {c for c in cols if isinstance(table.c[c].type, JSON)}
+    cols = list(columns)
+    json_at = [i for i, c in enumerate(cols) if isinstance(table.c[c].type, JSON)]
     names = ", ".join(f'"{c}"' for c in cols)
     tmp = f"_copy_{table.name}_{zlib.crc32(names.encode()):08x}"  # one per column list
     raw = session.connection().connection.driver_connection
@@ -43,8 +44,12 @@ def copy_insert_new(session: Session, table: Table, rows: list[dict[str, Any]], 
         cur.execute(f'CREATE TEMP TABLE IF NOT EXISTS "{tmp}" ON COMMIT DELETE ROWS AS '
                     f'SELECT {names} FROM "{table.name}" WITH NO DATA')
         with cur.copy(f'COPY "{tmp}" ({names}) FROM STDIN') as cp:
+            write = cp.write_row
             for row in rows:
-                cp.write_row([Json(row[c]) if c in json_cols and row[c] is not None else row[c] for c in cols])
+                for i in json_at:  # in place: insert_values' rows are the caller's to give
+                    if row[i] is not None:
+                        row[i] = Json(row[i])
+                write(row)
         on = ", ".join(f'"{c}"' for c in conflict)
         cur.execute(f'INSERT INTO "{table.name}" ({names}) SELECT {names} FROM "{tmp}" ON CONFLICT ({on}) DO NOTHING')
         inserted = cur.rowcount
@@ -52,36 +57,37 @@ def copy_insert_new(session: Session, table: Table, rows: list[dict[str, Any]], 
     return inserted
 
 
-def insert_new(session: Session, table: Table, rows: list[dict[str, Any]], conflict: list[str]) -> int:
-    """Insert ``rows`` (dicts with the same keys) into ``table`` unless they conflict on
+def insert_values(session: Session, table: Table, columns: tuple[str, ...] | list[str], rows: list[list[Any]],
+                  conflict: list[str]) -> int:
+    """Insert ``rows`` (values in ``columns`` order) into ``table`` unless they conflict on
     ``conflict``; returns how many were inserted. ``COPY`` on PostgreSQL with psycopg, else one
     DB-API executemany of a statement built once: SQLAlchemy's per-row parameter processing
-    costs more than SQLite's insert itself."""
+    costs more than SQLite's insert itself. JSON values are encoded here; the row lists of
+    a JSON column may be changed in place."""
     if not rows:
         return 0
     if copy_supported(session):
-        return copy_insert_new(session, table, rows, conflict)
+        return copy_insert_new(session, table, columns, rows, conflict)
+    cols = list(columns)
     bind = session.get_bind()
     if bind.dialect.name != "sqlite":
         from controller.store.upsert import insert_for
 
         stmt = insert_for(session, table).on_conflict_do_nothing(index_elements=conflict)
-        return session.connection().execute(stmt, rows).rowcount
-    cols = list(rows[0])
+        return session.connection().execute(stmt, [dict(zip(cols, row, strict=True)) for row in rows]).rowcount
     dumps = getattr(bind.dialect, "_json_serializer", None) or json.dumps
     json_at = [i for i, c in enumerate(cols) if isinstance(table.c[c].type, JSON)]
     names = ", ".join(f'"{c}"' for c in cols)
     sql = (f'INSERT INTO "{table.name}" ({names}) VALUES ({", ".join("?" * len(cols))}) '
            f'ON CONFLICT ({", ".join(conflict)}) DO NOTHING')
-    values = [[row[c] for c in cols] for row in rows]
-    for v in values:
+    for v in rows if json_at else ():
         for i in json_at:
             if v[i] is not None:
                 v[i] = dumps(v[i])
     raw = session.connection().connection.driver_connection
     cur = raw.cursor()
     try:
-        cur.executemany(sql, values)
+        cur.executemany(sql, rows)
         return cur.rowcount
     finally:
         cur.close()

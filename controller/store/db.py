@@ -28,6 +28,8 @@ from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import StaticPool
 
+from controller.store.json_text import column_json
+
 log = logging.getLogger(__name__)
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
@@ -99,10 +101,12 @@ def make_engine(cfg_or_url: StoreConfig | str) -> Engine:
         # In memory: one shared connection (StaticPool), else every pooled connection or thread
         # would get a database of its own.
         pool = {"poolclass": StaticPool} if in_memory else {}
-        engine = create_engine(url, echo=cfg.echo, connect_args={"check_same_thread": False}, **pool)
+        engine = create_engine(url, echo=cfg.echo, connect_args={"check_same_thread": False},
+                               json_serializer=column_json, **pool)
         event.listen(engine, "connect", _sqlite_pragmas(cfg.busy_timeout_ms, in_memory))
         return engine
-    return create_engine(url, echo=cfg.echo, pool_pre_ping=True, pool_size=cfg.pool_size)
+    return create_engine(url, echo=cfg.echo, pool_pre_ping=True, pool_size=cfg.pool_size,
+                         json_serializer=column_json)
 
 
 def alembic_config(engine: Engine | None = None) -> Any:

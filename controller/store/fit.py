@@ -82,17 +82,22 @@ def fit_row(model: Any, row: dict[str, Any]) -> dict[str, Any]:
 
 
 @cache
-def _checks(model: Any) -> tuple[tuple[str, str, Any], ...]:
-    return tuple((k, kind, bound) for k, (kind, bound) in _limits(model).items())
+def _value_checks(model: Any, columns: tuple[str, ...]) -> tuple[tuple[int, str, str, Any], ...]:
+    """(position, column, kind, bound) of ``model``'s sized columns among ``columns``."""
+    limits = _limits(model)
+    return tuple((i, k, *limits[k]) for i, k in enumerate(columns) if k in limits)
 
 
-def fit_rows(model: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``fit_row`` for a batch of rows, changed in place: a value that already fits (nearly all)
-    costs a type test and a comparison; only the others go through ``_fit``."""
-    checks = _checks(model)
-    for row in rows:
-        for k, kind, bound in checks:
-            v = row.get(k)
+def fit_values(model: Any, columns: tuple[str, ...], rows: list[list[Any]]) -> list[list[Any]]:
+    """Every row (values in ``columns`` order) made storable in ``model``'s columns, changed in
+    place. Column by column: one that fits as a whole (nearly always) costs a min/max or a join
+    at C speed; only a column that does not is checked value by value, and only the values that
+    do not fit go through ``_fit``."""
+    for i, k, kind, bound in _value_checks(model, columns):
+        if _column_fits(kind, bound, [v for row in rows if (v := row[i]) is not None]):
+            continue
+        for row in rows:
+            v = row[i]
             if v is None:
                 continue
             if kind == "int":
@@ -100,5 +105,28 @@ def fit_rows(model: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     continue
             elif type(v) is str and (bound is None or len(v) <= bound) and "\x00" not in v:
                 continue
-            row[k] = _fit(model, k, (kind, bound), v)
+            row[i] = _fit(model, k, (kind, bound), v)
+    return rows
+
+
+def _column_fits(kind: str, bound: Any, values: list[Any]) -> bool:
+    """Whether no value needs ``_fit``: ints within ``bound``, or str within it without NUL. A
+    value of another type makes the answer False (the caller's per-value check leaves it be)."""
+    if not values:
+        return True
+    try:
+        if kind == "int":
+            return bound[0] <= min(values) and max(values) <= bound[1]
+        return (bound is None or max(map(len, values)) <= bound) and "\x00" not in "".join(values)
+    except TypeError:
+        return False
+
+
+def fit_rows(model: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``fit_values`` for rows given as dicts, changed in place."""
+    for row in rows:
+        columns = tuple(row)
+        values = [list(row.values())]
+        fit_values(model, columns, values)
+        row.update(zip(columns, values[0], strict=True))
     return rows

@@ -9,12 +9,13 @@ the *next* offset to read, Kafka's convention.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from controller.store.models import ConsumerOffset
-from controller.store.upsert import insert_for
+from controller.store.upsert import built_once, insert_for
 
 
 def load_offsets(session: Session, group: str, topic: str) -> dict[int, int]:
@@ -39,9 +40,13 @@ def save_offsets(
         if offset < 0:
             raise ValueError(f"offset: must be >= 0, got {offset} for {topic}[{partition}]")
         rows.append({"group_id": group, "topic": topic, "partition": partition, "offset": offset, "updated_at": ts})
+    # one executemany for every partition of the batch
+    session.connection().execute(built_once(session, "save_offsets", _offsets_upsert), rows)
+
+
+def _offsets_upsert(session: Session) -> Any:
     ins = insert_for(session, ConsumerOffset)
-    stmt = ins.on_conflict_do_update(
+    return ins.on_conflict_do_update(
         index_elements=["group_id", "topic", "partition"],
         set_={"offset": ins.excluded.offset, "updated_at": ins.excluded.updated_at},
     )
-    session.connection().execute(stmt, rows)  # one executemany for every partition of the batch

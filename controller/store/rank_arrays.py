@@ -19,6 +19,7 @@ kept or dropped.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -39,8 +40,7 @@ _ID_CHUNK = 5000  # event ids per IN (...) lookup, below SQLite's bound-paramete
 def insert_rank_arrays(session: Session, events: Iterable[Event]) -> int:
     """Store the ``ranks`` events not stored yet (one row each); returns how many were new."""
     rows = {ev.id: {"event_id": ev.id, "run_id": ev.run, "step": ev.step, "ts": ev.ts,
-                    "first_rank": ev.data["first_rank"],
-                    "arrays": to_json({name: list(ev.data[name]) for name in RANKS_ARRAYS})}
+                    "first_rank": ev.data["first_rank"], "arrays": _stored_arrays(ev.data)}
             for ev in events if ev.type is EventType.RANKS}
     ids = list(rows)
     for i in range(0, len(ids), _ID_CHUNK):
@@ -62,6 +62,19 @@ def thin_rank_arrays(session: Session, run_id: str, below: int, bucket: int) -> 
     firsts = select(func.min(RankArrayRow.step)).where(*old).group_by(RankArrayRow.step // bucket)
     gone = delete(RankArrayRow).where(*old, RankArrayRow.step.not_in(firsts))
     return session.connection().execute(gone).rowcount
+
+
+def _stored_arrays(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The event's arrays as stored: ``to_json``'s non-finite strings, but its walk over every
+    value (7 x 1,024 numbers per event) only when a sum says some array holds a non-finite
+    number, or something that is not a number."""
+    arrays = {name: list(data[name]) for name in RANKS_ARRAYS}
+    try:
+        if all(math.isfinite(sum(values)) for values in arrays.values()):
+            return arrays  # plain finite numbers: to_json would give them back unchanged
+    except (TypeError, OverflowError):
+        pass
+    return to_json(arrays)
 
 
 def per_rank(step: int, ts: float, first_rank: int, arrays: Mapping[str, Any]) -> Iterator[dict[str, Any]]:

@@ -56,7 +56,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Float, case, cast, delete, func, insert, literal, or_, select, update
+from sqlalchemy import Float, bindparam, case, cast, delete, func, insert, literal, or_, select, update
 from sqlalchemy.orm import Session
 
 from controller.store.models import Run, StepMetric
@@ -287,7 +287,10 @@ def run_watermarks(session: Session, run_ids: Iterable[str]) -> dict[str, int]:
     ids = list(run_ids)
     if not ids:
         return {}
-    return dict(session.execute(select(Run.id, Run.downsampled_below).where(Run.id.in_(ids))).all())
+    return dict(session.connection().execute(_WATERMARKS, {"ids": ids}).all())  # Core: no ORM layer per batch
+
+
+_WATERMARKS = select(Run.id, Run.downsampled_below).where(Run.id.in_(bindparam("ids", expanding=True)))
 
 
 def downsample_all(session: Session, config: RetentionConfig | None = None) -> dict[str, DownsampleResult]:

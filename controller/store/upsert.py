@@ -7,6 +7,7 @@ for the session's connection so callers write one statement for both.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy.dialects import postgresql, sqlite
@@ -21,3 +22,17 @@ def insert_for(session: Session, model: Any) -> Any:
     if name == "postgresql":
         return postgresql.insert(model)
     raise NotImplementedError(f"the store supports sqlite and postgresql, not {name}")
+
+
+_BUILT: dict[tuple[str, str], Any] = {}
+
+
+def built_once(session: Session, name: str, build: Callable[[Session], Any]) -> Any:
+    """The statement ``build(session)`` makes, built once per dialect and ``name`` and reused:
+    the controller runs the same few statements with every batch, and constructing one (an
+    upsert's ``excluded`` columns above all) costs more than SQLite takes to run it."""
+    key = (session.get_bind().dialect.name, name)
+    stmt = _BUILT.get(key)
+    if stmt is None:
+        stmt = _BUILT[key] = build(session)
+    return stmt

@@ -114,3 +114,46 @@ def test_with_a_write_bucket_the_steps_a_verdict_names_and_the_newest_stay_exact
         BatchProcessor(ctx, RunTable(_FlagsStep15)).process(s, batch, now=T0 + 30)
         rows = s.execute(select(StepMetric.step, StepMetric.resolution).order_by(StepMetric.step)).all()
     assert [tuple(r) for r in rows] == [(0, 10), (10, 9), (15, 1), (20, 9), (29, 1)]
+
+
+def test_the_spike_rules_settings_are_written_once_per_loaded_run_not_every_batch(engine):
+    """``runs.spike_rule`` is written with a run's first judged loss, then only after the run's
+    state is reloaded (a new slot): not with every batch."""
+    from sqlalchemy import select, update
+
+    from bench.controller_support import step_data
+
+    runs = RunTable(default_detector_factory())
+    ctx = BatchContext(group_id="g", commands_topic="cmds", secret=Secret("test-secret-of-enough-length"),
+                       recovery=RecoveryConfig(), alerts=AlertsConfig())
+    proc = BatchProcessor(ctx, runs)
+    offset = 0
+
+    def batch_of_steps(first: int) -> EdgeBatch:
+        nonlocal offset
+        recs = []
+        for step in range(first, first + 3):
+            ev = make_event(EventType.STEP, "run-a", step, step_data(2.0, step), ts=T0 + step)
+            recs.append(EdgeRecord("events", 0, offset, ev))
+            offset += 1
+        return EdgeBatch(records=recs, next_offsets={("events", 0): offset})
+
+    def stored():
+        with session_scope(engine) as s:
+            return s.scalar(select(Run.spike_rule).where(Run.id == "run-a"))
+
+    def forget():
+        with session_scope(engine) as s:
+            s.execute(update(Run).where(Run.id == "run-a").values(spike_rule=None))
+
+    with session_scope(engine) as s:
+        proc.process(s, batch_of_steps(0), now=T0)
+    assert stored()["k_crit"] > 0
+    forget()
+    with session_scope(engine) as s:
+        proc.process(s, batch_of_steps(3), now=T0)
+    assert stored() is None  # the same slot: already written
+    runs.clear()  # what the service does after a failed transaction
+    with session_scope(engine) as s:
+        proc.process(s, batch_of_steps(6), now=T0)
+    assert stored()["k_crit"] > 0

@@ -759,3 +759,45 @@ def test_clone_copies_every_field_and_is_independent():
     assert [f.name for f in dataclasses.fields(RecoveryState)] == list(RecoveryState.__slots__)
     c.seq, c.unhealthy_steps = 8, (5,)
     assert (s.seq, s.unhealthy_steps) == (7, (3, 4))
+
+
+@pytest.mark.parametrize("phase", list(Phase))
+def test_the_quiet_step_fast_path_gives_what_the_full_progress_path_gives(phase, monkeypatch):
+    """``transition`` skips its action-collecting path for a step with nothing to stabilise,
+    recover or flag; for every phase, level, sample range, flagging and checkpoint mix the state
+    and actions must be those of ``_on_progress`` run in full."""
+    import itertools
+
+    from controller import recovery
+    from controller.recovery_types import Checkpoint, Incident, ProgressIn
+
+    full_step = recovery._Step
+    slow: list[int] = []
+
+    class CountedStep(full_step):  # type: ignore[misc, valid-type]
+        def __init__(self, *args):
+            slow.append(1)
+            super().__init__(*args)
+
+    monkeypatch.setattr(recovery, "_Step", CountedStep)
+    cfg = RecoveryConfig()
+    checkpoint_mixes = [(), (Checkpoint(step=2, kind="full", stable=True),),
+                        (Checkpoint(step=2, kind="full", stable=True), Checkpoint(step=90, kind="full"))]
+    for level, rng, flagging, cps in itertools.product(
+            [None, Level.OK, Level.WARN, Level.CRITICAL], [None, (80, 88)], [None, (40, 3.0, "transient")],
+            checkpoint_mixes):
+        state = new_state("r", "salt")
+        state.phase, state.flagging, state.checkpoints, state.last_step = phase, flagging, cps, 120
+        state.unhealthy_samples = ((9, 0, 8),)
+        if phase is Phase.RECOVERING:
+            state.incident = Incident(id="i", rule="loss_spike", level="critical", spike_step=100, onset_step=99,
+                                      opened_at=900.0, rollback_to=60)
+        inp = ProgressIn(step=121, now=1000.0, sample_end=rng[1] if rng else None,
+                         sample_start=rng[0] if rng else None, loss_level=level)
+        full = full_step(cfg, state)
+        recovery._on_progress(full, inp)
+        slow.clear()
+        got, actions = transition(cfg, state, inp)
+        assert (got, actions) == (full.s, full.actions), (level, rng, flagging, cps)
+        quiet = flagging is None and all(c.stable for c in cps) and phase is not Phase.RECOVERING
+        assert not slow if quiet else slow  # the fast path is taken exactly where it applies

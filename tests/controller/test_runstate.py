@@ -103,3 +103,25 @@ def test_an_unreadable_rule_state_starts_that_rule_fresh_with_a_warning(tmp_path
     assert {"mfu", "memory"} <= det.changed  # saved again at the next save
     warned = " ".join(r.getMessage() for r in caplog.records if r.levelname == "WARNING")
     assert "mfu rule state is unreadable" in warned and "memory rule state is not JSON" in warned
+
+
+def test_encode_json_reads_back_as_the_standard_encoding_whichever_encoder_wrote_it():
+    """orjson writes the common case; what it would write differently (a NaN or infinity as null,
+    a tuple as a list) or cannot write (an integer beyond 64 bits, a non-text key) goes the
+    standard way, non-finite floats in the wire spelling."""
+    from controller.runstate import encode_json
+
+    cases = [
+        {"window": [0.1 + 0.2, 1e-7, -0.0, 3.0], "n": 4, "none": None, "flag": True, "text": "é"},
+        {"points": [1.5, float("nan"), float("inf")], "level": "warn"},
+        {"pair": (1, 2.5)},
+        {1: 2.5},
+        [2**70],
+    ]
+    for obj in cases:
+        try:
+            want = json.loads(json.dumps(obj, allow_nan=False))
+        except (ValueError, TypeError):
+            want = json.loads(json.dumps(to_json(obj), allow_nan=False))
+        assert json.loads(encode_json(obj)) == want, obj
+    assert json.loads(encode_json({"p": [float("nan")]})) == {"p": ["NaN"]}

@@ -74,3 +74,17 @@ def test_retention_keeps_recent_sets_whole_and_one_set_per_bucket_before(engine)
     with session_scope(engine) as s:  # the thinned history still reads per rank
         pts = read.rank_metrics(s, "run-a", columns=("step_time_s",))
     assert {p["step"] for p in pts} >= {3, 603, 993}
+
+
+def test_stored_arrays_are_what_to_json_gives_with_or_without_its_walk():
+    from controller.store.rank_arrays import _stored_arrays
+    from core.floats import to_json
+    from core.rank_arrays import RANKS_ARRAYS
+
+    base = {name: [1.0, 2.5, 3] for name in RANKS_ARRAYS}
+    odd = [[1.0, float("nan")], [float("inf"), 1.0], [1e308, 1e308], [2**1100, 1], [1.0, None]]
+    for values in [None, *odd]:
+        data = dict(base) if values is None else {**base, RANKS_ARRAYS[0]: values}
+        got = _stored_arrays(data)
+        assert got == to_json({name: list(data[name]) for name in RANKS_ARRAYS}), values
+    assert _stored_arrays({**base, RANKS_ARRAYS[0]: [float("nan")]})[RANKS_ARRAYS[0]] == ["NaN"]
