@@ -13,6 +13,7 @@ does after a poll. Figures per store and run count: µs per event with the rules
 (``RunDetector``) and with ``controller_support.NoRules`` (what the state machine and the store
 cost), wall clock and this process's CPU time (``_cpu``: steadier on a shared machine, without
 PostgreSQL's own work), the best of ``--repeat`` fresh stores, each with the 1-minute load average.
+The process runs with the controller's GC threshold (``ControllerConfig.gc_gen0_threshold``).
 The first batch of each run also builds its detector and run row (as a controller meeting a
 new run does).
 """
@@ -27,6 +28,7 @@ import time
 from bench.controller_support import SECRET, NoRules, drop_store, fresh_store, step_bytes
 from controller.alerts import AlertsConfig
 from controller.batch import BatchContext, BatchProcessor
+from controller.config import ControllerConfig
 from controller.edge import EdgeBatch, EdgeRecord
 from controller.recovery_types import RecoveryConfig
 from controller.runstate import RunTable, default_detector_factory
@@ -64,6 +66,7 @@ def process_us(runs: int, n: int, size: int, rules: bool, pg_url: str | None = N
     engine = fresh_store(pg_url=pg_url)
     ctx = BatchContext(group_id="bench", commands_topic="bench.commands", secret=SECRET,
                        recovery=RecoveryConfig(), alerts=AlertsConfig())
+    ControllerConfig().apply_gc_threshold()  # the controller process's GC setting (controller/config.py)
     proc = BatchProcessor(ctx, RunTable(default_detector_factory() if rules else NoRules))
     try:
         t0, c0 = time.perf_counter(), time.process_time()

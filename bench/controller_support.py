@@ -103,4 +103,5 @@ class NoRules:
 def controller(kafka: KafkaConfig, engine, retention: RetentionConfig | None = None, detector_factory=None,
                **overrides) -> ControllerService:
     cfg = ControllerConfig(group_id=f"bench-{uuid.uuid4().hex[:6]}", **{**GROUP, **overrides})
+    cfg.apply_gc_threshold()  # as `cliffguard controller` does: the benches measure the service as it runs
     return ControllerService(cfg, kafka, engine, SECRET, retention=retention, detector_factory=detector_factory)

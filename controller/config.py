@@ -8,6 +8,7 @@ the service loop needs.
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 
 from controller.edge import ClockWindow
@@ -63,6 +64,11 @@ class ControllerConfig:
     """Address the health endpoint listens on (0.0.0.0 inside a container, for the kubelet)."""
     health_max_loop_age_s: float = 30.0
     """/healthz fails when the consumer loop has not come round for this long (a hung process)."""
+    gc_gen0_threshold: int = 10_000
+    """Allocations between young-generation collections of Python's cyclic GC in a ``cliffguard
+    controller`` process (``apply_gc_threshold``); 0 keeps Python's 700. The rules allocate per
+    event while many runs' windows stay alive, and at 700 a 64-run batch spent ~16 % of its time in
+    collections that find nothing to free (``bench.batch_speed``: 58 -> 49 µs per event)."""
 
     def __post_init__(self) -> None:
         if not self.group_id:
@@ -104,6 +110,14 @@ class ControllerConfig:
             raise ValueError("health_host: must not be empty")
         if self.health_max_loop_age_s <= 0:
             raise ValueError("health_max_loop_age_s: must be > 0")
+        if self.gc_gen0_threshold < 0:
+            raise ValueError("gc_gen0_threshold: must be >= 0 (0: Python's default)")
+
+    def apply_gc_threshold(self) -> None:
+        """Set the process's young-generation GC threshold (a process-wide choice: called by the
+        controller's entry point, not by a service embedded in another program)."""
+        if self.gc_gen0_threshold:
+            gc.set_threshold(self.gc_gen0_threshold, *gc.get_threshold()[1:])
 
     def clock_window(self) -> ClockWindow:
         return ClockWindow(max_clock_skew_s=self.max_clock_skew_s, max_event_age_s=self.max_event_age_s)

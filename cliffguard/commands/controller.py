@@ -82,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    cfg["controller"].apply_gc_threshold()
     try:
         store = Store.open(cfg["store"])
     except Exception as exc:  # noqa: BLE001 - say what is wrong with the store, then exit
