@@ -13,7 +13,9 @@ before the end. Measured:
 
 - ``offered`` / ``processed`` events: produced, and committed by the controllers (the sum of the
   group's offsets in the store), at the end of the offered load without draining the backlog:
-  ``processed_over_offered``; consumer lag (end offsets - committed) sampled every second;
+  ``processed_over_offered``; consumer lag (events offered so far - committed) sampled every
+  second, with the broker's end offsets beside it (Tansu's ListOffsets can trail the committed
+  offsets by a record or two, which made end - committed dip below zero);
 - verdict latency: a spike's step handed to the producer -> the run's ``pause`` on the commands topic;
 - time to name the hung rank: the hang -> a ``rank_hung`` alert naming it in the store;
 - CPU seconds per controller process (and of this process, the producer) over the run;
@@ -281,10 +283,12 @@ def run_fleet(broker, spec: FleetSpec, instances: int, *, duration_s: float, par
 
 
 def _lag_sample(ends, parts, engine, group: str, t0: float, offered: int) -> dict:
-    end = sum(ends.end_offsets(parts).values())
+    # committed before the end offsets, so neither counts events the other could not have seen; the
+    # lag is taken from what the bench has offered (exact), not from the end offsets (see the docstring)
     done = _committed(engine, group)
+    end = sum(ends.end_offsets(parts).values())
     return {"t_s": round(time.time() - t0, 2), "offered": offered, "end_offsets": end, "committed": done,
-            "lag": end - done}
+            "lag": offered - done}
 
 
 def _plot(results: list[dict], path: str) -> str:

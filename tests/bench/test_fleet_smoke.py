@@ -49,3 +49,4 @@ def test_tiny_fleet_end_to_end(tmp_path):
     assert one["offered"] > 0 and doc["processed_over_offered"] > 0.5
     assert one["spikes_paused"] >= 1 and doc["verdict_p99_ms"] is not None
     assert one["lag"] and one["cpu_s"]["controller-0"] > 0
+    assert min(s["lag"] for s in one["lag"]) >= 0  # offered - committed: nothing is committed before it is offered
