@@ -179,7 +179,7 @@ class CommandListener:
     def _assign(self) -> bool:
         from kafka import TopicPartition
 
-        from agent.publisher import ensure_topic
+        from agent.kafka_client import ensure_topic
 
         if self._consumer is None:
             self._consumer = self._consumer_factory()

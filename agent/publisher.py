@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import socket
 import struct
 import threading
 import time
@@ -57,6 +56,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agent.drafts import EventDraft
+from agent.kafka_client import discard_producer, ensure_topic, key_hash_partitioner, tcp_reachable
 from agent.spill import SpillFile
 from core.enums import EventType
 from core.events import Event, encode_event
@@ -148,27 +148,6 @@ class PublisherConfig:
             raise ValueError("fsync_interval_s: must be >= 0")
 
 
-def ensure_topic(kafka: KafkaConfig, topic: str, timeout_s: float | None = None) -> None:
-    """Create ``topic`` with the configured partitions if the cluster does not have it."""
-    from kafka.admin import KafkaAdminClient, NewTopic
-    from kafka.errors import TopicAlreadyExistsError
-
-    timeout_ms = int(timeout_s * 1000) if timeout_s is not None else kafka.request_timeout_ms
-    admin = KafkaAdminClient(**kafka.client_kwargs(), client_id="cliffguard-agent-admin",
-                             bootstrap_timeout_ms=timeout_ms)
-    try:
-        if topic not in set(admin.list_topics()):
-            try:
-                admin.create_topics(
-                    [NewTopic(name=topic, num_partitions=kafka.partitions, replication_factor=kafka.replication)],
-                    timeout_ms=timeout_ms,
-                )
-            except TopicAlreadyExistsError:
-                pass  # someone else created it meanwhile
-    finally:
-        admin.close()
-
-
 _ROUTINE = frozenset({EventType.STEP, EventType.RANKS, EventType.HEARTBEAT, EventType.GRAD_HIST})
 
 
@@ -180,17 +159,6 @@ def _urgent(event: Event | EventDraft) -> bool:
     return event.type == EventType.STEP and event.data.get("guard", "ok") != "ok"
 
 
-def _tcp_reachable(kafka: KafkaConfig, timeout: float = 0.5) -> bool:
-    for host_port in kafka.client_kwargs()["bootstrap_servers"]:
-        host, _, port = host_port.rpartition(":")
-        try:
-            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
-                return True
-        except OSError:
-            continue
-    return False
-
-
 def _pack(key: bytes, value: bytes) -> bytes:
     return _KEYLEN.pack(len(key)) + key + value
 
@@ -200,42 +168,7 @@ def _unpack(payload: bytes) -> tuple[bytes, bytes]:
     return payload[2 : 2 + n], payload[2 + n :]
 
 
-def _discard(producer: Any) -> None:
-    """Close a producer we no longer trust without waiting on a broker that is gone."""
-    try:
-        producer.close(timeout=0.5)
-    except Exception:  # noqa: BLE001 - flush inside close times out when records are stuck
-        sender = getattr(producer, "_sender", None)
-        if sender is not None:
-            sender.force_close()
-
-
 Record = tuple[bytes, bytes]  # (key, value)
-
-
-def _key_partitioner() -> Any:
-    """kafka-python's default partitioner with each key's murmur2 hash remembered: it is pure
-    Python (~25 us a record) and an agent sends one key, its run id, for ever. Same partitions."""
-    from kafka.partitioner.default import DefaultPartitioner, murmur2
-
-    class KeyHashCache(DefaultPartitioner):
-        def __init__(self) -> None:
-            self._hashes: dict[bytes, int] = {}
-
-        def partition(self, topic, key, serialized_key, value, serialized_value, cluster):  # noqa: ANN001, ANN201
-            if serialized_key is None:
-                return super().partition(topic, key, serialized_key, value, serialized_value, cluster)
-            if topic not in cluster.topics():
-                raise ValueError(f"Topic {topic} not found in ClusterMetadata")
-            h = self._hashes.get(serialized_key)
-            if h is None:
-                if len(self._hashes) > 1024:
-                    self._hashes.clear()
-                h = self._hashes[serialized_key] = murmur2(serialized_key) & 0x7FFFFFFF
-            all_partitions = sorted(cluster.partitions_for_topic(topic))
-            return all_partitions[h % len(all_partitions)]
-
-    return KeyHashCache()
 
 
 class Publisher:
@@ -397,7 +330,7 @@ class Publisher:
             # per record, kafka-python's metrics and the key's hash were most of its CPU in the
             # training process (a record every step); nothing reads the producer's metrics
             metrics_enabled=False,
-            partitioner=_key_partitioner(),
+            partitioner=key_hash_partitioner(),
         )
 
     def _run(self) -> None:
@@ -416,7 +349,7 @@ class Publisher:
                     log.error("dropping %d events that crashed the publisher 3 times", len(self._held))
                     self._held = []
                 if self._producer is not None:
-                    _discard(self._producer)
+                    discard_producer(self._producer)
                     self._producer = None
                 self._up = False
                 if self._closing.is_set() and time.monotonic() >= self._deadline:
@@ -510,7 +443,7 @@ class Publisher:
             self._next_probe = time.monotonic() + self.config.reconnect_min_s
             return
         try:
-            if self._producer_factory == self._default_producer and not _tcp_reachable(self.kafka):
+            if self._producer_factory == self._default_producer and not tcp_reachable(self.kafka):
                 # Nothing even accepts TCP: skip kafka-python's bootstrap, which waits out its timeout.
                 raise ConnectionError("no bootstrap host accepts connections")
             producer = self._producer_factory()
@@ -520,7 +453,7 @@ class Publisher:
                 raise RuntimeError(f"topic {self.topic} has no partitions")
         except Exception as exc:  # noqa: BLE001 - any failure means "not reachable yet"
             if producer is not None:
-                _discard(producer)
+                discard_producer(producer)
             if self._backoff == self.config.reconnect_min_s:
                 log.warning("broker %s not reachable (%s); spilling to %s", self.kafka.bootstrap, exc,
                             self.config.spill_path)
@@ -539,7 +472,7 @@ class Publisher:
         self.last_error = reason
         log.warning("broker %s unreachable (%s); spilling to %s", self.kafka.bootstrap, reason, self.config.spill_path)
         if self._producer is not None:
-            _discard(self._producer)
+            discard_producer(self._producer)
             self._producer = None
         self._up = False
         self._backoff = self.config.reconnect_min_s
@@ -614,7 +547,7 @@ class Publisher:
             try:
                 self._producer.close(timeout=max(0.0, min(2.0, self._deadline - time.monotonic())))
             except Exception:  # noqa: BLE001
-                _discard(self._producer)
+                discard_producer(self._producer)
             self._producer = None
         self._up = False
         if self._spill is not None:

@@ -484,7 +484,7 @@ def test_routine_events_wait_for_the_window_and_an_urgent_one_sends_them_at_once
 def test_the_key_hash_cache_picks_the_default_partitioners_partitions():
     from kafka.partitioner.default import DefaultPartitioner
 
-    from agent.publisher import _key_partitioner
+    from agent.kafka_client import key_hash_partitioner
 
     class Cluster:
         def __init__(self, n: int) -> None:
@@ -499,7 +499,7 @@ def test_the_key_hash_cache_picks_the_default_partitioners_partitions():
         def available_partitions_for_topic(self, topic: str) -> set[int]:
             return set(range(self.n))
 
-    cached, default = _key_partitioner(), DefaultPartitioner()
+    cached, default = key_hash_partitioner(), DefaultPartitioner()
     for n in (1, 3, 8, 64):  # a topic that grows partitions moves keys as the default does
         for key in (b"run-a", b"r", b"a-much-longer-run-id-2026-12-01", b"x" * 7):
             for _ in range(2):  # hashed, then remembered

@@ -1,0 +1,77 @@
+"""kafka-python plumbing shared by the agent's publisher and command listener: topic creation, a
+cheap reachability probe, closing a producer that may be stuck, and a partitioner that remembers
+its key's hash. No event logic here (``agent/publisher.py`` has that)."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+from core.kafka_config import KafkaConfig
+
+
+def ensure_topic(kafka: KafkaConfig, topic: str, timeout_s: float | None = None) -> None:
+    """Create ``topic`` with the configured partitions if the cluster does not have it."""
+    from kafka.admin import KafkaAdminClient, NewTopic
+    from kafka.errors import TopicAlreadyExistsError
+
+    timeout_ms = int(timeout_s * 1000) if timeout_s is not None else kafka.request_timeout_ms
+    admin = KafkaAdminClient(**kafka.client_kwargs(), client_id="cliffguard-agent-admin",
+                             bootstrap_timeout_ms=timeout_ms)
+    try:
+        if topic not in set(admin.list_topics()):
+            try:
+                admin.create_topics(
+                    [NewTopic(name=topic, num_partitions=kafka.partitions, replication_factor=kafka.replication)],
+                    timeout_ms=timeout_ms,
+                )
+            except TopicAlreadyExistsError:
+                pass  # someone else created it meanwhile
+    finally:
+        admin.close()
+
+
+def tcp_reachable(kafka: KafkaConfig, timeout: float = 0.5) -> bool:
+    for host_port in kafka.client_kwargs()["bootstrap_servers"]:
+        host, _, port = host_port.rpartition(":")
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def discard_producer(producer: Any) -> None:
+    """Close a producer we no longer trust without waiting on a broker that is gone."""
+    try:
+        producer.close(timeout=0.5)
+    except Exception:  # noqa: BLE001 - flush inside close times out when records are stuck
+        sender = getattr(producer, "_sender", None)
+        if sender is not None:
+            sender.force_close()
+
+
+def key_hash_partitioner() -> Any:
+    """kafka-python's default partitioner with each key's murmur2 hash remembered: it is pure
+    Python (~25 us a record) and an agent sends one key, its run id, for ever. Same partitions."""
+    from kafka.partitioner.default import DefaultPartitioner, murmur2
+
+    class KeyHashCache(DefaultPartitioner):
+        def __init__(self) -> None:
+            self._hashes: dict[bytes, int] = {}
+
+        def partition(self, topic, key, serialized_key, value, serialized_value, cluster):  # noqa: ANN001, ANN201
+            if serialized_key is None:
+                return super().partition(topic, key, serialized_key, value, serialized_value, cluster)
+            if topic not in cluster.topics():
+                raise ValueError(f"Topic {topic} not found in ClusterMetadata")
+            h = self._hashes.get(serialized_key)
+            if h is None:
+                if len(self._hashes) > 1024:
+                    self._hashes.clear()
+                h = self._hashes[serialized_key] = murmur2(serialized_key) & 0x7FFFFFFF
+            all_partitions = sorted(cluster.partitions_for_topic(topic))
+            return all_partitions[h % len(all_partitions)]
+
+    return KeyHashCache()
