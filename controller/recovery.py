@@ -13,7 +13,7 @@
 
 ``transition(state, input) -> (state, actions)`` maps each input (a verdict, a step, a checkpoint,
 an ack, a validation result, a tick, the run's end) to at most one trigger of the table, guarded by the named
-predicates in ``GUARDS``; inputs that do not concern the current phase (a stale ack, a second
+predicates in ``GUARDS`` (the table and the guards: ``controller/recovery_table.py``); inputs that do not concern the current phase (a stale ack, a second
 spike while already pausing) change nothing. ``fire(phase, trigger)`` raises
 ``TransitionNotAllowed`` for a move the table does not declare, so a bug can never walk the
 machine somewhere undeclared. Every transition yields a ``RecordTransition`` with its reason and
@@ -43,10 +43,22 @@ rollback to a stable checkpoint costs some steps, resuming a damaged model costs
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from controller.recovery_table import (
+    WAITING,
+    can_retry,
+    fire,
+    is_abnormal,
+    is_ours,
+    is_recovered,
+    is_stable,
+    rollback_target,
+    starts_incident,
+    timed_out,
+    within_budget,
+)
 from controller.recovery_types import (
     AckIn,
     ActionT,
@@ -76,7 +88,7 @@ from controller.recovery_types import (
 from controller.verdict import Action, Verdict
 from core.capabilities import normalize as normalize_capabilities
 from core.enums import AckStatus, CommandType, Level
-from core.policy import rollback_step, rolled_back_lr_scale
+from core.policy import rolled_back_lr_scale
 
 # An enum member read through its class costs ~10x a module global; these are read for every step.
 _RECOVERING = Phase.RECOVERING
@@ -86,116 +98,6 @@ UNHEALTHY_KEEP = 64
 PAUSE_CYCLE = (CommandType.PAUSE, CommandType.VALIDATE, CommandType.RESUME)
 """What a run must apply for the machine to open an incident: pause, judge the frozen weights, resume."""
 ISSUED_KEEP = 32
-
-
-class TransitionNotAllowed(RuntimeError):
-    def __init__(self, phase: Phase, trigger: str) -> None:
-        super().__init__(f"no transition from {phase} on {trigger}")
-        self.phase = phase
-        self.trigger = trigger
-
-
-# (from phase, trigger) -> to phase. The complete list of legal moves.
-TRANSITIONS: dict[tuple[Phase, str], Phase] = {
-    (Phase.RUNNING, "spike"): Phase.PAUSING,
-    (Phase.RECOVERING, "spike"): Phase.PAUSING,
-    (Phase.PAUSING, "pause_applied"): Phase.VALIDATING,
-    (Phase.VALIDATING, "validation_normal"): Phase.RESUMING,
-    (Phase.VALIDATING, "validation_abnormal"): Phase.ROLLING_BACK,
-    (Phase.VALIDATING, "budget_exhausted"): Phase.HALTED,
-    (Phase.VALIDATING, "no_target"): Phase.HALTED,
-    (Phase.VALIDATING, "rollback_unsupported"): Phase.HALTED,
-    (Phase.ROLLING_BACK, "rollback_applied"): Phase.RECOVERING,
-    (Phase.ROLLING_BACK, "rollback_failed"): Phase.ROLLING_BACK,
-    (Phase.ROLLING_BACK, "no_target"): Phase.HALTED,
-    (Phase.RECOVERING, "recovered"): Phase.RUNNING,
-    (Phase.RESUMING, "resume_applied"): Phase.RUNNING,
-    (Phase.HALTED, "operator_resumed"): Phase.RUNNING,
-}
-WAITING = (Phase.PAUSING, Phase.VALIDATING, Phase.ROLLING_BACK, Phase.RESUMING)
-for _p in WAITING:
-    TRANSITIONS[(_p, "command_retry")] = _p
-    TRANSITIONS[(_p, "command_gave_up")] = Phase.HALTED
-    TRANSITIONS[(_p, "command_refused")] = Phase.HALTED
-# Every phase that holds an incident; ``running`` never does (each way into it closes the incident).
-for _p in (*WAITING, Phase.RECOVERING, Phase.HALTED):
-    TRANSITIONS[(_p, "run_ended")] = Phase.RUNNING
-
-def fire(phase: Phase, trigger: str) -> Phase:
-    """The phase after ``trigger`` in ``phase``; raises TransitionNotAllowed if undeclared."""
-    try:
-        return TRANSITIONS[(phase, trigger)]
-    except KeyError:
-        raise TransitionNotAllowed(phase, trigger) from None
-
-
-# ---------------------------------------------------------------------------------------------
-# Guards: named predicates, each a pure function of (config, state, ...)
-# ---------------------------------------------------------------------------------------------
-
-
-def starts_incident(cfg: RecoveryConfig, s: RecoveryState, inp: VerdictIn) -> bool:
-    return inp.verdict.action is Action.RECOVER and s.phase in (Phase.RUNNING, Phase.RECOVERING)
-
-
-def is_abnormal(cfg: RecoveryConfig, s: RecoveryState, val_loss: float) -> bool:
-    base = s.baseline()
-    if base is None or not math.isfinite(val_loss):
-        return True
-    return val_loss > base * (1 + cfg.val_margin_rel) + cfg.val_margin_abs
-
-
-def within_budget(cfg: RecoveryConfig, s: RecoveryState, now: float) -> bool:
-    recent = [t for t in s.rollback_times if now - t < cfg.rollback_window_s]
-    return len(recent) < cfg.rollback_budget
-
-
-def rollback_target(cfg: RecoveryConfig, s: RecoveryState, before: int) -> Checkpoint | None:
-    """Newest stable checkpoint at or before ``before``."""
-    step = rollback_step((c.step for c in s.checkpoints if c.stable), before)
-    return None if step is None else next(c for c in s.checkpoints if c.step == step and c.stable)
-
-
-def can_retry(cfg: RecoveryConfig, s: RecoveryState) -> bool:
-    return s.pending is not None and s.pending.attempt < cfg.max_attempts
-
-
-def timed_out(cfg: RecoveryConfig, s: RecoveryState, now: float) -> bool:
-    if s.pending is None:
-        return False
-    limit = cfg.validate_timeout_s if s.pending.type is CommandType.VALIDATE else cfg.command_timeout_s
-    return now - s.pending.sent_at >= limit
-
-
-def is_recovered(cfg: RecoveryConfig, s: RecoveryState) -> bool:
-    assert s.incident is not None and s.incident.rollback_to is not None
-    healthy_since = max([s.incident.rollback_to, *s.unhealthy_steps])
-    return s.last_step - healthy_since >= cfg.recover_window
-
-
-def is_stable(cfg: RecoveryConfig, s: RecoveryState, c: Checkpoint) -> bool:
-    if s.last_step < c.step + cfg.stable_window:
-        return False
-    # a checkpoint labelled s holds the state before step s ran (trainer/commands.py), so step s
-    # itself is part of the window that must stay healthy
-    return not any(c.step <= u <= c.step + cfg.stable_window for u in s.unhealthy_steps)
-
-
-def is_ours(cfg: RecoveryConfig, s: RecoveryState, cmd_id: str) -> bool:
-    return s.pending is not None and s.pending.id == cmd_id
-
-
-GUARDS: dict[str, Callable[..., Any]] = {
-    "starts_incident": starts_incident,
-    "is_abnormal": is_abnormal,
-    "within_budget": within_budget,
-    "rollback_target": rollback_target,
-    "can_retry": can_retry,
-    "timed_out": timed_out,
-    "is_recovered": is_recovered,
-    "is_stable": is_stable,
-    "is_ours": is_ours,
-}
 
 
 # ---------------------------------------------------------------------------------------------

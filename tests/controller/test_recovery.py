@@ -7,15 +7,8 @@ import math
 
 import pytest
 
-from controller.recovery import (
-    GUARDS,
-    TRANSITIONS,
-    TransitionNotAllowed,
-    fire,
-    is_recovered,
-    new_state,
-    transition,
-)
+from controller.recovery import new_state, transition
+from controller.recovery_table import GUARDS, TRANSITIONS, TransitionNotAllowed, fire, is_recovered
 from controller.recovery_types import (
     AckIn,
     Alert,
