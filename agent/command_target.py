@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from core.enums import AckStatus, CheckpointKind
+from cliffguard.core.enums import AckStatus, CheckpointKind
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from agent.collectors.grad_hist import HistConfig
-from agent.guard import GuardConfig
-from agent.recovery.config import KitConfig
-from core.events import check_run_id
-from core.rank_arrays import MAX_RANKS_PER_EVENT
+from cliffguard.agent.collectors.grad_hist import HistConfig
+from cliffguard.agent.guard import GuardConfig
+from cliffguard.agent.recovery.config import KitConfig
+from cliffguard.core.events import check_run_id
+from cliffguard.core.rank_arrays import MAX_RANKS_PER_EVENT
 
 
 @dataclass(kw_only=True, slots=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from core.rank_arrays import MAX_DETAIL_STEPS
+from cliffguard.core.rank_arrays import MAX_DETAIL_STEPS
 
 
 def detail_steps(args: Mapping[str, Any]) -> int:

@@ -24,12 +24,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agent.command_target import CommandTarget, Outcome
-from agent.detail import detail_steps
-from agent.lr_scale import check_lr_scale
-from agent.modes import HELD, PAUSED, RUNNING, STOPPING, VALIDATING, ModeMachine
-from core.enums import AckStatus, CheckpointKind, CommandType, TrainerMode
-from core.events import Command
+from cliffguard.agent.command_target import CommandTarget, Outcome
+from cliffguard.agent.detail import detail_steps
+from cliffguard.agent.lr_scale import check_lr_scale
+from cliffguard.agent.modes import HELD, PAUSED, RUNNING, STOPPING, VALIDATING, ModeMachine
+from cliffguard.core.enums import AckStatus, CheckpointKind, CommandType, TrainerMode
+from cliffguard.core.events import Command
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.enums import EventType
-from core.events import Event, make_event
+from cliffguard.core.enums import EventType
+from cliffguard.core.events import Event, make_event
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,10 +35,10 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from core.deployment import PolicyConfig
-from core.enums import GuardDecision, Level
-from core.settings import shared_field
-from core.spike import SpikeConfig, SpikeDetector, SpikeVerdict
+from cliffguard.core.deployment import PolicyConfig
+from cliffguard.core.enums import GuardDecision, Level
+from cliffguard.core.settings import shared_field
+from cliffguard.core.spike import SpikeConfig, SpikeDetector, SpikeVerdict
 
 TIMEOUT_POLICIES = ("rollback", "resume", "stop")
 

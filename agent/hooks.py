@@ -48,25 +48,25 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from agent.collectors.grad_hist import GradHistogram, layer_name
-from agent.collectors.memory import memory_stats
-from agent.collectors.mfu import ModelShape, mfu, resolve_peak
-from agent.collectors.timing import StepClock, attach_comm_timer
-from agent.config import AgentConfig
-from agent.detail import DetailWindow, detail_steps
-from agent.drafts import EventDraft, builds_events
-from agent.guard import Guard
-from agent.heartbeat import Heartbeat
-from agent.lr_scale import LRScale
-from agent.modes import STOPPING, ModeMachine
-from agent.node_beats import NodeBeats, NodeLayout
-from agent.packed_step import PackedStep
-from agent.rank_perf import PERF_FIELDS, PerfAccumulator, publishes_chunk, ranks_payload
-from core.capabilities import normalize as normalize_capabilities
-from core.deployment import PUBLIC_KEY_ENV, SECRET_ENV, agent_event_signer, agent_verifying_key
-from core.enums import AckStatus, CommandType, EventType, GuardDecision
-from core.events import Command
-from core.rank_arrays import summarize_losses
+from cliffguard.agent.collectors.grad_hist import GradHistogram, layer_name
+from cliffguard.agent.collectors.memory import memory_stats
+from cliffguard.agent.collectors.mfu import ModelShape, mfu, resolve_peak
+from cliffguard.agent.collectors.timing import StepClock, attach_comm_timer
+from cliffguard.agent.config import AgentConfig
+from cliffguard.agent.detail import DetailWindow, detail_steps
+from cliffguard.agent.drafts import EventDraft, builds_events
+from cliffguard.agent.guard import Guard
+from cliffguard.agent.heartbeat import Heartbeat
+from cliffguard.agent.lr_scale import LRScale
+from cliffguard.agent.modes import STOPPING, ModeMachine
+from cliffguard.agent.node_beats import NodeBeats, NodeLayout
+from cliffguard.agent.packed_step import PackedStep
+from cliffguard.agent.rank_perf import PERF_FIELDS, PerfAccumulator, publishes_chunk, ranks_payload
+from cliffguard.core.capabilities import normalize as normalize_capabilities
+from cliffguard.core.deployment import PUBLIC_KEY_ENV, SECRET_ENV, agent_event_signer, agent_verifying_key
+from cliffguard.core.enums import AckStatus, CommandType, EventType, GuardDecision
+from cliffguard.core.events import Command
+from cliffguard.core.rank_arrays import summarize_losses
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ class Agent:
 
     # ------------------------------------------------------------------ wiring
     def _make_publisher(self, kafka: Any, publisher_config: Any, signer: Any) -> Any:
-        from agent import publisher as pub
+        from cliffguard.agent import publisher as pub
 
         if kafka is None:
             return pub.NullSink()
@@ -168,7 +168,7 @@ class Agent:
         # a controller holding the agent secret dead-letters unsigned events.
         signer = signer if signer is not None else agent_event_signer(self.config.run)
         if publisher_config is None:
-            from agent.spill import default_spill_dir, spill_path, stale_spills
+            from cliffguard.agent.spill import default_spill_dir, spill_path, stale_spills
 
             # a per-user directory: agent/spill.py refuses one owned by someone else (like /tmp)
             spill_dir = self.config.spill_dir or default_spill_dir()
@@ -183,8 +183,8 @@ class Agent:
         return p
 
     def _make_listener(self, kafka: Any, secret: Any) -> Any:
-        from agent.listener import CommandListener
-        from core.signing import CommandVerifier
+        from cliffguard.agent.listener import CommandListener
+        from cliffguard.core.signing import CommandVerifier
 
         listener = CommandListener(kafka, self.config.run, CommandVerifier(self.config.run, secret), self._on_reject)
         listener.start(timeout=0)  # construction never blocks (a wrong bootstrap cost ~10 s); start() waits a little
@@ -240,7 +240,7 @@ class Agent:
         self._clock.restart()
 
     def _make_node_beats(self) -> NodeBeats | None:
-        from agent.spill import default_spill_dir
+        from cliffguard.agent.spill import default_spill_dir
 
         base = Path(self.config.spill_dir or default_spill_dir())
         try:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import socket
 from typing import Any
 
-from core.kafka_config import KafkaConfig
+from cliffguard.core.kafka_config import KafkaConfig
 
 
 def ensure_topic(kafka: KafkaConfig, topic: str, timeout_s: float | None = None) -> None:

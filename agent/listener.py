@@ -46,11 +46,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from core.enums import AckStatus
-from core.events import Command, SchemaError, decode_command
-from core.kafka_config import KafkaConfig
-from core.signing import CommandVerifier, Rejection
-from core.topic_watch import TopicIdWatch
+from cliffguard.core.enums import AckStatus
+from cliffguard.core.events import Command, SchemaError, decode_command
+from cliffguard.core.kafka_config import KafkaConfig
+from cliffguard.core.signing import CommandVerifier, Rejection
+from cliffguard.core.topic_watch import TopicIdWatch
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +179,7 @@ class CommandListener:
     def _assign(self) -> bool:
         from kafka import TopicPartition
 
-        from agent.kafka_client import ensure_topic
+        from cliffguard.agent.kafka_client import ensure_topic
 
         if self._consumer is None:
             self._consumer = self._consumer_factory()

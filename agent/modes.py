@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from core.enums import TrainerMode
+from cliffguard.core.enums import TrainerMode
 
 RUNNING, PAUSED, HELD = TrainerMode.RUNNING, TrainerMode.PAUSED, TrainerMode.HELD
 VALIDATING, STOPPING = TrainerMode.VALIDATING, TrainerMode.STOPPING

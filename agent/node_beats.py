@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.spill import _private_dir
-from core.rank_arrays import MAX_COLLECTIVE_CHARS
+from cliffguard.agent.spill import _private_dir
+from cliffguard.core.rank_arrays import MAX_COLLECTIVE_CHARS
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from agent.rank_perf import PERF_FIELDS
+from cliffguard.agent.rank_perf import PERF_FIELDS
 
 
 @dataclass(slots=True)

@@ -55,13 +55,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from agent.drafts import EventDraft
-from agent.kafka_client import discard_producer, ensure_topic, key_hash_partitioner, tcp_reachable
-from agent.spill import SpillFile
-from core.enums import EventType
-from core.events import Event, encode_event
-from core.kafka_config import KafkaConfig
-from core.keys import EventSigner
+from cliffguard.agent.drafts import EventDraft
+from cliffguard.agent.kafka_client import discard_producer, ensure_topic, key_hash_partitioner, tcp_reachable
+from cliffguard.agent.spill import SpillFile
+from cliffguard.core.enums import EventType
+from cliffguard.core.events import Event, encode_event
+from cliffguard.core.kafka_config import KafkaConfig
+from cliffguard.core.keys import EventSigner
 
 log = logging.getLogger(__name__)
 

@@ -45,10 +45,10 @@ def worker(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     from accelerate import Accelerator
 
-    from agent.hooks import Agent, AgentConfig
-    from agent.publisher import InMemorySink, PublisherConfig
-    from core.kafka_config import KafkaConfig
-    from trainer.model import GPT, GPTConfig
+    from cliffguard.agent.hooks import Agent, AgentConfig
+    from cliffguard.agent.publisher import InMemorySink, PublisherConfig
+    from cliffguard.core.kafka_config import KafkaConfig
+    from cliffguard.trainer.model import GPT, GPTConfig
 
     acc = Accelerator(cpu=True)
     rank, world = acc.process_index, acc.num_processes
@@ -234,8 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     bootstrap = None
     if args.sink == "kafka":
         try:
-            from controller.broker import EmbeddedBroker, ensure_topics
-            from core.kafka_config import KafkaConfig
+            from cliffguard.controller.broker import EmbeddedBroker, ensure_topics
+            from cliffguard.core.kafka_config import KafkaConfig
 
             broker = EmbeddedBroker(port=0).start()
             bootstrap = broker.bootstrap

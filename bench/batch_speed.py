@@ -26,14 +26,14 @@ import os
 import time
 
 from bench.controller_support import SECRET, NoRules, drop_store, fresh_store, step_bytes
-from controller.alerts import AlertsConfig
-from controller.batch import BatchContext, BatchProcessor
-from controller.config import ControllerConfig
-from controller.edge import EdgeBatch, EdgeRecord
-from controller.recovery_types import RecoveryConfig
-from controller.runstate import RunTable, default_detector_factory
-from controller.store.db import session_scope
-from core.events import decode_event
+from cliffguard.controller.alerts import AlertsConfig
+from cliffguard.controller.batch import BatchContext, BatchProcessor
+from cliffguard.controller.config import ControllerConfig
+from cliffguard.controller.edge import EdgeBatch, EdgeRecord
+from cliffguard.controller.recovery_types import RecoveryConfig
+from cliffguard.controller.runstate import RunTable, default_detector_factory
+from cliffguard.controller.store.db import session_scope
+from cliffguard.core.events import decode_event
 
 TOPIC = "bench.metrics"
 PARTITIONS = 4

@@ -57,8 +57,8 @@ from typing import Any
 
 import torch
 
-from trainer.checkpoint import CheckpointConfig, CheckpointManager
-from trainer.model import GPT, GPTConfig
+from cliffguard.trainer.checkpoint import CheckpointConfig, CheckpointManager
+from cliffguard.trainer.model import GPT, GPTConfig
 
 SIZES: dict[str, GPTConfig] = {
     "default": GPTConfig(),
@@ -177,7 +177,7 @@ def block_parts(state_fn, repeats: int = 9) -> dict[str, float]:
     ``walk_ms`` collecting the state's tensors and laying out the buffer (``flatten(copy=False)``),
     ``copy_ms`` the one ``_foreach_copy_`` (``fill``: memory bandwidth, the floor of any copy on
     the training thread)."""
-    from trainer.checkpoint_io import fill, flatten
+    from cliffguard.trainer.checkpoint_io import fill, flatten
 
     spare = flatten(state_fn())
     parts: dict[str, list[float]] = {"flatten_ms": [], "walk_ms": [], "copy_ms": []}

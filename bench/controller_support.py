@@ -9,15 +9,15 @@ from pathlib import Path
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from controller.broker import EmbeddedBroker, ensure_topics
-from controller.config import ControllerConfig
-from controller.service import ControllerService
-from controller.store.db import init_db, make_engine
-from controller.store.retention import RetentionConfig
-from core.events import encode_event, make_event
-from core.kafka_config import KafkaConfig
-from core.rank_arrays import summarize_losses
-from core.signing import Secret
+from cliffguard.controller.broker import EmbeddedBroker, ensure_topics
+from cliffguard.controller.config import ControllerConfig
+from cliffguard.controller.service import ControllerService
+from cliffguard.controller.store.db import init_db, make_engine
+from cliffguard.controller.store.retention import RetentionConfig
+from cliffguard.core.events import encode_event, make_event
+from cliffguard.core.kafka_config import KafkaConfig
+from cliffguard.core.rank_arrays import summarize_losses
+from cliffguard.core.signing import Secret
 
 SECRET = Secret("bench-secret-bench-secret")
 # The embedded broker's first group join waits about max_poll_interval_ms; 10 s keeps that short

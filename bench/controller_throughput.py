@@ -46,14 +46,14 @@ from bench.controller_support import (
     healthy_loss,
     step_bytes,
 )
-from controller.batch import inputs_for
-from controller.broker import EmbeddedBroker
-from controller.detect import RunDetector
-from controller.recovery import new_state, transition
-from controller.recovery_types import RecoveryConfig
-from controller.store.retention import RetentionConfig
-from core.batch_decode import BatchDecoder
-from core.events import decode_event
+from cliffguard.controller.batch import inputs_for
+from cliffguard.controller.broker import EmbeddedBroker
+from cliffguard.controller.detect import RunDetector
+from cliffguard.controller.recovery import new_state, transition
+from cliffguard.controller.recovery_types import RecoveryConfig
+from cliffguard.controller.store.retention import RetentionConfig
+from cliffguard.core.batch_decode import BatchDecoder
+from cliffguard.core.events import decode_event
 
 
 def core_rates(n: int) -> dict[str, float]:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from cliffguard.commands.backtest import rules_maker
-from controller import backtest_score as sc
+from cliffguard.controller import backtest_score as sc
 
 
 def parse_sets(items: list[str]) -> dict[str, dict[str, Any]]:

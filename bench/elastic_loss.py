@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from cliffguard.demo_elastic import ElasticDemoConfig, run_elastic_demo, run_uninterrupted
-from trainer.config import TrainConfig
-from trainer.elastic import ElasticConfig, progress_mark_path
+from cliffguard.trainer.config import TrainConfig
+from cliffguard.trainer.elastic import ElasticConfig, progress_mark_path
 
 DEFAULT_POLICIES = ("proportional:sqrt", "proportional:linear", "proportional:none", "keep:sqrt")
 

@@ -41,9 +41,9 @@ from pathlib import Path
 
 from bench.controller_support import SECRET, drop_store, fresh_store
 from bench.fleet_stream import FleetSpec, FleetStream
-from controller.broker import EmbeddedBroker, ensure_topics
-from core.enums import EventType
-from core.events import decode_command, encode_event
+from cliffguard.controller.broker import EmbeddedBroker, ensure_topics
+from cliffguard.core.enums import EventType
+from cliffguard.core.events import decode_command, encode_event
 
 
 def _pct(vals: list[float], q: float) -> float | None:
@@ -65,7 +65,7 @@ def _cpu_s(pid: int) -> float:
 def _committed(engine, group: str) -> int:
     from sqlalchemy import func, select
 
-    from controller.store.models import ConsumerOffset
+    from cliffguard.controller.store.models import ConsumerOffset
 
     with engine.connect() as conn:
         return int(conn.execute(select(func.coalesce(func.sum(ConsumerOffset.offset), 0))
@@ -76,7 +76,7 @@ def _hung_named(engine, run: str, rank: int) -> float | None:
     """The store time of the first ``rank_hung`` alert of ``run`` naming ``rank``."""
     from sqlalchemy import select
 
-    from controller.store.models import Alert
+    from cliffguard.controller.store.models import Alert
 
     with engine.connect() as conn:
         rows = conn.execute(select(Alert.ts, Alert.evidence).where(Alert.run_id == run, Alert.rule == "rank_hung")
@@ -94,7 +94,7 @@ def _alerts_by_rule(engine, run: str) -> dict[str, int]:
     """How many alerts of each rule ``run`` got (a stopped fleet's silence: a handful, not one per rank)."""
     from sqlalchemy import func, select
 
-    from controller.store.models import Alert
+    from cliffguard.controller.store.models import Alert
 
     with engine.connect() as conn:
         return {rule: int(n) for rule, n in conn.execute(

@@ -34,12 +34,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from controller.detect import RulesConfig, RunDetector
-from controller.rules.heartbeat import HeartbeatConfig, HeartbeatRule
-from controller.rules.straggler import StragglerConfig
-from core.enums import EventType
-from core.events import Event, decode_event
-from core.rank_arrays import is_detail
+from cliffguard.controller.detect import RulesConfig, RunDetector
+from cliffguard.controller.rules.heartbeat import HeartbeatConfig, HeartbeatRule
+from cliffguard.controller.rules.straggler import StragglerConfig
+from cliffguard.core.enums import EventType
+from cliffguard.core.events import Event, decode_event
+from cliffguard.core.rank_arrays import is_detail
 
 TOML = """
 [train]
@@ -111,7 +111,7 @@ def _rank_pid(marker: str, rank: int) -> int | None:
             continue
         try:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            if marker not in cmdline or "trainer.run" not in cmdline:
+            if marker not in cmdline or "cliffguard.trainer.run" not in cmdline:
                 continue
             env = (entry / "environ").read_bytes().split(b"\0")
         except OSError:
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--freeze-at", type=int, default=40)
     p.add_argument("--json", help="write the figures here")
     args = p.parse_args(argv)
-    from controller.broker import EmbeddedBroker, ensure_topics
+    from cliffguard.controller.broker import EmbeddedBroker, ensure_topics
 
     broker = EmbeddedBroker(port=0).start()
     try:

@@ -20,10 +20,10 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from agent.rank_perf import PERF_FIELDS, publishes_chunk, ranks_payload
-from core.enums import EventType, TrainerMode
-from core.events import Event, make_event
-from core.rank_arrays import summarize_losses
+from cliffguard.agent.rank_perf import PERF_FIELDS, publishes_chunk, ranks_payload
+from cliffguard.core.enums import EventType, TrainerMode
+from cliffguard.core.events import Event, make_event
+from cliffguard.core.rank_arrays import summarize_losses
 
 
 @dataclass(kw_only=True, slots=True)

@@ -24,9 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from agent.publisher import Publisher, PublisherConfig
-from controller.broker import EmbeddedBroker, ensure_topics, free_port
-from core.events import Event, encode_event, make_event
+from cliffguard.agent.publisher import Publisher, PublisherConfig
+from cliffguard.controller.broker import EmbeddedBroker, ensure_topics, free_port
+from cliffguard.core.events import Event, encode_event, make_event
 
 STEP = {
     "loss": 2.5, "loss_local": 2.4, "lr": 3e-4, "lr_scale": 1.0, "grad_norm": 0.9, "tokens": 4096,

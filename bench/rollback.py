@@ -28,10 +28,10 @@ import time
 
 
 def _config(tmp: str, resume: bool):
-    from agent.hooks import AgentConfig
-    from trainer.checkpoint import CheckpointConfig
-    from trainer.config import TrainConfig
-    from trainer.data import DataConfig
+    from cliffguard.agent.hooks import AgentConfig
+    from cliffguard.trainer.checkpoint import CheckpointConfig
+    from cliffguard.trainer.config import TrainConfig
+    from cliffguard.trainer.data import DataConfig
 
     return TrainConfig(
         run="bench-rollback", steps=1000, out_dir=tmp, val_every=0, progress_every=0, resume=resume,
@@ -48,8 +48,8 @@ def _trainer(tmp: str, resume: bool):
     torch.set_num_threads(1)
     from accelerate import Accelerator
 
-    from agent.publisher import NullSink
-    from trainer.loop import Trainer
+    from cliffguard.agent.publisher import NullSink
+    from cliffguard.trainer.loop import Trainer
 
     return Trainer(_config(tmp, resume), Accelerator(cpu=True), sink=NullSink())
 

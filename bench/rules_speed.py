@@ -38,10 +38,10 @@ import sys
 import time
 from typing import Any
 
-from controller.detect import RULES, RunDetector
-from core.enums import EventType
-from core.events import Event, decode_event, encode_event, make_event
-from core.rank_arrays import summarize_losses
+from cliffguard.controller.detect import RULES, RunDetector
+from cliffguard.core.enums import EventType
+from cliffguard.core.events import Event, decode_event, encode_event, make_event
+from cliffguard.core.rank_arrays import summarize_losses
 
 RUN = "speed"
 STREAMS = ("step", "mix", "per_rank")
@@ -128,9 +128,9 @@ def measure(args: argparse.Namespace, kind: str, sweeps: list[list[Event]]) -> d
 
 def measure_state(args: argparse.Namespace, kind: str) -> dict[str, Any]:
     """Bytes and best-of-``--repeat`` ms of state_dict + JSON encode, packed and as lists."""
-    from controller.rules.memory import MemoryRule
-    from controller.rules.mfu import MfuRule
-    from controller.rules.straggler import StragglerRule
+    from cliffguard.controller.rules.memory import MemoryRule
+    from cliffguard.controller.rules.mfu import MfuRule
+    from cliffguard.controller.rules.straggler import StragglerRule
 
     rules = [StragglerRule(), MfuRule(), MemoryRule()]
     sweeps = args.ranks_every

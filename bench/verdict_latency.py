@@ -27,9 +27,9 @@ import uuid
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from bench.controller_support import controller, fresh_kafka, fresh_store, step_bytes
-from controller.broker import EmbeddedBroker
-from controller.detect import RulesConfig
-from core.events import decode_command
+from cliffguard.controller.broker import EmbeddedBroker
+from cliffguard.controller.detect import RulesConfig
+from cliffguard.core.events import decode_command
 
 
 def _pct(vals: list[float], q: float) -> float:

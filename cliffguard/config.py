@@ -24,27 +24,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.deployment import DeploymentConfig, build_deployment
-from core.settings import ENV_PREFIX, ConfigError, build_config, config_to_dict, load_toml
+from cliffguard.core.deployment import DeploymentConfig, build_deployment
+from cliffguard.core.settings import ENV_PREFIX, ConfigError, build_config, config_to_dict, load_toml
 
 # section -> "module:Class". The trainer's sections ([train], [model], [data], [checkpoint],
 # [agent]) nest inside TrainConfig; they are listed so one file can carry them all.
 SECTIONS: dict[str, str] = {
-    "kafka": "core.kafka_config:KafkaConfig",
-    "spike": "core.spike:SpikeConfig",
-    "policy": "core.deployment:PolicyConfig",
-    "store": "controller.store.db:StoreConfig",
-    "retention": "controller.store.retention:RetentionConfig",
-    "controller": "controller.config:ControllerConfig",
-    "recovery": "controller.recovery_types:RecoveryConfig",
-    "rules": "controller.detect:RulesConfig",
-    "alerts": "controller.alerts.config:AlertsConfig",
-    "dashboard": "dashboard.config:DashboardConfig",
-    "train": "trainer.config:TrainConfig",
-    "model": "trainer.model:GPTConfig",
-    "data": "trainer.data:DataConfig",
-    "checkpoint": "trainer.checkpoint:CheckpointConfig",
-    "agent": "agent.config:AgentConfig",
+    "kafka": "cliffguard.core.kafka_config:KafkaConfig",
+    "spike": "cliffguard.core.spike:SpikeConfig",
+    "policy": "cliffguard.core.deployment:PolicyConfig",
+    "store": "cliffguard.controller.store.db:StoreConfig",
+    "retention": "cliffguard.controller.store.retention:RetentionConfig",
+    "controller": "cliffguard.controller.config:ControllerConfig",
+    "recovery": "cliffguard.controller.recovery_types:RecoveryConfig",
+    "rules": "cliffguard.controller.detect:RulesConfig",
+    "alerts": "cliffguard.controller.alerts.config:AlertsConfig",
+    "dashboard": "cliffguard.dashboard.config:DashboardConfig",
+    "train": "cliffguard.trainer.config:TrainConfig",
+    "model": "cliffguard.trainer.model:GPTConfig",
+    "data": "cliffguard.trainer.data:DataConfig",
+    "checkpoint": "cliffguard.trainer.checkpoint:CheckpointConfig",
+    "agent": "cliffguard.agent.config:AgentConfig",
 }
 DEPLOYMENT_SECTIONS = ("kafka", "spike", "policy")
 """Sections of the deployment config (with ``[secrets]``), resolved once for every process."""

@@ -77,8 +77,8 @@ class ElasticDemoConfig:
             raise ValueError("global_batch: must split over 4 ranks and, halved, over 2 (a multiple of 8)")
         if self.ckpt_every < 1 or self.ckpt_every >= self.rejoin_at - self.kill_at:
             raise ValueError("ckpt_every: must be >= 1 and below rejoin_at - kill_at")
-        from trainer.elastic import BATCH_POLICIES, LR_RULES
-        from trainer.faults import FaultSpec
+        from cliffguard.trainer.elastic import BATCH_POLICIES, LR_RULES
+        from cliffguard.trainer.faults import FaultSpec
 
         if self.batch_policy not in BATCH_POLICIES or self.lr_rule not in LR_RULES:
             raise ValueError(f"batch_policy: one of {BATCH_POLICIES}, lr_rule one of {LR_RULES}")
@@ -108,7 +108,7 @@ def train_argv(cfg: ElasticDemoConfig, endpoint: str, world_nodes: str = "1:2", 
 
 
 def _paths(cfg: ElasticDemoConfig) -> tuple[Path, Path]:
-    from trainer.checkpoint_io import run_tag
+    from cliffguard.trainer.checkpoint_io import run_tag
 
     ckpt = Path(cfg.out_dir) / cfg.run / "checkpoints"
     tag = run_tag(cfg.run)
@@ -131,7 +131,7 @@ def _events(path: Path) -> list[dict[str, Any]]:
 
 def run_uninterrupted(cfg: ElasticDemoConfig) -> dict[str, Any]:
     """The same run on one agent of 4 processes, never interrupted (the loss baseline)."""
-    from controller.broker import free_port
+    from cliffguard.controller.broker import free_port
 
     run_dir = Path(cfg.out_dir) / cfg.run
     if run_dir.exists():
@@ -176,7 +176,7 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
 
 
 def _open_incidents(store: Any, run_id: str) -> int | None:
-    from controller.store import read
+    from cliffguard.controller.store import read
 
     try:
         with store.session() as s:
@@ -186,8 +186,8 @@ def _open_incidents(store: Any, run_id: str) -> int | None:
 
 
 def run_elastic_demo(cfg: ElasticDemoConfig, log=print) -> dict[str, Any]:
+    from cliffguard.controller.broker import free_port
     from cliffguard.procs import ProcessSet
-    from controller.broker import free_port
 
     run_dir = Path(cfg.out_dir) / cfg.run
     if run_dir.exists():
@@ -267,7 +267,7 @@ def _monitored_facts(cfg: ElasticDemoConfig, stack: Any, log) -> dict[str, Any]:
     while time.time() < deadline and _open_incidents(stack.store, cfg.run) != 0:
         time.sleep(1.0)
     facts = collect(stack.store, cfg.run)
-    from controller.store import read
+    from cliffguard.controller.store import read
 
     with stack.store.session() as s:
         facts["stored_scale_events"] = read.elastic_events(s, cfg.run, limit=None)
@@ -280,7 +280,7 @@ def summarize(cfg: ElasticDemoConfig, events: list[dict[str, Any]], mark: dict[s
     """The verdict (pure): the scale events as expected, the faults' incidents as
     cliffguard/demo_summary.py judges them, and the run at its last step."""
     from cliffguard.demo_summary import judge
-    from trainer.faults import FaultSpec
+    from cliffguard.trainer.faults import FaultSpec
 
     scale = [{"step": e["step"], "from_world": e["from_world"], "to_world": e["to_world"],
               "global_batch": e["global_batch"], "lr": e["lr"], "lr_factor": e["lr_factor"],

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.deployment import AGENT_SECRET_ENV, PRIVATE_KEY_ENV, PUBLIC_KEY_ENV
-from core.keys import generate_keys
+from cliffguard.core.deployment import AGENT_SECRET_ENV, PRIVATE_KEY_ENV, PUBLIC_KEY_ENV
+from cliffguard.core.keys import generate_keys
 
 CONTROLLER_ENV = {
     # The demo's broker is Tansu: a group's first join waits ~max_poll_interval_ms.
@@ -32,7 +32,7 @@ def cli(*args: str) -> list[str]:
 
 
 def pick_port(wanted: int, what: str, say) -> int:
-    from controller.broker import free_port, port_is_free
+    from cliffguard.controller.broker import free_port, port_is_free
 
     if wanted and port_is_free("127.0.0.1", wanted):
         return wanted
@@ -69,8 +69,8 @@ def start_monitoring(out_dir: Path, procs: Any, *, broker_port: int, say,
     (migrated before anyone else touches it), keys in ``<out_dir>/keys`` and the controller
     (``controller_env`` on top of ``CONTROLLER_ENV``). On failure what was started is stopped."""
     from cliffguard.commands.dashboard import without_command_secret
-    from controller.broker import EmbeddedBroker, ensure_topics
-    from controller.store.db import Store
+    from cliffguard.controller.broker import EmbeddedBroker, ensure_topics
+    from cliffguard.controller.store.db import Store
 
     broker = EmbeddedBroker(port=pick_port(broker_port, "broker", say), log_path=out_dir / "broker.log").start()
     store = None
@@ -100,8 +100,8 @@ def start_monitoring(out_dir: Path, procs: Any, *, broker_port: int, say,
 def collect(store: Any, run_id: str) -> dict[str, Any]:
     """Incidents (oldest first, with transitions), alerts, commands sent, loss figures and steps
     lost, from the store."""
+    from cliffguard.controller.store import read
     from cliffguard.demo_summary import incident_summary
-    from controller.store import read
 
     with store.session() as s:
         run = read.get_run(s, run_id)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from trainer.faults import FaultSpec
+from cliffguard.trainer.faults import FaultSpec
 
 EXPECTED: dict[str, tuple[str, ...]] = {
     "corrupt": ("resumed",),

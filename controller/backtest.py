@@ -22,12 +22,12 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-from controller.detect import RulesConfig, RunDetector
-from controller.recovery_types import RecoveryConfig
-from controller.verdict import Action, Verdict
-from core.enums import EventType
-from core.events import Event
-from core.floats import to_json
+from cliffguard.controller.detect import RulesConfig, RunDetector
+from cliffguard.controller.recovery_types import RecoveryConfig
+from cliffguard.controller.verdict import Action, Verdict
+from cliffguard.core.enums import EventType
+from cliffguard.core.events import Event
+from cliffguard.core.floats import to_json
 
 
 class CsvError(ValueError):
@@ -211,8 +211,8 @@ def replay_events(events: Iterable[Event], config: RulesConfig | None = None) ->
 def load_run_events(url: str, run_id: str) -> list[Event]:
     """The stored step events of a run, every rank, in the order the controller ingested them
     (full resolution only: rows retention folded are not events)."""
-    from controller.store import read
-    from controller.store.db import Store
+    from cliffguard.controller.store import read
+    from cliffguard.controller.store.db import Store
 
     store = Store.open(url, migrate=False)
     try:

@@ -23,8 +23,14 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-from controller.backtest import BacktestEvent, infer_interval, outcomes, read_loss_csv_file, replay_points
-from controller.detect import RulesConfig
+from cliffguard.controller.backtest import (
+    BacktestEvent,
+    infer_interval,
+    outcomes,
+    read_loss_csv_file,
+    replay_points,
+)
+from cliffguard.controller.detect import RulesConfig
 
 CATEGORIES = ("positive", "negative", "hard_negative", "data_outlier", "unlabelled")
 Window = tuple[int, int]

@@ -28,11 +28,11 @@ from typing import Any
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
-from controller.alerts import AlertsConfig, AlertSpec, enqueue_alert
-from controller.edge import DeadLetter, EdgeBatch
-from controller.operator import enqueue_command
-from controller.recovery import transition
-from controller.recovery_types import (
+from cliffguard.controller.alerts import AlertsConfig, AlertSpec, enqueue_alert
+from cliffguard.controller.edge import DeadLetter, EdgeBatch
+from cliffguard.controller.operator import enqueue_command
+from cliffguard.controller.recovery import transition
+from cliffguard.controller.recovery_types import (
     AckIn,
     ActionT,
     Alert,
@@ -53,20 +53,27 @@ from controller.recovery_types import (
     ValidationIn,
     VerdictIn,
 )
-from controller.rules.loss import LossRules
-from controller.runstate import Detector, RunSlot, RunTable, save_slots
-from controller.store.dlq import count_dead_letter
-from controller.store.ingest import acked_command, ingest_events, ingest_steps, record_rule_stats
-from controller.store.models import CheckpointRow, CommandRow, ConsumerOffset, DataFlag, Incident, Transition
-from controller.store.offsets import save_offsets
-from controller.store.retention import RetentionConfig, downsample_due, run_watermarks
-from controller.verdict import Verdict
-from core.capabilities import declared as declared_capabilities
-from core.enums import AckStatus, EventType, Level
-from core.events import Event
-from core.floats import to_json
-from core.ranks import RUN_RANK
-from core.signing import SigningKey
+from cliffguard.controller.rules.loss import LossRules
+from cliffguard.controller.runstate import Detector, RunSlot, RunTable, save_slots
+from cliffguard.controller.store.dlq import count_dead_letter
+from cliffguard.controller.store.ingest import acked_command, ingest_events, ingest_steps, record_rule_stats
+from cliffguard.controller.store.models import (
+    CheckpointRow,
+    CommandRow,
+    ConsumerOffset,
+    DataFlag,
+    Incident,
+    Transition,
+)
+from cliffguard.controller.store.offsets import save_offsets
+from cliffguard.controller.store.retention import RetentionConfig, downsample_due, run_watermarks
+from cliffguard.controller.verdict import Verdict
+from cliffguard.core.capabilities import declared as declared_capabilities
+from cliffguard.core.enums import AckStatus, EventType, Level
+from cliffguard.core.events import Event
+from cliffguard.core.floats import to_json
+from cliffguard.core.ranks import RUN_RANK
+from cliffguard.core.signing import SigningKey
 
 log = logging.getLogger(__name__)
 

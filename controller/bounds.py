@@ -25,9 +25,9 @@ from collections.abc import Mapping
 from functools import cache
 from typing import Any
 
-from controller.store.fit import INT64, int_limits
-from core.enums import AckStatus, CommandType, EventType
-from core.events import Event
+from cliffguard.controller.store.fit import INT64, int_limits
+from cliffguard.core.enums import AckStatus, CommandType, EventType
+from cliffguard.core.events import Event
 
 STEP_JUMP = "step_jump"
 OUT_OF_RANGE = "out_of_range"
@@ -36,7 +36,7 @@ OUT_OF_RANGE = "out_of_range"
 @cache
 def _stored_model(etype: str) -> Any:
     """The table each event type's data lands in (its integer columns bound its fields)."""
-    from controller.store import models
+    from cliffguard.controller.store import models
 
     return {
         EventType.RUN_STARTED: models.Run, EventType.STEP: models.StepMetric,

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
-from core.kafka_config import KafkaConfig
+from cliffguard.core.kafka_config import KafkaConfig
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ class EmbeddedBroker:
         url = f"tcp://{self.host}:{self.port}"
         cmd = [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
                "--storage-engine", "memory://tansu/"]
-        from core.deployment import scrub_keys
+        from cliffguard.core.deployment import scrub_keys
 
         # The broker holds no key: a command or agent secret of ours never reaches it.
         env = {**scrub_keys(os.environ), "RUST_LOG": os.environ.get("RUST_LOG", "warn")}

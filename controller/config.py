@@ -11,7 +11,7 @@ from __future__ import annotations
 import gc
 from dataclasses import dataclass
 
-from controller.edge import ClockWindow
+from cliffguard.controller.edge import ClockWindow
 
 
 @dataclass(kw_only=True, slots=True)

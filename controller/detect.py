@@ -42,7 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from controller.rules.base import (
+from cliffguard.controller.rules.base import (
     RANK_METRIC_EVENTS,
     RankScope,
     RewindingRule,
@@ -50,23 +50,23 @@ from controller.rules.base import (
     TickingRule,
     carries_rank_samples,
 )
-from controller.rules.divergence import DivergenceConfig
-from controller.rules.elastic import SCALE_EVENTS, ElasticScaleRule
-from controller.rules.grad_norm import GradNormConfig, GradNormRule
-from controller.rules.heartbeat import HeartbeatConfig, HeartbeatRule
-from controller.rules.loss import LossRules, LossSpikeConfig
-from controller.rules.loss_scale import LossScaleConfig, LossScaleRule
-from controller.rules.memory import MemoryConfig, MemoryRule
-from controller.rules.mfu import MfuConfig, MfuRule
-from controller.rules.registry import RuleRegistry
-from controller.rules.straggler import StragglerConfig, StragglerRule
-from controller.verdict import Action, Verdict
-from core.enums import EventType, Level
-from core.events import Event
-from core.rank_arrays import is_detail, is_run_level
-from core.ranks import takes_over
-from core.settings import shared_field
-from core.spike import SpikeConfig
+from cliffguard.controller.rules.divergence import DivergenceConfig
+from cliffguard.controller.rules.elastic import SCALE_EVENTS, ElasticScaleRule
+from cliffguard.controller.rules.grad_norm import GradNormConfig, GradNormRule
+from cliffguard.controller.rules.heartbeat import HeartbeatConfig, HeartbeatRule
+from cliffguard.controller.rules.loss import LossRules, LossSpikeConfig
+from cliffguard.controller.rules.loss_scale import LossScaleConfig, LossScaleRule
+from cliffguard.controller.rules.memory import MemoryConfig, MemoryRule
+from cliffguard.controller.rules.mfu import MfuConfig, MfuRule
+from cliffguard.controller.rules.registry import RuleRegistry
+from cliffguard.controller.rules.straggler import StragglerConfig, StragglerRule
+from cliffguard.controller.verdict import Action, Verdict
+from cliffguard.core.enums import EventType, Level
+from cliffguard.core.events import Event
+from cliffguard.core.rank_arrays import is_detail, is_run_level
+from cliffguard.core.ranks import takes_over
+from cliffguard.core.settings import shared_field
+from cliffguard.core.spike import SpikeConfig
 
 log = logging.getLogger(__name__)
 

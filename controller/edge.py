@@ -49,14 +49,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.bounds import OUT_OF_RANGE, STEP_JUMP, StepBounds, int_bounds, out_of_range
-from controller.store.fit import INT64
-from core.batch_decode import BatchDecoder
-from core.events import Event, SchemaError, UnknownVersion, decode_event
-from core.kafka_config import KafkaConfig
-from core.keys import EVENT_SIG_HEADER, EventVerifier
-from core.slots import slot_builder
-from core.topic_watch import TopicIdWatch
+from cliffguard.controller.bounds import OUT_OF_RANGE, STEP_JUMP, StepBounds, int_bounds, out_of_range
+from cliffguard.controller.store.fit import INT64
+from cliffguard.core.batch_decode import BatchDecoder
+from cliffguard.core.events import Event, SchemaError, UnknownVersion, decode_event
+from cliffguard.core.kafka_config import KafkaConfig
+from cliffguard.core.keys import EVENT_SIG_HEADER, EventVerifier
+from cliffguard.core.slots import slot_builder
+from cliffguard.core.topic_watch import TopicIdWatch
 
 log = logging.getLogger(__name__)
 

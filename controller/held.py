@@ -8,8 +8,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from controller.edge import EdgeBatch
-from controller.store.errors import Backoff
+from cliffguard.controller.edge import EdgeBatch
+from cliffguard.controller.store.errors import Backoff
 
 
 def pause(edge: Any, tps: list[tuple[str, int]]) -> None:

@@ -25,14 +25,14 @@ from typing import Any
 from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session
 
-from controller.store.db import session_scope
-from controller.store.models import AuditRow, CommandRequest, CommandRow, OutboxRow, Run
-from controller.store.requests import RequestStatus
-from core.enums import CommandType
-from core.events import encode_command, make_command
-from core.floats import to_json
-from core.policy import COMMAND_TTL_S
-from core.signing import SigningKey, sign_command
+from cliffguard.controller.store.db import session_scope
+from cliffguard.controller.store.models import AuditRow, CommandRequest, CommandRow, OutboxRow, Run
+from cliffguard.controller.store.requests import RequestStatus
+from cliffguard.core.enums import CommandType
+from cliffguard.core.events import encode_command, make_command
+from cliffguard.core.floats import to_json
+from cliffguard.core.policy import COMMAND_TTL_S
+from cliffguard.core.signing import SigningKey, sign_command
 
 log = logging.getLogger(__name__)
 

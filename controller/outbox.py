@@ -31,9 +31,9 @@ from typing import Any
 
 from sqlalchemy import Engine, func, select, update
 
-from controller.store.db import session_scope
-from controller.store.models import CommandRow, OutboxRow, Run
-from core.kafka_config import KafkaConfig
+from cliffguard.controller.store.db import session_scope
+from cliffguard.controller.store.models import CommandRow, OutboxRow, Run
+from cliffguard.core.kafka_config import KafkaConfig
 
 log = logging.getLogger(__name__)
 

@@ -46,7 +46,7 @@ import math
 from dataclasses import replace
 from typing import Any
 
-from controller.recovery_table import (
+from cliffguard.controller.recovery_table import (
     WAITING,
     can_retry,
     fire,
@@ -59,7 +59,7 @@ from controller.recovery_table import (
     timed_out,
     within_budget,
 )
-from controller.recovery_types import (
+from cliffguard.controller.recovery_types import (
     AckIn,
     ActionT,
     Alert,
@@ -85,10 +85,10 @@ from controller.recovery_types import (
     ValidationIn,
     VerdictIn,
 )
-from controller.verdict import Action, Verdict
-from core.capabilities import normalize as normalize_capabilities
-from core.enums import AckStatus, CommandType, Level
-from core.policy import rolled_back_lr_scale
+from cliffguard.controller.verdict import Action, Verdict
+from cliffguard.core.capabilities import normalize as normalize_capabilities
+from cliffguard.core.enums import AckStatus, CommandType, Level
+from cliffguard.core.policy import rolled_back_lr_scale
 
 # An enum member read through its class costs ~10x a module global; these are read for every step.
 _RECOVERING = Phase.RECOVERING

@@ -12,10 +12,10 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from controller.recovery_types import Checkpoint, Phase, RecoveryConfig, RecoveryState, VerdictIn
-from controller.verdict import Action
-from core.enums import CommandType
-from core.policy import rollback_step
+from cliffguard.controller.recovery_types import Checkpoint, Phase, RecoveryConfig, RecoveryState, VerdictIn
+from cliffguard.controller.verdict import Action
+from cliffguard.core.enums import CommandType
+from cliffguard.core.policy import rollback_step
 
 
 class TransitionNotAllowed(RuntimeError):

@@ -13,13 +13,13 @@ from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from typing import Any, ClassVar
 
-from controller.verdict import Verdict
-from core.capabilities import ALL as ALL_COMMANDS
-from core.capabilities import normalize as normalize_capabilities
-from core.deployment import PolicyConfig
-from core.enums import AckStatus, CommandType, Level
-from core.rank_arrays import MAX_DETAIL_STEPS
-from core.settings import shared_field
+from cliffguard.controller.verdict import Verdict
+from cliffguard.core.capabilities import ALL as ALL_COMMANDS
+from cliffguard.core.capabilities import normalize as normalize_capabilities
+from cliffguard.core.deployment import PolicyConfig
+from cliffguard.core.enums import AckStatus, CommandType, Level
+from cliffguard.core.rank_arrays import MAX_DETAIL_STEPS
+from cliffguard.core.settings import shared_field
 
 
 class Phase(StrEnum):

@@ -20,14 +20,14 @@ from typing import Any, Protocol, runtime_checkable
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
-from controller.recovery import new_state
-from controller.recovery_types import RecoveryState
-from controller.store.json_text import orjson_text
-from controller.store.models import RuleState, Run
-from controller.store.upsert import built_once, insert_for
-from controller.verdict import Verdict
-from core.events import Event
-from core.floats import from_json, to_json
+from cliffguard.controller.recovery import new_state
+from cliffguard.controller.recovery_types import RecoveryState
+from cliffguard.controller.store.json_text import orjson_text
+from cliffguard.controller.store.models import RuleState, Run
+from cliffguard.controller.store.upsert import built_once, insert_for
+from cliffguard.controller.verdict import Verdict
+from cliffguard.core.events import Event
+from cliffguard.core.floats import from_json, to_json
 
 STATE_VERSION = 1
 UNREADABLE_STATE = (ValueError, TypeError, KeyError, IndexError)
@@ -94,7 +94,7 @@ DetectorFactory = Callable[[], Detector]
 
 def default_detector_factory(rules_config: Any = None) -> DetectorFactory:
     """RunDetector with the given (or default) RulesConfig."""
-    from controller.detect import RulesConfig, RunDetector
+    from cliffguard.controller.detect import RulesConfig, RunDetector
 
     cfg = rules_config if rules_config is not None else RulesConfig()
     return lambda: RunDetector(cfg)

@@ -41,26 +41,26 @@ from collections.abc import Callable
 
 from sqlalchemy import Engine
 
-from controller.alerts import AlertDeliverer, AlertsConfig
-from controller.batch import BatchContext, BatchProcessor, BatchResult, StaleBatch
-from controller.bounds import StepBounds
-from controller.config import ControllerConfig
-from controller.edge import DeadLetter, EdgeBatch, EdgeConsumer, EdgeRecord
-from controller.health import HealthServer, HealthSnapshot
-from controller.held import HeldBatch, pause, resume
-from controller.operator import RequestPass, decide_pending_requests
-from controller.outbox import CommandOutbox
-from controller.recovery_types import RecoveryConfig
-from controller.runstate import DetectorFactory, RunTable, default_detector_factory
-from controller.store.db import session_scope
-from controller.store.dlq import count_dead_letter
-from controller.store.errors import Backoff, StoreLost, is_store_lost, is_transient
-from controller.store.guard import StoreGuard
-from controller.store.offsets import load_offsets, save_offsets
-from controller.store.retention import RetentionConfig
-from core.kafka_config import KafkaConfig
-from core.keys import EventVerifier
-from core.signing import SigningKey
+from cliffguard.controller.alerts import AlertDeliverer, AlertsConfig
+from cliffguard.controller.batch import BatchContext, BatchProcessor, BatchResult, StaleBatch
+from cliffguard.controller.bounds import StepBounds
+from cliffguard.controller.config import ControllerConfig
+from cliffguard.controller.edge import DeadLetter, EdgeBatch, EdgeConsumer, EdgeRecord
+from cliffguard.controller.health import HealthServer, HealthSnapshot
+from cliffguard.controller.held import HeldBatch, pause, resume
+from cliffguard.controller.operator import RequestPass, decide_pending_requests
+from cliffguard.controller.outbox import CommandOutbox
+from cliffguard.controller.recovery_types import RecoveryConfig
+from cliffguard.controller.runstate import DetectorFactory, RunTable, default_detector_factory
+from cliffguard.controller.store.db import session_scope
+from cliffguard.controller.store.dlq import count_dead_letter
+from cliffguard.controller.store.errors import Backoff, StoreLost, is_store_lost, is_transient
+from cliffguard.controller.store.guard import StoreGuard
+from cliffguard.controller.store.offsets import load_offsets, save_offsets
+from cliffguard.controller.store.retention import RetentionConfig
+from cliffguard.core.kafka_config import KafkaConfig
+from cliffguard.core.keys import EventVerifier
+from cliffguard.core.signing import SigningKey
 
 log = logging.getLogger(__name__)
 

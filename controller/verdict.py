@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from core.enums import Level
+from cliffguard.core.enums import Level
 
 
 class Action(StrEnum):

@@ -32,8 +32,8 @@ from collections.abc import Callable, Mapping
 from enum import StrEnum
 from typing import Annotated, Any, Literal, Union
 
-from core.enums import EventType
-from core.events import (
+from cliffguard.core.enums import EventType
+from cliffguard.core.events import (
     ARRAY_CHECKS,
     DATA_SCHEMAS,
     MAX_STEP,
@@ -46,7 +46,7 @@ from core.events import (
     decode_event,
     id_matches,
 )
-from core.payloads import FieldSpec
+from cliffguard.core.payloads import FieldSpec
 
 IntBounds = Callable[[EventType], Mapping[str, tuple[int, int]]]
 """Event type -> {data field: (lowest, highest)}; a field not named there gets ``default_bound``."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from core.enums import CommandType
+from cliffguard.core.enums import CommandType
 
 ALL: tuple[CommandType, ...] = tuple(CommandType)
 """Every command: the bundled trainer and the recovery kit apply them all."""

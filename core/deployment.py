@@ -39,8 +39,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.kafka_config import KafkaConfig
-from core.keys import (
+from cliffguard.core.kafka_config import KafkaConfig
+from cliffguard.core.keys import (
     CommandPrivateKey,
     CommandPublicKey,
     EventSigner,
@@ -51,10 +51,10 @@ from core.keys import (
     read_private_file,
     read_public_file,
 )
-from core.policy import COMMAND_TTL_S, LR_FACTOR
-from core.settings import ConfigError, build_config
-from core.signing import Secret, SigningKey, VerifyingKey
-from core.spike import SpikeConfig
+from cliffguard.core.policy import COMMAND_TTL_S, LR_FACTOR
+from cliffguard.core.settings import ConfigError, build_config
+from cliffguard.core.signing import Secret, SigningKey, VerifyingKey
+from cliffguard.core.spike import SpikeConfig
 
 log = logging.getLogger(__name__)
 

@@ -44,14 +44,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.enums import CommandType, EventType
-from core.floats import WIRE_NONFINITE as _NONFINITE_IN
-from core.floats import dumps
-from core.payloads import COMMAND_ARGS, EVENT_PAYLOADS, FieldSpec, schema_of
-from core.policy import COMMAND_TTL_S
-from core.rank_arrays import check_loss_summary, check_node_heartbeat, check_ranks
-from core.schema import FieldsChecker, SchemaError, UnknownVersion, check_fields, check_value
-from core.slots import slot_builder
+from cliffguard.core.enums import CommandType, EventType
+from cliffguard.core.floats import WIRE_NONFINITE as _NONFINITE_IN
+from cliffguard.core.floats import dumps
+from cliffguard.core.payloads import COMMAND_ARGS, EVENT_PAYLOADS, FieldSpec, schema_of
+from cliffguard.core.policy import COMMAND_TTL_S
+from cliffguard.core.rank_arrays import check_loss_summary, check_node_heartbeat, check_ranks
+from cliffguard.core.schema import FieldsChecker, SchemaError, UnknownVersion, check_fields, check_value
+from cliffguard.core.slots import slot_builder
 
 SCHEMA_VERSION = 1
 MAX_EVENT_BYTES_DEFAULT = 1_000_000

@@ -15,7 +15,14 @@ import typing
 from enum import StrEnum
 from typing import Any, NotRequired, TypedDict
 
-from core.enums import AckStatus, CheckpointKind, CommandType, EventType, GuardDecision, TrainerMode
+from cliffguard.core.enums import (
+    AckStatus,
+    CheckpointKind,
+    CommandType,
+    EventType,
+    GuardDecision,
+    TrainerMode,
+)
 
 
 class RunStartedData(TypedDict):

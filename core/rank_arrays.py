@@ -24,7 +24,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from statistics import median
 from typing import Any
 
-from core.schema import SchemaError
+from cliffguard.core.schema import SchemaError
 
 MAX_RANKS_PER_EVENT = 4096
 """Ranks one ``ranks`` event, node heartbeat or full loss vector may hold (~0.6 MB of JSON at most)."""

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
 
-from core.floats import WIRE_NONFINITE
+from cliffguard.core.floats import WIRE_NONFINITE
 
 
 class SchemaError(ValueError):

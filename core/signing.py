@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from core.events import Command
-from core.floats import canonical_json
-from core.keys import CommandPrivateKey, CommandPublicKey
+from cliffguard.core.events import Command
+from cliffguard.core.floats import canonical_json
+from cliffguard.core.keys import CommandPrivateKey, CommandPublicKey
 
 
 class Secret:

@@ -30,8 +30,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from core.enums import Level
-from core.sliding import MAD_TO_SIGMA, SlidingWindow, sorted_robust
+from cliffguard.core.enums import Level
+from cliffguard.core.sliding import MAD_TO_SIGMA, SlidingWindow, sorted_robust
 
 __all__ = ["MAD_TO_SIGMA", "SpikeConfig", "SpikeDetector", "SpikeVerdict", "robust_stats", "window_stats"]
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 import hmac
 from typing import Any
 
-from controller.store.requests import RequestSource, submit_request
-from core.enums import CommandType
-from core.rank_arrays import MAX_DETAIL_STEPS
-from dashboard.config import DashboardConfig
-from dashboard.store_access import request_writer
+from cliffguard.controller.store.requests import RequestSource, submit_request
+from cliffguard.core.enums import CommandType
+from cliffguard.core.rank_arrays import MAX_DETAIL_STEPS
+from cliffguard.dashboard.config import DashboardConfig
+from cliffguard.dashboard.store_access import request_writer
 
 OPERATOR_ACTIONS = (CommandType.PAUSE, CommandType.RESUME, CommandType.VALIDATE, CommandType.ROLLBACK,
                     CommandType.DETAIL)

@@ -17,11 +17,11 @@ if __package__ in (None, ""):  # `streamlit run dashboard/app.py` runs this file
 import streamlit as st
 from sqlalchemy import Engine
 
-from controller.store import read
-from controller.store.db import schema_at_head
-from core.settings import ConfigError
-from dashboard.config import DashboardConfig, load_config
-from dashboard.sections import (
+from cliffguard.controller.store import read
+from cliffguard.controller.store.db import schema_at_head
+from cliffguard.core.settings import ConfigError
+from cliffguard.dashboard.config import DashboardConfig, load_config
+from cliffguard.dashboard.sections import (
     alerts,
     checkpoints,
     data_quality,
@@ -33,8 +33,8 @@ from dashboard.sections import (
     operator,
     ranks,
 )
-from dashboard.sections.context import Context
-from dashboard.store_access import read_only_engine
+from cliffguard.dashboard.sections.context import Context
+from cliffguard.dashboard.store_access import read_only_engine
 
 
 @st.cache_resource(show_spinner=False)

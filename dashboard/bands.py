@@ -18,8 +18,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from controller.store.read.rule_stats import STAT_COLUMNS, SpikeRuleStats
-from core.floats import from_store_kind
+from cliffguard.controller.store.read.rule_stats import STAT_COLUMNS, SpikeRuleStats
+from cliffguard.core.floats import from_store_kind
 
 _KEY = ["step", "ts"]  # one step_metrics row of one rank (a replayed step has a later ts)
 

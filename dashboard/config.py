@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from core.settings import build_config, load_toml
+from cliffguard.core.settings import build_config, load_toml
 
 ENV_DB_URL = "CLIFFGUARD_DASHBOARD__DB_URL"
 ENV_OPERATOR_TOKEN = "CLIFFGUARD_OPERATOR_TOKEN"

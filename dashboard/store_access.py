@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy import Engine, event
 
-from controller.store.db import make_engine
+from cliffguard.controller.store.db import make_engine
 
 
 def _refuse_writes(dbapi_conn: Any, _record: Any) -> None:

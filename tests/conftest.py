@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from controller.broker import EmbeddedBroker, ensure_topics
+from cliffguard.controller.broker import EmbeddedBroker, ensure_topics
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 

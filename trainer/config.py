@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.config import AgentConfig
-from core.kafka_config import KafkaConfig
-from core.settings import config_to_dict
-from trainer.checkpoint import CheckpointConfig
-from trainer.data import DataConfig
-from trainer.elastic import ElasticConfig
-from trainer.model import GPTConfig
+from cliffguard.agent.config import AgentConfig
+from cliffguard.core.kafka_config import KafkaConfig
+from cliffguard.core.settings import config_to_dict
+from cliffguard.trainer.checkpoint import CheckpointConfig
+from cliffguard.trainer.data import DataConfig
+from cliffguard.trainer.elastic import ElasticConfig
+from cliffguard.trainer.model import GPTConfig
 
 
 @dataclass(kw_only=True, slots=True)
@@ -98,7 +98,7 @@ class TrainConfig:
             raise ValueError("val_every: must be >= 0 (val_batches, val_batch_size >= 1)")
         if self.clip_layer_norm < 0:
             raise ValueError("clip_layer_norm: must be >= 0")
-        from trainer.faults import FaultSpec
+        from cliffguard.trainer.faults import FaultSpec
 
         for spec in self.faults:
             try:

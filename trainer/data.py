@@ -196,7 +196,7 @@ def load_corpus(cfg: DataConfig) -> Corpus:
         orig = train_blocks[off // cfg.block_bytes] * cfg.block_bytes + off % cfg.block_bytes
         corpus.sample_files = torch.searchsorted(torch.tensor(starts), orig, right=True) - 1
     if cfg.apply_rules:
-        from trainer.data_rules import DataRules
+        from cliffguard.trainer.data_rules import DataRules
 
         ids = torch.arange(corpus.n_train_samples)
         x, _ = corpus.train_samples(ids)

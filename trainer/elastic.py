@@ -268,7 +268,7 @@ class Elastic:
 
 def progress_mark_path(checkpoint_dir: str | Path, run: str) -> Path:
     """Where rank 0 of run ``run`` keeps its progress mark (beside the run's checkpoints)."""
-    from trainer.checkpoint_io import run_tag
+    from cliffguard.trainer.checkpoint_io import run_tag
 
     tag = run_tag(run)
     return Path(checkpoint_dir) / (f"elastic-progress-{tag}.json" if tag else "elastic-progress.json")

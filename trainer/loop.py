@@ -35,20 +35,20 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from agent.collectors.mfu import ModelShape
-from agent.hooks import Agent
-from agent.lr_scale import LRScale
-from agent.modes import STOPPING
-from agent.recovery.kit import RollbackUnavailable
-from core.enums import CheckpointKind, EventType
-from trainer.checkpoint import CheckpointManager
-from trainer.commands import TrainerCommands
-from trainer.config import TrainConfig
-from trainer.data import Sampler, load_corpus
-from trainer.elastic import Elastic, progress_mark_path
-from trainer.loss_scale import AdaptiveLossScaler, LossScaleConfig
-from trainer.model import GPT
-from trainer.schedule import WarmupCosine
+from cliffguard.agent.collectors.mfu import ModelShape
+from cliffguard.agent.hooks import Agent
+from cliffguard.agent.lr_scale import LRScale
+from cliffguard.agent.modes import STOPPING
+from cliffguard.agent.recovery.kit import RollbackUnavailable
+from cliffguard.core.enums import CheckpointKind, EventType
+from cliffguard.trainer.checkpoint import CheckpointManager
+from cliffguard.trainer.commands import TrainerCommands
+from cliffguard.trainer.config import TrainConfig
+from cliffguard.trainer.data import Sampler, load_corpus
+from cliffguard.trainer.elastic import Elastic, progress_mark_path
+from cliffguard.trainer.loss_scale import AdaptiveLossScaler, LossScaleConfig
+from cliffguard.trainer.model import GPT
+from cliffguard.trainer.schedule import WarmupCosine
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class NoFaults:
 def make_faults(specs: list[str], rank: int, seed: int = 0) -> Any:
     if not specs:
         return NoFaults()
-    from trainer.faults import FaultInjector
+    from cliffguard.trainer.faults import FaultInjector
 
     return FaultInjector(list(specs), rank, seed=seed)
 
@@ -312,7 +312,7 @@ class Trainer:
         return data
 
     def _clip(self) -> int:
-        from trainer.clipping import clip_per_layer
+        from cliffguard.trainer.clipping import clip_per_layer
 
         return int(clip_per_layer(self.raw_model.named_parameters(), self.cfg.clip_layer_norm))
 

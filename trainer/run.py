@@ -1,4 +1,4 @@
-"""The torchrun worker: ``python -m trainer.run --config <run_dir>/config.json``.
+"""The torchrun worker: ``python -m cliffguard.trainer.run --config <run_dir>/config.json``.
 
 ``cliffguard train`` writes the config and starts ``python -m torch.distributed.run
 --nproc_per_node N -m trainer.run --config ...`` (on GPUs ``accelerate launch -m trainer.run``
@@ -36,15 +36,15 @@ def worker_config(path: str | Path, env: Mapping[str, str] | None = None):
     """(TrainConfig, command verifying key or None) of a worker: the saved config plus the secrets
     of its environment, the key by the deployment's one rule (``core/deployment.py``: the Ed25519
     public key, else the HMAC secret). Its events are signed with ``CLIFFGUARD_EVENT_KEY``."""
-    from core.deployment import agent_verifying_key
-    from trainer.config import TrainConfig
+    from cliffguard.core.deployment import agent_verifying_key
+    from cliffguard.trainer.config import TrainConfig
 
     env = os.environ if env is None else env
     return with_env_secrets(TrainConfig.load(path), env), agent_verifying_key(env)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m trainer.run", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m cliffguard.trainer.run", description=__doc__.splitlines()[0])
     p.add_argument("--config", required=True, help="path of the saved TrainConfig JSON")
     p.add_argument("--log-level", default=os.environ.get("CLIFFGUARD_LOG_LEVEL", "WARNING"))
     args = p.parse_args(argv)
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from accelerate import Accelerator
 
-    from trainer.loop import Trainer
+    from cliffguard.trainer.loop import Trainer
 
     cfg, secret = worker_config(args.config)
     cuda = torch.cuda.is_available()

@@ -17,14 +17,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.integrations.accelerate import AgentTracker, accelerate_kit
+from cliffguard.agent.integrations.accelerate import AgentTracker, accelerate_kit
 
 __all__ = ["AgentTracker", "CliffguardCallback", "accelerate_kit"]
 
 
 def __getattr__(name: str) -> Any:
     if name == "CliffguardCallback":
-        from agent.integrations.hf import CliffguardCallback
+        from cliffguard.agent.integrations.hf import CliffguardCallback
 
         return CliffguardCallback
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -29,9 +29,9 @@ from typing import Any
 
 from accelerate.tracking import GeneralTracker
 
-from agent.config import AgentConfig
-from agent.hooks import Agent
-from core.capabilities import REPORT_ONLY
+from cliffguard.agent.config import AgentConfig
+from cliffguard.agent.hooks import Agent
+from cliffguard.core.capabilities import REPORT_ONLY
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +93,8 @@ def accelerate_kit(accelerator: Any, model: Any, optimizer: Any, scheduler: Any 
     declares the kit's capabilities). ``run`` or ``config`` names the run; Kafka, the secret and
     ``[agent]`` come from the settings every process reads (agent/integrations/settings.py) unless
     given; ``kit_kwargs`` go to ``RecoveryKit`` (``validate_fn``, ``loss_fn``, ...)."""
-    from agent.integrations.settings import agent_wiring
-    from agent.recovery import RecoveryKit
+    from cliffguard.agent.integrations.settings import agent_wiring
+    from cliffguard.agent.recovery import RecoveryKit
 
     name = run or (config.run if config is not None else None)
     if not name:

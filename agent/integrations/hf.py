@@ -37,12 +37,12 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from agent.config import AgentConfig
-from agent.hooks import Agent
-from agent.integrations.hf_checkpoints import TrainerCheckpoints
-from agent.integrations.settings import agent_wiring
-from agent.recovery.kit import RecoveryKit
-from core.enums import CheckpointKind, EventType
+from cliffguard.agent.config import AgentConfig
+from cliffguard.agent.hooks import Agent
+from cliffguard.agent.integrations.hf_checkpoints import TrainerCheckpoints
+from cliffguard.agent.integrations.settings import agent_wiring
+from cliffguard.agent.recovery.kit import RecoveryKit
+from cliffguard.core.enums import CheckpointKind, EventType
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from agent.recovery.store import StateStore
-from core.enums import CheckpointKind
+from cliffguard.agent.recovery.store import StateStore
+from cliffguard.core.enums import CheckpointKind
 
 
 class TrainerCheckpoints:
@@ -73,7 +73,7 @@ class TrainerCheckpoints:
             state["rng"] = {"torch": rng["cpu"], "python": rng["python"], "numpy": rng["numpy"],
                             **({"cuda": rng["cuda"]} if "cuda" in rng else {})}
         else:
-            from agent.recovery.state import rng_state
+            from cliffguard.agent.recovery.state import rng_state
 
             state["rng"] = rng_state()
         return state

@@ -38,11 +38,11 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 
-from agent.collectors.mfu import ModelShape
-from agent.config import AgentConfig
-from agent.hooks import Agent
-from agent.integrations.settings import agent_wiring
-from agent.recovery import KitConfig, RecoveryKit
+from cliffguard.agent.collectors.mfu import ModelShape
+from cliffguard.agent.config import AgentConfig
+from cliffguard.agent.hooks import Agent
+from cliffguard.agent.integrations.settings import agent_wiring
+from cliffguard.agent.recovery import KitConfig, RecoveryKit
 
 log = logging.getLogger(__name__)
 

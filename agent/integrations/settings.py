@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agent.config import AgentConfig
-from core.deployment import PUBLIC_KEY_ENV, SECRET_ENV, DeploymentConfig, build_deployment
-from core.settings import build_config, load_toml
+from cliffguard.agent.config import AgentConfig
+from cliffguard.core.deployment import PUBLIC_KEY_ENV, SECRET_ENV, DeploymentConfig, build_deployment
+from cliffguard.core.settings import build_config, load_toml
 
 log = logging.getLogger(__name__)
 

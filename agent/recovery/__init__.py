@@ -24,4 +24,4 @@ __all__ = sorted(_WHERE)
 def __getattr__(name: str) -> Any:
     if name not in _WHERE:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"agent.recovery.{_WHERE[name]}"), name)
+    return getattr(importlib.import_module(f"cliffguard.agent.recovery.{_WHERE[name]}"), name)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent.guard import TIMEOUT_POLICIES
+from cliffguard.agent.guard import TIMEOUT_POLICIES
 
 
 @dataclass(kw_only=True, slots=True)

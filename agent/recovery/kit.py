@@ -44,16 +44,16 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from agent.command_target import Outcome
-from agent.dispatch import dispatch
-from agent.hooks import Agent
-from agent.modes import HELD, STOPPING, WAITING
-from agent.recovery.config import KitConfig
-from agent.recovery.ring import MemoryRing, cpu_copy
-from agent.recovery.state import DataPosition, LoopState, Stateful
-from agent.recovery.store import RingStore, StateStore
-from agent.recovery.timeouts import apply_timeout, timed_out
-from core.enums import CheckpointKind, CommandType, EventType, GuardDecision
+from cliffguard.agent.command_target import Outcome
+from cliffguard.agent.dispatch import dispatch
+from cliffguard.agent.hooks import Agent
+from cliffguard.agent.modes import HELD, STOPPING, WAITING
+from cliffguard.agent.recovery.config import KitConfig
+from cliffguard.agent.recovery.ring import MemoryRing, cpu_copy
+from cliffguard.agent.recovery.state import DataPosition, LoopState, Stateful
+from cliffguard.agent.recovery.store import RingStore, StateStore
+from cliffguard.agent.recovery.timeouts import apply_timeout, timed_out
+from cliffguard.core.enums import CheckpointKind, CommandType, EventType, GuardDecision
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from agent.recovery.ring import MemoryRing
-from core.enums import CheckpointKind
+from cliffguard.agent.recovery.ring import MemoryRing
+from cliffguard.core.enums import CheckpointKind
 
 
 class StateStore(Protocol):

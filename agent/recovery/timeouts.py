@@ -22,11 +22,11 @@ import logging
 from dataclasses import dataclass
 from typing import Protocol
 
-from agent.command_target import CommandTarget
-from agent.guard import GuardConfig
-from agent.modes import HELD, PAUSED, RUNNING, ModeMachine
-from agent.recovery.config import KitConfig
-from core.policy import rollback_step, rolled_back_lr_scale
+from cliffguard.agent.command_target import CommandTarget
+from cliffguard.agent.guard import GuardConfig
+from cliffguard.agent.modes import HELD, PAUSED, RUNNING, ModeMachine
+from cliffguard.agent.recovery.config import KitConfig
+from cliffguard.core.policy import rollback_step, rolled_back_lr_scale
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from bench.faults.pg import ThrowawayPostgres
 from bench.faults.registry import scenarios
 from bench.faults.runner import markdown, run_one, table, totals
-from controller.broker import EmbeddedBroker
+from cliffguard.controller.broker import EmbeddedBroker
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,11 +22,11 @@ from typing import Any
 
 from sqlalchemy import Engine, func, select
 
-from controller.broker import ensure_topics
-from controller.store.db import session_scope
-from controller.store.models import CommandRow, DlqCount, Incident, Run, StepMetric
-from core.events import encode_event, make_event
-from core.kafka_config import KafkaConfig
+from cliffguard.controller.broker import ensure_topics
+from cliffguard.controller.store.db import session_scope
+from cliffguard.controller.store.models import CommandRow, DlqCount, Incident, Run, StepMetric
+from cliffguard.core.events import encode_event, make_event
+from cliffguard.core.kafka_config import KafkaConfig
 from tests.controller.service_support import FAST_GROUP, SECRET, FakeTrainer, store_engine
 
 __all__ = ["SECRET", "Ctx", "ControllerProc", "FakeTrainer", "Measured", "ScenarioFailed", "fresh_kafka",
@@ -300,7 +300,7 @@ class TinyTraining:
     def __init__(self, run: str, kafka: KafkaConfig | None, spill_dir: Path, secret: Any = None) -> None:
         import torch
 
-        from agent.hooks import Agent, AgentConfig
+        from cliffguard.agent.hooks import Agent, AgentConfig
 
         torch.manual_seed(0)
         torch.set_num_threads(1)

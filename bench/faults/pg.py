@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from controller.broker import free_port
+from cliffguard.controller.broker import free_port
 
 
 def _bindir() -> Path:

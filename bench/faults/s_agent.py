@@ -26,9 +26,9 @@ from bench.faults.harness import (
     wait_until,
 )
 from bench.faults.registry import scenario
-from controller.broker import EmbeddedBroker, ensure_topics, free_port
-from core.events import encode_command, make_command, make_event
-from core.signing import sign_command
+from cliffguard.controller.broker import EmbeddedBroker, ensure_topics, free_port
+from cliffguard.core.events import encode_command, make_command, make_event
+from cliffguard.core.signing import sign_command
 
 
 class _TinyDisk:
@@ -84,7 +84,7 @@ def _delivered_ids(kafka, timeout_s: float, want: int) -> set[str]:
 @scenario("h04_full_spill_disk_recovers", "4: a full spill disk left phantom records; 0 of 3,100 delivered after",
           timeout_s=150)
 def full_spill_disk(ctx: Ctx) -> Measured:
-    from agent.publisher import Publisher, PublisherConfig
+    from cliffguard.agent.publisher import Publisher, PublisherConfig
 
     m = Measured()
     broker = EmbeddedBroker(port=free_port()).start()
@@ -139,7 +139,7 @@ def full_spill_disk(ctx: Ctx) -> Measured:
 @scenario("h13_planted_spill_symlink", "13: the spill path followed a planted symlink and overwrote its target",
           timeout_s=60)
 def planted_symlink(ctx: Ctx) -> Measured:
-    from core.kafka_config import KafkaConfig
+    from cliffguard.core.kafka_config import KafkaConfig
 
     m = Measured()
     target = ctx.path("precious.txt")
@@ -178,7 +178,7 @@ def planted_symlink(ctx: Ctx) -> Measured:
 @scenario("h14_invalid_run_id_refused", "14: an invalid run id was accepted and every event silently dropped",
           timeout_s=60)
 def invalid_run_id(ctx: Ctx) -> Measured:
-    from agent.hooks import AgentConfig
+    from cliffguard.agent.hooks import AgentConfig
 
     m = Measured()
     for run in ("team a/run 7", "", "r" * 300, "run\n7", "../etc"):
@@ -219,8 +219,8 @@ class _Count(logging.Handler):
 @scenario("h15_command_junk_flood", "15: a 5,000-command junk flood cost 4 s of training-thread time, 10k log lines",
           timeout_s=90, smoke=True)
 def junk_flood(ctx: Ctx) -> Measured:
-    from agent.listener import CommandListener
-    from core.signing import CommandVerifier
+    from cliffguard.agent.listener import CommandListener
+    from cliffguard.core.signing import CommandVerifier
 
     m = Measured()
     kafka = fresh_kafka(ctx.bootstrap)

@@ -13,21 +13,21 @@ from typing import Any
 
 from bench.faults.harness import SECRET, Ctx, Measured
 from bench.faults.registry import scenario
-from core.enums import AckStatus
-from core.events import make_command
+from cliffguard.core.enums import AckStatus
+from cliffguard.core.events import make_command
 
 
 def _trainer(tmp: Path, run: str, ckpt_dir: Path, **ckpt: Any):
     import torch
     from accelerate import Accelerator
 
-    from agent.hooks import AgentConfig
-    from agent.publisher import NullSink
-    from trainer.checkpoint import CheckpointConfig
-    from trainer.config import TrainConfig
-    from trainer.data import DataConfig
-    from trainer.loop import Trainer
-    from trainer.model import GPTConfig
+    from cliffguard.agent.hooks import AgentConfig
+    from cliffguard.agent.publisher import NullSink
+    from cliffguard.trainer.checkpoint import CheckpointConfig
+    from cliffguard.trainer.config import TrainConfig
+    from cliffguard.trainer.data import DataConfig
+    from cliffguard.trainer.loop import Trainer
+    from cliffguard.trainer.model import GPTConfig
 
     torch.set_num_threads(1)
     cfg = TrainConfig(
@@ -56,7 +56,7 @@ def _close(tr) -> None:
 
 
 def _command(tr, m: Measured, ctype: str, **args: Any) -> tuple[AckStatus, str]:
-    from agent.dispatch import dispatch
+    from cliffguard.agent.dispatch import dispatch
 
     acks: list[tuple[AckStatus, str]] = []
     cmd = make_command(ctype, tr.cfg.run, args)

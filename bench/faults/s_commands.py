@@ -29,8 +29,8 @@ from bench.faults.harness import (
     wait_until,
 )
 from bench.faults.registry import scenario
-from core.events import Command, encode_command, make_command
-from core.signing import Secret, sign_command
+from cliffguard.core.events import Command, encode_command, make_command
+from cliffguard.core.signing import Secret, sign_command
 from tests.controller.test_service import prefix, spike
 
 
@@ -148,9 +148,9 @@ def controller_sigkill(ctx: Ctx) -> Measured:
 @scenario("k_trainer_host_cannot_forge", "keys: a trainer host (public key, HMAC secret) cannot sign a command",
           timeout_s=90)
 def trainer_host_cannot_forge(ctx: Ctx) -> Measured:
-    from agent.listener import CommandListener
-    from core.keys import CommandPrivateKey
-    from core.signing import CommandVerifier
+    from cliffguard.agent.listener import CommandListener
+    from cliffguard.core.keys import CommandPrivateKey
+    from cliffguard.core.signing import CommandVerifier
 
     m = Measured()
     kafka = fresh_kafka(ctx.bootstrap)

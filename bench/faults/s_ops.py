@@ -28,8 +28,8 @@ from bench.faults.harness import (
     wait_until,
 )
 from bench.faults.registry import scenario
+from cliffguard.controller.broker import free_port, port_is_free
 from cliffguard.procs import descendants
-from controller.broker import free_port, port_is_free
 from tests.controller.test_service import prefix, spike
 
 

@@ -108,8 +108,8 @@ def ack_from_other_run(ctx: Ctx) -> Measured:
 @scenario("k_forged_metrics_dlq", "11/keys: unsigned or badly signed metrics go to the DLQ, no incident",
           timeout_s=90)
 def forged_metrics(ctx: Ctx) -> Measured:
-    from core.events import encode_event, make_event
-    from core.keys import EventSigner, event_key
+    from cliffguard.core.events import encode_event, make_event
+    from cliffguard.core.keys import EventSigner, event_key
 
     m = Measured()
     agent_secret = b"faults-agent-secret-faults-agent"

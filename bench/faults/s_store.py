@@ -31,8 +31,8 @@ from bench.faults.harness import (
     wait_until,
 )
 from bench.faults.registry import scenario
-from controller.store.db import init_db, make_engine, session_scope
-from controller.store.models import StepMetric
+from cliffguard.controller.store.db import init_db, make_engine, session_scope
+from cliffguard.controller.store.models import StepMetric
 from tests.controller.test_service import prefix, spike
 
 

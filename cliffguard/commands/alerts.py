@@ -13,7 +13,7 @@ import json
 import time
 
 from cliffguard.commands.controller import add_common, resolve_common
-from core.settings import ConfigError
+from cliffguard.core.settings import ConfigError
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -29,10 +29,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from controller.alerts.enqueue import set_endpoint_disabled
-    from controller.store import read
-    from controller.store.db import Store
-    from controller.store.models import AuditRow
+    from cliffguard.controller.alerts.enqueue import set_endpoint_disabled
+    from cliffguard.controller.store import read
+    from cliffguard.controller.store.db import Store
+    from cliffguard.controller.store.models import AuditRow
 
     try:
         store_cfg = resolve_common(args, ["store"])["store"]

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from controller.rules.divergence import METHODS
+from cliffguard.controller.rules.divergence import METHODS
 
 # Option -> (section path, field). Only options given on the command line override the controller's.
 _FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
@@ -113,8 +113,8 @@ def rules_maker(config: str | None, flags: dict[str, dict[str, Any]],
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from controller import backtest as bt
-    from core.settings import ConfigError, config_to_dict
+    from cliffguard.controller import backtest as bt
+    from cliffguard.core.settings import ConfigError, config_to_dict
 
     def fail(msg: str) -> int:
         print(f"cliffguard backtest: {msg}", file=sys.stderr)
@@ -180,9 +180,9 @@ def _line(e) -> str:
 def _folder(args: argparse.Namespace, rules: Any, fail) -> int:
     from pathlib import Path
 
-    from controller import backtest as bt
-    from controller import backtest_score as sc
-    from core.settings import ConfigError
+    from cliffguard.controller import backtest as bt
+    from cliffguard.controller import backtest_score as sc
+    from cliffguard.core.settings import ConfigError
 
     labels_path = Path(args.labels) if args.labels else Path(args.csv) / "labels.json"
     if not labels_path.is_file():

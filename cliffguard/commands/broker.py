@@ -10,9 +10,9 @@ import argparse
 import signal
 import threading
 
-from controller.broker import BrokerError, EmbeddedBroker, ensure_topics
-from core.kafka_config import KafkaConfig
-from core.settings import ConfigError
+from cliffguard.controller.broker import BrokerError, EmbeddedBroker, ensure_topics
+from cliffguard.core.kafka_config import KafkaConfig
+from cliffguard.core.settings import ConfigError
 
 
 def add_parser(sub) -> argparse.ArgumentParser:

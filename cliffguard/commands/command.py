@@ -16,8 +16,8 @@ import getpass
 import logging
 
 from cliffguard.commands.controller import add_common
-from core.enums import CommandType
-from core.settings import ConfigError
+from cliffguard.core.enums import CommandType
+from cliffguard.core.settings import ConfigError
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -65,9 +65,14 @@ def command_args(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from controller.store.db import Store, StoreConfig
-    from controller.store.requests import RequestSource, RequestStatus, submit_request, wait_for_decision
-    from core.settings import build_config, load_toml
+    from cliffguard.controller.store.db import Store, StoreConfig
+    from cliffguard.controller.store.requests import (
+        RequestSource,
+        RequestStatus,
+        submit_request,
+        wait_for_decision,
+    )
+    from cliffguard.core.settings import build_config, load_toml
 
     logging.getLogger("alembic").setLevel(logging.WARNING)  # migrations are not news here
     try:

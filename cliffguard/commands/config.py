@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from core.settings import ConfigError
+from cliffguard.core.settings import ConfigError
 
 
 def add_parser(sub) -> argparse.ArgumentParser:

@@ -14,7 +14,7 @@ import logging
 import signal
 import threading
 
-from core.settings import ConfigError
+from cliffguard.core.settings import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def command_secret(toml: dict):
     """The deployment's command-signing key by its one rule (the Ed25519 private key, else the
     HMAC secret); a ValueError saying where to set it when there is none."""
-    from core.deployment import DeploymentConfig, resolve_keys, resolve_secret
+    from cliffguard.core.deployment import DeploymentConfig, resolve_keys, resolve_secret
 
     secret, source = resolve_secret(toml)
     return DeploymentConfig(secret=secret, secret_source=source, **resolve_keys(toml)).require_signing_key()
@@ -67,11 +67,11 @@ def build_sections(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from controller.broker import ensure_topics
-    from controller.runstate import default_detector_factory
-    from controller.service import ControllerService
-    from controller.store.db import Store
-    from controller.store.errors import StoreLost
+    from cliffguard.controller.broker import ensure_topics
+    from cliffguard.controller.runstate import default_detector_factory
+    from cliffguard.controller.service import ControllerService
+    from cliffguard.controller.store.db import Store
+    from cliffguard.controller.store.errors import StoreLost
 
     try:
         cfg = build_sections(args)

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from core.deployment import scrub_keys  # the dashboard process holds no key
+from cliffguard.core.deployment import scrub_keys  # the dashboard process holds no key
 
 APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
 ENV_DB_URL = "CLIFFGUARD_DASHBOARD__DB_URL"  # dashboard.config reads it (kept here to avoid importing streamlit)
@@ -68,7 +68,7 @@ def streamlit_command(args: argparse.Namespace) -> tuple[list[str], dict[str, st
 
 
 def run(args: argparse.Namespace) -> int:
-    from controller.store.db import StoreConfig
+    from cliffguard.controller.store.db import StoreConfig
 
     try:
         StoreConfig(url=args.db)

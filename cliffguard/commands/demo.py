@@ -133,7 +133,7 @@ class StoreWatch:
         self.seen: set[int] = set()
 
     def poll(self) -> None:
-        from controller.store import read
+        from cliffguard.controller.store import read
 
         try:
             with self.store.session() as s:
@@ -148,7 +148,7 @@ class StoreWatch:
             _say(f"controller: step {t['step']}: {t['from_state']} -> {t['to_state']}: {t['reason']}")
 
     def settled(self) -> bool:
-        from controller.store import read
+        from cliffguard.controller.store import read
 
         with self.store.session() as s:
             run = read.get_run(s, self.run_id)
@@ -166,7 +166,7 @@ def trainer_command(args: argparse.Namespace, run_id: str, kafka: Any, out_dir: 
         for f in faults:
             argv += ["--fault", f]
         return argv, {}
-    module = f"trainer.demo_trainers.{args.trainer.replace('-', '_')}_run"
+    module = f"cliffguard.trainer.demo_trainers.{args.trainer.replace('-', '_')}_run"
     launch = [sys.executable, "-m", module]
     if args.trainer == "plain" and args.nproc > 1:
         launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
@@ -181,7 +181,7 @@ def trainer_command(args: argparse.Namespace, run_id: str, kafka: Any, out_dir: 
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainer.faults import FaultSpec
+    from cliffguard.trainer.faults import FaultSpec
 
     if args.elastic:
         from cliffguard import demo_elastic

@@ -20,7 +20,7 @@ import json
 import sys
 import time
 
-from core.settings import ConfigError
+from cliffguard.core.settings import ConfigError
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -63,9 +63,9 @@ def build_config(args: argparse.Namespace):
     from cliffguard.config import load_deployment
     from cliffguard.hpo.objective import HpoConfig
     from cliffguard.hpo.storage import study_storage
-    from trainer.data import DataConfig
-    from trainer.faults import FaultSpec
-    from trainer.model import GPTConfig
+    from cliffguard.trainer.data import DataConfig
+    from cliffguard.trainer.faults import FaultSpec
+    from cliffguard.trainer.model import GPTConfig
 
     if args.trials < 1:
         raise ValueError("--trials: must be >= 1")
@@ -101,13 +101,13 @@ def run(args: argparse.Namespace) -> int:
         cfg, url = build_config(args)
     except (ConfigError, ValueError) as exc:
         return _fail(str(exc))
+    from cliffguard.controller.store.db import masked_url
     from cliffguard.hpo.objective import StartMismatch
     from cliffguard.hpo.report import importances, summary_json, summary_text, trial_line
     from cliffguard.hpo.study import run_search
-    from controller.store.db import masked_url
 
     if cfg.kafka is not None:
-        from controller.broker import ensure_topics
+        from cliffguard.controller.broker import ensure_topics
 
         ensure_topics(cfg.kafka)
     t0 = time.perf_counter()

@@ -21,8 +21,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from core.deployment import AGENT_SECRET_ENV, PRIVATE_KEY_ENV, PUBLIC_KEY_ENV
-    from core.keys import fingerprint, generate_keys, read_public_file
+    from cliffguard.core.deployment import AGENT_SECRET_ENV, PRIVATE_KEY_ENV, PUBLIC_KEY_ENV
+    from cliffguard.core.keys import fingerprint, generate_keys, read_public_file
 
     try:
         paths = generate_keys(args.out)

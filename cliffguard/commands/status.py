@@ -8,8 +8,8 @@ import logging
 import time
 
 from cliffguard.commands.controller import add_common, resolve_common
-from core.capabilities import describe, describe_lr_scale
-from core.settings import ConfigError
+from cliffguard.core.capabilities import describe, describe_lr_scale
+from cliffguard.core.settings import ConfigError
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -28,8 +28,8 @@ def _age(ts: float | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from controller.store import read
-    from controller.store.db import Store
+    from cliffguard.controller.store import read
+    from cliffguard.controller.store.db import Store
 
     logging.getLogger("alembic").setLevel(logging.WARNING)  # migrations are not news here
     try:

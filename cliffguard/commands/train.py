@@ -39,11 +39,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from core.deployment import EVENT_KEY_ENV, PUBLIC_KEY_ENV, SECRET_ENV, DeploymentConfig, scrub_keys
-from core.settings import ConfigError
+from cliffguard.core.deployment import EVENT_KEY_ENV, PUBLIC_KEY_ENV, SECRET_ENV, DeploymentConfig, scrub_keys
+from cliffguard.core.settings import ConfigError
 
 if TYPE_CHECKING:
-    from trainer.config import TrainConfig
+    from cliffguard.trainer.config import TrainConfig
 
 SASL_PASSWORD_ENV = "CLIFFGUARD_KAFKA__SASL_PLAIN_PASSWORD"
 
@@ -199,11 +199,11 @@ def torchrun_command(nproc: int, config_path: str | Path, *, nnodes: str | None 
                      last_call_s: int = 30) -> list[str]:
     if not nnodes:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                "-m", "trainer.run", "--config", str(config_path)]
+                "-m", "cliffguard.trainer.run", "--config", str(config_path)]
     return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc_per_node={nproc}",
             "--rdzv_backend=c10d", f"--rdzv_endpoint={rdzv_endpoint}", f"--rdzv_id={rdzv_id}",
             f"--max_restarts={max_restarts}", f"--rdzv_conf=join_timeout={int(rdzv_timeout_s)},last_call_timeout={last_call_s}",
-            "-m", "trainer.run", "--config", str(config_path)]
+            "-m", "cliffguard.trainer.run", "--config", str(config_path)]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -214,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
     bootstrap = args.bootstrap
     try:
         if bootstrap is None and not args.no_monitor:
-            from controller.broker import EmbeddedBroker, free_port
+            from cliffguard.controller.broker import EmbeddedBroker, free_port
 
             broker = EmbeddedBroker(port=args.broker_port or free_port()).start()
             bootstrap = broker.bootstrap
@@ -229,7 +229,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"cliffguard train: {exc}", file=sys.stderr)
             return 2
         if cfg.kafka is not None:
-            from controller.broker import ensure_topics
+            from cliffguard.controller.broker import ensure_topics
 
             ensure_topics(cfg.kafka)
         config_path = cfg.run_dir / "config.json"

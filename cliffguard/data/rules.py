@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.data_rules import DataRules
+from cliffguard.trainer.data_rules import DataRules
 
 
 @dataclass(kw_only=True, slots=True)

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import math
 
-from core.enums import Level
-from core.spike import SpikeConfig, SpikeDetector
+from cliffguard.core.enums import Level
+from cliffguard.core.spike import SpikeConfig, SpikeDetector
 
 
 class DivergenceCheck:

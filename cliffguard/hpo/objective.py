@@ -27,19 +27,19 @@ from typing import Any
 
 import torch
 
-from agent.config import AgentConfig
-from agent.guard import GuardConfig
+from cliffguard.agent.config import AgentConfig
+from cliffguard.agent.guard import GuardConfig
+from cliffguard.core.enums import CheckpointKind
+from cliffguard.core.kafka_config import KafkaConfig
+from cliffguard.core.settings import config_to_dict
+from cliffguard.core.spike import SpikeConfig
 from cliffguard.hpo.divergence import DivergenceCheck
 from cliffguard.hpo.space import SearchSpace, TrialParams
-from core.enums import CheckpointKind
-from core.kafka_config import KafkaConfig
-from core.settings import config_to_dict
-from core.spike import SpikeConfig
-from trainer.checkpoint import CheckpointConfig, CheckpointManager
-from trainer.config import TrainConfig
-from trainer.data import DataConfig
-from trainer.loop import Trainer
-from trainer.model import GPTConfig
+from cliffguard.trainer.checkpoint import CheckpointConfig, CheckpointManager
+from cliffguard.trainer.config import TrainConfig
+from cliffguard.trainer.data import DataConfig
+from cliffguard.trainer.loop import Trainer
+from cliffguard.trainer.model import GPTConfig
 
 
 @dataclass(kw_only=True, slots=True)

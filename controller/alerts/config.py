@@ -34,8 +34,8 @@ from enum import StrEnum
 from typing import Any
 from urllib.parse import urlsplit
 
-from controller.alerts.spec import AlertLevel
-from controller.alerts.webhook_signing import secret_key
+from cliffguard.controller.alerts.spec import AlertLevel
+from cliffguard.controller.alerts.webhook_signing import secret_key
 
 PAGERDUTY_EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"
 

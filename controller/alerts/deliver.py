@@ -30,13 +30,13 @@ from sqlalchemy import select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
-from controller.alerts.config import AlertsConfig, EndpointConfig
-from controller.alerts.enqueue import set_endpoint_disabled
-from controller.alerts.retry import Outcome, UniformSource, next_attempt_at, retry_delay
-from controller.alerts.sink import AlertSink, Delivery, SinkResult
-from controller.alerts.sink_factory import SinkFactory, configured_sinks
-from controller.alerts.spec import AlertMessage
-from controller.store.models import Alert, AlertEndpointState, OutboxRow
+from cliffguard.controller.alerts.config import AlertsConfig, EndpointConfig
+from cliffguard.controller.alerts.enqueue import set_endpoint_disabled
+from cliffguard.controller.alerts.retry import Outcome, UniformSource, next_attempt_at, retry_delay
+from cliffguard.controller.alerts.sink import AlertSink, Delivery, SinkResult
+from cliffguard.controller.alerts.sink_factory import SinkFactory, configured_sinks
+from cliffguard.controller.alerts.spec import AlertMessage
+from cliffguard.controller.store.models import Alert, AlertEndpointState, OutboxRow
 
 log = logging.getLogger(__name__)
 

@@ -24,10 +24,10 @@ import uuid
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from controller.alerts.config import AlertsConfig
-from controller.alerts.spec import AlertAction, AlertLevel, AlertSpec
-from controller.store.models import Alert, AlertEndpointState, OutboxRow
-from core.floats import to_json
+from cliffguard.controller.alerts.config import AlertsConfig
+from cliffguard.controller.alerts.spec import AlertAction, AlertLevel, AlertSpec
+from cliffguard.controller.store.models import Alert, AlertEndpointState, OutboxRow
+from cliffguard.core.floats import to_json
 
 _SEQ = itertools.count()
 

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from controller.alerts.config import EndpointConfig, EndpointFormat
-from controller.alerts.spec import AlertAction, AlertLevel, AlertMessage
-from controller.alerts.webhook_signing import signed_headers
-from core.floats import dumps, to_json
+from cliffguard.controller.alerts.config import EndpointConfig, EndpointFormat
+from cliffguard.controller.alerts.spec import AlertAction, AlertLevel, AlertMessage
+from cliffguard.controller.alerts.webhook_signing import signed_headers
+from cliffguard.core.floats import dumps, to_json
 
 JSON_HEADERS = {"content-type": "application/json", "user-agent": "cliffguard-alerts/1"}
 PAGERDUTY_SEVERITY = {AlertLevel.CRITICAL: "critical", AlertLevel.WARN: "warning", AlertLevel.INFO: "info"}

@@ -7,11 +7,11 @@ detail names the error class and the HTTP status, never the URL or a header.
 
 from __future__ import annotations
 
-from controller.alerts.config import EndpointConfig
-from controller.alerts.formats import render
-from controller.alerts.http import HttpPost, urllib_post
-from controller.alerts.retry import Outcome, classify_status
-from controller.alerts.sink import Delivery, SinkResult
+from cliffguard.controller.alerts.config import EndpointConfig
+from cliffguard.controller.alerts.formats import render
+from cliffguard.controller.alerts.http import HttpPost, urllib_post
+from cliffguard.controller.alerts.retry import Outcome, classify_status
+from cliffguard.controller.alerts.sink import Delivery, SinkResult
 
 DETAIL_MAX = 200
 

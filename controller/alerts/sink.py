@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from controller.alerts.retry import Outcome
-from controller.alerts.spec import AlertMessage
+from cliffguard.controller.alerts.retry import Outcome
+from cliffguard.controller.alerts.spec import AlertMessage
 
 
 @dataclass(frozen=True, slots=True)

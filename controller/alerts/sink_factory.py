@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from controller.alerts.config import EndpointConfig, EndpointFormat
-from controller.alerts.http import HttpPost, urllib_post
-from controller.alerts.http_sink import HttpSink
-from controller.alerts.sink import AlertSink
+from cliffguard.controller.alerts.config import EndpointConfig, EndpointFormat
+from cliffguard.controller.alerts.http import HttpPost, urllib_post
+from cliffguard.controller.alerts.http_sink import HttpSink
+from cliffguard.controller.alerts.sink import AlertSink
 
 SinkFactory = Callable[[EndpointConfig], AlertSink]
 """What the deliverer is given: the sink for one configured endpoint."""

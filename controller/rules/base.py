@@ -25,10 +25,10 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from controller.verdict import Verdict
-from core.enums import EventType
-from core.events import Event
-from core.rank_arrays import is_detail, is_run_level
+from cliffguard.controller.verdict import Verdict
+from cliffguard.core.enums import EventType
+from cliffguard.core.events import Event
+from cliffguard.core.rank_arrays import is_detail, is_run_level
 
 
 class RankScope(StrEnum):

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
-from core.sliding import SlidingWindow, sorted_median, sorted_robust
+from cliffguard.core.sliding import SlidingWindow, sorted_median, sorted_robust
 
 METHODS = ("cusum", "runmin", "all")
 MEDIAN_NOISE = 1.2533

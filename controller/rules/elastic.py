@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from controller.rules.base import RankScope
-from controller.verdict import Action, Verdict
-from core.enums import EventType, Level
-from core.events import Event
+from cliffguard.controller.rules.base import RankScope
+from cliffguard.controller.verdict import Action, Verdict
+from cliffguard.core.enums import EventType, Level
+from cliffguard.core.events import Event
 
 SCALE_EVENTS: frozenset[EventType] = frozenset({EventType.ELASTIC_SCALED_DOWN, EventType.ELASTIC_SCALED_UP})
 VERDICT = "elastic_scale"

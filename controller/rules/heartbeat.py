@@ -30,14 +30,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from controller.rules.base import ALL_EVENTS, RankScope
-from controller.rules.packed import pack as _pack
-from controller.rules.packed import unpack as _unpack
-from controller.verdict import Action, Verdict
-from core.enums import EventType, Level, TrainerMode
-from core.events import Event
-from core.rank_arrays import rank_entries
-from core.ranks import rank_spans
+from cliffguard.controller.rules.base import ALL_EVENTS, RankScope
+from cliffguard.controller.rules.packed import pack as _pack
+from cliffguard.controller.rules.packed import unpack as _unpack
+from cliffguard.controller.verdict import Action, Verdict
+from cliffguard.core.enums import EventType, Level, TrainerMode
+from cliffguard.core.events import Event
+from cliffguard.core.rank_arrays import rank_entries
+from cliffguard.core.ranks import rank_spans
 
 _REARM_S = 1.0
 # An enum member read through its class costs ~10x a module global; on_event reads them for every event.

@@ -26,13 +26,13 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.rules.base import STEP_EVENTS, RankScope
-from controller.rules.cadence import StepCadence
-from controller.rules.divergence import DivergenceConfig, DivergenceDetector
-from controller.verdict import Action, Verdict
-from core.enums import Level
-from core.events import Event
-from core.spike import SpikeConfig, SpikeDetector, SpikeVerdict
+from cliffguard.controller.rules.base import STEP_EVENTS, RankScope
+from cliffguard.controller.rules.cadence import StepCadence
+from cliffguard.controller.rules.divergence import DivergenceConfig, DivergenceDetector
+from cliffguard.controller.verdict import Action, Verdict
+from cliffguard.core.enums import Level
+from cliffguard.core.events import Event
+from cliffguard.core.spike import SpikeConfig, SpikeDetector, SpikeVerdict
 
 # An enum member read through its class costs ~10x a module global (the enum's metaclass):
 # the per-point paths below use these.

@@ -14,10 +14,10 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from controller.rules.base import STEP_EVENTS, RankScope
-from controller.verdict import Action, Verdict
-from core.enums import Level
-from core.events import Event
+from cliffguard.controller.rules.base import STEP_EVENTS, RankScope
+from cliffguard.controller.verdict import Action, Verdict
+from cliffguard.core.enums import Level
+from cliffguard.core.events import Event
 
 # An enum member read through its class costs ~10x a module global (the enum's metaclass):
 # the per-point paths below use these.

@@ -17,12 +17,17 @@ from typing import Any
 
 import numpy as np
 
-from controller.rules.base import RANK_METRIC_EVENTS, RankScope, rank_columns
-from controller.rules.packed import pack_array, unpack_array
-from controller.rules.rank_window import PACKED_VERSION, RankWindows, full_row_medians, packed_layout
-from controller.verdict import Action, Verdict
-from core.enums import Level
-from core.events import Event
+from cliffguard.controller.rules.base import RANK_METRIC_EVENTS, RankScope, rank_columns
+from cliffguard.controller.rules.packed import pack_array, unpack_array
+from cliffguard.controller.rules.rank_window import (
+    PACKED_VERSION,
+    RankWindows,
+    full_row_medians,
+    packed_layout,
+)
+from cliffguard.controller.verdict import Action, Verdict
+from cliffguard.core.enums import Level
+from cliffguard.core.events import Event
 
 
 @dataclass(kw_only=True, slots=True)

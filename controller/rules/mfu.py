@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from controller.rules.base import RANK_METRIC_EVENTS, RankScope, rank_columns
-from controller.rules.rank_window import (
+from cliffguard.controller.rules.base import RANK_METRIC_EVENTS, RankScope, rank_columns
+from cliffguard.controller.rules.rank_window import (
     PACKED_VERSION,
     RankWindows,
     fmean,
@@ -39,11 +39,11 @@ from controller.rules.rank_window import (
     packed_layout,
     row_medians,
 )
-from controller.rules.straggler import judge_points
-from controller.verdict import Action, Verdict
-from core.enums import Level
-from core.events import Event
-from core.ranks import speaker
+from cliffguard.controller.rules.straggler import judge_points
+from cliffguard.controller.verdict import Action, Verdict
+from cliffguard.core.enums import Level
+from cliffguard.core.events import Event
+from cliffguard.core.ranks import speaker
 
 _PARTS = ("data_wait", "comm_exposed", "compute")
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from controller.rules.packed import PackedStateError, pack_array, unpack_array
-from core.events import MAX_WORLD
+from cliffguard.controller.rules.packed import PackedStateError, pack_array, unpack_array
+from cliffguard.core.events import MAX_WORLD
 
 _NONE = -1
 PACKED_VERSION = 1

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
-from controller.rules.base import Rule
+from cliffguard.controller.rules.base import Rule
 
 C = TypeVar("C")
 RuleFactory = Callable[[C], Rule]

@@ -13,7 +13,7 @@ import math
 from collections import deque
 from typing import Any
 
-from core.spike import robust_stats
+from cliffguard.core.spike import robust_stats
 
 
 class LogWindow:

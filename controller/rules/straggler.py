@@ -15,12 +15,18 @@ from typing import Any
 
 import numpy as np
 
-from controller.rules.base import RANK_METRIC_EVENTS, RankScope, rank_columns
-from controller.rules.rank_window import PACKED_VERSION, RankWindows, median, packed_layout, row_medians
-from controller.verdict import Action, Verdict
-from core.enums import Level
-from core.events import Event
-from core.ranks import speaker
+from cliffguard.controller.rules.base import RANK_METRIC_EVENTS, RankScope, rank_columns
+from cliffguard.controller.rules.rank_window import (
+    PACKED_VERSION,
+    RankWindows,
+    median,
+    packed_layout,
+    row_medians,
+)
+from cliffguard.controller.verdict import Action, Verdict
+from cliffguard.core.enums import Level
+from cliffguard.core.events import Event
+from cliffguard.core.ranks import speaker
 
 
 @dataclass(kw_only=True, slots=True)

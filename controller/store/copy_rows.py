@@ -71,7 +71,7 @@ def insert_values(session: Session, table: Table, columns: tuple[str, ...] | lis
     cols = list(columns)
     bind = session.get_bind()
     if bind.dialect.name != "sqlite":
-        from controller.store.upsert import insert_for
+        from cliffguard.controller.store.upsert import insert_for
 
         stmt = insert_for(session, table).on_conflict_do_nothing(index_elements=conflict)
         return session.connection().execute(stmt, [dict(zip(cols, row, strict=True)) for row in rows]).rowcount

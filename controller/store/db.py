@@ -28,7 +28,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import StaticPool
 
-from controller.store.json_text import column_json
+from cliffguard.controller.store.json_text import column_json
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ import time
 
 from sqlalchemy.orm import Session
 
-from controller.store.models import DlqCount
-from controller.store.upsert import insert_for
+from cliffguard.controller.store.models import DlqCount
+from cliffguard.controller.store.upsert import insert_for
 
 MAX_DETAIL_CHARS = 2000
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from sqlalchemy import Engine, event, text
 from sqlalchemy.engine import make_url
 
-from controller.store.errors import StoreLost, is_store_lost
+from cliffguard.controller.store.errors import StoreLost, is_store_lost
 
 
 def sqlite_path(engine: Engine) -> Path | None:

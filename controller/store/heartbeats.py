@@ -14,10 +14,10 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from controller.store.fit import fit_row
-from controller.store.models import Heartbeat
-from controller.store.upsert import insert_for
-from core.events import Event
+from cliffguard.controller.store.fit import fit_row
+from cliffguard.controller.store.models import Heartbeat
+from cliffguard.controller.store.upsert import insert_for
+from cliffguard.core.events import Event
 
 _MOVED = ("ts", "step", "state", "ranks", "steps", "seen_ts", "collectives")
 

@@ -35,10 +35,10 @@ from typing import Any
 from sqlalchemy import bindparam, func, or_, update
 from sqlalchemy.orm import Session
 
-from controller.store.copy_rows import insert_values
-from controller.store.fit import fit_row, fit_rows, fit_value, fit_values
-from controller.store.heartbeats import upsert_heartbeats
-from controller.store.models import (
+from cliffguard.controller.store.copy_rows import insert_values
+from cliffguard.controller.store.fit import fit_row, fit_rows, fit_value, fit_values
+from cliffguard.controller.store.heartbeats import upsert_heartbeats
+from cliffguard.controller.store.models import (
     CheckpointRow,
     CommandRow,
     DataFlag,
@@ -48,16 +48,16 @@ from controller.store.models import (
     StepMetric,
     ValidationRow,
 )
-from controller.store.rank_arrays import insert_rank_arrays
-from controller.store.retention import run_watermarks
-from controller.store.step_buckets import bucket_rows
-from controller.store.step_metrics import STEP_METRICS
-from controller.store.upsert import built_once, insert_for
-from core.capabilities import normalize as normalize_capabilities
-from core.enums import AckStatus, CommandType, EventType
-from core.events import Event
-from core.floats import store_kind, to_json
-from core.ranks import RUN_RANK
+from cliffguard.controller.store.rank_arrays import insert_rank_arrays
+from cliffguard.controller.store.retention import run_watermarks
+from cliffguard.controller.store.step_buckets import bucket_rows
+from cliffguard.controller.store.step_metrics import STEP_METRICS
+from cliffguard.controller.store.upsert import built_once, insert_for
+from cliffguard.core.capabilities import normalize as normalize_capabilities
+from cliffguard.core.enums import AckStatus, CommandType, EventType
+from cliffguard.core.events import Event
+from cliffguard.core.floats import store_kind, to_json
+from cliffguard.core.ranks import RUN_RANK
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from controller.store.step_metrics import STEP_METRICS
+from cliffguard.controller.store.step_metrics import STEP_METRICS
 
 # Named constraints: Alembic's batch mode (SQLite) can only drop or alter constraints it can name.
 NAMING_CONVENTION = {

@@ -14,8 +14,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from controller.store.models import ConsumerOffset
-from controller.store.upsert import built_once, insert_for
+from cliffguard.controller.store.models import ConsumerOffset
+from cliffguard.controller.store.upsert import built_once, insert_for
 
 
 def load_offsets(session: Session, group: str, topic: str) -> dict[int, int]:

@@ -26,13 +26,13 @@ from typing import Any
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
-from controller.store.models import RankArrayRow
-from controller.store.upsert import insert_for
-from core.enums import EventType
-from core.events import Event
-from core.floats import from_json, to_json
-from core.rank_arrays import RANKS_ARRAYS
-from core.ranks import RUN_RANK
+from cliffguard.controller.store.models import RankArrayRow
+from cliffguard.controller.store.upsert import insert_for
+from cliffguard.core.enums import EventType
+from cliffguard.core.events import Event
+from cliffguard.core.floats import from_json, to_json
+from cliffguard.core.rank_arrays import RANKS_ARRAYS
+from cliffguard.core.ranks import RUN_RANK
 
 _ID_CHUNK = 5000  # event ids per IN (...) lookup, below SQLite's bound-parameter limit
 

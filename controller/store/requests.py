@@ -19,10 +19,10 @@ from typing import Any
 from sqlalchemy import Engine, insert, select
 from sqlalchemy.orm import Session
 
-from controller.store.fit import fit_row
-from controller.store.models import CommandRequest
-from core.enums import CommandType
-from core.floats import to_json
+from cliffguard.controller.store.fit import fit_row
+from cliffguard.controller.store.models import CommandRequest
+from cliffguard.core.enums import CommandType
+from cliffguard.core.floats import to_json
 
 
 class RequestStatus(StrEnum):

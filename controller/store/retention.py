@@ -59,9 +59,9 @@ from typing import Any
 from sqlalchemy import Float, bindparam, case, cast, delete, func, insert, literal, or_, select, update
 from sqlalchemy.orm import Session
 
-from controller.store.models import Run, StepMetric
-from controller.store.rank_arrays import thin_rank_arrays
-from controller.store.step_metrics import STEP_METRICS, Fold, StepMetricSpec
+from cliffguard.controller.store.models import Run, StepMetric
+from cliffguard.controller.store.rank_arrays import thin_rank_arrays
+from cliffguard.controller.store.step_metrics import STEP_METRICS, Fold, StepMetricSpec
 
 SM = StepMetric
 log = logging.getLogger(__name__)

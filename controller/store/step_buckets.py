@@ -29,7 +29,7 @@ import hashlib
 from collections.abc import Iterable
 from typing import Any
 
-from controller.store.step_metrics import STEP_METRICS, Fold
+from cliffguard.controller.store.step_metrics import STEP_METRICS, Fold
 
 _MEANS = tuple(m.name for m in STEP_METRICS if m.fold in (Fold.MEAN, Fold.MEAN_FINITE))
 _MAXES = tuple(m.name for m in STEP_METRICS if m.fold in (Fold.MAX, Fold.MAX_FINITE))

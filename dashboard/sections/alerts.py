@@ -6,9 +6,9 @@ from datetime import UTC, datetime
 
 import streamlit as st
 
-from controller.store import read
-from dashboard import derive
-from dashboard.sections.context import Context
+from cliffguard.controller.store import read
+from cliffguard.dashboard import derive
+from cliffguard.dashboard.sections.context import Context
 
 ALERT_COLUMNS = ["ts", "level", "action", "title", "endpoint", "delivery", "attempts", "last_error", "rule"]
 

@@ -11,8 +11,8 @@ import pandas as pd
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from dashboard.charts import Chart
-from dashboard.config import DashboardConfig
+from cliffguard.dashboard.charts import Chart
+from cliffguard.dashboard.config import DashboardConfig
 
 T = TypeVar("T")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import data_quality as dq
-from dashboard.config import DashboardConfig
+from cliffguard.dashboard import data_quality as dq
+from cliffguard.dashboard.config import DashboardConfig
 
 
 def render(cfg: DashboardConfig) -> None:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from controller.store import read
-from dashboard import charts
-from dashboard.sections.context import Context, show
+from cliffguard.controller.store import read
+from cliffguard.dashboard import charts
+from cliffguard.dashboard.sections.context import Context, show
 
 TIMELINE_COLUMNS = ("step", "ts", "world", "global_batch")
 EVENT_COLUMNS = ("step", "direction", "from_world", "to_world", "from_global_batch", "global_batch", "grad_accum",

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import streamlit as st
 
-from controller.store import read
-from dashboard import charts, derive
-from dashboard.sections.context import Context, show
+from cliffguard.controller.store import read
+from cliffguard.dashboard import charts, derive
+from cliffguard.dashboard.sections.context import Context, show
 
 
 def render(ctx: Context) -> None:

@@ -7,10 +7,10 @@ import time
 
 import streamlit as st
 
-from controller.store import read
-from core.capabilities import describe, describe_lr_scale
-from dashboard import derive
-from dashboard.sections.context import Context
+from cliffguard.controller.store import read
+from cliffguard.core.capabilities import describe, describe_lr_scale
+from cliffguard.dashboard import derive
+from cliffguard.dashboard.sections.context import Context
 
 
 def render(ctx: Context) -> None:

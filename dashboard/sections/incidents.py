@@ -10,9 +10,9 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from controller.store import read
-from dashboard import charts, derive
-from dashboard.sections.context import Context, show
+from cliffguard.controller.store import read
+from cliffguard.dashboard import charts, derive
+from cliffguard.dashboard.sections.context import Context, show
 
 OUTCOME_BADGES = {"open": ":orange[**open**]", "resumed": ":green[**resumed**]", "rolled_back": ":red[**rolled back**]",
                   "halted": ":violet[**halted**]", "abandoned": ":gray[**abandoned**]"}

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import streamlit as st
 
-from controller.store import read
-from dashboard import charts, derive
-from dashboard.bands import loss_bands, rollbacks
-from dashboard.sections.context import Context, show
+from cliffguard.controller.store import read
+from cliffguard.dashboard import charts, derive
+from cliffguard.dashboard.bands import loss_bands, rollbacks
+from cliffguard.dashboard.sections.context import Context, show
 
 LOSS_COLUMNS = ("step", "ts", "loss", "nonfinite", "lr", "lr_scale", "grad_norm", "guard", "skipped", "loss_scale")
 

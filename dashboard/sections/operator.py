@@ -11,10 +11,10 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from controller.store import read
-from core.enums import CommandType
-from dashboard import actions, derive
-from dashboard.sections.context import Context
+from cliffguard.controller.store import read
+from cliffguard.core.enums import CommandType
+from cliffguard.dashboard import actions, derive
+from cliffguard.dashboard.sections.context import Context
 
 
 def render(ctx: Context) -> None:

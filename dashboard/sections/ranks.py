@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import streamlit as st
 
-from controller.store import read
-from dashboard import charts, derive
-from dashboard.sections.context import Context, show
+from cliffguard.controller.store import read
+from cliffguard.dashboard import charts, derive
+from cliffguard.dashboard.sections.context import Context, show
 
 RANK_COLUMNS = ("mfu", "tokens_per_s", "step_time_s", "data_wait_s", "comm_exposed_s", "compute_s", "mem_allocated",
                 "mem_reserved")

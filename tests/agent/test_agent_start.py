@@ -8,11 +8,11 @@ import time
 
 import torch
 
-from agent.config import AgentConfig
-from agent.hooks import Agent
-from agent.spill import SpillFile, spill_path, stale_spills
-from core.deployment import SECRET_ENV
-from core.kafka_config import KafkaConfig
+from cliffguard.agent.config import AgentConfig
+from cliffguard.agent.hooks import Agent
+from cliffguard.agent.spill import SpillFile, spill_path, stale_spills
+from cliffguard.core.deployment import SECRET_ENV
+from cliffguard.core.kafka_config import KafkaConfig
 
 NOWHERE = KafkaConfig(bootstrap="127.0.0.1:9", request_timeout_ms=1000)  # discard port: nothing listens
 
@@ -45,7 +45,7 @@ def test_each_start_spills_to_its_own_file_and_a_stale_one_is_not_replayed(tmp_p
     stale = SpillFile(spill_path(spill_dir, "same-run", 0, "0123456789ab"), 1 << 20)
     assert stale.append(b"an event of an earlier run that reused the id")
     stale.close()
-    with caplog.at_level(logging.WARNING, logger="agent.hooks"):
+    with caplog.at_level(logging.WARNING, logger="cliffguard.agent.hooks"):
         agent = _agent(tmp_path)
     try:
         mine = spill_path(spill_dir, "same-run", 0, agent.instance)

@@ -9,13 +9,13 @@ import time
 import pytest
 import torch
 
-from agent.collectors.grad_hist import GradHistogram, HistConfig, grad_histograms, layer_name
-from agent.collectors.memory import memory_stats
-from agent.collectors.mfu import ModelShape, calibrate_peak, mfu, resolve_peak, table_peak
-from agent.collectors.timing import StepClock
-from agent.guard import Guard, GuardConfig
-from core.enums import GuardDecision
-from core.spike import SpikeConfig
+from cliffguard.agent.collectors.grad_hist import GradHistogram, HistConfig, grad_histograms, layer_name
+from cliffguard.agent.collectors.memory import memory_stats
+from cliffguard.agent.collectors.mfu import ModelShape, calibrate_peak, mfu, resolve_peak, table_peak
+from cliffguard.agent.collectors.timing import StepClock
+from cliffguard.agent.guard import Guard, GuardConfig
+from cliffguard.core.enums import GuardDecision
+from cliffguard.core.spike import SpikeConfig
 
 
 def _param(grad: torch.Tensor) -> torch.nn.Parameter:
@@ -228,7 +228,7 @@ def test_ddp_hook_gives_the_global_grad_norm_of_the_reduced_buckets(tmp_path):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from agent.collectors.timing import attach_comm_timer
+    from cliffguard.agent.collectors.timing import attach_comm_timer
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
     try:

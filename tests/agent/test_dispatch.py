@@ -8,12 +8,12 @@ import math
 
 import pytest
 
-from agent.command_target import Outcome
-from agent.dispatch import ROUTES, apply, dispatch
-from agent.modes import ModeMachine
-from core.enums import AckStatus, CheckpointKind, CommandType
-from core.enums import TrainerMode as M
-from core.events import make_command
+from cliffguard.agent.command_target import Outcome
+from cliffguard.agent.dispatch import ROUTES, apply, dispatch
+from cliffguard.agent.modes import ModeMachine
+from cliffguard.core.enums import AckStatus, CheckpointKind, CommandType
+from cliffguard.core.enums import TrainerMode as M
+from cliffguard.core.events import make_command
 
 
 class RecordingTarget:

@@ -11,13 +11,13 @@ import time
 import pytest
 import torch
 
-from agent.guard import GuardConfig
-from agent.hooks import Agent, AgentConfig
-from agent.publisher import InMemorySink
-from core.enums import AckStatus, CommandType, EventType
-from core.events import make_command
-from core.spike import SpikeConfig
-from trainer.model import GPT, GPTConfig
+from cliffguard.agent.guard import GuardConfig
+from cliffguard.agent.hooks import Agent, AgentConfig
+from cliffguard.agent.publisher import InMemorySink
+from cliffguard.core.enums import AckStatus, CommandType, EventType
+from cliffguard.core.events import make_command
+from cliffguard.core.spike import SpikeConfig
+from cliffguard.trainer.model import GPT, GPTConfig
 
 
 class FakeCommands:
@@ -188,7 +188,7 @@ def test_rank_zero_sends_a_run_level_step_and_ranks_every_n_steps():
 
 
 def test_a_detail_command_opens_the_per_rank_window_and_is_acked():
-    from agent.dispatch import dispatch
+    from cliffguard.agent.dispatch import dispatch
 
     model, opt, agent, sink, source = _setup(hist_every=0)
     agent.start()

@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 from accelerate import Accelerator
 
-from agent.hooks import Agent, AgentConfig
-from agent.integrations import AgentTracker
-from agent.publisher import InMemorySink
-from core.enums import EventType
-from trainer.model import GPT, GPTConfig
+from cliffguard.agent.hooks import Agent, AgentConfig
+from cliffguard.agent.integrations import AgentTracker
+from cliffguard.agent.publisher import InMemorySink
+from cliffguard.core.enums import EventType
+from cliffguard.trainer.model import GPT, GPTConfig
 
 
 class FakeCommands:

@@ -10,14 +10,14 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from agent.config import AgentConfig  # noqa: E402
-from agent.guard import GuardConfig  # noqa: E402
-from agent.integrations import CliffguardCallback  # noqa: E402
-from agent.publisher import InMemorySink  # noqa: E402
-from agent.recovery.config import KitConfig  # noqa: E402
-from core.enums import CommandType, EventType  # noqa: E402
-from core.events import make_command  # noqa: E402
-from core.spike import SpikeConfig  # noqa: E402
+from cliffguard.agent.config import AgentConfig  # noqa: E402
+from cliffguard.agent.guard import GuardConfig  # noqa: E402
+from cliffguard.agent.integrations import CliffguardCallback  # noqa: E402
+from cliffguard.agent.publisher import InMemorySink  # noqa: E402
+from cliffguard.agent.recovery.config import KitConfig  # noqa: E402
+from cliffguard.core.enums import CommandType, EventType  # noqa: E402
+from cliffguard.core.events import make_command  # noqa: E402
+from cliffguard.core.spike import SpikeConfig  # noqa: E402
 
 VOCAB, SEQ, LR = 32, 16, 1e-2
 
@@ -241,7 +241,7 @@ def test_settings_come_from_the_environment_and_a_missing_broker_or_secret_warns
     monkeypatch.delenv("CLIFFGUARD_COMMAND_SECRET", raising=False)
     monkeypatch.delenv("CLIFFGUARD_KAFKA__BOOTSTRAP", raising=False)
     monkeypatch.delenv("CLIFFGUARD_CONFIG", raising=False)
-    with caplog.at_level(logging.WARNING, logger="agent.integrations.hf"):
+    with caplog.at_level(logging.WARNING, logger="cliffguard.agent.integrations.hf"):
         cfg, kwargs = CliffguardCallback()._settings(args)
     text = " ".join(r.getMessage() for r in caplog.records)
     assert cfg.run == "my-run-1" and "no broker configured" in text and "report-only" in text
@@ -249,7 +249,7 @@ def test_settings_come_from_the_environment_and_a_missing_broker_or_secret_warns
     monkeypatch.setenv("CLIFFGUARD_COMMAND_SECRET", "s" * 32)
     monkeypatch.setenv("CLIFFGUARD_AGENT__RECOVERY__PAUSE_TIMEOUT_S", "42")
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="agent.integrations.hf"):
+    with caplog.at_level(logging.WARNING, logger="cliffguard.agent.integrations.hf"):
         cfg, kwargs = CliffguardCallback(run="r1")._settings(args)
     assert kwargs["kafka"].bootstrap == "broker.example:19092" and kwargs["secret"] is not None
     assert cfg.run == "r1" and cfg.recovery.pause_timeout_s == 42 and not caplog.records
@@ -291,10 +291,10 @@ def test_both_faults_through_the_real_broker_and_controller(kafka_cfg, tmp_path)
     (expect: rollback to a stable checkpoint with lr_scale 0.5 applied by the trainer)."""
     import threading
 
-    from agent.publisher import Publisher, PublisherConfig
-    from controller.config import ControllerConfig
-    from controller.recovery_types import RecoveryConfig
-    from controller.service import ControllerService
+    from cliffguard.agent.publisher import Publisher, PublisherConfig
+    from cliffguard.controller.config import ControllerConfig
+    from cliffguard.controller.recovery_types import RecoveryConfig
+    from cliffguard.controller.service import ControllerService
     from tests.controller.service_support import FAST_GROUP, SECRET, store_engine
 
     spike_at, blow_at, steps = 24, 44, 64

@@ -8,11 +8,11 @@ import time
 
 import pytest
 
-from agent.listener import CommandListener
-from core.enums import AckStatus
-from core.events import encode_command, make_command
-from core.kafka_config import KafkaConfig
-from core.signing import CommandVerifier, Secret, sign_command
+from cliffguard.agent.listener import CommandListener
+from cliffguard.core.enums import AckStatus
+from cliffguard.core.events import encode_command, make_command
+from cliffguard.core.kafka_config import KafkaConfig
+from cliffguard.core.signing import CommandVerifier, Secret, sign_command
 
 SECRET = Secret("listener-secret-0123456789")
 RUN = "run-L"
@@ -120,7 +120,7 @@ def test_a_failing_reject_callback_does_not_stop_the_others(kafka_cfg):
 @pytest.mark.slow
 def test_listener_survives_a_broker_restart_that_loses_the_topic(tmp_path):
     """Tansu restarts empty: the listener must still get commands sent after the restart."""
-    from controller.broker import EmbeddedBroker, ensure_topics, free_port
+    from cliffguard.controller.broker import EmbeddedBroker, ensure_topics, free_port
 
     try:
         broker = EmbeddedBroker(port=free_port()).start()
@@ -152,7 +152,7 @@ def test_a_junk_flood_keeps_the_inbox_bounded_and_the_log_short(caplog):
     rejects = []
     listener = CommandListener(KafkaConfig(), RUN, CommandVerifier(RUN, SECRET), lambda *a: rejects.append(a),
                                inbox_max=256, log_first=20, consumer_factory=lambda: None)
-    caplog.set_level("WARNING", logger="agent.listener")
+    caplog.set_level("WARNING", logger="cliffguard.agent.listener")
     for i in range(5000):  # what the consumer thread hands over, as fast as the broker delivers
         listener._enqueue(b"junk %d" % i, f"cmds[0]@{i}")
         if i % 1000 == 999:

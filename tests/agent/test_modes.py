@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent.modes import MOVES, ModeMachine, ModeNotAllowed
-from core.enums import TrainerMode as M
+from cliffguard.agent.modes import MOVES, ModeMachine, ModeNotAllowed
+from cliffguard.core.enums import TrainerMode as M
 
 
 def test_every_mode_has_a_row_and_stopping_is_terminal_and_reachable_from_everywhere():

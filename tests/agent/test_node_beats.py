@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.node_beats import NodeBeats, NodeLayout
+from cliffguard.agent.node_beats import NodeBeats, NodeLayout
 
 
 class Clock:

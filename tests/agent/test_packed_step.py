@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from agent.packed_step import PackedStep
-from agent.rank_perf import PERF_FIELDS
+from cliffguard.agent.packed_step import PackedStep
+from cliffguard.agent.rank_perf import PERF_FIELDS
 
 
 def test_fill_writes_this_ranks_slots_and_zeroes_the_rest_each_time():

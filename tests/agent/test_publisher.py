@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from agent.publisher import InMemorySink, NullSink, Publisher, PublisherConfig
-from agent.spill import SpillFile
-from core.events import decode_event, make_event
-from core.kafka_config import KafkaConfig
+from cliffguard.agent.publisher import InMemorySink, NullSink, Publisher, PublisherConfig
+from cliffguard.agent.spill import SpillFile
+from cliffguard.core.events import decode_event, make_event
+from cliffguard.core.kafka_config import KafkaConfig
 
 
 @pytest.fixture
@@ -162,7 +162,7 @@ def test_spill_bound_drops_newest_counts_them_and_heartbeats_report_it(tmp_path,
     one = len(b"\0" * 8) + 2 + len(b"run-1") + len(json.dumps(_hb(0).to_dict()).encode())
     pub = Publisher(kafka_free_cfg, _cfg(tmp_path, spill_max_bytes=max(1024, 20 * one)),
                     producer_factory=cluster.factory).start()
-    with caplog.at_level(logging.WARNING, logger="agent.publisher"):
+    with caplog.at_level(logging.WARNING, logger="cliffguard.agent.publisher"):
         for i in range(100):
             pub.publish(_hb(i))
         assert _wait(lambda: pub.stats()["spilled"] + pub.stats()["dropped"] == 100)
@@ -193,7 +193,7 @@ def test_thread_crash_is_reported_and_nothing_is_lost(tmp_path, kafka_free_cfg, 
         return real(records)
 
     pub._send_live = flaky
-    with caplog.at_level(logging.ERROR, logger="agent.publisher"):
+    with caplog.at_level(logging.ERROR, logger="cliffguard.agent.publisher"):
         pub.start()
         for i in range(50):
             pub.publish(_hb(i))
@@ -264,7 +264,7 @@ def test_spill_file_recovers_after_a_torn_write(tmp_path):
 @pytest.fixture
 def own_broker(tmp_path):
     """A broker this test may stop and restart: fixed port, so the bootstrap address stays valid."""
-    from controller.broker import EmbeddedBroker, free_port
+    from cliffguard.controller.broker import EmbeddedBroker, free_port
 
     try:
         b = EmbeddedBroker(port=free_port()).start()
@@ -283,7 +283,7 @@ def test_broker_outage_mid_stream_loses_nothing_and_keeps_per_run_order(own_brok
     gone). The publisher must recreate the topic, replay the spill in order, and drop nothing."""
     import uuid
 
-    from controller.edge import EdgeConsumer
+    from cliffguard.controller.edge import EdgeConsumer
 
     kafka = own_broker.kafka_config(topic_prefix=f"o{uuid.uuid4().hex[:8]}", partitions=2)
     pub = Publisher(kafka, PublisherConfig(spill_path=str(tmp_path / "spill.bin"), send_timeout_s=1.5,
@@ -351,7 +351,7 @@ def test_broker_outage_mid_stream_loses_nothing_and_keeps_per_run_order(own_brok
 @pytest.mark.broker
 def test_simulated_outage_spills_then_replays_everything_in_order(kafka_cfg, tmp_path):
     """The broker_outage fault: the broker stays up, the publisher acts as if it were down."""
-    from controller.edge import EdgeConsumer
+    from cliffguard.controller.edge import EdgeConsumer
 
     pub = Publisher(kafka_cfg, PublisherConfig(spill_path=str(tmp_path / "spill.bin"), send_timeout_s=1.5,
                                                reconnect_min_s=0.1, reconnect_max_s=0.5)).start()
@@ -384,7 +384,7 @@ def test_simulated_outage_spills_then_replays_everything_in_order(kafka_cfg, tmp
 
 
 def test_every_record_is_signed_with_the_run_key_live_and_after_a_replay(tmp_path, kafka_free_cfg):
-    from core.keys import EventSigner, EventVerifier, event_key
+    from cliffguard.core.keys import EventSigner, EventVerifier, event_key
 
     secret = b"publisher-agent-secret-0123456789"
     signed: list[tuple[bytes, bytes, list]] = []
@@ -412,8 +412,8 @@ def test_every_record_is_signed_with_the_run_key_live_and_after_a_replay(tmp_pat
 
 
 def test_drafts_are_built_on_the_thread_and_a_bad_one_is_dropped_and_counted(tmp_path, kafka_free_cfg):
-    from agent.drafts import EventDraft
-    from core.enums import EventType
+    from cliffguard.agent.drafts import EventDraft
+    from cliffguard.core.enums import EventType
 
     cluster = FakeCluster(up=True)
     pub = Publisher(kafka_free_cfg, _cfg(tmp_path), producer_factory=cluster.factory).start()
@@ -484,7 +484,7 @@ def test_routine_events_wait_for_the_window_and_an_urgent_one_sends_them_at_once
 def test_the_key_hash_cache_picks_the_default_partitioners_partitions():
     from kafka.partitioner.default import DefaultPartitioner
 
-    from agent.kafka_client import key_hash_partitioner
+    from cliffguard.agent.kafka_client import key_hash_partitioner
 
     class Cluster:
         def __init__(self, n: int) -> None:

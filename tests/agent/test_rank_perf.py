@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from agent.rank_perf import PERF_FIELDS, PerfAccumulator, publishes_chunk, ranks_payload
-from core.enums import EventType
-from core.events import make_event
+from cliffguard.agent.rank_perf import PERF_FIELDS, PerfAccumulator, publishes_chunk, ranks_payload
+from cliffguard.core.enums import EventType
+from cliffguard.core.events import make_event
 
 
 def _step(t: float, mem: int) -> dict:

@@ -10,16 +10,16 @@ import time
 import pytest
 import torch
 
-from agent.command_target import CommandTarget
-from agent.config import AgentConfig
-from agent.guard import GuardConfig
-from agent.hooks import Agent
-from agent.modes import TrainerMode
-from agent.publisher import InMemorySink
-from agent.recovery import KitConfig, MemoryRing, RecoveryKit
-from core.enums import CommandType, EventType
-from core.events import make_command
-from core.spike import SpikeConfig
+from cliffguard.agent.command_target import CommandTarget
+from cliffguard.agent.config import AgentConfig
+from cliffguard.agent.guard import GuardConfig
+from cliffguard.agent.hooks import Agent
+from cliffguard.agent.modes import TrainerMode
+from cliffguard.agent.publisher import InMemorySink
+from cliffguard.agent.recovery import KitConfig, MemoryRing, RecoveryKit
+from cliffguard.core.enums import CommandType, EventType
+from cliffguard.core.events import make_command
+from cliffguard.core.spike import SpikeConfig
 
 
 class Commands:
@@ -194,7 +194,7 @@ def test_a_guard_hold_times_out_with_a_log_line_outside_the_bundled_trainer(capl
     guard = GuardConfig(spike=SpikeConfig(window=16, min_history=6), hold_after=2, hold_timeout_s=0.1,
                         on_timeout="rollback")
     model, opt, sched, agent, kit, sink, _src, cursor = _setup(guard=guard)
-    with caplog.at_level(logging.ERROR, logger="agent.recovery.timeouts"):
+    with caplog.at_level(logging.ERROR, logger="cliffguard.agent.recovery.timeouts"):
         _run(model, opt, sched, agent, kit, cursor, until=12, spikes={9, 10})
     assert any("held by the guard" in r.getMessage() and "'rollback'" in r.getMessage() for r in caplog.records)
     assert agent.lr_scale.value == 0.5 and agent.modes.mode is TrainerMode.RUNNING
@@ -208,7 +208,7 @@ def test_a_silent_controller_pause_times_out_to_its_policy(caplog):
     pause = make_command(CommandType.PAUSE, "kit")
     source.script[3] = [pause]
     t0 = time.monotonic()
-    with caplog.at_level(logging.ERROR, logger="agent.recovery.timeouts"):
+    with caplog.at_level(logging.ERROR, logger="cliffguard.agent.recovery.timeouts"):
         _run(model, opt, sched, agent, kit, cursor, until=20)
     assert time.monotonic() - t0 < 5
     assert any("fell silent" in r.getMessage() and "'stop'" in r.getMessage() for r in caplog.records)

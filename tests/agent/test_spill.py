@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from agent import spill as spill_mod
-from agent.spill import SpillFile
+from cliffguard.agent import spill as spill_mod
+from cliffguard.agent.spill import SpillFile
 
 
 def _drain(spill: SpillFile) -> list[bytes]:

@@ -11,8 +11,8 @@ import pytest
 
 from bench import fleet
 from bench.fleet_stream import FleetSpec, FleetStream, healthy_loss
-from core.enums import EventType
-from core.events import decode_event, encode_event
+from cliffguard.core.enums import EventType
+from cliffguard.core.events import decode_event, encode_event
 
 
 def test_stream_is_one_step_event_per_run_step_plus_rank_arrays_and_node_beats():

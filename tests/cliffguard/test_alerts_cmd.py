@@ -8,9 +8,9 @@ import time
 from sqlalchemy import select
 
 from cliffguard.cli import main
-from controller.alerts.enqueue import set_endpoint_disabled
-from controller.store.db import init_db, make_engine, session_scope
-from controller.store.models import AlertEndpointState, AuditRow, OutboxRow
+from cliffguard.controller.alerts.enqueue import set_endpoint_disabled
+from cliffguard.controller.store.db import init_db, make_engine, session_scope
+from cliffguard.controller.store.models import AlertEndpointState, AuditRow, OutboxRow
 
 
 def _store(tmp_path) -> str:

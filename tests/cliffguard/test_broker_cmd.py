@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from controller.broker import _accepts, free_port, port_is_free
+from cliffguard.controller.broker import _accepts, free_port, port_is_free
 
 pytestmark = [pytest.mark.broker]
 

@@ -8,7 +8,7 @@ import pytest
 
 from cliffguard.cli import main
 from cliffguard.config import SECTIONS, load_all
-from core.settings import ConfigError
+from cliffguard.core.settings import ConfigError
 
 
 def test_every_service_section_builds_from_defaults():

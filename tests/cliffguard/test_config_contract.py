@@ -17,7 +17,7 @@ import os
 import pytest
 
 from cliffguard.cli import build_parser, main
-from core.spike import SpikeConfig
+from cliffguard.core.spike import SpikeConfig
 
 FILE_SECRET = "file-secret-0123456789"
 ENV_SECRET = "env-secret-0123456789"
@@ -39,8 +39,8 @@ command_ttl_s = 45.0
 
 def fingerprint(key) -> str | None:
     """A command key's fingerprint: the public key's for Ed25519 (either half), else the secret's hash."""
-    from core.keys import CommandPrivateKey, CommandPublicKey
-    from core.keys import fingerprint as public_fingerprint
+    from cliffguard.core.keys import CommandPrivateKey, CommandPublicKey
+    from cliffguard.core.keys import fingerprint as public_fingerprint
 
     if isinstance(key, CommandPrivateKey | CommandPublicKey):
         return public_fingerprint(key)
@@ -69,7 +69,7 @@ def parse(*argv: str):
 
 def views_of_every_process(path, tmp_path) -> dict[str, dict]:
     from cliffguard.commands import backtest, broker, controller, train
-    from trainer.run import worker_config
+    from cliffguard.trainer.run import worker_config
 
     out: dict[str, dict] = {}
 
@@ -79,7 +79,7 @@ def views_of_every_process(path, tmp_path) -> dict[str, dict]:
     out["train"] = view(deployment.verifying_key(), cfg.kafka, cfg.agent.guard.spike, cfg.agent.guard.policy)
     cfg.save(tmp_path / "config.json")
     worker, secret = worker_config(tmp_path / "config.json", train.worker_env(deployment, cfg))
-    out["trainer.run"] = view(secret, worker.kafka, worker.agent.guard.spike, worker.agent.guard.policy)
+    out["cliffguard.trainer.run"] = view(secret, worker.kafka, worker.agent.guard.spike, worker.agent.guard.policy)
 
     c = controller.build_sections(parse("controller", "--config", str(path)))
     out["controller"] = view(c.deployment.require_signing_key(), c["kafka"], c["rules"].spike, c["recovery"].policy)
@@ -114,9 +114,9 @@ def test_every_process_resolves_the_same_deployment(setup, tmp_path, monkeypatch
 
 
 def test_the_guard_and_the_controller_build_their_detectors_from_the_one_rule(setup, tmp_path):
-    from agent.guard import Guard
+    from cliffguard.agent.guard import Guard
     from cliffguard.commands import controller, train
-    from controller.detect import RunDetector
+    from cliffguard.controller.detect import RunDetector
 
     _, cfg = train.build_train_config(
         parse("train", "--config", str(setup), "--out-dir", str(tmp_path / "runs"), "--run", "r1"), bootstrap=None)
@@ -153,8 +153,8 @@ def test_with_ed25519_keys_every_process_resolves_the_same_public_key(setup, tmp
     """Keys from `cliffguard keys generate`: the controller signs with the private key, every
     other process (the worker included) holds the same public key and no private material."""
     from cliffguard.commands import train
-    from core.keys import event_key, generate_keys, read_public_file
-    from core.keys import fingerprint as public_fingerprint
+    from cliffguard.core.keys import event_key, generate_keys, read_public_file
+    from cliffguard.core.keys import fingerprint as public_fingerprint
 
     paths = generate_keys(tmp_path / "keys")
     setup.write_text(TOML.replace("[secrets]\n", "[secrets]\n"

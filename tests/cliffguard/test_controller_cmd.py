@@ -16,9 +16,9 @@ import urllib.request
 import pytest
 from sqlalchemy import func, select
 
-from controller.broker import free_port
-from controller.store.db import make_engine, session_scope
-from controller.store.models import StepMetric
+from cliffguard.controller.broker import free_port
+from cliffguard.controller.store.db import make_engine, session_scope
+from cliffguard.controller.store.models import StepMetric
 from tests.controller.service_support import SECRET, FakeTrainer
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]

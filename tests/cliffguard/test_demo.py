@@ -19,8 +19,8 @@ import pytest
 
 from cliffguard.commands.demo import CORRUPT_STEPS, default_faults
 from cliffguard.demo_summary import judge
-from trainer.config import TrainConfig
-from trainer.faults import FaultSpec
+from cliffguard.trainer.config import TrainConfig
+from cliffguard.trainer.faults import FaultSpec
 
 DEMO_TIMEOUT_S = 480
 """About 2.5 minutes on 2 idle cores; much longer when other jobs share them."""
@@ -114,7 +114,7 @@ def _demo_args(*argv: str):
 
 def test_the_trainer_option_picks_the_training_command_and_its_kafka_settings(tmp_path):
     from cliffguard.commands.demo import trainer_command
-    from core.kafka_config import KafkaConfig
+    from cliffguard.core.kafka_config import KafkaConfig
 
     kafka = KafkaConfig(bootstrap="127.0.0.1:9999", topic_prefix="demo-x", partitions=1)
     faults = ["corrupt@10", "lr_blowup@20x100:3"]
@@ -123,19 +123,19 @@ def test_the_trainer_option_picks_the_training_command_and_its_kafka_settings(tm
     assert argv[-4:] == ["--fault", "corrupt@10", "--fault", "lr_blowup@20x100:3"]
     for name in ("hf", "lightning"):
         argv, env = trainer_command(_demo_args("--trainer", name, "--steps", "60"), "r1", kafka, tmp_path, faults)
-        assert argv[1:3] == ["-m", f"trainer.demo_trainers.{name}_run"] and "--nproc" not in argv
+        assert argv[1:3] == ["-m", f"cliffguard.trainer.demo_trainers.{name}_run"] and "--nproc" not in argv
         assert argv[argv.index("--run") + 1] == "r1" and argv[-2:] == ["--fault", "lr_blowup@20x100:3"]
         assert env == {"CLIFFGUARD_KAFKA__BOOTSTRAP": "127.0.0.1:9999", "CLIFFGUARD_KAFKA__TOPIC_PREFIX": "demo-x",
                        "CLIFFGUARD_KAFKA__PARTITIONS": "1"}
     argv, env = trainer_command(_demo_args("--trainer", "plain", "--steps", "60"), "r1", kafka, tmp_path, faults)
     assert argv[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    assert argv[5:8] == ["-m", "trainer.demo_trainers.plain_run", "--"] and "CLIFFGUARD_KAFKA__BOOTSTRAP" in env
+    assert argv[5:8] == ["-m", "cliffguard.trainer.demo_trainers.plain_run", "--"] and "CLIFFGUARD_KAFKA__BOOTSTRAP" in env
     argv, _ = trainer_command(_demo_args("--trainer", "plain", "--nproc", "1", "--steps", "60"), "r1", kafka,
                               tmp_path, faults)
-    assert argv[1:4] == ["-m", "trainer.demo_trainers.plain_run", "--run"]
+    assert argv[1:4] == ["-m", "cliffguard.trainer.demo_trainers.plain_run", "--run"]
     argv, _ = trainer_command(_demo_args("--trainer", "accelerate-tracker", "--steps", "60"), "r1", kafka,
                               tmp_path, faults)
-    assert argv[1:3] == ["-m", "trainer.demo_trainers.accelerate_tracker_run"]
+    assert argv[1:3] == ["-m", "cliffguard.trainer.demo_trainers.accelerate_tracker_run"]
     with pytest.raises(SystemExit):
         _demo_args("--trainer", "keras")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cliffguard.commands.demo import collect
-from controller.store.db import Store
+from cliffguard.controller.store.db import Store
 
 DATA = Path(__file__).resolve().parents[1] / "dashboard" / "data"
 

@@ -48,8 +48,8 @@ def test_status_of_one_run_tells_its_incidents_and_commands(recorded, capsys):
 
 
 def test_status_shows_the_commands_a_run_applies_and_the_lr_scale_it_applied_not_the_one_asked(recorded, capsys):
-    from controller.store.db import Store, StoreConfig
-    from controller.store.models import Run
+    from cliffguard.controller.store.db import Store, StoreConfig
+    from cliffguard.controller.store.models import Run
 
     url, summary = recorded
     store = Store.open(StoreConfig(url=url))

@@ -44,7 +44,7 @@ def test_bad_nnodes_is_refused_naming_the_flag(value):
 
 @pytest.mark.slow
 def test_a_rendezvous_that_never_completes_ends_with_a_clear_error(tmp_path):
-    from controller.broker import free_port
+    from cliffguard.controller.broker import free_port
 
     proc = subprocess.run(
         [sys.executable, "-m", "cliffguard", "train", "--nnodes", "2:2", "--nproc", "1", "--run", "lonely",

@@ -12,8 +12,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
-from controller.alerts import HttpResponse
-from controller.store.db import init_db, make_engine
+from cliffguard.controller.alerts import HttpResponse
+from cliffguard.controller.store.db import init_db, make_engine
 
 GENERIC_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"  # the Standard Webhooks spec's test secret
 

@@ -23,15 +23,15 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from controller.detect import RulesConfig, RunDetector
-from controller.rules.memory import MemoryConfig
-from controller.rules.mfu import MfuConfig
-from controller.rules.straggler import StragglerConfig
-from controller.verdict import Verdict
-from core.enums import EventType
-from core.events import Event, decode_event, encode_event, make_event
-from core.rank_arrays import summarize_losses
-from core.spike import SpikeConfig
+from cliffguard.controller.detect import RulesConfig, RunDetector
+from cliffguard.controller.rules.memory import MemoryConfig
+from cliffguard.controller.rules.mfu import MfuConfig
+from cliffguard.controller.rules.straggler import StragglerConfig
+from cliffguard.controller.verdict import Verdict
+from cliffguard.core.enums import EventType
+from cliffguard.core.events import Event, decode_event, encode_event, make_event
+from cliffguard.core.rank_arrays import summarize_losses
+from cliffguard.core.spike import SpikeConfig
 
 RUN = "replay"
 GIB = 2**30

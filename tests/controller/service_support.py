@@ -12,10 +12,10 @@ from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 
 from bench.controller_support import step_data  # one synthetic step payload for tests and bench
-from controller.store.db import init_db, make_engine
-from core.events import Command, decode_command, encode_event, make_event
-from core.kafka_config import KafkaConfig
-from core.signing import CommandVerifier, Rejection, Secret
+from cliffguard.controller.store.db import init_db, make_engine
+from cliffguard.core.events import Command, decode_command, encode_event, make_event
+from cliffguard.core.kafka_config import KafkaConfig
+from cliffguard.core.signing import CommandVerifier, Rejection, Secret
 
 SECRET = Secret("test-secret-of-enough-length")
 FAST_GROUP = {"session_timeout_ms": 3000, "heartbeat_interval_ms": 500, "max_poll_interval_ms": 3000}

@@ -243,7 +243,7 @@ Alarms = Iterable[tuple[int, str]]
 
 def replay_alarms(curve: Curve, config: object = None) -> list[tuple[int, str]]:
     """The controller's rules (``controller.backtest``) on ``curve`` as alarms for ``score``."""
-    from controller.backtest import outcomes, replay_points
+    from cliffguard.controller.backtest import outcomes, replay_points
 
     pts = curve.points()
     events = replay_points(pts, config)  # type: ignore[arg-type]
@@ -290,8 +290,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     import json
     import time
 
-    from controller.detect import RulesConfig
-    from core.settings import build_config, load_toml
+    from cliffguard.controller.detect import RulesConfig
+    from cliffguard.core.settings import build_config, load_toml
 
     p = argparse.ArgumentParser(prog="python -m tests.controller.synthetic", description=main.__doc__)
     p.add_argument("--clean", type=int, default=40)

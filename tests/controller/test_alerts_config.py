@@ -6,9 +6,9 @@ import logging
 
 import pytest
 
-from controller.alerts import AlertsConfig, EndpointConfig, EndpointFormat
-from controller.alerts.config import PAGERDUTY_EVENTS_URL
-from core.settings import ConfigError, build_config, config_to_dict
+from cliffguard.controller.alerts import AlertsConfig, EndpointConfig, EndpointFormat
+from cliffguard.controller.alerts.config import PAGERDUTY_EVENTS_URL
+from cliffguard.core.settings import ConfigError, build_config, config_to_dict
 
 SECRET = "whsec_c2VjcmV0LXRoYXQtbXVzdC1uZXZlci1wcmludA=="
 SLACK_URL = "https://hooks.slack.com/services/T000/B000/XXXXsecretpath"

@@ -10,7 +10,7 @@ import time
 
 from sqlalchemy import select
 
-from controller.alerts import (
+from cliffguard.controller.alerts import (
     AlertDeliverer,
     AlertsConfig,
     AlertSpec,
@@ -19,8 +19,8 @@ from controller.alerts import (
     enqueue_alert,
     verify,
 )
-from controller.store.db import session_scope
-from controller.store.models import AlertEndpointState, OutboxRow
+from cliffguard.controller.store.db import session_scope
+from cliffguard.controller.store.models import AlertEndpointState, OutboxRow
 from tests.controller.alerts_support import GENERIC_SECRET, ConstRng, FakePoster, sqlite_engine
 
 HOOKS = EndpointConfig(name="hooks", url="http://127.0.0.1:9/hook", secret=GENERIC_SECRET)
@@ -88,7 +88,7 @@ def test_gives_up_at_the_horizon_marks_failed_and_reports(tmp_path, caplog):
     raise_alert(engine, cfg, now=0.0)
     deliverer = AlertDeliverer(engine, cfg, configured_sinks(poster), rng=ConstRng(1.0))
     times = []
-    with caplog.at_level(logging.WARNING, logger="controller.alerts"):
+    with caplog.at_level(logging.WARNING, logger="cliffguard.controller.alerts"):
         while rows(engine)[0].status == "pending":
             now = rows(engine)[0].next_attempt_at
             times.append(now)
@@ -131,7 +131,7 @@ def test_a_rejected_request_fails_at_once_and_the_queue_moves_on(tmp_path, caplo
     poster = FakePoster(script=[400])
     raise_alert(engine, cfg, now=1.0, rule="a")
     raise_alert(engine, cfg, now=2.0, rule="b")
-    with caplog.at_level(logging.ERROR, logger="controller.alerts"):
+    with caplog.at_level(logging.ERROR, logger="cliffguard.controller.alerts"):
         assert AlertDeliverer(engine, cfg, configured_sinks(poster)).deliver_due(now=3.0) == 1
     assert [(r.status, r.attempts) for r in rows(engine)] == [("failed", 1), ("delivered", 1)]
     assert rows(engine)[0].last_error.startswith("rejected: HTTP 400")
@@ -234,14 +234,14 @@ def test_background_thread_delivers_on_wake_and_close_stops_it(tmp_path):
 
 
 def test_background_thread_survives_a_failing_pass_and_keeps_going(tmp_path, caplog):
-    from controller.store.db import init_db, make_engine
+    from cliffguard.controller.store.db import init_db, make_engine
 
     engine = make_engine(f"sqlite:///{tmp_path / 'late.db'}")  # no schema yet: every pass fails
     cfg = config(poll_interval_s=0.05)
     poster = FakePoster()
     deliverer = AlertDeliverer(engine, cfg, configured_sinks(poster)).start()
     try:
-        with caplog.at_level(logging.ERROR, logger="controller.alerts"):
+        with caplog.at_level(logging.ERROR, logger="cliffguard.controller.alerts"):
             deadline = time.time() + 10
             while deliverer.stats()["pass_errors"] < 2 and time.time() < deadline:
                 time.sleep(0.02)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from controller.alerts import AlertsConfig, AlertSpec, EndpointConfig, enqueue_alert, is_suppressed
-from controller.alerts.enqueue import set_endpoint_disabled
-from controller.store.db import session_scope
-from controller.store.models import Alert, OutboxRow
+from cliffguard.controller.alerts import AlertsConfig, AlertSpec, EndpointConfig, enqueue_alert, is_suppressed
+from cliffguard.controller.alerts.enqueue import set_endpoint_disabled
+from cliffguard.controller.store.db import session_scope
+from cliffguard.controller.store.models import Alert, OutboxRow
 from tests.controller.alerts_support import GENERIC_SECRET, pg_engine, sqlite_engine
 
 CONFIG = AlertsConfig(

@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from controller.alerts import AlertAction, AlertLevel, AlertMessage, EndpointConfig, verify
-from controller.alerts.config import PAGERDUTY_EVENTS_URL
-from controller.alerts.formats import (
+from cliffguard.controller.alerts import AlertAction, AlertLevel, AlertMessage, EndpointConfig, verify
+from cliffguard.controller.alerts.config import PAGERDUTY_EVENTS_URL
+from cliffguard.controller.alerts.formats import (
     PAGERDUTY_SUMMARY_MAX,
     SLACK_FIELDS_MAX,
     SLACK_HEADER_MAX,

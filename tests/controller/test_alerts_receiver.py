@@ -14,10 +14,17 @@ from collections import Counter
 import pytest
 from sqlalchemy import select
 
-from controller.alerts import AlertDeliverer, AlertsConfig, AlertSpec, EndpointConfig, enqueue_alert, verify
-from controller.broker import free_port
-from controller.store.db import session_scope
-from controller.store.models import OutboxRow
+from cliffguard.controller.alerts import (
+    AlertDeliverer,
+    AlertsConfig,
+    AlertSpec,
+    EndpointConfig,
+    enqueue_alert,
+    verify,
+)
+from cliffguard.controller.broker import free_port
+from cliffguard.controller.store.db import session_scope
+from cliffguard.controller.store.models import OutboxRow
 from tests.controller.alerts_support import GENERIC_SECRET, Receiver, pg_engine, sqlite_engine
 
 
@@ -94,8 +101,8 @@ def test_urllib_poster_against_a_real_server_statuses_timeouts_refusals_and_redi
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from controller.alerts import urllib_post
-    from controller.alerts.retry import Outcome, classify_status
+    from cliffguard.controller.alerts import urllib_post
+    from cliffguard.controller.alerts.retry import Outcome, classify_status
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:  # noqa: N802 - http.server's name

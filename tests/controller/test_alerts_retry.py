@@ -6,8 +6,14 @@ import random
 
 import pytest
 
-from controller.alerts.http import parse_retry_after
-from controller.alerts.retry import Outcome, backoff_ceiling, classify_status, next_attempt_at, retry_delay
+from cliffguard.controller.alerts.http import parse_retry_after
+from cliffguard.controller.alerts.retry import (
+    Outcome,
+    backoff_ceiling,
+    classify_status,
+    next_attempt_at,
+    retry_delay,
+)
 from tests.controller.alerts_support import ConstRng
 
 

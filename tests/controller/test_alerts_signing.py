@@ -8,7 +8,7 @@ import hmac
 
 import pytest
 
-from controller.alerts.webhook_signing import (
+from cliffguard.controller.alerts.webhook_signing import (
     WebhookVerificationError,
     secret_key,
     sign,

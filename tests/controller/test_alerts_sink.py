@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from controller.alerts import (
+from cliffguard.controller.alerts import (
     AlertDeliverer,
     AlertsConfig,
     AlertSpec,
@@ -21,11 +21,11 @@ from controller.alerts import (
     configured_sinks,
     enqueue_alert,
 )
-from controller.alerts.config import EndpointFormat
-from controller.alerts.sink_factory import SINK_BY_FORMAT
-from controller.alerts.spec import AlertAction, AlertLevel, AlertMessage
-from controller.store.db import session_scope
-from controller.store.models import AlertEndpointState, OutboxRow
+from cliffguard.controller.alerts.config import EndpointFormat
+from cliffguard.controller.alerts.sink_factory import SINK_BY_FORMAT
+from cliffguard.controller.alerts.spec import AlertAction, AlertLevel, AlertMessage
+from cliffguard.controller.store.db import session_scope
+from cliffguard.controller.store.models import AlertEndpointState, OutboxRow
 from tests.controller.alerts_support import GENERIC_SECRET, ConstRng, FakePoster, sqlite_engine
 
 HOOKS = EndpointConfig(name="hooks", url="http://127.0.0.1:9/hook", secret=GENERIC_SECRET)

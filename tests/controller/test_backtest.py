@@ -13,10 +13,10 @@ import uuid
 import pytest
 
 from cliffguard.cli import main
-from controller import backtest as bt
-from controller.detect import RulesConfig
-from core.enums import EventType
-from core.events import make_event
+from cliffguard.controller import backtest as bt
+from cliffguard.controller.detect import RulesConfig
+from cliffguard.core.enums import EventType
+from cliffguard.core.events import make_event
 from tests.controller.synthetic import base_curve, inject
 
 
@@ -204,8 +204,8 @@ def _step_data(loss: float, **over):
 
 
 def store_run(url: str) -> str:
-    from controller.store.db import init_db, make_engine, session_scope
-    from controller.store.ingest import ingest_events
+    from cliffguard.controller.store.db import init_db, make_engine, session_scope
+    from cliffguard.controller.store.ingest import ingest_events
 
     run = f"bt-{uuid.uuid4().hex[:8]}"
     events = []
@@ -322,8 +322,8 @@ def test_cli_sweep_prints_the_trade_off(tmp_path, capsys):
 
 
 def test_cli_text_of_a_stored_run_with_grad_norm_evidence(tmp_path, capsys):
-    from controller.store.db import init_db, make_engine, session_scope
-    from controller.store.ingest import ingest_events
+    from cliffguard.controller.store.db import init_db, make_engine, session_scope
+    from cliffguard.controller.store.ingest import ingest_events
 
     url = f"sqlite:///{tmp_path / 'gn.db'}"
     events = [make_event(EventType.STEP, "gn", s, _step_data(healthy(s), grad_norm=1000.0 if s == 40 else 1.0),

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from controller.alerts import AlertsConfig
-from controller.batch import BatchContext, BatchProcessor
-from controller.edge import EdgeBatch, EdgeRecord
-from controller.recovery_types import Incident, Phase, RecoveryConfig, RecoveryState
-from controller.runstate import RunTable, default_detector_factory
-from controller.store.db import init_db, make_engine, session_scope
-from controller.store.models import CommandRow, Run
-from controller.store.models import Incident as IncidentRow
-from core.enums import EventType
-from core.events import make_event, new_id
-from core.signing import Secret
+from cliffguard.controller.alerts import AlertsConfig
+from cliffguard.controller.batch import BatchContext, BatchProcessor
+from cliffguard.controller.edge import EdgeBatch, EdgeRecord
+from cliffguard.controller.recovery_types import Incident, Phase, RecoveryConfig, RecoveryState
+from cliffguard.controller.runstate import RunTable, default_detector_factory
+from cliffguard.controller.store.db import init_db, make_engine, session_scope
+from cliffguard.controller.store.models import CommandRow, Run
+from cliffguard.controller.store.models import Incident as IncidentRow
+from cliffguard.core.enums import EventType
+from cliffguard.core.events import make_event, new_id
+from cliffguard.core.signing import Secret
 
 T0 = 1_700_000_000.0
 
@@ -61,8 +61,8 @@ def test_an_ack_moves_only_the_run_whose_command_it_names(engine, owner, moved):
 def test_an_unverified_checkpoint_event_is_stored_and_alerted(engine):
     from sqlalchemy import select
 
-    from controller.store.models import Alert as AlertRow
-    from controller.store.models import CheckpointRow
+    from cliffguard.controller.store.models import Alert as AlertRow
+    from cliffguard.controller.store.models import CheckpointRow
 
     runs = RunTable(default_detector_factory())
     ctx = BatchContext(group_id="g", commands_topic="cmds", secret=Secret("test-secret-of-enough-length"),
@@ -83,8 +83,8 @@ class _FlagsStep15:
     """A stand-in detector: one warning verdict, at step 15."""
 
     def on_event(self, ev):
-        from controller.verdict import Verdict
-        from core.enums import Level
+        from cliffguard.controller.verdict import Verdict
+        from cliffguard.core.enums import Level
 
         return [Verdict(rule="loss_spike", level=Level.WARN, step=15, message="test")] if ev.step == 15 else []
 
@@ -101,8 +101,8 @@ class _FlagsStep15:
 def test_with_a_write_bucket_the_steps_a_verdict_names_and_the_newest_stay_exact(engine):
     from sqlalchemy import select
 
-    from controller.store.models import StepMetric
-    from controller.store.retention import RetentionConfig
+    from cliffguard.controller.store.models import StepMetric
+    from cliffguard.controller.store.retention import RetentionConfig
     from tests.controller.store import factory as f
 
     ctx = BatchContext(group_id="g", commands_topic="cmds", secret=Secret("test-secret-of-enough-length"),

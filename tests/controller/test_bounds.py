@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from controller.bounds import StepBounds, out_of_range
-from core.events import make_event
+from cliffguard.controller.bounds import StepBounds, out_of_range
+from cliffguard.core.events import make_event
 from tests.core.test_events import STEP
 
 

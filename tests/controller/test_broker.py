@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from controller.broker import BrokerError, EmbeddedBroker, ensure_topics, find_broker_binary, port_is_free
+from cliffguard.controller.broker import (
+    BrokerError,
+    EmbeddedBroker,
+    ensure_topics,
+    find_broker_binary,
+    port_is_free,
+)
 
 pytestmark = pytest.mark.broker
 
@@ -86,7 +92,7 @@ def test_missing_binary_is_a_clear_error(monkeypatch, tmp_path):
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/environ"), reason="needs /proc")
 def test_the_broker_child_inherits_no_key(monkeypatch):
-    from core.deployment import KEY_ENVS
+    from cliffguard.core.deployment import KEY_ENVS
 
     for name in KEY_ENVS:
         monkeypatch.setenv(name, "do-not-leak-0123456789")

@@ -6,7 +6,7 @@ import gc
 
 import pytest
 
-from controller.config import ControllerConfig
+from cliffguard.controller.config import ControllerConfig
 
 
 @pytest.fixture

@@ -9,13 +9,13 @@ import math
 
 import pytest
 
-from controller.detect import RULE_ERROR, RULES, RulesConfig, RunDetector
-from controller.rules.base import STEP_EVENTS, RankScope
-from controller.rules.mfu import MfuConfig
-from controller.rules.straggler import StragglerConfig
-from controller.verdict import Action
-from core.enums import EventType, Level
-from core.events import decode_event, encode_event, make_event
+from cliffguard.controller.detect import RULE_ERROR, RULES, RulesConfig, RunDetector
+from cliffguard.controller.rules.base import STEP_EVENTS, RankScope
+from cliffguard.controller.rules.mfu import MfuConfig
+from cliffguard.controller.rules.straggler import StragglerConfig
+from cliffguard.controller.verdict import Action
+from cliffguard.core.enums import EventType, Level
+from cliffguard.core.events import decode_event, encode_event, make_event
 
 RUN = "run-1"
 
@@ -201,7 +201,7 @@ def spike_run(det):
 
 def test_a_raising_rule_does_not_stop_the_loss_rule_and_is_reported(caplog):
     det = RunDetector(registry=RULES.with_rule("boom", lambda c: Boom()))
-    with caplog.at_level(logging.ERROR, logger="controller.detect"):
+    with caplog.at_level(logging.ERROR, logger="cliffguard.controller.detect"):
         out = spike_run(det)
     loss = [(v.rule, v.level, v.step) for v in out if v.rule != RULE_ERROR]
     assert loss == [(v.rule, v.level, v.step) for v in spike_run(RunDetector())]
@@ -269,7 +269,7 @@ def test_without_the_loss_rule_the_others_still_run_and_loss_entry_points_say_wh
 
 
 def test_per_rank_metric_rules_are_not_called_for_events_without_rank_samples():
-    from core.rank_arrays import summarize_losses
+    from cliffguard.core.rank_arrays import summarize_losses
     from tests.controller.store import factory as f
 
     det = RunDetector()

@@ -10,10 +10,10 @@ import uuid
 
 import pytest
 
-from agent.publisher import Publisher, PublisherConfig
-from controller.bounds import StepBounds, int_bounds
-from controller.config import ControllerConfig
-from controller.edge import (
+from cliffguard.agent.publisher import Publisher, PublisherConfig
+from cliffguard.controller.bounds import StepBounds, int_bounds
+from cliffguard.controller.config import ControllerConfig
+from cliffguard.controller.edge import (
     BAD_SIGNATURE,
     CLOCK_SKEW,
     DLQ_KEEP_BYTES,
@@ -33,11 +33,11 @@ from controller.edge import (
     classify_polled,
     header,
 )
-from controller.store.fit import INT64
-from core.batch_decode import BatchDecoder
-from core.enums import EventType
-from core.events import encode_event, make_event
-from core.keys import EVENT_SIG_HEADER, EventSigner, EventVerifier, event_key
+from cliffguard.controller.store.fit import INT64
+from cliffguard.core.batch_decode import BatchDecoder
+from cliffguard.core.enums import EventType
+from cliffguard.core.events import encode_event, make_event
+from cliffguard.core.keys import EVENT_SIG_HEADER, EventSigner, EventVerifier, event_key
 from tests.core.test_events import PAYLOADS, STEP
 
 FAST_GROUP = {"max_poll_interval_ms": 3000, "session_timeout_ms": 3000, "heartbeat_interval_ms": 500}

@@ -6,7 +6,7 @@ import json
 import urllib.error
 import urllib.request
 
-from controller.health import HealthServer, HealthSnapshot, liveness, readiness
+from cliffguard.controller.health import HealthServer, HealthSnapshot, liveness, readiness
 
 READY = HealthSnapshot(loop_at=100.0, store_error="", broker_connected=True, assigned=2)
 

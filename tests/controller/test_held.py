@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from controller.edge import EdgeBatch
-from controller.held import HeldBatch
-from controller.store.errors import Backoff
+from cliffguard.controller.edge import EdgeBatch
+from cliffguard.controller.held import HeldBatch
+from cliffguard.controller.store.errors import Backoff
 
 
 class Edge:

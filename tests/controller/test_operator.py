@@ -13,18 +13,18 @@ import pytest
 from sqlalchemy import Engine, func, insert, select
 
 from cliffguard.cli import main
-from controller.operator import decide_pending_requests, decide_request, issue_operator_command
-from controller.store.db import session_scope
-from controller.store.models import AuditRow, CommandRequest, CommandRow, OutboxRow, Run
-from controller.store.read import recent_requests
-from controller.store.requests import (
+from cliffguard.controller.operator import decide_pending_requests, decide_request, issue_operator_command
+from cliffguard.controller.store.db import session_scope
+from cliffguard.controller.store.models import AuditRow, CommandRequest, CommandRow, OutboxRow, Run
+from cliffguard.controller.store.read import recent_requests
+from cliffguard.controller.store.requests import (
     RequestStatus,
     request_state,
     submit_request,
     wait_for_decision,
 )
-from core.events import decode_command
-from core.signing import CommandVerifier
+from cliffguard.core.events import decode_command
+from cliffguard.core.signing import CommandVerifier
 from tests.controller.service_support import SECRET, store_engine
 
 TOPIC = "cg.commands"

@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from controller.recovery import new_state, transition
-from controller.recovery_table import GUARDS, TRANSITIONS, TransitionNotAllowed, fire, is_recovered
-from controller.recovery_types import (
+from cliffguard.controller.recovery import new_state, transition
+from cliffguard.controller.recovery_table import GUARDS, TRANSITIONS, TransitionNotAllowed, fire, is_recovered
+from cliffguard.controller.recovery_types import (
     AckIn,
     Alert,
     CheckpointIn,
@@ -30,9 +30,9 @@ from controller.recovery_types import (
     ValidationIn,
     VerdictIn,
 )
-from controller.verdict import Action, Verdict
-from core.deployment import PolicyConfig
-from core.enums import AckStatus, CommandType, Level
+from cliffguard.controller.verdict import Action, Verdict
+from cliffguard.core.deployment import PolicyConfig
+from cliffguard.core.enums import AckStatus, CommandType, Level
 
 CFG = RecoveryConfig(stable_window=5, recover_window=5, rollback_budget=2, command_timeout_s=10,
                      validate_timeout_s=20, max_attempts=2, skip_data=True)
@@ -689,7 +689,7 @@ def test_zz_every_declared_transition_is_taken_somewhere():
         test_a_run_that_can_pause_but_not_roll_back_is_validated_then_halted_paused,
     ]
     taken: set[tuple[Phase, str]] = set()
-    import controller.recovery as rec
+    import cliffguard.controller.recovery as rec
 
     original = rec.fire
 
@@ -711,10 +711,10 @@ def test_zz_every_declared_transition_is_taken_somewhere():
 
 
 def test_a_straggler_alert_also_asks_for_per_rank_detail_without_taking_the_command_slot():
-    from controller.recovery import transition as step_machine
-    from controller.recovery_types import RecoveryConfig, SendCommand, VerdictIn
-    from controller.verdict import Verdict
-    from core.enums import CommandType, Level
+    from cliffguard.controller.recovery import transition as step_machine
+    from cliffguard.controller.recovery_types import RecoveryConfig, SendCommand, VerdictIn
+    from cliffguard.controller.verdict import Verdict
+    from cliffguard.core.enums import CommandType, Level
 
     cfg = RecoveryConfig(detail_steps=30)
     state = new_state("r", "salt")
@@ -743,7 +743,7 @@ def test_an_unverified_checkpoint_raises_an_alert_with_the_trainers_reason():
 def test_clone_copies_every_field_and_is_independent():
     import dataclasses
 
-    from controller.recovery_types import RecoveryState
+    from cliffguard.controller.recovery_types import RecoveryState
 
     s = new_state("r", "salt")
     s.seq, s.lr_scale, s.unhealthy_steps = 7, 0.5, (3, 4)
@@ -761,8 +761,8 @@ def test_the_quiet_step_fast_path_gives_what_the_full_progress_path_gives(phase,
     and actions must be those of ``_on_progress`` run in full."""
     import itertools
 
-    from controller import recovery
-    from controller.recovery_types import Checkpoint, Incident, ProgressIn
+    from cliffguard.controller import recovery
+    from cliffguard.controller.recovery_types import Checkpoint, Incident, ProgressIn
 
     full_step = recovery._Step
     slow: list[int] = []

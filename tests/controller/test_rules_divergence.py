@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from controller.rules.divergence import DivergenceConfig, DivergenceDetector
+from cliffguard.controller.rules.divergence import DivergenceConfig, DivergenceDetector
 
 
 @pytest.mark.parametrize(

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import random
 
-from controller.detect import RunDetector
-from controller.verdict import Action
-from core.enums import EventType, Level
-from core.events import make_event
+from cliffguard.controller.detect import RunDetector
+from cliffguard.controller.verdict import Action
+from cliffguard.core.enums import EventType, Level
+from cliffguard.core.events import make_event
 from tests.controller.test_detect import RUN, step_event
 
 SCALE = {"from_world": 4, "to_world": 2, "from_global_batch": 16, "global_batch": 8, "grad_accum": 1, "lr": 2e-3,

@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from controller.rules.grad_norm import GradNormConfig, GradNormRule
-from controller.verdict import Action
-from core.enums import Level
+from cliffguard.controller.rules.grad_norm import GradNormConfig, GradNormRule
+from cliffguard.controller.verdict import Action
+from cliffguard.core.enums import Level
 from tests.controller.synthetic import score
 from tests.controller.synthetic_metrics import grad_norm_suite
 

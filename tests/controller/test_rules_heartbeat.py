@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from controller.rules.heartbeat import PERSIST_S, HeartbeatConfig, HeartbeatRule
-from core.enums import Level
-from core.ranks import rank_spans
+from cliffguard.controller.rules.heartbeat import PERSIST_S, HeartbeatConfig, HeartbeatRule
+from cliffguard.core.enums import Level
+from cliffguard.core.ranks import rank_spans
 
 
 def test_config_rejects_bad_values_naming_the_field():

@@ -7,12 +7,12 @@ import math
 
 import pytest
 
-from controller.backtest import replay_points
-from controller.detect import RulesConfig
-from controller.rules.divergence import DivergenceConfig
-from controller.rules.loss import LossRules, LossSpikeConfig
-from controller.verdict import Action
-from core.enums import Level
+from cliffguard.controller.backtest import replay_points
+from cliffguard.controller.detect import RulesConfig
+from cliffguard.controller.rules.divergence import DivergenceConfig
+from cliffguard.controller.rules.loss import LossRules, LossSpikeConfig
+from cliffguard.controller.verdict import Action
+from cliffguard.core.enums import Level
 from tests.controller.synthetic import base_curve, inject, max_trailing_z, replay_alarms, score, suite
 
 

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from controller.rules.loss_scale import LossScaleConfig, LossScaleRule
-from core.enums import Level
+from cliffguard.controller.rules.loss_scale import LossScaleConfig, LossScaleRule
+from cliffguard.core.enums import Level
 from tests.controller.synthetic import score
 from tests.controller.synthetic_metrics import loss_scale_suite
 

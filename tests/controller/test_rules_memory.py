@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from controller.rules.memory import MemoryConfig, MemoryRule
-from core.enums import Level
+from cliffguard.controller.rules.memory import MemoryConfig, MemoryRule
+from cliffguard.core.enums import Level
 from tests.controller.synthetic_metrics import GIB, MIB, memory_suite
 
 

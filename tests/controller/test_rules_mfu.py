@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from controller.detect import RULE_ERROR, RunDetector
-from controller.rules.mfu import MfuConfig, MfuRule
-from core.enums import EventType, Level
-from core.events import Event, make_event
+from cliffguard.controller.detect import RULE_ERROR, RunDetector
+from cliffguard.controller.rules.mfu import MfuConfig, MfuRule
+from cliffguard.core.enums import EventType, Level
+from cliffguard.core.events import Event, make_event
 from tests.controller.synthetic_metrics import RANK_KINDS, rank_suite
 
 

@@ -11,8 +11,8 @@ import zlib
 import numpy as np
 import pytest
 
-from controller.rules.packed import PackedStateError, pack, pack_array, unpack, unpack_array
-from controller.rules.rank_window import RankWindows, packed_layout
+from cliffguard.controller.rules.packed import PackedStateError, pack, pack_array, unpack, unpack_array
+from cliffguard.controller.rules.rank_window import RankWindows, packed_layout
 
 
 def test_columns_round_trip():
@@ -128,7 +128,7 @@ WORLD = 16_384
 def _sweep(step: int, rng: np.random.Generator, slow: bool) -> list:
     """One ``ranks`` sweep of a 16k-rank run: noisy timings, rank 5000 slow once ``slow``, and
     past step 120 (after the reload) MFU low and memory creeping up on rank 7."""
-    from core.events import make_event
+    from cliffguard.core.events import make_event
 
     out = []
     for first in range(0, WORLD, 2048):
@@ -149,9 +149,9 @@ def _sweep(step: int, rng: np.random.Generator, slow: bool) -> list:
 
 
 def test_a_16k_rank_state_reloads_to_the_same_verdicts_packed_and_from_the_old_layout():
-    from controller.rules.memory import MemoryConfig, MemoryRule
-    from controller.rules.mfu import MfuConfig, MfuRule
-    from controller.rules.straggler import StragglerConfig, StragglerRule
+    from cliffguard.controller.rules.memory import MemoryConfig, MemoryRule
+    from cliffguard.controller.rules.mfu import MfuConfig, MfuRule
+    from cliffguard.controller.rules.straggler import StragglerConfig, StragglerRule
 
     rng = np.random.default_rng(0)
     stream = [_sweep(10 * k, rng, slow=k > 12) for k in range(1, 25)]

@@ -4,14 +4,14 @@ run-level ``step`` event, the heartbeat rule node heartbeats; older per-rank ste
 
 from __future__ import annotations
 
-from controller.detect import RulesConfig, RunDetector
-from controller.rules.heartbeat import HeartbeatConfig, HeartbeatRule
-from controller.rules.memory import MemoryConfig
-from controller.rules.mfu import MfuConfig
-from controller.rules.straggler import StragglerConfig
-from core.enums import EventType
-from core.events import make_event
-from core.rank_arrays import summarize_losses
+from cliffguard.controller.detect import RulesConfig, RunDetector
+from cliffguard.controller.rules.heartbeat import HeartbeatConfig, HeartbeatRule
+from cliffguard.controller.rules.memory import MemoryConfig
+from cliffguard.controller.rules.mfu import MfuConfig
+from cliffguard.controller.rules.straggler import StragglerConfig
+from cliffguard.core.enums import EventType
+from cliffguard.core.events import make_event
+from cliffguard.core.rank_arrays import summarize_losses
 from tests.core.test_events import STEP
 
 WORLD = 8
@@ -133,7 +133,7 @@ def test_the_hung_state_round_trips():
 def test_new_settings_are_validated_naming_the_field():
     import pytest
 
-    from controller.recovery_types import RecoveryConfig
+    from cliffguard.controller.recovery_types import RecoveryConfig
 
     with pytest.raises(ValueError, match="^hung_after_s:"):
         HeartbeatConfig(hung_after_s=-1)

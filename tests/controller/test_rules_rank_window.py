@@ -10,9 +10,9 @@ from collections import deque
 import numpy as np
 import pytest
 
-from controller.rules.rank_window import RankWindows, fmean, full_row_medians, median, row_medians
-from controller.rules.straggler import judge_points
-from core.ranks import speaker
+from cliffguard.controller.rules.rank_window import RankWindows, fmean, full_row_medians, median, row_medians
+from cliffguard.controller.rules.straggler import judge_points
+from cliffguard.core.ranks import speaker
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -4,10 +4,10 @@ used to miss it, so none of these tests can pass by accident."""
 
 from __future__ import annotations
 
-from controller import backtest as bt
-from controller.detect import RulesConfig
-from controller.rules.divergence import DivergenceConfig
-from controller.rules.loss import LossSpikeConfig
+from cliffguard.controller import backtest as bt
+from cliffguard.controller.detect import RulesConfig
+from cliffguard.controller.rules.divergence import DivergenceConfig
+from cliffguard.controller.rules.loss import LossSpikeConfig
 from tests.controller.curve_excerpts import (
     DATA_OUTLIERS,
     EARLY_DIVERGENCE,

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from controller.detect import DETECTOR_STATE_KEYS, RULES, RulesConfig
-from controller.rules.base import RankScope, RewindingRule, Rule, TickingRule
-from controller.rules.heartbeat import HeartbeatRule
-from controller.rules.registry import RuleRegistry
-from core.enums import EventType
+from cliffguard.controller.detect import DETECTOR_STATE_KEYS, RULES, RulesConfig
+from cliffguard.controller.rules.base import RankScope, RewindingRule, Rule, TickingRule
+from cliffguard.controller.rules.heartbeat import HeartbeatRule
+from cliffguard.controller.rules.registry import RuleRegistry
+from cliffguard.core.enums import EventType
 
 
 def test_the_controller_table_keeps_the_stored_state_keys_and_the_calling_order():

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from controller.rules.straggler import StragglerConfig, StragglerRule, busy_time
-from core.enums import Level
+from cliffguard.controller.rules.straggler import StragglerConfig, StragglerRule, busy_time
+from cliffguard.core.enums import Level
 from tests.controller.synthetic_metrics import rank_suite
 
 

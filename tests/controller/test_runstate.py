@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import math
 
-from controller.detect import RunDetector
-from controller.recovery import new_state
-from controller.runstate import RunSlot
-from core.events import make_event
-from core.floats import to_json
+from cliffguard.controller.detect import RunDetector
+from cliffguard.controller.recovery import new_state
+from cliffguard.controller.runstate import RunSlot
+from cliffguard.core.events import make_event
+from cliffguard.core.floats import to_json
 from tests.controller.store import factory as f
 
 
@@ -38,10 +38,10 @@ def test_rule_states_are_saved_apart_only_when_changed_and_load_back(tmp_path):
     from sqlalchemy import select
 
     from bench.controller_support import fresh_store
-    from controller.runstate import RunTable, default_detector_factory, save_slots
-    from controller.store.db import session_scope
-    from controller.store.ingest import ingest_events
-    from controller.store.models import RuleState, Run
+    from cliffguard.controller.runstate import RunTable, default_detector_factory, save_slots
+    from cliffguard.controller.store.db import session_scope
+    from cliffguard.controller.store.ingest import ingest_events
+    from cliffguard.controller.store.models import RuleState, Run
 
     engine = fresh_store(tmp_path)
     table = RunTable(default_detector_factory())
@@ -73,10 +73,10 @@ def test_an_unreadable_rule_state_starts_that_rule_fresh_with_a_warning(tmp_path
     from sqlalchemy import update
 
     from bench.controller_support import fresh_store
-    from controller.runstate import RunTable, default_detector_factory, save_slots
-    from controller.store.db import session_scope
-    from controller.store.ingest import ingest_events
-    from controller.store.models import RuleState
+    from cliffguard.controller.runstate import RunTable, default_detector_factory, save_slots
+    from cliffguard.controller.store.db import session_scope
+    from cliffguard.controller.store.ingest import ingest_events
+    from cliffguard.controller.store.models import RuleState
 
     engine = fresh_store(tmp_path)
     events = [make_event("ranks", "r", 10 * k, {"first_rank": 0, "steps": 10, "step_time_s": [0.5, 0.5 + k / 100],
@@ -109,7 +109,7 @@ def test_encode_json_reads_back_as_the_standard_encoding_whichever_encoder_wrote
     """orjson writes the common case; what it would write differently (a NaN or infinity as null,
     a tuple as a list) or cannot write (an integer beyond 64 bits, a non-text key) goes the
     standard way, non-finite floats in the wire spelling."""
-    from controller.runstate import encode_json
+    from cliffguard.controller.runstate import encode_json
 
     cases = [
         {"window": [0.1 + 0.2, 1e-7, -0.0, 3.0], "n": 4, "none": None, "flag": True, "text": "é"},

@@ -13,15 +13,15 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 from sqlalchemy import func, select
 
-from controller.config import ControllerConfig
-from controller.recovery_types import RecoveryConfig
-from controller.rules.loss import LossSpikeConfig
-from controller.service import ControllerService
-from controller.store import read
-from controller.store.db import session_scope
-from controller.store.models import Alert, AuditRow, CommandRow, DlqCount, Run, StepMetric
-from controller.store.requests import RequestStatus, request_state, submit_request
-from core.spike import SpikeDetector
+from cliffguard.controller.config import ControllerConfig
+from cliffguard.controller.recovery_types import RecoveryConfig
+from cliffguard.controller.rules.loss import LossSpikeConfig
+from cliffguard.controller.service import ControllerService
+from cliffguard.controller.store import read
+from cliffguard.controller.store.db import session_scope
+from cliffguard.controller.store.models import Alert, AuditRow, CommandRow, DlqCount, Run, StepMetric
+from cliffguard.controller.store.requests import RequestStatus, request_state, submit_request
+from cliffguard.core.spike import SpikeDetector
 from tests.controller.service_support import (
     FAST_GROUP,
     SECRET,

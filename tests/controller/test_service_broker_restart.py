@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import func, select
 
-from controller.broker import EmbeddedBroker, ensure_topics, free_port
-from controller.store.db import session_scope
-from controller.store.models import StepMetric
+from cliffguard.controller.broker import EmbeddedBroker, ensure_topics, free_port
+from cliffguard.controller.store.db import session_scope
+from cliffguard.controller.store.models import StepMetric
 from tests.controller.service_support import FakeTrainer, store_engine
 from tests.controller.test_service import Running, wait_for
 

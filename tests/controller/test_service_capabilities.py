@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from controller.store import read
-from controller.store.db import session_scope
-from controller.store.models import Alert, CommandRow, Run
+from cliffguard.controller.store import read
+from cliffguard.controller.store.db import session_scope
+from cliffguard.controller.store.models import Alert, CommandRow, Run
 from tests.controller.service_support import FakeTrainer, store_engine
 from tests.controller.store.factory import RUN_STARTED_DATA
 from tests.controller.test_service import Running, prefix, spike, wait_for

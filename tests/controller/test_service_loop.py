@@ -5,17 +5,17 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from controller import batch as batch_mod
-from controller.config import ControllerConfig
-from controller.edge import DeadLetter, EdgeBatch, EdgeRecord
-from controller.outbox import CommandOutbox
-from controller.recovery_types import Phase, RecoveryConfig
-from controller.service import MAX_BATCH_FAILURES, ControllerService
-from controller.store.db import session_scope
-from controller.store.models import CommandRow, ConsumerOffset, DlqCount, Run, StepMetric
-from controller.store.offsets import save_offsets
-from core.events import make_event
-from core.kafka_config import KafkaConfig
+from cliffguard.controller import batch as batch_mod
+from cliffguard.controller.config import ControllerConfig
+from cliffguard.controller.edge import DeadLetter, EdgeBatch, EdgeRecord
+from cliffguard.controller.outbox import CommandOutbox
+from cliffguard.controller.recovery_types import Phase, RecoveryConfig
+from cliffguard.controller.service import MAX_BATCH_FAILURES, ControllerService
+from cliffguard.controller.store.db import session_scope
+from cliffguard.controller.store.models import CommandRow, ConsumerOffset, DlqCount, Run, StepMetric
+from cliffguard.controller.store.offsets import save_offsets
+from cliffguard.core.events import make_event
+from cliffguard.core.kafka_config import KafkaConfig
 from tests.controller.service_support import SECRET, healthy_loss, step_data, store_engine
 from tests.controller.test_service_outbox import FakeProducer
 
@@ -143,7 +143,7 @@ def test_ticks_resend_an_unanswered_pause_and_the_state_survives_a_reload(engine
 def test_the_service_applies_step_retention_in_the_batch_transaction(engine):
     from sqlalchemy import func
 
-    from controller.store.retention import RetentionConfig
+    from cliffguard.controller.store.retention import RetentionConfig
 
     cfg = ControllerConfig(group_id="g", tick_s=0.001)
     kafka = KafkaConfig(topic_prefix="p")

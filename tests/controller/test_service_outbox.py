@@ -7,11 +7,11 @@ import time
 import pytest
 from sqlalchemy import select
 
-from controller.operator import enqueue_command
-from controller.outbox import CommandOutbox
-from controller.store.db import session_scope
-from controller.store.models import CommandRow, OutboxRow, Run
-from core.kafka_config import KafkaConfig
+from cliffguard.controller.operator import enqueue_command
+from cliffguard.controller.outbox import CommandOutbox
+from cliffguard.controller.store.db import session_scope
+from cliffguard.controller.store.models import CommandRow, OutboxRow, Run
+from cliffguard.core.kafka_config import KafkaConfig
 from tests.controller.service_support import SECRET, store_engine
 
 

@@ -17,9 +17,9 @@ import time
 import pytest
 from sqlalchemy import select
 
-from controller.store import read
-from controller.store.db import session_scope
-from controller.store.models import CommandRow
+from cliffguard.controller.store import read
+from cliffguard.controller.store.db import session_scope
+from cliffguard.controller.store.models import CommandRow
 from tests.controller.service_support import SECRET, FakeTrainer
 from tests.controller.test_service import db as db  # noqa: F401 - the store fixture
 from tests.controller.test_service import prefix, spike

@@ -16,17 +16,17 @@ import pytest
 from kafka import KafkaProducer
 from sqlalchemy import select
 
-from agent.listener import CommandListener
-from controller.config import ControllerConfig
-from controller.recovery_types import RecoveryConfig
-from controller.service import ControllerService
-from controller.store import read
-from controller.store.db import session_scope
-from controller.store.models import DlqCount
-from core.enums import AckStatus
-from core.events import encode_command, encode_event, make_command, make_event
-from core.keys import CommandPrivateKey, EventSigner, EventVerifier, event_key
-from core.signing import CommandVerifier, Secret, sign_command
+from cliffguard.agent.listener import CommandListener
+from cliffguard.controller.config import ControllerConfig
+from cliffguard.controller.recovery_types import RecoveryConfig
+from cliffguard.controller.service import ControllerService
+from cliffguard.controller.store import read
+from cliffguard.controller.store.db import session_scope
+from cliffguard.controller.store.models import DlqCount
+from cliffguard.core.enums import AckStatus
+from cliffguard.core.events import encode_command, encode_event, make_command, make_event
+from cliffguard.core.keys import CommandPrivateKey, EventSigner, EventVerifier, event_key
+from cliffguard.core.signing import CommandVerifier, Secret, sign_command
 from tests.controller.service_support import FAST_GROUP, FakeTrainer, store_engine
 
 pytestmark = pytest.mark.broker

@@ -17,16 +17,16 @@ from sqlalchemy import select
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
-from controller import batch as batch_mod
-from controller.config import ControllerConfig
-from controller.health import HealthServer
-from controller.outbox import CommandOutbox
-from controller.service import MAX_BATCH_FAILURES, ControllerService
-from controller.store.db import StoreConfig, init_db, make_engine, session_scope
-from controller.store.errors import StoreLost
-from controller.store.guard import StoreGuard
-from controller.store.models import DlqCount, StepMetric
-from core.kafka_config import KafkaConfig
+from cliffguard.controller import batch as batch_mod
+from cliffguard.controller.config import ControllerConfig
+from cliffguard.controller.health import HealthServer
+from cliffguard.controller.outbox import CommandOutbox
+from cliffguard.controller.service import MAX_BATCH_FAILURES, ControllerService
+from cliffguard.controller.store.db import StoreConfig, init_db, make_engine, session_scope
+from cliffguard.controller.store.errors import StoreLost
+from cliffguard.controller.store.guard import StoreGuard
+from cliffguard.controller.store.models import DlqCount, StepMetric
+from cliffguard.core.kafka_config import KafkaConfig
 from tests.controller.service_support import SECRET
 from tests.controller.test_service_loop import TOPIC, StubEdge, as_batch, records, stored_offset
 from tests.controller.test_service_outbox import FakeProducer
@@ -61,7 +61,7 @@ class PausingEdge(StubEdge):
 
 
 def as_empty():
-    from controller.edge import EdgeBatch
+    from cliffguard.controller.edge import EdgeBatch
 
     return EdgeBatch()
 
@@ -290,8 +290,8 @@ def test_a_store_that_turns_read_only_stops_the_service(db, monkeypatch):
 
 
 def test_an_assignment_while_the_store_is_unreadable_pauses_until_the_offsets_can_be_read(db, monkeypatch):
-    from controller import service as service_mod
-    from controller.store.offsets import save_offsets
+    from cliffguard.controller import service as service_mod
+    from cliffguard.controller.store.offsets import save_offsets
 
     engine, _ = db
     with session_scope(engine) as s:

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from core.batch_decode import BatchDecoder
-from core.enums import EventType
-from core.events import Event, SchemaError, decode_event, encode_event, make_event
-from core.floats import to_json
-from core.rank_arrays import summarize_losses
+from cliffguard.core.batch_decode import BatchDecoder
+from cliffguard.core.enums import EventType
+from cliffguard.core.events import Event, SchemaError, decode_event, encode_event, make_event
+from cliffguard.core.floats import to_json
+from cliffguard.core.rank_arrays import summarize_losses
 from tests.core.test_events import PAYLOADS, STEP, _hostile_messages
 
 needs_msgspec = pytest.mark.skipif(importlib.util.find_spec("msgspec") is None, reason="msgspec not installed")
@@ -145,7 +145,7 @@ def _event_typed(ev: Event) -> Any:
 
 def _standard(raw: bytes) -> Any:
     """What the standard parser alone (no msgspec, no orjson) makes of ``raw``."""
-    import core.events as events
+    import cliffguard.core.events as events
 
     orjson, events._orjson_loads = events._orjson_loads, None
     try:
@@ -264,7 +264,7 @@ def test_integer_bounds_send_a_value_outside_them_the_standard_way():
 
 def without_msgspec(monkeypatch) -> BatchDecoder:
     """A decoder built as where msgspec is not installed."""
-    import core.batch_decode as batch_decode
+    import cliffguard.core.batch_decode as batch_decode
 
     monkeypatch.setattr(batch_decode, "_find_msgspec", lambda: None)
     return BatchDecoder()

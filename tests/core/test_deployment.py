@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from core.deployment import SECRET_ENV, DeploymentConfig, PolicyConfig, build_deployment, resolve_secret
-from core.settings import ConfigError
-from core.spike import SpikeConfig
+from cliffguard.core.deployment import (
+    SECRET_ENV,
+    DeploymentConfig,
+    PolicyConfig,
+    build_deployment,
+    resolve_secret,
+)
+from cliffguard.core.settings import ConfigError
+from cliffguard.core.spike import SpikeConfig
 
 FILE = "file-secret-0123456789"
 ENV = "env-secret-0123456789"

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from core.enums import AckStatus, CheckpointKind, CommandType, EventType, GuardDecision
-from core.events import (
+from cliffguard.core.enums import AckStatus, CheckpointKind, CommandType, EventType, GuardDecision
+from cliffguard.core.events import (
     COMMAND_ARG_SCHEMAS,
     DATA_SCHEMAS,
     MAX_STEP,
@@ -24,7 +24,7 @@ from core.events import (
     make_command,
     make_event,
 )
-from core.floats import dumps
+from cliffguard.core.floats import dumps
 
 HIST_LAYER = {"counts": [1, 2, 3], "zeros": 4, "nonfinite": 0, "p50": 1e-4, "p99": 0.01, "max": 0.5,
               "norm": 1.5, "underflow": 0.0, "numel": 10}
@@ -319,7 +319,7 @@ def test_bytes_decode_exactly_as_the_standard_parser_reads_them(monkeypatch):
     """The fast path (orjson when installed) accepts, normalises and rejects every message as
     the standard parser does, with the same reason: hostile messages still reach the DLQ as
     before (tests/core/test_batch_decode.py mutates many more, for msgspec's path too)."""
-    import core.events as events
+    import cliffguard.core.events as events
 
     messages = _hostile_messages()
     fast = [_outcome(m) for m in messages]
@@ -329,7 +329,7 @@ def test_bytes_decode_exactly_as_the_standard_parser_reads_them(monkeypatch):
 
 
 def test_the_fast_parser_is_used_for_ordinary_messages_and_not_for_long_integers():
-    import core.events as events
+    import cliffguard.core.events as events
 
     pytest.importorskip("orjson")
     ordinary = dumps({**make_event("step", "run-1", 5, STEP).to_dict(), "id": "ab" * 16})  # a random id may

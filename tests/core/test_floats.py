@@ -3,8 +3,8 @@
 import json
 import math
 
-from core.enums import Level
-from core.floats import canonical_json, dumps, from_json, from_store_kind, store_kind, to_json
+from cliffguard.core.enums import Level
+from cliffguard.core.floats import canonical_json, dumps, from_json, from_store_kind, store_kind, to_json
 
 
 def test_wire_round_trip_is_recursive():

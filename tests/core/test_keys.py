@@ -7,8 +7,8 @@ import stat
 
 import pytest
 
-from core.deployment import agent_event_signer, agent_verifying_key, build_deployment, scrub_keys
-from core.keys import (
+from cliffguard.core.deployment import agent_event_signer, agent_verifying_key, build_deployment, scrub_keys
+from cliffguard.core.keys import (
     CommandPrivateKey,
     CommandPublicKey,
     EventSigner,
@@ -19,8 +19,8 @@ from core.keys import (
     read_private_file,
     read_public_file,
 )
-from core.settings import ConfigError
-from core.signing import Secret
+from cliffguard.core.settings import ConfigError
+from cliffguard.core.signing import Secret
 
 AGENT_SECRET = b"agent-secret-0123456789abcdef"
 

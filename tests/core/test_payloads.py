@@ -4,9 +4,9 @@ from typing import NotRequired, TypedDict
 
 import pytest
 
-from core.enums import CheckpointKind, CommandType, EventType, TrainerMode
-from core.events import COMMAND_ARG_SCHEMAS, DATA_SCHEMAS, SchemaError, make_event
-from core.payloads import COMMAND_ARGS, EVENT_PAYLOADS, HistLayer, StepData, schema_of
+from cliffguard.core.enums import CheckpointKind, CommandType, EventType, TrainerMode
+from cliffguard.core.events import COMMAND_ARG_SCHEMAS, DATA_SCHEMAS, SchemaError, make_event
+from cliffguard.core.payloads import COMMAND_ARGS, EVENT_PAYLOADS, HistLayer, StepData, schema_of
 
 
 def test_every_event_and_command_type_has_a_payload():

@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from core.enums import EventType
-from core.events import MAX_STEP, SchemaError, decode_event, encode_event, make_event
-from core.floats import dumps
-from core.rank_arrays import (
+from cliffguard.core.enums import EventType
+from cliffguard.core.events import MAX_STEP, SchemaError, decode_event, encode_event, make_event
+from cliffguard.core.floats import dumps
+from cliffguard.core.rank_arrays import (
     MAX_OUTLIERS,
     MAX_RANKS_PER_EVENT,
     check_node_heartbeat,

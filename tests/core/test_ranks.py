@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from core.ranks import RUN_RANK, speaker, takes_over
+from cliffguard.core.ranks import RUN_RANK, speaker, takes_over
 
 
 def test_the_lowest_rank_heard_speaks():

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from core.events import COMMAND_ARG_SCHEMAS, DATA_SCHEMAS
-from core.schema import FieldsChecker, SchemaError, check_fields, check_value
+from cliffguard.core.events import COMMAND_ARG_SCHEMAS, DATA_SCHEMAS
+from cliffguard.core.schema import FieldsChecker, SchemaError, check_fields, check_value
 from tests.core.test_events import ARGS, PAYLOADS
 
 HOSTILE = [None, True, False, 0, 1, -1, 2**31, 2**70, 1.5, -0.0, math.inf, "NaN", "Infinity", "-Infinity", "nan",

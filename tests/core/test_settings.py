@@ -7,10 +7,10 @@ from typing import ClassVar
 
 import pytest
 
-from agent.publisher import PublisherConfig
-from core.kafka_config import KafkaConfig
-from core.settings import ConfigError, build_config, config_to_dict, load_toml, shared_field
-from core.spike import SpikeConfig
+from cliffguard.agent.publisher import PublisherConfig
+from cliffguard.core.kafka_config import KafkaConfig
+from cliffguard.core.settings import ConfigError, build_config, config_to_dict, load_toml, shared_field
+from cliffguard.core.spike import SpikeConfig
 
 
 def test_defaults_when_no_source_sets_anything():

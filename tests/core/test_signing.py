@@ -7,9 +7,9 @@ import logging
 
 import pytest
 
-from core.events import decode_command, encode_command, make_command
-from core.keys import CommandPrivateKey
-from core.signing import CommandVerifier, Rejection, Secret, sign_command
+from cliffguard.core.events import decode_command, encode_command, make_command
+from cliffguard.core.keys import CommandPrivateKey
+from cliffguard.core.signing import CommandVerifier, Rejection, Secret, sign_command
 
 SECRET = Secret("s3cret-s3cret-s3cret")
 

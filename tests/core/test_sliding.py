@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from core.sliding import SlidingWindow, sorted_robust
+from cliffguard.core.sliding import SlidingWindow, sorted_robust
 
 
 def naive(values: list[float]) -> tuple[float, float]:

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from core.enums import Level
-from core.spike import SpikeConfig, SpikeDetector, window_stats
+from cliffguard.core.enums import Level
+from cliffguard.core.spike import SpikeConfig, SpikeDetector, window_stats
 
 
 def fed(values, **cfg) -> SpikeDetector:

@@ -20,7 +20,7 @@ from typing import Any
 
 from websockets.sync.client import connect
 
-from controller.broker import free_port
+from cliffguard.controller.broker import free_port
 
 CHROMIUM_FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

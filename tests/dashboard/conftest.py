@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import Engine
 from streamlit.testing.v1 import AppTest
 
-from controller.store.db import make_engine
+from cliffguard.controller.store.db import make_engine
 from tests.dashboard.fill import FilledRun, fill_store
 
 APP = str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py")

@@ -30,16 +30,16 @@ from typing import Any
 
 from sqlalchemy import Engine, update
 
-from controller.alerts.config import AlertsConfig, EndpointConfig
-from controller.alerts.enqueue import enqueue_alert
-from controller.alerts.spec import AlertSpec
-from controller.detect import RunDetector
-from controller.store.db import init_db, session_scope
-from controller.store.dlq import count_dead_letter
-from controller.store.ingest import ingest_events, record_rule_stats
-from controller.store.models import CheckpointRow, CommandRow, Incident, OutboxRow, Run, Transition
-from core.enums import AckStatus, CommandType, EventType, GuardDecision
-from core.events import Event, make_event, new_id
+from cliffguard.controller.alerts.config import AlertsConfig, EndpointConfig
+from cliffguard.controller.alerts.enqueue import enqueue_alert
+from cliffguard.controller.alerts.spec import AlertSpec
+from cliffguard.controller.detect import RunDetector
+from cliffguard.controller.store.db import init_db, session_scope
+from cliffguard.controller.store.dlq import count_dead_letter
+from cliffguard.controller.store.ingest import ingest_events, record_rule_stats
+from cliffguard.controller.store.models import CheckpointRow, CommandRow, Incident, OutboxRow, Run, Transition
+from cliffguard.core.enums import AckStatus, CommandType, EventType, GuardDecision
+from cliffguard.core.events import Event, make_event, new_id
 
 LAYERS = ["wte", "h.0.attn", "h.0.mlp", "h.1.attn", "h.1.mlp", "lm_head"]
 EDGES = [2.0**e for e in range(-24, 1)]  # 25 edges -> 24 log2 bins

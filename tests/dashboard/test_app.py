@@ -9,7 +9,15 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from controller.store.models import Alert, CheckpointRow, CommandRow, DlqCount, OutboxRow, Run, StepMetric
+from cliffguard.controller.store.models import (
+    Alert,
+    CheckpointRow,
+    CommandRow,
+    DlqCount,
+    OutboxRow,
+    Run,
+    StepMetric,
+)
 from tests.dashboard.conftest import chart_with, run_app, texts
 from tests.dashboard.fill import LAYERS, fill_store
 
@@ -179,7 +187,7 @@ def test_every_section_is_a_live_fragment(filled, monkeypatch):
 
 
 def test_empty_store_says_so(tmp_path, monkeypatch):
-    from controller.store.db import init_db, make_engine
+    from cliffguard.controller.store.db import init_db, make_engine
 
     url = f"sqlite:///{tmp_path / 'empty.db'}"
     init_db(make_engine(url))
@@ -198,7 +206,7 @@ def test_operator_actions_read_only_without_token(filled):
 def test_a_store_at_an_older_schema_says_to_start_the_controller(filled):
     from alembic import command
 
-    from controller.store.db import alembic_config
+    from cliffguard.controller.store.db import alembic_config
 
     command.downgrade(alembic_config(filled.engine), "0001")
     at = run_app()

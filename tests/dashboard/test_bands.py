@@ -7,8 +7,8 @@ import math
 import pandas as pd
 import pytest
 
-from controller.store.read.rule_stats import SpikeRuleStats
-from dashboard.bands import loss_bands, rollbacks
+from cliffguard.controller.store.read.rule_stats import SpikeRuleStats
+from cliffguard.dashboard.bands import loss_bands, rollbacks
 
 RULE = {"window": 20, "k_warn": 3.0, "k_crit": 5.0, "min_history": 10}
 
@@ -86,8 +86,8 @@ def test_infinite_loss_is_pinned_to_the_largest_finite_loss():
 
     import pandas as pd
 
-    from controller.store.read.rule_stats import SpikeRuleStats
-    from dashboard.bands import loss_bands
+    from cliffguard.controller.store.read.rule_stats import SpikeRuleStats
+    from cliffguard.dashboard.bands import loss_bands
 
     curve = pd.DataFrame({"step": [1, 2, 3], "ts": [1.0, 2.0, 3.0], "loss": [2.0, math.inf, 3.0],
                           "nonfinite": [None, None, None]})

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.broker import free_port
-from controller.store.db import init_db, make_engine
+from cliffguard.controller.broker import free_port
+from cliffguard.controller.store.db import init_db, make_engine
 from tests.dashboard.browser import Chromium, chromium_path
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from core.settings import ConfigError
-from dashboard.config import DashboardConfig, load_config
+from cliffguard.core.settings import ConfigError
+from cliffguard.dashboard.config import DashboardConfig, load_config
 
 
 def test_env_and_project_wide_token_and_no_signing_settings():

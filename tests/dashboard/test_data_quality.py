@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from dashboard import data_quality as dq
+from cliffguard.dashboard import data_quality as dq
 from tests.dashboard.conftest import run_app, texts
 
 CURRICULUM = {"categories": {"code": ["**/a*.py"]}, "default": "prose",

@@ -7,7 +7,7 @@ import math
 import pandas as pd
 import pytest
 
-from dashboard import derive
+from cliffguard.dashboard import derive
 
 
 def _ranks(step_times: dict[int, float]) -> pd.DataFrame:

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from controller.store.db import session_scope
-from controller.store.ingest import ingest_events
-from core.enums import EventType
-from core.events import make_event
-from dashboard import charts
-from dashboard.sections.elastic import timeline_to_end
+from cliffguard.controller.store.db import session_scope
+from cliffguard.controller.store.ingest import ingest_events
+from cliffguard.core.enums import EventType
+from cliffguard.core.events import make_event
+from cliffguard.dashboard import charts
+from cliffguard.dashboard.sections.elastic import timeline_to_end
 from tests.controller.store.read.test_elastic import DOWN, UP
 from tests.dashboard.conftest import chart_with, run_app, texts
 

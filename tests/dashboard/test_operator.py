@@ -11,13 +11,13 @@ from sqlalchemy import func, insert, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from controller.operator import decide_pending_requests
-from controller.store.models import AuditRow, CommandRequest, CommandRow, OutboxRow, Run
-from core.events import decode_command
-from core.signing import CommandVerifier, Secret
-from dashboard.actions import ActionDenied, request_command, token_ok
-from dashboard.config import DashboardConfig
-from dashboard.store_access import read_only_engine
+from cliffguard.controller.operator import decide_pending_requests
+from cliffguard.controller.store.models import AuditRow, CommandRequest, CommandRow, OutboxRow, Run
+from cliffguard.core.events import decode_command
+from cliffguard.core.signing import CommandVerifier, Secret
+from cliffguard.dashboard.actions import ActionDenied, request_command, token_ok
+from cliffguard.dashboard.config import DashboardConfig
+from cliffguard.dashboard.store_access import read_only_engine
 from tests.dashboard.conftest import TOKEN, run_app
 
 pytestmark = pytest.mark.timeout(180)
@@ -102,7 +102,7 @@ def test_right_token_pause_validate_resume_are_requests_in_order(with_token):
 
 
 def test_detail_steps_are_bounded():
-    from dashboard.actions import detail_args
+    from cliffguard.dashboard.actions import detail_args
 
     assert detail_args(5) == {"steps": 5}
     for bad in (0, 10**6):

@@ -22,8 +22,8 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from controller.store.db import init_db, make_engine
-from controller.store.models import (
+from cliffguard.controller.store.db import init_db, make_engine
+from cliffguard.controller.store.models import (
     Alert,
     AuditRow,
     CheckpointRow,

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from agent.config import AgentConfig
-from agent.guard import GuardConfig
-from agent.publisher import InMemorySink
-from core.enums import EventType
-from core.spike import SpikeConfig
-from trainer.checkpoint import CheckpointConfig
-from trainer.config import TrainConfig
-from trainer.data import DataConfig
-from trainer.model import GPTConfig
+from cliffguard.agent.config import AgentConfig
+from cliffguard.agent.guard import GuardConfig
+from cliffguard.agent.publisher import InMemorySink
+from cliffguard.core.enums import EventType
+from cliffguard.core.spike import SpikeConfig
+from cliffguard.trainer.checkpoint import CheckpointConfig
+from cliffguard.trainer.config import TrainConfig
+from cliffguard.trainer.data import DataConfig
+from cliffguard.trainer.model import GPTConfig
 
 
 class FakeCommands:
@@ -47,7 +47,7 @@ def small_config(tmp_path, **kw) -> TrainConfig:
 def make_trainer(cfg: TrainConfig):
     from accelerate import Accelerator
 
-    from trainer.loop import Trainer
+    from cliffguard.trainer.loop import Trainer
 
     sink, source = InMemorySink(), FakeCommands()
     return Trainer(cfg, Accelerator(cpu=True), sink=sink, command_source=source), sink, source

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.checkpoint import CheckpointConfig, CheckpointManager
-from trainer.model import GPT, GPTConfig
+from cliffguard.trainer.checkpoint import CheckpointConfig, CheckpointManager
+from cliffguard.trainer.model import GPT, GPTConfig
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -147,8 +147,8 @@ WRITER = textwrap.dedent(
     """
     import sys, time
     import torch
-    import trainer.checkpoint as ck
-    import trainer.checkpoint_io as ckio
+    import cliffguard.trainer.checkpoint as ck
+    import cliffguard.trainer.checkpoint_io as ckio
     cfg = ck.CheckpointConfig(dir=sys.argv[1], writer="thread")
     m = ck.CheckpointManager(cfg)
     m.save(100, {"w": torch.ones(1000)}, "full")
@@ -249,7 +249,7 @@ def test_the_writer_is_a_thread_and_world_above_one_needs_a_process_group(tmp_pa
 
 
 def test_flat_snapshot_keeps_dtypes_shapes_and_plain_values():
-    from trainer.checkpoint_io import clone_tensors, flatten
+    from cliffguard.trainer.checkpoint_io import clone_tensors, flatten
 
     state = {"a": torch.arange(6, dtype=torch.int64).view(2, 3), "b": torch.tensor(True), "c": torch.zeros(0),
              "d": [torch.rand(3, dtype=torch.float16), 1.5, "x"], "e": (torch.get_rng_state(), None)}
@@ -260,7 +260,7 @@ def test_flat_snapshot_keeps_dtypes_shapes_and_plain_values():
 
 
 def test_per_rank_state_is_kept_per_rank_and_shared_state_once(tmp_path):
-    from trainer.checkpoint_io import from_dcp_state, to_dcp_state
+    from cliffguard.trainer.checkpoint_io import from_dcp_state, to_dcp_state
 
     saved = to_dcp_state({"model": {"w": torch.ones(2)}, "rng": {"torch": torch.zeros(3)}}, rank=2)
     assert set(saved) == {"shared", "ranks"} and set(saved["ranks"]) == {"2"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from trainer.checkpoint import CheckpointConfig, CheckpointManager
+from cliffguard.trainer.checkpoint import CheckpointConfig, CheckpointManager
 
 
 def _model_and_opt():
@@ -60,7 +60,7 @@ def test_without_a_fenced_optimizer_the_copy_stays_on_the_training_thread(tmp_pa
 # -- the bundled loop: the copy overlaps the next step, the optimizer's fence keeps it exact -----------
 def _gated_copy(monkeypatch, check):
     """Hold the copier thread until ``check()`` (run on it) returns, then copy as usual."""
-    import trainer.checkpoint as ckpt_mod
+    import cliffguard.trainer.checkpoint as ckpt_mod
 
     real_fill = ckpt_mod.fill
     seen: list = []
@@ -178,7 +178,7 @@ def test_without_the_fence_the_overlapped_copy_would_save_the_next_steps_state(t
 def test_a_failed_background_copy_is_never_written_or_restored(tmp_path, monkeypatch):
     import pytest
 
-    import trainer.checkpoint as ckpt_mod
+    import cliffguard.trainer.checkpoint as ckpt_mod
 
     def broken(snap):
         raise RuntimeError("no memory")

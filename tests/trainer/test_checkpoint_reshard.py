@@ -12,9 +12,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from trainer.checkpoint import CheckpointConfig, CheckpointManager
-from trainer.checkpoint_io import ReshardError, ckpt_path, load_resharded
-from trainer.model import GPT, GPTConfig
+from cliffguard.trainer.checkpoint import CheckpointConfig, CheckpointManager
+from cliffguard.trainer.checkpoint_io import ReshardError, ckpt_path, load_resharded
+from cliffguard.trainer.model import GPT, GPTConfig
 
 pytestmark = pytest.mark.slow
 SMALL = GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8)

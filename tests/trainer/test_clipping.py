@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from trainer.clipping import clip_per_layer, clip_per_layer_norms
+from cliffguard.trainer.clipping import clip_per_layer, clip_per_layer_norms
 
 
 def layers(*grads: list[float]) -> list[tuple[str, torch.nn.Parameter]]:

@@ -3,10 +3,10 @@ on a real world-1 trainer, the one lr_scale owner, and the mode table holding in
 
 from __future__ import annotations
 
-from agent.dispatch import dispatch
-from agent.lr_scale import LRScale
-from core.enums import AckStatus, CommandType, EventType, TrainerMode
-from core.events import make_command
+from cliffguard.agent.dispatch import dispatch
+from cliffguard.agent.lr_scale import LRScale
+from cliffguard.core.enums import AckStatus, CommandType, EventType, TrainerMode
+from cliffguard.core.events import make_command
 from tests.trainer.support import make_trainer, small_config, step_events
 
 
@@ -22,8 +22,8 @@ def _send(tr, ctype, args=None):
 
 
 def test_the_trainer_implements_every_command_target_method():
-    from agent.command_target import CommandTarget
-    from trainer.commands import TrainerCommands
+    from cliffguard.agent.command_target import CommandTarget
+    from cliffguard.trainer.commands import TrainerCommands
 
     wanted = {n for n in vars(CommandTarget) if not n.startswith("_")}
     assert wanted == {"pause", "resume", "validate", "rollback", "set_lr_scale", "checkpoint_now", "stop"}

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from trainer.data import DataConfig, Sampler, load_corpus
+from cliffguard.trainer.data import DataConfig, Sampler, load_corpus
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from trainer.data import DataConfig, Sampler, load_corpus
-from trainer.data_rules import DataRules, DataRulesConfig
+from cliffguard.trainer.data import DataConfig, Sampler, load_corpus
+from cliffguard.trainer.data_rules import DataRules, DataRulesConfig
 
 
 def rows(*texts: bytes, width: int = 128) -> torch.Tensor:

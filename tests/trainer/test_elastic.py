@@ -10,10 +10,10 @@ import math
 import pytest
 import torch
 
-from core.enums import EventType
+from cliffguard.core.enums import EventType
+from cliffguard.trainer.data import DataConfig, Sampler, load_corpus
+from cliffguard.trainer.elastic import Elastic, ElasticConfig, plan_batch
 from tests.trainer.support import make_trainer, small_config
-from trainer.data import DataConfig, Sampler, load_corpus
-from trainer.elastic import Elastic, ElasticConfig, plan_batch
 
 
 @pytest.mark.parametrize("policy, world, batch, accum, micro", [

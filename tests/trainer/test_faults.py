@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from trainer.faults import FaultInjector, FaultSpec
+from cliffguard.trainer.faults import FaultInjector, FaultSpec
 
 
 def test_parse_every_kind():

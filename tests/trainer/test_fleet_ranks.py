@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from bench.fleet_ranks import measure
-from controller.broker import ensure_topics
+from cliffguard.controller.broker import ensure_topics
 
 pytestmark = [pytest.mark.slow, pytest.mark.broker, pytest.mark.timeout(300)]
 

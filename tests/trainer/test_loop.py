@@ -10,17 +10,17 @@ import math
 
 import pytest
 
-from agent.guard import GuardConfig
-from agent.lr_scale import LRScale
-from agent.publisher import InMemorySink
-from core.deployment import PolicyConfig
-from core.enums import CommandType, EventType
-from core.events import make_command
-from core.spike import SpikeConfig
+from cliffguard.agent.guard import GuardConfig
+from cliffguard.agent.lr_scale import LRScale
+from cliffguard.agent.publisher import InMemorySink
+from cliffguard.core.deployment import PolicyConfig
+from cliffguard.core.enums import CommandType, EventType
+from cliffguard.core.events import make_command
+from cliffguard.core.spike import SpikeConfig
+from cliffguard.trainer.config import TrainConfig
+from cliffguard.trainer.data import DataConfig
+from cliffguard.trainer.schedule import WarmupCosine
 from tests.trainer.support import FakeCommands, make_trainer, small_config, step_events
-from trainer.config import TrainConfig
-from trainer.data import DataConfig
-from trainer.schedule import WarmupCosine
 
 
 def test_warmup_cosine_and_lr_scale():
@@ -122,7 +122,7 @@ def test_broker_outage_fault_switches_the_publisher_off_for_its_window(tmp_path)
 
     from accelerate import Accelerator
 
-    from trainer.loop import Trainer
+    from cliffguard.trainer.loop import Trainer
 
     sink = OutageSink()
     tr = Trainer(small_config(tmp_path, steps=8, faults=["broker_outage@3:2"]), Accelerator(cpu=True), sink=sink,
@@ -133,8 +133,8 @@ def test_broker_outage_fault_switches_the_publisher_off_for_its_window(tmp_path)
 
 
 def test_workers_get_the_kafka_password_from_the_environment_not_the_saved_config(tmp_path, monkeypatch):
-    from core.kafka_config import KafkaConfig
-    from trainer.run import with_env_secrets
+    from cliffguard.core.kafka_config import KafkaConfig
+    from cliffguard.trainer.run import with_env_secrets
 
     cfg = small_config(tmp_path, kafka=KafkaConfig(security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN",
                                            sasl_plain_username="u", sasl_plain_password="hunter2-secret"))

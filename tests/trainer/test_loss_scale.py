@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from trainer.loss_scale import AdaptiveLossScaler, LossScaleConfig
+from cliffguard.trainer.loss_scale import AdaptiveLossScaler, LossScaleConfig
 
 
 def model_and_opt():

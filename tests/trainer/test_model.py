@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from trainer.model import GPT, GPTConfig
+from cliffguard.trainer.model import GPT, GPTConfig
 
 
 def small() -> GPT:

@@ -17,11 +17,11 @@ import uuid
 import pytest
 
 from bench.fleet_ranks import EventLog as RunEventLog
-from core.enums import CommandType, EventType
-from core.events import Event, encode_command, make_command
-from core.signing import Secret, sign_command
-from trainer.model import GPT, GPTConfig
-from trainer.schedule import WarmupCosine
+from cliffguard.core.enums import CommandType, EventType
+from cliffguard.core.events import Event, encode_command, make_command
+from cliffguard.core.signing import Secret, sign_command
+from cliffguard.trainer.model import GPT, GPTConfig
+from cliffguard.trainer.schedule import WarmupCosine
 
 pytestmark = [pytest.mark.slow, pytest.mark.broker, pytest.mark.timeout(240)]
 
@@ -107,7 +107,7 @@ def steps_of(log: EventLog, rank: int) -> list[Event]:
 @pytest.fixture(scope="module")
 def scenario(broker, tmp_path_factory):
     """Runs the whole scripted session once; the tests below check what it recorded."""
-    from controller.broker import ensure_topics
+    from cliffguard.controller.broker import ensure_topics
 
     kafka = broker.kafka_config(topic_prefix=f"e2e{uuid.uuid4().hex[:8]}", partitions=1)
     ensure_topics(kafka)

@@ -3,7 +3,7 @@
 The run declares no command, so the controller must alert on the faults and send nothing; the
 faults' damage stays (nothing here can skip an update or roll back).
 
-``python -m trainer.demo_trainers.accelerate_tracker_run --run ID --steps 600 --fault corrupt@198 ...``
+``python -m cliffguard.trainer.demo_trainers.accelerate_tracker_run --run ID --steps 600 --fault corrupt@198 ...``
 """
 
 from __future__ import annotations
@@ -14,12 +14,20 @@ import sys
 import torch
 from accelerate import Accelerator
 
-from agent.config import AgentConfig
-from agent.hooks import Agent
-from agent.integrations.accelerate import AgentTracker
-from agent.integrations.settings import agent_wiring
-from trainer.demo_trainers.common import LR, RING, SEQ_LEN, DemoData, lr_multiplier, parse_args, progress
-from trainer.model import GPT, GPTConfig
+from cliffguard.agent.config import AgentConfig
+from cliffguard.agent.hooks import Agent
+from cliffguard.agent.integrations.accelerate import AgentTracker
+from cliffguard.agent.integrations.settings import agent_wiring
+from cliffguard.trainer.demo_trainers.common import (
+    LR,
+    RING,
+    SEQ_LEN,
+    DemoData,
+    lr_multiplier,
+    parse_args,
+    progress,
+)
+from cliffguard.trainer.model import GPT, GPTConfig
 
 MODEL = GPTConfig(block_size=SEQ_LEN)  # the bundled trainer's default model
 

@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from agent.recovery import KitConfig
-from trainer.data import Corpus, DataConfig, Sampler, load_corpus
-from trainer.faults import FaultInjector
-from trainer.schedule import WarmupCosine
+from cliffguard.agent.recovery import KitConfig
+from cliffguard.trainer.data import Corpus, DataConfig, Sampler, load_corpus
+from cliffguard.trainer.faults import FaultInjector
+from cliffguard.trainer.schedule import WarmupCosine
 
 SEQ_LEN = 64
 GLOBAL_BATCH = 16

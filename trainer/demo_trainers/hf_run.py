@@ -1,7 +1,7 @@
 """The demo's scenario under the Hugging Face ``Trainer``: a GPT-2 built from a config (the bundled
 model's size, nothing downloaded), cliffguard attached by ``agent.integrations.hf.CliffguardCallback``.
 
-``python -m trainer.demo_trainers.hf_run --run ID --steps 600 --fault corrupt@198 ...``
+``python -m cliffguard.trainer.demo_trainers.hf_run --run ID --steps 600 --fault corrupt@198 ...``
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Any
 import torch
 import transformers
 
-from agent.config import AgentConfig
-from agent.integrations.hf import CliffguardCallback
-from trainer.demo_trainers.common import (
+from cliffguard.agent.config import AgentConfig
+from cliffguard.agent.integrations.hf import CliffguardCallback
+from cliffguard.trainer.demo_trainers.common import (
     LR,
     RING,
     SEQ_LEN,
@@ -27,7 +27,7 @@ from trainer.demo_trainers.common import (
     parse_args,
     progress,
 )
-from trainer.model import GPTConfig
+from cliffguard.trainer.model import GPTConfig
 
 BUNDLED = GPTConfig(block_size=SEQ_LEN)
 MODEL = transformers.GPT2Config(vocab_size=BUNDLED.vocab_size, n_positions=SEQ_LEN, n_embd=BUNDLED.n_embd,

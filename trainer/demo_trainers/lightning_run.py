@@ -1,7 +1,7 @@
 """The demo's scenario under PyTorch Lightning: the bundled GPT (built from its config) in a
 LightningModule, cliffguard attached by ``agent.integrations.lightning.CliffguardCallback``.
 
-``python -m trainer.demo_trainers.lightning_run --run ID --steps 600 --fault corrupt@198 ...``
+``python -m cliffguard.trainer.demo_trainers.lightning_run --run ID --steps 600 --fault corrupt@198 ...``
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 
-from agent.collectors.mfu import ModelShape
-from agent.config import AgentConfig
-from agent.integrations.lightning import CliffguardCallback
-from trainer.demo_trainers.common import (
+from cliffguard.agent.collectors.mfu import ModelShape
+from cliffguard.agent.config import AgentConfig
+from cliffguard.agent.integrations.lightning import CliffguardCallback
+from cliffguard.trainer.demo_trainers.common import (
     LR,
     RING,
     SEQ_LEN,
@@ -27,7 +27,7 @@ from trainer.demo_trainers.common import (
     parse_args,
     progress,
 )
-from trainer.model import GPT, GPTConfig
+from cliffguard.trainer.model import GPT, GPTConfig
 
 MODEL = GPTConfig(block_size=SEQ_LEN)  # the bundled trainer's default model
 

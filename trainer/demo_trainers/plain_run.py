@@ -16,12 +16,20 @@ import sys
 import torch
 import torch.distributed as dist
 
-from agent.config import AgentConfig
-from agent.hooks import Agent
-from agent.integrations.settings import agent_wiring
-from agent.recovery import RecoveryKit
-from trainer.demo_trainers.common import LR, RING, SEQ_LEN, DemoData, lr_multiplier, parse_args, progress
-from trainer.model import GPT, GPTConfig
+from cliffguard.agent.config import AgentConfig
+from cliffguard.agent.hooks import Agent
+from cliffguard.agent.integrations.settings import agent_wiring
+from cliffguard.agent.recovery import RecoveryKit
+from cliffguard.trainer.demo_trainers.common import (
+    LR,
+    RING,
+    SEQ_LEN,
+    DemoData,
+    lr_multiplier,
+    parse_args,
+    progress,
+)
+from cliffguard.trainer.model import GPT, GPTConfig
 
 MODEL = GPTConfig(block_size=SEQ_LEN)  # the bundled trainer's default model
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection, engine_from_config, pool
 
-from controller.store.models import Base
+from cliffguard.controller.store.models import Base
 
 target_metadata = Base.metadata
 

@@ -14,26 +14,26 @@ was stored as NaN (PostgreSQL) or as NULL plus ``nonfinite="nan"`` (SQLite); his
 per-layer values stored as "NaN"/"Infinity" strings in JSON come back as floats too.
 """
 
-from controller.store.read._rows import speaker_rank
-from controller.store.read.alerts import alert_endpoints, alerts, outbox_status
-from controller.store.read.checkpoints import checkpoints
-from controller.store.read.commands import audit_log, commands
-from controller.store.read.curves import loss_curve, redone_steps, step_rows
-from controller.store.read.dlq import dlq_counts
-from controller.store.read.elastic import elastic_events, scale_timeline
-from controller.store.read.hists import grad_hists
-from controller.store.read.incidents import incident_detail, incidents, transitions
-from controller.store.read.ranks import (
+from cliffguard.controller.store.read._rows import speaker_rank
+from cliffguard.controller.store.read.alerts import alert_endpoints, alerts, outbox_status
+from cliffguard.controller.store.read.checkpoints import checkpoints
+from cliffguard.controller.store.read.commands import audit_log, commands
+from cliffguard.controller.store.read.curves import loss_curve, redone_steps, step_rows
+from cliffguard.controller.store.read.dlq import dlq_counts
+from cliffguard.controller.store.read.elastic import elastic_events, scale_timeline
+from cliffguard.controller.store.read.hists import grad_hists
+from cliffguard.controller.store.read.incidents import incident_detail, incidents, transitions
+from cliffguard.controller.store.read.ranks import (
     DETAIL_COLUMNS,
     RANK_COLUMNS,
     latest_rank_steps,
     rank_detail,
     rank_metrics,
 )
-from controller.store.read.requests import REQUEST_COLUMNS, recent_requests
-from controller.store.read.rule_stats import STAT_COLUMNS, SpikeRuleStats, spike_rule_stats
-from controller.store.read.runs import get_run, heartbeats, list_runs, liveness
-from controller.store.read.validations import data_flags, validations
+from cliffguard.controller.store.read.requests import REQUEST_COLUMNS, recent_requests
+from cliffguard.controller.store.read.rule_stats import STAT_COLUMNS, SpikeRuleStats, spike_rule_stats
+from cliffguard.controller.store.read.runs import get_run, heartbeats, list_runs, liveness
+from cliffguard.controller.store.read.validations import data_flags, validations
 
 __all__ = [
     "DETAIL_COLUMNS",

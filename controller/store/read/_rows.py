@@ -9,8 +9,8 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from controller.store.models import StepMetric
-from core.floats import from_json, from_store_kind
+from cliffguard.controller.store.models import StepMetric
+from cliffguard.core.floats import from_json, from_store_kind
 
 
 def row_dict(obj: Any, exclude: Sequence[str] = ()) -> dict[str, Any]:

@@ -7,8 +7,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from controller.store.models import CheckpointRow
-from controller.store.read._rows import row_dict
+from cliffguard.controller.store.models import CheckpointRow
+from cliffguard.controller.store.read._rows import row_dict
 
 
 def checkpoints(

@@ -10,9 +10,9 @@ from typing import Any, Literal
 from sqlalchemy import Float, case, cast, func, or_, select
 from sqlalchemy.orm import Session
 
-from controller.store.models import StepMetric as SM
-from controller.store.read._rows import num, speaker_rank, step_dict
-from core.floats import from_store_kind
+from cliffguard.controller.store.models import StepMetric as SM
+from cliffguard.controller.store.read._rows import num, speaker_rank, step_dict
+from cliffguard.core.floats import from_store_kind
 
 
 def step_filter(run_id: str, from_step: int | None, to_step: int | None) -> list[Any]:

@@ -7,8 +7,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from controller.store.models import ElasticEventRow, Run
-from controller.store.read._rows import row_dict
+from cliffguard.controller.store.models import ElasticEventRow, Run
+from cliffguard.controller.store.read._rows import row_dict
 
 
 def elastic_events(session: Session, run_id: str, *, limit: int | None = 500) -> list[dict[str, Any]]:

@@ -7,9 +7,9 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from controller.store.models import GradHist
-from controller.store.read._rows import row_dict, speaker_rank
-from core.floats import from_json
+from cliffguard.controller.store.models import GradHist
+from cliffguard.controller.store.read._rows import row_dict, speaker_rank
+from cliffguard.core.floats import from_json
 
 
 def grad_hists(

@@ -7,12 +7,12 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from controller.store.models import Incident, Transition
-from controller.store.read._rows import row_dict
-from controller.store.read.alerts import alerts
-from controller.store.read.commands import commands
-from controller.store.read.validations import validations
-from core.enums import IncidentOutcome
+from cliffguard.controller.store.models import Incident, Transition
+from cliffguard.controller.store.read._rows import row_dict
+from cliffguard.controller.store.read.alerts import alerts
+from cliffguard.controller.store.read.commands import commands
+from cliffguard.controller.store.read.validations import validations
+from cliffguard.core.enums import IncidentOutcome
 
 
 def incidents(

@@ -14,12 +14,12 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from controller.store.models import RankArrayRow as RA
-from controller.store.models import StepMetric as SM
-from controller.store.rank_arrays import per_rank, rank_points
-from controller.store.read._rows import num, step_dict
-from controller.store.read.curves import bucket_width, step_filter
-from controller.store.step_metrics import PER_RANK_METRICS
+from cliffguard.controller.store.models import RankArrayRow as RA
+from cliffguard.controller.store.models import StepMetric as SM
+from cliffguard.controller.store.rank_arrays import per_rank, rank_points
+from cliffguard.controller.store.read._rows import num, step_dict
+from cliffguard.controller.store.read.curves import bucket_width, step_filter
+from cliffguard.controller.store.step_metrics import PER_RANK_METRICS
 
 RANK_COLUMNS: tuple[str, ...] = PER_RANK_METRICS
 """Per-rank numeric columns ``rank_metrics`` returns (averaged within a bucket when decimated)."""

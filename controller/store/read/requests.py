@@ -7,7 +7,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from controller.store.models import CommandRequest
+from cliffguard.controller.store.models import CommandRequest
 
 REQUEST_COLUMNS = ["id", "requested_at", "requested_by", "source", "type", "status", "detail", "command_id"]
 

@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from controller.store.models import Run, StepMetric
+from cliffguard.controller.store.models import Run, StepMetric
 
 STAT_COLUMNS = ["step", "ts", "median", "sigma", "level"]
 

@@ -7,10 +7,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from controller.store.heartbeats import per_rank
-from controller.store.models import Heartbeat, Run
-from controller.store.read._rows import row_dict
-from core.ranks import rank_spans
+from cliffguard.controller.store.heartbeats import per_rank
+from cliffguard.controller.store.models import Heartbeat, Run
+from cliffguard.controller.store.read._rows import row_dict
+from cliffguard.core.ranks import rank_spans
 
 
 def list_runs(session: Session, *, limit: int | None = 100) -> list[dict[str, Any]]:

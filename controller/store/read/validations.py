@@ -7,9 +7,9 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from controller.store.models import DataFlag, ValidationRow
-from controller.store.read._rows import row_dict
-from core.floats import from_store_kind
+from cliffguard.controller.store.models import DataFlag, ValidationRow
+from cliffguard.controller.store.read._rows import row_dict
+from cliffguard.core.floats import from_store_kind
 
 
 def validations(session: Session, run_id: str, *, limit: int | None = 500) -> list[dict[str, Any]]:

@@ -10,12 +10,12 @@ import torch
 from accelerate import Accelerator
 from sqlalchemy import select
 
-from agent.hooks import Agent, AgentConfig
-from agent.integrations import AgentTracker, accelerate_kit
-from agent.publisher import InMemorySink
-from controller.store.db import session_scope
-from controller.store.models import Alert, CommandRow, Run
-from core.enums import CommandType, EventType
+from cliffguard.agent.hooks import Agent, AgentConfig
+from cliffguard.agent.integrations import AgentTracker, accelerate_kit
+from cliffguard.agent.publisher import InMemorySink
+from cliffguard.controller.store.db import session_scope
+from cliffguard.controller.store.models import Alert, CommandRow, Run
+from cliffguard.core.enums import CommandType, EventType
 from tests.controller.service_support import SECRET, FakeTrainer, healthy_loss, store_engine
 from tests.controller.test_service import Running, wait_for
 

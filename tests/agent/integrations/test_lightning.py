@@ -11,14 +11,14 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from agent.config import AgentConfig
-from agent.guard import GuardConfig
-from agent.integrations.lightning import CliffguardCallback
-from agent.publisher import InMemorySink
-from agent.recovery import KitConfig
-from core.enums import CommandType, EventType
-from core.events import make_command
-from core.spike import SpikeConfig
+from cliffguard.agent.config import AgentConfig
+from cliffguard.agent.guard import GuardConfig
+from cliffguard.agent.integrations.lightning import CliffguardCallback
+from cliffguard.agent.publisher import InMemorySink
+from cliffguard.agent.recovery import KitConfig
+from cliffguard.core.enums import CommandType, EventType
+from cliffguard.core.events import make_command
+from cliffguard.core.spike import SpikeConfig
 
 pytestmark = pytest.mark.timeout(120)
 logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from cliffguard.cli import main
-from trainer.data import DataConfig, Sampler, load_corpus
+from cliffguard.trainer.data import DataConfig, Sampler, load_corpus
 
 from .conftest import perturb, random_doc
 

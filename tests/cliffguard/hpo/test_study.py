@@ -7,12 +7,12 @@ import math
 import optuna
 import pytest
 
-from agent.publisher import InMemorySink
+from cliffguard.agent.publisher import InMemorySink
+from cliffguard.core.enums import EventType
 from cliffguard.hpo.objective import HpoConfig
 from cliffguard.hpo.study import run_search
-from core.enums import EventType
-from trainer.data import DataConfig
-from trainer.model import GPTConfig
+from cliffguard.trainer.data import DataConfig
+from cliffguard.trainer.model import GPTConfig
 
 
 def tiny(tmp_path, **kw) -> HpoConfig:

@@ -16,8 +16,8 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 
-from controller.store.db import init_db, make_engine
-from controller.store.models import Base
+from cliffguard.controller.store.db import init_db, make_engine
+from cliffguard.controller.store.models import Base
 
 
 @pytest.fixture

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.enums import EventType
-from core.events import Event, make_event
+from cliffguard.core.enums import EventType
+from cliffguard.core.events import Event, make_event
 
 T0 = 1_764_480_000.0
 

@@ -14,7 +14,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy import inspect, select, text
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from controller.store.db import (
+from cliffguard.controller.store.db import (
     Store,
     StoreConfig,
     alembic_config,
@@ -23,7 +23,7 @@ from controller.store.db import (
     schema_at_head,
     session_scope,
 )
-from controller.store.models import Base, Run, StepMetric
+from cliffguard.controller.store.models import Base, Run, StepMetric
 
 
 def test_store_config_defaults_to_a_sqlite_file():
@@ -233,7 +233,7 @@ def session_scope_ids(engine) -> list[str]:
 
 
 def test_masked_url_hides_the_password_in_any_url():
-    from controller.store.db import masked_url
+    from cliffguard.controller.store.db import masked_url
 
     assert masked_url("postgresql+psycopg://u:s3cret@h:5432/db") == "postgresql+psycopg://u:***@h:5432/db"
     assert "s3cret" not in masked_url("not a url://u:s3cret@h/0")

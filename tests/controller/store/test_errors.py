@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
-from controller.store.errors import Backoff, StoreLost, is_store_error, is_store_lost, is_transient
+from cliffguard.controller.store.errors import Backoff, StoreLost, is_store_error, is_store_lost, is_transient
 
 
 def wrapped(orig: BaseException) -> DBAPIError:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from controller.store.fit import fit_rows, fit_values
-from controller.store.models import StepMetric
+from cliffguard.controller.store.fit import fit_rows, fit_values
+from cliffguard.controller.store.models import StepMetric
 
 COLS = ("event_id", "run_id", "step", "tokens", "guard", "loss")
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from sqlalchemy import func, select
 
-from controller.store import read
-from controller.store.db import session_scope
-from controller.store.heartbeats import upsert_heartbeats
-from controller.store.ingest import ingest_events
-from controller.store.models import Heartbeat
-from core.enums import EventType
+from cliffguard.controller.store import read
+from cliffguard.controller.store.db import session_scope
+from cliffguard.controller.store.heartbeats import upsert_heartbeats
+from cliffguard.controller.store.ingest import ingest_events
+from cliffguard.controller.store.models import Heartbeat
+from cliffguard.core.enums import EventType
 from tests.controller.store import factory as f
 
 

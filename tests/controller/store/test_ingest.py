@@ -7,10 +7,10 @@ import math
 import pytest
 from sqlalchemy import func, select
 
-from controller.store import read
-from controller.store.db import session_scope
-from controller.store.ingest import ingest_event, ingest_events, ingest_steps
-from controller.store.models import (
+from cliffguard.controller.store import read
+from cliffguard.controller.store.db import session_scope
+from cliffguard.controller.store.ingest import ingest_event, ingest_events, ingest_steps
+from cliffguard.controller.store.models import (
     Base,
     CheckpointRow,
     CommandRow,
@@ -22,9 +22,9 @@ from controller.store.models import (
     StepMetric,
     ValidationRow,
 )
-from core.enums import EventType
-from core.events import MAX_STEP, new_id
-from core.floats import store_kind as nonfinite_kind
+from cliffguard.core.enums import EventType
+from cliffguard.core.events import MAX_STEP, new_id
+from cliffguard.core.floats import store_kind as nonfinite_kind
 from tests.controller.store import factory as f
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 
-from controller.store.json_text import column_json, orjson_text
+from cliffguard.controller.store.json_text import column_json, orjson_text
 
 
 def test_orjson_text_is_used_only_for_values_that_read_back_equal():

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from controller.store import read
-from controller.store.db import session_scope
-from controller.store.dlq import MAX_DETAIL_CHARS, count_dead_letter
-from controller.store.ingest import ingest_events
-from controller.store.offsets import load_offsets, save_offsets
+from cliffguard.controller.store import read
+from cliffguard.controller.store.db import session_scope
+from cliffguard.controller.store.dlq import MAX_DETAIL_CHARS, count_dead_letter
+from cliffguard.controller.store.ingest import ingest_events
+from cliffguard.controller.store.offsets import load_offsets, save_offsets
 from tests.controller.store import factory as f
 
 

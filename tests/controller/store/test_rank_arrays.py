@@ -8,13 +8,13 @@ import math
 import pytest
 from sqlalchemy import select
 
-from controller.store import read
-from controller.store.db import session_scope
-from controller.store.ingest import ingest_events
-from controller.store.models import RankArrayRow
-from controller.store.rank_arrays import insert_rank_arrays
-from controller.store.retention import RetentionConfig, downsample
-from core.enums import EventType
+from cliffguard.controller.store import read
+from cliffguard.controller.store.db import session_scope
+from cliffguard.controller.store.ingest import ingest_events
+from cliffguard.controller.store.models import RankArrayRow
+from cliffguard.controller.store.rank_arrays import insert_rank_arrays
+from cliffguard.controller.store.retention import RetentionConfig, downsample
+from cliffguard.core.enums import EventType
 from tests.controller.store import factory as f
 
 
@@ -77,9 +77,9 @@ def test_retention_keeps_recent_sets_whole_and_one_set_per_bucket_before(engine)
 
 
 def test_stored_arrays_are_what_to_json_gives_with_or_without_its_walk():
-    from controller.store.rank_arrays import _stored_arrays
-    from core.floats import to_json
-    from core.rank_arrays import RANKS_ARRAYS
+    from cliffguard.controller.store.rank_arrays import _stored_arrays
+    from cliffguard.core.floats import to_json
+    from cliffguard.core.rank_arrays import RANKS_ARRAYS
 
     base = {name: [1.0, 2.5, 3] for name in RANKS_ARRAYS}
     odd = [[1.0, float("nan")], [float("inf"), 1.0], [1e308, 1e308], [2**1100, 1], [1.0, None]]

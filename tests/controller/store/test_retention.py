@@ -15,11 +15,11 @@ import time
 import pytest
 from sqlalchemy import func, select, text
 
-from controller.store import read
-from controller.store.db import init_db, make_engine, session_scope
-from controller.store.ingest import ingest_event
-from controller.store.models import Run, StepMetric
-from controller.store.retention import (
+from cliffguard.controller.store import read
+from cliffguard.controller.store.db import init_db, make_engine, session_scope
+from cliffguard.controller.store.ingest import ingest_event
+from cliffguard.controller.store.models import Run, StepMetric
+from cliffguard.controller.store.retention import (
     RetentionConfig,
     downsample,
     downsample_all,
@@ -27,7 +27,7 @@ from controller.store.retention import (
     projected_rows,
     tier_edges,
 )
-from core.events import MAX_STEP
+from cliffguard.core.events import MAX_STEP
 from tests.controller.store import factory as f
 
 SCALED = RetentionConfig(full_steps=500, mid_steps=5_000, mid_bucket=10, far_bucket=100)

@@ -8,13 +8,13 @@ import math
 import pytest
 from sqlalchemy import select
 
-from controller.store import read
-from controller.store.db import session_scope
-from controller.store.ingest import ingest_events, ingest_steps
-from controller.store.models import StepMetric
-from controller.store.retention import RetentionConfig, downsample
-from controller.store.step_buckets import bucket_rows
-from core.enums import GuardDecision
+from cliffguard.controller.store import read
+from cliffguard.controller.store.db import session_scope
+from cliffguard.controller.store.ingest import ingest_events, ingest_steps
+from cliffguard.controller.store.models import StepMetric
+from cliffguard.controller.store.retention import RetentionConfig, downsample
+from cliffguard.controller.store.step_buckets import bucket_rows
+from cliffguard.core.enums import GuardDecision
 from tests.controller.store import factory as f
 
 SM = StepMetric

@@ -3,10 +3,10 @@ read API: one table drives them all."""
 
 import typing
 
-from controller.store.models import StepMetric
-from controller.store.read import RANK_COLUMNS
-from controller.store.step_metrics import STEP_METRICS
-from core.payloads import StepData
+from cliffguard.controller.store.models import StepMetric
+from cliffguard.controller.store.read import RANK_COLUMNS
+from cliffguard.controller.store.step_metrics import STEP_METRICS
+from cliffguard.core.payloads import StepData
 
 # step fields the store keeps in their own way: the loss (with its bucket min/max and non-finite
 # kind), the guard's decision (a string), per-layer norms (JSON) and the sample range (data flags);

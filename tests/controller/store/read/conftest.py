@@ -7,10 +7,10 @@ import math
 
 import pytest
 
-from controller.store.db import session_scope
-from controller.store.ingest import ingest_events
-from controller.store.models import Alert, AuditRow, CommandRow, Incident, OutboxRow, Transition
-from core.enums import EventType
+from cliffguard.controller.store.db import session_scope
+from cliffguard.controller.store.ingest import ingest_events
+from cliffguard.controller.store.models import Alert, AuditRow, CommandRow, Incident, OutboxRow, Transition
+from cliffguard.core.enums import EventType
 from tests.controller.store import factory as f
 
 

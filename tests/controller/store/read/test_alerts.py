@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from controller.alerts.enqueue import set_endpoint_disabled
-from controller.store import read
-from controller.store.db import session_scope
+from cliffguard.controller.alerts.enqueue import set_endpoint_disabled
+from cliffguard.controller.store import read
+from cliffguard.controller.store.db import session_scope
 
 
 def test_alerts_carry_their_deliveries_and_outbox_is_summarised(decisions):

@@ -3,10 +3,10 @@ the world / global batch timeline they imply."""
 
 from __future__ import annotations
 
-from controller.store import read
-from controller.store.db import session_scope
-from controller.store.ingest import ingest_events
-from core.enums import EventType
+from cliffguard.controller.store import read
+from cliffguard.controller.store.db import session_scope
+from cliffguard.controller.store.ingest import ingest_events
+from cliffguard.core.enums import EventType
 from tests.controller.store import factory as f
 
 DOWN = {"from_world": 4, "to_world": 2, "from_global_batch": 16, "global_batch": 8, "grad_accum": 1, "lr": 2.1e-3,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from controller.store import read
-from controller.store.db import session_scope
-from controller.store.ingest import ingest_events
+from cliffguard.controller.store import read
+from cliffguard.controller.store.db import session_scope
+from cliffguard.controller.store.ingest import ingest_events
 from tests.controller.store import factory as f
 
 

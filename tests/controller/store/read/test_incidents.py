@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from controller.store import read
-from controller.store.db import session_scope
+from cliffguard.controller.store import read
+from cliffguard.controller.store.db import session_scope
 
 
 def test_incidents_and_transitions(decisions):

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from controller.store import read
-from controller.store.db import session_scope
-from controller.store.ingest import ingest_events
-from controller.store.models import Run
-from core.enums import EventType
+from cliffguard.controller.store import read
+from cliffguard.controller.store.db import session_scope
+from cliffguard.controller.store.ingest import ingest_events
+from cliffguard.controller.store.models import Run
+from cliffguard.core.enums import EventType
 from tests.controller.store import factory as f
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from controller.store import read
-from controller.store.db import session_scope
+from cliffguard.controller.store import read
+from cliffguard.controller.store.db import session_scope
 
 
 def test_flags_and_validations(decisions):
