@@ -5,12 +5,12 @@
 
 ``bench.controller_throughput`` measures the controller end to end through the broker, where the
 poll, the decoding and the broker's own share of two CPU cores blur what one batch costs. Here
-the events of ``bench.controller_support.step_bytes`` (healthy run-level ``step`` events,
+the events of ``testing.controller_stack.step_bytes`` (healthy run-level ``step`` events,
 interleaved across runs as the throughput bench produces them) are decoded first (not timed) and
 cut into batches of ``--batch`` records on 4 partitions; each batch then goes through
 ``BatchProcessor.process`` in its own transaction on a fresh store, as ``ControllerService``
 does after a poll. Figures per store and run count: µs per event with the rules
-(``RunDetector``) and with ``controller_support.NoRules`` (what the state machine and the store
+(``RunDetector``) and with ``testing.controller_stack.NoRules`` (what the state machine and the store
 cost), wall clock and this process's CPU time (``_cpu``: steadier on a shared machine, without
 PostgreSQL's own work), the best of ``--repeat`` fresh stores, each with the 1-minute load average.
 The process runs with the controller's GC threshold (``ControllerConfig.gc_gen0_threshold``).
@@ -25,7 +25,6 @@ import json
 import os
 import time
 
-from bench.controller_support import SECRET, NoRules, drop_store, fresh_store, step_bytes
 from cliffguard.controller.alerts import AlertsConfig
 from cliffguard.controller.batch import BatchContext, BatchProcessor
 from cliffguard.controller.config import ControllerConfig
@@ -34,6 +33,7 @@ from cliffguard.controller.recovery_types import RecoveryConfig
 from cliffguard.controller.runstate import RunTable, default_detector_factory
 from cliffguard.controller.store.db import session_scope
 from cliffguard.core.events import decode_event
+from testing.controller_stack import SECRET, NoRules, drop_store, fresh_store, step_bytes
 
 TOPIC = "bench.metrics"
 PARTITIONS = 4

@@ -11,7 +11,7 @@
   group join is not counted). The store is SQLite, and also PostgreSQL (a fresh schema, dropped
   afterwards) when ``--pg-url`` or ``CLIFFGUARD_TEST_PG_URL`` names a database.
 - ``no_rules`` per store and number of runs: the same end to end with a detector that judges
-  nothing (``controller_support.NoRules``): what the poll, decoding, the state machine and the
+  nothing (``testing.controller_stack.NoRules``): what the poll, decoding, the state machine and the
   store cost, i.e. the controller's ceiling however fast the rules become.
 - ``raw``: plain kafka-python ``KafkaConsumer`` reading the same topic's messages (no decoding),
   in the same run on the same broker: the ceiling the controller sits under (the best of three
@@ -37,15 +37,6 @@ import os
 import time
 import uuid
 
-from bench.controller_support import (
-    NoRules,
-    controller,
-    drop_store,
-    fresh_kafka,
-    fresh_store,
-    healthy_loss,
-    step_bytes,
-)
 from cliffguard.controller.batch import inputs_for
 from cliffguard.controller.broker import EmbeddedBroker
 from cliffguard.controller.detect import RunDetector
@@ -54,6 +45,15 @@ from cliffguard.controller.recovery_types import RecoveryConfig
 from cliffguard.controller.store.retention import RetentionConfig
 from cliffguard.core.batch_decode import BatchDecoder
 from cliffguard.core.events import decode_event
+from testing.controller_stack import (
+    NoRules,
+    controller,
+    drop_store,
+    fresh_kafka,
+    fresh_store,
+    healthy_loss,
+    step_bytes,
+)
 
 
 def core_rates(n: int) -> dict[str, float]:

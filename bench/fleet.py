@@ -39,11 +39,11 @@ import uuid
 from dataclasses import replace
 from pathlib import Path
 
-from bench.controller_support import SECRET, drop_store, fresh_store
 from bench.fleet_stream import FleetSpec, FleetStream
 from cliffguard.controller.broker import EmbeddedBroker, ensure_topics
 from cliffguard.core.enums import EventType
 from cliffguard.core.events import decode_command, encode_event
+from testing.controller_stack import SECRET, drop_store, fresh_store
 
 
 def _pct(vals: list[float], q: float) -> float | None:

@@ -26,10 +26,10 @@ import uuid
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from bench.controller_support import controller, fresh_kafka, fresh_store, step_bytes
 from cliffguard.controller.broker import EmbeddedBroker
 from cliffguard.controller.detect import RulesConfig
 from cliffguard.core.events import decode_command
+from testing.controller_stack import controller, fresh_kafka, fresh_store, step_bytes
 
 
 def _pct(vals: list[float], q: float) -> float:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install everything the test suite needs on a fresh Debian machine, start PostgreSQL, run it.
-# This is the README's test command, and what .ci/run calls.
+# This is the README's test command, and what .ci/run calls: every tier (plain `python -m pytest`
+# runs the unit tier only, see tests/conftest.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,4 +33,4 @@ export CLIFFGUARD_TEST_PG_URL="postgresql+psycopg://postgres:cliffguard@127.0.0.
 echo "== ruff"
 python3 -m ruff check .
 echo "== pytest"
-python3 -m pytest -q -p no:cacheprovider "$@"
+python3 -m pytest -q -p no:cacheprovider --all-tiers "$@"

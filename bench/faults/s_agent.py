@@ -12,7 +12,6 @@ from pathlib import Path
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from bench.controller_support import step_data
 from bench.faults.harness import (
     SECRET,
     ControllerProc,
@@ -29,6 +28,7 @@ from bench.faults.registry import scenario
 from cliffguard.controller.broker import EmbeddedBroker, ensure_topics, free_port
 from cliffguard.core.events import encode_command, make_command, make_event
 from cliffguard.core.signing import sign_command
+from testing.controller_stack import step_data
 
 
 class _TinyDisk:

@@ -31,7 +31,7 @@ from bench.faults.harness import (
 from bench.faults.registry import scenario
 from cliffguard.core.events import Command, encode_command, make_command
 from cliffguard.core.signing import Secret, sign_command
-from tests.controller.test_service import prefix, spike
+from testing.controller_service import prefix, spike
 
 
 def _forgeries(run: str, key) -> dict[str, list[Command]]:

@@ -30,7 +30,7 @@ from bench.faults.harness import (
 from bench.faults.registry import scenario
 from cliffguard.controller.broker import free_port, port_is_free
 from cliffguard.procs import descendants
-from tests.controller.test_service import prefix, spike
+from testing.controller_service import prefix, spike
 
 
 def _secret_forms() -> list[bytes]:
@@ -112,7 +112,7 @@ def health(ctx: Ctx) -> Measured:
 
 @scenario("s_oversized_message_dlq", "15: a message over ~3 MB never reached the DLQ", timeout_s=120)
 def oversized(ctx: Ctx) -> Measured:
-    from bench.controller_support import step_bytes
+    from testing.controller_stack import step_bytes
 
     m = Measured()
     with controlled(ctx, m) as lp:

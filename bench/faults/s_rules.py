@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 
-from bench.controller_support import step_data
 from bench.faults.harness import (
     Ctx,
     Measured,
@@ -18,8 +17,8 @@ from bench.faults.harness import (
     wait_until,
 )
 from bench.faults.registry import scenario
-from tests.controller.service_support import healthy_loss
-from tests.controller.test_service import prefix, spike
+from testing.controller_service import healthy_loss, prefix, spike
+from testing.controller_stack import step_data
 
 
 @scenario("h03_deep_rollback_respike", "3: a rollback deeper than the MFU window, then a re-divergence",

@@ -13,7 +13,6 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
 
-from bench.controller_support import step_data
 from bench.faults.harness import (
     ControllerProc,
     Ctx,
@@ -33,7 +32,8 @@ from bench.faults.harness import (
 from bench.faults.registry import scenario
 from cliffguard.controller.store.db import init_db, make_engine, session_scope
 from cliffguard.controller.store.models import StepMetric
-from tests.controller.test_service import prefix, spike
+from testing.controller_service import prefix, spike
+from testing.controller_stack import step_data
 
 
 @scenario("h01_far_step_keeps_metrics", "1: one step event of 10^15 (or 2^31-1) folded a run's real rows",

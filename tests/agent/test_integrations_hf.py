@@ -295,7 +295,7 @@ def test_both_faults_through_the_real_broker_and_controller(kafka_cfg, tmp_path)
     from cliffguard.controller.config import ControllerConfig
     from cliffguard.controller.recovery_types import RecoveryConfig
     from cliffguard.controller.service import ControllerService
-    from tests.controller.service_support import FAST_GROUP, SECRET, store_engine
+    from testing.controller_service import FAST_GROUP, SECRET, store_engine
 
     spike_at, blow_at, steps = 24, 44, 64
     cfg = AgentConfig(run="hf-e2e", hist_every=0, heartbeat_s=1.0, calibration_s=0.05, command_tick_s=0.05,

@@ -125,7 +125,7 @@ def test_listener_survives_a_broker_restart_that_loses_the_topic(tmp_path):
     try:
         broker = EmbeddedBroker(port=free_port()).start()
     except Exception as exc:  # noqa: BLE001
-        from tests.conftest import _missing
+        from testing.services import missing as _missing
 
         _missing(f"embedded broker ({exc})")
     try:

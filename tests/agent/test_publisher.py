@@ -269,7 +269,7 @@ def own_broker(tmp_path):
     try:
         b = EmbeddedBroker(port=free_port()).start()
     except Exception as exc:  # noqa: BLE001
-        from tests.conftest import _missing
+        from testing.services import missing as _missing
 
         _missing(f"embedded broker ({exc})")
     yield b

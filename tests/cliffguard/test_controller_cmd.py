@@ -19,7 +19,7 @@ from sqlalchemy import func, select
 from cliffguard.controller.broker import free_port
 from cliffguard.controller.store.db import make_engine, session_scope
 from cliffguard.controller.store.models import StepMetric
-from tests.controller.service_support import SECRET, FakeTrainer
+from testing.controller_service import SECRET, FakeTrainer
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

@@ -21,7 +21,7 @@ from cliffguard.controller.alerts import (
 )
 from cliffguard.controller.store.db import session_scope
 from cliffguard.controller.store.models import AlertEndpointState, OutboxRow
-from tests.controller.alerts_support import GENERIC_SECRET, ConstRng, FakePoster, sqlite_engine
+from testing.alerts import GENERIC_SECRET, ConstRng, FakePoster, sqlite_engine
 
 HOOKS = EndpointConfig(name="hooks", url="http://127.0.0.1:9/hook", secret=GENERIC_SECRET)
 

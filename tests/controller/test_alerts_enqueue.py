@@ -9,7 +9,7 @@ from cliffguard.controller.alerts import AlertsConfig, AlertSpec, EndpointConfig
 from cliffguard.controller.alerts.enqueue import set_endpoint_disabled
 from cliffguard.controller.store.db import session_scope
 from cliffguard.controller.store.models import Alert, OutboxRow
-from tests.controller.alerts_support import GENERIC_SECRET, pg_engine, sqlite_engine
+from testing.alerts import GENERIC_SECRET, pg_engine, sqlite_engine
 
 CONFIG = AlertsConfig(
     suppress_s=300,

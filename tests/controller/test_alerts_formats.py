@@ -18,7 +18,7 @@ from cliffguard.controller.alerts.formats import (
     render,
     slack_payload,
 )
-from tests.controller.alerts_support import GENERIC_SECRET
+from testing.alerts import GENERIC_SECRET
 
 TS = 1_764_480_000.5
 

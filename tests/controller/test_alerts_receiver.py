@@ -25,7 +25,7 @@ from cliffguard.controller.alerts import (
 from cliffguard.controller.broker import free_port
 from cliffguard.controller.store.db import session_scope
 from cliffguard.controller.store.models import OutboxRow
-from tests.controller.alerts_support import GENERIC_SECRET, Receiver, pg_engine, sqlite_engine
+from testing.alerts import GENERIC_SECRET, Receiver, pg_engine, sqlite_engine
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

@@ -14,7 +14,7 @@ from cliffguard.controller.alerts.retry import (
     next_attempt_at,
     retry_delay,
 )
-from tests.controller.alerts_support import ConstRng
+from testing.alerts import ConstRng
 
 
 @pytest.mark.parametrize(

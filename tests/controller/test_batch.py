@@ -103,7 +103,7 @@ def test_with_a_write_bucket_the_steps_a_verdict_names_and_the_newest_stay_exact
 
     from cliffguard.controller.store.models import StepMetric
     from cliffguard.controller.store.retention import RetentionConfig
-    from tests.controller.store import factory as f
+    from testing import store_factory as f
 
     ctx = BatchContext(group_id="g", commands_topic="cmds", secret=Secret("test-secret-of-enough-length"),
                        recovery=RecoveryConfig(), alerts=AlertsConfig(), retention=RetentionConfig(write_bucket=10))
@@ -121,7 +121,7 @@ def test_the_spike_rules_settings_are_written_once_per_loaded_run_not_every_batc
     state is reloaded (a new slot): not with every batch."""
     from sqlalchemy import select, update
 
-    from bench.controller_support import step_data
+    from testing.controller_stack import step_data
 
     runs = RunTable(default_detector_factory())
     ctx = BatchContext(group_id="g", commands_topic="cmds", secret=Secret("test-secret-of-enough-length"),

@@ -23,7 +23,7 @@ def _broker_available() -> None:
     try:
         find_broker_binary()
     except BrokerError as exc:
-        from tests.conftest import _missing
+        from testing.services import missing as _missing
 
         _missing(f"embedded broker ({exc})")
 

@@ -270,7 +270,7 @@ def test_without_the_loss_rule_the_others_still_run_and_loss_entry_points_say_wh
 
 def test_per_rank_metric_rules_are_not_called_for_events_without_rank_samples():
     from cliffguard.core.rank_arrays import summarize_losses
-    from tests.controller.store import factory as f
+    from testing import store_factory as f
 
     det = RunDetector()
     det.changed.clear()

@@ -25,7 +25,7 @@ from cliffguard.controller.store.requests import (
 )
 from cliffguard.core.events import decode_command
 from cliffguard.core.signing import CommandVerifier
-from tests.controller.service_support import SECRET, store_engine
+from testing.controller_service import SECRET, store_engine
 
 TOPIC = "cg.commands"
 

@@ -10,7 +10,7 @@ from cliffguard.controller.recovery import new_state
 from cliffguard.controller.runstate import RunSlot
 from cliffguard.core.events import make_event
 from cliffguard.core.floats import to_json
-from tests.controller.store import factory as f
+from testing import store_factory as f
 
 
 def _slot(losses: list[float]) -> RunSlot:
@@ -37,11 +37,11 @@ def test_non_finite_floats_take_the_wire_spelling():
 def test_rule_states_are_saved_apart_only_when_changed_and_load_back(tmp_path):
     from sqlalchemy import select
 
-    from bench.controller_support import fresh_store
     from cliffguard.controller.runstate import RunTable, default_detector_factory, save_slots
     from cliffguard.controller.store.db import session_scope
     from cliffguard.controller.store.ingest import ingest_events
     from cliffguard.controller.store.models import RuleState, Run
+    from testing.controller_stack import fresh_store
 
     engine = fresh_store(tmp_path)
     table = RunTable(default_detector_factory())
@@ -72,11 +72,11 @@ def test_rule_states_are_saved_apart_only_when_changed_and_load_back(tmp_path):
 def test_an_unreadable_rule_state_starts_that_rule_fresh_with_a_warning(tmp_path, caplog):
     from sqlalchemy import update
 
-    from bench.controller_support import fresh_store
     from cliffguard.controller.runstate import RunTable, default_detector_factory, save_slots
     from cliffguard.controller.store.db import session_scope
     from cliffguard.controller.store.ingest import ingest_events
     from cliffguard.controller.store.models import RuleState
+    from testing.controller_stack import fresh_store
 
     engine = fresh_store(tmp_path)
     events = [make_event("ranks", "r", 10 * k, {"first_rank": 0, "steps": 10, "step_time_s": [0.5, 0.5 + k / 100],

@@ -6,35 +6,30 @@ and answers with acks and validation results, like trainer/commands.py does.
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 from sqlalchemy import func, select
 
-from cliffguard.controller.config import ControllerConfig
-from cliffguard.controller.recovery_types import RecoveryConfig
 from cliffguard.controller.rules.loss import LossSpikeConfig
-from cliffguard.controller.service import ControllerService
 from cliffguard.controller.store import read
 from cliffguard.controller.store.db import session_scope
 from cliffguard.controller.store.models import Alert, AuditRow, CommandRow, DlqCount, Run, StepMetric
 from cliffguard.controller.store.requests import RequestStatus, request_state, submit_request
 from cliffguard.core.spike import SpikeDetector
-from tests.controller.service_support import (
-    FAST_GROUP,
-    SECRET,
+from testing.controller_service import (
     FakeTrainer,
+    Running,
     healthy_loss,
+    prefix,
+    spike,
     step_data,
     store_engine,
+    wait_for,
 )
 
 pytestmark = pytest.mark.broker
-
-RECOVERY = RecoveryConfig(stable_window=5, recover_window=5, rollback_budget=1)
-
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def db(request, tmp_path):
@@ -43,50 +38,9 @@ def db(request, tmp_path):
         yield engine, url
 
 
-class Running:
-    """A ControllerService on a thread; always closed."""
-
-    def __init__(self, kafka, engine, group="ctl") -> None:
-        cfg = ControllerConfig(group_id=group, tick_s=0.2, outbox_interval_s=0.2, **FAST_GROUP)
-        self.svc = ControllerService(cfg, kafka, engine, SECRET, recovery=RECOVERY)
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.svc.run_forever, args=(self.stop,), daemon=True)
-
-    def __enter__(self) -> ControllerService:
-        self.svc.start()
-        self.thread.start()
-        return self.svc
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        self.thread.join(20)
-        assert not self.thread.is_alive()
-
-
-def wait_for(pred, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.1)
-
-
 def _has_run(engine, run_id: str) -> bool:
     with session_scope(engine) as s:
         return s.get(Run, run_id) is not None
-
-
-def prefix(t: FakeTrainer, run: str) -> None:
-    """40 healthy steps with stable checkpoints at 10 and 20 and a validation baseline of 2.0."""
-    t.steps(run, 0, 10)
-    t.checkpoint(run, 10)
-    t.steps(run, 11, 20)
-    t.checkpoint(run, 20, "full")
-    t.validation(run, 20, 2.0)
-    t.steps(run, 21, 40)
-
-
-def spike(t: FakeTrainer, run: str, first: int) -> None:
-    t.steps(run, first, first + 2, loss=lambda s: 20.0)  # x10: extreme, critical at the first point
 
 
 def test_scripted_streams_produce_exactly_the_expected_commands(kafka_cfg, db):

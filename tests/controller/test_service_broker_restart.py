@@ -13,8 +13,7 @@ from sqlalchemy import func, select
 from cliffguard.controller.broker import EmbeddedBroker, ensure_topics, free_port
 from cliffguard.controller.store.db import session_scope
 from cliffguard.controller.store.models import StepMetric
-from tests.controller.service_support import FakeTrainer, store_engine
-from tests.controller.test_service import Running, wait_for
+from testing.controller_service import FakeTrainer, Running, store_engine, wait_for
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.timeout(240)]
 

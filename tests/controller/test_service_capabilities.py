@@ -8,9 +8,8 @@ from sqlalchemy import select
 from cliffguard.controller.store import read
 from cliffguard.controller.store.db import session_scope
 from cliffguard.controller.store.models import Alert, CommandRow, Run
-from tests.controller.service_support import FakeTrainer, store_engine
-from tests.controller.store.factory import RUN_STARTED_DATA
-from tests.controller.test_service import Running, prefix, spike, wait_for
+from testing.controller_service import FakeTrainer, Running, prefix, spike, store_engine, wait_for
+from testing.store_factory import RUN_STARTED_DATA
 
 pytestmark = pytest.mark.broker
 

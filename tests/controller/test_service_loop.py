@@ -16,7 +16,7 @@ from cliffguard.controller.store.models import CommandRow, ConsumerOffset, DlqCo
 from cliffguard.controller.store.offsets import save_offsets
 from cliffguard.core.events import make_event
 from cliffguard.core.kafka_config import KafkaConfig
-from tests.controller.service_support import SECRET, healthy_loss, step_data, store_engine
+from testing.controller_service import SECRET, healthy_loss, step_data, store_engine
 from tests.controller.test_service_outbox import FakeProducer
 
 TOPIC = "p.metrics"
@@ -67,6 +67,9 @@ def service(engine, clock=None, **recovery) -> ControllerService:
     svc = ControllerService(cfg, kafka, engine, SECRET, recovery=RecoveryConfig(**recovery),
                             **({"clock": clock} if clock else {}))
     svc.outbox = CommandOutbox(engine, kafka, producer=FakeProducer())  # no Kafka in these tests
+    # the processor sends a verdict's command early through the outbox it was built with: the fake
+    # one too (else a real producer waits a minute for a broker that is not there)
+    svc.processor.on_command = svc.outbox.send_early
     return svc
 
 
@@ -150,6 +153,7 @@ def test_the_service_applies_step_retention_in_the_batch_transaction(engine):
     policy = RetentionConfig(full_steps=100, mid_steps=200, mid_bucket=10, far_bucket=20, every_steps=20)
     svc = ControllerService(cfg, kafka, engine, SECRET, retention=policy)
     svc.outbox = CommandOutbox(engine, kafka, producer=FakeProducer())
+    svc.processor.on_command = svc.outbox.send_early
     svc.edge = StubEdge([as_batch(records("r", 0, 399, 0))])
     svc.step_once()
     with session_scope(engine) as s:

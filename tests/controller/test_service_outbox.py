@@ -12,7 +12,7 @@ from cliffguard.controller.outbox import CommandOutbox
 from cliffguard.controller.store.db import session_scope
 from cliffguard.controller.store.models import CommandRow, OutboxRow, Run
 from cliffguard.core.kafka_config import KafkaConfig
-from tests.controller.service_support import SECRET, store_engine
+from testing.controller_service import SECRET, store_engine
 
 
 class Future:

@@ -20,9 +20,8 @@ from sqlalchemy import select
 from cliffguard.controller.store import read
 from cliffguard.controller.store.db import session_scope
 from cliffguard.controller.store.models import CommandRow
-from tests.controller.service_support import SECRET, FakeTrainer
+from testing.controller_service import SECRET, FakeTrainer, prefix, spike
 from tests.controller.test_service import db as db  # noqa: F401 - the store fixture
-from tests.controller.test_service import prefix, spike
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

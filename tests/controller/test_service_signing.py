@@ -27,7 +27,7 @@ from cliffguard.core.enums import AckStatus
 from cliffguard.core.events import encode_command, encode_event, make_command, make_event
 from cliffguard.core.keys import CommandPrivateKey, EventSigner, EventVerifier, event_key
 from cliffguard.core.signing import CommandVerifier, Secret, sign_command
-from tests.controller.service_support import FAST_GROUP, FakeTrainer, store_engine
+from testing.controller_service import FAST_GROUP, FakeTrainer, store_engine
 
 pytestmark = pytest.mark.broker
 

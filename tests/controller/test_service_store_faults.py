@@ -27,7 +27,7 @@ from cliffguard.controller.store.errors import StoreLost
 from cliffguard.controller.store.guard import StoreGuard
 from cliffguard.controller.store.models import DlqCount, StepMetric
 from cliffguard.core.kafka_config import KafkaConfig
-from tests.controller.service_support import SECRET
+from testing.controller_service import SECRET
 from tests.controller.test_service_loop import TOPIC, StubEdge, as_batch, records, stored_offset
 from tests.controller.test_service_outbox import FakeProducer
 
@@ -80,6 +80,7 @@ def service(engine) -> ControllerService:
     kafka = KafkaConfig(topic_prefix="p")
     svc = ControllerService(cfg, kafka, engine, SECRET)
     svc.outbox = CommandOutbox(engine, kafka, producer=FakeProducer())
+    svc.processor.on_command = svc.outbox.send_early  # the early send too: no real producer
     return svc
 
 
@@ -197,7 +198,7 @@ def test_a_read_only_sqlite_store_fails_the_write_probe_with_its_reason(db):
 
 @pytest.mark.postgres
 def test_a_read_only_postgres_store_fails_the_write_probe(tmp_path, pg_url):
-    from tests.controller.service_support import store_engine
+    from testing.controller_service import store_engine
 
     with store_engine("postgres", tmp_path, pg_url) as (_eng, url):
         opts = make_url(url).query["options"] + " -cdefault_transaction_read_only=on"
@@ -249,7 +250,7 @@ def test_a_lost_store_in_a_batch_stops_the_service(db, monkeypatch):
 def test_a_postgres_lock_timeout_is_waited_out_with_no_dead_letter(tmp_path, pg_url):
     from sqlalchemy import text
 
-    from tests.controller.service_support import store_engine
+    from testing.controller_service import store_engine
 
     with store_engine("postgres", tmp_path, pg_url) as (_eng, url):
         opts = make_url(url).query["options"] + " -clock_timeout=100"

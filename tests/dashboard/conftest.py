@@ -16,7 +16,7 @@ from sqlalchemy import Engine
 from streamlit.testing.v1 import AppTest
 
 from cliffguard.controller.store.db import make_engine
-from tests.dashboard.fill import FilledRun, fill_store
+from testing.dashboard_fill import FilledRun, fill_store
 
 APP = str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py")
 TOKEN = "operator-token-for-tests"

@@ -18,8 +18,8 @@ from cliffguard.controller.store.models import (
     Run,
     StepMetric,
 )
+from testing.dashboard_fill import LAYERS, fill_store
 from tests.dashboard.conftest import chart_with, run_app, texts
-from tests.dashboard.fill import LAYERS, fill_store
 
 pytestmark = pytest.mark.timeout(180)
 

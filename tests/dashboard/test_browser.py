@@ -21,7 +21,7 @@ import pytest
 
 from cliffguard.controller.broker import free_port
 from cliffguard.controller.store.db import init_db, make_engine
-from tests.dashboard.browser import Chromium, chromium_path
+from testing.browser import Chromium, chromium_path
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 REPO = Path(__file__).resolve().parents[2]

@@ -144,7 +144,7 @@ def test_the_dashboard_engine_reads_and_cannot_write(filled):
 
 @pytest.mark.postgres
 def test_the_dashboard_engine_cannot_write_postgresql(pg_url, tmp_path):
-    from tests.controller.service_support import store_engine
+    from testing.controller_service import store_engine
 
     with store_engine("postgres", tmp_path, pg_url) as (writer, url):
         with writer.begin() as conn:

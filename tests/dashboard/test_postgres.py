@@ -7,9 +7,9 @@ import uuid
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from tests.controller.service_support import store_engine
+from testing.controller_service import store_engine
+from testing.dashboard_fill import fill_store
 from tests.dashboard.conftest import APP, chart_with
-from tests.dashboard.fill import fill_store
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(180)]
 

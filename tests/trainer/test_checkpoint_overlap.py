@@ -98,7 +98,7 @@ def _save_then_step(tmp_path, monkeypatch, *, fenced: bool):
     import copy
     import threading
 
-    from tests.trainer.support import make_trainer, small_config
+    from testing.trainer import make_trainer, small_config
 
     tr, _sink, _source = make_trainer(small_config(tmp_path, steps=4))
     stepped = threading.Event()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cliffguard.trainer.loop import RollbackUnavailable
-from tests.trainer.support import make_trainer, small_config
+from testing.trainer import make_trainer, small_config
 
 
 def test_a_rollback_refused_by_another_rank_keeps_every_newer_checkpoint(tmp_path):

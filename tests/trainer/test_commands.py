@@ -7,7 +7,7 @@ from cliffguard.agent.dispatch import dispatch
 from cliffguard.agent.lr_scale import LRScale
 from cliffguard.core.enums import AckStatus, CommandType, EventType, TrainerMode
 from cliffguard.core.events import make_command
-from tests.trainer.support import make_trainer, small_config, step_events
+from testing.trainer import make_trainer, small_config, step_events
 
 
 def _train(tr, steps: int) -> None:

@@ -13,7 +13,7 @@ import torch
 from cliffguard.core.enums import EventType
 from cliffguard.trainer.data import DataConfig, Sampler, load_corpus
 from cliffguard.trainer.elastic import Elastic, ElasticConfig, plan_batch
-from tests.trainer.support import make_trainer, small_config
+from testing.trainer import make_trainer, small_config
 
 
 @pytest.mark.parametrize("policy, world, batch, accum, micro", [

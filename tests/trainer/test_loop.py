@@ -20,7 +20,7 @@ from cliffguard.core.spike import SpikeConfig
 from cliffguard.trainer.config import TrainConfig
 from cliffguard.trainer.data import DataConfig
 from cliffguard.trainer.schedule import WarmupCosine
-from tests.trainer.support import FakeCommands, make_trainer, small_config, step_events
+from testing.trainer import FakeCommands, make_trainer, small_config, step_events
 
 
 def test_warmup_cosine_and_lr_scale():

@@ -16,8 +16,7 @@ from cliffguard.agent.publisher import InMemorySink
 from cliffguard.controller.store.db import session_scope
 from cliffguard.controller.store.models import Alert, CommandRow, Run
 from cliffguard.core.enums import CommandType, EventType
-from tests.controller.service_support import SECRET, FakeTrainer, healthy_loss, store_engine
-from tests.controller.test_service import Running, wait_for
+from testing.controller_service import SECRET, FakeTrainer, Running, healthy_loss, store_engine, wait_for
 
 
 def _model():

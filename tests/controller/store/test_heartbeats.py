@@ -11,7 +11,7 @@ from cliffguard.controller.store.heartbeats import upsert_heartbeats
 from cliffguard.controller.store.ingest import ingest_events
 from cliffguard.controller.store.models import Heartbeat
 from cliffguard.core.enums import EventType
-from tests.controller.store import factory as f
+from testing import store_factory as f
 
 
 def _node_beat(leader: int, size: int, ts: float, step: int, *, stuck: int | None = None):

@@ -25,7 +25,7 @@ from cliffguard.controller.store.models import (
 from cliffguard.core.enums import EventType
 from cliffguard.core.events import MAX_STEP, new_id
 from cliffguard.core.floats import store_kind as nonfinite_kind
-from tests.controller.store import factory as f
+from testing import store_factory as f
 
 
 def _norm(value):

@@ -9,7 +9,7 @@ from cliffguard.controller.store.db import session_scope
 from cliffguard.controller.store.dlq import MAX_DETAIL_CHARS, count_dead_letter
 from cliffguard.controller.store.ingest import ingest_events
 from cliffguard.controller.store.offsets import load_offsets, save_offsets
-from tests.controller.store import factory as f
+from testing import store_factory as f
 
 
 def test_offsets_round_trip_and_newer_values_replace_older(engine):

@@ -15,7 +15,7 @@ from cliffguard.controller.store.models import RankArrayRow
 from cliffguard.controller.store.rank_arrays import insert_rank_arrays
 from cliffguard.controller.store.retention import RetentionConfig, downsample
 from cliffguard.core.enums import EventType
-from tests.controller.store import factory as f
+from testing import store_factory as f
 
 
 def _ranks(step: int, first: int, n: int, step_time: float):

@@ -28,7 +28,7 @@ from cliffguard.controller.store.retention import (
     tier_edges,
 )
 from cliffguard.core.events import MAX_STEP
-from tests.controller.store import factory as f
+from testing import store_factory as f
 
 SCALED = RetentionConfig(full_steps=500, mid_steps=5_000, mid_bucket=10, far_bucket=100)
 SPIKE_FAR, SPIKE_MID, NAN_STEP = 12_345, 16_789, 17_001

@@ -15,7 +15,7 @@ from cliffguard.controller.store.models import StepMetric
 from cliffguard.controller.store.retention import RetentionConfig, downsample
 from cliffguard.controller.store.step_buckets import bucket_rows
 from cliffguard.core.enums import GuardDecision
-from tests.controller.store import factory as f
+from testing import store_factory as f
 
 SM = StepMetric
 

@@ -11,7 +11,7 @@ from cliffguard.controller.store.db import session_scope
 from cliffguard.controller.store.ingest import ingest_events
 from cliffguard.controller.store.models import Alert, AuditRow, CommandRow, Incident, OutboxRow, Transition
 from cliffguard.core.enums import EventType
-from tests.controller.store import factory as f
+from testing import store_factory as f
 
 
 def loss_at(step: int) -> float:

@@ -9,7 +9,7 @@ import pytest
 from cliffguard.controller.store import read
 from cliffguard.controller.store.db import session_scope
 from cliffguard.controller.store.ingest import ingest_events
-from tests.controller.store import factory as f
+from testing import store_factory as f
 from tests.controller.store.read.conftest import loss_at
 
 

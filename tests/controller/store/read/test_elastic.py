@@ -7,7 +7,7 @@ from cliffguard.controller.store import read
 from cliffguard.controller.store.db import session_scope
 from cliffguard.controller.store.ingest import ingest_events
 from cliffguard.core.enums import EventType
-from tests.controller.store import factory as f
+from testing import store_factory as f
 
 DOWN = {"from_world": 4, "to_world": 2, "from_global_batch": 16, "global_batch": 8, "grad_accum": 1, "lr": 2.1e-3,
         "lr_factor": 0.7071, "steps_lost": 3, "seconds_lost": 41.5, "backoff_s": 0.0, "policy": "proportional",

@@ -7,7 +7,7 @@ import pytest
 from cliffguard.controller.store import read
 from cliffguard.controller.store.db import session_scope
 from cliffguard.controller.store.ingest import ingest_events
-from tests.controller.store import factory as f
+from testing import store_factory as f
 
 
 def test_grad_hists_newest_first_at_or_before_a_step(run_1000):

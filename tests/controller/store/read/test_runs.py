@@ -7,7 +7,7 @@ from cliffguard.controller.store.db import session_scope
 from cliffguard.controller.store.ingest import ingest_events
 from cliffguard.controller.store.models import Run
 from cliffguard.core.enums import EventType
-from tests.controller.store import factory as f
+from testing import store_factory as f
 
 
 def test_runs_list_and_get(engine):

@@ -1,7 +1,9 @@
-"""Test helpers for the controller service: a scripted trainer over the real broker, stores."""
+"""Test helpers for the controller service: a scripted trainer over the real broker, stores, the
+service on a thread, and the scripted streams the service tests and the fault suite share."""
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -11,13 +13,17 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 
-from bench.controller_support import step_data  # one synthetic step payload for tests and bench
+from cliffguard.controller.config import ControllerConfig
+from cliffguard.controller.recovery_types import RecoveryConfig
+from cliffguard.controller.service import ControllerService
 from cliffguard.controller.store.db import init_db, make_engine
 from cliffguard.core.events import Command, decode_command, encode_event, make_event
 from cliffguard.core.kafka_config import KafkaConfig
 from cliffguard.core.signing import CommandVerifier, Rejection, Secret
+from testing.controller_stack import step_data  # one synthetic step payload for tests and bench
 
 SECRET = Secret("test-secret-of-enough-length")
+RECOVERY = RecoveryConfig(stable_window=5, recover_window=5, rollback_budget=1)
 FAST_GROUP = {"session_timeout_ms": 3000, "heartbeat_interval_ms": 500, "max_poll_interval_ms": 3000}
 
 
@@ -139,3 +145,44 @@ def store_engine(kind: str, tmp_path, pg_url: str | None = None) -> Iterator[tup
         with admin.begin() as conn:
             conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
         admin.dispose()
+
+
+class Running:
+    """A ControllerService on a thread; always closed."""
+
+    def __init__(self, kafka, engine, group="ctl") -> None:
+        cfg = ControllerConfig(group_id=group, tick_s=0.2, outbox_interval_s=0.2, **FAST_GROUP)
+        self.svc = ControllerService(cfg, kafka, engine, SECRET, recovery=RECOVERY)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.svc.run_forever, args=(self.stop,), daemon=True)
+
+    def __enter__(self) -> ControllerService:
+        self.svc.start()
+        self.thread.start()
+        return self.svc
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join(20)
+        assert not self.thread.is_alive()
+
+
+def wait_for(pred, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.1)
+
+
+def prefix(t: FakeTrainer, run: str) -> None:
+    """40 healthy steps with stable checkpoints at 10 and 20 and a validation baseline of 2.0."""
+    t.steps(run, 0, 10)
+    t.checkpoint(run, 10)
+    t.steps(run, 11, 20)
+    t.checkpoint(run, 20, "full")
+    t.validation(run, 20, 2.0)
+    t.steps(run, 21, 40)
+
+
+def spike(t: FakeTrainer, run: str, first: int) -> None:
+    t.steps(run, first, first + 2, loss=lambda s: 20.0)  # x10: extreme, critical at the first point
