@@ -41,11 +41,8 @@ class Check:
     """``None`` passes (the field's default is ``None``)."""
 
 
-def _field(default: Any, check: Check, default_factory: Any = MISSING) -> Any:
-    if default_factory is not MISSING:
-        return dataclasses.field(default_factory=default_factory, metadata={CHECK: check})
-    optional = check.optional or default is None
-    check = dataclasses.replace(check, optional=optional)
+def _field(default: Any, test: Callable[[Any], bool], reason: str) -> Any:
+    check = Check(test, reason, optional=default is None)
     return dataclasses.field(default=default, metadata={CHECK: check})
 
 
@@ -85,19 +82,19 @@ def bounded(
         return ((ge is None or value >= ge) and (gt is None or value > gt)
                 and (le is None or value <= le) and (lt is None or value < lt))
 
-    return _field(default, Check(test, text))
+    return _field(default, test, text)
 
 
 def one_of(default: Any, choices: Iterable[Any], *, reason: str | None = None) -> Any:
     """A field that takes one of ``choices``: "must be one of a, b, c" (or ``reason``)."""
     allowed = tuple(choices)
     text = reason if reason is not None else f"must be one of {', '.join(str(c) for c in allowed)}"
-    return _field(default, Check(lambda value: value in allowed, text))
+    return _field(default, lambda value: value in allowed, text)
 
 
-def non_empty(default: Any = MISSING, *, reason: str = "must not be empty", default_factory: Any = MISSING) -> Any:
-    """A string (or collection) field that must not be empty: "must not be empty" (or ``reason``)."""
-    return _field(default, Check(bool, reason), default_factory)
+def non_empty(default: Any = MISSING, *, reason: str = "must not be empty") -> Any:
+    """A string field that must not be empty: "must not be empty" (or ``reason``)."""
+    return _field(default, bool, reason)
 
 
 def declared_checks(cls: type) -> dict[str, Check]:
