@@ -12,19 +12,20 @@ from dataclasses import dataclass, field
 from cliffguard.agent.collectors.grad_hist import HistConfig
 from cliffguard.agent.guard import GuardConfig
 from cliffguard.agent.recovery.config import KitConfig
+from cliffguard.core.declared import bounded, check_declared, non_empty
 from cliffguard.core.events import check_run_id
 from cliffguard.core.rank_arrays import MAX_RANKS_PER_EVENT
 
 
 @dataclass(kw_only=True, slots=True)
 class AgentConfig:
-    run: str
+    run: str = non_empty(reason="must be set")
     """Run id: the Kafka key of every event and the run commands must name."""
-    hist_every: int = 100
+    hist_every: int = bounded(100, ge=0)
     """Emit per-layer gradient histograms every this many steps (0 = never)."""
     layer_norms: bool = True
     """Put per-layer gradient norms in step events (carried by the same all-reduce)."""
-    layer_norms_every: int = 10
+    layer_norms_every: int = bounded(10, ge=1)
     """Per-layer norms in every this many steps' events (their cost grows with the layers; the
     global ``grad_norm`` is in every step event)."""
     grad_norm_from_buckets: bool = True
@@ -32,22 +33,22 @@ class AgentConfig:
     written (agent/collectors/timing.py). Off when the loop changes the gradients between the
     backward and ``before_optimizer_step`` in a way a norm must see, e.g. a loss scaler's unscale
     (off by itself when the Accelerator has a scaler); clipping there is seen as the pre-clip norm."""
-    heartbeat_s: float = 5.0
+    heartbeat_s: float = bounded(5.0, gt=0)
     """Seconds between heartbeats (one per node, from its local rank 0; also while paused)."""
-    ranks_every: int = 10
+    ranks_every: int = bounded(10, ge=0)
     """Publish every rank's step time, MFU, exposed communication, data wait and memory (means
     since the last one) in ``ranks`` events every this many steps (0 = never)."""
-    detail_steps: int = 0
+    detail_steps: int = bounded(0, ge=0)
     """Every rank publishes its own ``step`` event (``detail: true``) for steps below this, as
     if a ``detail`` command had asked at the start (0 = only when a command asks)."""
-    ranks_per_event: int = 1024
+    ranks_per_event: int = bounded(1024, ge=1, le=MAX_RANKS_PER_EVENT)
     """Ranks per ``ranks`` event; the first rank of each chunk publishes it (rank 0 alone while
     the world fits in one; a multiple of the node size makes them node leaders)."""
-    command_tick_s: float = 0.2
+    command_tick_s: float = bounded(0.2, gt=0)
     """While paused or held: seconds between command polls (each is one broadcast)."""
-    peak_flops: float | None = None
+    peak_flops: float | None = bounded(None, gt=0)
     """Peak FLOP/s per device for MFU; unset = device table, else a matmul calibration."""
-    calibration_s: float = 0.3
+    calibration_s: float = bounded(0.3, gt=0)
     """Seconds of matmul calibration when the peak is neither configured nor in the table."""
     guard: GuardConfig = field(default_factory=GuardConfig)
     """The in-process guard (spike rule before optimizer.step())."""
@@ -59,24 +60,5 @@ class AgentConfig:
     """Where each rank's publisher spills events while the broker is down (default: temp dir)."""
 
     def __post_init__(self) -> None:
-        if not self.run:
-            raise ValueError("run: must be set")
+        check_declared(self)
         check_run_id(self.run)  # else the broker side would drop every event of the run
-        if self.hist_every < 0:
-            raise ValueError("hist_every: must be >= 0")
-        if self.layer_norms_every < 1:
-            raise ValueError("layer_norms_every: must be >= 1")
-        if self.detail_steps < 0:
-            raise ValueError("detail_steps: must be >= 0")
-        if self.ranks_every < 0:
-            raise ValueError("ranks_every: must be >= 0")
-        if not 1 <= self.ranks_per_event <= MAX_RANKS_PER_EVENT:
-            raise ValueError(f"ranks_per_event: must be in [1, {MAX_RANKS_PER_EVENT}]")
-        if self.heartbeat_s <= 0:
-            raise ValueError("heartbeat_s: must be > 0")
-        if self.command_tick_s <= 0:
-            raise ValueError("command_tick_s: must be > 0")
-        if self.peak_flops is not None and self.peak_flops <= 0:
-            raise ValueError("peak_flops: must be > 0")
-        if self.calibration_s <= 0:
-            raise ValueError("calibration_s: must be > 0")

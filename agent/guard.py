@@ -35,6 +35,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from cliffguard.core.declared import bounded, check_declared, one_of
 from cliffguard.core.deployment import PolicyConfig
 from cliffguard.core.enums import GuardDecision, Level
 from cliffguard.core.settings import shared_field
@@ -50,11 +51,11 @@ class GuardConfig:
     spike: SpikeConfig = shared_field("spike", SpikeConfig)
     """The deployment's spike rule (``[spike]``, the controller's too); the guard acts after
     ``guard_patience`` consecutive criticals where the controller waits ``patience``."""
-    hold_after: int = 3
+    hold_after: int = bounded(3, ge=1)
     """Consecutive skipped steps after which the trainer holds for the controller."""
-    hold_timeout_s: float = 120.0
+    hold_timeout_s: float = bounded(120.0, gt=0)
     """Seconds to wait, held, for a controller command before applying ``on_timeout``."""
-    on_timeout: str = "rollback"
+    on_timeout: str = one_of("rollback", TIMEOUT_POLICIES)
     """Local policy when held past the timeout: rollback, resume or stop."""
     policy: PolicyConfig = shared_field("policy", PolicyConfig)
     """The deployment's rollback policy (``[policy]``): the local rollback cuts the LR by its factor."""
@@ -62,12 +63,7 @@ class GuardConfig:
     MOVED: ClassVar[dict[str, str]] = {"timeout_lr_factor": "[policy] lr_factor"}
 
     def __post_init__(self) -> None:
-        if self.hold_after < 1:
-            raise ValueError("hold_after: must be >= 1")
-        if self.hold_timeout_s <= 0:
-            raise ValueError("hold_timeout_s: must be > 0")
-        if self.on_timeout not in TIMEOUT_POLICIES:
-            raise ValueError(f"on_timeout: must be one of {', '.join(TIMEOUT_POLICIES)}")
+        check_declared(self)
 
 
 class Guard:

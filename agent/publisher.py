@@ -58,6 +58,7 @@ from typing import Any, Protocol
 from cliffguard.agent.drafts import EventDraft
 from cliffguard.agent.kafka_client import discard_producer, ensure_topic, key_hash_partitioner, tcp_reachable
 from cliffguard.agent.spill import SpillFile
+from cliffguard.core.declared import bounded, check_declared, non_empty
 from cliffguard.core.enums import EventType
 from cliffguard.core.events import Event, encode_event
 from cliffguard.core.kafka_config import KafkaConfig
@@ -103,49 +104,36 @@ class InMemorySink:
 
 @dataclass(kw_only=True, slots=True)
 class PublisherConfig:
-    spill_path: str = "cliffguard-spill.bin"
+    spill_path: str = non_empty("cliffguard-spill.bin")
     """Spill file for events that cannot be sent now; one per process (give each rank its own)."""
-    spill_max_bytes: int = 256 * 1024 * 1024
+    spill_max_bytes: int = bounded(256 * 1024 * 1024, ge=1024)
     """Most bytes waiting in the spill; newer events past it are dropped and counted."""
-    queue_max: int = 100_000
+    queue_max: int = bounded(100_000, ge=1)
     """Events held in memory between publish() and the publisher thread; past it they are dropped."""
-    max_batch: int = 2_000
+    max_batch: int = bounded(2_000, ge=1)
     """Most events the thread sends (or replays) per flush."""
-    linger_s: float = 1.0
+    linger_s: float = bounded(1.0, gt=0, le=1)
     """How long routine telemetry (steps, ranks, heartbeats, histograms) gathers after the first
     one is queued before the thread sends the lot: kafka-python spends ~2 ms of CPU per send and
     flush in the training process, whatever the batch holds, so per event at tens of steps a
     second that is a few percent of a step. Anything else (a guard verdict other than ``ok``,
     command acks, run start/end) is sent at once with whatever is queued. An idle thread sleeps
     until ``publish`` wakes it."""
-    send_timeout_s: float = 3.0
+    send_timeout_s: float = bounded(3.0, ge=0.5)
     """A batch not acknowledged within this marks the broker down (kafka delivery timeout)."""
     reconnect_min_s: float = 0.2
     """First wait before probing a broker that went away; doubles per failed probe."""
     reconnect_max_s: float = 2.0
     """Longest wait between probes."""
-    fsync_interval_s: float = 1.0
+    fsync_interval_s: float = bounded(1.0, ge=0)
     """The spill is fsync'ed at most this often (0 = every append); see agent/spill.py."""
     create_topic: bool = True
     """Create the metrics topic on every (re)connect if it is missing."""
 
     def __post_init__(self) -> None:
-        if not self.spill_path:
-            raise ValueError("spill_path: must not be empty")
-        if self.spill_max_bytes < 1024:
-            raise ValueError("spill_max_bytes: must be >= 1024")
-        if self.queue_max < 1:
-            raise ValueError("queue_max: must be >= 1")
-        if self.max_batch < 1:
-            raise ValueError("max_batch: must be >= 1")
-        if not 0 < self.linger_s <= 1:
-            raise ValueError("linger_s: must be in (0, 1]")
-        if self.send_timeout_s < 0.5:
-            raise ValueError("send_timeout_s: must be >= 0.5")
+        check_declared(self)
         if not 0 < self.reconnect_min_s <= self.reconnect_max_s:
             raise ValueError("reconnect_min_s: must be > 0 and <= reconnect_max_s")
-        if self.fsync_interval_s < 0:
-            raise ValueError("fsync_interval_s: must be >= 0")
 
 
 _ROUTINE = frozenset({EventType.STEP, EventType.RANKS, EventType.HEARTBEAT, EventType.GRAD_HIST})

@@ -12,21 +12,22 @@ import gc
 from dataclasses import dataclass
 
 from cliffguard.controller.edge import ClockWindow
+from cliffguard.core.declared import bounded, check_declared, non_empty
 
 
 @dataclass(kw_only=True, slots=True)
 class ControllerConfig:
-    group_id: str = "cliffguard-controller"
+    group_id: str = non_empty("cliffguard-controller")
     """Kafka consumer group; instances in the same group share the runs (by partition)."""
-    poll_timeout_s: float = 0.2
+    poll_timeout_s: float = bounded(0.2, gt=0)
     """Longest wait of one poll; also bounds how late a tick (command timeouts) can be."""
-    max_poll_records: int = 500
+    max_poll_records: int = bounded(500, ge=1)
     """Events per batch at most; one SQL transaction per batch. 500 keeps a batch well inside the
     group's ``max_poll_interval_ms`` on a busy machine; per-event costs dominate beyond ~100."""
-    fetch_max_wait_ms: int = 20
+    fetch_max_wait_ms: int = bounded(20, ge=0)
     """How long the broker may hold a fetch to fill it. Low: a spike's command latency is bounded
     by it (kafka-python's default of 500 ms would dominate the verdict latency)."""
-    max_event_bytes: int = 1_000_000
+    max_event_bytes: int = bounded(1_000_000, ge=1024)
     """Larger messages go to the DLQ as oversized (cut to their first 64 KiB there)."""
     max_fetch_bytes: int = 64 * 1_048_576
     """Per-partition fetch limit: a message larger than this (that the broker accepted) stalls
@@ -35,83 +36,50 @@ class ControllerConfig:
     """Events timestamped further ahead of the controller's clock go to the DLQ as clock_skew."""
     max_event_age_s: float = 30 * 86400.0
     """Events timestamped further behind it do too (wide: spills and backlogs are replayed late)."""
-    max_step_jump: int = 100_000
+    max_step_jump: int = bounded(100_000, ge=1)
     """A step further than this from its run's newest accepted step goes to the DLQ as step_jump
     (further back is accepted after a rollback or reload the run reported; controller/bounds.py)."""
-    tick_s: float = 1.0
+    tick_s: float = bounded(1.0, gt=0)
     """Seconds between time ticks (heartbeat loss, command timeouts)."""
-    outbox_interval_s: float = 0.5
+    outbox_interval_s: float = bounded(0.5, gt=0)
     """The command outbox publisher's poll interval when nobody wakes it (commits do)."""
-    request_poll_s: float = 0.5
+    request_poll_s: float = bounded(0.5, gt=0)
     """Seconds between looks at pending operator command requests (dashboard, ``cliffguard command``):
     bounds how long an operator waits before the controller signs or rejects a request."""
-    outbox_batch: int = 200
+    outbox_batch: int = bounded(200, ge=1)
     """Outbox rows sent per pass."""
-    outbox_retry_s: float = 2.0
+    outbox_retry_s: float = bounded(2.0, gt=0)
     """Wait before resending a command the broker did not confirm (doubles per attempt, max 60 s)."""
     session_timeout_ms: int = 10_000
     """Consumer group session timeout (a dead instance's runs move after this)."""
     heartbeat_interval_ms: int = 1_000
-    max_poll_interval_ms: int = 30_000
+    max_poll_interval_ms: int = bounded(30_000, ge=1000)
     """Kafka's limit between polls; a first group join waits about this long on some brokers."""
-    store_retry_initial_s: float = 0.2
+    store_retry_initial_s: float = bounded(0.2, gt=0)
     """First wait before retrying a batch after a transient store error (locked, connection lost);
     doubles per failure up to ``store_retry_max_s``. Such a batch is retried forever, never skipped."""
     store_retry_max_s: float = 5.0
-    health_port: int = 0
+    health_port: int = bounded(0, ge=0, le=65535, reason="must be 0 (off) or a TCP port")
     """HTTP port of /healthz and /readyz (``controller/health.py``); 0 = no endpoint."""
-    health_host: str = "127.0.0.1"
+    health_host: str = non_empty("127.0.0.1")
     """Address the health endpoint listens on (0.0.0.0 inside a container, for the kubelet)."""
-    health_max_loop_age_s: float = 30.0
+    health_max_loop_age_s: float = bounded(30.0, gt=0)
     """/healthz fails when the consumer loop has not come round for this long (a hung process)."""
-    gc_gen0_threshold: int = 10_000
+    gc_gen0_threshold: int = bounded(10_000, ge=0, why="0: Python's default")
     """Allocations between young-generation collections of Python's cyclic GC in a ``cliffguard
     controller`` process (``apply_gc_threshold``); 0 keeps Python's 700. The rules allocate per
     event while many runs' windows stay alive, and at 700 a 64-run batch spent ~16 % of its time in
     collections that find nothing to free (``bench.batch_speed``: 58 -> 49 µs per event)."""
 
     def __post_init__(self) -> None:
-        if not self.group_id:
-            raise ValueError("group_id: must not be empty")
-        if self.poll_timeout_s <= 0:
-            raise ValueError("poll_timeout_s: must be > 0")
-        if self.max_poll_records < 1:
-            raise ValueError("max_poll_records: must be >= 1")
-        if self.fetch_max_wait_ms < 0:
-            raise ValueError("fetch_max_wait_ms: must be >= 0")
-        if self.max_event_bytes < 1024:
-            raise ValueError("max_event_bytes: must be >= 1024")
+        check_declared(self)
         if self.max_fetch_bytes < self.max_event_bytes:
             raise ValueError("max_fetch_bytes: must be >= max_event_bytes")
         self.clock_window()  # ClockWindow checks its fields under the same names
-        if self.max_step_jump < 1:
-            raise ValueError("max_step_jump: must be >= 1")
-        if self.tick_s <= 0:
-            raise ValueError("tick_s: must be > 0")
-        if self.outbox_interval_s <= 0:
-            raise ValueError("outbox_interval_s: must be > 0")
-        if self.request_poll_s <= 0:
-            raise ValueError("request_poll_s: must be > 0")
-        if self.outbox_batch < 1:
-            raise ValueError("outbox_batch: must be >= 1")
-        if self.outbox_retry_s <= 0:
-            raise ValueError("outbox_retry_s: must be > 0")
         if not 0 < self.heartbeat_interval_ms < self.session_timeout_ms:
             raise ValueError("heartbeat_interval_ms: must be > 0 and < session_timeout_ms")
-        if self.max_poll_interval_ms < 1000:
-            raise ValueError("max_poll_interval_ms: must be >= 1000")
-        if not self.store_retry_initial_s > 0:
-            raise ValueError("store_retry_initial_s: must be > 0")
         if self.store_retry_max_s < self.store_retry_initial_s:
             raise ValueError("store_retry_max_s: must be >= store_retry_initial_s")
-        if not 0 <= self.health_port <= 65535:
-            raise ValueError("health_port: must be 0 (off) or a TCP port")
-        if not self.health_host:
-            raise ValueError("health_host: must not be empty")
-        if self.health_max_loop_age_s <= 0:
-            raise ValueError("health_max_loop_age_s: must be > 0")
-        if self.gc_gen0_threshold < 0:
-            raise ValueError("gc_gen0_threshold: must be >= 0 (0: Python's default)")
 
     def apply_gc_threshold(self) -> None:
         """Set the process's young-generation GC threshold (a process-wide choice: called by the

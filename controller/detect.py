@@ -61,6 +61,7 @@ from cliffguard.controller.rules.mfu import MfuConfig, MfuRule
 from cliffguard.controller.rules.registry import RuleRegistry
 from cliffguard.controller.rules.straggler import StragglerConfig, StragglerRule
 from cliffguard.controller.verdict import Action, Verdict
+from cliffguard.core.declared import bounded, check_declared
 from cliffguard.core.enums import EventType, Level
 from cliffguard.core.events import Event
 from cliffguard.core.rank_arrays import is_detail, is_run_level
@@ -102,12 +103,11 @@ class RulesConfig:
     """Silent ranks (alerts)."""
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     """Growth of reserved-but-unallocated memory (alerts)."""
-    evidence_last_n: int = 20
+    evidence_last_n: int = bounded(20, ge=0)
     """Newest losses carried in every loss verdict's evidence."""
 
     def __post_init__(self) -> None:
-        if self.evidence_last_n < 0:
-            raise ValueError("evidence_last_n: must be >= 0")
+        check_declared(self)
         try:
             self.loss_spike()
         except ValueError as exc:  # only rebaseline_after can be wrong: the spike rule was checked

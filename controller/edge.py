@@ -52,6 +52,7 @@ from typing import Any
 from cliffguard.controller.bounds import OUT_OF_RANGE, STEP_JUMP, StepBounds, int_bounds, out_of_range
 from cliffguard.controller.store.fit import INT64
 from cliffguard.core.batch_decode import BatchDecoder
+from cliffguard.core.declared import bounded, check_declared
 from cliffguard.core.events import Event, SchemaError, UnknownVersion, decode_event
 from cliffguard.core.kafka_config import KafkaConfig
 from cliffguard.core.keys import EVENT_SIG_HEADER, EventVerifier
@@ -77,14 +78,11 @@ DLQ_KEEP_BYTES = 64 * 1024
 class ClockWindow:
     """How far an event's ``ts`` may be from the controller's clock (see the module docstring)."""
 
-    max_clock_skew_s: float = 3600.0
-    max_event_age_s: float = 30 * 86400.0
+    max_clock_skew_s: float = bounded(3600.0, gt=0)
+    max_event_age_s: float = bounded(30 * 86400.0, gt=0)
 
     def __post_init__(self) -> None:
-        if not self.max_clock_skew_s > 0:
-            raise ValueError("max_clock_skew_s: must be > 0")
-        if not self.max_event_age_s > 0:
-            raise ValueError("max_event_age_s: must be > 0")
+        check_declared(self)
 
     def bounds(self, now: float) -> tuple[float, float]:
         """(oldest, newest) ``ts`` inside the window around ``now``."""

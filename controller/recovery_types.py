@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 from cliffguard.controller.verdict import Verdict
 from cliffguard.core.capabilities import ALL as ALL_COMMANDS
 from cliffguard.core.capabilities import normalize as normalize_capabilities
+from cliffguard.core.declared import bounded, check_declared
 from cliffguard.core.deployment import PolicyConfig
 from cliffguard.core.enums import AckStatus, CommandType, Level
 from cliffguard.core.rank_arrays import MAX_DETAIL_STEPS
@@ -36,66 +37,51 @@ class Phase(StrEnum):
 
 @dataclass(kw_only=True, slots=True)
 class RecoveryConfig:
-    stable_window: int = 50
+    stable_window: int = bounded(50, ge=1)
     """Healthy steps after a checkpoint before it counts as stable (a rollback target). At 50 steps
     a spike's excursion (typically < 20 steps) has time to show, while the newest stable checkpoint
     stays close to the present."""
-    recover_window: int = 50
+    recover_window: int = bounded(50, ge=1)
     """Healthy steps after a rollback before the incident closes as recovered."""
     policy: PolicyConfig = shared_field("policy", PolicyConfig)
     """The deployment's rollback policy (``[policy]``): LR cut per rollback and command lifetime."""
     skip_data: bool = False
     """Also skip the data consumed between the rollback target and the spike (PaLM skipped
     ~200-500 batches around each spike)."""
-    rollback_budget: int = 3
+    rollback_budget: int = bounded(3, ge=0)
     """Rollbacks allowed within ``rollback_window_s``; one more validation failure halts."""
-    rollback_window_s: float = 3600.0
+    rollback_window_s: float = bounded(3600.0, gt=0)
     """Window of the rollback budget, in seconds."""
     val_margin_rel: float = 0.05
     """Validation is abnormal when above the healthy baseline by more than this fraction."""
     val_margin_abs: float = 0.0
     """...plus this absolute amount (for losses near zero)."""
-    baseline_window: int = 5
+    baseline_window: int = bounded(5, ge=1)
     """Periodic (healthy) validations whose median is the baseline."""
     command_timeout_s: float = 30.0
     """Seconds to wait for an ack of pause/resume/rollback before resending."""
     validate_timeout_s: float = 120.0
     """Seconds to wait for the validation result of a validate command before resending."""
-    max_attempts: int = 3
+    max_attempts: int = bounded(3, ge=1)
     """Sends of one command (first + retries) before giving up with a critical alert."""
     health_rules: tuple[str, ...] = ("loss_spike", "divergence", "nonfinite")
     """Rules whose warn/critical verdicts make a step unhealthy (for stability and recovery)."""
-    max_checkpoints: int = 64
+    max_checkpoints: int = bounded(64, ge=1)
     """Checkpoints remembered per run (oldest forgotten first; stable ones last)."""
     detail_rules: tuple[str, ...] = ("straggler", "rank_hung")
     """Alerts that also ask the run for per-rank step events (a ``detail`` command), so the
     dashboard shows every rank's steps right after them."""
-    detail_steps: int = 20
+    detail_steps: int = bounded(20, ge=1, le=MAX_DETAIL_STEPS)
     """Steps of per-rank step events such a command asks for."""
 
     MOVED: ClassVar[dict[str, str]] = {"lr_factor": "[policy] lr_factor", "command_ttl_s": "[policy] command_ttl_s"}
 
     def __post_init__(self) -> None:
-        if self.stable_window < 1:
-            raise ValueError("stable_window: must be >= 1")
-        if self.recover_window < 1:
-            raise ValueError("recover_window: must be >= 1")
-        if self.rollback_budget < 0:
-            raise ValueError("rollback_budget: must be >= 0")
-        if self.rollback_window_s <= 0:
-            raise ValueError("rollback_window_s: must be > 0")
+        check_declared(self)
         if self.val_margin_rel < 0 or self.val_margin_abs < 0:
             raise ValueError("val_margin_rel: margins must be >= 0")
-        if self.baseline_window < 1:
-            raise ValueError("baseline_window: must be >= 1")
         if self.command_timeout_s <= 0 or self.validate_timeout_s <= 0:
             raise ValueError("command_timeout_s: timeouts must be > 0")
-        if self.max_attempts < 1:
-            raise ValueError("max_attempts: must be >= 1")
-        if self.max_checkpoints < 1:
-            raise ValueError("max_checkpoints: must be >= 1")
-        if not 1 <= self.detail_steps <= MAX_DETAIL_STEPS:
-            raise ValueError(f"detail_steps: must be in [1, {MAX_DETAIL_STEPS}]")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -39,6 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from cliffguard.core.declared import bounded, check_declared
 from cliffguard.core.kafka_config import KafkaConfig
 from cliffguard.core.keys import (
     CommandPrivateKey,
@@ -86,16 +87,13 @@ class PolicyConfig:
     """The rollback policy's settings (``[policy]``), shared by the controller's recovery and the
     trainer's local hold-timeout fallback (``core/policy.py`` holds the rule itself)."""
 
-    lr_factor: float = LR_FACTOR
+    lr_factor: float = bounded(LR_FACTOR, gt=0, le=1)
     """LR multiplier per rollback, cumulative (PaLM-style halving)."""
-    command_ttl_s: float = COMMAND_TTL_S
+    command_ttl_s: float = bounded(COMMAND_TTL_S, gt=0)
     """Lifetime of a signed command: a trainer refuses it as expired afterwards."""
 
     def __post_init__(self) -> None:
-        if not 0 < self.lr_factor <= 1:
-            raise ValueError("lr_factor: must be in (0, 1]")
-        if self.command_ttl_s <= 0:
-            raise ValueError("command_ttl_s: must be > 0")
+        check_declared(self)
 
 
 @dataclass(kw_only=True, slots=True)

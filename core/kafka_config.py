@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from cliffguard.core.declared import bounded, check_declared, one_of
+
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 
 
@@ -18,11 +20,12 @@ class KafkaConfig:
     """Comma-separated host:port list of brokers."""
     topic_prefix: str = "cliffguard"
     """Topics are <prefix>.metrics, <prefix>.commands and <prefix>.dlq."""
-    partitions: int = 4
+    partitions: int = bounded(4, ge=1)
     """Partitions per topic when cliffguard creates them (runs are keyed, so a run stays on one)."""
-    replication: int = 1
+    replication: int = bounded(1, ge=1)
     """Replication factor when cliffguard creates topics (3 on a real cluster)."""
-    security_protocol: str = "PLAINTEXT"
+    security_protocol: str = one_of("PLAINTEXT", ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"),
+                                    reason="must be PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL")
     """PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL, passed through to kafka-python."""
     sasl_mechanism: str | None = None
     sasl_plain_username: str | None = None
@@ -32,6 +35,7 @@ class KafkaConfig:
     """Per-request timeout for producers/consumers/admin."""
 
     def __post_init__(self) -> None:
+        check_declared(self)
         hosts = [h.strip() for h in self.bootstrap.split(",") if h.strip()]
         if not hosts:
             raise ValueError("bootstrap: at least one host:port is needed")
@@ -41,12 +45,6 @@ class KafkaConfig:
                 raise ValueError(f"bootstrap: {h!r} is not host:port")
         if not self.topic_prefix or any(c not in "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-" for c in self.topic_prefix):
             raise ValueError("topic_prefix: use letters, digits, '.', '_' or '-'")
-        if self.partitions < 1:
-            raise ValueError("partitions: must be >= 1")
-        if self.replication < 1:
-            raise ValueError("replication: must be >= 1")
-        if self.security_protocol not in ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"):
-            raise ValueError("security_protocol: must be PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL")
 
     @property
     def metrics_topic(self) -> str:

@@ -1,10 +1,12 @@
 """One way to build every component's config: TOML file < ``CLIFFGUARD_*`` env < flags.
 
 Each component owns a ``@dataclass(kw_only=True, slots=True)`` config whose ``__post_init__``
-raises ``ValueError`` for a bad value. ``build_config`` fills one from the three sources in order
-of precedence and, when anything is wrong, raises ``ConfigError`` naming the field *and the source
-it came from* (``kafka.bootstrap (from env CLIFFGUARD_KAFKA__BOOTSTRAP): ...``), so a bad value
-fails at start, not at 3 a.m.
+raises ``ValueError`` for a bad value (a field's range or choices are declared on the field and
+checked by ``core.declared.check_declared``; what relates two fields is written there by hand).
+``build_config`` fills one from the three sources in order of precedence and, when anything is
+wrong, raises ``ConfigError`` naming the field *and the source it came from*
+(``kafka.bootstrap (from env CLIFFGUARD_KAFKA__BOOTSTRAP): ...``), so a bad value fails at
+start, not at 3 a.m.
 
 Naming: section ``kafka`` field ``bootstrap`` is ``[kafka] bootstrap = ...`` in TOML,
 ``CLIFFGUARD_KAFKA__BOOTSTRAP`` in the environment (double underscore between section and field)

@@ -30,6 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from cliffguard.core.declared import bounded, check_declared
 from cliffguard.core.enums import Level
 from cliffguard.core.sliding import MAD_TO_SIGMA, SlidingWindow, sorted_robust
 
@@ -53,7 +54,7 @@ class SpikeConfig:
     resumed. On the synthetic suite (seed 11) the extreme rule pauses for 583 of 788 benign
     outliers and resumes every one (0 rollbacks)."""
 
-    window: int = 100
+    window: int = bounded(100, ge=8)
     """Healthy losses kept for the median and σ."""
     k_warn: float = 3.0
     """σ above the median that warns."""
@@ -61,45 +62,32 @@ class SpikeConfig:
     """σ above the median that is critical (the controller pauses; the guard skips)."""
     min_history: int = 20
     """Healthy points needed before the rule decides anything but non-finite losses."""
-    sigma_floor_rel: float = 0.01
+    sigma_floor_rel: float = bounded(0.01, ge=0, lt=1)
     """σ is at least this fraction of the median, so a flat curve does not alarm on noise."""
-    patience: int = 3
+    patience: int = bounded(3, ge=1)
     """Steps at or above k_crit before the controller's verdict is critical (1 = at once); each
     logged point counts for the steps since the previous one; points before that are reported as
     warn. Measured on ``synthetic.suite(20, 8, seed=1)``
     (120k steps, 300 benign +15-70% outliers): 1 -> 267/300 outliers critical, 27.5 false
     criticals per 10k steps; 2 -> 0.083 per 10k; 3 -> 0 false criticals, few-step/step-up recall
     1.00 at a 2-step delay; 4 -> few-step recall 0.875. Hence 3."""
-    guard_patience: int = 1
+    guard_patience: int = bounded(1, ge=1)
     """The same for the in-process guard, which skips one update rather than pausing the run:
     skipping a batch is cheap, a pause is not, so it acts at once."""
-    k_extreme: float = 10.0
+    k_extreme: float = bounded(10.0, gt=0, why="it only matters at or above k_crit")
     """σ above the median beyond which a point is critical at once, patience or not..."""
-    jump_extreme: float = 0.25
+    jump_extreme: float = bounded(0.25, ge=0)
     """...if it is also at least this fraction above the median (both must hold)."""
-    window_steps: int = 200
+    window_steps: int = bounded(200, ge=0)
     """Judge on the healthy points of the newest this-many steps only (0 = the whole window);
     at least ``min_history`` points are always used."""
 
     def __post_init__(self) -> None:
-        if self.window < 8:
-            raise ValueError("window: must be >= 8")
+        check_declared(self)
         if not 0 < self.k_warn <= self.k_crit:
             raise ValueError("k_warn: must be > 0 and <= k_crit")
         if not 2 <= self.min_history <= self.window:
             raise ValueError("min_history: must be between 2 and window")
-        if not 0 <= self.sigma_floor_rel < 1:
-            raise ValueError("sigma_floor_rel: must be in [0, 1)")
-        if self.patience < 1:
-            raise ValueError("patience: must be >= 1")
-        if self.guard_patience < 1:
-            raise ValueError("guard_patience: must be >= 1")
-        if self.k_extreme <= 0:
-            raise ValueError("k_extreme: must be > 0 (it only matters at or above k_crit)")
-        if self.jump_extreme < 0:
-            raise ValueError("jump_extreme: must be >= 0")
-        if self.window_steps < 0:
-            raise ValueError("window_steps: must be >= 0")
 
 
 @dataclass(frozen=True, slots=True)

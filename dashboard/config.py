@@ -16,6 +16,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from cliffguard.core.declared import bounded, check_declared, non_empty
 from cliffguard.core.settings import build_config, load_toml
 
 ENV_DB_URL = "CLIFFGUARD_DASHBOARD__DB_URL"
@@ -25,17 +26,17 @@ ENV_CONFIG_FILE = "CLIFFGUARD_CONFIG"
 
 @dataclass(kw_only=True, slots=True)
 class DashboardConfig:
-    db_url: str = "sqlite:///cliffguard.db"
+    db_url: str = non_empty("sqlite:///cliffguard.db", reason="a SQLAlchemy URL is needed")
     """SQLAlchemy URL of the controller's store (read-only; operator actions insert requests)."""
-    refresh_s: float = 5.0
+    refresh_s: float = bounded(5.0, gt=0)
     """Seconds between live updates of each section (Streamlit fragments, not whole-page reruns).
     A full pass over every section costs ~1 s of one CPU on a 100k-row store, so 5 s keeps an open
     tab cheap while still live."""
-    max_points: int = 20_000
+    max_points: int = bounded(20_000, ge=10)
     """Newest rank-0 step rows read for the loss curve; older history is left to store retention."""
-    rank_window: int = 2_000
+    rank_window: int = bounded(2_000, ge=10)
     """Newest steps read for the per-rank charts (MFU, tokens/s, ratios, memory)."""
-    hist_limit: int = 200
+    hist_limit: int = bounded(200, ge=1)
     """Newest gradient-histogram emissions read for the heatmaps."""
     operator_token: str | None = field(default=None, repr=False)
     """Token an operator must type to act on a run; env CLIFFGUARD_OPERATOR_TOKEN also works."""
@@ -45,16 +46,7 @@ class DashboardConfig:
     """The ``cliffguard data --out`` manifest whose curriculum and weights the page shows ("" = none)."""
 
     def __post_init__(self) -> None:
-        if not self.db_url:
-            raise ValueError("db_url: a SQLAlchemy URL is needed")
-        if self.refresh_s <= 0:
-            raise ValueError("refresh_s: must be > 0")
-        if self.max_points < 10:
-            raise ValueError("max_points: must be >= 10")
-        if self.rank_window < 10:
-            raise ValueError("rank_window: must be >= 10")
-        if self.hist_limit < 1:
-            raise ValueError("hist_limit: must be >= 1")
+        check_declared(self)
 
 
 def load_config(env: Mapping[str, str] | None = None) -> DashboardConfig:

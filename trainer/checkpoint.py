@@ -73,6 +73,7 @@ from typing import Any
 from torch.distributed.checkpoint.api import CheckpointException
 
 from cliffguard.agent.recovery.ring import MemoryRing, cpu_copy
+from cliffguard.core.declared import bounded, check_declared, non_empty, one_of
 from cliffguard.core.enums import CheckpointKind
 from cliffguard.trainer.checkpoint_io import (
     CorruptCheckpoint,
@@ -97,25 +98,26 @@ __all__ = ["CheckpointConfig", "CheckpointManager", "CorruptCheckpoint", "cpu_co
 
 @dataclass(kw_only=True, slots=True)
 class CheckpointConfig:
-    dir: str = "checkpoints"
+    dir: str = non_empty("checkpoints")
     """Root directory, shared by every rank (DCP checkpoints: one directory per checkpoint)."""
-    memory_ring: int = 8
+    memory_ring: int = bounded(8, ge=1)
     """In-memory snapshots kept (the newest K)."""
-    snapshot_every: int = 10
+    snapshot_every: int = bounded(10, ge=0)
     """Steps between in-memory snapshots (0 = none)."""
-    ckpt_every: int = 100
+    ckpt_every: int = bounded(100, ge=0)
     """Steps between incremental disk checkpoints (0 = none)."""
-    full_every: int = 300
+    full_every: int = bounded(300, ge=0)
     """Steps between full disk checkpoints (0 = none); wins over incremental on the same step."""
-    keep_full: int = 2
+    keep_full: int = bounded(2, ge=1)
     """Full checkpoints kept on disk (newest)."""
-    keep_incremental: int = 2
+    keep_incremental: int = bounded(2, ge=1)
     """Incremental checkpoints kept on disk (newest)."""
     emit_memory_events: bool = True
     """Report every in-memory snapshot as a checkpoint event (the controller learns rollback targets)."""
-    writer: str = "thread"
+    writer: str = one_of("thread", ("thread",),
+                         reason="must be 'thread' (DCP saves collectively from a background thread)")
     """thread: DCP saves from a background thread (the only writer; "process" was the pre-DCP one)."""
-    collective_timeout_s: float = 120.0
+    collective_timeout_s: float = bounded(120.0, gt=0)
     """Timeout of the checkpoint process group's collectives (a dead peer fails a save, never hangs it)."""
     overlap_copy: bool = True
     """Copy the snapshot on a copier thread, overlapped with the next forward/backward, and wait for
@@ -124,30 +126,14 @@ class CheckpointConfig:
     until then the copy stays on the training thread. Anything else that changes the saved tensors
     in place must call ``fence()`` first (restore, discard and the next snapshot already do)."""
 
-    background_nice: int = 10
+    background_nice: int = bounded(10, ge=0, le=19, reason="must be in 0..19")
     """Niceness added to the copier and writer threads (Linux: per thread), so that where no core is
     idle the training thread gets the CPU first and the write takes what is left (measured on 2
     shared cores, bench/checkpoint_stall.py: steps during a write 1.2x a normal step instead of 2.2x;
     the write finishes later); where a core is idle it changes nothing. 0 = the training thread's."""
 
     def __post_init__(self) -> None:
-        if not 0 <= self.background_nice <= 19:
-            raise ValueError("background_nice: must be in 0..19")
-        if not self.dir:
-            raise ValueError("dir: must not be empty")
-        if self.memory_ring < 1:
-            raise ValueError("memory_ring: must be >= 1")
-        for name in ("snapshot_every", "ckpt_every", "full_every"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name}: must be >= 0")
-        if self.keep_full < 1:
-            raise ValueError("keep_full: must be >= 1")
-        if self.keep_incremental < 1:
-            raise ValueError("keep_incremental: must be >= 1")
-        if self.writer != "thread":
-            raise ValueError("writer: must be 'thread' (DCP saves collectively from a background thread)")
-        if self.collective_timeout_s <= 0:
-            raise ValueError("collective_timeout_s: must be > 0")
+        check_declared(self)
 
 
 def _background_priority(nice: int) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from cliffguard.agent.config import AgentConfig
+from cliffguard.core.declared import bounded, check_declared
 from cliffguard.core.kafka_config import KafkaConfig
 from cliffguard.core.settings import config_to_dict
 from cliffguard.trainer.checkpoint import CheckpointConfig
@@ -31,17 +32,17 @@ from cliffguard.trainer.model import GPTConfig
 class TrainConfig:
     run: str = "run"
     """Run id (Kafka key, commands must name it)."""
-    steps: int = 300
+    steps: int = bounded(300, ge=1)
     """Optimizer steps to train."""
     global_batch: int = 16
     """Sequences per optimizer step over all ranks and micro-batches."""
-    grad_accum: int = 1
+    grad_accum: int = bounded(1, ge=1)
     """Micro-batches per optimizer step on each rank (global_batch must divide by world*grad_accum)."""
     lr: float = 3e-3
     """Peak learning rate (after warmup)."""
     min_lr: float = 3e-4
     """Learning rate at the end of the cosine decay."""
-    warmup_steps: int = 20
+    warmup_steps: int = bounded(20, ge=0)
     """Linear warmup steps."""
     weight_decay: float = 0.1
     """AdamW weight decay."""
@@ -58,7 +59,7 @@ class TrainConfig:
     loss_scaling: bool = False
     """Gradient-histogram adaptive loss scaling with skip-on-overflow (trainer/loss_scale.py); for
     fp16-style training. Off by default: fp32/bf16 need no scale and it costs a host sync per step."""
-    clip_layer_norm: float = 0.0
+    clip_layer_norm: float = bounded(0.0, ge=0)
     """Per-layer gradient clipping threshold (0 = off)."""
     progress_every: int = 10
     """Print a progress line (rank 0) every this many steps (0 = never)."""
@@ -68,7 +69,7 @@ class TrainConfig:
     """Start from the newest usable disk checkpoint under the checkpoint dir (a restarted job)."""
     debug_digests: bool = False
     """Add param_digest/rng_digest to step events (tests of exact rollback; costs a host copy)."""
-    threads: int = 1
+    threads: int = bounded(1, ge=1)
     """torch threads per process on CPU (several processes share the cores)."""
     out_dir: str = "runs"
     """Run directory root: <out_dir>/<run>/ holds config.json, checkpoints and spill files."""
@@ -84,20 +85,13 @@ class TrainConfig:
     """Broker settings; None = no monitoring stream (events are dropped)."""
 
     def __post_init__(self) -> None:
-        if self.steps < 1:
-            raise ValueError("steps: must be >= 1")
-        if self.grad_accum < 1:
-            raise ValueError("grad_accum: must be >= 1")
+        check_declared(self)
         if self.global_batch < 1 or self.global_batch % self.grad_accum:
             raise ValueError("global_batch: must be a positive multiple of grad_accum")
         if not 0 < self.min_lr <= self.lr:
             raise ValueError("min_lr: must be > 0 and <= lr")
-        if self.warmup_steps < 0:
-            raise ValueError("warmup_steps: must be >= 0")
         if self.val_every < 0 or self.val_batches < 1 or self.val_batch_size < 1:
             raise ValueError("val_every: must be >= 0 (val_batches, val_batch_size >= 1)")
-        if self.clip_layer_norm < 0:
-            raise ValueError("clip_layer_norm: must be >= 0")
         from cliffguard.trainer.faults import FaultSpec
 
         for spec in self.faults:
@@ -105,8 +99,6 @@ class TrainConfig:
                 FaultSpec.parse(spec)
             except ValueError as exc:
                 raise ValueError(f"faults: {exc}") from None
-        if self.threads < 1:
-            raise ValueError("threads: must be >= 1")
         if self.data.seq_len > self.model.block_size:
             raise ValueError("data: seq_len exceeds the model's block_size")
         if self.checkpoint is None:

@@ -50,6 +50,8 @@ from typing import Any
 
 import torch
 
+from cliffguard.core.declared import bounded, check_declared
+
 _SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__"}
 
 
@@ -57,13 +59,13 @@ _SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__"}
 class DataConfig:
     paths: list[str] = field(default_factory=list)
     """Text files or directories (recursive, sorted); empty = the standard library's .py sources."""
-    seq_len: int = 64
+    seq_len: int = bounded(64, ge=2)
     """Tokens (bytes) per training sequence; must not exceed the model's block_size."""
-    val_fraction: float = 0.05
+    val_fraction: float = bounded(0.05, gt=0, lt=1)
     """Share of corpus blocks held out for validation."""
     seed: int = 1234
     """Seeds the train/val split, the per-epoch permutations and weighted redraws."""
-    max_bytes: int = 8_000_000
+    max_bytes: int = bounded(8_000_000, ge=1024)
     """Read at most this many bytes of text (the corpus is cut here)."""
     block_bytes: int = 16_384
     """Granularity of the train/val split."""
@@ -73,16 +75,11 @@ class DataConfig:
     """Scan the train samples with the data rules at load time and down-weight flagged ones."""
     weights_manifest: str = ""
     """A ``cliffguard data`` manifest: per-file weights and curriculum phases the sampler follows ("" = none)."""
-    curriculum_steps: int = 0
+    curriculum_steps: int = bounded(0, ge=0)
     """Total training steps the manifest's phase fractions refer to (0 = the run's ``steps``)."""
 
     def __post_init__(self) -> None:
-        if self.seq_len < 2:
-            raise ValueError("seq_len: must be >= 2")
-        if not 0.0 < self.val_fraction < 1.0:
-            raise ValueError("val_fraction: must be in (0, 1)")
-        if self.max_bytes < 1024:
-            raise ValueError("max_bytes: must be >= 1024")
+        check_declared(self)
         if self.block_bytes < 2 * (self.seq_len + 1):
             raise ValueError("block_bytes: must be at least two sequences long")
         for p in self.paths:
@@ -90,8 +87,6 @@ class DataConfig:
                 raise ValueError(f"paths: {p!r} does not exist")
         if self.weights_manifest and not Path(self.weights_manifest).is_file():
             raise ValueError(f"weights_manifest: {self.weights_manifest!r} does not exist")
-        if self.curriculum_steps < 0:
-            raise ValueError("curriculum_steps: must be >= 0")
 
 
 def _default_files() -> list[Path]:

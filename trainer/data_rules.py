@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from cliffguard.core.declared import bounded, check_declared
+
 _URL_RE = re.compile(rb"(?:[a-zA-Z][a-zA-Z0-9+.-]{1,10}://|www\.)[^\s\"'<>()\[\]]+")
 _CONTROL = torch.zeros(256, dtype=torch.bool)
 _CONTROL[torch.tensor([*range(0, 9), 11, 12, *range(14, 32), 127])] = True
@@ -29,25 +31,19 @@ _CONTROL[torch.tensor([*range(0, 9), 11, 12, *range(14, 32), 127])] = True
 
 @dataclass(kw_only=True, slots=True)
 class DataRulesConfig:
-    nonprintable_max: float = 0.05
+    nonprintable_max: float = bounded(0.05, gt=0, le=1)
     """Flag when more than this share of bytes are control bytes or U+FFFD."""
-    entropy_max: float = 0.9
+    entropy_max: float = bounded(0.9, gt=0, le=1)
     """Flag when byte entropy exceeds this share of the maximum for the sample length."""
-    url_max: float = 0.5
+    url_max: float = bounded(0.5, gt=0, le=1)
     """Flag when more than this share of bytes belong to URLs ..."""
-    url_min_count: int = 2
+    url_min_count: int = bounded(2, ge=1)
     """... and the sample holds at least this many (one long URL in a short window is a citation)."""
-    flagged_weight: float = 0.1
+    flagged_weight: float = bounded(0.1, ge=0, le=1)
     """Sampling weight given to a flagged sample (1 = unchanged, 0 = never drawn)."""
 
     def __post_init__(self) -> None:
-        for name in ("nonprintable_max", "entropy_max", "url_max"):
-            if not 0.0 < getattr(self, name) <= 1.0:
-                raise ValueError(f"{name}: must be in (0, 1]")
-        if self.url_min_count < 1:
-            raise ValueError("url_min_count: must be >= 1")
-        if not 0.0 <= self.flagged_weight <= 1.0:
-            raise ValueError("flagged_weight: must be in [0, 1]")
+        check_declared(self)
 
 
 @dataclass(frozen=True, slots=True)

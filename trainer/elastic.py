@@ -40,6 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cliffguard.core.declared import bounded, check_declared, one_of
+
 BATCH_POLICIES = ("halve", "keep", "proportional")
 LR_RULES = ("sqrt", "linear", "none")
 
@@ -48,52 +50,38 @@ LR_RULES = ("sqrt", "linear", "none")
 class ElasticConfig:
     enabled: bool = False
     """Resume at whatever world torchrun gives and rescale batch and LR (else a world change is an error)."""
-    base_world: int = 0
+    base_world: int = bounded(0, ge=0)
     """The world size the run's global_batch and lr are declared for (0 = the first start's world)."""
-    batch_policy: str = "proportional"
+    batch_policy: str = one_of("proportional", BATCH_POLICIES)
     """halve | keep (gradient accumulation) | proportional (per-rank batch constant)."""
-    lr_rule: str = "sqrt"
+    lr_rule: str = one_of("sqrt", LR_RULES)
     """sqrt | linear | none: the LR factor for the new global batch."""
-    rescale_warmup_steps: int = 10
+    rescale_warmup_steps: int = bounded(10, ge=0)
     """Steps over which a higher LR factor (a larger batch) is reached (0 = at once); a lower one
     applies at once."""
-    collective_timeout_s: float = 60.0
+    collective_timeout_s: float = bounded(60.0, gt=0)
     """init_process_group timeout: survivors fail a collective with a dead peer after this, not 30 min."""
-    rdzv_timeout_s: float = 120.0
+    rdzv_timeout_s: float = bounded(120.0, gt=0)
     """Rendezvous join timeout: a rendezvous that never completes ends the launch with a clear error."""
     max_restarts: int = 10
     """torchrun --max-restarts: worker-group restarts allowed (each membership change is one)."""
-    flap_window_s: float = 600.0
+    flap_window_s: float = bounded(600.0, gt=0)
     """Window in which scale changes are counted for the flapping back-off."""
     max_changes: int = 4
     """Scale changes allowed within flap_window_s before the back-off applies."""
     flap_backoff_s: float = 30.0
     """Pause before training when a node flaps (declared in the scale event)."""
-    final_eval_batches: int = 16
+    final_eval_batches: int = bounded(16, ge=0)
     """Held-out batches (``val_batch_size`` each, the same on every world) evaluated when the run
     completes, written to the progress mark as ``val_loss``: the loss to compare an elastic run with
     an uninterrupted one by (bench/elastic_loss.py); 0 = none."""
-    loss_window: int = 20
+    loss_window: int = bounded(20, ge=1)
     """The progress mark's ``loss_mean``: the mean training loss of this many last steps."""
 
     def __post_init__(self) -> None:
-        if self.base_world < 0:
-            raise ValueError("base_world: must be >= 0")
-        if self.batch_policy not in BATCH_POLICIES:
-            raise ValueError(f"batch_policy: must be one of {', '.join(BATCH_POLICIES)}")
-        if self.lr_rule not in LR_RULES:
-            raise ValueError(f"lr_rule: must be one of {', '.join(LR_RULES)}")
-        if self.rescale_warmup_steps < 0:
-            raise ValueError("rescale_warmup_steps: must be >= 0")
-        for name in ("collective_timeout_s", "rdzv_timeout_s", "flap_window_s"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name}: must be > 0")
+        check_declared(self)
         if self.max_restarts < 0 or self.max_changes < 1 or self.flap_backoff_s < 0:
             raise ValueError("max_restarts: must be >= 0 (max_changes >= 1, flap_backoff_s >= 0)")
-        if self.final_eval_batches < 0:
-            raise ValueError("final_eval_batches: must be >= 0")
-        if self.loss_window < 1:
-            raise ValueError("loss_window: must be >= 1")
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from cliffguard.core.declared import bounded, check_declared
+
 
 @dataclass(kw_only=True, slots=True)
 class LossScaleConfig:
@@ -35,9 +37,9 @@ class LossScaleConfig:
     """False: scale is 1, nothing is measured; non-finite gradients still skip the step."""
     init_scale: float = 2.0**16
     """Starting scale."""
-    growth_factor: float = 2.0
+    growth_factor: float = bounded(2.0, gt=1)
     """Multiplier when the bottom tail shows underflow."""
-    backoff_factor: float = 0.5
+    backoff_factor: float = bounded(0.5, gt=0, lt=1)
     """Multiplier on overflow or when the top tail is within the headroom."""
     min_scale: float = 1.0
     """Lower bound of the scale."""
@@ -47,28 +49,19 @@ class LossScaleConfig:
     """|g·scale| below this counts as underflowing (fp16's smallest normal)."""
     overflow_limit: float = 65504.0
     """|g·scale| above this overflows (fp16 max)."""
-    underflow_fraction: float = 1e-3
+    underflow_fraction: float = bounded(1e-3, ge=0, lt=1)
     """Grow when more than this share of non-zero scaled gradients underflow."""
-    headroom_bits: int = 3
+    headroom_bits: int = bounded(3, ge=0)
     """Keep max|g·scale| at least 2^headroom_bits below overflow_limit."""
-    growth_interval: int = 10
+    growth_interval: int = bounded(10, ge=1)
     """Steps between two growths (lets the histogram settle after a change)."""
 
     def __post_init__(self) -> None:
+        check_declared(self)
         if not 0 < self.min_scale <= self.init_scale <= self.max_scale:
             raise ValueError("init_scale: must lie in [min_scale, max_scale] and min_scale > 0")
-        if self.growth_factor <= 1:
-            raise ValueError("growth_factor: must be > 1")
-        if not 0 < self.backoff_factor < 1:
-            raise ValueError("backoff_factor: must be in (0, 1)")
         if not 0 < self.underflow_limit < self.overflow_limit:
             raise ValueError("underflow_limit: must be > 0 and < overflow_limit")
-        if not 0 <= self.underflow_fraction < 1:
-            raise ValueError("underflow_fraction: must be in [0, 1)")
-        if self.headroom_bits < 0:
-            raise ValueError("headroom_bits: must be >= 0")
-        if self.growth_interval < 1:
-            raise ValueError("growth_interval: must be >= 1")
 
 
 class AdaptiveLossScaler:

@@ -20,35 +20,28 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
+from cliffguard.core.declared import bounded, check_declared
+
 
 @dataclass(kw_only=True, slots=True)
 class GPTConfig:
-    n_layer: int = 4
+    n_layer: int = bounded(4, ge=1)
     """Transformer blocks (L)."""
-    n_head: int = 4
+    n_head: int = bounded(4, ge=1)
     """Attention heads per block (H)."""
     n_embd: int = 128
     """Model width; the head dim Q is n_embd // n_head."""
-    block_size: int = 64
+    block_size: int = bounded(64, ge=2)
     """Context length: the longest sequence the position embedding covers."""
-    vocab_size: int = 256
+    vocab_size: int = bounded(256, ge=2)
     """Vocabulary; 256 = raw bytes."""
-    dropout: float = 0.0
+    dropout: float = bounded(0.0, ge=0, lt=1)
     """Dropout on attention, residual and embedding outputs (0 keeps steps deterministic)."""
 
     def __post_init__(self) -> None:
-        if self.n_layer < 1:
-            raise ValueError("n_layer: must be >= 1")
-        if self.n_head < 1:
-            raise ValueError("n_head: must be >= 1")
+        check_declared(self)
         if self.n_embd < 1 or self.n_embd % self.n_head:
             raise ValueError("n_embd: must be a positive multiple of n_head")
-        if self.block_size < 2:
-            raise ValueError("block_size: must be >= 2")
-        if self.vocab_size < 2:
-            raise ValueError("vocab_size: must be >= 2")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError("dropout: must be in [0, 1)")
 
     @property
     def head_dim(self) -> int:

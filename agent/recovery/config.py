@@ -10,35 +10,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cliffguard.agent.guard import TIMEOUT_POLICIES
+from cliffguard.core.declared import bounded, check_declared, one_of
 
 
 @dataclass(kw_only=True, slots=True)
 class KitConfig:
-    ring_size: int = 4
+    ring_size: int = bounded(4, ge=1)
     """In-memory snapshots kept (the newest); the bundled trainer uses ``[checkpoint] memory_ring``."""
-    snapshot_every: int = 10
+    snapshot_every: int = bounded(10, ge=0)
     """Steps between in-memory snapshots (0 = none, and no rollback from memory)."""
-    pause_timeout_s: float = 300.0
+    pause_timeout_s: float = bounded(300.0, ge=0)
     """Seconds a controller-initiated wait (paused, or waiting on a verdict after a validation)
     may pass with no command before ``on_pause_timeout`` applies (0 = wait for ever)."""
-    on_pause_timeout: str = "resume"
+    on_pause_timeout: str = one_of("resume", TIMEOUT_POLICIES)
     """Policy when the controller fell silent during a pause: resume, stop or rollback."""
-    val_every: int = 50
+    val_every: int = bounded(50, ge=0)
     """Validate every this many steps (0 = only on command): the controller judges a validation
     against a baseline of these. The bundled trainer has its own ``[train] val_every``."""
-    val_keep: int = 4
+    val_keep: int = bounded(4, ge=0)
     """Recent training batches kept (on CPU) to validate on when the loop has no validation set."""
 
     def __post_init__(self) -> None:
-        if self.ring_size < 1:
-            raise ValueError("ring_size: must be >= 1")
-        if self.snapshot_every < 0:
-            raise ValueError("snapshot_every: must be >= 0")
-        if self.pause_timeout_s < 0:
-            raise ValueError("pause_timeout_s: must be >= 0")
-        if self.on_pause_timeout not in TIMEOUT_POLICIES:
-            raise ValueError(f"on_pause_timeout: must be one of {', '.join(TIMEOUT_POLICIES)}")
-        if self.val_every < 0:
-            raise ValueError("val_every: must be >= 0")
-        if self.val_keep < 0:
-            raise ValueError("val_keep: must be >= 0")
+        check_declared(self)

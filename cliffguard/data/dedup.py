@@ -16,26 +16,23 @@ from dataclasses import dataclass
 
 from datasketch import MinHash, MinHashLSH
 
+from cliffguard.core.declared import bounded, check_declared
+
 _WORD = re.compile(r"\w+")
 
 
 @dataclass(kw_only=True, slots=True)
 class DedupConfig:
-    threshold: float = 0.8
+    threshold: float = bounded(0.8, gt=0, lt=1)
     """Jaccard similarity of shingle sets at or above which two documents are near-duplicates."""
-    num_perm: int = 128
+    num_perm: int = bounded(128, ge=16)
     """MinHash permutations (signature length); more = a tighter Jaccard estimate, slower."""
-    shingle: int = 5
+    shingle: int = bounded(5, ge=1)
     """Words per shingle."""
     seed: int = 1
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.threshold < 1.0:
-            raise ValueError("threshold: must be in (0, 1)")
-        if self.num_perm < 16:
-            raise ValueError("num_perm: must be >= 16")
-        if self.shingle < 1:
-            raise ValueError("shingle: must be >= 1")
+        check_declared(self)
 
 
 def words(text: str) -> list[str]:

@@ -15,27 +15,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cliffguard.core.declared import bounded, check_declared
+
 
 @dataclass(kw_only=True, slots=True)
 class PerplexityConfig:
-    add_k: float = 0.1
+    add_k: float = bounded(0.1, gt=0)
     """Additive smoothing per trigram count."""
-    max_doc_bytes: int = 65_536
+    max_doc_bytes: int = bounded(65_536, ge=3)
     """Bytes of a document used to train on and to score (its head): bounds the time per document."""
-    floor: float = 0.1
+    floor: float = bounded(0.1, gt=0, le=1)
     """Lowest weight perplexity gives."""
-    tolerance: float = 2.0
+    tolerance: float = bounded(2.0, ge=1)
     """Perplexity up to this multiple of the median keeps weight 1."""
 
     def __post_init__(self) -> None:
-        if self.add_k <= 0:
-            raise ValueError("add_k: must be > 0")
-        if self.max_doc_bytes < 3:
-            raise ValueError("max_doc_bytes: must be >= 3")
-        if not 0.0 < self.floor <= 1.0:
-            raise ValueError("floor: must be in (0, 1]")
-        if self.tolerance < 1.0:
-            raise ValueError("tolerance: must be >= 1")
+        check_declared(self)
 
 
 def _trigram_ids(data: bytes) -> np.ndarray:

@@ -11,24 +11,20 @@ from dataclasses import dataclass
 
 import torch
 
+from cliffguard.core.declared import bounded, check_declared
 from cliffguard.trainer.data_rules import DataRules
 
 
 @dataclass(kw_only=True, slots=True)
 class DocRulesConfig:
-    window: int = 128
-    min_share: float = 0.3
+    window: int = bounded(128, ge=8)
+    min_share: float = bounded(0.3, gt=0, le=1)
     """Share of a document's windows a rule must flag to flag the document."""
-    max_windows: int = 512
+    max_windows: int = bounded(512, ge=1)
     """Windows scanned per document (its head): bounds the time per document."""
 
     def __post_init__(self) -> None:
-        if self.window < 8:
-            raise ValueError("window: must be >= 8")
-        if not 0.0 < self.min_share <= 1.0:
-            raise ValueError("min_share: must be in (0, 1]")
-        if self.max_windows < 1:
-            raise ValueError("max_windows: must be >= 1")
+        check_declared(self)
 
 
 @dataclass(frozen=True, slots=True)

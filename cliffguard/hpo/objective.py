@@ -29,6 +29,7 @@ import torch
 
 from cliffguard.agent.config import AgentConfig
 from cliffguard.agent.guard import GuardConfig
+from cliffguard.core.declared import bounded, check_declared
 from cliffguard.core.enums import CheckpointKind
 from cliffguard.core.kafka_config import KafkaConfig
 from cliffguard.core.settings import config_to_dict
@@ -45,18 +46,18 @@ from cliffguard.trainer.model import GPTConfig
 @dataclass(kw_only=True, slots=True)
 class HpoConfig:
     study: str = "hpo"
-    window: int = 3000
+    window: int = bounded(3000, ge=1)
     """Optimizer steps each trial trains from the common start."""
-    warmup: int = 50
+    warmup: int = bounded(50, ge=1, why="the common start is the warm-up's checkpoint")
     """Steps of the warm-up run that makes the common start (once per study)."""
     warmup_lr: float = 3e-3
     warmup_batch: int = 16
-    report_every: int = 0
+    report_every: int = bounded(0, ge=0)
     """Validation (reported to the pruner) every this many steps; 0 = window // 4."""
     rise_margin: float = 0.5
     """A loss this fraction above the start's validation loss is divergence."""
     seed: int = 1337
-    threads: int = 1
+    threads: int = bounded(1, ge=1)
     out_dir: str = "runs"
     model: GPTConfig = field(default_factory=lambda: GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=64))
     data: DataConfig = field(default_factory=lambda: DataConfig(seq_len=64, max_bytes=1_000_000))
@@ -68,14 +69,7 @@ class HpoConfig:
     """Fault specs per trial number (trainer/faults.py), for demos and tests of pruning."""
 
     def __post_init__(self) -> None:
-        if self.window < 1:
-            raise ValueError("window: must be >= 1")
-        if self.warmup < 1:
-            raise ValueError("warmup: must be >= 1 (the common start is the warm-up's checkpoint)")
-        if self.report_every < 0:
-            raise ValueError("report_every: must be >= 0")
-        if self.threads < 1:
-            raise ValueError("threads: must be >= 1")
+        check_declared(self)
 
     @property
     def every(self) -> int:

@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 
 from cliffguard.controller.alerts.spec import AlertLevel
 from cliffguard.controller.alerts.webhook_signing import secret_key
+from cliffguard.core.declared import bounded, check_declared
 
 PAGERDUTY_EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"
 
@@ -167,26 +168,27 @@ class EndpointConfig:
 class AlertsConfig:
     endpoints: list[EndpointConfig] = field(default_factory=list)
     """Where alerts go (TOML: ``[[alerts.endpoints]]`` tables)."""
-    suppress_s: float = 300.0
+    suppress_s: float = bounded(300.0, ge=0)
     """A non-critical trigger for the same (run, rule) within this many seconds of the last one
     sent is stored but not sent (W&B's ``wait_duration``). Five minutes: a flapping rule pages
     once, while a new problem an hour later is news. Critical alerts and resolves always go."""
-    backoff_base_s: float = 2.0
+    backoff_base_s: float = bounded(2.0, gt=0)
     """First retry waits up to this long; each retry doubles the ceiling (full jitter)."""
-    backoff_max_s: float = 600.0
+    backoff_max_s: float = bounded(600.0, ge=0)
     """Ceiling of one retry's wait: a receiver back from an outage hears from us within 10 min."""
-    give_up_after_s: float = 86_400.0
+    give_up_after_s: float = bounded(86_400.0, ge=0)
     """Stop retrying this long after the alert was queued (status ``failed``, logged as an error).
     One day outlasts an overnight receiver outage, like Svix's ~27 h schedule; older alerts are
     history, which the dashboard shows anyway."""
-    request_timeout_s: float = 10.0
+    request_timeout_s: float = bounded(10.0, gt=0)
     """Connect + read timeout of one POST; a timeout counts as a failed attempt and is retried."""
-    poll_interval_s: float = 1.0
+    poll_interval_s: float = bounded(1.0, gt=0)
     """How often the background deliverer looks for due rows."""
-    batch_size: int = 100
+    batch_size: int = bounded(100, ge=1)
     """Rows looked at per endpoint per pass."""
 
     def __post_init__(self) -> None:
+        check_declared(self)
         endpoints: list[EndpointConfig] = []
         for i, ep in enumerate(self.endpoints):
             if isinstance(ep, Mapping):
@@ -204,16 +206,8 @@ class AlertsConfig:
         if dupes:
             raise ValueError(f"endpoints: duplicate names {', '.join(dupes)}")
         self.endpoints = endpoints
-        for name in ("suppress_s", "backoff_max_s", "give_up_after_s"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name}: must be >= 0")
-        for name in ("backoff_base_s", "request_timeout_s", "poll_interval_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name}: must be > 0")
         if self.backoff_max_s < self.backoff_base_s:
             raise ValueError("backoff_max_s: must be >= backoff_base_s")
-        if self.batch_size < 1:
-            raise ValueError("batch_size: must be >= 1")
 
     def endpoint(self, name: str) -> EndpointConfig | None:
         for ep in self.endpoints:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
+from cliffguard.core.declared import bounded, check_declared, one_of
 from cliffguard.core.sliding import SlidingWindow, sorted_median, sorted_robust
 
 METHODS = ("cusum", "runmin", "all")
@@ -71,65 +72,42 @@ class DivergenceConfig:
 
     enabled: bool = True
     """Run the rule at all."""
-    method: str = "all"
+    method: str = one_of("all", METHODS)
     """``cusum``, ``runmin`` or ``all`` (cusum, runmin and shift; see the module docstring)."""
-    drift: float = 0.5
+    drift: float = bounded(0.5, ge=0)
     """CUSUM allowance per step, in σ: residuals below it pull the sum down."""
-    threshold: float = 40.0
+    threshold: float = bounded(40.0, gt=0)
     """CUSUM: alarm when the sum reaches this many σ·points."""
     z_clip: float = 3.0
     """CUSUM: a residual counts at most this many σ, so single outliers cannot trip it."""
-    smooth: int = 50
+    smooth: int = bounded(50, ge=3)
     """runmin: most losses in the running median compared with its minimum."""
-    smooth_steps: int = 50
+    smooth_steps: int = bounded(50, ge=1)
     """runmin: steps of losses in that median (at least 3 points, at most ``smooth``)."""
-    rise: float = 0.08
+    rise: float = bounded(0.08, gt=0)
     """runmin: relative rise of the smoothed loss over its minimum that alarms..."""
-    rise_k: float = 6.0
+    rise_k: float = bounded(6.0, ge=0)
     """...if it is also this many standard errors of the smoothed loss (the running minimum of a
     noisy series sits several standard errors below its mean, hence a high bar)."""
-    shift_rise: float = 0.08
+    shift_rise: float = bounded(0.08, gt=0)
     """shift: relative rise of the smoothed loss over the spike window's median that alarms..."""
-    shift_k: float = 4.0
+    shift_k: float = bounded(4.0, ge=0)
     """...if it is also this many standard errors of the smoothed loss."""
-    sigma_floor_rel: float = 0.002
+    sigma_floor_rel: float = bounded(0.002, ge=0, lt=1)
     """σ floor relative to the median for the residuals (lower than the spike rule's: a CUSUM
     needs a sustained rise, so it can afford to see small σ on quiet curves)."""
-    onset_margin: int = 50
+    onset_margin: int = bounded(50, ge=0)
     """Steps subtracted from the estimated onset. CUSUM starts counting when the residuals
     already lean up: on ``suite(0, 8, seed=11, length=3000)`` its start lagged the true onset by
     3-45 steps (median 23), and a rollback target must not be inside the excursion."""
-    grace_steps: int = 300
+    grace_steps: int = bounded(300, ge=0)
     """Steps at the start of a run the rule ignores: warmup bumps are normal there (spikes and
     non-finite losses are still caught by the spike rule from its ``min_history`` on)."""
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise ValueError(f"method: must be one of {', '.join(METHODS)}")
-        if self.drift < 0:
-            raise ValueError("drift: must be >= 0")
-        if self.threshold <= 0:
-            raise ValueError("threshold: must be > 0")
+        check_declared(self)
         if self.z_clip <= self.drift:
             raise ValueError("z_clip: must be > drift")
-        if self.smooth < 3:
-            raise ValueError("smooth: must be >= 3")
-        if self.smooth_steps < 1:
-            raise ValueError("smooth_steps: must be >= 1")
-        if self.rise <= 0:
-            raise ValueError("rise: must be > 0")
-        if self.rise_k < 0:
-            raise ValueError("rise_k: must be >= 0")
-        if self.shift_rise <= 0:
-            raise ValueError("shift_rise: must be > 0")
-        if self.shift_k < 0:
-            raise ValueError("shift_k: must be >= 0")
-        if not 0 <= self.sigma_floor_rel < 1:
-            raise ValueError("sigma_floor_rel: must be in [0, 1)")
-        if self.grace_steps < 0:
-            raise ValueError("grace_steps: must be >= 0")
-        if self.onset_margin < 0:
-            raise ValueError("onset_margin: must be >= 0")
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ from typing import Any
 from cliffguard.controller.rules.base import STEP_EVENTS, RankScope
 from cliffguard.controller.rules.robust import LogWindow
 from cliffguard.controller.verdict import Action, Verdict
+from cliffguard.core.declared import bounded, check_declared
 from cliffguard.core.enums import Level
 from cliffguard.core.events import Event
 
@@ -36,7 +37,7 @@ class GradNormConfig:
 
     enabled: bool = True
     """Run the rule at all."""
-    window: int = 100
+    window: int = bounded(100, ge=8)
     """Healthy norms kept for the median and σ."""
     min_history: int = 20
     """Healthy norms needed before the rule judges finite values."""
@@ -48,26 +49,21 @@ class GradNormConfig:
     """...and at least this multiple of the median to warn (a σ floor in plain words)."""
     min_ratio_crit: float = 5.0
     """...and at least this multiple of the median to be critical: x2-x3 norm outliers are common."""
-    sigma_floor: float = 0.05
+    sigma_floor: float = bounded(0.05, gt=0)
     """σ floor in log units (5%), so a very steady norm does not alarm on a wiggle."""
     per_layer: bool = True
     """Also judge each layer's norm from ``layer_grad_norms``."""
-    max_layers: int = 512
+    max_layers: int = bounded(512, ge=0)
     """Layers tracked at most (memory bound for huge models); later names are ignored."""
 
     def __post_init__(self) -> None:
-        if self.window < 8:
-            raise ValueError("window: must be >= 8")
+        check_declared(self)
         if not 2 <= self.min_history <= self.window:
             raise ValueError("min_history: must be between 2 and window")
         if not 0 < self.k_warn <= self.k_crit:
             raise ValueError("k_warn: must be > 0 and <= k_crit")
         if not 1 <= self.min_ratio_warn <= self.min_ratio_crit:
             raise ValueError("min_ratio_warn: must be >= 1 and <= min_ratio_crit")
-        if self.sigma_floor <= 0:
-            raise ValueError("sigma_floor: must be > 0")
-        if self.max_layers < 0:
-            raise ValueError("max_layers: must be >= 0")
 
 
 class NormSpike:

@@ -34,6 +34,7 @@ from cliffguard.controller.rules.base import ALL_EVENTS, RankScope
 from cliffguard.controller.rules.packed import pack as _pack
 from cliffguard.controller.rules.packed import unpack as _unpack
 from cliffguard.controller.verdict import Action, Verdict
+from cliffguard.core.declared import bounded, check_declared
 from cliffguard.core.enums import EventType, Level, TrainerMode
 from cliffguard.core.events import Event
 from cliffguard.core.rank_arrays import rank_entries
@@ -60,13 +61,12 @@ class HeartbeatConfig:
     """Silence that warns."""
     critical_after_s: float = 120.0
     """Silence that is critical (an alert; the state machine decides what else)."""
-    hung_after_s: float = 45.0
+    hung_after_s: float = bounded(45.0, ge=0)
     """A running rank alive but on the same step this long is stalled (0 = never judged); raise
     it above the run's longest step or synchronous checkpoint write."""
 
     def __post_init__(self) -> None:
-        if self.hung_after_s < 0:
-            raise ValueError("hung_after_s: must be >= 0")
+        check_declared(self)
         if not 0 < self.warn_after_s <= self.critical_after_s:
             raise ValueError("warn_after_s: must be > 0 and <= critical_after_s")
 

@@ -30,6 +30,7 @@ from cliffguard.controller.rules.base import STEP_EVENTS, RankScope
 from cliffguard.controller.rules.cadence import StepCadence
 from cliffguard.controller.rules.divergence import DivergenceConfig, DivergenceDetector
 from cliffguard.controller.verdict import Action, Verdict
+from cliffguard.core.declared import bounded, check_declared
 from cliffguard.core.enums import Level
 from cliffguard.core.events import Event
 from cliffguard.core.spike import SpikeConfig, SpikeDetector, SpikeVerdict
@@ -46,13 +47,12 @@ class LossSpikeConfig(SpikeConfig):
     NaN/single recall 1.00 (delays 2/2/0/0 steps), 0 of 788 outliers critical, 73 false *warns* per
     10k steps (Student-t noise past 3σ: warns are alerts, deduplicated downstream)."""
 
-    rebaseline_after: int = 200
+    rebaseline_after: int = bounded(200, ge=0)
     """Steps a reported excursion may last before it becomes the new baseline (0 = never)."""
 
     def __post_init__(self) -> None:
         super(LossSpikeConfig, self).__post_init__()
-        if self.rebaseline_after < 0:
-            raise ValueError("rebaseline_after: must be >= 0")
+        check_declared(self)  # after the base's checks, as before: its fields first
 
 
 @dataclass(slots=True)

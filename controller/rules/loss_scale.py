@@ -16,6 +16,7 @@ from typing import Any
 
 from cliffguard.controller.rules.base import STEP_EVENTS, RankScope
 from cliffguard.controller.verdict import Action, Verdict
+from cliffguard.core.declared import bounded, check_declared
 from cliffguard.core.enums import Level
 from cliffguard.core.events import Event
 
@@ -34,27 +35,22 @@ class LossScaleConfig:
 
     enabled: bool = True
     """Run the rule at all."""
-    window: int = 200
+    window: int = bounded(200, ge=2)
     """Steps over which the largest recent scale is remembered."""
     warn_halvings: int = 6
     """Warn when the scale is this many factors of two below the window's largest."""
     crit_halvings: int = 12
     """Critical (still an alert) at this many factors of two."""
-    min_scale: float = 0.0
+    min_scale: float = bounded(0.0, ge=0)
     """Also critical when the scale falls below this (0 = off)."""
-    grace_steps: int = 50
+    grace_steps: int = bounded(50, ge=0)
     """Steps at the start of a run the rule ignores: a scaler starting at 2^16 halves its way down
     to the model's working scale in the first few steps."""
 
     def __post_init__(self) -> None:
-        if self.window < 2:
-            raise ValueError("window: must be >= 2")
+        check_declared(self)
         if not 1 <= self.warn_halvings <= self.crit_halvings:
             raise ValueError("warn_halvings: must be >= 1 and <= crit_halvings")
-        if self.grace_steps < 0:
-            raise ValueError("grace_steps: must be >= 0")
-        if self.min_scale < 0:
-            raise ValueError("min_scale: must be >= 0")
 
 
 class LossScaleRule:

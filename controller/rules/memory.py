@@ -26,6 +26,7 @@ from cliffguard.controller.rules.rank_window import (
     packed_layout,
 )
 from cliffguard.controller.verdict import Action, Verdict
+from cliffguard.core.declared import bounded, check_declared
 from cliffguard.core.enums import Level
 from cliffguard.core.events import Event
 
@@ -39,20 +40,15 @@ class MemoryConfig:
 
     enabled: bool = True
     """Run the rule at all."""
-    window: int = 50
+    window: int = bounded(50, ge=4)
     """Steps per rank in the running median."""
-    min_growth_bytes: int = 256 * 2**20
+    min_growth_bytes: int = bounded(256 * 2**20, ge=0)
     """Growth below this is never reported (256 MiB)."""
-    min_growth_rel: float = 0.05
+    min_growth_rel: float = bounded(0.05, ge=0, lt=1)
     """...nor growth below this fraction of the rank's reserved memory."""
 
     def __post_init__(self) -> None:
-        if self.window < 4:
-            raise ValueError("window: must be >= 4")
-        if self.min_growth_bytes < 0:
-            raise ValueError("min_growth_bytes: must be >= 0")
-        if not 0 <= self.min_growth_rel < 1:
-            raise ValueError("min_growth_rel: must be in [0, 1)")
+        check_declared(self)
 
 
 class MemoryRule:

@@ -41,6 +41,7 @@ from cliffguard.controller.rules.rank_window import (
 )
 from cliffguard.controller.rules.straggler import judge_points
 from cliffguard.controller.verdict import Action, Verdict
+from cliffguard.core.declared import bounded, check_declared
 from cliffguard.core.enums import Level
 from cliffguard.core.events import Event
 from cliffguard.core.ranks import speaker
@@ -60,29 +61,20 @@ class MfuConfig:
 
     enabled: bool = True
     """Run the rule at all."""
-    mfu_min: float = 0.40
+    mfu_min: float = bounded(0.40, gt=0, le=1)
     """Model FLOPs utilisation below which a sustained window alerts."""
-    window: int = 50
+    window: int = bounded(50, ge=4)
     """Steps per rank in the medians; also how long the MFU must stay low."""
-    straggler_ratio: float = 1.4
+    straggler_ratio: float = bounded(1.4, gt=1)
     """A rank whose recent busy time is this multiple of the others' is named the cause."""
-    min_share: float = 0.15
+    min_share: float = bounded(0.15, gt=0, lt=1)
     """Without a healthy baseline: share of step time that data wait or exposed communication
     needs to be named the cause."""
-    baseline_alpha: float = 0.02
+    baseline_alpha: float = bounded(0.02, gt=0, le=1)
     """Weight of each healthy step in the baseline's running mean."""
 
     def __post_init__(self) -> None:
-        if not 0 < self.mfu_min <= 1:
-            raise ValueError("mfu_min: must be in (0, 1]")
-        if self.window < 4:
-            raise ValueError("window: must be >= 4")
-        if self.straggler_ratio <= 1:
-            raise ValueError("straggler_ratio: must be > 1")
-        if not 0 < self.min_share < 1:
-            raise ValueError("min_share: must be in (0, 1)")
-        if not 0 < self.baseline_alpha <= 1:
-            raise ValueError("baseline_alpha: must be in (0, 1]")
+        check_declared(self)
 
 
 # Timings of inf give inf - inf = NaN in the parts, as Python floats did, silently: no errstate

@@ -24,6 +24,7 @@ from cliffguard.controller.rules.rank_window import (
     row_medians,
 )
 from cliffguard.controller.verdict import Action, Verdict
+from cliffguard.core.declared import bounded, check_declared
 from cliffguard.core.enums import Level
 from cliffguard.core.events import Event
 from cliffguard.core.ranks import speaker
@@ -40,25 +41,18 @@ class StragglerConfig:
 
     enabled: bool = True
     """Run the rule at all."""
-    window: int = 50
+    window: int = bounded(50, ge=4)
     """Steps per rank in the medians."""
-    ratio: float = 1.5
+    ratio: float = bounded(1.5, gt=1)
     """A rank's median busy time over the others' that makes it a straggler."""
-    min_excess_s: float = 0.005
+    min_excess_s: float = bounded(0.005, ge=0)
     """...and at least this many seconds above, so microsecond steps do not alarm."""
-    confirm: int = 3
+    confirm: int = bounded(3, ge=1)
     """Consecutive steps the same rank must look like a straggler before it is reported (a
     median over a window that straddles a sudden slowdown of *every* rank is briefly unstable)."""
 
     def __post_init__(self) -> None:
-        if self.window < 4:
-            raise ValueError("window: must be >= 4")
-        if self.ratio <= 1:
-            raise ValueError("ratio: must be > 1")
-        if self.confirm < 1:
-            raise ValueError("confirm: must be >= 1")
-        if self.min_excess_s < 0:
-            raise ValueError("min_excess_s: must be >= 0")
+        check_declared(self)
 
 
 def busy_time(data: dict[str, Any]) -> float | None:

@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import StaticPool
 
 from cliffguard.controller.store.json_text import column_json
+from cliffguard.core.declared import bounded, check_declared
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +46,13 @@ class StoreConfig:
     from ``PGPASSWORD`` or the pgpass file (``~/.pgpass``, ``PGPASSFILE``), as libpq does."""
     echo: bool = False
     """Log every SQL statement (debugging only)."""
-    busy_timeout_ms: int = 10_000
+    busy_timeout_ms: int = bounded(10_000, ge=0)
     """SQLite: how long a writer waits for a lock held by another connection before failing."""
-    pool_size: int = 5
+    pool_size: int = bounded(5, ge=1)
     """PostgreSQL: connections kept open per engine."""
 
     def __post_init__(self) -> None:
+        check_declared(self)
         try:
             url = make_url(self.url)
         except ArgumentError as exc:
@@ -59,10 +61,6 @@ class StoreConfig:
             raise ValueError(
                 f"url: backend {url.get_backend_name()!r} is not supported (sqlite or postgresql)"
             )
-        if self.busy_timeout_ms < 0:
-            raise ValueError("busy_timeout_ms: must be >= 0")
-        if self.pool_size < 1:
-            raise ValueError("pool_size: must be >= 1")
 
 
 def masked_url(url: str) -> str:

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 from sqlalchemy import exc as sa_exc
 
+from cliffguard.core.declared import bounded, check_declared
+
 
 class StoreLost(RuntimeError):
     """The store is gone, read-only, replaced or empty where it must not be: stop the controller."""
@@ -96,12 +98,11 @@ def is_store_error(exc: BaseException) -> bool:
 class Backoff:
     """Capped exponential backoff: ``initial_s``, doubling per failure, never above ``max_s``."""
 
-    initial_s: float = 0.2
+    initial_s: float = bounded(0.2, gt=0)
     max_s: float = 5.0
 
     def __post_init__(self) -> None:
-        if not self.initial_s > 0:
-            raise ValueError("initial_s: must be > 0")
+        check_declared(self)
         if self.max_s < self.initial_s:
             raise ValueError("max_s: must be >= initial_s")
 

@@ -62,6 +62,7 @@ from sqlalchemy.orm import Session
 from cliffguard.controller.store.models import Run, StepMetric
 from cliffguard.controller.store.rank_arrays import thin_rank_arrays
 from cliffguard.controller.store.step_metrics import STEP_METRICS, Fold, StepMetricSpec
+from cliffguard.core.declared import bounded, check_declared
 
 SM = StepMetric
 log = logging.getLogger(__name__)
@@ -72,15 +73,15 @@ _MAX_OUTLIERS = 8  # uncorroborated steps passed over before a pass gives up for
 class RetentionConfig:
     """How step metrics age (see the module docstring for the policy)."""
 
-    full_steps: int = 10_000
+    full_steps: int = bounded(10_000, ge=0)
     """Newest steps kept at full resolution (every step, every rank)."""
     mid_steps: int = 100_000
     """Steps back from the newest kept in ``mid_bucket``-step buckets; older ones get ``far_bucket``."""
-    mid_bucket: int = 10
+    mid_bucket: int = bounded(10, ge=2)
     """Bucket width (steps) for the middle tier."""
     far_bucket: int = 100
     """Bucket width (steps) for the oldest tier; a multiple of ``mid_bucket``."""
-    every_steps: int = 1_000
+    every_steps: int = bounded(1_000, ge=1)
     """``downsample_if_due`` folds once this many more steps have aged out of full resolution
     (each pass then touches about this many steps per rank, a fraction of a second)."""
     write_bucket: int = 1
@@ -89,34 +90,23 @@ class RetentionConfig:
     1 writes every step. A divisor of ``mid_bucket``, so retention's mid tier completes the
     buckets a batch boundary split. Above 1 the dashboard's newest steps are bucketed too, and
     the backtest (``controller/backtest.py``) replays only the exact rows."""
-    rank_arrays_full_steps: int = 1_000
+    rank_arrays_full_steps: int = bounded(1_000, ge=0)
     """Newest steps whose per-rank arrays (``ranks`` events) are all kept; older ones are thinned
     to one set per ``rank_arrays_bucket`` steps (``store/rank_arrays.py``: a 16k-rank set is ~1 MB)."""
-    rank_arrays_bucket: int = 1_000
+    rank_arrays_bucket: int = bounded(1_000, ge=1)
     """Steps per kept set of per-rank arrays beyond ``rank_arrays_full_steps``."""
-    max_step_jump: int = 1_000_000
+    max_step_jump: int = bounded(1_000_000, ge=1)
     """A newest step with no other row of its run within this many steps below it is not trusted
     to age the run's rows (see the module docstring)."""
 
     def __post_init__(self) -> None:
-        if self.full_steps < 0:
-            raise ValueError("full_steps: must be >= 0")
+        check_declared(self)
         if self.mid_steps < self.full_steps:
             raise ValueError("mid_steps: must be >= full_steps")
-        if self.mid_bucket < 2:
-            raise ValueError("mid_bucket: must be >= 2")
         if self.far_bucket < self.mid_bucket or self.far_bucket % self.mid_bucket:
             raise ValueError("far_bucket: must be a multiple of mid_bucket")
-        if self.every_steps < 1:
-            raise ValueError("every_steps: must be >= 1")
         if self.write_bucket < 1 or self.mid_bucket % self.write_bucket:
             raise ValueError("write_bucket: must be >= 1 and divide mid_bucket")
-        if self.rank_arrays_full_steps < 0:
-            raise ValueError("rank_arrays_full_steps: must be >= 0")
-        if self.rank_arrays_bucket < 1:
-            raise ValueError("rank_arrays_bucket: must be >= 1")
-        if self.max_step_jump < 1:
-            raise ValueError("max_step_jump: must be >= 1")
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from cliffguard.agent.recovery import KitConfig
+from cliffguard.core.declared import bounded, check_declared
 from cliffguard.trainer.data import Corpus, DataConfig, Sampler, load_corpus
 from cliffguard.trainer.faults import FaultInjector
 from cliffguard.trainer.schedule import WarmupCosine
@@ -29,16 +30,13 @@ validation every 50 steps, as the bundled trainer's, for the controller's baseli
 @dataclass(slots=True)
 class DemoArgs:
     run: str
-    steps: int
+    steps: int = bounded(ge=1)
     faults: list[str] = field(default_factory=list)
-    progress_every: int = 20
+    progress_every: int = bounded(20, ge=1)
     seed: int = 1234
 
     def __post_init__(self) -> None:
-        if self.steps < 1:
-            raise ValueError("steps: must be >= 1")
-        if self.progress_every < 1:
-            raise ValueError("progress_every: must be >= 1")
+        check_declared(self)
 
 
 def parse_args(prog: str, argv: list[str] | None = None) -> DemoArgs:
