@@ -32,5 +32,7 @@ export CLIFFGUARD_TEST_PG_URL="postgresql+psycopg://postgres:cliffguard@127.0.0.
 
 echo "== ruff"
 python3 -m ruff check .
+echo "== docs (mkdocs --strict: a broken link or page fails)"
+python3 -m mkdocs build --strict --site-dir "$(mktemp -d)"
 echo "== pytest"
 python3 -m pytest -q -p no:cacheprovider --all-tiers "$@"
