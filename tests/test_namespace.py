@@ -33,7 +33,8 @@ print("namespace ok")
 
 def plain_loop_block() -> str:
     """The README's plain-loop snippet (the block that drives the recovery kit), with its setup."""
-    found = [setup + code for setup, code in BLOCKS if "RecoveryKit(" in code and "kit.at_boundary()" in code]
+    found = [b.setup + b.code + b.after for b in BLOCKS
+             if b.page == "README.md" and "RecoveryKit(" in b.code and "kit.at_boundary()" in b.code]
     assert found, "README.md has no plain-loop block (RecoveryKit + kit.at_boundary())"
     return found[0]
 
