@@ -32,10 +32,10 @@ print("namespace ok")
 
 
 def plain_loop_block() -> str:
-    """The README's plain-loop snippet (the block that drives the recovery kit), with its setup."""
-    found = [b.setup + b.code + b.after for b in BLOCKS
-             if b.page == "README.md" and "RecoveryKit(" in b.code and "kit.at_boundary()" in b.code]
-    assert found, "README.md has no plain-loop block (RecoveryKit + kit.at_boundary())"
+    """The README's plain-loop snippet (the guarded loop without an accelerator), with its setup."""
+    found = [b.setup + b.code + b.after for b in BLOCKS if b.page == "README.md"
+             and "guarded_loop(" in b.code and "loop.batches(" in b.code and "accelerator" not in b.code]
+    assert found, "README.md has no plain-loop block (guarded_loop + loop.batches)"
     return found[0]
 
 

@@ -1,8 +1,9 @@
 """The agent inside the trainers people use. Which to use:
 
-- **Plain loop**: ``agent.hooks.Agent`` plus the recovery kit (``agent.recovery.RecoveryKit``):
-  the guard enforced before ``optimizer.step()``, every command applied at step boundaries, the
-  hold and controller-silence timeouts.
+- **Plain loop**: ``guarded_loop(model, optimizer, scheduler, run=...)`` (agent/integrations/loop.py):
+  the agent and the recovery kit (``agent.recovery.RecoveryKit``) behind ``batches``/``backward``/
+  ``step``: the guard enforced before ``optimizer.step()``, every command applied at step
+  boundaries, the hold and controller-silence timeouts. ``accelerator=`` makes it an Accelerate loop.
 - **Accelerate** (agent/integrations/accelerate.py): ``AgentTracker`` is report-only (its run
   declares no command: the controller alerts, never pauses); ``accelerate_kit(accelerator, model,
   optimizer, scheduler, run=...)`` is the recovery kit for an Accelerator loop in one line.
@@ -10,7 +11,7 @@
   the kit driven from a real ``pytorch_lightning.Callback``.
 - **Hugging Face ``Trainer``** (``CliffguardCallback``, agent/integrations/hf.py): the kit driven
   from a real ``TrainerCallback``. ``transformers`` is imported only when that name is used, so
-  ``from agent.integrations import AgentTracker`` works without it installed.
+  ``from cliffguard.agent.integrations import AgentTracker`` works without it installed.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from __future__ import annotations
 from typing import Any
 
 from cliffguard.agent.integrations.accelerate import AgentTracker, accelerate_kit
+from cliffguard.agent.integrations.loop import GuardedLoop, guarded_loop
 
-__all__ = ["AgentTracker", "CliffguardCallback", "accelerate_kit"]
+__all__ = ["AgentTracker", "CliffguardCallback", "GuardedLoop", "accelerate_kit", "guarded_loop"]
 
 
 def __getattr__(name: str) -> Any:
