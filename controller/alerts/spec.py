@@ -1,7 +1,7 @@
 """What an alert says: levels, trigger/resolve, the spec a caller enqueues and the message we render.
 
 ``AlertSpec`` is what the controller (or anything else) hands to ``enqueue_alert``; the stored
-``Alert`` row is the durable copy; ``AlertMessage`` is the immutable view of that row the pure
+``AlertRow`` is the durable copy; ``AlertMessage`` is the immutable view of that row the pure
 formatters render, so they never touch a session.
 """
 
@@ -64,7 +64,7 @@ class AlertSpec:
 
 @dataclass(frozen=True, slots=True)
 class AlertMessage:
-    """A stored alert as the formatters see it (built from an ``Alert`` row)."""
+    """A stored alert as the formatters see it (built from an ``AlertRow``)."""
 
     id: str
     ts: float
