@@ -1,4 +1,5 @@
-"""What an alert says: levels, trigger/resolve, the spec a caller enqueues and the message we render.
+"""What an alert says: the spec a caller enqueues and the message we render (its levels and
+trigger/resolve are the shared vocabulary of core/enums.py).
 
 ``AlertSpec`` is what the controller (or anything else) hands to ``enqueue_alert``; the stored
 ``AlertRow`` is the durable copy; ``AlertMessage`` is the immutable view of that row the pure
@@ -8,28 +9,9 @@ formatters render, so they never touch a session.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
-
-class AlertLevel(StrEnum):
-    INFO = "info"
-    WARN = "warn"
-    CRITICAL = "critical"
-
-    @property
-    def rank(self) -> int:
-        return _LEVEL_RANK[self]
-
-
-_LEVEL_RANK = {AlertLevel.INFO: 0, AlertLevel.WARN: 1, AlertLevel.CRITICAL: 2}
-
-
-class AlertAction(StrEnum):
-    TRIGGER = "trigger"
-    """Something happened (an incident opened, a rule fired)."""
-    RESOLVE = "resolve"
-    """The incident closed; PagerDuty resolves the alert with the same dedup key."""
+from cliffguard.core.enums import AlertAction, AlertLevel
 
 
 @dataclass(frozen=True, slots=True)
