@@ -84,8 +84,9 @@ TABLE: tuple[Transition, ...] = (
         Transition(p, T.COMMAND_GAVE_UP, P.HALTED, ("not can_retry",), ("mark the command timed out", *_HALT)),
         Transition(p, T.COMMAND_REFUSED, P.HALTED, ("is_ours",), _HALT),
     )),
-    *(Transition(p, T.RUN_ENDED, P.RUNNING, (),
-                 ("cancel the unanswered command", "close incident abandoned (halted stays halted)", "alert warn"))
+    *(Transition(p, T.RUN_ENDED, P.RUNNING, (), (*(("cancel the unanswered command",) if p in WAITING else ()),
+                                                 f"close incident {'halted' if p is P.HALTED else 'abandoned'}",
+                                                 "alert warn"))
       for p in _HOLDS_INCIDENT),
 )
 """Every legal move; those of one phase and input in the order the handlers try them."""
@@ -110,10 +111,13 @@ def fire(phase: Phase, trigger: str) -> Phase:
 
 
 def starts_incident(cfg: RecoveryConfig, s: RecoveryState, inp: VerdictIn) -> bool:
+    """The verdict asks for recovery and the run is running or recovering (not mid-incident)."""
     return inp.verdict.action is Action.RECOVER and s.phase in (Phase.RUNNING, Phase.RECOVERING)
 
 
 def is_abnormal(cfg: RecoveryConfig, s: RecoveryState, val_loss: float) -> bool:
+    """The validation loss is above the healthy baseline plus margins (or there is no baseline yet,
+    or it is not finite)."""
     base = s.baseline()
     if base is None or not math.isfinite(val_loss):
         return True
@@ -121,21 +125,24 @@ def is_abnormal(cfg: RecoveryConfig, s: RecoveryState, val_loss: float) -> bool:
 
 
 def within_budget(cfg: RecoveryConfig, s: RecoveryState, now: float) -> bool:
+    """Fewer than ``rollback_budget`` rollbacks within the last ``rollback_window_s``."""
     recent = [t for t in s.rollback_times if now - t < cfg.rollback_window_s]
     return len(recent) < cfg.rollback_budget
 
 
 def rollback_target(cfg: RecoveryConfig, s: RecoveryState, before: int) -> Checkpoint | None:
-    """Newest stable checkpoint at or before ``before``."""
+    """The newest stable checkpoint at or before ``before`` (as a term: there is one)."""
     step = rollback_step((c.step for c in s.checkpoints if c.stable), before)
     return None if step is None else next(c for c in s.checkpoints if c.step == step and c.stable)
 
 
 def can_retry(cfg: RecoveryConfig, s: RecoveryState) -> bool:
+    """The pending command has sends left (``max_attempts``)."""
     return s.pending is not None and s.pending.attempt < cfg.max_attempts
 
 
 def timed_out(cfg: RecoveryConfig, s: RecoveryState, now: float) -> bool:
+    """The pending command went unanswered past its timeout (what makes a tick count)."""
     if s.pending is None:
         return False
     limit = cfg.validate_timeout_s if s.pending.type is CommandType.VALIDATE else cfg.command_timeout_s
@@ -143,12 +150,14 @@ def timed_out(cfg: RecoveryConfig, s: RecoveryState, now: float) -> bool:
 
 
 def is_recovered(cfg: RecoveryConfig, s: RecoveryState) -> bool:
+    """``recover_window`` healthy steps since the rollback target (and since the last unhealthy step)."""
     assert s.incident is not None and s.incident.rollback_to is not None
     healthy_since = max([s.incident.rollback_to, *s.unhealthy_steps])
     return s.last_step - healthy_since >= cfg.recover_window
 
 
 def is_stable(cfg: RecoveryConfig, s: RecoveryState, c: Checkpoint) -> bool:
+    """``stable_window`` healthy steps followed the checkpoint (what makes it a rollback target)."""
     if s.last_step < c.step + cfg.stable_window:
         return False
     # a checkpoint labelled s holds the state before step s ran (trainer/commands.py), so step s
@@ -157,6 +166,7 @@ def is_stable(cfg: RecoveryConfig, s: RecoveryState, c: Checkpoint) -> bool:
 
 
 def is_ours(cfg: RecoveryConfig, s: RecoveryState, cmd_id: str) -> bool:
+    """The ack or validation answers the command the machine is waiting on."""
     return s.pending is not None and s.pending.id == cmd_id
 
 
