@@ -6,7 +6,7 @@ and a table of every transition are ``docs/recovery-policy.md``, generated from 
 
 ``transition(state, input) -> (state, actions)`` maps each input (a verdict, a step, a checkpoint,
 an ack, a validation result, a tick, the run's end) to at most one trigger of the table; the
-handlers ask the guard terms the table names for it (``_Step.holds``) and a move checks they held.
+handlers ask the guard terms the table names for it (``Step.holds``, ``controller/recovery_step.py``) and a move checks they held.
 Inputs that do not concern the current phase (a stale ack, a second spike while already pausing)
 change nothing. ``fire(phase, trigger)`` raises
 ``TransitionNotAllowed`` for a move the table does not declare, so a bug can never walk the
@@ -38,14 +38,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Any, assert_never
+from typing import Any
 
+from cliffguard.controller.recovery_acks import on_ack, on_tick
+from cliffguard.controller.recovery_step import Step, start_rollback
 from cliffguard.controller.recovery_table import (
-    ENTRIES,
     PAUSE_CYCLE,
-    WAITING,
-    fire,
-    holds,
     is_abnormal,
     is_stable,
     rollback_target,
@@ -53,7 +51,6 @@ from cliffguard.controller.recovery_table import (
 from cliffguard.controller.recovery_types import (
     AckIn,
     ActionT,
-    Alert,
     Checkpoint,
     CheckpointIn,
     CloseIncident,
@@ -63,10 +60,8 @@ from cliffguard.controller.recovery_types import (
     MarkCommand,
     MarkStable,
     OpenIncident,
-    Pending,
     Phase,
     ProgressIn,
-    RecordTransition,
     RecoveryConfig,
     RecoveryState,
     RunEndedIn,
@@ -80,7 +75,6 @@ from cliffguard.controller.recovery_types import (
 from cliffguard.controller.verdict import Action, Verdict
 from cliffguard.core.capabilities import normalize as normalize_capabilities
 from cliffguard.core.enums import (
-    AckStatus,
     AlertAction,
     AlertLevel,
     CheckpointKind,
@@ -88,83 +82,12 @@ from cliffguard.core.enums import (
     IncidentOutcome,
     Level,
 )
-from cliffguard.core.policy import rolled_back_lr_scale
 
 # An enum member read through its class costs ~10x a module global; these are read for every step.
 _RECOVERING = Phase.RECOVERING
 _OK = Level.OK
 
 UNHEALTHY_KEEP = 64
-ISSUED_KEEP = 32
-
-
-# ---------------------------------------------------------------------------------------------
-# The transition function
-# ---------------------------------------------------------------------------------------------
-
-
-class _Step:
-    """Collects the actions of one ``transition`` call on a private copy of the state."""
-
-    def __init__(self, cfg: RecoveryConfig, state: RecoveryState) -> None:
-        self.cfg = cfg
-        self.s = state.clone()
-        self.actions: list[ActionT] = []
-        self.held: dict[str, bool] = {}
-        """Guard name -> its value when last asked in this call (``holds``), for ``move``'s check."""
-
-    def holds(self, term: str, *args: Any) -> bool:
-        """Whether a guard term of the table holds now (``recovery_table.holds``), remembered."""
-        ok = holds(term, self.cfg, self.s, *args)
-        name = term.removeprefix("not ")
-        self.held[name] = ok if name == term else not ok
-        return ok
-
-    def move(self, trigger: Trigger, reason: str, evidence: dict[str, Any], now: float, step: int | None = None) -> None:
-        s = self.s
-        step = step if step is not None else (s.last_step if s.last_step >= 0 else None)
-        before = s.phase
-        s.phase = fire(before, trigger)
-        unmet = [t for t in ENTRIES[(before, trigger)].guard
-                 if self.held.get(t.removeprefix("not ")) is not (not t.startswith("not "))]
-        assert not unmet, f"{before} -> {s.phase} on {trigger}: guard terms {unmet} were not asked or failed"
-        inc = s.incident
-        self.actions.append(
-            RecordTransition(
-                from_state=before, to_state=s.phase, trigger=trigger, reason=reason, evidence=evidence,
-                incident_id=inc.id if inc else None, step=step, ts=now,
-            )
-        )
-
-    def send(self, ctype: CommandType, args: dict[str, Any], now: float, reason: str, attempt: int = 1) -> None:
-        s = self.s
-        cmd_id = s.new_id("cmd")
-        s.pending = Pending(id=cmd_id, type=ctype, args=args, sent_at=now, attempt=attempt)
-        s.issued = (*s.issued, cmd_id)[-ISSUED_KEEP:]
-        self.actions.append(
-            SendCommand(
-                id=cmd_id, type=ctype, args=args, incident_id=s.incident.id if s.incident else None,
-                attempt=attempt, ttl_s=self.cfg.policy.command_ttl_s, reason=reason,
-            )
-        )
-
-    def alert(self, level: AlertLevel, rule: str, title: str, body: str, evidence: dict[str, Any],
-              action: AlertAction = AlertAction.TRIGGER) -> None:
-        inc = self.s.incident
-        self.actions.append(
-            Alert(level=level, rule=rule, title=title, body=body, incident_id=inc.id if inc else None,
-                  action=action, evidence=evidence)
-        )
-
-    def halt(self, trigger: Trigger, reason: str, evidence: dict[str, Any], now: float) -> None:
-        s = self.s
-        self.move(trigger, reason, evidence, now)
-        s.pending = None
-        inc = s.incident
-        assert inc is not None  # commands are only sent within an incident
-        self.actions.append(CloseIncident(id=inc.id, outcome=IncidentOutcome.HALTED, closed_at=None,
-                                          rollback_to=inc.rollback_to, lr_scale=s.lr_scale))
-        self.alert(AlertLevel.CRITICAL, inc.rule, f"run {s.run} halted: human needed", reason, evidence)
 
 
 def transition(cfg: RecoveryConfig, state: RecoveryState, inp: Input) -> tuple[RecoveryState, list[ActionT]]:
@@ -172,11 +95,11 @@ def transition(cfg: RecoveryConfig, state: RecoveryState, inp: Input) -> tuple[R
     if type(inp) is ProgressIn and state.phase is not _RECOVERING and state.flagging is None and (
             not state.checkpoints or all(c.stable for c in state.checkpoints)):
         # The common case, a step with no checkpoint to stabilise, no recovery to finish and no
-        # excursion to flag: _on_progress's effect then, without a _Step and its action list.
+        # excursion to flag: _on_progress's effect then, without a Step and its action list.
         s = state.clone()
         _note_step(s, inp)
         return s, []
-    st = _Step(cfg, state)
+    st = Step(cfg, state)
     match inp:
         case VerdictIn():
             _on_verdict(st, inp)
@@ -185,11 +108,11 @@ def transition(cfg: RecoveryConfig, state: RecoveryState, inp: Input) -> tuple[R
         case CheckpointIn():
             _on_checkpoint(st, inp)
         case AckIn():
-            _on_ack(st, inp)
+            on_ack(st, inp)
         case ValidationIn():
             _on_validation(st, inp)
         case TickIn():
-            _on_tick(st, inp)
+            on_tick(st, inp)
         case RunEndedIn():
             _on_run_ended(st, inp)
         case StartedIn():
@@ -204,7 +127,7 @@ def _verdict_evidence(v: Any) -> dict[str, Any]:
             "rank": v.rank, "message": v.message, "window": v.evidence}
 
 
-def _on_verdict(st: _Step, inp: VerdictIn) -> None:
+def _on_verdict(st: Step, inp: VerdictIn) -> None:
     cfg, s, v = st.cfg, st.s, inp.verdict
     if v.rule in cfg.health_rules and v.level is not Level.OK:
         s.unhealthy_steps = (*s.unhealthy_steps, v.step)[-UNHEALTHY_KEEP:]
@@ -241,7 +164,7 @@ def _on_verdict(st: _Step, inp: VerdictIn) -> None:
     st.alert(AlertLevel.CRITICAL, v.rule, f"{v.rule} on run {s.run} at step {v.step}: pausing", v.message, evidence)
 
 
-def _ask_detail(st: _Step, v: Verdict) -> None:
+def _ask_detail(st: Step, v: Verdict) -> None:
     """Per-rank step events for the next steps: a side request, never the pending command (no
     ack is awaited; the recovery commands keep their slot)."""
     s = st.s
@@ -251,7 +174,7 @@ def _ask_detail(st: _Step, v: Verdict) -> None:
         reason=f"per-rank detail after {v.rule} at step {v.step}"))
 
 
-def _on_progress(st: _Step, inp: ProgressIn) -> None:
+def _on_progress(st: Step, inp: ProgressIn) -> None:
     cfg, s = st.cfg, st.s
     flagging = s.flagging
     _note_step(s, inp)
@@ -283,7 +206,7 @@ def _note_step(s: RecoveryState, inp: ProgressIn) -> None:
         s.unhealthy_samples = (*s.unhealthy_samples, (inp.step, inp.sample_start, inp.sample_end))[-UNHEALTHY_KEEP:]
 
 
-def _flag_samples(st: _Step, inp: ProgressIn, flagging: tuple[int, float, str] | None) -> None:
+def _flag_samples(st: Step, inp: ProgressIn, flagging: tuple[int, float, str] | None) -> None:
     """While a resumed transient excursion (``flagging``, as it was before this step) goes on,
     its further bad steps are flagged as they come; the first healthy (or unjudged) step ends that."""
     if flagging is None:
@@ -299,7 +222,7 @@ def _flag_samples(st: _Step, inp: ProgressIn, flagging: tuple[int, float, str] |
                                       reason=reason))
 
 
-def _mark_stable(st: _Step, reason: str, upto: int | None = None) -> None:
+def _mark_stable(st: Step, reason: str, upto: int | None = None) -> None:
     """Stabilise checkpoints: by the healthy window, or all at/before ``upto`` (passed validation)."""
     s = st.s
     changed = []
@@ -315,7 +238,7 @@ def _mark_stable(st: _Step, reason: str, upto: int | None = None) -> None:
     s.checkpoints = tuple(changed)
 
 
-def _on_checkpoint(st: _Step, inp: CheckpointIn) -> None:
+def _on_checkpoint(st: Step, inp: CheckpointIn) -> None:
     s = st.s
     if not inp.verified:
         # the trainer reports a write that failed or a checkpoint found corrupt: a rollback
@@ -338,7 +261,7 @@ def _on_checkpoint(st: _Step, inp: CheckpointIn) -> None:
     _mark_stable(st, f"{st.cfg.stable_window} healthy steps followed it")
 
 
-def _on_validation(st: _Step, inp: ValidationIn) -> None:
+def _on_validation(st: Step, inp: ValidationIn) -> None:
     cfg, s = st.cfg, st.s
     base = s.baseline()
     ev = {"val_loss": inp.val_loss, "batches": inp.batches, "baseline": base, "step": inp.step,
@@ -390,135 +313,10 @@ def _on_validation(st: _Step, inp: ValidationIn) -> None:
         return
     target = rollback_target(cfg, s, inc.onset_step)
     assert target is not None
-    _start_rollback(st, Trigger.VALIDATION_ABNORMAL, target, f"validation abnormal: {why}", ev, inp.now)
+    start_rollback(st, Trigger.VALIDATION_ABNORMAL, target, f"validation abnormal: {why}", ev, inp.now)
 
 
-def _start_rollback(st: _Step, trigger: Trigger, target: Checkpoint, why: str, ev: dict[str, Any], now: float) -> None:
-    cfg, s = st.cfg, st.s
-    inc = s.incident
-    assert inc is not None
-    scale = rolled_back_lr_scale(s.lr_scale, cfg.policy.lr_factor) if trigger is Trigger.VALIDATION_ABNORMAL else s.lr_scale
-    args: dict[str, Any] = {"to_step": target.step, "lr_scale": scale}
-    if cfg.skip_data and target.sample_end is not None and inc.sample_end is not None and inc.sample_end > target.sample_end:
-        args["skip_data"] = [target.sample_end, inc.sample_end]
-    ev = {**ev, "target": {"step": target.step, "kind": target.kind}, "lr_scale": scale, "onset_step": inc.onset_step}
-    reason = f"{why}; rolling back to stable checkpoint {target.step} ({target.kind}) with lr_scale {scale:g}"
-    st.move(trigger, reason, ev, now)
-    s.lr_scale = scale
-    s.incident = replace(inc, rollback_to=target.step)
-    st.send(CommandType.ROLLBACK, args, now, reason)
-
-
-def _on_ack(st: _Step, inp: AckIn) -> None:
-    s = st.s
-    if st.holds("not is_ours", inp.cmd_id):
-        if (s.phase is Phase.HALTED and inp.status is AckStatus.APPLIED and inp.cmd_id not in s.issued
-                and inp.cmd_type in (CommandType.RESUME, CommandType.ROLLBACK)):
-            st.move(Trigger.OPERATOR_RESUMED, f"an operator {inp.cmd_type} was applied: {inp.detail}",
-                    {"cmd": inp.cmd_id, "cmd_type": inp.cmd_type, "detail": inp.detail}, inp.now)
-            inc = s.incident
-            assert inc is not None  # halted always holds the incident that halted it
-            st.actions.append(CloseIncident(id=inc.id, outcome=IncidentOutcome.HALTED, closed_at=inp.now,
-                                            rollback_to=inc.rollback_to, lr_scale=s.lr_scale))
-            st.alert(AlertLevel.INFO, inc.rule, f"run {s.run} resumed by an operator", inp.detail, {},
-                     action=AlertAction.RESOLVE)
-            s.incident = None
-        return
-    pend = s.pending
-    assert pend is not None
-    ev = {"cmd": pend.id, "cmd_type": str(pend.type), "status": str(inp.status), "detail": inp.detail,
-          "attempt": pend.attempt}
-    match inp.status:
-        case AckStatus.APPLIED:
-            _on_applied(st, pend, ev, inp.now)
-        case AckStatus.DUPLICATE:
-            return  # the trainer saw this id before; the first delivery's ack decides
-        case AckStatus.EXPIRED:
-            _retry_or_give_up(st, f"{pend.type} expired before the trainer applied it", ev, inp.now)
-        case AckStatus.FAILED if pend.type is CommandType.ROLLBACK:
-            _on_rollback_failed(st, pend, inp, ev)
-        case AckStatus.REJECTED | AckStatus.FAILED:  # resending the same thing cannot help
-            st.halt(Trigger.COMMAND_REFUSED, f"{pend.type} was {inp.status} by the trainer: {inp.detail}", ev, inp.now)
-        case _:
-            assert_never(inp.status)
-
-
-def _on_rollback_failed(st: _Step, pend: Pending, inp: AckIn, ev: dict[str, Any]) -> None:
-    """The trainer could not restore the target: forget it and roll back to an older one, if any."""
-    cfg, s = st.cfg, st.s
-    failed_step = int(pend.args["to_step"])
-    failed_kind = next((c.kind for c in s.checkpoints if c.step == failed_step), None)
-    # a memory ring forgets its oldest first: when one memory snapshot is gone, every older one is too
-    memory = CheckpointKind.MEMORY
-    s.checkpoints = tuple(c for c in s.checkpoints if c.step != failed_step
-                          and not (failed_kind == memory and c.kind == memory and c.step < failed_step))
-    if st.holds("not rollback_target", failed_step - 1):
-        st.halt(Trigger.NO_TARGET, f"rollback to {failed_step} failed ({inp.detail}) and no older stable checkpoint",
-                ev, inp.now)
-        return
-    target = rollback_target(cfg, s, failed_step - 1)
-    assert target is not None
-    _start_rollback(st, Trigger.ROLLBACK_FAILED, target, f"rollback to {failed_step} failed ({inp.detail})", ev, inp.now)
-
-
-def _on_applied(st: _Step, pend: Pending, ev: dict[str, Any], now: float) -> None:
-    s = st.s
-    match pend.type:
-        case CommandType.PAUSE:
-            st.move(Trigger.PAUSE_APPLIED, "the trainer paused; validating the frozen weights", ev, now)
-            st.send(CommandType.VALIDATE, {}, now, "validate the frozen weights")
-        case CommandType.VALIDATE:
-            s.pending = replace(pend, acked=True)  # the validation event itself decides
-        case CommandType.ROLLBACK:
-            inc = s.incident
-            assert inc is not None
-            st.move(Trigger.ROLLBACK_APPLIED,
-                    f"rolled back to step {inc.rollback_to} ({ev['detail']}); training continues", ev, now)
-            s.pending = None
-            s.rollback_times = (*s.rollback_times, now)[-max(st.cfg.rollback_budget, 1) * 2:]
-            s.incident = replace(inc, rollbacks=inc.rollbacks + 1)
-            s.last_step = int(pend.args["to_step"])
-            s.checkpoints = tuple(c for c in s.checkpoints if c.step <= s.last_step)
-            s.unhealthy_steps = tuple(u for u in s.unhealthy_steps if u <= s.last_step)
-            s.unhealthy_samples = tuple(x for x in s.unhealthy_samples if x[0] <= s.last_step)  # replayed anew
-        case CommandType.RESUME:
-            inc = s.incident
-            assert inc is not None
-            st.move(Trigger.RESUME_APPLIED, "resumed: the spike was transient", ev, now)
-            s.pending = None
-            st.actions.append(CloseIncident(id=inc.id, outcome=IncidentOutcome.RESUMED, closed_at=now,
-                                            rollback_to=None, lr_scale=s.lr_scale))
-            st.alert(AlertLevel.INFO, inc.rule, f"run {s.run} resumed", "validation was normal; the spike was transient",
-                     ev, action=AlertAction.RESOLVE)
-            s.incident = None
-        case _:  # only the pause cycle and rollbacks are ever pending (_Step.send)
-            raise AssertionError(f"a {pend.type} command was pending")
-
-
-def _on_tick(st: _Step, inp: TickIn) -> None:
-    s = st.s
-    if s.phase not in WAITING or not st.holds("timed_out", inp.now):
-        return
-    pend = s.pending
-    assert pend is not None
-    ev = {"cmd": pend.id, "cmd_type": str(pend.type), "attempt": pend.attempt, "waited_s": inp.now - pend.sent_at}
-    _retry_or_give_up(st, f"no answer to {pend.type} after {inp.now - pend.sent_at:.0f}s", ev, inp.now)
-
-
-def _retry_or_give_up(st: _Step, why: str, ev: dict[str, Any], now: float) -> None:
-    cfg, s = st.cfg, st.s
-    pend = s.pending
-    assert pend is not None
-    st.actions.append(MarkCommand(id=pend.id, status="timeout", detail=why))
-    if st.holds("can_retry"):
-        st.move(Trigger.COMMAND_RETRY, f"{why}; resending (attempt {pend.attempt + 1} of {cfg.max_attempts})", ev, now)
-        st.send(pend.type, pend.args, now, why, attempt=pend.attempt + 1)
-        st.alert(AlertLevel.WARN, "command_timeout", f"run {s.run}: {pend.type} unanswered, resent", why, ev)
-        return
-    st.halt(Trigger.COMMAND_GAVE_UP, f"{why}; gave up after {pend.attempt} attempts", ev, now)
-
-
-def _on_run_ended(st: _Step, inp: RunEndedIn) -> None:
+def _on_run_ended(st: Step, inp: RunEndedIn) -> None:
     s = st.s
     inc = s.incident
     if inc is None:
