@@ -65,22 +65,22 @@ def _cpu_s(pid: int) -> float:
 def _committed(engine, group: str) -> int:
     from sqlalchemy import func, select
 
-    from cliffguard.controller.store.models import ConsumerOffset
+    from cliffguard.controller.store.models import ConsumerOffsetRow
 
     with engine.connect() as conn:
-        return int(conn.execute(select(func.coalesce(func.sum(ConsumerOffset.offset), 0))
-                                .where(ConsumerOffset.group_id == group)).scalar_one())
+        return int(conn.execute(select(func.coalesce(func.sum(ConsumerOffsetRow.offset), 0))
+                                .where(ConsumerOffsetRow.group_id == group)).scalar_one())
 
 
 def _hung_named(engine, run: str, rank: int) -> float | None:
     """The store time of the first ``rank_hung`` alert of ``run`` naming ``rank``."""
     from sqlalchemy import select
 
-    from cliffguard.controller.store.models import Alert
+    from cliffguard.controller.store.models import AlertRow
 
     with engine.connect() as conn:
-        rows = conn.execute(select(Alert.ts, Alert.evidence).where(Alert.run_id == run, Alert.rule == "rank_hung")
-                            .order_by(Alert.ts)).all()
+        rows = conn.execute(select(AlertRow.ts, AlertRow.evidence).where(AlertRow.run_id == run, AlertRow.rule == "rank_hung")
+                            .order_by(AlertRow.ts)).all()
     for ts, evidence in rows:
         # the alert's evidence wraps the verdict's (controller/recovery.py): the named ranks are
         # under "window"; "rank" is the first of them
@@ -94,11 +94,11 @@ def _alerts_by_rule(engine, run: str) -> dict[str, int]:
     """How many alerts of each rule ``run`` got (a stopped fleet's silence: a handful, not one per rank)."""
     from sqlalchemy import func, select
 
-    from cliffguard.controller.store.models import Alert
+    from cliffguard.controller.store.models import AlertRow
 
     with engine.connect() as conn:
         return {rule: int(n) for rule, n in conn.execute(
-            select(Alert.rule, func.count()).where(Alert.run_id == run).group_by(Alert.rule)).all()}
+            select(AlertRow.rule, func.count()).where(AlertRow.run_id == run).group_by(AlertRow.rule)).all()}
 
 
 class CommandWatch(threading.Thread):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from cliffguard.core.enums import AlertAction, AlertLevel
 from cliffguard.trainer.faults import FaultSpec
 
 EXPECTED: dict[str, tuple[str, ...]] = {
@@ -103,7 +104,8 @@ def judge_alerts(faults: list[FaultSpec], alerts: list[dict[str, Any]],
     """The verdict on a report-only run (one that declared no command): every judged fault must
     raise a warn/critical alert whose evidence step lies in the fault's window, and the controller
     must have sent no command at all. (ok, per-fault results, ids of alerts no fault explains)."""
-    raised = [a for a in alerts if a["level"] in ("warn", "critical") and a.get("action", "trigger") == "trigger"]
+    raised = [a for a in alerts if a["level"] in (AlertLevel.WARN, AlertLevel.CRITICAL)
+              and a.get("action", AlertAction.TRIGGER) == AlertAction.TRIGGER]
     used: set[str] = set()
     results: list[dict[str, Any]] = []
     ok = commands_sent == 0

@@ -25,7 +25,7 @@ from typing import Any
 from cliffguard.controller.detect import RulesConfig, RunDetector
 from cliffguard.controller.recovery_types import RecoveryConfig
 from cliffguard.controller.verdict import Action, Verdict
-from cliffguard.core.enums import EventType
+from cliffguard.core.enums import EventType, Level
 from cliffguard.core.events import Event
 from cliffguard.core.floats import to_json
 
@@ -122,7 +122,7 @@ def parse_loss_csv_file(path: str | Path) -> LossCsv:
 @dataclass(frozen=True, slots=True)
 class BacktestEvent:
     step: int
-    level: str
+    level: Level
     """``critical`` = the controller would pause the run; otherwise ``warn``."""
     rule: str
     rule_level: str
@@ -134,7 +134,7 @@ class BacktestEvent:
 
     @classmethod
     def from_verdict(cls, v: Verdict) -> BacktestEvent:
-        return cls(step=v.step, level="critical" if v.action is Action.RECOVER else "warn", rule=v.rule,
+        return cls(step=v.step, level=Level.CRITICAL if v.action is Action.RECOVER else Level.WARN, rule=v.rule,
                    rule_level=str(v.level), action=str(v.action), onset_step=v.onset_step, rank=v.rank,
                    message=v.message, evidence=v.evidence)
 
@@ -190,7 +190,7 @@ def outcomes(points: Sequence[tuple[int, float]], events: Sequence[BacktestEvent
     index = {s: i for i, (s, _) in enumerate(points)}
     out: list[str | None] = []
     for e in events:
-        if e.level != "critical":
+        if e.level is not Level.CRITICAL:
             out.append(None)
             continue
         ref = e.evidence.get("median")
@@ -243,7 +243,7 @@ def _row_event(run_id: str, r: dict[str, Any]) -> Event:
 
 
 def summary(events: Sequence[BacktestEvent], n_points: int) -> dict[str, Any]:
-    crit = [e for e in events if e.level == "critical"]
+    crit = [e for e in events if e.level is Level.CRITICAL]
     return {"points": n_points, "warn": len(events) - len(crit), "critical": len(crit),
             "first_critical_step": crit[0].step if crit else None}
 

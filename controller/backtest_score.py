@@ -31,6 +31,7 @@ from cliffguard.controller.backtest import (
     replay_points,
 )
 from cliffguard.controller.detect import RulesConfig
+from cliffguard.core.enums import Level
 
 CATEGORIES = ("positive", "negative", "hard_negative", "data_outlier", "unlabelled")
 Window = tuple[int, int]
@@ -92,7 +93,7 @@ def _inside(step: int, windows: Sequence[Window]) -> bool:
 def score_curve(name: str, points: Sequence[tuple[int, float]], events: Sequence[BacktestEvent],
                 labels: Labels) -> CurveScore:
     cat = labels.category(name)
-    acts = [e for e in events if e.level == "critical"]
+    acts = [e for e in events if e.level is Level.CRITICAL]
     act_steps = [e.step for e in acts]
     rollbacks = sum(1 for o in outcomes(points, events) if o == "rollback")
     row = CurveScore(name=name, category=cat, points=len(points), interval=infer_interval([s for s, _ in points]),

@@ -60,10 +60,10 @@ from cliffguard.controller.store.ingest import acked_command, ingest_events, ing
 from cliffguard.controller.store.models import (
     CheckpointRow,
     CommandRow,
-    ConsumerOffset,
-    DataFlag,
-    Incident,
-    Transition,
+    ConsumerOffsetRow,
+    DataFlagRow,
+    IncidentRow,
+    TransitionRow,
 )
 from cliffguard.controller.store.offsets import save_offsets
 from cliffguard.controller.store.retention import RetentionConfig, downsample_due, run_watermarks
@@ -83,9 +83,9 @@ _STEP = EventType.STEP
 MAX_FLAGGED_SAMPLES = 100_000
 
 
-_STORED_OFFSETS = (select(ConsumerOffset.topic, ConsumerOffset.partition, ConsumerOffset.offset)
-                   .where(ConsumerOffset.group_id == bindparam("group"),
-                          ConsumerOffset.topic.in_(bindparam("topics", expanding=True)))
+_STORED_OFFSETS = (select(ConsumerOffsetRow.topic, ConsumerOffsetRow.partition, ConsumerOffsetRow.offset)
+                   .where(ConsumerOffsetRow.group_id == bindparam("group"),
+                          ConsumerOffsetRow.topic.in_(bindparam("topics", expanding=True)))
                    .with_for_update())
 """The fence's read of a batch's stored offsets, locked (built once: it runs with every batch)."""
 
@@ -276,18 +276,18 @@ class BatchProcessor:
             if self.on_command is not None:
                 self.on_command(session, row.id)
         elif isinstance(act, RecordTransition):
-            session.add(Transition(run_id=run_id, incident_id=act.incident_id, ts=act.ts, step=act.step,
+            session.add(TransitionRow(run_id=run_id, incident_id=act.incident_id, ts=act.ts, step=act.step,
                                    from_state=str(act.from_state), to_state=str(act.to_state),
                                    reason=f"{act.trigger}: {act.reason}", evidence=to_json(act.evidence)))
             res.transitions.append((run_id, str(act.from_state), str(act.to_state)))
             log.info("run %s: %s -> %s (%s)", run_id, act.from_state, act.to_state, act.reason)
         elif isinstance(act, OpenIncident):
-            session.add(Incident(id=act.id, run_id=run_id, opened_at=act.opened_at, rule=act.rule, level=act.level,
+            session.add(IncidentRow(id=act.id, run_id=run_id, opened_at=act.opened_at, rule=act.rule, level=act.level,
                                  spike_step=act.spike_step, onset_step=act.onset_step, outcome="open",
                                  evidence=to_json(act.evidence)))
             session.flush()  # no ORM relationships: the incident row must exist before rows naming it
         elif isinstance(act, CloseIncident):
-            row = session.get(Incident, act.id)
+            row = session.get(IncidentRow, act.id)
             if row is not None:
                 row.outcome = act.outcome
                 row.closed_at = act.closed_at
@@ -304,7 +304,7 @@ class BatchProcessor:
                             .values(stable=True, stable_reason=act.reason))
         elif isinstance(act, FlagSamples):
             ids = [i for a, b in act.ranges for i in range(a, b)][:MAX_FLAGGED_SAMPLES]
-            session.add(DataFlag(run_id=run_id, step=act.step, ts=now, rule="transient_spike", score=act.score,
+            session.add(DataFlagRow(run_id=run_id, step=act.step, ts=now, rule="transient_spike", score=act.score,
                                  sample_ids=ids))
         elif isinstance(act, MarkCommand):
             session.execute(update(CommandRow).where(CommandRow.id == act.id, CommandRow.acked_at.is_(None))

@@ -39,9 +39,9 @@ def _stored_model(etype: str) -> Any:
     from cliffguard.controller.store import models
 
     return {
-        EventType.RUN_STARTED: models.Run, EventType.STEP: models.StepMetric,
-        EventType.HEARTBEAT: models.Heartbeat, EventType.CHECKPOINT: models.CheckpointRow,
-        EventType.VALIDATION: models.ValidationRow, EventType.DATA_FLAG: models.DataFlag,
+        EventType.RUN_STARTED: models.RunRow, EventType.STEP: models.StepMetricRow,
+        EventType.HEARTBEAT: models.HeartbeatRow, EventType.CHECKPOINT: models.CheckpointRow,
+        EventType.VALIDATION: models.ValidationRow, EventType.DATA_FLAG: models.DataFlagRow,
     }.get(etype)
 
 

@@ -26,7 +26,7 @@ from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session
 
 from cliffguard.controller.store.db import session_scope
-from cliffguard.controller.store.models import AuditRow, CommandRequest, CommandRow, OutboxRow, Run
+from cliffguard.controller.store.models import AuditRow, CommandRequestRow, CommandRow, OutboxRow, RunRow
 from cliffguard.controller.store.requests import RequestStatus
 from cliffguard.core.enums import CommandType
 from cliffguard.core.events import encode_command, make_command
@@ -94,7 +94,7 @@ def issue_operator_command(
 ) -> CommandRow:
     """An operator's command for ``run_id``, with its audit row; raises UnknownRun / SchemaError
     (a ValueError) before writing anything."""
-    if session.get(Run, run_id) is None:
+    if session.get(RunRow, run_id) is None:
         raise UnknownRun(f"run {run_id!r} is not in the store")
     now = time.time() if now is None else now
     row = enqueue_command(session, run_id=run_id, type=type, args=args, secret=secret,
@@ -110,8 +110,8 @@ def issue_operator_command(
 def pending_requests(session: Session, limit: int) -> list[int]:
     """Ids of the oldest pending requests (first come, first decided)."""
     return list(session.scalars(
-        select(CommandRequest.id).where(CommandRequest.status == str(RequestStatus.PENDING))
-        .order_by(CommandRequest.requested_at, CommandRequest.id).limit(limit)
+        select(CommandRequestRow.id).where(CommandRequestRow.status == str(RequestStatus.PENDING))
+        .order_by(CommandRequestRow.requested_at, CommandRequestRow.id).limit(limit)
     ))
 
 
@@ -123,19 +123,19 @@ def decide_request(
     commands_topic: str,
     ttl_s: float,
     now: float,
-) -> CommandRequest | None:
+) -> CommandRequestRow | None:
     """Accept (sign, audit, queue) or reject one pending request in the caller's transaction.
 
     None when the request is gone or no longer pending: another controller instance decided it.
     The claim is a conditional UPDATE, so two instances on one store never both accept it."""
     claimed = session.execute(
-        update(CommandRequest)
-        .where(CommandRequest.id == request_id, CommandRequest.status == str(RequestStatus.PENDING))
+        update(CommandRequestRow)
+        .where(CommandRequestRow.id == request_id, CommandRequestRow.status == str(RequestStatus.PENDING))
         .values(status=str(RequestStatus.ACCEPTED), decided_at=now)
     ).rowcount
     if claimed != 1:
         return None
-    req = session.get(CommandRequest, request_id)
+    req = session.get(CommandRequestRow, request_id)
     assert req is not None
     try:
         _check(session, req, now=now, ttl_s=ttl_s)
@@ -155,8 +155,8 @@ def decide_request(
     return req
 
 
-def _check(session: Session, req: CommandRequest, *, now: float, ttl_s: float) -> None:
-    run = session.get(Run, req.run_id)
+def _check(session: Session, req: CommandRequestRow, *, now: float, ttl_s: float) -> None:
+    run = session.get(RunRow, req.run_id)
     if run is None:
         raise UnknownRun(f"run {req.run_id!r} is not in the store")
     if run.status in ENDED:
@@ -215,7 +215,7 @@ def decide_pending_requests(
 def _reject_after_error(engine: Engine, request_id: int, exc: Exception, now: float) -> str | None:
     try:
         with session_scope(engine) as s:
-            req = s.get(CommandRequest, request_id)
+            req = s.get(CommandRequestRow, request_id)
             if req is None or req.status != RequestStatus.PENDING:
                 return None
             req.status = str(RequestStatus.REJECTED)

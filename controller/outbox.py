@@ -32,7 +32,7 @@ from typing import Any
 from sqlalchemy import Engine, func, select, update
 
 from cliffguard.controller.store.db import session_scope
-from cliffguard.controller.store.models import CommandRow, OutboxRow, Run
+from cliffguard.controller.store.models import CommandRow, OutboxRow, RunRow
 from cliffguard.core.kafka_config import KafkaConfig
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ class CommandOutbox:
             row = session.get(OutboxRow, f"cmd_{cmd_id}")
             if row is None or row.status != "pending":
                 return False
-            run = session.get(Run, row.key)
+            run = session.get(RunRow, row.key)
             if run is None or not run.controller_state:
                 # The run's recovery state (the salt its command ids derive from) is not stored
                 # yet: a crash before this commit would re-decide under another id, and the

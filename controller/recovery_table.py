@@ -1,21 +1,34 @@
-"""The recovery machine's declared graph and its guards (``controller/recovery.py`` walks them).
+"""The recovery machine's whole policy as data: its transitions, their guards and their actions
+(``controller/recovery.py`` walks them; ``docs/recovery-policy.md`` is drawn from ``TABLE``).
 
-``TRANSITIONS`` is the complete list of legal moves, (phase, trigger) -> phase; ``fire`` raises
-``TransitionNotAllowed`` for anything else, so a bug cannot walk a run somewhere undeclared. The
-guards in ``GUARDS`` are named predicates, each a pure function of (config, state, ...). The
-diagram and the policy they implement are in ``controller/recovery.py``'s docstring.
+Each ``Transition`` names its guard: a conjunction of terms, each a named predicate of ``GUARDS``
+(a pure function of (config, state, ...)) or a capability of ``CAPABILITIES`` (commands the run
+declared), either one possibly negated (``not within_budget``). The handlers ask every term through
+``holds`` and a move checks that the terms of its entry held, so the table cannot say one thing
+while the code does another. ``fire`` raises ``TransitionNotAllowed`` for a (phase, trigger) the
+table does not declare, so a bug cannot walk a run somewhere undeclared.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
-from cliffguard.controller.recovery_types import Checkpoint, Phase, RecoveryConfig, RecoveryState, VerdictIn
+from cliffguard.controller.recovery_types import (
+    Checkpoint,
+    Phase,
+    RecoveryConfig,
+    RecoveryState,
+    Trigger,
+    VerdictIn,
+)
 from cliffguard.controller.verdict import Action
 from cliffguard.core.enums import CommandType
 from cliffguard.core.policy import rollback_step
+
+P, T = Phase, Trigger
 
 
 class TransitionNotAllowed(RuntimeError):
@@ -25,31 +38,64 @@ class TransitionNotAllowed(RuntimeError):
         self.trigger = trigger
 
 
-# (from phase, trigger) -> to phase. The complete list of legal moves.
-TRANSITIONS: dict[tuple[Phase, str], Phase] = {
-    (Phase.RUNNING, "spike"): Phase.PAUSING,
-    (Phase.RECOVERING, "spike"): Phase.PAUSING,
-    (Phase.PAUSING, "pause_applied"): Phase.VALIDATING,
-    (Phase.VALIDATING, "validation_normal"): Phase.RESUMING,
-    (Phase.VALIDATING, "validation_abnormal"): Phase.ROLLING_BACK,
-    (Phase.VALIDATING, "budget_exhausted"): Phase.HALTED,
-    (Phase.VALIDATING, "no_target"): Phase.HALTED,
-    (Phase.VALIDATING, "rollback_unsupported"): Phase.HALTED,
-    (Phase.ROLLING_BACK, "rollback_applied"): Phase.RECOVERING,
-    (Phase.ROLLING_BACK, "rollback_failed"): Phase.ROLLING_BACK,
-    (Phase.ROLLING_BACK, "no_target"): Phase.HALTED,
-    (Phase.RECOVERING, "recovered"): Phase.RUNNING,
-    (Phase.RESUMING, "resume_applied"): Phase.RUNNING,
-    (Phase.HALTED, "operator_resumed"): Phase.RUNNING,
-}
+@dataclass(frozen=True, slots=True)
+class Transition:
+    source: Phase
+    trigger: Trigger
+    target: Phase
+    guard: tuple[str, ...] = ()
+    """Terms that must all hold for this move (``GUARDS`` or ``CAPABILITIES`` names, ``not`` to negate)."""
+    actions: tuple[str, ...] = ()
+    """What the move asks the edges to do, in order (the ``ActionT`` it emits besides its record)."""
+
+
 WAITING = (Phase.PAUSING, Phase.VALIDATING, Phase.ROLLING_BACK, Phase.RESUMING)
-for _p in WAITING:
-    TRANSITIONS[(_p, "command_retry")] = _p
-    TRANSITIONS[(_p, "command_gave_up")] = Phase.HALTED
-    TRANSITIONS[(_p, "command_refused")] = Phase.HALTED
-# Every phase that holds an incident; ``running`` never does (each way into it closes the incident).
-for _p in (*WAITING, Phase.RECOVERING, Phase.HALTED):
-    TRANSITIONS[(_p, "run_ended")] = Phase.RUNNING
+"""The phases that wait on a command the machine sent."""
+_HOLDS_INCIDENT = (*WAITING, Phase.RECOVERING, Phase.HALTED)  # running never does: each way into it closes it
+_HALT = ("close incident halted", "alert critical")
+_ROLLBACK = "send rollback (lr_scale, skip_data)"
+
+TABLE: tuple[Transition, ...] = (
+    *(Transition(p, T.SPIKE, P.PAUSING, ("starts_incident", "can_pause_cycle"),
+                 ("open incident" if p is P.RUNNING else "continue the incident", "send pause", "alert critical"))
+      for p in (P.RUNNING, P.RECOVERING)),
+    Transition(P.PAUSING, T.PAUSE_APPLIED, P.VALIDATING, ("is_ours",), ("send validate",)),
+    Transition(P.VALIDATING, T.VALIDATION_NORMAL, P.RESUMING, ("is_ours", "not is_abnormal"),
+               ("mark checkpoints stable", "flag the excursion's samples", "send resume")),
+    Transition(P.VALIDATING, T.ROLLBACK_UNSUPPORTED, P.HALTED, ("is_ours", "is_abnormal", "not can_roll_back"), _HALT),
+    Transition(P.VALIDATING, T.BUDGET_EXHAUSTED, P.HALTED,
+               ("is_ours", "is_abnormal", "can_roll_back", "not within_budget"), _HALT),
+    Transition(P.VALIDATING, T.NO_TARGET, P.HALTED,
+               ("is_ours", "is_abnormal", "can_roll_back", "within_budget", "not rollback_target"), _HALT),
+    Transition(P.VALIDATING, T.VALIDATION_ABNORMAL, P.ROLLING_BACK,
+               ("is_ours", "is_abnormal", "can_roll_back", "within_budget", "rollback_target"),
+               ("cut the LR scale by lr_factor", _ROLLBACK)),
+    Transition(P.ROLLING_BACK, T.ROLLBACK_APPLIED, P.RECOVERING, ("is_ours",), ("forget checkpoints after the target",)),
+    Transition(P.ROLLING_BACK, T.ROLLBACK_FAILED, P.ROLLING_BACK, ("is_ours", "rollback_target"),
+               ("forget the failed target", _ROLLBACK)),
+    Transition(P.ROLLING_BACK, T.NO_TARGET, P.HALTED, ("is_ours", "not rollback_target"),
+               ("forget the failed target", *_HALT)),
+    Transition(P.RECOVERING, T.RECOVERED, P.RUNNING, ("is_recovered",), ("close incident rolled_back", "alert info")),
+    Transition(P.RESUMING, T.RESUME_APPLIED, P.RUNNING, ("is_ours",), ("close incident resumed", "alert info")),
+    Transition(P.HALTED, T.OPERATOR_RESUMED, P.RUNNING, ("not is_ours",), ("close incident halted", "alert info")),
+    *(t for p in WAITING for t in (
+        Transition(p, T.COMMAND_RETRY, p, ("can_retry",),
+                   ("mark the command timed out", "resend it (next attempt)", "alert warn")),
+        Transition(p, T.COMMAND_GAVE_UP, P.HALTED, ("not can_retry",), ("mark the command timed out", *_HALT)),
+        Transition(p, T.COMMAND_REFUSED, P.HALTED, ("is_ours",), _HALT),
+    )),
+    *(Transition(p, T.RUN_ENDED, P.RUNNING, (), (*(("cancel the unanswered command",) if p in WAITING else ()),
+                                                 f"close incident {'halted' if p is P.HALTED else 'abandoned'}",
+                                                 "alert warn"))
+      for p in _HOLDS_INCIDENT),
+)
+"""Every legal move; those of one phase and input in the order the handlers try them."""
+
+TRANSITIONS: dict[tuple[Phase, str], Phase] = {(t.source, t.trigger): t.target for t in TABLE}
+"""(from phase, trigger) -> to phase: the table as ``fire`` reads it."""
+ENTRIES: dict[tuple[Phase, str], Transition] = {(t.source, t.trigger): t for t in TABLE}
+assert len(ENTRIES) == len(TABLE), "one (phase, trigger) is declared twice"
+
 
 def fire(phase: Phase, trigger: str) -> Phase:
     """The phase after ``trigger`` in ``phase``; raises TransitionNotAllowed if undeclared."""
@@ -65,10 +111,13 @@ def fire(phase: Phase, trigger: str) -> Phase:
 
 
 def starts_incident(cfg: RecoveryConfig, s: RecoveryState, inp: VerdictIn) -> bool:
+    """The verdict asks for recovery and the run is running or recovering (not mid-incident)."""
     return inp.verdict.action is Action.RECOVER and s.phase in (Phase.RUNNING, Phase.RECOVERING)
 
 
 def is_abnormal(cfg: RecoveryConfig, s: RecoveryState, val_loss: float) -> bool:
+    """The validation loss is above the healthy baseline plus margins (or there is no baseline yet,
+    or it is not finite)."""
     base = s.baseline()
     if base is None or not math.isfinite(val_loss):
         return True
@@ -76,21 +125,24 @@ def is_abnormal(cfg: RecoveryConfig, s: RecoveryState, val_loss: float) -> bool:
 
 
 def within_budget(cfg: RecoveryConfig, s: RecoveryState, now: float) -> bool:
+    """Fewer than ``rollback_budget`` rollbacks within the last ``rollback_window_s``."""
     recent = [t for t in s.rollback_times if now - t < cfg.rollback_window_s]
     return len(recent) < cfg.rollback_budget
 
 
 def rollback_target(cfg: RecoveryConfig, s: RecoveryState, before: int) -> Checkpoint | None:
-    """Newest stable checkpoint at or before ``before``."""
+    """The newest stable checkpoint at or before ``before`` (as a term: there is one)."""
     step = rollback_step((c.step for c in s.checkpoints if c.stable), before)
     return None if step is None else next(c for c in s.checkpoints if c.step == step and c.stable)
 
 
 def can_retry(cfg: RecoveryConfig, s: RecoveryState) -> bool:
+    """The pending command has sends left (``max_attempts``)."""
     return s.pending is not None and s.pending.attempt < cfg.max_attempts
 
 
 def timed_out(cfg: RecoveryConfig, s: RecoveryState, now: float) -> bool:
+    """The pending command went unanswered past its timeout (what makes a tick count)."""
     if s.pending is None:
         return False
     limit = cfg.validate_timeout_s if s.pending.type is CommandType.VALIDATE else cfg.command_timeout_s
@@ -98,12 +150,14 @@ def timed_out(cfg: RecoveryConfig, s: RecoveryState, now: float) -> bool:
 
 
 def is_recovered(cfg: RecoveryConfig, s: RecoveryState) -> bool:
+    """``recover_window`` healthy steps since the rollback target (and since the last unhealthy step)."""
     assert s.incident is not None and s.incident.rollback_to is not None
     healthy_since = max([s.incident.rollback_to, *s.unhealthy_steps])
     return s.last_step - healthy_since >= cfg.recover_window
 
 
 def is_stable(cfg: RecoveryConfig, s: RecoveryState, c: Checkpoint) -> bool:
+    """``stable_window`` healthy steps followed the checkpoint (what makes it a rollback target)."""
     if s.last_step < c.step + cfg.stable_window:
         return False
     # a checkpoint labelled s holds the state before step s ran (trainer/commands.py), so step s
@@ -112,6 +166,7 @@ def is_stable(cfg: RecoveryConfig, s: RecoveryState, c: Checkpoint) -> bool:
 
 
 def is_ours(cfg: RecoveryConfig, s: RecoveryState, cmd_id: str) -> bool:
+    """The ack or validation answers the command the machine is waiting on."""
     return s.pending is not None and s.pending.id == cmd_id
 
 
@@ -126,3 +181,24 @@ GUARDS: dict[str, Callable[..., Any]] = {
     "is_stable": is_stable,
     "is_ours": is_ours,
 }
+
+PAUSE_CYCLE = (CommandType.PAUSE, CommandType.VALIDATE, CommandType.RESUME)
+"""What a run must apply for the machine to open an incident: pause, judge the frozen weights, resume."""
+CAPABILITIES: dict[str, tuple[CommandType, ...]] = {
+    "can_pause_cycle": PAUSE_CYCLE,
+    "can_roll_back": (CommandType.ROLLBACK,),
+}
+"""Guard terms that hold when the run declared (``run.started``) every one of these commands."""
+
+
+def holds(term: str, cfg: RecoveryConfig, s: RecoveryState, *args: Any) -> bool:
+    """Whether a guard term holds: ``name`` or ``not name``, a key of GUARDS (called with ``args``)
+    or of CAPABILITIES."""
+    negated, name = term.startswith("not "), term.removeprefix("not ")
+    value = bool(GUARDS[name](cfg, s, *args)) if name in GUARDS else s.can(*CAPABILITIES[name])
+    return value != negated
+
+
+def guard_terms(table: Iterable[Transition] = TABLE) -> set[str]:
+    """Every name a guard of ``table`` uses (without ``not``)."""
+    return {term.removeprefix("not ") for t in table for term in t.guard}

@@ -18,7 +18,7 @@ from cliffguard.core.capabilities import ALL as ALL_COMMANDS
 from cliffguard.core.capabilities import normalize as normalize_capabilities
 from cliffguard.core.declared import bounded, check_declared
 from cliffguard.core.deployment import PolicyConfig
-from cliffguard.core.enums import AckStatus, CommandType, Level
+from cliffguard.core.enums import AckStatus, AlertAction, AlertLevel, CommandType, IncidentOutcome, Level
 from cliffguard.core.rank_arrays import MAX_DETAIL_STEPS
 from cliffguard.core.settings import shared_field
 
@@ -33,6 +33,28 @@ class Phase(StrEnum):
     RECOVERING = "recovering"  # rolled back, training again; waiting for a healthy window
     RESUMING = "resuming"  # validation was normal; resume sent, waiting for its ack
     HALTED = "halted"  # human needed (rollback budget spent, no target, command refused)
+
+
+class Trigger(StrEnum):
+    """What moves a run's recovery from one phase to another (``controller/recovery_table.py``
+    declares where each may fire); stored as ``transitions.trigger``."""
+
+    SPIKE = "spike"  # a rule's verdict asks for recovery (loss spike, divergence, non-finite loss)
+    PAUSE_APPLIED = "pause_applied"
+    VALIDATION_NORMAL = "validation_normal"  # the frozen weights validate within the margin
+    VALIDATION_ABNORMAL = "validation_abnormal"  # ...above it, and a rollback is possible
+    BUDGET_EXHAUSTED = "budget_exhausted"  # ...above it, and the rollback budget is spent
+    NO_TARGET = "no_target"  # no stable checkpoint to roll back to
+    ROLLBACK_UNSUPPORTED = "rollback_unsupported"  # ...above it, and the run cannot roll back
+    ROLLBACK_APPLIED = "rollback_applied"
+    ROLLBACK_FAILED = "rollback_failed"  # the trainer could not restore the target: try an older one
+    RECOVERED = "recovered"  # a healthy window since the rollback
+    RESUME_APPLIED = "resume_applied"
+    OPERATOR_RESUMED = "operator_resumed"  # a resume or rollback no machine sent was applied
+    COMMAND_RETRY = "command_retry"  # the pending command timed out or expired: resent
+    COMMAND_GAVE_UP = "command_gave_up"  # ...and it was the last attempt
+    COMMAND_REFUSED = "command_refused"  # the trainer rejected it, or a non-rollback failed
+    RUN_ENDED = "run_ended"  # the run finished or failed mid-incident
 
 
 @dataclass(kw_only=True, slots=True)
@@ -198,12 +220,12 @@ class MarkCommand:
 
 @dataclass(frozen=True, slots=True)
 class Alert:
-    level: str  # info | warn | critical
+    level: AlertLevel
     rule: str
     title: str
     body: str
     incident_id: str | None = None
-    action: str = "trigger"  # trigger | resolve
+    action: AlertAction = AlertAction.TRIGGER
     evidence: dict[str, Any] = field(default_factory=dict)
 
 
@@ -221,7 +243,7 @@ class OpenIncident:
 @dataclass(frozen=True, slots=True)
 class CloseIncident:
     id: str
-    outcome: str  # resumed | rolled_back | halted | abandoned (the run ended mid-recovery)
+    outcome: IncidentOutcome
     closed_at: float | None
     rollback_to: int | None
     lr_scale: float
@@ -231,7 +253,7 @@ class CloseIncident:
 class RecordTransition:
     from_state: Phase
     to_state: Phase
-    trigger: str
+    trigger: Trigger
     reason: str
     evidence: dict[str, Any]
     incident_id: str | None

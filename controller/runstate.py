@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 from cliffguard.controller.recovery import new_state
 from cliffguard.controller.recovery_types import RecoveryState
 from cliffguard.controller.store.json_text import orjson_text
-from cliffguard.controller.store.models import RuleState, Run
+from cliffguard.controller.store.models import RuleStateRow, RunRow
 from cliffguard.controller.store.upsert import built_once, insert_for
 from cliffguard.controller.verdict import Verdict
 from cliffguard.core.events import Event
@@ -142,7 +142,7 @@ class RunTable:
     def get(self, session: Session, run_id: str, partition: int | None = None) -> RunSlot:
         slot = self.slots.get(run_id)
         if slot is None:
-            row = session.get(Run, run_id)
+            row = session.get(RunRow, run_id)
             slot = self._from_stored(session, run_id, row.controller_state if row is not None else None)
             self.slots[run_id] = slot
         if partition is not None and slot.partition != partition:
@@ -153,8 +153,8 @@ class RunTable:
     def _from_stored(self, session: Session, run_id: str, stored: dict[str, Any] | None) -> RunSlot:
         if stored and stored.get("v") == STATE_VERSION:
             apart: dict[str, Any] = {}
-            rows = session.execute(select(RuleState.rule, RuleState.state).where(
-                RuleState.run_id == run_id)).all() if stored.get("rules_apart") else []
+            rows = session.execute(select(RuleStateRow.rule, RuleStateRow.state).where(
+                RuleStateRow.run_id == run_id)).all() if stored.get("rules_apart") else []
             for name, text in rows:
                 try:
                     apart[name] = json.loads(text)
@@ -195,7 +195,7 @@ class RunTable:
 
     def load_partitions(self, session: Session, partitions: set[int]) -> int:
         """Load the live runs whose stored partition is in ``partitions``; returns how many."""
-        rows = session.execute(select(Run.id, Run.controller_state).where(Run.status == "running")).all()
+        rows = session.execute(select(RunRow.id, RunRow.controller_state).where(RunRow.status == "running")).all()
         n = 0
         for run_id, stored in rows:
             if stored and stored.get("partition") in partitions:
@@ -214,14 +214,14 @@ class RunTable:
 
 
 def _run_update(session: Session) -> Any:
-    t = Run.__table__
+    t = RunRow.__table__
     return update(t).where(t.c.id == bindparam("b_id")).values(
         controller_state=bindparam("b_state", type_=t.c.controller_state.type),
         recovery_state=bindparam("b_phase"), lr_scale=bindparam("b_lr_scale"))
 
 
 def _rule_upsert(session: Session) -> Any:
-    ins = insert_for(session, RuleState)
+    ins = insert_for(session, RuleStateRow)
     return ins.on_conflict_do_update(index_elements=["run_id", "rule"], set_={"state": ins.excluded.state})
 
 
@@ -234,7 +234,7 @@ def save_slots(session: Session, slots: list[RunSlot], *, known: Collection[str]
     if not slots:
         return
     if known is None:
-        known = set(session.scalars(select(Run.id).where(Run.id.in_([s.run_id for s in slots]))))
+        known = set(session.scalars(select(RunRow.id).where(RunRow.id.in_([s.run_id for s in slots]))))
     slots = [s for s in slots if s.run_id in known]
     if not slots:
         return

@@ -1,6 +1,6 @@
 """The closed vocabularies every process shares: event and command types, ack statuses, what the
-guard decided, severities, the trainer's modes (also what its heartbeats report) and how an
-incident ended. String enums, so their values are what goes on the wire and into the store."""
+guard decided, severities (a rule's and an alert's), the trainer's modes (also what its heartbeats
+report) and how an incident ended. String enums, so their values are what goes on the wire and into the store."""
 
 from __future__ import annotations
 
@@ -63,6 +63,29 @@ class Level(StrEnum):
     OK = "ok"
     WARN = "warn"
     CRITICAL = "critical"
+
+
+class AlertLevel(StrEnum):
+    """How loud an alert is: an endpoint takes those at or above its ``min_level``. A rule's warn or
+    critical ``Level`` raises the alert of the same name; ``info`` only says something ended well."""
+
+    INFO = "info"
+    WARN = "warn"
+    CRITICAL = "critical"
+
+    @property
+    def rank(self) -> int:
+        return _ALERT_RANK[self]
+
+
+_ALERT_RANK = {AlertLevel.INFO: 0, AlertLevel.WARN: 1, AlertLevel.CRITICAL: 2}
+
+
+class AlertAction(StrEnum):
+    TRIGGER = "trigger"
+    """Something happened (an incident opened, a rule fired)."""
+    RESOLVE = "resolve"
+    """The incident closed; PagerDuty resolves the alert with the same dedup key."""
 
 
 class TrainerMode(StrEnum):

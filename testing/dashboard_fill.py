@@ -37,7 +37,14 @@ from cliffguard.controller.detect import RunDetector
 from cliffguard.controller.store.db import init_db, session_scope
 from cliffguard.controller.store.dlq import count_dead_letter
 from cliffguard.controller.store.ingest import ingest_events, record_rule_stats
-from cliffguard.controller.store.models import CheckpointRow, CommandRow, Incident, OutboxRow, Run, Transition
+from cliffguard.controller.store.models import (
+    CheckpointRow,
+    CommandRow,
+    IncidentRow,
+    OutboxRow,
+    RunRow,
+    TransitionRow,
+)
 from cliffguard.core.enums import AckStatus, CommandType, EventType, GuardDecision
 from cliffguard.core.events import Event, make_event, new_id
 
@@ -128,8 +135,8 @@ def _command(run: str, incident: str, ctype: CommandType, args: dict, ts: float)
                       issued_at=ts, expires_at=ts + 60, source="controller", status="sent")
 
 
-def _transitions(run: str, incident: str, path: list[tuple[str, str, float, int, str]]) -> list[Transition]:
-    return [Transition(run_id=run, incident_id=incident, ts=ts, step=step, from_state=a, to_state=b, reason=why,
+def _transitions(run: str, incident: str, path: list[tuple[str, str, float, int, str]]) -> list[TransitionRow]:
+    return [TransitionRow(run_id=run, incident_id=incident, ts=ts, step=step, from_state=a, to_state=b, reason=why,
                        evidence={}) for a, b, ts, step, why in path]
 
 
@@ -184,7 +191,7 @@ def fill_store(engine: Engine, run_id: str = "demo-run", *, steps: int = 120, wo
     val1 = _command(run_id, inc1, CommandType.VALIDATE, {"batches": 8}, t_spike + 1.5)
     rb1 = _command(run_id, inc1, CommandType.ROLLBACK, {"to_step": back_to, "lr_scale": 0.5}, t_spike + 3.0)
     with session_scope(engine) as s:
-        s.add(Incident(id=inc1, run_id=run_id, opened_at=t_spike + 0.1, closed_at=t_spike + 12, rule="loss_spike",
+        s.add(IncidentRow(id=inc1, run_id=run_id, opened_at=t_spike + 0.1, closed_at=t_spike + 12, rule="loss_spike",
                        level="critical", spike_step=spike, onset_step=spike - 2, outcome="rolled_back",
                        rollback_to=back_to, lr_scale=0.5, evidence=evidence1))
         s.flush()
@@ -196,7 +203,7 @@ def fill_store(engine: Engine, run_id: str = "demo-run", *, steps: int = 120, wo
             ("rolling_back", "recovering", t_spike + 4.5, back_to, "rollback applied from memory"),
             ("recovering", "running", t_spike + 12, back_to + 15, "15 healthy steps after rollback"),
         ]))
-        s.execute(update(Run).where(Run.id == run_id).values(lr_scale=0.5, recovery_state="running"))
+        s.execute(update(RunRow).where(RunRow.id == run_id).values(lr_scale=0.5, recovery_state="running"))
     info.incident_ids.append(inc1)
     info.command_ids += [pause1.id, val1.id, rb1.id]
 
@@ -237,7 +244,7 @@ def fill_store(engine: Engine, run_id: str = "demo-run", *, steps: int = 120, wo
     ev2 += [make_event(EventType.HEARTBEAT, run_id, steps - 1, {"state": "running"}, rank=r, world=world, ts=ts + 0.2)
             for r in range(world)]
     with session_scope(engine) as s:
-        s.add(Incident(id=inc2, run_id=run_id, opened_at=t_corrupt + 0.1, closed_at=t_corrupt + 2.3, rule="loss_spike",
+        s.add(IncidentRow(id=inc2, run_id=run_id, opened_at=t_corrupt + 0.1, closed_at=t_corrupt + 2.3, rule="loss_spike",
                        level="critical", spike_step=corrupt, onset_step=corrupt, outcome="resumed",
                        evidence={"window": {"loss": 3.4, "median": 2.0, "sigma": 0.025, "sigmas": 56.0, "n": 100},
                                  "baseline_val_loss": 2.0}))

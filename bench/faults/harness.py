@@ -24,7 +24,7 @@ from sqlalchemy import Engine, func, select
 
 from cliffguard.controller.broker import ensure_topics
 from cliffguard.controller.store.db import session_scope
-from cliffguard.controller.store.models import CommandRow, DlqCount, Incident, Run, StepMetric
+from cliffguard.controller.store.models import CommandRow, DlqCountRow, IncidentRow, RunRow, StepMetricRow
 from cliffguard.core.events import encode_event, make_event
 from cliffguard.core.kafka_config import KafkaConfig
 from testing.controller_service import FAST_GROUP, SECRET, FakeTrainer, store_engine
@@ -220,7 +220,7 @@ class ControllerProc:
 
 def steps_stored(engine: Engine, run: str) -> set[int]:
     with session_scope(engine) as s:
-        return set(s.scalars(select(StepMetric.step).where(StepMetric.run_id == run)))
+        return set(s.scalars(select(StepMetricRow.step).where(StepMetricRow.run_id == run)))
 
 
 def commands_of(engine: Engine, run: str) -> list[CommandRow]:
@@ -230,16 +230,16 @@ def commands_of(engine: Engine, run: str) -> list[CommandRow]:
         return list(rows)
 
 
-def incidents_of(engine: Engine, run: str) -> list[Incident]:
+def incidents_of(engine: Engine, run: str) -> list[IncidentRow]:
     with session_scope(engine) as s:
-        rows = s.scalars(select(Incident).where(Incident.run_id == run).order_by(Incident.opened_at)).all()
+        rows = s.scalars(select(IncidentRow).where(IncidentRow.run_id == run).order_by(IncidentRow.opened_at)).all()
         s.expunge_all()
         return list(rows)
 
 
-def run_row(engine: Engine, run: str) -> Run | None:
+def run_row(engine: Engine, run: str) -> RunRow | None:
     with session_scope(engine) as s:
-        row = s.get(Run, run)
+        row = s.get(RunRow, run)
         if row is not None:
             s.expunge(row)
         return row
@@ -248,7 +248,7 @@ def run_row(engine: Engine, run: str) -> Run | None:
 def dead_letters(engine: Engine) -> dict[str, int]:
     """Dead letters counted per reason (every topic)."""
     with session_scope(engine) as s:
-        rows = s.execute(select(DlqCount.reason, func.sum(DlqCount.count)).group_by(DlqCount.reason)).all()
+        rows = s.execute(select(DlqCountRow.reason, func.sum(DlqCountRow.count)).group_by(DlqCountRow.reason)).all()
     return {reason: int(n) for reason, n in rows}
 
 

@@ -31,7 +31,7 @@ from bench.faults.harness import (
 )
 from bench.faults.registry import scenario
 from cliffguard.controller.store.db import init_db, make_engine, session_scope
-from cliffguard.controller.store.models import StepMetric
+from cliffguard.controller.store.models import StepMetricRow
 from testing.controller_service import prefix, spike
 from testing.controller_stack import step_data
 
@@ -51,8 +51,8 @@ def far_step(ctx: Ctx) -> Measured:
         m.recover_s = wait_until(lambda: len(steps_stored(lp.engine, run) & set(range(300))) == 300, 60,
                                  "300 real steps stored")
         with session_scope(lp.engine) as s:
-            folded = s.scalars(select(StepMetric.step).where(StepMetric.run_id == run,
-                                                            StepMetric.resolution > 1)).all()
+            folded = s.scalars(select(StepMetricRow.step).where(StepMetricRow.run_id == run,
+                                                            StepMetricRow.resolution > 1)).all()
         m.events_stored = len(steps_stored(lp.engine, run) & set(range(300))) - len(folded)
         row = run_row(lp.engine, run)
         m.forged_obeyed = int(bool(folded)) + int(bool(row and row.downsampled_below))

@@ -36,7 +36,7 @@ from cliffguard.controller.alerts.retry import Outcome, UniformSource, next_atte
 from cliffguard.controller.alerts.sink import AlertSink, Delivery, SinkResult
 from cliffguard.controller.alerts.sink_factory import SinkFactory, configured_sinks
 from cliffguard.controller.alerts.spec import AlertMessage
-from cliffguard.controller.store.models import Alert, AlertEndpointState, OutboxRow
+from cliffguard.controller.store.models import AlertEndpointStateRow, AlertRow, OutboxRow
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class AlertDeliverer:
 
     def _drain(self, endpoint: EndpointConfig, now: float) -> int:
         with Session(self.engine) as session, session.begin():
-            state = session.get(AlertEndpointState, endpoint.name)
+            state = session.get(AlertEndpointStateRow, endpoint.name)
             if state is not None and state.disabled:
                 self._park(session, endpoint.name)
                 return 0
@@ -117,7 +117,7 @@ class AlertDeliverer:
 
     def _attempt(self, endpoint: EndpointConfig, row: Any, now: float) -> Outcome:
         with Session(self.engine) as session:
-            alert = session.get(Alert, row.payload.decode())
+            alert = session.get(AlertRow, row.payload.decode())
             message = AlertMessage.from_row(alert) if alert is not None else None
         if message is None:
             self._finish(row, now, FAILED, error="alert row not found")

@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 
 from cliffguard.controller.alerts.config import AlertsConfig
 from cliffguard.controller.alerts.spec import AlertAction, AlertLevel, AlertSpec
-from cliffguard.controller.store.models import Alert, AlertEndpointState, OutboxRow
+from cliffguard.controller.store.models import AlertEndpointStateRow, AlertRow, OutboxRow
 from cliffguard.core.floats import to_json
 
 _SEQ = itertools.count()
@@ -54,21 +54,21 @@ def is_suppressed(
 
 
 def _same_run(run_id: str | None):  # noqa: ANN202 - a SQL expression
-    return Alert.run_id.is_(None) if run_id is None else Alert.run_id == run_id
+    return AlertRow.run_id.is_(None) if run_id is None else AlertRow.run_id == run_id
 
 
 def _last_ts(session: Session, spec: AlertSpec, action: AlertAction, sent_only: bool) -> float | None:
-    query = select(Alert.ts).where(_same_run(spec.run_id), Alert.rule == spec.rule, Alert.action == str(action))
+    query = select(AlertRow.ts).where(_same_run(spec.run_id), AlertRow.rule == spec.rule, AlertRow.action == str(action))
     if sent_only:
-        query = query.where(Alert.suppressed.is_(False))
-    return session.scalar(query.order_by(Alert.ts.desc()).limit(1))
+        query = query.where(AlertRow.suppressed.is_(False))
+    return session.scalar(query.order_by(AlertRow.ts.desc()).limit(1))
 
 
 def disabled_endpoints(session: Session) -> set[str]:
-    return set(session.scalars(select(AlertEndpointState.name).where(AlertEndpointState.disabled.is_(True))))
+    return set(session.scalars(select(AlertEndpointStateRow.name).where(AlertEndpointStateRow.disabled.is_(True))))
 
 
-def enqueue_alert(session: Session, spec: AlertSpec, config: AlertsConfig, now: float) -> Alert:
+def enqueue_alert(session: Session, spec: AlertSpec, config: AlertsConfig, now: float) -> AlertRow:
     """Store the alert and, unless suppressed, one pending outbox row per accepting endpoint."""
     suppressed = is_suppressed(
         spec,
@@ -77,7 +77,7 @@ def enqueue_alert(session: Session, spec: AlertSpec, config: AlertsConfig, now: 
         last_sent_trigger_ts=_last_ts(session, spec, AlertAction.TRIGGER, sent_only=True),
         last_resolve_ts=_last_ts(session, spec, AlertAction.RESOLVE, sent_only=False),
     )
-    alert = Alert(
+    alert = AlertRow(
         id=uuid.uuid4().hex,
         run_id=spec.run_id,
         incident_id=spec.incident_id,
@@ -117,9 +117,9 @@ def enqueue_alert(session: Session, spec: AlertSpec, config: AlertsConfig, now: 
 
 def set_endpoint_disabled(session: Session, name: str, *, disabled: bool, reason: str | None, now: float) -> None:
     """Disable (on HTTP 410) or re-enable an endpoint. Re-enabling does not revive old rows."""
-    state = session.get(AlertEndpointState, name)
+    state = session.get(AlertEndpointStateRow, name)
     if state is None:
-        session.add(AlertEndpointState(name=name, disabled=disabled, disabled_reason=reason, updated_at=now))
+        session.add(AlertEndpointStateRow(name=name, disabled=disabled, disabled_reason=reason, updated_at=now))
     else:
         state.disabled = disabled
         state.disabled_reason = reason

@@ -1,35 +1,17 @@
-"""What an alert says: levels, trigger/resolve, the spec a caller enqueues and the message we render.
+"""What an alert says: the spec a caller enqueues and the message we render (its levels and
+trigger/resolve are the shared vocabulary of core/enums.py).
 
 ``AlertSpec`` is what the controller (or anything else) hands to ``enqueue_alert``; the stored
-``Alert`` row is the durable copy; ``AlertMessage`` is the immutable view of that row the pure
+``AlertRow`` is the durable copy; ``AlertMessage`` is the immutable view of that row the pure
 formatters render, so they never touch a session.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
-
-class AlertLevel(StrEnum):
-    INFO = "info"
-    WARN = "warn"
-    CRITICAL = "critical"
-
-    @property
-    def rank(self) -> int:
-        return _LEVEL_RANK[self]
-
-
-_LEVEL_RANK = {AlertLevel.INFO: 0, AlertLevel.WARN: 1, AlertLevel.CRITICAL: 2}
-
-
-class AlertAction(StrEnum):
-    TRIGGER = "trigger"
-    """Something happened (an incident opened, a rule fired)."""
-    RESOLVE = "resolve"
-    """The incident closed; PagerDuty resolves the alert with the same dedup key."""
+from cliffguard.core.enums import AlertAction, AlertLevel
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +46,7 @@ class AlertSpec:
 
 @dataclass(frozen=True, slots=True)
 class AlertMessage:
-    """A stored alert as the formatters see it (built from an ``Alert`` row)."""
+    """A stored alert as the formatters see it (built from an ``AlertRow``)."""
 
     id: str
     ts: float

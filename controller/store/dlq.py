@@ -11,7 +11,7 @@ import time
 
 from sqlalchemy.orm import Session
 
-from cliffguard.controller.store.models import DlqCount
+from cliffguard.controller.store.models import DlqCountRow
 from cliffguard.controller.store.upsert import insert_for
 
 MAX_DETAIL_CHARS = 2000
@@ -25,14 +25,14 @@ def count_dead_letter(
     if n < 1:
         raise ValueError(f"n: must be >= 1, got {n}")
     ts = time.time() if now is None else now
-    ins = insert_for(session, DlqCount).values(
+    ins = insert_for(session, DlqCountRow).values(
         topic=topic, reason=reason[:64], count=n, last_ts=ts, last_detail=detail[:MAX_DETAIL_CHARS]
     )
     session.execute(
         ins.on_conflict_do_update(
             index_elements=["topic", "reason"],
             set_={
-                "count": DlqCount.count + ins.excluded.count,
+                "count": DlqCountRow.count + ins.excluded.count,
                 "last_ts": ins.excluded.last_ts,
                 "last_detail": ins.excluded.last_detail,
             },

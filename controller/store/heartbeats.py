@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from cliffguard.controller.store.fit import fit_row
-from cliffguard.controller.store.models import Heartbeat
+from cliffguard.controller.store.models import HeartbeatRow
 from cliffguard.controller.store.upsert import insert_for
 from cliffguard.core.events import Event
 
@@ -30,7 +30,7 @@ def heartbeat_row(ev: Event) -> dict[str, Any]:
                ranks=list(d["ranks"]) if node else None, steps=list(d["steps"]) if node else None,
                seen_ts=[ev.ts - a for a in d["ages_s"]] if node else None,
                collectives=list(d["collectives"]) if node else None)
-    return fit_row(Heartbeat, row)
+    return fit_row(HeartbeatRow, row)
 
 
 def upsert_heartbeats(session: Session, events: Iterable[Event]) -> int:
@@ -55,11 +55,11 @@ def _upsert(session: Session) -> Any:
     dialect = session.get_bind().dialect.name
     stmt = _UPSERTS.get(dialect)
     if stmt is None:
-        ins = insert_for(session, Heartbeat)
+        ins = insert_for(session, HeartbeatRow)
         exc = ins.excluded
         stmt = _UPSERTS[dialect] = ins.on_conflict_do_update(
             index_elements=["run_id", "rank"], set_={c: getattr(exc, c) for c in _MOVED},
-            where=Heartbeat.ts < exc.ts).returning(Heartbeat.rank)
+            where=HeartbeatRow.ts < exc.ts).returning(HeartbeatRow.rank)
     return stmt
 
 

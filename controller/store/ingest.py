@@ -41,11 +41,11 @@ from cliffguard.controller.store.heartbeats import upsert_heartbeats
 from cliffguard.controller.store.models import (
     CheckpointRow,
     CommandRow,
-    DataFlag,
+    DataFlagRow,
     ElasticEventRow,
-    GradHist,
-    Run,
-    StepMetric,
+    GradHistRow,
+    RunRow,
+    StepMetricRow,
     ValidationRow,
 )
 from cliffguard.controller.store.rank_arrays import insert_rank_arrays
@@ -140,15 +140,15 @@ def ingest_steps(session: Session, events: Iterable[Event],
     if write_bucket > 1 and len(rows) > 1:
         folded = bucket_rows([dict(zip(_STEP_COLUMNS, r, strict=True)) for r in rows], write_bucket, exact)
         rows = [[r[c] for c in _STEP_COLUMNS] for r in folded]
-    changed = _insert_step_rows(session, fit_values(StepMetric, _STEP_COLUMNS, rows)) if rows else 0
+    changed = _insert_step_rows(session, fit_values(StepMetricRow, _STEP_COLUMNS, rows)) if rows else 0
     changed += insert_rank_arrays(session, arrays)  # one row per ranks event (store.rank_arrays)
     _lr_scales_applied(session, [(ev.run, ev.data["lr_scale"], ev.ts) for ev in applied.values()])
     return changed
 
 
-_LR_APPLIED = (update(Run)
-               .where(Run.id == bindparam("b_run"),
-                      or_(Run.lr_scale_applied_at.is_(None), Run.lr_scale_applied_at < bindparam("b_ts")))
+_LR_APPLIED = (update(RunRow)
+               .where(RunRow.id == bindparam("b_run"),
+                      or_(RunRow.lr_scale_applied_at.is_(None), RunRow.lr_scale_applied_at < bindparam("b_ts")))
                .values(lr_scale_applied=bindparam("b_scale"), lr_scale_applied_at=bindparam("b_ts")))
 
 
@@ -169,15 +169,15 @@ def record_rule_stats(session: Session, points: list[dict[str, Any]], spike_rule
     ``event_id``, ``median``, ``sigma``, ``level``; ``spike_rules``: run id -> the rule's settings.
     A row that is not there (folded into a bucket) is simply not updated."""
     if points:
-        sm = StepMetric.__table__
+        sm = StepMetricRow.__table__
         stmt = (update(sm).where(sm.c.event_id == bindparam("b_event_id"))
                 .values(rule_median=bindparam("b_median"), rule_sigma=bindparam("b_sigma"),
                         rule_level=bindparam("b_level")))
         session.connection().execute(stmt, [{"b_event_id": p["event_id"], "b_median": p["median"],
                                              "b_sigma": p["sigma"], "b_level": p["level"]} for p in points])
     if spike_rules:
-        stmt = update(Run.__table__).where(Run.__table__.c.id == bindparam("b_run")).values(
-            spike_rule=bindparam("b_rule", type_=Run.__table__.c.spike_rule.type))
+        stmt = update(RunRow.__table__).where(RunRow.__table__.c.id == bindparam("b_run")).values(
+            spike_rule=bindparam("b_rule", type_=RunRow.__table__.c.spike_rule.type))
         session.connection().execute(stmt, [{"b_run": r, "b_rule": to_json(rule)} for r, rule in spike_rules.items()])
 
 
@@ -187,7 +187,7 @@ def _insert_step_rows(session: Session, rows: list[list[Any]]) -> int:
     the database counts them: no lookup first, no RETURNING."""
     at = _STEP_COLUMNS.index("event_id")
     rows = list({r[at]: r for r in rows}.values())  # a message the broker delivered twice
-    return insert_values(session, StepMetric.__table__, _STEP_COLUMNS, rows, ["event_id"])
+    return insert_values(session, StepMetricRow.__table__, _STEP_COLUMNS, rows, ["event_id"])
 
 
 def _touch_runs(session: Session, events: list[Event]) -> None:
@@ -198,12 +198,12 @@ def _touch_runs(session: Session, events: list[Event]) -> None:
         if cur is None or ev.ts >= cur.ts:
             newest[ev.run] = ev
     # one executemany for the batch's runs (every column a new row needs has a default)
-    session.connection().execute(built_once(session, "touch_runs", _touch_runs_upsert), fit_rows(Run, [
+    session.connection().execute(built_once(session, "touch_runs", _touch_runs_upsert), fit_rows(RunRow, [
         dict(id=ev.run, world_size=ev.world, last_step=ev.step, last_event_ts=ev.ts) for ev in newest.values()]))
 
 
 def _touch_runs_upsert(session: Session) -> Any:
-    ins = insert_for(session, Run)
+    ins = insert_for(session, RunRow)
     return ins.on_conflict_do_update(
         index_elements=["id"],
         set_={
@@ -212,7 +212,7 @@ def _touch_runs_upsert(session: Session) -> Any:
             "last_event_ts": ins.excluded.last_event_ts,
             "updated_at": func.now(),
         },
-        where=or_(Run.last_event_ts.is_(None), Run.last_event_ts < ins.excluded.last_event_ts),
+        where=or_(RunRow.last_event_ts.is_(None), RunRow.last_event_ts < ins.excluded.last_event_ts),
     )
 
 
@@ -253,7 +253,7 @@ def _insert_once(session: Session, model: Any, values: dict[str, Any]) -> bool:
 def _grad_hist(session: Session, ev: Event) -> bool:
     return _insert_once(
         session,
-        GradHist,
+        GradHistRow,
         dict(
             event_id=ev.id,
             run_id=ev.run,
@@ -287,7 +287,7 @@ def _validation(session: Session, ev: Event) -> bool:
 def _data_flag(session: Session, ev: Event) -> bool:
     return _insert_once(
         session,
-        DataFlag,
+        DataFlagRow,
         dict(
             event_id=ev.id,
             run_id=ev.run,
@@ -373,12 +373,12 @@ def _command_ack(session: Session, ev: Event) -> bool:
 def _run_started(session: Session, ev: Event) -> bool:
     caps = ev.data.get("capabilities")
     res = session.execute(
-        update(Run)
-        .where(Run.id == ev.run, or_(Run.started_at.is_(None), Run.started_at < ev.ts))
+        update(RunRow)
+        .where(RunRow.id == ev.run, or_(RunRow.started_at.is_(None), RunRow.started_at < ev.ts))
         .values(
             config=to_json(ev.data),
             capabilities=None if caps is None else [str(c) for c in normalize_capabilities(caps)],
-            world_size=fit_value(Run, "world_size", ev.data["world_size"]),
+            world_size=fit_value(RunRow, "world_size", ev.data["world_size"]),
             started_at=ev.ts,
         )
     )
@@ -386,8 +386,8 @@ def _run_started(session: Session, ev: Event) -> bool:
         return False
     # a restart after a finish/failure makes the run live again; a late copy of an old start does not
     session.execute(
-        update(Run)
-        .where(Run.id == ev.run, or_(Run.ended_at.is_(None), Run.ended_at < ev.ts))
+        update(RunRow)
+        .where(RunRow.id == ev.run, or_(RunRow.ended_at.is_(None), RunRow.ended_at < ev.ts))
         .values(status="running", ended_at=None, error=None)
     )
     return True
@@ -396,16 +396,16 @@ def _run_started(session: Session, ev: Event) -> bool:
 def _run_ended(session: Session, ev: Event) -> bool:
     failed = ev.type is EventType.RUN_FAILED
     res = session.execute(
-        update(Run)
+        update(RunRow)
         .where(
-            Run.id == ev.run,
-            or_(Run.started_at.is_(None), Run.started_at <= ev.ts),
-            or_(Run.ended_at.is_(None), Run.ended_at < ev.ts),
+            RunRow.id == ev.run,
+            or_(RunRow.started_at.is_(None), RunRow.started_at <= ev.ts),
+            or_(RunRow.ended_at.is_(None), RunRow.ended_at < ev.ts),
         )
         .values(
             status="failed" if failed else "finished",
             ended_at=ev.ts,
-            error=fit_value(Run, "error", ev.data.get("error")) if failed else None,
+            error=fit_value(RunRow, "error", ev.data.get("error")) if failed else None,
         )
     )
     return res.rowcount > 0

@@ -52,7 +52,7 @@ def _now() -> Any:
     return func.now()
 
 
-class Run(Base):
+class RunRow(Base):
     __tablename__ = "runs"
 
     id: Mapped[str] = mapped_column(String(128), primary_key=True)
@@ -94,7 +94,7 @@ def _step_metric_columns() -> type:
     return type("StepMetricColumns", (), columns)
 
 
-class StepMetric(_step_metric_columns(), Base):  # type: ignore[misc]
+class StepMetricRow(_step_metric_columns(), Base):  # type: ignore[misc]
     """One row per (run, step, rank) at full resolution; older ranges are downsampled
     (``resolution`` > 1 = one row summarising that many steps; see store.retention)."""
 
@@ -127,7 +127,7 @@ class StepMetric(_step_metric_columns(), Base):  # type: ignore[misc]
     rule_level: Mapped[str | None] = mapped_column(String(8))
 
 
-class GradHist(Base):
+class GradHistRow(Base):
     __tablename__ = "grad_hists"
     __table_args__ = (Index("ix_grad_hists_run_step", "run_id", "step"),)
 
@@ -141,7 +141,7 @@ class GradHist(Base):
     layers: Mapped[dict[str, Any]] = mapped_column(JSON)  # name -> {counts, zeros, nonfinite, p50, ...}
 
 
-class Heartbeat(Base):
+class HeartbeatRow(Base):
     """The newest heartbeat of each beating rank: a node's local rank 0 (its node heartbeat, with
     its ranks' last steps in the array columns: one row per node, not per rank) or a rank that
     beats for itself (arrays NULL). ``controller/store/heartbeats.py`` writes and expands them."""
@@ -181,7 +181,7 @@ class RankArrayRow(Base):
     """Array name -> one value per rank from ``first_rank`` on (non-finite floats as core.floats writes them)."""
 
 
-class RuleState(Base):
+class RuleStateRow(Base):
     """One rule's state of one run (``RunDetector.state_dict()[rule]``) as JSON text, written only
     when the rule saw something since the last save: a 16k-rank run's per-rank windows are ~10^6
     numbers that change every ``ranks_every`` steps, while ``runs.controller_state`` (the small
@@ -194,7 +194,7 @@ class RuleState(Base):
     state: Mapped[str] = mapped_column(Text)
 
 
-class Incident(Base):
+class IncidentRow(Base):
     __tablename__ = "incidents"
     __table_args__ = (Index("ix_incidents_run", "run_id", "opened_at"),)
 
@@ -212,7 +212,7 @@ class Incident(Base):
     evidence: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
 
 
-class Transition(Base):
+class TransitionRow(Base):
     """One edge of a run's recovery state machine, with its reason and evidence."""
 
     __tablename__ = "transitions"
@@ -264,7 +264,7 @@ class AuditRow(Base):
     detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
 
 
-class CommandRequest(Base):
+class CommandRequestRow(Base):
     """An operator's unsigned request for a command (dashboard or CLI), and the controller's decision.
 
     Written by the requester alone (``controller.store.requests.submit_request``); the controller
@@ -323,7 +323,7 @@ class ValidationRow(Base):
     batches: Mapped[int] = mapped_column(Integer, default=0)
 
 
-class DataFlag(Base):
+class DataFlagRow(Base):
     __tablename__ = "data_flags"
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
@@ -364,7 +364,7 @@ class ElasticEventRow(Base):
     lr_rule: Mapped[str] = mapped_column(String(16))
 
 
-class Alert(Base):
+class AlertRow(Base):
     __tablename__ = "alerts"
     __table_args__ = (Index("ix_alerts_run", "run_id", "ts"),)
 
@@ -407,7 +407,7 @@ class OutboxRow(Base):
     last_error: Mapped[str | None] = mapped_column(Text)
 
 
-class AlertEndpointState(Base):
+class AlertEndpointStateRow(Base):
     """Per-endpoint delivery state: an HTTP 410 Gone disables the endpoint until re-enabled."""
 
     __tablename__ = "alert_endpoints"
@@ -418,7 +418,7 @@ class AlertEndpointState(Base):
     updated_at: Mapped[float] = mapped_column(Float)
 
 
-class ConsumerOffset(Base):
+class ConsumerOffsetRow(Base):
     """Next offset to read per (group, topic, partition), committed with the state it produced."""
 
     __tablename__ = "consumer_offsets"
@@ -430,7 +430,7 @@ class ConsumerOffset(Base):
     updated_at: Mapped[float] = mapped_column(Float)
 
 
-class DlqCount(Base):
+class DlqCountRow(Base):
     __tablename__ = "dlq_counts"
 
     topic: Mapped[str] = mapped_column(String(256), primary_key=True)

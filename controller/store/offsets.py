@@ -14,15 +14,15 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from cliffguard.controller.store.models import ConsumerOffset
+from cliffguard.controller.store.models import ConsumerOffsetRow
 from cliffguard.controller.store.upsert import built_once, insert_for
 
 
 def load_offsets(session: Session, group: str, topic: str) -> dict[int, int]:
     """partition -> next offset to read, for the partitions this group has saved."""
     rows = session.execute(
-        select(ConsumerOffset.partition, ConsumerOffset.offset).where(
-            ConsumerOffset.group_id == group, ConsumerOffset.topic == topic
+        select(ConsumerOffsetRow.partition, ConsumerOffsetRow.offset).where(
+            ConsumerOffsetRow.group_id == group, ConsumerOffsetRow.topic == topic
         )
     ).all()
     return {int(p): int(o) for p, o in rows}
@@ -45,7 +45,7 @@ def save_offsets(
 
 
 def _offsets_upsert(session: Session) -> Any:
-    ins = insert_for(session, ConsumerOffset)
+    ins = insert_for(session, ConsumerOffsetRow)
     return ins.on_conflict_do_update(
         index_elements=["group_id", "topic", "partition"],
         set_={"offset": ins.excluded.offset, "updated_at": ins.excluded.updated_at},

@@ -20,7 +20,7 @@ from sqlalchemy import Engine, insert, select
 from sqlalchemy.orm import Session
 
 from cliffguard.controller.store.fit import fit_row
-from cliffguard.controller.store.models import CommandRequest
+from cliffguard.controller.store.models import CommandRequestRow
 from cliffguard.core.enums import CommandType
 from cliffguard.core.floats import to_json
 
@@ -75,14 +75,14 @@ def submit_request(
         "requested_at": time.time() if now is None else now, "status": str(RequestStatus.PENDING),
     }
     with engine.begin() as conn:
-        return int(conn.execute(insert(CommandRequest).values(**fit_row(CommandRequest, values))).inserted_primary_key[0])
+        return int(conn.execute(insert(CommandRequestRow).values(**fit_row(CommandRequestRow, values))).inserted_primary_key[0])
 
 
 def request_state(session: Session, request_id: int) -> RequestState | None:
     row = session.execute(
-        select(CommandRequest.id, CommandRequest.run_id, CommandRequest.type, CommandRequest.status,
-               CommandRequest.detail, CommandRequest.command_id, CommandRequest.decided_at)
-        .where(CommandRequest.id == request_id)
+        select(CommandRequestRow.id, CommandRequestRow.run_id, CommandRequestRow.type, CommandRequestRow.status,
+               CommandRequestRow.detail, CommandRequestRow.command_id, CommandRequestRow.decided_at)
+        .where(CommandRequestRow.id == request_id)
     ).first()
     if row is None:
         return None

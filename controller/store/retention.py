@@ -59,12 +59,12 @@ from typing import Any
 from sqlalchemy import Float, bindparam, case, cast, delete, func, insert, literal, or_, select, update
 from sqlalchemy.orm import Session
 
-from cliffguard.controller.store.models import Run, StepMetric
+from cliffguard.controller.store.models import RunRow, StepMetricRow
 from cliffguard.controller.store.rank_arrays import thin_rank_arrays
 from cliffguard.controller.store.step_metrics import STEP_METRICS, Fold, StepMetricSpec
 from cliffguard.core.declared import bounded, check_declared
 
-SM = StepMetric
+SM = StepMetricRow
 log = logging.getLogger(__name__)
 _MAX_OUTLIERS = 8  # uncorroborated steps passed over before a pass gives up for this time
 
@@ -238,8 +238,8 @@ def downsample(
     folded = _fold(session, run_id, 0, far_below, cfg.far_bucket)
     folded += _fold(session, run_id, far_below, mid_below, cfg.mid_bucket)
     session.execute(
-        update(Run)
-        .where(Run.id == run_id, Run.downsampled_below < mid_below)
+        update(RunRow)
+        .where(RunRow.id == run_id, RunRow.downsampled_below < mid_below)
         .values(downsampled_below=mid_below)
     )
     thin_rank_arrays(session, run_id, rank_arrays_below(newest_step, cfg), cfg.rank_arrays_bucket)
@@ -280,10 +280,10 @@ def run_watermarks(session: Session, run_ids: Iterable[str]) -> dict[str, int]:
     return dict(session.connection().execute(_WATERMARKS, {"ids": ids}).all())  # Core: no ORM layer per batch
 
 
-_WATERMARKS = select(Run.id, Run.downsampled_below).where(Run.id.in_(bindparam("ids", expanding=True)))
+_WATERMARKS = select(RunRow.id, RunRow.downsampled_below).where(RunRow.id.in_(bindparam("ids", expanding=True)))
 
 
 def downsample_all(session: Session, config: RetentionConfig | None = None) -> dict[str, DownsampleResult]:
     """``downsample`` every run; run id -> result."""
-    run_ids = session.scalars(select(Run.id).order_by(Run.id)).all()
+    run_ids = session.scalars(select(RunRow.id).order_by(RunRow.id)).all()
     return {rid: downsample(session, rid, config) for rid in run_ids}

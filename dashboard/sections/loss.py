@@ -6,6 +6,7 @@ from __future__ import annotations
 import streamlit as st
 
 from cliffguard.controller.store import read
+from cliffguard.core.enums import Level
 from cliffguard.dashboard import charts, derive
 from cliffguard.dashboard.bands import loss_bands, rollbacks
 from cliffguard.dashboard.sections.context import Context, show
@@ -28,8 +29,8 @@ def render(ctx: Context) -> None:
         ctx.frame(read.transitions, ctx.run_id, limit=None, keys=derive.TRANSITION_COLUMNS))
     backs = rollbacks(curve)
     show(st, charts.loss_chart(bands, spans, backs, log_y=log_y), key="loss_chart")
-    n_warn = int((bands["level"] == "warn").sum())
-    n_crit = int((bands["level"] == "critical").sum())
+    n_warn = int((bands["level"] == Level.WARN).sum())
+    n_crit = int((bands["level"] == Level.CRITICAL).sum())
     rule = stats.rule
     bands_text = ("no bands: the controller stored no spike-rule statistics for this run" if rule is None else
                   f"grey: the controller's sliding median of the last {rule['window']} healthy losses · amber/red "

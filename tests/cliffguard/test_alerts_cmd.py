@@ -10,7 +10,7 @@ from sqlalchemy import select
 from cliffguard.cli import main
 from cliffguard.controller.alerts.enqueue import set_endpoint_disabled
 from cliffguard.controller.store.db import init_db, make_engine, session_scope
-from cliffguard.controller.store.models import AlertEndpointState, AuditRow, OutboxRow
+from cliffguard.controller.store.models import AlertEndpointStateRow, AuditRow, OutboxRow
 
 
 def _store(tmp_path) -> str:
@@ -42,7 +42,7 @@ def test_enable_re_enables_and_audits(tmp_path, capsys):
     assert "ops" in capsys.readouterr().out
     engine = make_engine(url)
     with session_scope(engine) as s:
-        state = s.get(AlertEndpointState, "ops")
+        state = s.get(AlertEndpointStateRow, "ops")
         audit = s.scalars(select(AuditRow)).one()
     engine.dispose()
     assert state.disabled is False and state.disabled_reason is None

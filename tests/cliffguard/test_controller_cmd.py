@@ -18,7 +18,7 @@ from sqlalchemy import func, select
 
 from cliffguard.controller.broker import free_port
 from cliffguard.controller.store.db import make_engine, session_scope
-from cliffguard.controller.store.models import StepMetric
+from cliffguard.controller.store.models import StepMetricRow
 from testing.controller_service import SECRET, FakeTrainer
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
@@ -59,7 +59,7 @@ def step_rows(url: str) -> int:
     eng = make_engine(url)
     try:
         with session_scope(eng) as s:
-            return s.scalar(select(func.count()).select_from(StepMetric))
+            return s.scalar(select(func.count()).select_from(StepMetricRow))
     except Exception:  # noqa: BLE001 - not created yet
         return 0
     finally:

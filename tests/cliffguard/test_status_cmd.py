@@ -49,15 +49,15 @@ def test_status_of_one_run_tells_its_incidents_and_commands(recorded, capsys):
 
 def test_status_shows_the_commands_a_run_applies_and_the_lr_scale_it_applied_not_the_one_asked(recorded, capsys):
     from cliffguard.controller.store.db import Store, StoreConfig
-    from cliffguard.controller.store.models import Run
+    from cliffguard.controller.store.models import RunRow
 
     url, summary = recorded
     store = Store.open(StoreConfig(url=url))
     try:
         with store.session() as s:
-            run = s.get(Run, summary["run"])
+            run = s.get(RunRow, summary["run"])
             run.lr_scale, run.lr_scale_applied, run.capabilities = 0.5, 1.0, ["pause", "resume", "validate"]
-            s.add(Run(id="tracker-run", capabilities=[], lr_scale_applied=1.0))
+            s.add(RunRow(id="tracker-run", capabilities=[], lr_scale_applied=1.0))
     finally:
         store.close()
     assert main(["status", "--db", url]) == 0

@@ -20,7 +20,7 @@ from cliffguard.controller.alerts import (
     verify,
 )
 from cliffguard.controller.store.db import session_scope
-from cliffguard.controller.store.models import AlertEndpointState, OutboxRow
+from cliffguard.controller.store.models import AlertEndpointStateRow, OutboxRow
 from testing.alerts import GENERIC_SECRET, ConstRng, FakePoster, sqlite_engine
 
 HOOKS = EndpointConfig(name="hooks", url="http://127.0.0.1:9/hook", secret=GENERIC_SECRET)
@@ -118,7 +118,7 @@ def test_http_410_disables_the_endpoint_and_parks_its_queue(tmp_path):
     assert [r.status for r in rows(engine, "hooks")] == ["disabled"] * 3
     assert [r.status for r in rows(engine, "chat")] == ["delivered"] * 3
     with session_scope(engine) as s:
-        state = s.get(AlertEndpointState, "hooks")
+        state = s.get(AlertEndpointStateRow, "hooks")
         assert state.disabled and "410" in state.disabled_reason
     raise_alert(engine, cfg, now=20.0, rule="later")
     assert [r.target for r in rows(engine) if r.status == "pending"] == ["chat"]

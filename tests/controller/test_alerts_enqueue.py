@@ -8,7 +8,7 @@ from sqlalchemy import select
 from cliffguard.controller.alerts import AlertsConfig, AlertSpec, EndpointConfig, enqueue_alert, is_suppressed
 from cliffguard.controller.alerts.enqueue import set_endpoint_disabled
 from cliffguard.controller.store.db import session_scope
-from cliffguard.controller.store.models import Alert, OutboxRow
+from cliffguard.controller.store.models import AlertRow, OutboxRow
 from testing.alerts import GENERIC_SECRET, pg_engine, sqlite_engine
 
 CONFIG = AlertsConfig(
@@ -62,9 +62,9 @@ def outbox(engine) -> list[OutboxRow]:
         return list(s.scalars(select(OutboxRow).order_by(OutboxRow.created_at, OutboxRow.id)))
 
 
-def alerts(engine) -> list[Alert]:
+def alerts(engine) -> list[AlertRow]:
     with session_scope(engine) as s:
-        return list(s.scalars(select(Alert).order_by(Alert.ts)))
+        return list(s.scalars(select(AlertRow).order_by(AlertRow.ts)))
 
 
 def test_writes_alert_and_one_outbox_row_per_accepting_endpoint(tmp_path):

@@ -25,7 +25,7 @@ from cliffguard.controller.alerts.config import EndpointFormat
 from cliffguard.controller.alerts.sink_factory import SINK_BY_FORMAT
 from cliffguard.controller.alerts.spec import AlertAction, AlertLevel, AlertMessage
 from cliffguard.controller.store.db import session_scope
-from cliffguard.controller.store.models import AlertEndpointState, OutboxRow
+from cliffguard.controller.store.models import AlertEndpointStateRow, OutboxRow
 from testing.alerts import GENERIC_SECRET, ConstRng, FakePoster, sqlite_engine
 
 HOOKS = EndpointConfig(name="hooks", url="http://127.0.0.1:9/hook", secret=GENERIC_SECRET)
@@ -158,7 +158,7 @@ def test_gone_disables_only_that_endpoint_and_parks_its_queue(tmp_path):
     assert len(hooks.received) == 1 and len(chat.delivered) == 3
     assert [r.status for r in rows(engine, "hooks")] == ["disabled"] * 3
     with session_scope(engine) as s:
-        assert "gone for good" in s.get(AlertEndpointState, "hooks").disabled_reason
+        assert "gone for good" in s.get(AlertEndpointStateRow, "hooks").disabled_reason
 
 
 def test_rejected_fails_at_once_and_the_queue_moves_on(tmp_path):

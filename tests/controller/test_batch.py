@@ -10,8 +10,7 @@ from cliffguard.controller.edge import EdgeBatch, EdgeRecord
 from cliffguard.controller.recovery_types import Incident, Phase, RecoveryConfig, RecoveryState
 from cliffguard.controller.runstate import RunTable, default_detector_factory
 from cliffguard.controller.store.db import init_db, make_engine, session_scope
-from cliffguard.controller.store.models import CommandRow, Run
-from cliffguard.controller.store.models import Incident as IncidentRow
+from cliffguard.controller.store.models import CommandRow, IncidentRow, RunRow
 from cliffguard.core.enums import EventType
 from cliffguard.core.events import make_event, new_id
 from cliffguard.core.signing import Secret
@@ -48,7 +47,7 @@ def test_an_ack_moves_only_the_run_whose_command_it_names(engine, owner, moved):
     ctx = BatchContext(group_id="g", commands_topic="cmds", secret=Secret("test-secret-of-enough-length"),
                        recovery=RecoveryConfig(), alerts=AlertsConfig())
     with session_scope(engine) as s:
-        s.add_all([Run(id="run-a"), Run(id="run-b")])
+        s.add_all([RunRow(id="run-a"), RunRow(id="run-b")])
         s.flush()
         cmd_id = _operator_resume(s, owner)
         runs.get(s, "run-b").recovery = _halted(s, "run-b")
@@ -61,8 +60,7 @@ def test_an_ack_moves_only_the_run_whose_command_it_names(engine, owner, moved):
 def test_an_unverified_checkpoint_event_is_stored_and_alerted(engine):
     from sqlalchemy import select
 
-    from cliffguard.controller.store.models import Alert as AlertRow
-    from cliffguard.controller.store.models import CheckpointRow
+    from cliffguard.controller.store.models import AlertRow, CheckpointRow
 
     runs = RunTable(default_detector_factory())
     ctx = BatchContext(group_id="g", commands_topic="cmds", secret=Secret("test-secret-of-enough-length"),
@@ -101,7 +99,7 @@ class _FlagsStep15:
 def test_with_a_write_bucket_the_steps_a_verdict_names_and_the_newest_stay_exact(engine):
     from sqlalchemy import select
 
-    from cliffguard.controller.store.models import StepMetric
+    from cliffguard.controller.store.models import StepMetricRow
     from cliffguard.controller.store.retention import RetentionConfig
     from testing import store_factory as f
 
@@ -112,7 +110,7 @@ def test_with_a_write_bucket_the_steps_a_verdict_names_and_the_newest_stay_exact
                       next_offsets={("events", 0): len(evs)})
     with session_scope(engine) as s:
         BatchProcessor(ctx, RunTable(_FlagsStep15)).process(s, batch, now=T0 + 30)
-        rows = s.execute(select(StepMetric.step, StepMetric.resolution).order_by(StepMetric.step)).all()
+        rows = s.execute(select(StepMetricRow.step, StepMetricRow.resolution).order_by(StepMetricRow.step)).all()
     assert [tuple(r) for r in rows] == [(0, 10), (10, 9), (15, 1), (20, 9), (29, 1)]
 
 
@@ -140,11 +138,11 @@ def test_the_spike_rules_settings_are_written_once_per_loaded_run_not_every_batc
 
     def stored():
         with session_scope(engine) as s:
-            return s.scalar(select(Run.spike_rule).where(Run.id == "run-a"))
+            return s.scalar(select(RunRow.spike_rule).where(RunRow.id == "run-a"))
 
     def forget():
         with session_scope(engine) as s:
-            s.execute(update(Run).where(Run.id == "run-a").values(spike_rule=None))
+            s.execute(update(RunRow).where(RunRow.id == "run-a").values(spike_rule=None))
 
     with session_scope(engine) as s:
         proc.process(s, batch_of_steps(0), now=T0)

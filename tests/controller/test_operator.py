@@ -15,7 +15,7 @@ from sqlalchemy import Engine, func, insert, select
 from cliffguard.cli import main
 from cliffguard.controller.operator import decide_pending_requests, decide_request, issue_operator_command
 from cliffguard.controller.store.db import session_scope
-from cliffguard.controller.store.models import AuditRow, CommandRequest, CommandRow, OutboxRow, Run
+from cliffguard.controller.store.models import AuditRow, CommandRequestRow, CommandRow, OutboxRow, RunRow
 from cliffguard.controller.store.read import recent_requests
 from cliffguard.controller.store.requests import (
     RequestStatus,
@@ -36,14 +36,14 @@ def store(request, tmp_path, monkeypatch):
     pg = request.getfixturevalue("pg_url") if request.param == "postgres" else None
     with store_engine(request.param, tmp_path, pg) as (engine, url):
         with session_scope(engine) as s:
-            s.add(Run(id="run-1", recovery_state="halted", last_step=42, lr_scale=0.5))
-            s.add(Run(id="done", status="finished"))
-            s.add(Run(id="watch-only", capabilities=[]))
-            s.add(Run(id="no-rollback", capabilities=["pause", "resume", "validate"]))
+            s.add(RunRow(id="run-1", recovery_state="halted", last_step=42, lr_scale=0.5))
+            s.add(RunRow(id="done", status="finished"))
+            s.add(RunRow(id="watch-only", capabilities=[]))
+            s.add(RunRow(id="no-rollback", capabilities=["pause", "resume", "validate"]))
         yield engine, url
 
 
-def _decide(engine: Engine, request_id: int, now: float | None = None) -> CommandRequest | None:
+def _decide(engine: Engine, request_id: int, now: float | None = None) -> CommandRequestRow | None:
     with session_scope(engine) as s:
         return decide_request(s, request_id, secret=SECRET, commands_topic=TOPIC, ttl_s=30,
                               now=time.time() if now is None else now)
@@ -99,13 +99,13 @@ def test_bad_request_is_rejected_with_its_reason_and_nothing_is_queued(store, ru
 def test_unknown_type_written_behind_submit_is_rejected(store):
     engine, _ = store
     with engine.begin() as conn:
-        rid = conn.execute(insert(CommandRequest).values(run_id="run-1", type="reboot", args={}, requested_by="x",
+        rid = conn.execute(insert(CommandRequestRow).values(run_id="run-1", type="reboot", args={}, requested_by="x",
                                                          source="cli", requested_at=time.time(),
                                                          status="pending")).inserted_primary_key[0]
     done = decide_pending_requests(engine, secret=SECRET, commands_topic=TOPIC, ttl_s=30)
     assert (done.accepted, done.rejected) == (0, 1)
     with session_scope(engine) as s:
-        assert "reboot" in s.get(CommandRequest, rid).detail
+        assert "reboot" in s.get(CommandRequestRow, rid).detail
     assert _counts(engine) == (0, 0, 0)
 
 
@@ -167,7 +167,7 @@ def test_command_cli_requests_a_rollback_waits_for_the_decision_and_status_shows
         row = s.scalars(select(CommandRow)).one()
         assert row.args == {"to_step": 20, "lr_scale": 0.5, "skip_data": [100, 200]}
         assert f"accepted: command {row.id}" in printed
-        req = s.scalars(select(CommandRequest)).one()
+        req = s.scalars(select(CommandRequestRow)).one()
         assert (req.requested_by, req.source, req.command_id) == ("carol", "cli", row.id)
         assert s.scalars(select(AuditRow.actor)).one() == "carol"
     assert main(["status", "--db", url]) == 0
@@ -191,7 +191,7 @@ def test_command_cli_prints_the_rejection_and_the_missing_decision(store, capsys
     assert main(["command", "run-1", "pause", "--db", url, "--no-wait"]) == 0
     assert "request" in capsys.readouterr().out
     with session_scope(engine) as s:
-        assert [r.status for r in s.scalars(select(CommandRequest).order_by(CommandRequest.id))] == [
+        assert [r.status for r in s.scalars(select(CommandRequestRow).order_by(CommandRequestRow.id))] == [
             "rejected", "pending", "pending"]
     assert _counts(engine) == (0, 0, 0)
     assert main(["status", "ghost", "--db", url]) == 1

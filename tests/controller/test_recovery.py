@@ -689,7 +689,7 @@ def test_zz_every_declared_transition_is_taken_somewhere():
         test_a_run_that_can_pause_but_not_roll_back_is_validated_then_halted_paused,
     ]
     taken: set[tuple[Phase, str]] = set()
-    import cliffguard.controller.recovery as rec
+    import cliffguard.controller.recovery_step as rec  # Step.move fires through it
 
     original = rec.fire
 
@@ -764,7 +764,7 @@ def test_the_quiet_step_fast_path_gives_what_the_full_progress_path_gives(phase,
     from cliffguard.controller import recovery
     from cliffguard.controller.recovery_types import Checkpoint, Incident, ProgressIn
 
-    full_step = recovery._Step
+    full_step = recovery.Step
     slow: list[int] = []
 
     class CountedStep(full_step):  # type: ignore[misc, valid-type]
@@ -772,7 +772,7 @@ def test_the_quiet_step_fast_path_gives_what_the_full_progress_path_gives(phase,
             slow.append(1)
             super().__init__(*args)
 
-    monkeypatch.setattr(recovery, "_Step", CountedStep)
+    monkeypatch.setattr(recovery, "Step", CountedStep)
     cfg = RecoveryConfig()
     checkpoint_mixes = [(), (Checkpoint(step=2, kind="full", stable=True),),
                         (Checkpoint(step=2, kind="full", stable=True), Checkpoint(step=90, kind="full"))]

@@ -40,7 +40,7 @@ def test_rule_states_are_saved_apart_only_when_changed_and_load_back(tmp_path):
     from cliffguard.controller.runstate import RunTable, default_detector_factory, save_slots
     from cliffguard.controller.store.db import session_scope
     from cliffguard.controller.store.ingest import ingest_events
-    from cliffguard.controller.store.models import RuleState, Run
+    from cliffguard.controller.store.models import RuleStateRow, RunRow
     from testing.controller_stack import fresh_store
 
     engine = fresh_store(tmp_path)
@@ -53,16 +53,16 @@ def test_rule_states_are_saved_apart_only_when_changed_and_load_back(tmp_path):
             slot.detector.on_event(ev)
         save_slots(s, [slot])
     with session_scope(engine) as s:
-        first = dict(s.execute(select(RuleState.rule, RuleState.state)).all())
+        first = dict(s.execute(select(RuleStateRow.rule, RuleStateRow.state)).all())
         assert set(first) == set(slot.detector.rules)  # a new run: every rule once
-        assert "straggler" not in s.get(Run, "r").controller_state["detector"]
+        assert "straggler" not in s.get(RunRow, "r").controller_state["detector"]
     # later than the heartbeat rule's PERSIST_S: its packed snapshot is taken again
     slot.detector.on_event(make_event("heartbeat", "r", 30, {"state": "running"}, ts=events[-1].ts + 10))
     assert slot.detector.changed == {"heartbeat"}
     with session_scope(engine) as s:
         save_slots(s, [slot])
     with session_scope(engine) as s:
-        second = dict(s.execute(select(RuleState.rule, RuleState.state)).all())
+        second = dict(s.execute(select(RuleStateRow.rule, RuleStateRow.state)).all())
         assert second["straggler"] == first["straggler"] and second["heartbeat"] != first["heartbeat"]
         reloaded = RunTable(default_detector_factory()).get(s, "r")
     assert reloaded.detector.state_dict() == json.loads(json.dumps(to_json(slot.detector.state_dict())))
@@ -75,7 +75,7 @@ def test_an_unreadable_rule_state_starts_that_rule_fresh_with_a_warning(tmp_path
     from cliffguard.controller.runstate import RunTable, default_detector_factory, save_slots
     from cliffguard.controller.store.db import session_scope
     from cliffguard.controller.store.ingest import ingest_events
-    from cliffguard.controller.store.models import RuleState
+    from cliffguard.controller.store.models import RuleStateRow
     from testing.controller_stack import fresh_store
 
     engine = fresh_store(tmp_path)
@@ -94,8 +94,8 @@ def test_an_unreadable_rule_state_starts_that_rule_fresh_with_a_warning(tmp_path
     stored = json.loads(json.dumps(saved["mfu"]))
     stored["recent"]["values"][0] = stored["recent"]["values"][0][:9]  # truncated
     with session_scope(engine) as s:
-        s.execute(update(RuleState).where(RuleState.rule == "mfu").values(state=json.dumps(stored)))
-        s.execute(update(RuleState).where(RuleState.rule == "memory").values(state='{"packed": 1, "rec'))
+        s.execute(update(RuleStateRow).where(RuleStateRow.rule == "mfu").values(state=json.dumps(stored)))
+        s.execute(update(RuleStateRow).where(RuleStateRow.rule == "memory").values(state='{"packed": 1, "rec'))
         reloaded = RunTable(default_detector_factory()).get(s, "r")
     det = reloaded.detector
     assert len(det.rules["mfu"]._recent) == 0 and len(det.rules["memory"]._recent) == 0  # fresh

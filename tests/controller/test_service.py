@@ -15,7 +15,14 @@ from sqlalchemy import func, select
 from cliffguard.controller.rules.loss import LossSpikeConfig
 from cliffguard.controller.store import read
 from cliffguard.controller.store.db import session_scope
-from cliffguard.controller.store.models import Alert, AuditRow, CommandRow, DlqCount, Run, StepMetric
+from cliffguard.controller.store.models import (
+    AlertRow,
+    AuditRow,
+    CommandRow,
+    DlqCountRow,
+    RunRow,
+    StepMetricRow,
+)
 from cliffguard.controller.store.requests import RequestStatus, request_state, submit_request
 from cliffguard.core.spike import SpikeDetector
 from testing.controller_service import (
@@ -40,7 +47,7 @@ def db(request, tmp_path):
 
 def _has_run(engine, run_id: str) -> bool:
     with session_scope(engine) as s:
-        return s.get(Run, run_id) is not None
+        return s.get(RunRow, run_id) is not None
 
 
 def test_scripted_streams_produce_exactly_the_expected_commands(kafka_cfg, db):
@@ -86,7 +93,7 @@ def test_scripted_streams_produce_exactly_the_expected_commands(kafka_cfg, db):
     finally:
         t.close()
     with session_scope(engine) as s:
-        runs = {r.id: r for r in s.scalars(select(Run))}
+        runs = {r.id: r for r in s.scalars(select(RunRow))}
         assert runs["run-a"].recovery_state == "running" and runs["run-a"].lr_scale == 0.5
         assert runs["run-b"].recovery_state == "running"
         assert runs["run-c"].recovery_state == "halted"
@@ -100,7 +107,7 @@ def test_scripted_streams_produce_exactly_the_expected_commands(kafka_cfg, db):
         abnormal = read.transitions(s, "run-a")[2]
         assert abnormal["evidence"]["val_loss"] == 3.0 and abnormal["evidence"]["baseline"] == 2.0
         assert all(c["status"] == "applied" for c in read.commands(s, "run-a"))
-        crit = s.scalars(select(Alert).where(Alert.run_id == "run-c", Alert.level == "critical")).all()
+        crit = s.scalars(select(AlertRow).where(AlertRow.run_id == "run-c", AlertRow.level == "critical")).all()
         assert any("halted" in a.title for a in crit)
         flags = read.data_flags(s, "run-b")  # the transient spike's samples (8 per step from step*8)
         assert [f["rule"] for f in flags] == ["transient_spike"]
@@ -133,7 +140,7 @@ def test_run_finished_while_pausing_abandons_the_incident_and_cancels_the_pause(
         finally:
             t.close()
         with session_scope(engine) as s:
-            run = s.get(Run, "run-end")
+            run = s.get(RunRow, "run-end")
             assert run.status == "finished" and run.recovery_state == "running"
             inc = read.incidents(s, "run-end")[0]
             assert inc["closed_at"] is not None
@@ -158,7 +165,7 @@ def test_malformed_input_goes_to_the_dlq_and_the_service_stays_up(kafka_cfg, db)
     finally:
         t.close()
     with session_scope(engine) as s:
-        counts = {r.reason: r.count for r in s.scalars(select(DlqCount))}
+        counts = {r.reason: r.count for r in s.scalars(select(DlqCountRow))}
     assert counts == {"undecodable": 1, "unknown_version": 1, "schema_invalid": 1}
     dlq = KafkaConsumer(**kafka_cfg.client_kwargs(), auto_offset_reset="earliest", enable_auto_commit=False)
     try:
@@ -251,8 +258,8 @@ def test_stored_rule_statistics_are_what_the_spike_rule_knew(kafka_cfg, db):
         stats = det.stats() if len(det) >= det.config.min_history else None
         expected.append((*(stats or (None, None)), str(det.observe(loss).level)))
     with session_scope(engine) as s:
-        rows = s.execute(select(StepMetric.rank, StepMetric.rule_median, StepMetric.rule_sigma, StepMetric.rule_level)
-                         .where(StepMetric.run_id == "run-st").order_by(StepMetric.step, StepMetric.rank)).all()
+        rows = s.execute(select(StepMetricRow.rank, StepMetricRow.rule_median, StepMetricRow.rule_sigma, StepMetricRow.rule_level)
+                         .where(StepMetricRow.run_id == "run-st").order_by(StepMetricRow.step, StepMetricRow.rank)).all()
         rule = _run(engine, "run-st").spike_rule
     assert [(r.rule_median, r.rule_sigma, r.rule_level) for r in rows if r.rank == 1] == [(None, None, None)] * 36
     got = [(r.rule_median, r.rule_sigma, r.rule_level) for r in rows if r.rank == 0]
@@ -262,9 +269,9 @@ def test_stored_rule_statistics_are_what_the_spike_rule_knew(kafka_cfg, db):
     assert rule["k_warn"] == LossSpikeConfig().k_warn and rule["k_crit"] == LossSpikeConfig().k_crit
 
 
-def _run(engine, run_id: str) -> Run | None:
+def _run(engine, run_id: str) -> RunRow | None:
     with session_scope(engine) as s:
-        return s.get(Run, run_id)
+        return s.get(RunRow, run_id)
 
 
 @pytest.mark.slow
@@ -299,5 +306,5 @@ def test_two_instances_share_runs_and_a_moved_run_continues_from_the_store(kafka
             t.close()
             second.__exit__()
         with session_scope(engine) as s:
-            assert {r.id: r.recovery_state for r in s.scalars(select(Run))} == {run: "running" for run in runs}
+            assert {r.id: r.recovery_state for r in s.scalars(select(RunRow))} == {run: "running" for run in runs}
             assert all(len(read.incidents(s, run)) == 1 for run in runs)

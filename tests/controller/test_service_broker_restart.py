@@ -12,7 +12,7 @@ from sqlalchemy import func, select
 
 from cliffguard.controller.broker import EmbeddedBroker, ensure_topics, free_port
 from cliffguard.controller.store.db import session_scope
-from cliffguard.controller.store.models import StepMetric
+from cliffguard.controller.store.models import StepMetricRow
 from testing.controller_service import FakeTrainer, Running, store_engine, wait_for
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.timeout(240)]
@@ -20,12 +20,12 @@ pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.timeout(240)]
 
 def _steps(engine, run: str) -> set[int]:
     with session_scope(engine) as s:
-        return set(s.scalars(select(StepMetric.step).where(StepMetric.run_id == run)))
+        return set(s.scalars(select(StepMetricRow.step).where(StepMetricRow.run_id == run)))
 
 
 def _count(engine, run: str) -> int:
     with session_scope(engine) as s:
-        return s.scalar(select(func.count()).select_from(StepMetric).where(StepMetric.run_id == run))
+        return s.scalar(select(func.count()).select_from(StepMetricRow).where(StepMetricRow.run_id == run))
 
 
 def test_controller_keeps_consuming_after_the_broker_restarts_empty(tmp_path):

@@ -7,7 +7,7 @@ from sqlalchemy import select
 
 from cliffguard.controller.store import read
 from cliffguard.controller.store.db import session_scope
-from cliffguard.controller.store.models import Alert, CommandRow, Run
+from cliffguard.controller.store.models import AlertRow, CommandRow, RunRow
 from testing.controller_service import FakeTrainer, Running, prefix, spike, store_engine, wait_for
 from testing.store_factory import RUN_STARTED_DATA
 
@@ -20,7 +20,7 @@ def _started(t: FakeTrainer, run: str, caps: list[str]) -> None:
 
 def _critical(engine, run: str) -> list[str]:
     with session_scope(engine) as s:
-        return [a.title for a in s.scalars(select(Alert).where(Alert.run_id == run, Alert.level == "critical"))]
+        return [a.title for a in s.scalars(select(AlertRow).where(AlertRow.run_id == run, AlertRow.level == "critical"))]
 
 
 def test_an_alert_only_run_gets_alerts_and_no_command_and_a_run_without_rollback_is_halted_paused(
@@ -47,7 +47,7 @@ def test_an_alert_only_run_gets_alerts_and_no_command_and_a_run_without_rollback
             t.close()
         with session_scope(engine) as s:
             assert s.scalars(select(CommandRow).where(CommandRow.run_id == "tracker")).all() == []
-            runs = {r.id: r for r in s.scalars(select(Run))}
+            runs = {r.id: r for r in s.scalars(select(RunRow))}
             assert (runs["tracker"].capabilities, runs["tracker"].recovery_state) == ([], "running")
             assert read.incidents(s, "tracker") == []
             assert runs["no-rollback"].recovery_state == "halted" and runs["no-rollback"].lr_scale == 1.0

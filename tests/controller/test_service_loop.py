@@ -12,7 +12,13 @@ from cliffguard.controller.outbox import CommandOutbox
 from cliffguard.controller.recovery_types import Phase, RecoveryConfig
 from cliffguard.controller.service import MAX_BATCH_FAILURES, ControllerService
 from cliffguard.controller.store.db import session_scope
-from cliffguard.controller.store.models import CommandRow, ConsumerOffset, DlqCount, Run, StepMetric
+from cliffguard.controller.store.models import (
+    CommandRow,
+    ConsumerOffsetRow,
+    DlqCountRow,
+    RunRow,
+    StepMetricRow,
+)
 from cliffguard.controller.store.offsets import save_offsets
 from cliffguard.core.events import make_event
 from cliffguard.core.kafka_config import KafkaConfig
@@ -75,7 +81,7 @@ def service(engine, clock=None, **recovery) -> ControllerService:
 
 def stored_offset(engine) -> int | None:
     with session_scope(engine) as s:
-        row = s.scalar(select(ConsumerOffset.offset).where(ConsumerOffset.group_id == "g"))
+        row = s.scalar(select(ConsumerOffsetRow.offset).where(ConsumerOffsetRow.group_id == "g"))
     return row
 
 
@@ -87,7 +93,7 @@ def test_a_batch_another_instance_already_processed_is_refused_and_reread(engine
     assert svc.step_once() is None
     assert svc.stats["stale"] == 1 and (TOPIC, 0, 10) in svc.edge.seeks
     with session_scope(engine) as s:
-        assert s.scalar(select(StepMetric.id).limit(1)) is None  # nothing of the stale batch stayed
+        assert s.scalar(select(StepMetricRow.id).limit(1)) is None  # nothing of the stale batch stayed
     assert stored_offset(engine) == 10
 
 
@@ -111,8 +117,8 @@ def test_a_poisonous_event_is_isolated_and_counted_after_repeated_failures(engin
     res = svc.step_once()
     assert res is not None and res.events == 4
     with session_scope(engine) as s:
-        steps = sorted(s.scalars(select(StepMetric.step)))
-        counts = {r.reason: r.count for r in s.scalars(select(DlqCount))}
+        steps = sorted(s.scalars(select(StepMetricRow.step)))
+        counts = {r.reason: r.count for r in s.scalars(select(DlqCountRow))}
     assert steps == [0, 1, 3, 4]
     assert counts == {"processing_error": 1, "undecodable": 1}
     assert stored_offset(engine) == 6
@@ -128,7 +134,7 @@ def test_ticks_resend_an_unanswered_pause_and_the_state_survives_a_reload(engine
     svc.step_once()
     svc.step_once()
     with session_scope(engine) as s:
-        assert s.get(Run, "r").recovery_state == "pausing"
+        assert s.get(RunRow, "r").recovery_state == "pausing"
     svc.runs.clear()  # as after a partition move: the next tick reloads nothing, an event reloads
     with session_scope(engine) as s:
         assert svc.runs.load_partitions(s, {0}) == 1
@@ -157,9 +163,9 @@ def test_the_service_applies_step_retention_in_the_batch_transaction(engine):
     svc.edge = StubEdge([as_batch(records("r", 0, 399, 0))])
     svc.step_once()
     with session_scope(engine) as s:
-        rows = s.scalar(select(func.count()).select_from(StepMetric).where(StepMetric.run_id == "r"))
-        below = s.scalar(select(Run.downsampled_below).where(Run.id == "r"))
-        newest = s.scalars(select(StepMetric.step).where(StepMetric.run_id == "r", StepMetric.resolution == 1)
-                           .order_by(StepMetric.step.desc()).limit(100)).all()
+        rows = s.scalar(select(func.count()).select_from(StepMetricRow).where(StepMetricRow.run_id == "r"))
+        below = s.scalar(select(RunRow.downsampled_below).where(RunRow.id == "r"))
+        newest = s.scalars(select(StepMetricRow.step).where(StepMetricRow.run_id == "r", StepMetricRow.resolution == 1)
+                           .order_by(StepMetricRow.step.desc()).limit(100)).all()
     assert below > 0 and rows < 400  # old steps folded into buckets by the controller itself
     assert newest == list(range(399, 299, -1))  # the newest full_steps stay at full resolution

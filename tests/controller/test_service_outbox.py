@@ -10,7 +10,7 @@ from sqlalchemy import select
 from cliffguard.controller.operator import enqueue_command
 from cliffguard.controller.outbox import CommandOutbox
 from cliffguard.controller.store.db import session_scope
-from cliffguard.controller.store.models import CommandRow, OutboxRow, Run
+from cliffguard.controller.store.models import CommandRow, OutboxRow, RunRow
 from cliffguard.core.kafka_config import KafkaConfig
 from testing.controller_service import SECRET, store_engine
 
@@ -47,7 +47,7 @@ class FakeProducer:
 def engine(tmp_path):
     with store_engine("sqlite", tmp_path) as (eng, _):
         with session_scope(eng) as s:
-            s.add(Run(id="r"))
+            s.add(RunRow(id="r"))
         yield eng
 
 
@@ -107,7 +107,7 @@ def test_an_early_send_goes_before_the_commit_and_is_not_sent_again(engine):
         assert not box.send_early(s, first)  # the run's state (its command ids' salt) is not stored yet
     assert box.publish_due(now) == 1
     with session_scope(engine) as s:
-        s.get(Run, "r").controller_state = {"stored": True}
+        s.get(RunRow, "r").controller_state = {"stored": True}
     with session_scope(engine) as s:
         cmd = enqueue_command(s, run_id="r", type="pause", args={}, secret=SECRET, commands_topic="p.commands",
                               ttl_s=60, source="controller", now=now).id
@@ -124,7 +124,7 @@ def test_an_early_send_waits_behind_an_older_pending_command_and_a_failed_one_is
     box = CommandOutbox(engine, KafkaConfig(), producer=producer, retry_s=2.0)
     now = time.time()
     with session_scope(engine) as s:
-        s.get(Run, "r").controller_state = {"stored": True}
+        s.get(RunRow, "r").controller_state = {"stored": True}
     older = queue(engine, "pause", now)
     with session_scope(engine) as s:
         newer = enqueue_command(s, run_id="r", type="resume", args={}, secret=SECRET, commands_topic="p.commands",

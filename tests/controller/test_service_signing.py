@@ -22,7 +22,7 @@ from cliffguard.controller.recovery_types import RecoveryConfig
 from cliffguard.controller.service import ControllerService
 from cliffguard.controller.store import read
 from cliffguard.controller.store.db import session_scope
-from cliffguard.controller.store.models import DlqCount
+from cliffguard.controller.store.models import DlqCountRow
 from cliffguard.core.enums import AckStatus
 from cliffguard.core.events import encode_command, encode_event, make_command, make_event
 from cliffguard.core.keys import CommandPrivateKey, EventSigner, EventVerifier, event_key
@@ -117,5 +117,5 @@ def test_forged_commands_are_not_obeyed_and_forged_events_open_no_incident(kafka
             for t in (real, unsigned, wrong_run_key):
                 t.close()
         with session_scope(engine) as s:  # counted in the store, by reason
-            counts = {r.reason: r.count for r in s.scalars(select(DlqCount))}
+            counts = {r.reason: r.count for r in s.scalars(select(DlqCountRow))}
     assert counts == {"unsigned": 4, "bad_signature": 4}

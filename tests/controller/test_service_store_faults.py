@@ -25,7 +25,7 @@ from cliffguard.controller.service import MAX_BATCH_FAILURES, ControllerService
 from cliffguard.controller.store.db import StoreConfig, init_db, make_engine, session_scope
 from cliffguard.controller.store.errors import StoreLost
 from cliffguard.controller.store.guard import StoreGuard
-from cliffguard.controller.store.models import DlqCount, StepMetric
+from cliffguard.controller.store.models import DlqCountRow, StepMetricRow
 from cliffguard.core.kafka_config import KafkaConfig
 from testing.controller_service import SECRET
 from tests.controller.test_service_loop import TOPIC, StubEdge, as_batch, records, stored_offset
@@ -86,8 +86,8 @@ def service(engine) -> ControllerService:
 
 def steps_and_dead(engine) -> tuple[list[int], dict[str, int]]:
     with session_scope(engine) as s:
-        return (sorted(s.scalars(select(StepMetric.step))),
-                {r.reason: r.count for r in s.scalars(select(DlqCount))})
+        return (sorted(s.scalars(select(StepMetricRow.step))),
+                {r.reason: r.count for r in s.scalars(select(DlqCountRow))})
 
 
 def get(url: str) -> tuple[int, dict]:

@@ -10,13 +10,13 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from cliffguard.controller.store.models import (
-    Alert,
+    AlertRow,
     CheckpointRow,
     CommandRow,
-    DlqCount,
+    DlqCountRow,
     OutboxRow,
-    Run,
-    StepMetric,
+    RunRow,
+    StepMetricRow,
 )
 from testing.dashboard_fill import LAYERS, fill_store
 from tests.dashboard.conftest import chart_with, run_app, texts
@@ -57,10 +57,10 @@ def test_loss_chart_has_median_bands_spikes_incidents_and_rollback(filled):
     assert set(redone["step"]) == set(range(filled.run.rollback_to + 1, filled.run.spike_step + 2))
     # the bands are the controller's stored statistics of its spike rule, row for row
     with Session(filled.engine) as s:
-        stored = s.execute(select(StepMetric.rule_median, StepMetric.rule_sigma, StepMetric.rule_level)
-                           .where(StepMetric.run_id == filled.run.run_id, StepMetric.rank == 0)
-                           .order_by(StepMetric.ts, StepMetric.id)).all()
-        rule = s.get(Run, filled.run.run_id).spike_rule
+        stored = s.execute(select(StepMetricRow.rule_median, StepMetricRow.rule_sigma, StepMetricRow.rule_level)
+                           .where(StepMetricRow.run_id == filled.run.run_id, StepMetricRow.rank == 0)
+                           .order_by(StepMetricRow.ts, StepMetricRow.id)).all()
+        rule = s.get(RunRow, filled.run.run_id).spike_rule
     assert len(stored) == len(df) and all(level is not None for _, _, level in stored)
     median = [np.nan if m is None else m for m, _, _ in stored]
     crit = [np.nan if m is None else m + rule["k_crit"] * sg for m, sg, _ in stored]
@@ -155,9 +155,9 @@ def test_alerts_with_delivery_status_and_dlq(filled):
     frames = [d.value for d in at.dataframe]
     alerts = next(f for f in frames if "delivery" in f.columns)
     with Session(filled.engine) as s:
-        n_suppressed = s.scalar(select(func.count()).select_from(Alert).where(Alert.suppressed))
+        n_suppressed = s.scalar(select(func.count()).select_from(AlertRow).where(AlertRow.suppressed))
         n_rows = s.scalar(select(func.count()).select_from(OutboxRow).where(OutboxRow.kind == "alert"))
-        n_dlq = s.scalar(select(func.sum(DlqCount.count)))
+        n_dlq = s.scalar(select(func.sum(DlqCountRow.count)))
     assert (alerts["delivery"] == "suppressed").sum() == n_suppressed >= 1
     assert (alerts["delivery"].isin(["delivered", "pending"])).sum() == n_rows
     assert "HTTP 503 Service Unavailable" in set(alerts["last_error"].dropna())

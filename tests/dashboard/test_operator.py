@@ -12,7 +12,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from cliffguard.controller.operator import decide_pending_requests
-from cliffguard.controller.store.models import AuditRow, CommandRequest, CommandRow, OutboxRow, Run
+from cliffguard.controller.store.models import AuditRow, CommandRequestRow, CommandRow, OutboxRow, RunRow
 from cliffguard.core.events import decode_command
 from cliffguard.core.signing import CommandVerifier, Secret
 from cliffguard.dashboard.actions import ActionDenied, request_command, token_ok
@@ -28,7 +28,7 @@ SECRET = Secret("the-controllers-own-secret-0123")  # only the controller side o
 def _counts(engine) -> tuple[int, int, int, int]:
     with Session(engine) as s:
         return (
-            s.scalar(select(func.count()).select_from(CommandRequest)),
+            s.scalar(select(func.count()).select_from(CommandRequestRow)),
             s.scalar(select(func.count()).select_from(CommandRow).where(CommandRow.source == "operator")),
             s.scalar(select(func.count()).select_from(AuditRow)),
             s.scalar(select(func.count()).select_from(OutboxRow).where(OutboxRow.kind == "command")),
@@ -70,7 +70,7 @@ def test_right_token_rollback_writes_only_a_request_which_the_controller_signs(w
     assert any("the controller signs and queues it" in s.value for s in at.success)
     assert _counts(with_token.engine) == (before[0] + 1, *before[1:])  # the request, nothing signed
     with Session(with_token.engine) as s:
-        req = s.scalars(select(CommandRequest)).one()
+        req = s.scalars(select(CommandRequestRow)).one()
     assert (req.run_id, req.type, req.args) == (with_token.run.run_id, "rollback",
                                                 {"to_step": with_token.run.rollback_to, "lr_scale": 0.25})
     assert (req.requested_by, req.source, req.status) == ("dashboard:alice", "dashboard", "pending")
@@ -95,7 +95,7 @@ def test_right_token_pause_validate_resume_are_requests_in_order(with_token):
     for action in ("pause", "validate", "resume", "detail"):
         _submit(at, action, TOKEN)
     with Session(with_token.engine) as s:
-        rows = list(s.execute(select(CommandRequest.type, CommandRequest.args).order_by(CommandRequest.id)))
+        rows = list(s.execute(select(CommandRequestRow.type, CommandRequestRow.args).order_by(CommandRequestRow.id)))
     assert [t for t, _ in rows] == ["pause", "validate", "resume", "detail"]
     assert rows[-1][1] == {"steps": 20}  # the form's default number of steps
     assert _counts(with_token.engine)[1:] == (0, 0, 0)
@@ -130,10 +130,10 @@ def test_the_dashboard_engine_reads_and_cannot_write(filled):
     engine = read_only_engine(filled.url)
     try:
         with Session(engine) as s:
-            assert s.get(Run, filled.run.run_id) is not None
-        for stmt in (insert(CommandRequest).values(run_id="r", type="pause", args={}, requested_by="x", source="cli",
+            assert s.get(RunRow, filled.run.run_id) is not None
+        for stmt in (insert(CommandRequestRow).values(run_id="r", type="pause", args={}, requested_by="x", source="cli",
                                                    requested_at=time.time(), status="pending"),
-                     Run.__table__.update().values(lr_scale=0.1)):
+                     RunRow.__table__.update().values(lr_scale=0.1)):
             with pytest.raises(DBAPIError, match="readonly|read-only"):
                 with engine.begin() as conn:
                     conn.execute(stmt)
@@ -148,15 +148,15 @@ def test_the_dashboard_engine_cannot_write_postgresql(pg_url, tmp_path):
 
     with store_engine("postgres", tmp_path, pg_url) as (writer, url):
         with writer.begin() as conn:
-            conn.execute(insert(Run).values(id="r", controller_state={}, config={}))
+            conn.execute(insert(RunRow).values(id="r", controller_state={}, config={}))
         engine = read_only_engine(url)
         try:
             for _ in range(2):  # a pooled connection keeps refusing after its first transaction
                 with Session(engine) as s:
-                    assert s.get(Run, "r") is not None
+                    assert s.get(RunRow, "r") is not None
                 with pytest.raises(DBAPIError, match="read-only"):
                     with engine.begin() as conn:
-                        conn.execute(Run.__table__.update().values(lr_scale=0.1))
+                        conn.execute(RunRow.__table__.update().values(lr_scale=0.1))
         finally:
             engine.dispose()
 
@@ -165,12 +165,12 @@ def test_only_the_commands_the_run_applies_are_offered(with_token):
     from sqlalchemy import update
 
     with Session(with_token.engine) as s:
-        s.execute(update(Run).values(capabilities=["pause", "resume", "validate"]))
+        s.execute(update(RunRow).values(capabilities=["pause", "resume", "validate"]))
         s.commit()
     at = run_app()
     assert at.selectbox(key="op_action").options == ["pause", "resume", "validate"]
     with Session(with_token.engine) as s:
-        s.execute(update(Run).values(capabilities=[]))
+        s.execute(update(RunRow).values(capabilities=[]))
         s.commit()
     at = run_app()
     assert at.selectbox(key="op_action").disabled

@@ -24,14 +24,14 @@ from sqlalchemy.orm import Session
 
 from cliffguard.controller.store.db import init_db, make_engine
 from cliffguard.controller.store.models import (
-    Alert,
+    AlertRow,
     AuditRow,
     CheckpointRow,
-    CommandRequest,
+    CommandRequestRow,
     CommandRow,
-    GradHist,
+    GradHistRow,
     OutboxRow,
-    StepMetric,
+    StepMetricRow,
 )
 from tests.dashboard.conftest import TOKEN, chart_with, run_app, texts
 
@@ -69,11 +69,11 @@ def test_header_and_loss_chart(recorded):
     assert float(metrics["lr_scale applied"]) == _incident(summary, "rolled_back")["lr_scale"]
     _, df = chart_with(at, "loss_plot")
     with Session(engine) as s:
-        rank0 = s.scalar(select(func.count()).select_from(StepMetric).where(StepMetric.rank == 0))
+        rank0 = s.scalar(select(func.count()).select_from(StepMetricRow).where(StepMetricRow.rank == 0))
     assert len(df) == rank0  # every step row, both branches of the rollback
     assert df["superseded"].any()  # the steps the rollback abandoned are drawn (faded)
     with Session(engine) as s:
-        judged = s.scalar(select(func.count()).select_from(StepMetric).where(StepMetric.rule_level.is_not(None)))
+        judged = s.scalar(select(func.count()).select_from(StepMetricRow).where(StepMetricRow.rule_level.is_not(None)))
     if not judged:  # recorded before the controller stored its rule statistics
         assert df["median"].isna().all() and set(df["level"]) == {"ok"}
         assert "no bands" in texts(at)
@@ -96,7 +96,7 @@ def test_gradients_ranks_and_checkpoints(recorded):
     engine, _ = recorded
     at = run_app()
     with Session(engine) as s:
-        n_hist = s.scalar(select(func.count()).select_from(GradHist))
+        n_hist = s.scalar(select(func.count()).select_from(GradHistRow))
         n_ckpt = s.scalar(select(func.count()).select_from(CheckpointRow))
     assert n_hist > 0
     _, cells = chart_with(at, "log_count")
@@ -120,7 +120,7 @@ def test_incident_timeline_and_alerts(recorded):
     cmds = [f for f in frames if "ack_detail" in f.columns]
     assert {"pause", "validate", "rollback", "resume"} <= set().union(*(set(f["type"]) for f in cmds))
     with Session(engine) as s:
-        n_alerts = s.scalar(select(func.count()).select_from(Alert))
+        n_alerts = s.scalar(select(func.count()).select_from(AlertRow))
     alerts = next(f for f in frames if "delivery" in f.columns)
     assert len(alerts) == n_alerts > 0
     assert "read-only" in texts(at) or any("read-only" in i.value for i in at.info)
@@ -133,7 +133,7 @@ def test_operator_token_on_the_recorded_run(recorded, monkeypatch):
     def counts():
         with Session(engine) as s:
             return (
-                s.scalar(select(func.count()).select_from(CommandRequest)),
+                s.scalar(select(func.count()).select_from(CommandRequestRow)),
                 s.scalar(select(func.count()).select_from(CommandRow).where(CommandRow.source == "operator")),
                 s.scalar(select(func.count()).select_from(AuditRow)),
                 s.scalar(select(func.count()).select_from(OutboxRow).where(OutboxRow.kind == "command")),
@@ -154,6 +154,6 @@ def test_operator_token_on_the_recorded_run(recorded, monkeypatch):
     submit(TOKEN)
     assert counts() == (before[0] + 1, *before[1:])  # a request only: the controller signs
     with Session(engine) as s:
-        req = s.scalars(select(CommandRequest)).one()
+        req = s.scalars(select(CommandRequestRow)).one()
     assert (req.run_id, req.type, req.requested_by) == (summary["run"], "pause", "dashboard:bob")
 

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from cliffguard.controller.store.models import StepMetric
+from cliffguard.controller.store.models import StepMetricRow
 from cliffguard.core.floats import from_json, from_store_kind
 
 
@@ -22,13 +22,13 @@ def num(value: Any) -> Any:
     return float(value) if isinstance(value, Decimal) else value  # PostgreSQL avg() of integers
 
 
-def speaker_rank(session: Session, run_id: str, model: Any = StepMetric) -> int | None:
+def speaker_rank(session: Session, run_id: str, model: Any = StepMetricRow) -> int | None:
     """The rank that speaks for the run among those with rows in ``model``'s table (step
     metrics unless told otherwise), or None: ``core.ranks.speaker`` done in SQL."""
     return session.scalar(select(func.min(model.rank)).where(model.run_id == run_id))
 
 
-def step_dict(r: StepMetric) -> dict[str, Any]:
+def step_dict(r: StepMetricRow) -> dict[str, Any]:
     """A step row with its non-finite loss and per-layer norms back as floats."""
     d = row_dict(r)
     if d["nonfinite"] is not None and d["resolution"] == 1:

@@ -7,7 +7,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from cliffguard.controller.store.models import Alert, AlertEndpointState, OutboxRow
+from cliffguard.controller.store.models import AlertEndpointStateRow, AlertRow, OutboxRow
 from cliffguard.controller.store.read._rows import row_dict
 
 
@@ -16,12 +16,12 @@ def alerts(
 ) -> list[dict[str, Any]]:
     """Alerts, newest first, each with ``deliveries``: one dict per outbox row for it (target,
     status, attempts, last_error, delivered_at, next_attempt_at), sorted by target."""
-    stmt = select(Alert)
+    stmt = select(AlertRow)
     if run_id is not None:
-        stmt = stmt.where(Alert.run_id == run_id)
+        stmt = stmt.where(AlertRow.run_id == run_id)
     if incident_id is not None:
-        stmt = stmt.where(Alert.incident_id == incident_id)
-    out = [row_dict(a) for a in session.scalars(stmt.order_by(Alert.ts.desc()).limit(limit))]
+        stmt = stmt.where(AlertRow.incident_id == incident_id)
+    out = [row_dict(a) for a in session.scalars(stmt.order_by(AlertRow.ts.desc()).limit(limit))]
     if not out:
         return out
     by_id: dict[str, list[dict[str, Any]]] = {a["id"]: [] for a in out}
@@ -69,6 +69,6 @@ def alert_endpoints(session: Session) -> list[dict[str, Any]]:
         .group_by(OutboxRow.target, OutboxRow.status)
     ):
         entry(target)["counts"][status] = int(n)
-    for st in session.scalars(select(AlertEndpointState)):
+    for st in session.scalars(select(AlertEndpointStateRow)):
         entry(st.name).update(disabled=st.disabled, reason=st.disabled_reason)
     return [rows[k] for k in sorted(rows)]

@@ -10,7 +10,7 @@ from typing import Any, Literal
 from sqlalchemy import Float, case, cast, func, or_, select
 from sqlalchemy.orm import Session
 
-from cliffguard.controller.store.models import StepMetric as SM
+from cliffguard.controller.store.models import StepMetricRow as SM
 from cliffguard.controller.store.read._rows import num, speaker_rank, step_dict
 from cliffguard.core.floats import from_store_kind
 

@@ -7,7 +7,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from cliffguard.controller.store.models import ElasticEventRow, Run
+from cliffguard.controller.store.models import ElasticEventRow, RunRow
 from cliffguard.controller.store.read._rows import row_dict
 
 
@@ -21,7 +21,7 @@ def elastic_events(session: Session, run_id: str, *, limit: int | None = 500) ->
 def scale_timeline(session: Session, run_id: str) -> list[dict[str, Any]]:
     """``{step, ts, world, global_batch}`` from the run's start, then one point per scale change
     (oldest first): the world and batch hold from each point to the next. Empty for an unknown run."""
-    run = session.get(Run, run_id)
+    run = session.get(RunRow, run_id)
     if run is None:
         return []
     events = elastic_events(session, run_id, limit=None)

@@ -7,7 +7,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from cliffguard.controller.store.models import GradHist
+from cliffguard.controller.store.models import GradHistRow
 from cliffguard.controller.store.read._rows import row_dict, speaker_rank
 from cliffguard.core.floats import from_json
 
@@ -20,14 +20,14 @@ def grad_hists(
     name -> {counts, zeros, nonfinite, p50, p99, max, norm, underflow}; ``edges`` are the fixed
     log2 bin edges of |g|; non-finite values come back as floats."""
     if rank is None:
-        rank = speaker_rank(session, run_id, GradHist)
+        rank = speaker_rank(session, run_id, GradHistRow)
         if rank is None:
             return []
-    conds = [GradHist.run_id == run_id, GradHist.rank == rank]
+    conds = [GradHistRow.run_id == run_id, GradHistRow.rank == rank]
     if step is not None:
-        conds.append(GradHist.step <= step)
+        conds.append(GradHistRow.step <= step)
     rows = session.scalars(
-        select(GradHist).where(*conds).order_by(GradHist.ts.desc(), GradHist.id.desc()).limit(limit)
+        select(GradHistRow).where(*conds).order_by(GradHistRow.ts.desc(), GradHistRow.id.desc()).limit(limit)
     )
     out = []
     for r in rows:

@@ -7,7 +7,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from cliffguard.controller.store.models import Incident, Transition
+from cliffguard.controller.store.models import IncidentRow, TransitionRow
 from cliffguard.controller.store.read._rows import row_dict
 from cliffguard.controller.store.read.alerts import alerts
 from cliffguard.controller.store.read.commands import commands
@@ -19,12 +19,12 @@ def incidents(
     session: Session, run_id: str | None = None, *, open_only: bool = False, limit: int | None = 100
 ) -> list[dict[str, Any]]:
     """Incidents, newest first; all runs when ``run_id`` is None."""
-    stmt = select(Incident)
+    stmt = select(IncidentRow)
     if run_id is not None:
-        stmt = stmt.where(Incident.run_id == run_id)
+        stmt = stmt.where(IncidentRow.run_id == run_id)
     if open_only:
-        stmt = stmt.where(Incident.outcome == IncidentOutcome.OPEN)
-    return [row_dict(r) for r in session.scalars(stmt.order_by(Incident.opened_at.desc()).limit(limit))]
+        stmt = stmt.where(IncidentRow.outcome == IncidentOutcome.OPEN)
+    return [row_dict(r) for r in session.scalars(stmt.order_by(IncidentRow.opened_at.desc()).limit(limit))]
 
 
 def transitions(
@@ -32,10 +32,10 @@ def transitions(
 ) -> list[dict[str, Any]]:
     """State-machine transitions of a run (or one incident), oldest first: the timeline (the
     newest ``limit`` of them)."""
-    stmt = select(Transition).where(Transition.run_id == run_id)
+    stmt = select(TransitionRow).where(TransitionRow.run_id == run_id)
     if incident_id is not None:
-        stmt = stmt.where(Transition.incident_id == incident_id)
-    rows = session.scalars(stmt.order_by(Transition.ts.desc(), Transition.id.desc()).limit(limit))
+        stmt = stmt.where(TransitionRow.incident_id == incident_id)
+    rows = session.scalars(stmt.order_by(TransitionRow.ts.desc(), TransitionRow.id.desc()).limit(limit))
     return [row_dict(r) for r in rows][::-1]
 
 
@@ -43,7 +43,7 @@ def incident_detail(session: Session, incident_id: str) -> dict[str, Any] | None
     """One incident with its whole story, or None: the incident's columns plus ``transitions``
     (oldest first), ``commands`` (oldest first, each with its ack), ``validations`` (the results
     answering its validate commands) and ``alerts`` (newest first, with deliveries)."""
-    inc = session.get(Incident, incident_id)
+    inc = session.get(IncidentRow, incident_id)
     if inc is None:
         return None
     out = row_dict(inc)

@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from cliffguard.controller.store.models import RankArrayRow as RA
-from cliffguard.controller.store.models import StepMetric as SM
+from cliffguard.controller.store.models import StepMetricRow as SM
 from cliffguard.controller.store.rank_arrays import per_rank, rank_points
 from cliffguard.controller.store.read._rows import num, step_dict
 from cliffguard.controller.store.read.curves import bucket_width, step_filter

@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from cliffguard.controller.store.models import Run, StepMetric
+from cliffguard.controller.store.models import RunRow, StepMetricRow
 
 STAT_COLUMNS = ["step", "ts", "median", "sigma", "level"]
 
@@ -31,8 +31,8 @@ class SpikeRuleStats:
 
 def spike_rule_stats(session: Session, run_id: str, max_points: int) -> SpikeRuleStats:
     """The stored spike-rule statistics of ``run_id``: its newest ``max_points`` judged losses."""
-    rule = session.scalar(select(Run.spike_rule).where(Run.id == run_id))
-    sm = StepMetric
+    rule = session.scalar(select(RunRow.spike_rule).where(RunRow.id == run_id))
+    sm = StepMetricRow
     rows = session.execute(
         select(sm.step, sm.ts, sm.rule_median, sm.rule_sigma, sm.rule_level)
         .where(sm.run_id == run_id, sm.rule_level.is_not(None))

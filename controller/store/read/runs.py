@@ -8,27 +8,27 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from cliffguard.controller.store.heartbeats import per_rank
-from cliffguard.controller.store.models import Heartbeat, Run
+from cliffguard.controller.store.models import HeartbeatRow, RunRow
 from cliffguard.controller.store.read._rows import row_dict
 from cliffguard.core.ranks import rank_spans
 
 
 def list_runs(session: Session, *, limit: int | None = 100) -> list[dict[str, Any]]:
     """Runs, most recently active first (without the bulky ``controller_state``)."""
-    rows = session.scalars(select(Run).order_by(Run.last_event_ts.desc().nulls_last(), Run.id).limit(limit))
+    rows = session.scalars(select(RunRow).order_by(RunRow.last_event_ts.desc().nulls_last(), RunRow.id).limit(limit))
     return [row_dict(r, exclude=("controller_state",)) for r in rows]
 
 
 def get_run(session: Session, run_id: str) -> dict[str, Any] | None:
     """One run with every column (``config`` is the run.started payload), or None."""
-    run = session.get(Run, run_id)
+    run = session.get(RunRow, run_id)
     return None if run is None else row_dict(run)
 
 
 def heartbeats(session: Session, run_id: str) -> list[dict[str, Any]]:
     """The newest sign of life per rank: run_id, rank, ts, step, state, collective, ``via`` (the
     rank whose heartbeat carried it: the node's leader); ordered by rank."""
-    rows = session.scalars(select(Heartbeat).where(Heartbeat.run_id == run_id))
+    rows = session.scalars(select(HeartbeatRow).where(HeartbeatRow.run_id == run_id))
     return per_rank(row_dict(r) for r in rows)
 
 

@@ -7,7 +7,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from cliffguard.controller.store.models import DataFlag, ValidationRow
+from cliffguard.controller.store.models import DataFlagRow, ValidationRow
 from cliffguard.controller.store.read._rows import row_dict
 from cliffguard.core.floats import from_store_kind
 
@@ -28,5 +28,5 @@ def validations(session: Session, run_id: str, *, limit: int | None = 500) -> li
 
 def data_flags(session: Session, run_id: str, *, limit: int | None = 200) -> list[dict[str, Any]]:
     """Samples the data rules flagged, newest first."""
-    rows = session.scalars(select(DataFlag).where(DataFlag.run_id == run_id).order_by(DataFlag.ts.desc()).limit(limit))
+    rows = session.scalars(select(DataFlagRow).where(DataFlagRow.run_id == run_id).order_by(DataFlagRow.ts.desc()).limit(limit))
     return [row_dict(r) for r in rows]

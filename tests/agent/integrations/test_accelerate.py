@@ -14,7 +14,7 @@ from cliffguard.agent.hooks import Agent, AgentConfig
 from cliffguard.agent.integrations import AgentTracker, accelerate_kit
 from cliffguard.agent.publisher import InMemorySink
 from cliffguard.controller.store.db import session_scope
-from cliffguard.controller.store.models import Alert, CommandRow, Run
+from cliffguard.controller.store.models import AlertRow, CommandRow, RunRow
 from cliffguard.core.enums import CommandType, EventType
 from testing.controller_service import SECRET, FakeTrainer, Running, healthy_loss, store_engine, wait_for
 
@@ -77,8 +77,8 @@ def test_a_tracker_run_with_a_spike_gets_alerts_and_no_command(kafka_cfg, tmp_pa
 
             def alerted() -> bool:
                 with session_scope(engine) as s:
-                    return bool(s.scalars(select(Alert).where(Alert.run_id == "tracked",
-                                                              Alert.level == "critical")).all())
+                    return bool(s.scalars(select(AlertRow).where(AlertRow.run_id == "tracked",
+                                                              AlertRow.level == "critical")).all())
 
             wait_for(alerted)
             time.sleep(1.0)  # a pause would be on its way by now
@@ -91,5 +91,5 @@ def test_a_tracker_run_with_a_spike_gets_alerts_and_no_command(kafka_cfg, tmp_pa
                 probe.close()
         with session_scope(engine) as s:
             assert s.scalars(select(CommandRow).where(CommandRow.run_id == "tracked")).all() == []
-            run = s.get(Run, "tracked")
+            run = s.get(RunRow, "tracked")
             assert run.capabilities == [] and run.recovery_state == "running"

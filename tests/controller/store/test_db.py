@@ -23,7 +23,7 @@ from cliffguard.controller.store.db import (
     schema_at_head,
     session_scope,
 )
-from cliffguard.controller.store.models import Base, Run, StepMetric
+from cliffguard.controller.store.models import Base, RunRow, StepMetricRow
 
 
 def test_store_config_defaults_to_a_sqlite_file():
@@ -73,13 +73,13 @@ def test_sqlite_writer_waits_for_a_lock_instead_of_failing(sqlite_url):
     release.start()
     t0 = time.monotonic()
     with session_scope(engine) as s:
-        s.add(Run(id="waiter"))
+        s.add(RunRow(id="waiter"))
     waited = time.monotonic() - t0
     release.join()
     holder.close()
     assert waited >= 0.2
     with session_scope(engine) as s:
-        assert set(s.scalars(select(Run.id))) == {"held", "waiter"}
+        assert set(s.scalars(select(RunRow.id))) == {"held", "waiter"}
     engine.dispose()
 
 
@@ -90,7 +90,7 @@ def test_sqlite_without_busy_timeout_fails_on_a_held_lock(sqlite_url):
     holder.execute("BEGIN IMMEDIATE")
     with pytest.raises(OperationalError, match="locked"):
         with session_scope(engine) as s:
-            s.add(Run(id="waiter"))
+            s.add(RunRow(id="waiter"))
     holder.rollback()
     holder.close()
     engine.dispose()
@@ -121,10 +121,10 @@ def test_migrations_create_exactly_the_models_schema(fresh):
 
 def test_init_db_twice_is_harmless_and_keeps_data(engine):
     with session_scope(engine) as s:
-        s.add(Run(id="keep"))
+        s.add(RunRow(id="keep"))
     init_db(engine)
     with session_scope(engine) as s:
-        assert s.get(Run, "keep") is not None
+        assert s.get(RunRow, "keep") is not None
 
 
 def test_downgrade_to_base_then_upgrade_again(fresh):
@@ -141,41 +141,41 @@ def test_downgrade_to_base_then_upgrade_again(fresh):
 def test_foreign_keys_are_enforced(engine):
     with pytest.raises(IntegrityError):
         with session_scope(engine) as s:
-            s.add(StepMetric(run_id="no-such-run", step=1, rank=0, ts=1.0))
+            s.add(StepMetricRow(run_id="no-such-run", step=1, rank=0, ts=1.0))
 
 
 def test_deleting_a_run_cascades_to_its_rows(engine):
     with session_scope(engine) as s:
-        s.add(Run(id="gone"))
+        s.add(RunRow(id="gone"))
         s.flush()
-        s.add(StepMetric(run_id="gone", step=1, rank=0, ts=1.0))
+        s.add(StepMetricRow(run_id="gone", step=1, rank=0, ts=1.0))
     with session_scope(engine) as s:
-        s.execute(Run.__table__.delete().where(Run.id == "gone"))
+        s.execute(RunRow.__table__.delete().where(RunRow.id == "gone"))
     with session_scope(engine) as s:
-        assert s.scalars(select(StepMetric)).all() == []
+        assert s.scalars(select(StepMetricRow)).all() == []
 
 
 def test_session_scope_commits_on_success_and_rolls_back_on_error(engine):
     with session_scope(engine) as s:
-        s.add(Run(id="committed"))
+        s.add(RunRow(id="committed"))
     with pytest.raises(RuntimeError):
         with session_scope(engine) as s:
-            s.add(Run(id="rolled-back"))
+            s.add(RunRow(id="rolled-back"))
             s.flush()
             raise RuntimeError("boom")
     with session_scope(engine) as s:
-        assert set(s.scalars(select(Run.id))) == {"committed"}
+        assert set(s.scalars(select(RunRow.id))) == {"committed"}
 
 
 def test_store_open_migrates_and_objects_stay_readable_after_commit(db_url):
     store = Store.open(db_url)
     try:
         with store.session() as s:
-            run = Run(id="r", world_size=4)
+            run = RunRow(id="r", world_size=4)
             s.add(run)
         assert run.world_size == 4  # expire_on_commit=False: readable after the transaction
         with store.session() as s:
-            assert s.get(Run, "r").world_size == 4
+            assert s.get(RunRow, "r").world_size == 4
     finally:
         store.close()
 
@@ -218,7 +218,7 @@ def test_in_memory_sqlite_is_one_database_shared_by_threads():
     engine = make_engine("sqlite://")
     init_db(engine)
     with session_scope(engine) as s:
-        s.add(Run(id="mem"))
+        s.add(RunRow(id="mem"))
     seen: list[str] = []
     t = threading.Thread(target=lambda: seen.extend(session_scope_ids(engine)))
     t.start()
@@ -229,7 +229,7 @@ def test_in_memory_sqlite_is_one_database_shared_by_threads():
 
 def session_scope_ids(engine) -> list[str]:
     with session_scope(engine) as s:
-        return list(s.scalars(select(Run.id)))
+        return list(s.scalars(select(RunRow.id)))
 
 
 def test_masked_url_hides_the_password_in_any_url():

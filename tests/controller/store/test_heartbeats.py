@@ -9,7 +9,7 @@ from cliffguard.controller.store import read
 from cliffguard.controller.store.db import session_scope
 from cliffguard.controller.store.heartbeats import upsert_heartbeats
 from cliffguard.controller.store.ingest import ingest_events
-from cliffguard.controller.store.models import Heartbeat
+from cliffguard.controller.store.models import HeartbeatRow
 from cliffguard.core.enums import EventType
 from testing import store_factory as f
 
@@ -27,7 +27,7 @@ def test_a_node_heartbeat_is_one_row_and_the_newest_wins(engine):
     with session_scope(engine) as s:
         assert ingest_events(s, [f.step(10, 2.5, world=64), *beats]) == 1 + 8
     with session_scope(engine) as s:
-        assert s.scalar(select(func.count()).select_from(Heartbeat)) == 8  # 64 ranks, 8 rows
+        assert s.scalar(select(func.count()).select_from(HeartbeatRow)) == 8  # 64 ranks, 8 rows
         older = _node_beat(8, 8, f.T0 - 5, 9)
         assert upsert_heartbeats(s, [older, beats[1]]) == 0  # older and a re-delivery: nothing moves
         assert upsert_heartbeats(s, [_node_beat(8, 8, f.T0 + 20, 11, stuck=13)]) == 1

@@ -14,12 +14,12 @@ from cliffguard.controller.store.models import (
     Base,
     CheckpointRow,
     CommandRow,
-    DataFlag,
-    GradHist,
-    Heartbeat,
+    DataFlagRow,
+    GradHistRow,
+    HeartbeatRow,
     RankArrayRow,
-    Run,
-    StepMetric,
+    RunRow,
+    StepMetricRow,
     ValidationRow,
 )
 from cliffguard.core.enums import EventType
@@ -49,8 +49,8 @@ def snapshot(engine) -> dict[str, list[tuple]]:
 
 
 def _command(s, run="run-a", status="sent") -> str:
-    if s.get(Run, run) is None:
-        s.add(Run(id=run))
+    if s.get(RunRow, run) is None:
+        s.add(RunRow(id=run))
         s.flush()  # no ORM relationship orders the inserts; the run must exist first
     cmd_id = new_id()
     s.add(
@@ -83,14 +83,14 @@ def test_every_event_type_lands_in_its_table(engine):
     with session_scope(engine) as s:
         assert ingest_events(s, _every_event_type(cmd_id)) == 10
     with session_scope(engine) as s:
-        run = s.get(Run, "run-a")
+        run = s.get(RunRow, "run-a")
         assert run.config["n_params"] == 1_000_000 and run.world_size == 2
         assert run.status == "finished" and run.ended_at == f.T0 + 3 and run.last_step == 3
-        steps = s.scalars(select(StepMetric).order_by(StepMetric.rank)).all()
+        steps = s.scalars(select(StepMetricRow).order_by(StepMetricRow.rank)).all()
         assert [(m.step, m.rank, m.loss_local) for m in steps] == [(1, 0, 2.5), (1, 1, 2.6)]
         assert steps[0].guard == "ok" and steps[0].tokens == 2048 and steps[0].resolution == 1
-        assert s.scalars(select(GradHist)).one().layers["h.0"]["counts"] == [1, 5, 3]
-        hb = s.scalars(select(Heartbeat)).one()
+        assert s.scalars(select(GradHistRow)).one().layers["h.0"]["counts"] == [1, 5, 3]
+        hb = s.scalars(select(HeartbeatRow)).one()
         assert (hb.rank, hb.state, hb.step) == (1, "running", 1)
         ck = s.scalars(select(CheckpointRow)).one()
         assert (ck.kind, ck.step, ck.verified, ck.sha256) == ("memory", 1, True, "ab" * 32)
@@ -98,7 +98,7 @@ def test_every_event_type_lands_in_its_table(engine):
         assert (val.cmd, val.val_loss, val.batches) == (cmd_id, 2.4, 8)
         cmd = s.get(CommandRow, cmd_id)
         assert (cmd.status, cmd.ack_detail, cmd.acked_at) == ("applied", "paused", f.T0 + 2)
-        flag = s.scalars(select(DataFlag)).one()
+        flag = s.scalars(select(DataFlagRow)).one()
         assert (flag.rule, flag.sample_ids, flag.score) == ("garbled", [5, 9], 0.9)
 
 
@@ -120,7 +120,7 @@ def test_events_for_an_unseen_run_create_it(engine):
     with session_scope(engine) as s:
         assert ingest_event(s, f.step(7, 3.0, run="fresh", world=4, rank=3))
     with session_scope(engine) as s:
-        run = s.get(Run, "fresh")
+        run = s.get(RunRow, "fresh")
         assert (run.status, run.world_size, run.last_step, run.last_event_ts) == ("running", 4, 7, f.T0 + 7)
 
 
@@ -131,7 +131,7 @@ def test_run_last_step_follows_the_newest_event_even_backwards_after_a_rollback(
         ingest_event(s, f.step(41, ts=f.T0 + 100))
         ingest_event(s, f.step(30, ts=f.T0 + 30.5))  # a late, older event does not move it back
     with session_scope(engine) as s:
-        run = s.get(Run, "run-a")
+        run = s.get(RunRow, "run-a")
         assert (run.last_step, run.last_event_ts) == (41, f.T0 + 100)
         assert len(read.loss_curve(s, "run-a", max_points=None)) == 52  # both copies of step 41 kept
 
@@ -148,7 +148,7 @@ def test_nan_and_inf_losses_survive_on_every_database(engine):
             ],
         )
     with session_scope(engine) as s:
-        kinds = s.execute(select(StepMetric.step, StepMetric.nonfinite).order_by(StepMetric.step)).all()
+        kinds = s.execute(select(StepMetricRow.step, StepMetricRow.nonfinite).order_by(StepMetricRow.step)).all()
         assert kinds == [(1, None), (2, "nan"), (3, "inf"), (4, "-inf")]
         curve = read.loss_curve(s, "run-a", max_points=None)
     assert curve[0]["loss"] == 2.0
@@ -186,8 +186,8 @@ def test_nonfinite_values_in_json_columns_are_stored_as_strings_and_read_back_as
             ],
         )
     with session_scope(engine) as s:
-        assert s.get(Run, "run-a").config["lr_schedule"] == {"warmup_lr": "Infinity"}
-        assert s.scalars(select(StepMetric.layer_grad_norms)).one() == {"h.0": "NaN", "h.1": 0.5}
+        assert s.get(RunRow, "run-a").config["lr_schedule"] == {"warmup_lr": "Infinity"}
+        assert s.scalars(select(StepMetricRow.layer_grad_norms)).one() == {"h.0": "NaN", "h.1": 0.5}
         layer = read.grad_hists(s, "run-a")[0]["layers"]["h.0"]
         norms = read.latest_rank_steps(s, "run-a")[0]["layer_grad_norms"]
     assert math.isnan(layer["p50"]) and layer["p99"] == math.inf and layer["nonfinite"] == 3
@@ -271,30 +271,30 @@ def test_run_lifecycle_restart_and_late_copies(engine):
         ingest_event(s, f.run_started(ts=f.T0))
         ingest_event(s, f.event(EventType.RUN_FAILED, 50, {"error": "OOM"}, ts=f.T0 + 50))
     with session_scope(engine) as s:
-        run = s.get(Run, "run-a")
+        run = s.get(RunRow, "run-a")
         assert (run.status, run.error, run.ended_at) == ("failed", "OOM", f.T0 + 50)
         # a late copy of the first start must not revive the failed run
         assert not ingest_event(s, f.run_started(ts=f.T0))
-        assert s.get(Run, "run-a").status == "failed"
+        assert s.get(RunRow, "run-a").status == "failed"
     with session_scope(engine) as s:
         assert ingest_event(s, f.run_started(ts=f.T0 + 60, world=4))  # a real restart
-        run = s.get(Run, "run-a")
+        run = s.get(RunRow, "run-a")
         assert (run.status, run.error, run.ended_at, run.world_size) == ("running", None, None, 4)
         # a late copy of the old failure must not end the restarted run
         assert not ingest_event(s, f.event(EventType.RUN_FAILED, 50, {"error": "OOM"}, ts=f.T0 + 50))
         assert ingest_event(s, f.event(EventType.RUN_FINISHED, 90, {}, ts=f.T0 + 90))
     with session_scope(engine) as s:
-        assert s.get(Run, "run-a").status == "finished"
+        assert s.get(RunRow, "run-a").status == "finished"
 
 
 def test_step_events_below_the_downsampled_range_are_ignored(engine):
     with session_scope(engine) as s:
         ingest_event(s, f.step(0))
-        s.get(Run, "run-a").downsampled_below = 100
+        s.get(RunRow, "run-a").downsampled_below = 100
     with session_scope(engine) as s:
         assert not ingest_event(s, f.step(99))
         assert ingest_event(s, f.step(100))
-        assert sorted(s.scalars(select(StepMetric.step))) == [0, 100]
+        assert sorted(s.scalars(select(StepMetricRow.step))) == [0, 100]
 
 
 def test_a_failed_transaction_records_nothing(engine):
@@ -305,7 +305,7 @@ def test_a_failed_transaction_records_nothing(engine):
     except RuntimeError:
         pass
     with session_scope(engine) as s:
-        assert s.scalars(select(StepMetric)).all() == []
+        assert s.scalars(select(StepMetricRow)).all() == []
         assert ingest_events(s, [f.step(1), f.step(2)]) == 2  # the re-read batch goes in
 
 
@@ -342,14 +342,14 @@ def test_values_too_big_for_their_columns_are_clipped_not_fatal(engine, caplog):
     with session_scope(engine) as s:
         assert ingest_events(s, events) == len(events)
     with session_scope(engine) as s:
-        st = s.scalars(select(StepMetric)).one()
+        st = s.scalars(select(StepMetricRow)).one()
         assert (st.step, st.tokens, st.clipped_layers) == (2**31 - 1, 2**31 - 1, -(2**31))
         ck = s.scalars(select(CheckpointRow).where(CheckpointRow.step == 4)).one()
         assert (ck.sha256, ck.path, ck.bytes) == ("a" * 64, "/p", 2**63 - 1)
-        assert s.scalars(select(DataFlag.rule)).one() == "r" * 64
+        assert s.scalars(select(DataFlagRow.rule)).one() == "r" * 64
         val = s.scalars(select(ValidationRow)).one()
         assert (val.cmd, val.batches) == ("c" * 32, 2**31 - 1)
-        assert s.get(Run, "run-a").error == "boom" + "x" * 10
+        assert s.get(RunRow, "run-a").error == "boom" + "x" * 10
     assert "value clipped" in caplog.text
 
 
@@ -364,9 +364,9 @@ def test_step_rows_carry_the_rule_points_in_one_insert_and_stay_idempotent(engin
         assert ingest_steps(s, events, points) == 0  # the same batch again, same transaction
     with session_scope(engine) as s:
         assert ingest_steps(s, [*events, f.step(4)]) == 1
-        rows = s.execute(select(StepMetric.step, StepMetric.rule_median, StepMetric.rule_level,
-                                StepMetric.nonfinite, StepMetric.layer_grad_norms)
-                         .order_by(StepMetric.step)).all()
+        rows = s.execute(select(StepMetricRow.step, StepMetricRow.rule_median, StepMetricRow.rule_level,
+                                StepMetricRow.nonfinite, StepMetricRow.layer_grad_norms)
+                         .order_by(StepMetricRow.step)).all()
     assert [(r.step, r.rule_median, r.rule_level) for r in rows] == [
         (1, 2.0, "ok"), (2, None, None), (3, None, None), (4, None, None)]
     assert rows[1].nonfinite == "nan" and rows[1].layer_grad_norms == {"w": "Infinity"}
@@ -387,7 +387,7 @@ def test_a_ranks_event_is_one_row_read_per_rank_and_a_node_heartbeat_one_row(eng
     with session_scope(engine) as s:
         assert ingest_events(s, events) == 1 + 1 + 1
     with session_scope(engine) as s:
-        assert [(m.step, m.rank, m.loss_local) for m in s.scalars(select(StepMetric))] == [(10, 0, 2.5)]
+        assert [(m.step, m.rank, m.loss_local) for m in s.scalars(select(StepMetricRow))] == [(10, 0, 2.5)]
         assert s.scalar(select(func.count()).select_from(RankArrayRow)) == 1  # one row for the event
         ranks = read.rank_metrics(s, "run-a", columns=("loss_local", "compute_s", "mem_reserved"))
         assert [(m["step"], m["rank"], m["loss_local"]) for m in ranks] == [(10, 0, 2.5), (10, 1, 3.0), (10, 2, 4.0),
@@ -396,7 +396,7 @@ def test_a_ranks_event_is_one_row_read_per_rank_and_a_node_heartbeat_one_row(eng
         latest = read.latest_rank_steps(s, "run-a")
         assert [r["rank"] for r in latest] == [0, 1, 2, 3] and latest[0]["loss"] == 2.5
         assert latest[2]["loss_local"] == 4.0 and latest[2]["loss"] is None and set(latest[2]) == set(latest[0])
-        assert s.scalar(select(func.count()).select_from(Heartbeat)) == 1  # one row for the node
+        assert s.scalar(select(func.count()).select_from(HeartbeatRow)) == 1  # one row for the node
         beats = read.heartbeats(s, "run-a")
         assert [(b["rank"], b["step"], b["ts"]) for b in beats] == [(0, 10, f.T0 + 10), (1, 10, f.T0 + 9),
                                                                     (2, 9, f.T0 - 30), (3, 10, f.T0 + 9.5)]
@@ -419,16 +419,16 @@ def test_rank_detail_reads_full_per_rank_rows_not_the_array_rows(engine):
 def test_run_started_stores_the_declared_capabilities_and_a_restart_without_them_clears_them(engine):
     with session_scope(engine) as s:
         ingest_event(s, f.run_started(ts=f.T0, capabilities=["validate", "pause"]))
-        assert s.get(Run, "run-a").capabilities == ["pause", "validate"]  # in the enum's order
+        assert s.get(RunRow, "run-a").capabilities == ["pause", "validate"]  # in the enum's order
     with session_scope(engine) as s:
         ingest_event(s, f.run_started(ts=f.T0 + 10))  # an older agent: every command
-        assert s.get(Run, "run-a").capabilities is None
+        assert s.get(RunRow, "run-a").capabilities is None
 
 
 def test_the_applied_lr_scale_follows_rank_0_steps_and_applied_rollback_acks_never_going_back(engine):
     with session_scope(engine) as s:
         ingest_events(s, [f.step(1, ts=f.T0 + 1), f.step(1, rank=1, lr_scale=0.1, ts=f.T0 + 2)])
-        run = s.get(Run, "run-a")
+        run = s.get(RunRow, "run-a")
         assert (run.lr_scale_applied, run.lr_scale_applied_at) == (1.0, f.T0 + 1)  # rank 1 does not speak for the run
         cmd_id = new_id()
         s.add(CommandRow(id=cmd_id, run_id="run-a", type="rollback", args={"to_step": 0, "lr_scale": 0.5},
@@ -436,15 +436,15 @@ def test_the_applied_lr_scale_follows_rank_0_steps_and_applied_rollback_acks_nev
         refused = _command(s)  # a pause: its ack says nothing about the LR
     with session_scope(engine) as s:
         ingest_event(s, f.ack(cmd_id, "failed", ts=f.T0 + 3))
-        assert s.get(Run, "run-a").lr_scale_applied == 1.0  # asked, never applied
+        assert s.get(RunRow, "run-a").lr_scale_applied == 1.0  # asked, never applied
     with session_scope(engine) as s:
         s.get(CommandRow, cmd_id).acked_at = None
         s.get(CommandRow, cmd_id).status = "sent"
     with session_scope(engine) as s:
         ingest_event(s, f.ack(cmd_id, "applied", ts=f.T0 + 4))
         ingest_event(s, f.ack(refused, "applied", ts=f.T0 + 5))
-        assert s.get(Run, "run-a").lr_scale_applied == 0.5
+        assert s.get(RunRow, "run-a").lr_scale_applied == 0.5
         ingest_event(s, f.step(0, ts=f.T0 + 2))  # a late copy of an older step
-        assert s.get(Run, "run-a").lr_scale_applied == 0.5
+        assert s.get(RunRow, "run-a").lr_scale_applied == 0.5
         ingest_event(s, f.step(1, lr_scale=0.5, ts=f.T0 + 6))
-        assert (s.get(Run, "run-a").lr_scale_applied, s.get(Run, "run-a").lr_scale_applied_at) == (0.5, f.T0 + 6)
+        assert (s.get(RunRow, "run-a").lr_scale_applied, s.get(RunRow, "run-a").lr_scale_applied_at) == (0.5, f.T0 + 6)

@@ -18,7 +18,7 @@ from sqlalchemy import func, select, text
 from cliffguard.controller.store import read
 from cliffguard.controller.store.db import init_db, make_engine, session_scope
 from cliffguard.controller.store.ingest import ingest_event
-from cliffguard.controller.store.models import Run, StepMetric
+from cliffguard.controller.store.models import RunRow, StepMetricRow
 from cliffguard.controller.store.retention import (
     RetentionConfig,
     downsample,
@@ -53,8 +53,8 @@ def bulk_steps(engine, run_id: str, first: int, last: int, ranks: int = 1) -> No
         "      SELECT k FROM rk) AS r"
     )
     with session_scope(engine) as s:
-        if s.get(Run, run_id) is None:
-            s.add(Run(id=run_id, world_size=ranks))
+        if s.get(RunRow, run_id) is None:
+            s.add(RunRow(id=run_id, world_size=ranks))
             s.flush()
         s.execute(
             sql,
@@ -74,15 +74,15 @@ def bulk_steps(engine, run_id: str, first: int, last: int, ranks: int = 1) -> No
 def add_nan_loss(engine, run_id: str, step: int) -> None:
     with session_scope(engine) as s:
         s.execute(
-            StepMetric.__table__.update()
-            .where(StepMetric.run_id == run_id, StepMetric.step == step)
+            StepMetricRow.__table__.update()
+            .where(StepMetricRow.run_id == run_id, StepMetricRow.step == step)
             .values(loss=None, nonfinite="nan")
         )
 
 
 def rows_per_rank(engine, run_id: str, rank: int = 0) -> int:
     with session_scope(engine) as s:
-        return s.scalar(select(func.count()).where(StepMetric.run_id == run_id, StepMetric.rank == rank))
+        return s.scalar(select(func.count()).where(StepMetricRow.run_id == run_id, StepMetricRow.rank == rank))
 
 
 def test_config_validation():
@@ -154,18 +154,18 @@ def test_bucket_summaries_of_the_other_columns(long_run):
     with session_scope(engine) as s:
         downsample(s, "long", SCALED)
         far = s.scalars(
-            select(StepMetric).where(
-                StepMetric.run_id == "long", StepMetric.rank == 1, StepMetric.step == 9_900
+            select(StepMetricRow).where(
+                StepMetricRow.run_id == "long", StepMetricRow.rank == 1, StepMetricRow.step == 9_900
             )
         ).one()
         spike = s.scalars(
-            select(StepMetric).where(
-                StepMetric.run_id == "long", StepMetric.rank == 0, StepMetric.step == 12_300
+            select(StepMetricRow).where(
+                StepMetricRow.run_id == "long", StepMetricRow.rank == 0, StepMetricRow.step == 12_300
             )
         ).one()
         halved = s.scalars(
-            select(StepMetric).where(
-                StepMetric.run_id == "long", StepMetric.rank == 0, StepMetric.step == 10_000
+            select(StepMetricRow).where(
+                StepMetricRow.run_id == "long", StepMetricRow.rank == 0, StepMetricRow.step == 10_000
             )
         ).one()
     assert (far.resolution, far.tokens, far.grad_norm, far.mem_allocated) == (100, 100 * 100, 7.0, 1012)
@@ -198,10 +198,10 @@ def test_ingest_skips_redelivered_steps_inside_downsampled_buckets(engine):
     bulk_steps(engine, "run-a", 0, 10_000)
     with session_scope(engine) as s:
         downsample_all(s, SCALED)
-        before = s.scalar(select(func.count()).select_from(StepMetric))
+        before = s.scalar(select(func.count()).select_from(StepMetricRow))
         assert not ingest_event(s, f.step(1_234, 9.0))  # folded into a bucket already
         assert ingest_event(s, f.step(9_999, 2.0, ts=f.T0 + 20_000))  # recent: full resolution
-        assert s.scalar(select(func.count()).select_from(StepMetric)) == before + 1
+        assert s.scalar(select(func.count()).select_from(StepMetricRow)) == before + 1
 
 
 def test_short_run_is_left_alone(engine):
@@ -271,6 +271,6 @@ def test_one_far_ahead_step_does_not_fold_the_real_rows(engine):
         for n in range(300, 600):
             ingest_event(s, f.step(n, ts=f.T0 + n + 1))
             downsample_if_due(s, "run-a", n, cfg)
-        rows = s.execute(select(StepMetric.step, StepMetric.resolution).where(StepMetric.step < MAX_STEP)).all()
-        assert s.scalar(select(Run.downsampled_below).where(Run.id == "run-a")) == 0
+        rows = s.execute(select(StepMetricRow.step, StepMetricRow.resolution).where(StepMetricRow.step < MAX_STEP)).all()
+        assert s.scalar(select(RunRow.downsampled_below).where(RunRow.id == "run-a")) == 0
     assert sorted(rows) == [(n, 1) for n in range(600)]

@@ -11,13 +11,13 @@ from sqlalchemy import select
 from cliffguard.controller.store import read
 from cliffguard.controller.store.db import session_scope
 from cliffguard.controller.store.ingest import ingest_events, ingest_steps
-from cliffguard.controller.store.models import StepMetric
+from cliffguard.controller.store.models import StepMetricRow
 from cliffguard.controller.store.retention import RetentionConfig, downsample
 from cliffguard.controller.store.step_buckets import bucket_rows
 from cliffguard.core.enums import GuardDecision
 from testing import store_factory as f
 
-SM = StepMetric
+SM = StepMetricRow
 
 
 def _loss(n: int) -> float:

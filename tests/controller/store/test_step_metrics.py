@@ -3,7 +3,7 @@ read API: one table drives them all."""
 
 import typing
 
-from cliffguard.controller.store.models import StepMetric
+from cliffguard.controller.store.models import StepMetricRow
 from cliffguard.controller.store.read import RANK_COLUMNS
 from cliffguard.controller.store.step_metrics import STEP_METRICS
 from cliffguard.core.payloads import StepData
@@ -23,7 +23,7 @@ def test_every_step_field_is_stored_or_deliberately_left_out():
 
 
 def test_the_model_has_a_column_of_the_declared_type_per_metric():
-    cols = StepMetric.__table__.columns
+    cols = StepMetricRow.__table__.columns
     for m in STEP_METRICS:
         assert isinstance(cols[m.name].type, m.sql_type), m.name
         assert cols[m.name].nullable is (m.default is None), m.name

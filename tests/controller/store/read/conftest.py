@@ -9,7 +9,14 @@ import pytest
 
 from cliffguard.controller.store.db import session_scope
 from cliffguard.controller.store.ingest import ingest_events
-from cliffguard.controller.store.models import Alert, AuditRow, CommandRow, Incident, OutboxRow, Transition
+from cliffguard.controller.store.models import (
+    AlertRow,
+    AuditRow,
+    CommandRow,
+    IncidentRow,
+    OutboxRow,
+    TransitionRow,
+)
 from cliffguard.core.enums import EventType
 from testing import store_factory as f
 
@@ -39,7 +46,7 @@ def decisions(engine):
         ingest_events(s, [f.run_started(run="r"), f.run_started(run="other")])
         s.add_all(
             [
-                Incident(
+                IncidentRow(
                     id="i1",
                     run_id="r",
                     opened_at=10.0,
@@ -50,8 +57,8 @@ def decisions(engine):
                     outcome="rolled_back",
                     evidence={"sigmas": 41.0},
                 ),
-                Incident(id="i2", run_id="r", opened_at=30.0, rule="mfu_low", level="warn", spike_step=90),
-                Incident(
+                IncidentRow(id="i2", run_id="r", opened_at=30.0, rule="mfu_low", level="warn", spike_step=90),
+                IncidentRow(
                     id="i3", run_id="other", opened_at=5.0, rule="heartbeat", level="warn", spike_step=1
                 ),
             ]
@@ -59,7 +66,7 @@ def decisions(engine):
         s.flush()
         s.add_all(
             [
-                Transition(
+                TransitionRow(
                     run_id="r",
                     incident_id="i1",
                     ts=10.0,
@@ -67,7 +74,7 @@ def decisions(engine):
                     to_state="pausing",
                     reason="spike",
                 ),
-                Transition(
+                TransitionRow(
                     run_id="r",
                     incident_id="i1",
                     ts=11.0,
@@ -75,7 +82,7 @@ def decisions(engine):
                     to_state="validating",
                     reason="ok",
                 ),
-                Transition(
+                TransitionRow(
                     run_id="r",
                     incident_id="i2",
                     ts=31.0,
@@ -89,7 +96,7 @@ def decisions(engine):
                 CommandRow(
                     id="c2", run_id="r", type="resume", issued_at=40.0, expires_at=100.0, source="operator"
                 ),
-                Alert(
+                AlertRow(
                     id="a1",
                     run_id="r",
                     incident_id="i1",
@@ -98,7 +105,7 @@ def decisions(engine):
                     rule="loss_spike",
                     title="spike",
                 ),
-                Alert(
+                AlertRow(
                     id="a2", run_id="r", ts=30.0, level="warn", rule="mfu_low", title="slow", suppressed=True
                 ),
                 OutboxRow(

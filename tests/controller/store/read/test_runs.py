@@ -5,7 +5,7 @@ from __future__ import annotations
 from cliffguard.controller.store import read
 from cliffguard.controller.store.db import session_scope
 from cliffguard.controller.store.ingest import ingest_events
-from cliffguard.controller.store.models import Run
+from cliffguard.controller.store.models import RunRow
 from cliffguard.core.enums import EventType
 from testing import store_factory as f
 
@@ -13,7 +13,7 @@ from testing import store_factory as f
 def test_runs_list_and_get(engine):
     with session_scope(engine) as s:
         ingest_events(s, [f.step(5, run="old", ts=f.T0), f.step(5, run="new", ts=f.T0 + 10)])
-        s.get(Run, "new").controller_state = {"big": list(range(10))}
+        s.get(RunRow, "new").controller_state = {"big": list(range(10))}
     with session_scope(engine) as s:
         runs = read.list_runs(s)
         assert [r["id"] for r in runs] == ["new", "old"]
