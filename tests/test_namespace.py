@@ -7,6 +7,7 @@ snippet runs from a project folder that has its own ``core.py``, ``agent.py``, `
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -40,7 +41,14 @@ def plain_loop_block() -> str:
 
 
 def build_wheel(out: Path) -> Path:
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(ROOT)],
+    # from a copy of the tracked sources: setuptools writes build/ and *.egg-info beside what it builds
+    src = out.parent / "src"
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    for rel in filter(None, files.decode().split("\0")):
+        if (ROOT / rel).is_file():
+            (src / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, src / rel)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(src)],
                    check=True, capture_output=True, text=True, timeout=600)
     wheels = list(out.glob("cliffguard-*.whl"))
     assert len(wheels) == 1, wheels
