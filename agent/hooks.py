@@ -38,12 +38,13 @@ The guard decides on the all-reduced loss (identical on every rank), see ``agent
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -67,6 +68,9 @@ from cliffguard.core.deployment import PUBLIC_KEY_ENV, SECRET_ENV, agent_event_s
 from cliffguard.core.enums import AckStatus, CommandType, EventType, GuardDecision
 from cliffguard.core.events import Command
 from cliffguard.core.rank_arrays import summarize_losses
+
+if TYPE_CHECKING:
+    from cliffguard.agent.publisher import ProducerFactory
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +103,7 @@ class Agent:
         secret: Any = None,
         command_source: Any = None,
         event_signer: Any = None,
+        wrap_producer: Callable[[ProducerFactory], ProducerFactory] | None = None,
     ) -> None:
         self.config = config
         self.instance = uuid.uuid4().hex[:12]
@@ -123,7 +128,8 @@ class Agent:
         """The run's one LR scale: the loop reads it, the step event reports it, rollbacks set it."""
         self.peak_flops = 0.0
         self.peak_source = ""
-        self.sink = sink if sink is not None else self._make_publisher(kafka, publisher_config, event_signer)
+        self.sink = sink if sink is not None else self._make_publisher(kafka, publisher_config, event_signer,
+                                                                          wrap_producer)
         self._sink_builds = builds_events(self.sink)
         self.commands = command_source
         if self.commands is None and self.rank == 0 and kafka is not None:
@@ -159,7 +165,8 @@ class Agent:
         self._closed = False
 
     # ------------------------------------------------------------------ wiring
-    def _make_publisher(self, kafka: Any, publisher_config: Any, signer: Any) -> Any:
+    def _make_publisher(self, kafka: Any, publisher_config: Any, signer: Any,
+                        wrap_producer: Callable[[ProducerFactory], ProducerFactory] | None) -> Any:
         from cliffguard.agent import publisher as pub
 
         if kafka is None:
@@ -178,7 +185,10 @@ class Agent:
             if stale:
                 log.warning("%d spill file(s) of earlier starts of run %s are not replayed into this one: %s",
                             len(stale), self.config.run, ", ".join(map(str, stale)))
-        p = pub.Publisher(kafka, publisher_config, signer=signer)
+        # wrap_producer: a decorated producer (trainer/fault_wrappers.py's broker outage switch)
+        factory = functools.partial(pub.kafka_producer, kafka, publisher_config)
+        p = pub.Publisher(kafka, publisher_config, signer=signer,
+                          producer_factory=wrap_producer(factory) if wrap_producer is not None else None)
         p.start()
         return p
 

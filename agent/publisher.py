@@ -46,6 +46,7 @@ each rank its own ``spill_path``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import struct
 import threading
@@ -168,6 +169,42 @@ def _unpack(payload: bytes) -> tuple[bytes, bytes]:
     return payload[2 : 2 + n], payload[2 + n :]
 
 
+def kafka_producer(kafka: KafkaConfig, config: PublisherConfig) -> Any:
+    """The default producer: what a ``Publisher`` without a ``producer_factory`` builds on every
+    (re)connect."""
+    if not tcp_reachable(kafka):
+        # Nothing even accepts TCP: skip kafka-python's bootstrap, which waits out its timeout.
+        raise ConnectionError("no bootstrap host accepts connections")
+    from kafka import KafkaProducer
+
+    kw = kafka.client_kwargs()
+    send_ms = int(config.send_timeout_s * 1000)
+    kw["request_timeout_ms"] = min(kw["request_timeout_ms"], max(send_ms - 100, 400))
+    return KafkaProducer(
+        **kw,
+        client_id="cliffguard-agent",
+        acks="all",
+        # _send() flushes each batch itself; until then records wait, so a batch goes in one
+        # produce request instead of one per record (the first record woke the I/O thread)
+        linger_ms=50,
+        max_in_flight_requests_per_connection=1,
+        delivery_timeout_ms=send_ms,
+        max_block_ms=send_ms,
+        bootstrap_timeout_ms=send_ms,  # a probe of a dead broker must not block for 30 s
+        reconnect_backoff_max_ms=1000,
+        batch_size=256 * 1024,
+        retry_backoff_ms=100,
+        # per record, kafka-python's metrics and the key's hash were most of its CPU in the
+        # training process (a record every step); nothing reads the producer's metrics
+        metrics_enabled=False,
+        partitioner=key_hash_partitioner(),
+    )
+
+
+ProducerFactory = Callable[[], Any]
+"""Builds a connected producer (``send``/``flush``/``partitions_for``/``close``) or raises."""
+
+
 Record = tuple[bytes, bytes]  # (key, value)
 
 
@@ -179,7 +216,7 @@ class Publisher:
         kafka: KafkaConfig,
         config: PublisherConfig | None = None,
         *,
-        producer_factory: Callable[[], Any] | None = None,
+        producer_factory: ProducerFactory | None = None,
         signer: EventSigner | None = None,
     ) -> None:
         self.kafka = kafka
@@ -188,7 +225,7 @@ class Publisher:
         records; None sends unsigned (a controller with an agent secret dead-letters them)."""
         self.config = config or PublisherConfig()
         self.topic = kafka.metrics_topic
-        self._producer_factory = producer_factory or self._default_producer
+        self._producer_factory = producer_factory or functools.partial(kafka_producer, kafka, self.config)
         self._queue: deque[Event | EventDraft] = deque()
         self._first_at = 0.0  # when the queue last went from empty to not: the batch window's start
         self._urgent = False  # an event that must not wait for the window is queued
@@ -200,7 +237,6 @@ class Publisher:
         self._spill: SpillFile | None = None
         self._producer: Any = None
         self._up = False
-        self._forced_down = False  # simulate_outage(): fault injection
         self._next_probe = 0.0
         self._backoff = self.config.reconnect_min_s
         self._held: list[Record] = []
@@ -269,18 +305,6 @@ class Publisher:
         log.info("publisher closed: sent=%d spilled=%d replayed=%d dropped=%d left in spill=%d",
                  s["sent"], s["spilled"], s["replayed"], s["dropped"], s["spill_pending"])
 
-    def simulate_outage(self, down: bool) -> None:
-        """Fault injection: act as if the broker were unreachable (spill) until called with False.
-
-        Exercises the same path as a real outage: the producer is dropped, events spill to disk,
-        probes are refused, and on recovery the spill is replayed in order before newer events."""
-        if down == self._forced_down:
-            return
-        self._forced_down = down
-        if not down:
-            self._next_probe = 0.0
-        self._wake.set()
-
     def dropped(self) -> int:
         return self._dropped_queue + self._dropped_closed + self._dropped_spill + self._dropped_crash
 
@@ -306,32 +330,6 @@ class Publisher:
         }
 
     # -- the publisher thread ------------------------------------------------------------------
-
-    def _default_producer(self) -> Any:
-        from kafka import KafkaProducer
-
-        kw = self.kafka.client_kwargs()
-        send_ms = int(self.config.send_timeout_s * 1000)
-        kw["request_timeout_ms"] = min(kw["request_timeout_ms"], max(send_ms - 100, 400))
-        return KafkaProducer(
-            **kw,
-            client_id="cliffguard-agent",
-            acks="all",
-            # _send() flushes each batch itself; until then records wait, so a batch goes in one
-            # produce request instead of one per record (the first record woke the I/O thread)
-            linger_ms=50,
-            max_in_flight_requests_per_connection=1,
-            delivery_timeout_ms=send_ms,
-            max_block_ms=send_ms,
-            bootstrap_timeout_ms=send_ms,  # a probe of a dead broker must not block for 30 s
-            reconnect_backoff_max_ms=1000,
-            batch_size=256 * 1024,
-            retry_backoff_ms=100,
-            # per record, kafka-python's metrics and the key's hash were most of its CPU in the
-            # training process (a record every step); nothing reads the producer's metrics
-            metrics_enabled=False,
-            partitioner=key_hash_partitioner(),
-        )
 
     def _run(self) -> None:
         while True:
@@ -361,8 +359,6 @@ class Publisher:
         spill = self._spill
         assert spill is not None
         while True:
-            if self._forced_down and self._up:
-                self._mark_down("simulated outage (fault injection)")
             closing = self._closing.is_set()
             if not self._held and self._gathering(closing):
                 continue
@@ -395,7 +391,7 @@ class Publisher:
             if closing and not self._queue and (not len(spill) or not self._up and self._next_probe >= self._deadline):
                 return
             if not self._queue and (not len(spill) or not self._up):
-                # Up: nothing to do until publish (or close, or an outage switch) sets the event.
+                # Up: nothing to do until publish (or close) sets the event.
                 wait = IDLE_WAIT_S if self._up else max(0.0, min(self._next_probe - time.monotonic(), 0.2))
                 self._wake.clear()
                 if not self._queue:
@@ -403,7 +399,7 @@ class Publisher:
 
     def _gathering(self, closing: bool) -> bool:
         """Let the current batch window fill (live sending only); True when it waited."""
-        if closing or not self._up or self._forced_down or len(self._spill or ()):
+        if closing or not self._up or len(self._spill or ()):
             return False
         queued = len(self._queue)
         if not queued or queued >= self.config.max_batch or self._urgent:
@@ -411,7 +407,7 @@ class Publisher:
         remaining = self._first_at + self.config.linger_s - time.monotonic()
         if remaining <= 0:
             return False
-        self._wake.clear()  # set again by an urgent publish, close or an outage switch
+        self._wake.clear()  # set again by an urgent publish or close
         if not self._urgent:
             self._wake.wait(remaining)
         return True
@@ -439,13 +435,7 @@ class Publisher:
 
     def _connect(self) -> None:
         producer = None
-        if self._forced_down:
-            self._next_probe = time.monotonic() + self.config.reconnect_min_s
-            return
         try:
-            if self._producer_factory == self._default_producer and not tcp_reachable(self.kafka):
-                # Nothing even accepts TCP: skip kafka-python's bootstrap, which waits out its timeout.
-                raise ConnectionError("no bootstrap host accepts connections")
             producer = self._producer_factory()
             if self.config.create_topic:
                 ensure_topic(self.kafka, self.topic, self.config.send_timeout_s)

@@ -60,7 +60,7 @@ def worker_inprocess(args: argparse.Namespace) -> None:
     tr = _trainer(args.tmp, resume=False)
     tr.agent.start()
     while tr.step <= 20:
-        tr._boundary_checkpoints()
+        tr.kit.at_boundary()
         tr.train_step()
     tr.ckpt.wait()
     ring, disk = sorted(tr.ckpt.ring), tr.ckpt.disk_steps()
@@ -70,7 +70,7 @@ def worker_inprocess(args: argparse.Namespace) -> None:
     def timed(step: int, expect: str) -> float:
         dist.barrier()
         t0 = time.perf_counter()
-        source = tr.rollback(step, 1.0)
+        source = tr.kit.roll_back(step, 1.0)
         dt = time.perf_counter() - t0
         assert source == expect, (source, expect)
         return dt

@@ -92,7 +92,7 @@ class RecoveryKit:
                  skip_data: Callable[[int, int], None] | None = None, store: StateStore | None = None,
                  state: Snapshotter | None = None, extra_state: dict[str, Stateful] | None = None,
                  checkpoint_fn: Callable[[int, CheckpointKind], None] | None = None,
-                 wrap_optimizer: bool = True) -> None:
+                 on_restore: Callable[[int], None] | None = None, wrap_optimizer: bool = True) -> None:
         self.agent = agent
         self.config = config if config is not None else agent.config.recovery
         self.model = model if model is not None else agent.model
@@ -109,6 +109,9 @@ class RecoveryKit:
         self.can_rewind = data_position is not None
         self.skip_data_fn = skip_data
         self.checkpoint_fn = checkpoint_fn
+        self.on_restore = on_restore
+        """Called on every rank after a restore, with the step the loop runs next (a loop's own
+        counters, such as a progress line's rate, restart there)."""
         self.kept: deque[Any] = deque(maxlen=self.config.val_keep or None)
         """The held-back slice: recent training batches of steps the guard passed as ok."""
         self._pending_batches: list[Any] = []
@@ -246,7 +249,7 @@ class RecoveryKit:
                 dispatch(cmd, self, agent.modes, agent.ack)
                 since = time.monotonic()
             if decision is not None and agent.modes.mode in WAITING and not cmds:
-                apply_timeout(self, self, agent.modes, decision)
+                apply_timeout(self, agent.modes, decision)
                 since = time.monotonic()
         agent.set_step(agent.step)  # the wait is not part of the next step's time
 
@@ -302,6 +305,8 @@ class RecoveryKit:
         assert state is not None
         self.store.discard_after(to_step)
         self.agent.set_step(self.state.load(state))
+        if self.on_restore is not None:
+            self.on_restore(self.agent.step)
         return source
 
     def roll_back(self, to_step: int, lr_scale: float, skip_data: tuple[int, int] | None = None) -> str:

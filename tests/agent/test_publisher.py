@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from cliffguard.agent.publisher import InMemorySink, NullSink, Publisher, PublisherConfig
+from cliffguard.agent.publisher import InMemorySink, NullSink, Publisher, PublisherConfig, kafka_producer
 from cliffguard.agent.spill import SpillFile
 from cliffguard.core.events import decode_event, make_event
 from cliffguard.core.kafka_config import KafkaConfig
@@ -155,6 +155,25 @@ def test_outage_spills_then_replays_in_order_before_newer_events(tmp_path, kafka
     assert _steps(cluster.acked) == list(range(400))
     s = pub.stats()
     assert s["replayed"] == 200 and s["dropped"] == 0 and s["spill_pending"] == 0
+
+
+def test_an_outage_switch_spills_through_the_real_outage_path_and_replays_after(tmp_path, kafka_free_cfg):
+    from cliffguard.trainer.fault_wrappers import OUTAGE, OutageSwitch
+
+    cluster, switch = FakeCluster(up=True), OutageSwitch()
+    pub = Publisher(kafka_free_cfg, _cfg(tmp_path), producer_factory=switch.producers(cluster.factory)).start()
+    for i in range(10):
+        pub.publish(_hb(i))
+    assert _wait(lambda: len(cluster.acked) == 10)
+    switch.down = True  # the cluster stays up: only the switch refuses
+    for i in range(10, 30):
+        pub.publish(_hb(i))
+    assert _wait(lambda: pub.stats()["spill_pending"] == 20)
+    assert not pub.stats()["broker_up"] and OUTAGE in pub.stats()["last_error"]
+    switch.down = False
+    pub.close(5)
+    assert _steps(cluster.acked) == list(range(30))
+    assert pub.stats()["replayed"] == 20 and pub.stats()["dropped"] == 0
 
 
 def test_spill_bound_drops_newest_counts_them_and_heartbeats_report_it(tmp_path, kafka_free_cfg, caplog):
@@ -350,11 +369,15 @@ def test_broker_outage_mid_stream_loses_nothing_and_keeps_per_run_order(own_brok
 
 @pytest.mark.broker
 def test_simulated_outage_spills_then_replays_everything_in_order(kafka_cfg, tmp_path):
-    """The broker_outage fault: the broker stays up, the publisher acts as if it were down."""
+    """The broker_outage fault: the broker stays up, the publisher's producers act as if it were
+    down (trainer/fault_wrappers.py's switch around the default producer)."""
     from cliffguard.controller.edge import EdgeConsumer
+    from cliffguard.trainer.fault_wrappers import OutageSwitch
 
-    pub = Publisher(kafka_cfg, PublisherConfig(spill_path=str(tmp_path / "spill.bin"), send_timeout_s=1.5,
-                                               reconnect_min_s=0.1, reconnect_max_s=0.5)).start()
+    switch = OutageSwitch()
+    cfg = PublisherConfig(spill_path=str(tmp_path / "spill.bin"), send_timeout_s=1.5, reconnect_min_s=0.1,
+                          reconnect_max_s=0.5)
+    pub = Publisher(kafka_cfg, cfg, producer_factory=switch.producers(lambda: kafka_producer(kafka_cfg, cfg))).start()
     ids = []
     edge = EdgeConsumer(kafka_cfg, "simulated", max_bytes=100_000, consumer_overrides={
         "max_poll_interval_ms": 3000, "session_timeout_ms": 3000, "heartbeat_interval_ms": 500})
@@ -364,14 +387,14 @@ def test_simulated_outage_spills_then_replays_everything_in_order(kafka_cfg, tmp
             ids.append(ev.id)
             pub.publish(ev)
         _wait(lambda: pub.stats()["sent"] == 10)
-        pub.simulate_outage(True)
+        switch.down = True
         for step in range(10, 30):
             ev = _hb(step)
             ids.append(ev.id)
             pub.publish(ev)
         _wait(lambda: pub.stats()["spilled"] == 20)
         assert pub.stats()["broker_up"] is False and pub.stats()["sent"] == 10
-        pub.simulate_outage(False)
+        switch.down = False
         _wait(lambda: pub.stats()["replayed"] == 20 and pub.stats()["spill_pending"] == 0, timeout=20)
         got: list[str] = []
         end = time.monotonic() + 30
