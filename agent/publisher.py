@@ -19,6 +19,10 @@ connection, so a failed batch cannot be overtaken by a later batch of the same p
 failed records are spilled in order and the producer is discarded (a broker that lost its memory,
 as Tansu does on restart, also forgets the producer id).
 
+The link's states (down, replaying, live, closed) and the events that move it are declared in
+agent/publisher_link.py; the publisher thread's loop acts on the current state and moves only
+through that table.
+
 Outage detection and return: a batch that is not acknowledged within ``send_timeout_s`` marks
 the broker down. The thread then probes (new producer + topic check) with exponential backoff
 from ``reconnect_min_s`` to ``reconnect_max_s``. On every (re)connect the metrics topic is
@@ -58,6 +62,7 @@ from typing import Any, Protocol
 
 from cliffguard.agent.drafts import EventDraft
 from cliffguard.agent.kafka_client import discard_producer, ensure_topic, key_hash_partitioner, tcp_reachable
+from cliffguard.agent.publisher_link import Link, LinkEvent, LinkState
 from cliffguard.agent.spill import SpillFile
 from cliffguard.core.enums import EventType
 from cliffguard.core.events import Event, encode_event
@@ -236,7 +241,8 @@ class Publisher:
         self._thread: threading.Thread | None = None
         self._spill: SpillFile | None = None
         self._producer: Any = None
-        self._up = False
+        self._link = Link()
+        """Down, replaying, live or closed (agent/publisher_link.py: the declared moves)."""
         self._next_probe = 0.0
         self._backoff = self.config.reconnect_min_s
         self._held: list[Record] = []
@@ -305,6 +311,11 @@ class Publisher:
         log.info("publisher closed: sent=%d spilled=%d replayed=%d dropped=%d left in spill=%d",
                  s["sent"], s["spilled"], s["replayed"], s["dropped"], s["spill_pending"])
 
+    @property
+    def link(self) -> Link:
+        """The link's state and its latest moves (read it; only the publisher thread moves it)."""
+        return self._link
+
     def dropped(self) -> int:
         return self._dropped_queue + self._dropped_closed + self._dropped_spill + self._dropped_crash
 
@@ -321,7 +332,7 @@ class Publisher:
             "dropped_after_close": self._dropped_closed,
             "errors": self._errors,
             "crashes": self._crashes,
-            "broker_up": self._up,
+            "broker_up": self._link.up,
             "spill_pending": spill.pending_records if spill is not None else 0,
             "spill_bytes": spill.pending_bytes if spill is not None else 0,
             "spill_corrupt": spill.corrupt_records if spill is not None else 0,
@@ -349,7 +360,7 @@ class Publisher:
                 if self._producer is not None:
                     discard_producer(self._producer)
                     self._producer = None
-                self._up = False
+                self._link.move(LinkEvent.CRASHED)
                 if self._closing.is_set() and time.monotonic() >= self._deadline:
                     break
                 time.sleep(min(0.05 * 2 ** self._crashes, 2.0))
@@ -368,38 +379,42 @@ class Publisher:
                 self._spill_records(self._held + self._take(len(self._queue)))
                 self._held = []
                 return
-            if not self._up:
+            link = self._link
+            if link.state is LinkState.DOWN:
                 # Park everything on disk before a probe that may take up to send_timeout_s.
                 while self._held:
                     self._spill_records(self._held)
                     self._held = self._take()
-            if not self._up and time.monotonic() >= self._next_probe:
-                self._connect()
-            if self._up and len(spill):
-                self._replay_chunk()
+                if time.monotonic() >= self._next_probe:
+                    self._connect()
+            if link.state is LinkState.REPLAYING:
+                if len(spill):
+                    self._replay_chunk()
+                if link.state is LinkState.REPLAYING and not len(spill):
+                    link.move(LinkEvent.SPILL_DRAINED)
             if self._held:
-                if self._up and not len(spill):
+                if link.state is LinkState.LIVE:
                     self._send_live(self._held)
                     self._held = []
-                elif not self._up or len(self._queue) >= self._queue_max // 2:
+                elif link.state is LinkState.DOWN or len(self._queue) >= self._queue_max // 2:
                     self._spill_records(self._held)
                     self._held = []
                 # else: the broker is back and the spill is replaying; these wait in memory
                 # behind it rather than compete for the spill's room.
             self._held_crashes = 0
             self._report_drops()
-            if closing and not self._queue and (not len(spill) or not self._up and self._next_probe >= self._deadline):
+            if closing and not self._queue and (not len(spill) or not link.up and self._next_probe >= self._deadline):
                 return
-            if not self._queue and (not len(spill) or not self._up):
+            if not self._queue and (not len(spill) or not link.up):
                 # Up: nothing to do until publish (or close) sets the event.
-                wait = IDLE_WAIT_S if self._up else max(0.0, min(self._next_probe - time.monotonic(), 0.2))
+                wait = IDLE_WAIT_S if link.up else max(0.0, min(self._next_probe - time.monotonic(), 0.2))
                 self._wake.clear()
                 if not self._queue:
                     self._wake.wait(wait)
 
     def _gathering(self, closing: bool) -> bool:
         """Let the current batch window fill (live sending only); True when it waited."""
-        if closing or not self._up or len(self._spill or ()):
+        if closing or self._link.state is not LinkState.LIVE or len(self._spill or ()):
             return False
         queued = len(self._queue)
         if not queued or queued >= self.config.max_batch or self._urgent:
@@ -451,7 +466,7 @@ class Publisher:
             self._backoff = min(self._backoff * 2, self.config.reconnect_max_s)
             return
         self._producer = producer
-        self._up = True
+        self._link.move(LinkEvent.CONNECTED)
         self._backoff = self.config.reconnect_min_s
         pending = len(self._spill or ())
         if pending:
@@ -464,7 +479,7 @@ class Publisher:
         if self._producer is not None:
             discard_producer(self._producer)
             self._producer = None
-        self._up = False
+        self._link.move(LinkEvent.SEND_FAILED)
         self._backoff = self.config.reconnect_min_s
         self._next_probe = time.monotonic() + self._backoff
 
@@ -539,7 +554,7 @@ class Publisher:
             except Exception:  # noqa: BLE001
                 discard_producer(self._producer)
             self._producer = None
-        self._up = False
+        self._link.move(LinkEvent.SHUT_DOWN)
         if self._spill is not None:
             if len(self._spill):
                 log.warning("publisher: %d events left in %s (kept; a later start does not replay another start's file)",
