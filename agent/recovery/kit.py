@@ -112,6 +112,9 @@ class RecoveryKit:
         self.on_restore = on_restore
         """Called on every rank after a restore, with the step the loop runs next (a loop's own
         counters, such as a progress line's rate, restart there)."""
+        self.on_periodic_validation: Callable[[int, float], None] | None = None
+        """Called with (step, val_loss) after each ``val_every`` validation of ``at_boundary``;
+        unlike a failed validation, what it raises ends the run (an HPO pruner's verdict)."""
         self.kept: deque[Any] = deque(maxlen=self.config.val_keep or None)
         """The held-back slice: recent training batches of steps the guard passed as ok."""
         self._pending_batches: list[Any] = []
@@ -218,9 +221,12 @@ class RecoveryKit:
         every = self.config.val_every
         if every and step and step % every == 0 and CommandType.VALIDATE in self.capabilities:
             try:
-                self.run_validation()  # the controller's baseline
+                val = self.run_validation()  # the controller's baseline
             except Exception as exc:  # noqa: BLE001 - a periodic validation never stops training
                 log.warning("periodic validation at step %d failed: %s", step, exc)
+            else:
+                if self.on_periodic_validation is not None:
+                    self.on_periodic_validation(step, val)
         return True
 
     def handle_commands(self) -> bool:
