@@ -55,7 +55,7 @@ from cliffguard.agent.collectors.mfu import ModelShape, mfu, resolve_peak
 from cliffguard.agent.collectors.timing import StepClock, attach_comm_timer
 from cliffguard.agent.config import AgentConfig
 from cliffguard.agent.detail import DetailWindow, detail_steps
-from cliffguard.agent.drafts import EventDraft, builds_events
+from cliffguard.agent.drafts import EventDraft
 from cliffguard.agent.guard import Guard
 from cliffguard.agent.heartbeat import Heartbeat
 from cliffguard.agent.lr_scale import LRScale
@@ -63,6 +63,7 @@ from cliffguard.agent.modes import STOPPING, ModeMachine
 from cliffguard.agent.node_beats import NodeBeats, NodeLayout
 from cliffguard.agent.packed_step import PackedStep
 from cliffguard.agent.rank_perf import PERF_FIELDS, PerfAccumulator, publishes_chunk, ranks_payload
+from cliffguard.agent.sinks import NullSink
 from cliffguard.core.capabilities import normalize as normalize_capabilities
 from cliffguard.core.deployment import PUBLIC_KEY_ENV, SECRET_ENV, agent_event_signer, agent_verifying_key
 from cliffguard.core.enums import AckStatus, CommandType, EventType, GuardDecision
@@ -130,7 +131,6 @@ class Agent:
         self.peak_source = ""
         self.sink = sink if sink is not None else self._make_publisher(kafka, publisher_config, event_signer,
                                                                           wrap_producer)
-        self._sink_builds = builds_events(self.sink)
         self.commands = command_source
         if self.commands is None and self.rank == 0 and kafka is not None:
             secret = secret if secret is not None else load_secret()
@@ -170,7 +170,7 @@ class Agent:
         from cliffguard.agent import publisher as pub
 
         if kafka is None:
-            return pub.NullSink()
+            return NullSink()
         # The run's event key (CLIFFGUARD_EVENT_KEY, or derived from CLIFFGUARD_AGENT_SECRET):
         # a controller holding the agent secret dead-letters unsigned events.
         signer = signer if signer is not None else agent_event_signer(self.config.run)
@@ -205,19 +205,10 @@ class Agent:
         self.emit(EventType.COMMAND_ACK, {"cmd": cmd_id, "cmd_type": cmd_type, "status": str(status), "detail": detail})
 
     def emit(self, type: EventType, data: dict[str, Any], *, step: int | None = None) -> None:
-        """Hand one event to the sink, validated here or, for a ``Publisher``, on its thread (never
-        raises: a bad event is logged and dropped, and the publisher counts it)."""
-        draft = EventDraft(type, self.config.run, self.step if step is None else step, dict(data),
-                           rank=self.rank, world=self.world)
-        if self._sink_builds:  # the publisher thread validates and encodes (agent/drafts.py)
-            self.sink.publish(draft)
-            return
-        try:
-            ev = draft.build()
-        except ValueError:
-            log.exception("dropping an invalid %s event", type)
-            return
-        self.sink.publish(ev)
+        """Hand one event's draft to the sink, which builds it (the publisher on its thread,
+        agent/drafts.py; never raises: a bad event is logged and dropped, and the sink counts it)."""
+        self.sink.publish(EventDraft(type, self.config.run, self.step if step is None else step, dict(data),
+                                     rank=self.rank, world=self.world))
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, *, global_batch: int = 0, lr_schedule: dict[str, Any] | None = None, config: dict[str, Any] | None = None,

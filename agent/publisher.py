@@ -1,8 +1,8 @@
 """Getting events off the training thread and onto Kafka without ever blocking or raising.
 
-``Publisher.publish(event)`` appends to a bounded in-memory queue and returns (microseconds; no
-lock held beyond a deque append, no I/O, no encoding; an ``EventDraft``, agent/drafts.py, is not
-even validated there). A background thread owns the kafka-python
+``Publisher.publish(draft)`` appends to a bounded in-memory queue and returns (microseconds; no
+lock held beyond a deque append, no I/O, no encoding; the ``EventDraft``, agent/drafts.py, is not
+even validated there: the thread builds it). A background thread owns the kafka-python
 ``KafkaProducer`` and does everything else::
 
     training thread ──publish──► deque (queue_max) ──► publisher thread
@@ -58,14 +58,14 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from cliffguard.agent.drafts import EventDraft
 from cliffguard.agent.kafka_client import discard_producer, ensure_topic, key_hash_partitioner, tcp_reachable
 from cliffguard.agent.publisher_link import Link, LinkEvent, LinkState
 from cliffguard.agent.spill import SpillFile
 from cliffguard.core.enums import EventType
-from cliffguard.core.events import Event, encode_event
+from cliffguard.core.events import encode_event
 from cliffguard.core.kafka_config import KafkaConfig
 from cliffguard.core.keys import EventSigner
 
@@ -75,36 +75,6 @@ _KEYLEN = struct.Struct(">H")
 
 IDLE_WAIT_S = 1.0
 """Longest sleep of an idle, connected publisher thread; ``publish`` wakes it at once."""
-
-
-class EventSink(Protocol):
-    def publish(self, event: Event) -> None: ...
-
-    def close(self, timeout: float = 10.0) -> None: ...
-
-
-class NullSink:
-    """Discards everything (the agent with monitoring switched off)."""
-
-    def publish(self, event: Event) -> None:
-        pass
-
-    def close(self, timeout: float = 10.0) -> None:
-        pass
-
-
-class InMemorySink:
-    """Keeps every event in ``.events`` (tests, notebooks)."""
-
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-        self.closed = False
-
-    def publish(self, event: Event) -> None:
-        self.events.append(event)
-
-    def close(self, timeout: float = 10.0) -> None:
-        self.closed = True
 
 
 @dataclass(kw_only=True, slots=True)
@@ -157,7 +127,7 @@ class PublisherConfig:
 _ROUTINE = frozenset({EventType.STEP, EventType.RANKS, EventType.HEARTBEAT, EventType.GRAD_HIST})
 
 
-def _urgent(event: Event | EventDraft) -> bool:
+def _urgent(event: EventDraft) -> bool:
     """Whether the controller acts on this event at once: not routine telemetry, or a step the
     guard did not pass (the spike and rollback rules' input)."""
     if event.type not in _ROUTINE:
@@ -231,7 +201,7 @@ class Publisher:
         self.config = config or PublisherConfig()
         self.topic = kafka.metrics_topic
         self._producer_factory = producer_factory or functools.partial(kafka_producer, kafka, self.config)
-        self._queue: deque[Event | EventDraft] = deque()
+        self._queue: deque[EventDraft] = deque()
         self._first_at = 0.0  # when the queue last went from empty to not: the batch window's start
         self._urgent = False  # an event that must not wait for the window is queued
         self._queue_max = self.config.queue_max
@@ -272,12 +242,9 @@ class Publisher:
             self._thread.start()
         return self
 
-    builds_events = True
-    """``publish`` also takes an ``EventDraft`` (agent/drafts.py): the publisher thread validates
-    and encodes it, so the training thread does neither."""
-
-    def publish(self, event: Event | EventDraft) -> None:
-        """Hand an event (or a draft of one) to the publisher thread. Never blocks, never raises."""
+    def publish(self, event: EventDraft) -> None:
+        """Hand a draft to the publisher thread, which builds, validates and encodes it (the
+        training thread does neither). Never blocks, never raises."""
         if self._closing.is_set():
             with self._drop_lock:
                 self._dropped_closed += 1
@@ -433,10 +400,9 @@ class Publisher:
         self._urgent = False  # before popping: an urgent event queued from now on sets it again
         out: list[Record] = []
         for _ in range(min(len(queue), limit if limit is not None else self.config.max_batch)):
-            event = queue.popleft()
+            draft = queue.popleft()
             try:
-                if isinstance(event, EventDraft):
-                    event = event.build()
+                event = draft.build()
                 if event.type == EventType.HEARTBEAT:
                     event = dataclasses.replace(event, data={
                         **event.data, "dropped_events": self.dropped(), "spill_pending": len(self._spill or ())})
@@ -444,7 +410,7 @@ class Publisher:
             except Exception as exc:  # noqa: BLE001 - one unencodable event must not stop the rest
                 self._errors += 1
                 self._dropped_crash += 1
-                self.last_error = f"cannot build or encode {event.type} event: {exc}"
+                self.last_error = f"cannot build or encode {draft.type} event: {exc}"
                 log.error("dropping an event that cannot be encoded: %s", exc)
         return out
 

@@ -4,7 +4,7 @@
 
 Same script, same model (the default GPT), same checkpoint state:
 
-- ``memory``: ``Trainer.rollback(step)`` while the job runs, the step in the in-memory ring
+- ``memory``: ``tr.kit.roll_back(step, 1.0)`` while the job runs, the step in the in-memory ring
   (a CPU copy loaded into the model, optimizer, sampler, RNG; plus the all-rank agreement);
 - ``disk``: the same call for a step only on disk (read, sha256-checked, loaded);
 - ``restart``: what a job without in-process rollback does — start a fresh
@@ -48,7 +48,7 @@ def _trainer(tmp: str, resume: bool):
     torch.set_num_threads(1)
     from accelerate import Accelerator
 
-    from cliffguard.agent.publisher import NullSink
+    from cliffguard.agent.sinks import NullSink
     from cliffguard.trainer.loop import Trainer
 
     return Trainer(_config(tmp, resume), Accelerator(cpu=True), sink=NullSink())

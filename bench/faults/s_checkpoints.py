@@ -22,7 +22,7 @@ def _trainer(tmp: Path, run: str, ckpt_dir: Path, **ckpt: Any):
     from accelerate import Accelerator
 
     from cliffguard.agent.hooks import AgentConfig
-    from cliffguard.agent.publisher import NullSink
+    from cliffguard.agent.sinks import NullSink
     from cliffguard.trainer.checkpoint import CheckpointConfig
     from cliffguard.trainer.config import TrainConfig
     from cliffguard.trainer.data import DataConfig

@@ -13,7 +13,7 @@ import torch
 
 from cliffguard.agent.guard import GuardConfig
 from cliffguard.agent.hooks import Agent, AgentConfig
-from cliffguard.agent.publisher import InMemorySink
+from cliffguard.agent.sinks import InMemorySink
 from cliffguard.core.enums import AckStatus, CommandType, EventType
 from cliffguard.core.events import make_command
 from cliffguard.core.spike import SpikeConfig

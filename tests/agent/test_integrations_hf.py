@@ -13,8 +13,8 @@ transformers = pytest.importorskip("transformers")
 from cliffguard.agent.config import AgentConfig  # noqa: E402
 from cliffguard.agent.guard import GuardConfig  # noqa: E402
 from cliffguard.agent.integrations import CliffguardCallback  # noqa: E402
-from cliffguard.agent.publisher import InMemorySink  # noqa: E402
 from cliffguard.agent.recovery.config import KitConfig  # noqa: E402
+from cliffguard.agent.sinks import InMemorySink  # noqa: E402
 from cliffguard.core.enums import CommandType, EventType  # noqa: E402
 from cliffguard.core.events import make_command  # noqa: E402
 from cliffguard.core.spike import SpikeConfig  # noqa: E402

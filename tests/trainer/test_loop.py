@@ -12,7 +12,7 @@ import pytest
 
 from cliffguard.agent.guard import GuardConfig
 from cliffguard.agent.lr_scale import LRScale
-from cliffguard.agent.publisher import InMemorySink
+from cliffguard.agent.sinks import InMemorySink
 from cliffguard.core.deployment import PolicyConfig
 from cliffguard.core.enums import CommandType, EventType
 from cliffguard.core.events import make_command

@@ -14,8 +14,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from cliffguard.agent.config import AgentConfig
 from cliffguard.agent.guard import GuardConfig
 from cliffguard.agent.integrations.lightning import CliffguardCallback
-from cliffguard.agent.publisher import InMemorySink
 from cliffguard.agent.recovery import KitConfig
+from cliffguard.agent.sinks import InMemorySink
 from cliffguard.core.enums import CommandType, EventType
 from cliffguard.core.events import make_command
 from cliffguard.core.spike import SpikeConfig
