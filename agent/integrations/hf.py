@@ -136,7 +136,7 @@ class CliffguardCallback(TrainerCallback):
         return control
 
     def _at_exit(self) -> None:
-        if self.agent is not None and not self.agent._closed:
+        if self.agent is not None and not self.agent.closed:
             self.close("training ended without on_train_end (an exception in the Trainer?)")
 
     # ------------------------------------------------------------------ one step
@@ -156,7 +156,7 @@ class CliffguardCallback(TrainerCallback):
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, optimizer: Any = None, **kwargs: Any) -> Any:
         if self.kit is None or self.agent is None:
             return control
-        if self.agent._loss_sum is None:
+        if not self.agent.saw_loss:
             if not self._no_loss_warned:
                 self._no_loss_warned = True
                 log.warning("cliffguard: the model's forward returned no loss; the guard cannot judge the steps")
@@ -170,7 +170,7 @@ class CliffguardCallback(TrainerCallback):
         agent, kit = self.agent, self.kit
         if agent is None or kit is None:
             return control
-        if agent._loss_sum is not None:
+        if agent.saw_loss:
             agent.after_step(lr=self._lr)
         else:
             agent.set_step(agent.step + 1)

@@ -93,10 +93,10 @@ def test_commands_after_a_stop_in_the_same_batch_are_rejected_and_the_run_ends(t
 def test_heartbeats_report_the_machines_mode(tmp_path):
     tr, sink, _ = make_trainer(small_config(tmp_path, steps=2))
     tr.agent.modes.move(TrainerMode.PAUSED)
-    tr.agent._beat()
+    tr.agent.lifecycle.beat()
     tr.agent.modes.move(TrainerMode.RUNNING)
     with tr.agent.modes.validating():
-        tr.agent._beat()
+        tr.agent.lifecycle.beat()
     states = [e.data["state"] for e in sink.events if e.type is EventType.HEARTBEAT]
     assert states == ["paused", "validating"]
     tr.ckpt.close()
