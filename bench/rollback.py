@@ -4,7 +4,7 @@
 
 Same script, same model (the default GPT), same checkpoint state:
 
-- ``memory``: ``tr.kit.roll_back(step, 1.0)`` while the job runs, the step in the in-memory ring
+- ``memory``: ``tr.kit.rollback(step, 1.0)`` while the job runs, the step in the in-memory ring
   (a CPU copy loaded into the model, optimizer, sampler, RNG; plus the all-rank agreement);
 - ``disk``: the same call for a step only on disk (read, sha256-checked, loaded);
 - ``restart``: what a job without in-process rollback does — start a fresh
@@ -70,9 +70,9 @@ def worker_inprocess(args: argparse.Namespace) -> None:
     def timed(step: int, expect: str) -> float:
         dist.barrier()
         t0 = time.perf_counter()
-        source = tr.kit.roll_back(step, 1.0)
+        detail = tr.kit.rollback(step, 1.0).detail
         dt = time.perf_counter() - t0
-        assert source == expect, (source, expect)
+        assert f"from {expect};" in detail, (detail, expect)
         return dt
 
     mem = [timed(mem_step, "memory") for _ in range(args.repeats)]

@@ -1,4 +1,4 @@
-"""Hugging Face ``Trainer`` integration: ``Trainer(..., callbacks=[CliffguardCallback(run="my-run")])``.
+"""Hugging Face ``Trainer`` integration: ``Trainer(..., callbacks=[CliffguardHFCallback(run="my-run")])``.
 
 A real ``transformers.TrainerCallback`` (``transformers`` is imported only in this module) driving
 the recovery kit (agent/recovery/kit.py), so the Trainer gets what every loop gets:
@@ -60,7 +60,7 @@ def _loss_of(output: Any) -> torch.Tensor | None:
     return loss if isinstance(loss, torch.Tensor) and loss.numel() == 1 else None
 
 
-class CliffguardCallback(TrainerCallback):
+class CliffguardHFCallback(TrainerCallback):
     """See the module docstring. ``config`` wins over the settings files; ``run`` names the run
     (default: the Trainer's ``run_name``). ``sink``/``kafka``/``secret``/``command_source`` are
     passed to the ``Agent`` (tests and explicit setups)."""
@@ -86,7 +86,7 @@ class CliffguardCallback(TrainerCallback):
         self._save_requested = False
 
     # ------------------------------------------------------------------ wiring
-    def bind(self, trainer: Any) -> CliffguardCallback:
+    def bind(self, trainer: Any) -> CliffguardHFCallback:
         """Know the Trainer: ``validate`` then runs ``trainer.evaluate()`` when it has an eval set."""
         self.trainer = trainer
         return self
@@ -235,3 +235,7 @@ class CliffguardCallback(TrainerCallback):
         n = len(kwargs.get("eval_dataloader") or [])
         self.agent.emit(EventType.VALIDATION, {"val_loss": float(val), "batches": n}, step=int(state.global_step))
         return control
+
+
+CliffguardCallback = CliffguardHFCallback
+"""The former name, kept while README.md's snippets import it (prefer ``CliffguardHFCallback``)."""

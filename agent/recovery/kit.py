@@ -315,16 +315,6 @@ class RecoveryKit:
             self.on_restore(self.agent.step)
         return source
 
-    def roll_back(self, to_step: int, lr_scale: float, skip_data: tuple[int, int] | None = None) -> str:
-        """Restore ``to_step``, then set ``lr_scale``, then skip ``[first, stop)``; returns the source."""
-        source = self.restore(to_step)
-        self.agent.lr_scale.set(lr_scale)
-        if skip_data and self.skip_data_fn is not None:
-            self.skip_data_fn(int(skip_data[0]), int(skip_data[1]))
-        self.agent.guard.clear_hold()
-        self._hold_pending = False
-        return source
-
     # ------------------------------------------------------------------ validation
     def run_validation(self, cmd_id: str | None = None, batches: int | None = None) -> float:
         """Forward-only validation on frozen weights; rank 0 emits the ``validation`` event."""
@@ -374,8 +364,16 @@ class RecoveryKit:
         val = self.run_validation(cmd_id, batches)
         return Outcome.applied(f"val_loss={val:.6g} at step {self.agent.step}")
 
-    def rollback(self, to_step: int, lr_scale: float, skip_data: tuple[int, int] | None) -> Outcome:
-        source = self.roll_back(to_step, lr_scale, skip_data)
+    def rollback(self, to_step: int, lr_scale: float, skip_data: tuple[int, int] | None = None) -> Outcome:
+        """The one rollback (a command's, a timeout policy's, or a loop's own): restore ``to_step`` on
+        every rank (or raise ``RollbackUnavailable``, nothing changed), then set ``lr_scale``, then
+        skip ``[first, stop)``. The outcome's detail says where the state came from."""
+        source = self.restore(to_step)
+        self.agent.lr_scale.set(lr_scale)
+        if skip_data and self.skip_data_fn is not None:
+            self.skip_data_fn(int(skip_data[0]), int(skip_data[1]))
+        self.agent.guard.clear_hold()
+        self._hold_pending = False
         detail = f"restored step {to_step} from {source}; lr_scale={self.agent.lr_scale.value:g}"
         if skip_data and self.skip_data_fn is not None:
             detail += f"; skipping samples [{skip_data[0]}, {skip_data[1]})"
