@@ -33,15 +33,18 @@ import logging
 import math
 import random
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
 from cliffguard.agent.collectors.mfu import ModelShape
+from cliffguard.agent.command_channel import CommandSource
 from cliffguard.agent.hooks import Agent
 from cliffguard.agent.recovery.kit import RollbackUnavailable
+from cliffguard.agent.sinks import EventSink
 from cliffguard.core.enums import CheckpointKind, EventType
+from cliffguard.core.signing import VerifyingKey
 from cliffguard.trainer.checkpoint import CheckpointManager
 from cliffguard.trainer.commands import TrainerCommands
 from cliffguard.trainer.config import TrainConfig
@@ -51,6 +54,9 @@ from cliffguard.trainer.fault_wrappers import wire_faults
 from cliffguard.trainer.loss_scale import AdaptiveLossScaler, LossScaleConfig
 from cliffguard.trainer.model import GPT
 from cliffguard.trainer.schedule import WarmupCosine
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +71,8 @@ def digest_tensors(tensors: list[torch.Tensor]) -> str:
 class Trainer:
     """Builds every part from a ``TrainConfig`` and runs; ``run()`` always closes what it opened."""
 
-    def __init__(self, cfg: TrainConfig, accelerator: Any, *, sink: Any = None, command_source: Any = None,
-                 secret: Any = None) -> None:
+    def __init__(self, cfg: TrainConfig, accelerator: Accelerator, *, sink: EventSink | None = None,
+                 command_source: CommandSource | None = None, secret: VerifyingKey | None = None) -> None:
         self.cfg = cfg
         self.accelerator = accelerator
         self.rank, self.world = accelerator.process_index, accelerator.num_processes
