@@ -37,7 +37,10 @@ Ack = Callable[[Command, AckStatus, str], None]
 
 
 @dataclass(frozen=True, slots=True)
-class RollbackArgs:
+class RollbackRequest:
+    """A rollback command's arguments once range-checked (the wire form is core/payloads.py's
+    ``RollbackArgs``)."""
+
     to_step: int
     lr_scale: float
     skip_data: tuple[int, int] | None
@@ -57,7 +60,7 @@ def _lr_scale(args: Mapping[str, Any]) -> float:
     return check_lr_scale(args["lr_scale"])
 
 
-def _rollback(args: Mapping[str, Any]) -> RollbackArgs:
+def _rollback(args: Mapping[str, Any]) -> RollbackRequest:
     skip = args.get("skip_data")
     window: tuple[int, int] | None = None
     if skip is not None:
@@ -65,7 +68,7 @@ def _rollback(args: Mapping[str, Any]) -> RollbackArgs:
             raise ValueError(f"skip_data: must be [first, stop), got {skip!r}")
         first = _at_least(skip[0], "skip_data[0]", 0)
         window = (first, _at_least(skip[1], "skip_data[1]", first + 1))
-    return RollbackArgs(_at_least(args["to_step"], "to_step", 0), _lr_scale(args), window)
+    return RollbackRequest(_at_least(args["to_step"], "to_step", 0), _lr_scale(args), window)
 
 
 def _batches(args: Mapping[str, Any]) -> int | None:

@@ -1,20 +1,23 @@
-"""An event not yet built: what the training thread hands a sink that builds events itself.
+"""What every sink is handed: an event not yet built (``EventDraft``), and its one way to become one.
 
 ``make_event`` validates the whole payload (core/events.py) and the publisher encodes it; for a
-step event with per-layer norms that is a few hundred microseconds of Python per step. The agent
-gives a ``Publisher`` (agent/publisher.py, ``builds_events``) the plain fields instead, and its
-thread builds, validates and encodes them; a draft that fails validation is logged and counted
-there as a dropped event. Other sinks get built events, validated on the caller's thread.
+step event with per-layer norms that is a few hundred microseconds of Python per step. So the
+training thread hands a sink the plain fields, and the sink builds them where it pays least: the
+``Publisher`` (agent/publisher.py) on its own thread, where a draft that fails validation is
+logged and counted as a dropped event; the ``InMemorySink`` (agent/sinks.py) at once. Either way
+through ``EventDraft.build``, the one path from a draft to an ``Event``; the id is the draft's,
+so it is known before the event is built.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from cliffguard.core.enums import EventType
-from cliffguard.core.events import Event, make_event
+from cliffguard.core.events import Event, make_event, new_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,12 +31,16 @@ class EventDraft:
     world: int = 1
     ts: float = field(default_factory=time.time)
     """When it happened (the emit), not when the publisher thread got round to it."""
+    id: str = field(default_factory=new_id)
+    """The built event's id."""
 
     def build(self) -> Event:
         """The validated event (raises ``SchemaError``, a ``ValueError``, naming the field)."""
-        return make_event(self.type, self.run, self.step, self.data, rank=self.rank, world=self.world, ts=self.ts)
+        event = make_event(self.type, self.run, self.step, self.data, rank=self.rank, world=self.world, ts=self.ts)
+        return dataclasses.replace(event, id=self.id)
 
 
-def builds_events(sink: Any) -> bool:
-    """Whether ``sink.publish`` takes an ``EventDraft``."""
-    return bool(getattr(sink, "builds_events", False))
+def draft_event(type: EventType | str, run: str, step: int, data: dict[str, Any], *, rank: int = 0,
+                world: int = 1) -> EventDraft:
+    """A draft from the same arguments as ``make_event`` (tools and tests that publish by hand)."""
+    return EventDraft(EventType(type), run, step, dict(data), rank=rank, world=world)

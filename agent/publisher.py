@@ -1,8 +1,8 @@
 """Getting events off the training thread and onto Kafka without ever blocking or raising.
 
-``Publisher.publish(event)`` appends to a bounded in-memory queue and returns (microseconds; no
-lock held beyond a deque append, no I/O, no encoding; an ``EventDraft``, agent/drafts.py, is not
-even validated there). A background thread owns the kafka-python
+``Publisher.publish(draft)`` appends to a bounded in-memory queue and returns (microseconds; no
+lock held beyond a deque append, no I/O, no encoding; the ``EventDraft``, agent/drafts.py, is not
+even validated there: the thread builds it). A background thread owns the kafka-python
 ``KafkaProducer`` and does everything else::
 
     training thread ──publish──► deque (queue_max) ──► publisher thread
@@ -18,6 +18,10 @@ the spill's tail), and only then are events sent directly again. The producer ke
 connection, so a failed batch cannot be overtaken by a later batch of the same partition; the
 failed records are spilled in order and the producer is discarded (a broker that lost its memory,
 as Tansu does on restart, also forgets the producer id).
+
+The link's states (down, replaying, live, closed) and the events that move it are declared in
+agent/publisher_link.py; the publisher thread's loop acts on the current state and moves only
+through that table.
 
 Outage detection and return: a batch that is not acknowledged within ``send_timeout_s`` marks
 the broker down. The thread then probes (new producer + topic check) with exponential backoff
@@ -46,6 +50,7 @@ each rank its own ``spill_path``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import struct
 import threading
@@ -53,14 +58,15 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from cliffguard.agent.drafts import EventDraft
 from cliffguard.agent.kafka_client import discard_producer, ensure_topic, key_hash_partitioner, tcp_reachable
+from cliffguard.agent.publisher_link import Link, LinkEvent, LinkState
 from cliffguard.agent.spill import SpillFile
 from cliffguard.core.declared import bounded, check_declared, non_empty
 from cliffguard.core.enums import EventType
-from cliffguard.core.events import Event, encode_event
+from cliffguard.core.events import encode_event
 from cliffguard.core.kafka_config import KafkaConfig
 from cliffguard.core.keys import EventSigner
 
@@ -70,36 +76,6 @@ _KEYLEN = struct.Struct(">H")
 
 IDLE_WAIT_S = 1.0
 """Longest sleep of an idle, connected publisher thread; ``publish`` wakes it at once."""
-
-
-class EventSink(Protocol):
-    def publish(self, event: Event) -> None: ...
-
-    def close(self, timeout: float = 10.0) -> None: ...
-
-
-class NullSink:
-    """Discards everything (the agent with monitoring switched off)."""
-
-    def publish(self, event: Event) -> None:
-        pass
-
-    def close(self, timeout: float = 10.0) -> None:
-        pass
-
-
-class InMemorySink:
-    """Keeps every event in ``.events`` (tests, notebooks)."""
-
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-        self.closed = False
-
-    def publish(self, event: Event) -> None:
-        self.events.append(event)
-
-    def close(self, timeout: float = 10.0) -> None:
-        self.closed = True
 
 
 @dataclass(kw_only=True, slots=True)
@@ -139,7 +115,7 @@ class PublisherConfig:
 _ROUTINE = frozenset({EventType.STEP, EventType.RANKS, EventType.HEARTBEAT, EventType.GRAD_HIST})
 
 
-def _urgent(event: Event | EventDraft) -> bool:
+def _urgent(event: EventDraft) -> bool:
     """Whether the controller acts on this event at once: not routine telemetry, or a step the
     guard did not pass (the spike and rollback rules' input)."""
     if event.type not in _ROUTINE:
@@ -156,6 +132,42 @@ def _unpack(payload: bytes) -> tuple[bytes, bytes]:
     return payload[2 : 2 + n], payload[2 + n :]
 
 
+def kafka_producer(kafka: KafkaConfig, config: PublisherConfig) -> Any:
+    """The default producer: what a ``Publisher`` without a ``producer_factory`` builds on every
+    (re)connect."""
+    if not tcp_reachable(kafka):
+        # Nothing even accepts TCP: skip kafka-python's bootstrap, which waits out its timeout.
+        raise ConnectionError("no bootstrap host accepts connections")
+    from kafka import KafkaProducer
+
+    kw = kafka.client_kwargs()
+    send_ms = int(config.send_timeout_s * 1000)
+    kw["request_timeout_ms"] = min(kw["request_timeout_ms"], max(send_ms - 100, 400))
+    return KafkaProducer(
+        **kw,
+        client_id="cliffguard-agent",
+        acks="all",
+        # _send() flushes each batch itself; until then records wait, so a batch goes in one
+        # produce request instead of one per record (the first record woke the I/O thread)
+        linger_ms=50,
+        max_in_flight_requests_per_connection=1,
+        delivery_timeout_ms=send_ms,
+        max_block_ms=send_ms,
+        bootstrap_timeout_ms=send_ms,  # a probe of a dead broker must not block for 30 s
+        reconnect_backoff_max_ms=1000,
+        batch_size=256 * 1024,
+        retry_backoff_ms=100,
+        # per record, kafka-python's metrics and the key's hash were most of its CPU in the
+        # training process (a record every step); nothing reads the producer's metrics
+        metrics_enabled=False,
+        partitioner=key_hash_partitioner(),
+    )
+
+
+ProducerFactory = Callable[[], Any]
+"""Builds a connected producer (``send``/``flush``/``partitions_for``/``close``) or raises."""
+
+
 Record = tuple[bytes, bytes]  # (key, value)
 
 
@@ -167,7 +179,7 @@ class Publisher:
         kafka: KafkaConfig,
         config: PublisherConfig | None = None,
         *,
-        producer_factory: Callable[[], Any] | None = None,
+        producer_factory: ProducerFactory | None = None,
         signer: EventSigner | None = None,
     ) -> None:
         self.kafka = kafka
@@ -176,8 +188,8 @@ class Publisher:
         records; None sends unsigned (a controller with an agent secret dead-letters them)."""
         self.config = config or PublisherConfig()
         self.topic = kafka.metrics_topic
-        self._producer_factory = producer_factory or self._default_producer
-        self._queue: deque[Event | EventDraft] = deque()
+        self._producer_factory = producer_factory or functools.partial(kafka_producer, kafka, self.config)
+        self._queue: deque[EventDraft] = deque()
         self._first_at = 0.0  # when the queue last went from empty to not: the batch window's start
         self._urgent = False  # an event that must not wait for the window is queued
         self._queue_max = self.config.queue_max
@@ -187,8 +199,8 @@ class Publisher:
         self._thread: threading.Thread | None = None
         self._spill: SpillFile | None = None
         self._producer: Any = None
-        self._up = False
-        self._forced_down = False  # simulate_outage(): fault injection
+        self._link = Link()
+        """Down, replaying, live or closed (agent/publisher_link.py: the declared moves)."""
         self._next_probe = 0.0
         self._backoff = self.config.reconnect_min_s
         self._held: list[Record] = []
@@ -218,12 +230,9 @@ class Publisher:
             self._thread.start()
         return self
 
-    builds_events = True
-    """``publish`` also takes an ``EventDraft`` (agent/drafts.py): the publisher thread validates
-    and encodes it, so the training thread does neither."""
-
-    def publish(self, event: Event | EventDraft) -> None:
-        """Hand an event (or a draft of one) to the publisher thread. Never blocks, never raises."""
+    def publish(self, event: EventDraft) -> None:
+        """Hand a draft to the publisher thread, which builds, validates and encodes it (the
+        training thread does neither). Never blocks, never raises."""
         if self._closing.is_set():
             with self._drop_lock:
                 self._dropped_closed += 1
@@ -257,17 +266,10 @@ class Publisher:
         log.info("publisher closed: sent=%d spilled=%d replayed=%d dropped=%d left in spill=%d",
                  s["sent"], s["spilled"], s["replayed"], s["dropped"], s["spill_pending"])
 
-    def simulate_outage(self, down: bool) -> None:
-        """Fault injection: act as if the broker were unreachable (spill) until called with False.
-
-        Exercises the same path as a real outage: the producer is dropped, events spill to disk,
-        probes are refused, and on recovery the spill is replayed in order before newer events."""
-        if down == self._forced_down:
-            return
-        self._forced_down = down
-        if not down:
-            self._next_probe = 0.0
-        self._wake.set()
+    @property
+    def link(self) -> Link:
+        """The link's state and its latest moves (read it; only the publisher thread moves it)."""
+        return self._link
 
     def dropped(self) -> int:
         return self._dropped_queue + self._dropped_closed + self._dropped_spill + self._dropped_crash
@@ -285,7 +287,7 @@ class Publisher:
             "dropped_after_close": self._dropped_closed,
             "errors": self._errors,
             "crashes": self._crashes,
-            "broker_up": self._up,
+            "broker_up": self._link.up,
             "spill_pending": spill.pending_records if spill is not None else 0,
             "spill_bytes": spill.pending_bytes if spill is not None else 0,
             "spill_corrupt": spill.corrupt_records if spill is not None else 0,
@@ -294,32 +296,6 @@ class Publisher:
         }
 
     # -- the publisher thread ------------------------------------------------------------------
-
-    def _default_producer(self) -> Any:
-        from kafka import KafkaProducer
-
-        kw = self.kafka.client_kwargs()
-        send_ms = int(self.config.send_timeout_s * 1000)
-        kw["request_timeout_ms"] = min(kw["request_timeout_ms"], max(send_ms - 100, 400))
-        return KafkaProducer(
-            **kw,
-            client_id="cliffguard-agent",
-            acks="all",
-            # _send() flushes each batch itself; until then records wait, so a batch goes in one
-            # produce request instead of one per record (the first record woke the I/O thread)
-            linger_ms=50,
-            max_in_flight_requests_per_connection=1,
-            delivery_timeout_ms=send_ms,
-            max_block_ms=send_ms,
-            bootstrap_timeout_ms=send_ms,  # a probe of a dead broker must not block for 30 s
-            reconnect_backoff_max_ms=1000,
-            batch_size=256 * 1024,
-            retry_backoff_ms=100,
-            # per record, kafka-python's metrics and the key's hash were most of its CPU in the
-            # training process (a record every step); nothing reads the producer's metrics
-            metrics_enabled=False,
-            partitioner=key_hash_partitioner(),
-        )
 
     def _run(self) -> None:
         while True:
@@ -339,7 +315,7 @@ class Publisher:
                 if self._producer is not None:
                     discard_producer(self._producer)
                     self._producer = None
-                self._up = False
+                self._link.move(LinkEvent.CRASHED)
                 if self._closing.is_set() and time.monotonic() >= self._deadline:
                     break
                 time.sleep(min(0.05 * 2 ** self._crashes, 2.0))
@@ -349,8 +325,6 @@ class Publisher:
         spill = self._spill
         assert spill is not None
         while True:
-            if self._forced_down and self._up:
-                self._mark_down("simulated outage (fault injection)")
             closing = self._closing.is_set()
             if not self._held and self._gathering(closing):
                 continue
@@ -360,38 +334,42 @@ class Publisher:
                 self._spill_records(self._held + self._take(len(self._queue)))
                 self._held = []
                 return
-            if not self._up:
+            link = self._link
+            if link.state is LinkState.DOWN:
                 # Park everything on disk before a probe that may take up to send_timeout_s.
                 while self._held:
                     self._spill_records(self._held)
                     self._held = self._take()
-            if not self._up and time.monotonic() >= self._next_probe:
-                self._connect()
-            if self._up and len(spill):
-                self._replay_chunk()
+                if time.monotonic() >= self._next_probe:
+                    self._connect()
+            if link.state is LinkState.REPLAYING:
+                if len(spill):
+                    self._replay_chunk()
+                if link.state is LinkState.REPLAYING and not len(spill):
+                    link.move(LinkEvent.SPILL_DRAINED)
             if self._held:
-                if self._up and not len(spill):
+                if link.state is LinkState.LIVE:
                     self._send_live(self._held)
                     self._held = []
-                elif not self._up or len(self._queue) >= self._queue_max // 2:
+                elif link.state is LinkState.DOWN or len(self._queue) >= self._queue_max // 2:
                     self._spill_records(self._held)
                     self._held = []
                 # else: the broker is back and the spill is replaying; these wait in memory
                 # behind it rather than compete for the spill's room.
             self._held_crashes = 0
             self._report_drops()
-            if closing and not self._queue and (not len(spill) or not self._up and self._next_probe >= self._deadline):
+            if closing and not self._queue and (not len(spill) or not link.up and self._next_probe >= self._deadline):
                 return
-            if not self._queue and (not len(spill) or not self._up):
-                # Up: nothing to do until publish (or close, or an outage switch) sets the event.
-                wait = IDLE_WAIT_S if self._up else max(0.0, min(self._next_probe - time.monotonic(), 0.2))
+            if not self._queue and (not len(spill) or not link.up):
+                # Up: nothing to do until publish (or close) sets the event.
+                wait = IDLE_WAIT_S if link.up else max(0.0, min(self._next_probe - time.monotonic(), 0.2))
                 self._wake.clear()
                 if not self._queue:
                     self._wake.wait(wait)
 
     def _gathering(self, closing: bool) -> bool:
         """Let the current batch window fill (live sending only); True when it waited."""
-        if closing or not self._up or self._forced_down or len(self._spill or ()):
+        if closing or self._link.state is not LinkState.LIVE or len(self._spill or ()):
             return False
         queued = len(self._queue)
         if not queued or queued >= self.config.max_batch or self._urgent:
@@ -399,7 +377,7 @@ class Publisher:
         remaining = self._first_at + self.config.linger_s - time.monotonic()
         if remaining <= 0:
             return False
-        self._wake.clear()  # set again by an urgent publish, close or an outage switch
+        self._wake.clear()  # set again by an urgent publish or close
         if not self._urgent:
             self._wake.wait(remaining)
         return True
@@ -410,10 +388,9 @@ class Publisher:
         self._urgent = False  # before popping: an urgent event queued from now on sets it again
         out: list[Record] = []
         for _ in range(min(len(queue), limit if limit is not None else self.config.max_batch)):
-            event = queue.popleft()
+            draft = queue.popleft()
             try:
-                if isinstance(event, EventDraft):
-                    event = event.build()
+                event = draft.build()
                 if event.type == EventType.HEARTBEAT:
                     event = dataclasses.replace(event, data={
                         **event.data, "dropped_events": self.dropped(), "spill_pending": len(self._spill or ())})
@@ -421,19 +398,13 @@ class Publisher:
             except Exception as exc:  # noqa: BLE001 - one unencodable event must not stop the rest
                 self._errors += 1
                 self._dropped_crash += 1
-                self.last_error = f"cannot build or encode {event.type} event: {exc}"
+                self.last_error = f"cannot build or encode {draft.type} event: {exc}"
                 log.error("dropping an event that cannot be encoded: %s", exc)
         return out
 
     def _connect(self) -> None:
         producer = None
-        if self._forced_down:
-            self._next_probe = time.monotonic() + self.config.reconnect_min_s
-            return
         try:
-            if self._producer_factory == self._default_producer and not tcp_reachable(self.kafka):
-                # Nothing even accepts TCP: skip kafka-python's bootstrap, which waits out its timeout.
-                raise ConnectionError("no bootstrap host accepts connections")
             producer = self._producer_factory()
             if self.config.create_topic:
                 ensure_topic(self.kafka, self.topic, self.config.send_timeout_s)
@@ -449,7 +420,7 @@ class Publisher:
             self._backoff = min(self._backoff * 2, self.config.reconnect_max_s)
             return
         self._producer = producer
-        self._up = True
+        self._link.move(LinkEvent.CONNECTED)
         self._backoff = self.config.reconnect_min_s
         pending = len(self._spill or ())
         if pending:
@@ -462,7 +433,7 @@ class Publisher:
         if self._producer is not None:
             discard_producer(self._producer)
             self._producer = None
-        self._up = False
+        self._link.move(LinkEvent.SEND_FAILED)
         self._backoff = self.config.reconnect_min_s
         self._next_probe = time.monotonic() + self._backoff
 
@@ -537,7 +508,7 @@ class Publisher:
             except Exception:  # noqa: BLE001
                 discard_producer(self._producer)
             self._producer = None
-        self._up = False
+        self._link.move(LinkEvent.SHUT_DOWN)
         if self._spill is not None:
             if len(self._spill):
                 log.warning("publisher: %d events left in %s (kept; a later start does not replay another start's file)",

@@ -46,7 +46,8 @@ def worker(args: argparse.Namespace) -> None:
     from accelerate import Accelerator
 
     from cliffguard.agent.hooks import Agent, AgentConfig
-    from cliffguard.agent.publisher import InMemorySink, PublisherConfig
+    from cliffguard.agent.publisher import PublisherConfig
+    from cliffguard.agent.sinks import InMemorySink
     from cliffguard.core.kafka_config import KafkaConfig
     from cliffguard.trainer.model import GPT, GPTConfig
 

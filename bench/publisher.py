@@ -24,9 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from cliffguard.agent.drafts import EventDraft, draft_event
 from cliffguard.agent.publisher import Publisher, PublisherConfig
 from cliffguard.controller.broker import EmbeddedBroker, ensure_topics, free_port
-from cliffguard.core.events import Event, encode_event, make_event
+from cliffguard.core.events import Event, encode_event
 
 STEP = {
     "loss": 2.5, "loss_local": 2.4, "lr": 3e-4, "lr_scale": 1.0, "grad_norm": 0.9, "tokens": 4096,
@@ -37,7 +38,16 @@ STEP = {
 
 
 def _events(n: int, run: str, start: int = 0) -> list[Event]:
-    return [make_event("step", run, start + i, {**STEP, "loss": 2.5 - i * 1e-5}) for i in range(n)]
+    return [_draft(run, start + i).build() for i in range(n)]
+
+
+def _drafts(n: int, run: str, start: int = 0) -> list[EventDraft]:
+    """What the agent hands the publisher: drafts (the thread builds them, agent/drafts.py)."""
+    return [_draft(run, start + i) for i in range(n)]
+
+
+def _draft(run: str, step: int) -> EventDraft:
+    return draft_event("step", run, step, {**STEP, "loss": 2.5 - step * 1e-5})
 
 
 def _pct(values_ns: list[int], q: float) -> float:
@@ -55,7 +65,7 @@ def _wait(pred, timeout: float, what: str) -> float:
     return time.perf_counter() - t0
 
 
-def _timed_publish(pub: Publisher, events: list[Event]) -> list[int]:
+def _timed_publish(pub: Publisher, events: list[EventDraft]) -> list[int]:
     costs = []
     clock = time.perf_counter_ns
     for ev in events:
@@ -101,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                                                reconnect_min_s=0.05, reconnect_max_s=0.5,
                                                queue_max=max(100_000, 2 * n))).start()
         _wait(lambda: pub.stats()["broker_up"], 30, "the publisher to connect")
-        events = _events(n, "pub-run")
+        events = _drafts(n, "pub-run")
         t0 = time.perf_counter()
         costs_up = _timed_publish(pub, events)
         _wait(lambda: pub.stats()["sent"] >= n, 120, "all events acknowledged")
@@ -112,10 +122,10 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"[3/4] broker down: publisher spilling, {n} events", flush=True)
         broker.stop()
-        pub.publish(_events(1, "probe", start=0)[0])  # the publisher notices on this one
+        pub.publish(_drafts(1, "probe", start=0)[0])  # the publisher notices on this one
         _wait(lambda: not pub.stats()["broker_up"], 30, "the publisher to notice the outage")
         spilled_before = pub.stats()["spilled"]
-        events = _events(n, "pub-run", start=n)
+        events = _drafts(n, "pub-run", start=n)
         t0 = time.perf_counter()
         costs_down = _timed_publish(pub, events)
         _wait(lambda: pub.stats()["spilled"] - spilled_before >= n, 120, "all events spilled")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from cliffguard.agent.config import AgentConfig
 from cliffguard.agent.guard import GuardConfig
-from cliffguard.agent.publisher import InMemorySink
+from cliffguard.agent.sinks import InMemorySink
 from cliffguard.core.enums import EventType
 from cliffguard.core.spike import SpikeConfig
 from cliffguard.trainer.checkpoint import CheckpointConfig

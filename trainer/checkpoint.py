@@ -222,6 +222,8 @@ class CheckpointManager:
         due = []
         if c.snapshot_every and step % c.snapshot_every == 0:
             due.append(CheckpointKind.MEMORY)
+        if step == 0:  # a rollback target from the start, but nothing on disk yet worth a write
+            return due
         if c.full_every and step % c.full_every == 0:
             due.append(CheckpointKind.FULL)
         elif c.ckpt_every and step % c.ckpt_every == 0:

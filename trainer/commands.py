@@ -28,7 +28,8 @@ What each command does (the protocol agreed with the controller):
 
 from __future__ import annotations
 
-import time
+import dataclasses
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
@@ -51,7 +52,6 @@ class Trainer(Protocol):
     ckpt: CheckpointManager
     sampler: Sampler
     step: int
-    _t_progress: tuple[float, int]
 
     def capture_state(self) -> dict[str, Any]: ...
 
@@ -81,20 +81,17 @@ class _TrainerState:
 class TrainerCommands(RecoveryKit):
     """The bundled trainer's ``CommandTarget``: the kit with the trainer's parts."""
 
-    def __init__(self, tr: Trainer) -> None:
-        super().__init__(tr.agent, tr.model, tr.optimizer, store=tr.ckpt, state=_TrainerState(tr),
+    def __init__(self, tr: Trainer, *, on_restore: Callable[[int], None] | None = None) -> None:
+        # the boundary validates on the trainer's own fixed set, every [train] val_every
+        config = dataclasses.replace(tr.agent.config.recovery, val_every=tr.cfg.val_every)
+        super().__init__(tr.agent, tr.model, tr.optimizer, config=config, store=tr.ckpt, state=_TrainerState(tr),
                          validate_fn=tr.val_loss, skip_data=tr.sampler.skip, checkpoint_fn=self._checkpoint,
-                         wrap_optimizer=False)
+                         on_restore=on_restore, wrap_optimizer=False)
         self.can_rewind = True  # the sampler's position is part of the captured state
         self.tr = tr
 
     def _checkpoint(self, step: int, kind: CheckpointKind) -> None:
         self.tr.checkpoint(kind)
-
-    def restore(self, to_step: int) -> str:
-        source = super().restore(to_step)
-        self.tr._t_progress = (time.perf_counter(), self.tr.step)  # the progress line's rate restarts here
-        return source
 
     def rollback_detail(self) -> str:
         return f"; param_digest={self.tr.param_digest()}" if self.tr.cfg.debug_digests else ""

@@ -1,4 +1,5 @@
 """Fault injection for demos and tests, by flag (``--fault`` specs; pure apart from ``delay``/``maybe_kill``).
+This decides which fault fires when; trainer/fault_wrappers.py puts it around the loop's parts.
 
 Spec strings (step numbers are optimizer steps; ``[:r]`` limits a fault to rank r):
 

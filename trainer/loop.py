@@ -2,7 +2,7 @@
 
 One optimizer step (``Trainer.train_step``), in order::
 
-    lr = schedule(step) * lr_scale * fault_lr_factor(step)      # recomputed every step
+    lr = schedule(step) * lr_scale * elastic_lr_factor(step)    # recomputed every step
     x, y = sampler.batch(step)                                  # data_wait_s
     for each of grad_accum micro-batches (no_sync but the last):
         loss = model(x, y)      -> agent.after_forward(loss)
@@ -12,11 +12,14 @@ One optimizer step (``Trainer.train_step``), in order::
         clip per layer; optimizer.step()
     optimizer.zero_grad(); agent.after_step()                   # step event (every rank)
 
-At each step boundary (``Trainer.run``): commands, a hold if the guard asked for one, the paused
-wait and its timeouts (the recovery kit, agent/recovery/kit.py, via trainer/commands.py), then before the next step: memory snapshot
-every ``snapshot_every``, disk checkpoints every ``ckpt_every``/``full_every`` (their copy overlaps the next forward/backward;
-``optimizer.step`` waits for it: ``CheckpointManager.fence_before``), validation every
-``val_every``. The mode (agent/modes.py) and the LR scale (agent/lr_scale.py) are the agent's:
+At each step boundary (``Trainer.run``) the loop calls ``kit.at_boundary()`` like every other
+loop (the recovery kit, agent/recovery/kit.py, over the trainer's parts: trainer/commands.py):
+commands, a hold if the guard asked for one, the paused wait and its timeouts, then before the
+next step: memory snapshot every ``snapshot_every``, disk checkpoints every
+``ckpt_every``/``full_every`` (their copy overlaps the next forward/backward; ``optimizer.step``
+waits for it: ``CheckpointManager.fence_before``), validation every ``val_every``. Faults
+(``--fault``) are wrappers around the sampler, the schedule, the model and the publisher's
+producers (trainer/fault_wrappers.py); this loop has no fault branch. The mode (agent/modes.py) and the LR scale (agent/lr_scale.py) are the agent's:
 the loop moves and reads them there, so the heartbeats and step events report the same values. A checkpoint labelled ``s`` is the state *before* step ``s`` runs, so rolling
 back to ``s`` replays step ``s`` onwards exactly (same data, same RNG, same parameters).
 """
@@ -30,60 +33,32 @@ import logging
 import math
 import random
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
 from cliffguard.agent.collectors.mfu import ModelShape
+from cliffguard.agent.command_channel import CommandSource
 from cliffguard.agent.hooks import Agent
-from cliffguard.agent.lr_scale import LRScale
-from cliffguard.agent.modes import STOPPING
 from cliffguard.agent.recovery.kit import RollbackUnavailable
+from cliffguard.agent.sinks import EventSink
 from cliffguard.core.enums import CheckpointKind, EventType
+from cliffguard.core.signing import VerifyingKey
 from cliffguard.trainer.checkpoint import CheckpointManager
 from cliffguard.trainer.commands import TrainerCommands
 from cliffguard.trainer.config import TrainConfig
 from cliffguard.trainer.data import Sampler, load_corpus
 from cliffguard.trainer.elastic import Elastic, progress_mark_path
+from cliffguard.trainer.fault_wrappers import wire_faults
 from cliffguard.trainer.loss_scale import AdaptiveLossScaler, LossScaleConfig
 from cliffguard.trainer.model import GPT
 from cliffguard.trainer.schedule import WarmupCosine
 
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+
 log = logging.getLogger(__name__)
-
-
-class NoFaults:
-    """The fault hooks when no fault is configured: every one is a no-op."""
-
-    def lr_factor(self, step: int) -> float:
-        return 1.0
-
-    def corrupt_batch(self, step: int, x: torch.Tensor) -> torch.Tensor:
-        return x
-
-    def corrupt_pair(self, step: int, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return x, y
-
-    def nan_loss(self, step: int) -> bool:
-        return False
-
-    def delay(self, step: int) -> None:
-        pass
-
-    def maybe_kill(self, step: int) -> None:
-        pass
-
-    def broker_down(self, step: int) -> bool:
-        return False
-
-
-def make_faults(specs: list[str], rank: int, seed: int = 0) -> Any:
-    if not specs:
-        return NoFaults()
-    from cliffguard.trainer.faults import FaultInjector
-
-    return FaultInjector(list(specs), rank, seed=seed)
 
 
 def digest_tensors(tensors: list[torch.Tensor]) -> str:
@@ -96,8 +71,8 @@ def digest_tensors(tensors: list[torch.Tensor]) -> str:
 class Trainer:
     """Builds every part from a ``TrainConfig`` and runs; ``run()`` always closes what it opened."""
 
-    def __init__(self, cfg: TrainConfig, accelerator: Any, *, sink: Any = None, command_source: Any = None,
-                 secret: Any = None) -> None:
+    def __init__(self, cfg: TrainConfig, accelerator: Accelerator, *, sink: EventSink | None = None,
+                 command_source: CommandSource | None = None, secret: VerifyingKey | None = None) -> None:
         self.cfg = cfg
         self.accelerator = accelerator
         self.rank, self.world = accelerator.process_index, accelerator.num_processes
@@ -111,7 +86,9 @@ class Trainer:
         self.corpus = load_corpus(cfg.data)
         # a manifest's curriculum phases are fractions of the run unless a length is configured
         data_cfg = cfg.data if cfg.data.curriculum_steps else dataclasses.replace(cfg.data, curriculum_steps=cfg.steps)
-        self.sampler = Sampler(self.corpus, data_cfg, self.elastic.plan.global_batch, self.rank, self.world)
+        self.faults = wire_faults(cfg.faults, self.rank, cfg.seed)  # identities without --fault
+        self.sampler = self.faults.sampler(Sampler(self.corpus, data_cfg, self.elastic.plan.global_batch, self.rank,
+                                                   self.world))
         raw = GPT(cfg.model)
         decay = [p for n, p in raw.named_parameters() if p.dim() >= 2]
         no_decay = [p for n, p in raw.named_parameters() if p.dim() < 2]
@@ -121,16 +98,17 @@ class Trainer:
         )
         self.model, self.optimizer = accelerator.prepare(raw, optimizer)
         self.raw_model: GPT = accelerator.unwrap_model(self.model)
-        self.schedule = WarmupCosine(cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.steps)
+        self.faults.attach(self.model)
+        self.schedule = self.faults.schedule(WarmupCosine(cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.steps))
         self.scaler = AdaptiveLossScaler(LossScaleConfig(enabled=True)) if cfg.loss_scaling else None
-        self.faults = make_faults(cfg.faults, self.rank, cfg.seed)
         c = cfg.model
         shape = ModelShape(n_params=self.raw_model.num_params(non_embedding=True), n_layers=c.n_layer,
                            n_heads=c.n_head, head_dim=c.n_embd // c.n_head, seq_len=cfg.data.seq_len)
         # the loss scaler unscales after the backward: the reduced buckets hold scaled gradients
         agent_cfg = cfg.agent if self.scaler is None else dataclasses.replace(cfg.agent, grad_norm_from_buckets=False)
         self.agent = Agent(accelerator, self.model, self.optimizer, agent_cfg, shape=shape, sink=sink,
-                           kafka=cfg.kafka, secret=secret, command_source=command_source)
+                           kafka=cfg.kafka, secret=secret, command_source=command_source,
+                           wrap_producer=self.faults.producers)
         self.ckpt = CheckpointManager(cfg.checkpoint, self.rank, self.world, self._on_checkpoint, run_id=cfg.agent.run)
         # overlap_copy: a snapshot's copy runs beside the next forward/backward; the fence on the torch
         # optimizer (the one Accelerate wraps) waits for it right before step() first changes the state.
@@ -139,23 +117,13 @@ class Trainer:
         self.scale_event: Any = None  # set by load_state when a checkpoint of another world was restored
         self.step = 0
         self.last_loss = float("nan")
-        self.kit = self.command_target = TrainerCommands(self)
-        """The recovery kit over this trainer's parts: every command, the boundary wait, the timeouts."""
-        self._t_progress = (time.perf_counter(), 0)
+        self.kit = TrainerCommands(self, on_restore=self.restart_progress)
+        """The recovery kit over this trainer's parts: every command, the boundary, the timeouts."""
+        self._t_progress = (time.perf_counter(), 0)  # the progress line's rate: since (time, step)
 
     @staticmethod
     def _progress_mark_path(cfg: TrainConfig) -> Any:
         return progress_mark_path(cfg.checkpoint.dir, cfg.run)
-
-    @property
-    def stop_reason(self) -> str:
-        """Why the run ends early (the kit's: a stop command, or "failed: ..." from a timeout policy)."""
-        return self.kit.stop_reason
-
-    @property
-    def lr_scale(self) -> LRScale:
-        """The agent's: the one owner of the run's LR scale."""
-        return self.agent.lr_scale
 
     # ------------------------------------------------------------------ events
     def _on_checkpoint(self, payload: dict[str, Any]) -> None:
@@ -207,31 +175,10 @@ class Trainer:
             self.scaler.load_state_dict(state["loss_scaler"])
         self.step = int(state["step"])
 
-    def _all_ranks(self, ok: bool) -> bool:
-        return self.kit.all_ranks(ok)
-
-    def _any_rank(self, ok: bool) -> bool:
-        return not self._all_ranks(not ok)
-
-    def restore(self, to_step: int) -> str:
-        """Restore the checkpoint labelled ``to_step`` on every rank, or none (the kit's). Returns the source."""
-        return self.kit.restore(to_step)
-
-    def available_steps(self) -> list[int]:
-        return sorted(self.ckpt.available_steps())
-
-    def rollback(self, to_step: int, lr_scale: float, skip_data: tuple[int, int] | None = None) -> str:
-        """Restore ``to_step``, then set ``lr_scale``, then skip ``[first, stop)`` (the kit's)."""
-        return self.kit.roll_back(to_step, lr_scale, skip_data)
-
     def checkpoint(self, kind: CheckpointKind | str) -> None:
         self.ckpt.save(self.step, self.capture_state(), kind)
 
     # ------------------------------------------------------------------ validation
-    def validate(self, cmd_id: str | None = None, batches: int | None = None) -> float:
-        """Validation with its ``validation`` event (the kit's), on ``val_loss``."""
-        return self.kit.run_validation(cmd_id, batches)
-
     @torch.no_grad()
     def val_loss(self, batches: int | None = None) -> tuple[float, int]:
         """Forward-only on the fixed held-out batches with frozen weights; every rank takes a share."""
@@ -259,8 +206,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ one step
     def _lr(self, step: int) -> float:
-        return self.kit.scaled_lr(self.schedule.lr_at(step) * self.faults.lr_factor(step)
-                                  * self.elastic.lr_factor(step))
+        return self.kit.scaled_lr(self.schedule.lr_at(step) * self.elastic.lr_factor(step))
 
     def train_step(self) -> dict[str, Any]:
         step, cfg, agent = self.step, self.cfg, self.agent
@@ -272,12 +218,7 @@ class Trainer:
             extra["rng_digest"] = digest_tensors([torch.get_rng_state()])
         with agent.data_wait():
             x, y, _ids = self.sampler.batch(step)
-            x, y = self.faults.corrupt_pair(step, x, y)
             x, y = x.to(self.accelerator.device), y.to(self.accelerator.device)
-        self.faults.delay(step)
-        outage = getattr(agent.sink, "simulate_outage", None)  # the Publisher has it; test sinks may not
-        if outage is not None:
-            outage(self.faults.broker_down(step))
         xs, ys = x.split(self.micro_batch), y.split(self.micro_batch)
         n = len(xs)
         for i, (xb, yb) in enumerate(zip(xs, ys, strict=True)):
@@ -285,8 +226,6 @@ class Trainer:
             with sync:
                 with self._autocast():
                     _, loss = self.model(xb, yb)
-                if self.faults.nan_loss(step):
-                    loss = loss * float("nan")
                 agent.after_forward(loss, tokens=xb.numel())
                 scaled = loss / n if self.scaler is None else self.scaler.scale_loss(loss / n)
                 self.accelerator.backward(scaled)
@@ -320,14 +259,6 @@ class Trainer:
         return digest_tensors([p for _, p in sorted(self.raw_model.named_parameters())])
 
     # ------------------------------------------------------------------ the run
-    def _boundary_checkpoints(self) -> None:
-        # Step 0 gets a memory snapshot (a rollback target from the start) but no disk copy.
-        if self.step == 0:
-            if self.cfg.checkpoint.snapshot_every:
-                self.ckpt.snapshot(0, self.capture_state())
-            return
-        self.ckpt.on_step(self.step, self.capture_state)
-
     def resume_latest(self) -> None:
         """Start from the newest disk checkpoint that loads (a restarted job)."""
         state: dict[str, Any] | None = None
@@ -335,10 +266,10 @@ class Trainer:
             _step, state, _source, detail = self.ckpt.restore_latest()
         except KeyError as exc:
             detail = str(exc)
-        if self.cfg.elastic.enabled and not self._any_rank(state is not None):
+        if self.cfg.elastic.enabled and self.kit.all_ranks(state is None):
             log.info("elastic run: no checkpoint yet, starting at step 0 (%s)", detail)  # its first start
             return
-        if not self._all_ranks(state is not None):
+        if not self.kit.all_ranks(state is not None):
             raise RollbackUnavailable(f"cannot resume on every rank: {detail}")
         self.load_state(state)
         self.agent.set_step(self.step)
@@ -363,6 +294,10 @@ class Trainer:
                         len(self.elastic.changes), self.cfg.elastic.flap_window_s, event.backoff_s)
             time.sleep(event.backoff_s)
 
+    def restart_progress(self, step: int) -> None:
+        """The progress line's tokens/s counts from here (the kit calls it after a restore)."""
+        self._t_progress = (time.perf_counter(), step)
+
     def _progress(self, data: dict[str, Any]) -> None:
         every = self.cfg.progress_every
         if self.rank != 0 or not every or self.step % every:
@@ -381,28 +316,23 @@ class Trainer:
                            config=self.cfg.to_dict())
             if self.cfg.resume:
                 self.resume_latest()
-            self._t_progress = (time.perf_counter(), self.step)
+            self.restart_progress(self.step)
             if self.rank == 0:
                 for flag in self.corpus.flags:
                     self.agent.emit(EventType.DATA_FLAG, flag.event_data())
-            while self.step < self.cfg.steps and self.agent.modes.mode is not STOPPING:
-                self._boundary_checkpoints()
-                if self.cfg.val_every and self.step > 0 and self.step % self.cfg.val_every == 0:
-                    self.validate()
-                self.faults.maybe_kill(self.step)
+            while self.step < self.cfg.steps and self.kit.at_boundary():
                 data = self.train_step()
                 self._progress(data)
                 self.elastic.mark_progress(self.step, self.last_loss)
-                self.kit.handle_commands()
             self.ckpt.wait()
             self.elastic.mark_progress(self.step, self.last_loss, force=True, val_loss=self._final_eval())
-            return 0 if not self.stop_reason.startswith("failed") else 1
+            return 0 if not self.kit.stop_reason.startswith("failed") else 1
         except BaseException as exc:
             error = exc
             raise
         finally:
-            if error is None and self.stop_reason.startswith("failed"):
-                error = RuntimeError(self.stop_reason)
+            if error is None and self.kit.stop_reason.startswith("failed"):
+                error = RuntimeError(self.kit.stop_reason)
             for closer in (self.ckpt.close, lambda: self.agent.close(error, final_loss=self._final_loss())):
                 try:
                     closer()

@@ -7,9 +7,9 @@
 - **Accelerate** (agent/integrations/accelerate.py): ``AgentTracker`` is report-only (its run
   declares no command: the controller alerts, never pauses); ``accelerate_kit(accelerator, model,
   optimizer, scheduler, run=...)`` is the recovery kit for an Accelerator loop in one line.
-- **Lightning** (``CliffguardCallback`` in agent/integrations/lightning.py, extra ``[lightning]``):
+- **Lightning** (``CliffguardLightningCallback`` in agent/integrations/lightning.py, extra ``[lightning]``):
   the kit driven from a real ``pytorch_lightning.Callback``.
-- **Hugging Face ``Trainer``** (``CliffguardCallback``, agent/integrations/hf.py): the kit driven
+- **Hugging Face ``Trainer``** (``CliffguardHFCallback``, agent/integrations/hf.py): the kit driven
   from a real ``TrainerCallback``. ``transformers`` is imported only when that name is used, so
   ``from cliffguard.agent.integrations import AgentTracker`` works without it installed.
 """
@@ -21,12 +21,12 @@ from typing import Any
 from cliffguard.agent.integrations.accelerate import AgentTracker, accelerate_kit
 from cliffguard.agent.integrations.loop import GuardedLoop, guarded_loop
 
-__all__ = ["AgentTracker", "CliffguardCallback", "GuardedLoop", "accelerate_kit", "guarded_loop"]
+__all__ = ["AgentTracker", "CliffguardHFCallback", "GuardedLoop", "accelerate_kit", "guarded_loop"]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "CliffguardCallback":
-        from cliffguard.agent.integrations.hf import CliffguardCallback
+    if name == "CliffguardHFCallback":
+        from cliffguard.agent.integrations.hf import CliffguardHFCallback
 
-        return CliffguardCallback
+        return CliffguardHFCallback
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""Hugging Face ``Trainer`` integration: ``Trainer(..., callbacks=[CliffguardCallback(run="my-run")])``.
+"""Hugging Face ``Trainer`` integration: ``Trainer(..., callbacks=[CliffguardHFCallback(run="my-run")])``.
 
 A real ``transformers.TrainerCallback`` (``transformers`` is imported only in this module) driving
 the recovery kit (agent/recovery/kit.py), so the Trainer gets what every loop gets:
@@ -60,7 +60,7 @@ def _loss_of(output: Any) -> torch.Tensor | None:
     return loss if isinstance(loss, torch.Tensor) and loss.numel() == 1 else None
 
 
-class CliffguardCallback(TrainerCallback):
+class CliffguardHFCallback(TrainerCallback):
     """See the module docstring. ``config`` wins over the settings files; ``run`` names the run
     (default: the Trainer's ``run_name``). ``sink``/``kafka``/``secret``/``command_source`` are
     passed to the ``Agent`` (tests and explicit setups)."""
@@ -86,7 +86,7 @@ class CliffguardCallback(TrainerCallback):
         self._save_requested = False
 
     # ------------------------------------------------------------------ wiring
-    def bind(self, trainer: Any) -> CliffguardCallback:
+    def bind(self, trainer: Any) -> CliffguardHFCallback:
         """Know the Trainer: ``validate`` then runs ``trainer.evaluate()`` when it has an eval set."""
         self.trainer = trainer
         return self
@@ -136,7 +136,7 @@ class CliffguardCallback(TrainerCallback):
         return control
 
     def _at_exit(self) -> None:
-        if self.agent is not None and not self.agent._closed:
+        if self.agent is not None and not self.agent.closed:
             self.close("training ended without on_train_end (an exception in the Trainer?)")
 
     # ------------------------------------------------------------------ one step
@@ -156,7 +156,7 @@ class CliffguardCallback(TrainerCallback):
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, optimizer: Any = None, **kwargs: Any) -> Any:
         if self.kit is None or self.agent is None:
             return control
-        if self.agent._loss_sum is None:
+        if not self.agent.saw_loss:
             if not self._no_loss_warned:
                 self._no_loss_warned = True
                 log.warning("cliffguard: the model's forward returned no loss; the guard cannot judge the steps")
@@ -170,7 +170,7 @@ class CliffguardCallback(TrainerCallback):
         agent, kit = self.agent, self.kit
         if agent is None or kit is None:
             return control
-        if agent._loss_sum is not None:
+        if agent.saw_loss:
             agent.after_step(lr=self._lr)
         else:
             agent.set_step(agent.step + 1)
@@ -235,3 +235,4 @@ class CliffguardCallback(TrainerCallback):
         n = len(kwargs.get("eval_dataloader") or [])
         self.agent.emit(EventType.VALIDATION, {"val_loss": float(val), "batches": n}, step=int(state.global_step))
         return control
+"""The former name, kept while README.md's snippets import it (prefer ``CliffguardHFCallback``)."""

@@ -1,4 +1,4 @@
-"""Lightning: ``Trainer(callbacks=[CliffguardCallback(run="my-run")])`` (extra ``cliffguard[lightning]``).
+"""Lightning: ``Trainer(callbacks=[CliffguardLightningCallback(run="my-run")])`` (extra ``cliffguard[lightning]``).
 
 A real ``pytorch_lightning.Callback`` driving the recovery kit (agent/recovery/kit.py), so a
 LightningModule gets what every other loop gets, from the same implementation:
@@ -66,11 +66,11 @@ def training_step_loss(module: Any, batch: Any) -> torch.Tensor:
         del module.log, module.log_dict
     loss = out["loss"] if isinstance(out, dict) else out
     if not isinstance(loss, torch.Tensor):
-        raise RuntimeError("training_step returned no loss tensor: give CliffguardCallback a loss_fn")
+        raise RuntimeError("training_step returned no loss tensor: give CliffguardLightningCallback a loss_fn")
     return loss
 
 
-class CliffguardCallback(pl.Callback):
+class CliffguardLightningCallback(pl.Callback):
     """See the module docstring. ``config`` wins over the settings' ``[agent]``; ``run`` names the run;
     ``sink``/``kafka``/``secret``/``command_source`` go to the ``Agent`` (tests, explicit setups)."""
 
@@ -211,3 +211,4 @@ class CliffguardCallback(pl.Callback):
             self.agent.close(error=self.kit.stop_reason)
         else:
             self.agent.close(final_loss=self.agent.global_loss)
+"""The former name, kept while README.md's snippets import it (prefer ``CliffguardLightningCallback``)."""

@@ -92,7 +92,7 @@ class RecoveryKit:
                  skip_data: Callable[[int, int], None] | None = None, store: StateStore | None = None,
                  state: Snapshotter | None = None, extra_state: dict[str, Stateful] | None = None,
                  checkpoint_fn: Callable[[int, CheckpointKind], None] | None = None,
-                 wrap_optimizer: bool = True) -> None:
+                 on_restore: Callable[[int], None] | None = None, wrap_optimizer: bool = True) -> None:
         self.agent = agent
         self.config = config if config is not None else agent.config.recovery
         self.model = model if model is not None else agent.model
@@ -109,6 +109,12 @@ class RecoveryKit:
         self.can_rewind = data_position is not None
         self.skip_data_fn = skip_data
         self.checkpoint_fn = checkpoint_fn
+        self.on_restore = on_restore
+        """Called on every rank after a restore, with the step the loop runs next (a loop's own
+        counters, such as a progress line's rate, restart there)."""
+        self.on_periodic_validation: Callable[[int, float], None] | None = None
+        """Called with (step, val_loss) after each ``val_every`` validation of ``at_boundary``;
+        unlike a failed validation, what it raises ends the run (an HPO pruner's verdict)."""
         self.kept: deque[Any] = deque(maxlen=self.config.val_keep or None)
         """The held-back slice: recent training batches of steps the guard passed as ok."""
         self._pending_batches: list[Any] = []
@@ -215,9 +221,12 @@ class RecoveryKit:
         every = self.config.val_every
         if every and step and step % every == 0 and CommandType.VALIDATE in self.capabilities:
             try:
-                self.run_validation()  # the controller's baseline
+                val = self.run_validation()  # the controller's baseline
             except Exception as exc:  # noqa: BLE001 - a periodic validation never stops training
                 log.warning("periodic validation at step %d failed: %s", step, exc)
+            else:
+                if self.on_periodic_validation is not None:
+                    self.on_periodic_validation(step, val)
         return True
 
     def handle_commands(self) -> bool:
@@ -246,7 +255,7 @@ class RecoveryKit:
                 dispatch(cmd, self, agent.modes, agent.ack)
                 since = time.monotonic()
             if decision is not None and agent.modes.mode in WAITING and not cmds:
-                apply_timeout(self, self, agent.modes, decision)
+                apply_timeout(self, agent.modes, decision)
                 since = time.monotonic()
         agent.set_step(agent.step)  # the wait is not part of the next step's time
 
@@ -302,16 +311,8 @@ class RecoveryKit:
         assert state is not None
         self.store.discard_after(to_step)
         self.agent.set_step(self.state.load(state))
-        return source
-
-    def roll_back(self, to_step: int, lr_scale: float, skip_data: tuple[int, int] | None = None) -> str:
-        """Restore ``to_step``, then set ``lr_scale``, then skip ``[first, stop)``; returns the source."""
-        source = self.restore(to_step)
-        self.agent.lr_scale.set(lr_scale)
-        if skip_data and self.skip_data_fn is not None:
-            self.skip_data_fn(int(skip_data[0]), int(skip_data[1]))
-        self.agent.guard.clear_hold()
-        self._hold_pending = False
+        if self.on_restore is not None:
+            self.on_restore(self.agent.step)
         return source
 
     # ------------------------------------------------------------------ validation
@@ -363,8 +364,16 @@ class RecoveryKit:
         val = self.run_validation(cmd_id, batches)
         return Outcome.applied(f"val_loss={val:.6g} at step {self.agent.step}")
 
-    def rollback(self, to_step: int, lr_scale: float, skip_data: tuple[int, int] | None) -> Outcome:
-        source = self.roll_back(to_step, lr_scale, skip_data)
+    def rollback(self, to_step: int, lr_scale: float, skip_data: tuple[int, int] | None = None) -> Outcome:
+        """The one rollback (a command's, a timeout policy's, or a loop's own): restore ``to_step`` on
+        every rank (or raise ``RollbackUnavailable``, nothing changed), then set ``lr_scale``, then
+        skip ``[first, stop)``. The outcome's detail says where the state came from."""
+        source = self.restore(to_step)
+        self.agent.lr_scale.set(lr_scale)
+        if skip_data and self.skip_data_fn is not None:
+            self.skip_data_fn(int(skip_data[0]), int(skip_data[1]))
+        self.agent.guard.clear_hold()
+        self._hold_pending = False
         detail = f"restored step {to_step} from {source}; lr_scale={self.agent.lr_scale.value:g}"
         if skip_data and self.skip_data_fn is not None:
             detail += f"; skipping samples [{skip_data[0]}, {skip_data[1]})"

@@ -22,7 +22,7 @@ import logging
 from dataclasses import dataclass
 from typing import Protocol
 
-from cliffguard.agent.command_target import CommandTarget
+from cliffguard.agent.command_target import Outcome
 from cliffguard.agent.guard import GuardConfig
 from cliffguard.agent.modes import HELD, PAUSED, RUNNING, ModeMachine
 from cliffguard.agent.recovery.config import KitConfig
@@ -50,7 +50,8 @@ def timed_out(mode: ModeMachine, guard: GuardConfig, kit: KitConfig, waited_s: f
 
 
 class TimeoutHost(Protocol):
-    """What applying a policy needs from the loop (the recovery kit is one)."""
+    """What applying a policy needs from the loop: the facts, and the two commands it may apply
+    itself (the recovery kit is one)."""
 
     @property
     def step(self) -> int: ...
@@ -67,14 +68,18 @@ class TimeoutHost(Protocol):
         """End the run as failed (mode ``stopping``, ``run.failed`` at close)."""
         ...
 
+    def resume(self) -> Outcome: ...
 
-def apply_timeout(host: TimeoutHost, target: CommandTarget, modes: ModeMachine, timeout: Timeout) -> None:
+    def rollback(self, to_step: int, lr_scale: float, skip_data: tuple[int, int] | None) -> Outcome: ...
+
+
+def apply_timeout(host: TimeoutHost, modes: ModeMachine, timeout: Timeout) -> None:
     """Apply ``timeout.policy`` on this rank (every rank calls it at the same tick)."""
     what = "held by the guard" if timeout.wait == "hold" else "paused by a controller that fell silent"
     log.error("%s for %gs without a controller command: applying policy %r at step %d",
               what, timeout.after_s, timeout.policy, host.step)
     if timeout.policy == "resume":
-        target.resume()
+        host.resume()
         modes.move(RUNNING)
         return
     if timeout.policy == "stop":
@@ -87,7 +92,7 @@ def apply_timeout(host: TimeoutHost, target: CommandTarget, modes: ModeMachine, 
         return
     scale = rolled_back_lr_scale(host.current_lr_scale(), host.lr_factor())
     try:
-        outcome = target.rollback(to_step, scale, None)
+        outcome = host.rollback(to_step, scale, None)
     except Exception as exc:  # noqa: BLE001 - no controller to tell: end the run as failed
         host.fail(f"local rollback to {to_step} failed: {exc}")
         return

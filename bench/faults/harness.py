@@ -301,6 +301,7 @@ class TinyTraining:
         import torch
 
         from cliffguard.agent.hooks import Agent, AgentConfig
+        from cliffguard.trainer.fault_wrappers import OutageSwitch
 
         torch.manual_seed(0)
         torch.set_num_threads(1)
@@ -308,7 +309,9 @@ class TinyTraining:
         self.model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
         self.opt = torch.optim.SGD(self.model.parameters(), lr=1e-2)
         cfg = AgentConfig(run=run, hist_every=0, heartbeat_s=1.0, calibration_s=0.02, spill_dir=str(spill_dir))
-        self.agent = Agent(None, self.model, self.opt, cfg, kafka=kafka, secret=secret)
+        self.outage = OutageSwitch()
+        """``down = True``: the agent's producers act as if the broker were gone (its events spill)."""
+        self.agent = Agent(None, self.model, self.opt, cfg, kafka=kafka, secret=secret, wrap_producer=self.outage.producers)
         self.agent.start()
         self.step_s: list[float] = []
 

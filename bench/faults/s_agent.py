@@ -25,8 +25,9 @@ from bench.faults.harness import (
     wait_until,
 )
 from bench.faults.registry import scenario
+from cliffguard.agent.drafts import draft_event
 from cliffguard.controller.broker import EmbeddedBroker, ensure_topics, free_port
-from cliffguard.core.events import encode_command, make_command, make_event
+from cliffguard.core.events import encode_command, make_command
 from cliffguard.core.signing import sign_command
 from testing.controller_stack import step_data
 
@@ -99,7 +100,7 @@ def full_spill_disk(ctx: Ctx) -> Measured:
 
         def publish(first: int, n: int) -> None:
             for step in range(first, first + n):
-                ev = make_event("step", run, step, step_data(2.0, step))
+                ev = draft_event("step", run, step, step_data(2.0, step))
                 ids.append(ev.id)
                 pub.publish(ev)
 

@@ -22,7 +22,7 @@ def _trainer(tmp: Path, run: str, ckpt_dir: Path, **ckpt: Any):
     from accelerate import Accelerator
 
     from cliffguard.agent.hooks import AgentConfig
-    from cliffguard.agent.publisher import NullSink
+    from cliffguard.agent.sinks import NullSink
     from cliffguard.trainer.checkpoint import CheckpointConfig
     from cliffguard.trainer.config import TrainConfig
     from cliffguard.trainer.data import DataConfig
@@ -45,7 +45,7 @@ def _trainer(tmp: Path, run: str, ckpt_dir: Path, **ckpt: Any):
 
 def _train(tr, until: int) -> None:
     while tr.step < until:
-        tr._boundary_checkpoints()
+        tr.kit.at_boundary()
         tr.train_step()
     tr.ckpt.wait()
 
@@ -60,7 +60,7 @@ def _command(tr, m: Measured, ctype: str, **args: Any) -> tuple[AckStatus, str]:
 
     acks: list[tuple[AckStatus, str]] = []
     cmd = make_command(ctype, tr.cfg.run, args)
-    dispatch(cmd, tr.command_target, tr.agent.modes, lambda c, status, detail="": acks.append((status, detail)))
+    dispatch(cmd, tr.kit, tr.agent.modes, lambda c, status, detail="": acks.append((status, detail)))
     m.commands_sent += 1
     m.commands_obeyed += acks[-1][0] is AckStatus.APPLIED
     m.rollbacks += ctype == "rollback" and acks[-1][0] is AckStatus.APPLIED
@@ -136,12 +136,12 @@ def bad_rollback(ctx: Ctx) -> Measured:
     tr = _trainer(ctx.tmp, "badargs", ctx.tmp / "ckpt")
     try:
         _train(tr, 25)
-        before = (tr.step, tr.param_digest(), tr.available_steps(), tr.lr_scale.value, tr.ckpt.disk_steps())
+        before = (tr.step, tr.param_digest(), tr.kit.available_steps(), tr.agent.lr_scale.value, tr.ckpt.disk_steps())
         for args in ({"to_step": 10, "lr_scale": 0.0}, {"to_step": 10, "lr_scale": -1.0},
                      {"to_step": 10, "lr_scale": float("nan")}, {"to_step": 999, "lr_scale": 0.5}):
             m.forged_sent += 1
             status, detail = _command(tr, m, "rollback", **args)
-            after = (tr.step, tr.param_digest(), tr.available_steps(), tr.lr_scale.value, tr.ckpt.disk_steps())
+            after = (tr.step, tr.param_digest(), tr.kit.available_steps(), tr.agent.lr_scale.value, tr.ckpt.disk_steps())
             changed = after != before
             m.forged_obeyed += changed or status is AckStatus.APPLIED
             m.check(not changed, f"{args} ({status}: {detail}) changed the trainer: {before} -> {after}")

@@ -57,7 +57,7 @@ def no_secret(ctx: Ctx) -> Measured:
         try:
             for _ in range(10):
                 tr.step()
-            tr.agent.sink.simulate_outage(True)  # the rest goes to the spill file and stays there
+            tr.outage.down = True  # the rest goes to the spill file and stays there
             for _ in range(20):
                 tr.step()
         finally:

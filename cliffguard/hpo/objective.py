@@ -85,21 +85,19 @@ class WindowTrainer(Trainer):
         super().__init__(*args, **kwargs)
         self.on_val, self.on_loss, self.save_at_end = on_val, on_loss, save_at_end
         self.val_history: list[tuple[int, float]] = []
+        self.kit.on_periodic_validation = self._validated
 
-    def validate(self, cmd_id: str | None = None, batches: int | None = None) -> float:
-        loss = super().validate(cmd_id, batches)
-        if batches is None:
-            self.val_history.append((self.step, loss))
-            if self.on_val is not None:
-                self.on_val(self.step, loss)
-        return loss
+    def _validated(self, step: int, loss: float) -> None:
+        self.val_history.append((step, loss))
+        if self.on_val is not None:
+            self.on_val(step, loss)
 
     def train_step(self) -> dict[str, Any]:
         data = super().train_step()
         if self.on_loss is not None:
             self.on_loss(self.step, data["loss"])
-        if self.step == self.cfg.steps:  # the loop validates before a step, so never after the last
-            self.validate()
+        if self.step == self.cfg.steps:  # the kit validates before a step, so never after the last
+            self._validated(self.step, self.kit.run_validation())
             if self.save_at_end:  # while the writer still runs (run() closes it)
                 self.checkpoint(CheckpointKind.FULL)
         return data

@@ -13,7 +13,7 @@ import torch
 
 from cliffguard.agent.guard import GuardConfig
 from cliffguard.agent.hooks import Agent, AgentConfig
-from cliffguard.agent.publisher import InMemorySink
+from cliffguard.agent.sinks import InMemorySink
 from cliffguard.core.enums import AckStatus, CommandType, EventType
 from cliffguard.core.events import make_command
 from cliffguard.core.spike import SpikeConfig
@@ -152,7 +152,7 @@ def test_agent_config_validation():
 def test_a_calibrated_peak_beaten_by_the_model_is_raised_so_mfu_stays_at_most_one():
     model, opt, agent, sink, _ = _setup()
     agent.start(global_batch=4)
-    agent.peak_flops = 1.0  # as if calibration ran while other processes held every core
+    agent.probe.peak_flops = 1.0  # as if calibration ran while other processes held every core
     _step(model, opt, agent)
     agent.close()
     step = next(e for e in sink.events if e.type is EventType.STEP)
@@ -199,7 +199,7 @@ def test_a_detail_command_opens_the_per_rank_window_and_is_acked():
     cmds = agent.poll_commands()
     outcomes = [dispatch(c, None, agent.modes, agent.ack).status for c in cmds]  # the route needs no target
     assert outcomes == [AckStatus.APPLIED, AckStatus.REJECTED]
-    assert agent._detail.active(2) and agent._detail.active(6) and not agent._detail.active(7)
+    assert agent.probe.detail.active(2) and agent.probe.detail.active(6) and not agent.probe.detail.active(7)
     agent.close()
 
 def test_start_declares_the_capabilities_it_is_given_and_none_when_not_given():
@@ -236,7 +236,7 @@ def test_under_ddp_the_step_grad_norm_comes_from_the_reduced_buckets_and_matches
             agent.after_forward(loss, tokens=x.numel())
             loss.backward()
             agent.after_backward()
-            from_buckets = agent._bucket_norm_sq is not None
+            from_buckets = agent.probe._bucket_norm_sq is not None
             agent.before_optimizer_step()
             expected = math.sqrt(sum(float(p.grad.double().square().sum()) for p in model.parameters()))
             opt.step()

@@ -7,7 +7,7 @@ from accelerate import Accelerator
 
 from cliffguard.agent.hooks import Agent, AgentConfig
 from cliffguard.agent.integrations import AgentTracker
-from cliffguard.agent.publisher import InMemorySink
+from cliffguard.agent.sinks import InMemorySink
 from cliffguard.core.enums import EventType
 from cliffguard.trainer.model import GPT, GPTConfig
 

@@ -12,9 +12,9 @@ transformers = pytest.importorskip("transformers")
 
 from cliffguard.agent.config import AgentConfig  # noqa: E402
 from cliffguard.agent.guard import GuardConfig  # noqa: E402
-from cliffguard.agent.integrations import CliffguardCallback  # noqa: E402
-from cliffguard.agent.publisher import InMemorySink  # noqa: E402
+from cliffguard.agent.integrations import CliffguardHFCallback  # noqa: E402
 from cliffguard.agent.recovery.config import KitConfig  # noqa: E402
+from cliffguard.agent.sinks import InMemorySink  # noqa: E402
 from cliffguard.core.enums import CommandType, EventType  # noqa: E402
 from cliffguard.core.events import make_command  # noqa: E402
 from cliffguard.core.spike import SpikeConfig  # noqa: E402
@@ -26,7 +26,7 @@ class Script:
     """A command source that delivers commands when the run reaches a step (or a poll count while waiting)."""
 
     def __init__(self) -> None:
-        self.cb: CliffguardCallback | None = None
+        self.cb: CliffguardHFCallback | None = None
         self.at_step: dict[int, list] = {}
         self.when_paused: list = []
         self.polls_paused = 0
@@ -98,7 +98,7 @@ def _callback(script: Script | None = None, **recovery):
     cfg = AgentConfig(run="hf", hist_every=0, heartbeat_s=60, calibration_s=0.05, command_tick_s=0.01, guard=guard,
                       recovery=KitConfig(**{"snapshot_every": 4, "ring_size": 4, **recovery}))
     sink = InMemorySink()
-    cb = CliffguardCallback(cfg, sink=sink, command_source=script or Script())
+    cb = CliffguardHFCallback(cfg, sink=sink, command_source=script or Script())
     if script is not None:
         script.cb = cb
     return cb, sink
@@ -242,7 +242,7 @@ def test_settings_come_from_the_environment_and_a_missing_broker_or_secret_warns
     monkeypatch.delenv("CLIFFGUARD_KAFKA__BOOTSTRAP", raising=False)
     monkeypatch.delenv("CLIFFGUARD_CONFIG", raising=False)
     with caplog.at_level(logging.WARNING, logger="cliffguard.agent.integrations.hf"):
-        cfg, kwargs = CliffguardCallback()._settings(args)
+        cfg, kwargs = CliffguardHFCallback()._settings(args)
     text = " ".join(r.getMessage() for r in caplog.records)
     assert cfg.run == "my-run-1" and "no broker configured" in text and "report-only" in text
     monkeypatch.setenv("CLIFFGUARD_KAFKA__BOOTSTRAP", "broker.example:19092")
@@ -250,7 +250,7 @@ def test_settings_come_from_the_environment_and_a_missing_broker_or_secret_warns
     monkeypatch.setenv("CLIFFGUARD_AGENT__RECOVERY__PAUSE_TIMEOUT_S", "42")
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="cliffguard.agent.integrations.hf"):
-        cfg, kwargs = CliffguardCallback(run="r1")._settings(args)
+        cfg, kwargs = CliffguardHFCallback(run="r1")._settings(args)
     assert kwargs["kafka"].bootstrap == "broker.example:19092" and kwargs["secret"] is not None
     assert cfg.run == "r1" and cfg.recovery.pause_timeout_s == 42 and not caplog.records
 
@@ -302,7 +302,7 @@ def test_both_faults_through_the_real_broker_and_controller(kafka_cfg, tmp_path)
                       recovery=KitConfig(snapshot_every=4, ring_size=8, pause_timeout_s=40, val_every=8), spill_dir=str(tmp_path / "spill"))
     publisher = Publisher(kafka_cfg, PublisherConfig(spill_path=str(tmp_path / "spill" / "p.bin"))).start()
     sink = Tee(publisher)
-    cb = CliffguardCallback(cfg, sink=sink, kafka=kafka_cfg, secret=SECRET)
+    cb = CliffguardHFCallback(cfg, sink=sink, kafka=kafka_cfg, secret=SECRET)
     trainer = _trainer(tmp_path, cb, steps=steps, collator=Corrupting({spike_at, spike_at + 1, spike_at + 2}),
                        eval_dataset=Data(32, "eval"))
     trainer.create_optimizer()

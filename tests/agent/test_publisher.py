@@ -10,9 +10,11 @@ import time
 
 import pytest
 
-from cliffguard.agent.publisher import InMemorySink, NullSink, Publisher, PublisherConfig
+from cliffguard.agent.drafts import draft_event
+from cliffguard.agent.publisher import Publisher, PublisherConfig, kafka_producer
+from cliffguard.agent.sinks import InMemorySink, NullSink
 from cliffguard.agent.spill import SpillFile
-from cliffguard.core.events import decode_event, make_event
+from cliffguard.core.events import decode_event
 from cliffguard.core.kafka_config import KafkaConfig
 
 
@@ -80,7 +82,7 @@ def _cfg(tmp_path, **over) -> PublisherConfig:
 
 
 def _hb(step: int, run: str = "run-1"):
-    return make_event("heartbeat", run, step, {"state": "running"})
+    return draft_event("heartbeat", run, step, {"state": "running"})
 
 
 def _wait(pred, timeout=10.0):
@@ -103,11 +105,13 @@ def test_config_validation_names_the_field(tmp_path):
             _cfg(tmp_path, **{field: bad})
 
 
-def test_sinks():
+def test_sinks_take_drafts_and_the_in_memory_one_keeps_what_validates():
     sink = InMemorySink()
-    sink.publish(_hb(1))
+    hb = _hb(1)
+    sink.publish(hb)
+    sink.publish(draft_event("step", "run-1", 2, {"loss": "not a step"}))
     sink.close()
-    assert [e.step for e in sink.events] == [1] and sink.closed
+    assert [(e.step, e.id) for e in sink.events] == [(1, hb.id)] and sink.dropped == 1 and sink.closed
     NullSink().publish(_hb(1))
 
 
@@ -157,9 +161,28 @@ def test_outage_spills_then_replays_in_order_before_newer_events(tmp_path, kafka
     assert s["replayed"] == 200 and s["dropped"] == 0 and s["spill_pending"] == 0
 
 
+def test_an_outage_switch_spills_through_the_real_outage_path_and_replays_after(tmp_path, kafka_free_cfg):
+    from cliffguard.trainer.fault_wrappers import OUTAGE, OutageSwitch
+
+    cluster, switch = FakeCluster(up=True), OutageSwitch()
+    pub = Publisher(kafka_free_cfg, _cfg(tmp_path), producer_factory=switch.producers(cluster.factory)).start()
+    for i in range(10):
+        pub.publish(_hb(i))
+    assert _wait(lambda: len(cluster.acked) == 10)
+    switch.down = True  # the cluster stays up: only the switch refuses
+    for i in range(10, 30):
+        pub.publish(_hb(i))
+    assert _wait(lambda: pub.stats()["spill_pending"] == 20)
+    assert not pub.stats()["broker_up"] and OUTAGE in pub.stats()["last_error"]
+    switch.down = False
+    pub.close(5)
+    assert _steps(cluster.acked) == list(range(30))
+    assert pub.stats()["replayed"] == 20 and pub.stats()["dropped"] == 0
+
+
 def test_spill_bound_drops_newest_counts_them_and_heartbeats_report_it(tmp_path, kafka_free_cfg, caplog):
     cluster = FakeCluster(up=False)
-    one = len(b"\0" * 8) + 2 + len(b"run-1") + len(json.dumps(_hb(0).to_dict()).encode())
+    one = len(b"\0" * 8) + 2 + len(b"run-1") + len(json.dumps(_hb(0).build().to_dict()).encode())
     pub = Publisher(kafka_free_cfg, _cfg(tmp_path, spill_max_bytes=max(1024, 20 * one)),
                     producer_factory=cluster.factory).start()
     with caplog.at_level(logging.WARNING, logger="cliffguard.agent.publisher"):
@@ -350,11 +373,15 @@ def test_broker_outage_mid_stream_loses_nothing_and_keeps_per_run_order(own_brok
 
 @pytest.mark.broker
 def test_simulated_outage_spills_then_replays_everything_in_order(kafka_cfg, tmp_path):
-    """The broker_outage fault: the broker stays up, the publisher acts as if it were down."""
+    """The broker_outage fault: the broker stays up, the publisher's producers act as if it were
+    down (trainer/fault_wrappers.py's switch around the default producer)."""
     from cliffguard.controller.edge import EdgeConsumer
+    from cliffguard.trainer.fault_wrappers import OutageSwitch
 
-    pub = Publisher(kafka_cfg, PublisherConfig(spill_path=str(tmp_path / "spill.bin"), send_timeout_s=1.5,
-                                               reconnect_min_s=0.1, reconnect_max_s=0.5)).start()
+    switch = OutageSwitch()
+    cfg = PublisherConfig(spill_path=str(tmp_path / "spill.bin"), send_timeout_s=1.5, reconnect_min_s=0.1,
+                          reconnect_max_s=0.5)
+    pub = Publisher(kafka_cfg, cfg, producer_factory=switch.producers(lambda: kafka_producer(kafka_cfg, cfg))).start()
     ids = []
     edge = EdgeConsumer(kafka_cfg, "simulated", max_bytes=100_000, consumer_overrides={
         "max_poll_interval_ms": 3000, "session_timeout_ms": 3000, "heartbeat_interval_ms": 500})
@@ -364,14 +391,14 @@ def test_simulated_outage_spills_then_replays_everything_in_order(kafka_cfg, tmp
             ids.append(ev.id)
             pub.publish(ev)
         _wait(lambda: pub.stats()["sent"] == 10)
-        pub.simulate_outage(True)
+        switch.down = True
         for step in range(10, 30):
             ev = _hb(step)
             ids.append(ev.id)
             pub.publish(ev)
         _wait(lambda: pub.stats()["spilled"] == 20)
         assert pub.stats()["broker_up"] is False and pub.stats()["sent"] == 10
-        pub.simulate_outage(False)
+        switch.down = False
         _wait(lambda: pub.stats()["replayed"] == 20 and pub.stats()["spill_pending"] == 0, timeout=20)
         got: list[str] = []
         end = time.monotonic() + 30
@@ -417,7 +444,6 @@ def test_drafts_are_built_on_the_thread_and_a_bad_one_is_dropped_and_counted(tmp
 
     cluster = FakeCluster(up=True)
     pub = Publisher(kafka_free_cfg, _cfg(tmp_path), producer_factory=cluster.factory).start()
-    assert pub.builds_events
     pub.publish(EventDraft(EventType.HEARTBEAT, "run-1", 0, {"state": "running"}, ts=123.0))
     pub.publish(EventDraft(EventType.STEP, "run-1", 1, {"loss": "not a step"}))  # fails validation
     pub.publish(_hb(2))
@@ -474,7 +500,7 @@ def test_routine_events_wait_for_the_window_and_an_urgent_one_sends_them_at_once
             "step_time_s": 0.1, "data_wait_s": 0.0, "comm_exposed_s": 0.0, "compute_s": 0.1, "tokens_per_s": 10.0,
             "mfu": 0.1, "mem_allocated": 1, "mem_reserved": 1, "loss_scale": 1.0, "skipped": True,
             "clipped_layers": 0, "guard": "skip"}
-    pub.publish(make_event("step", "run-1", 2, step))  # the guard skipped it: the controller acts now
+    pub.publish(draft_event("step", "run-1", 2, step))  # the guard skipped it: the controller acts now
     assert _wait(lambda: pub.stats()["sent"] == 3, timeout=3)
     assert time.monotonic() - t0 < 0.9
     assert _steps(cluster.acked) == [0, 1, 2]

@@ -15,8 +15,8 @@ from cliffguard.agent.config import AgentConfig
 from cliffguard.agent.guard import GuardConfig
 from cliffguard.agent.hooks import Agent
 from cliffguard.agent.modes import TrainerMode
-from cliffguard.agent.publisher import InMemorySink
 from cliffguard.agent.recovery import KitConfig, MemoryRing, RecoveryKit
+from cliffguard.agent.sinks import InMemorySink
 from cliffguard.core.enums import CommandType, EventType
 from cliffguard.core.events import make_command
 from cliffguard.core.spike import SpikeConfig

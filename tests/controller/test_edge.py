@@ -10,6 +10,7 @@ import uuid
 
 import pytest
 
+from cliffguard.agent.drafts import EventDraft
 from cliffguard.agent.publisher import Publisher, PublisherConfig
 from cliffguard.controller.bounds import StepBounds, int_bounds
 from cliffguard.controller.config import ControllerConfig
@@ -275,7 +276,7 @@ def test_every_event_type_published_arrives_decoded(kafka_cfg, tmp_path):
     sent = [make_event(t, "run-all", i, PAYLOADS[t]) for i, t in enumerate(EventType)]
     sent.append(make_event("step", "run-all", 99, {**STEP, "loss": math.nan, "grad_norm": math.inf}))
     for ev in sent:
-        pub.publish(ev)
+        pub.publish(EventDraft(ev.type, ev.run, ev.step, ev.data, rank=ev.rank, world=ev.world, ts=ev.ts, id=ev.id))
     pub.close(10)
     assert pub.stats()["sent"] == len(sent)
     edge = EdgeConsumer(kafka_cfg, f"g{uuid.uuid4().hex[:6]}", max_bytes=100_000, consumer_overrides=FAST_GROUP)

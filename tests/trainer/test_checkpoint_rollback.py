@@ -16,15 +16,15 @@ def test_a_rollback_refused_by_another_rank_keeps_every_newer_checkpoint(tmp_pat
             tr.ckpt.snapshot(step, tr.capture_state())
         tr.ckpt.save(8, tr.capture_state(), "full")
         tr.ckpt.wait()
-        before = tr.available_steps()
+        before = tr.kit.available_steps()
         assert before == [2, 4, 6, 8]
         tr.kit.all_ranks = lambda ok: False  # another rank could not load step 4
         with pytest.raises(RollbackUnavailable):
-            tr.restore(4)
-        assert tr.available_steps() == before
+            tr.kit.restore(4)
+        assert tr.kit.available_steps() == before
         del tr.kit.all_ranks
-        assert tr.restore(4) == "memory"
-        assert tr.available_steps() == [2, 4]  # discarded only once every rank restored
+        assert tr.kit.restore(4) == "memory"
+        assert tr.kit.available_steps() == [2, 4]  # discarded only once every rank restored
     finally:
         tr.ckpt.close()
         tr.agent.close(None)

@@ -12,13 +12,13 @@ from testing.trainer import make_trainer, small_config, step_events
 
 def _train(tr, steps: int) -> None:
     for _ in range(steps):
-        tr._boundary_checkpoints()
+        tr.kit.at_boundary()
         tr.train_step()
 
 
 def _send(tr, ctype, args=None):
     cmd = make_command(ctype, "loop", args or {})
-    return dispatch(cmd, tr.command_target, tr.agent.modes, tr.agent.ack)
+    return dispatch(cmd, tr.kit, tr.agent.modes, tr.agent.ack)
 
 
 def test_the_trainer_implements_every_command_target_method():
@@ -36,12 +36,12 @@ def test_a_rollback_with_a_bad_lr_scale_is_rejected_and_nothing_is_restored(tmp_
     digest, step = tr.param_digest(), tr.step
     out = _send(tr, CommandType.ROLLBACK, {"to_step": 2, "lr_scale": 0.0})
     assert out.status is AckStatus.REJECTED and "lr_scale" in out.detail
-    assert (tr.param_digest(), tr.step, tr.lr_scale.value) == (digest, step, 1.0)
+    assert (tr.param_digest(), tr.step, tr.agent.lr_scale.value) == (digest, step, 1.0)
     assert tr.agent.modes.mode is TrainerMode.RUNNING
     # the same rollback with a usable scale restores, sets the scale after the restore, and trains on
     out = _send(tr, CommandType.ROLLBACK, {"to_step": 2, "lr_scale": 0.5})
     assert out.status is AckStatus.APPLIED and "restored step 2 from memory" in out.detail
-    assert tr.step == 2 and tr.lr_scale.value == 0.5 and tr.agent.modes.mode is TrainerMode.RUNNING
+    assert tr.step == 2 and tr.agent.lr_scale.value == 0.5 and tr.agent.modes.mode is TrainerMode.RUNNING
     _train(tr, 1)
     replay = step_events(sink)[-1]
     assert replay.step == 2 and replay.data["lr_scale"] == 0.5  # the step event reads the one owner
@@ -56,19 +56,18 @@ def test_a_missing_step_fails_the_rollback_and_pauses(tmp_path):
     _train(tr, 3)
     out = _send(tr, CommandType.ROLLBACK, {"to_step": 1, "lr_scale": 0.5})
     assert out.status is AckStatus.FAILED and "not available" in out.detail
-    assert tr.agent.modes.mode is TrainerMode.PAUSED and tr.lr_scale.value == 1.0 and tr.step == 3
+    assert tr.agent.modes.mode is TrainerMode.PAUSED and tr.agent.lr_scale.value == 1.0 and tr.step == 3
     tr.ckpt.close()
 
 
 def test_lr_scale_has_one_owner_and_round_trips_through_the_checkpointed_state(tmp_path):
     tr, _, _ = make_trainer(small_config(tmp_path, steps=8))
-    assert tr.lr_scale is tr.agent.lr_scale  # the trainer reads the agent's, keeps no copy
     assert _send(tr, CommandType.SET_LR_SCALE, {"lr_scale": 0.25}).status is AckStatus.APPLIED
     state = tr.capture_state()
     assert state["agent"]["lr_scale"] == {"value": 0.25} and "lr_scale" not in state  # saved once
-    tr.lr_scale.set(0.125)
+    tr.agent.lr_scale.set(0.125)
     tr.load_state(state)
-    assert tr.lr_scale.value == 0.25
+    assert tr.agent.lr_scale.value == 0.25
     other = LRScale()
     other.load_state_dict(tr.agent.state_dict()["lr_scale"])
     assert other.value == 0.25
@@ -87,17 +86,17 @@ def test_commands_after_a_stop_in_the_same_batch_are_rejected_and_the_run_ends(t
     assert acks[stop.id]["status"] == "applied"
     assert acks[rollback.id]["status"] == acks[resume.id]["status"] == "rejected"
     assert "not allowed while stopping" in acks[rollback.id]["detail"]
-    assert step_events(sink)[-1].step < 10 and tr.lr_scale.value == 1.0
+    assert step_events(sink)[-1].step < 10 and tr.agent.lr_scale.value == 1.0
     assert any(e.type is EventType.RUN_FINISHED for e in sink.events)
 
 
 def test_heartbeats_report_the_machines_mode(tmp_path):
     tr, sink, _ = make_trainer(small_config(tmp_path, steps=2))
     tr.agent.modes.move(TrainerMode.PAUSED)
-    tr.agent._beat()
+    tr.agent.lifecycle.beat()
     tr.agent.modes.move(TrainerMode.RUNNING)
     with tr.agent.modes.validating():
-        tr.agent._beat()
+        tr.agent.lifecycle.beat()
     states = [e.data["state"] for e in sink.events if e.type is EventType.HEARTBEAT]
     assert states == ["paused", "validating"]
     tr.ckpt.close()

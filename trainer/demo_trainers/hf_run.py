@@ -1,5 +1,5 @@
 """The demo's scenario under the Hugging Face ``Trainer``: a GPT-2 built from a config (the bundled
-model's size, nothing downloaded), cliffguard attached by ``agent.integrations.hf.CliffguardCallback``.
+model's size, nothing downloaded), cliffguard attached by ``agent.integrations.hf.CliffguardHFCallback``.
 
 ``python -m cliffguard.trainer.demo_trainers.hf_run --run ID --steps 600 --fault corrupt@198 ...``
 """
@@ -15,7 +15,7 @@ import torch
 import transformers
 
 from cliffguard.agent.config import AgentConfig
-from cliffguard.agent.integrations.hf import CliffguardCallback
+from cliffguard.agent.integrations.hf import CliffguardHFCallback
 from cliffguard.trainer.demo_trainers.common import (
     LR,
     RING,
@@ -43,7 +43,7 @@ def one_batch(items: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, torch
 
 
 class Progress(transformers.TrainerCallback):
-    def __init__(self, cliffguard: CliffguardCallback, args: DemoArgs) -> None:
+    def __init__(self, cliffguard: CliffguardHFCallback, args: DemoArgs) -> None:
         self.cg, self.args = cliffguard, args
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     model = transformers.GPT2LMHeadModel(MODEL)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.95), weight_decay=0.1)  # as trainer/loop.py
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_multiplier(args.steps, data.faults))
-    cliffguard = CliffguardCallback(AgentConfig(run=args.run, recovery=RING), seq_len=SEQ_LEN)
+    cliffguard = CliffguardHFCallback(AgentConfig(run=args.run, recovery=RING), seq_len=SEQ_LEN)
     with tempfile.TemporaryDirectory(prefix="cliffguard-hf-demo-") as out:
         targs = transformers.TrainingArguments(
             output_dir=out, max_steps=args.steps, per_device_train_batch_size=1, per_device_eval_batch_size=1,

@@ -1,5 +1,5 @@
 """The demo's scenario under PyTorch Lightning: the bundled GPT (built from its config) in a
-LightningModule, cliffguard attached by ``agent.integrations.lightning.CliffguardCallback``.
+LightningModule, cliffguard attached by ``agent.integrations.lightning.CliffguardLightningCallback``.
 
 ``python -m cliffguard.trainer.demo_trainers.lightning_run --run ID --steps 600 --fault corrupt@198 ...``
 """
@@ -15,7 +15,7 @@ import torch
 
 from cliffguard.agent.collectors.mfu import ModelShape
 from cliffguard.agent.config import AgentConfig
-from cliffguard.agent.integrations.lightning import CliffguardCallback
+from cliffguard.agent.integrations.lightning import CliffguardLightningCallback
 from cliffguard.trainer.demo_trainers.common import (
     LR,
     RING,
@@ -54,7 +54,7 @@ class Progress(pl.Callback):
     """Prints the demo's progress lines and ends the run when the agent's step (which a rollback
     moves back) reaches ``steps``."""
 
-    def __init__(self, cliffguard: CliffguardCallback, args: DemoArgs) -> None:
+    def __init__(self, cliffguard: CliffguardLightningCallback, args: DemoArgs) -> None:
         self.cg, self.args = cliffguard, args
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args("lightning_run", argv)
     data = DemoData(args)
     module = GPTModule(args.steps, data)
-    cliffguard = CliffguardCallback(AgentConfig(run=args.run, recovery=RING), val_batches=data.val_batches(),
+    cliffguard = CliffguardLightningCallback(AgentConfig(run=args.run, recovery=RING), val_batches=data.val_batches(),
                                     shape=ModelShape.infer(module.model, SEQ_LEN))
     trainer = pl.Trainer(max_epochs=1, callbacks=[cliffguard, Progress(cliffguard, args)], logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,

@@ -12,7 +12,7 @@ from sqlalchemy import select
 
 from cliffguard.agent.hooks import Agent, AgentConfig
 from cliffguard.agent.integrations import AgentTracker, accelerate_kit
-from cliffguard.agent.publisher import InMemorySink
+from cliffguard.agent.sinks import InMemorySink
 from cliffguard.controller.store.db import session_scope
 from cliffguard.controller.store.models import AlertRow, CommandRow, RunRow
 from cliffguard.core.enums import CommandType, EventType

@@ -13,9 +13,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from cliffguard.agent.config import AgentConfig
 from cliffguard.agent.guard import GuardConfig
-from cliffguard.agent.integrations.lightning import CliffguardCallback
-from cliffguard.agent.publisher import InMemorySink
+from cliffguard.agent.integrations.lightning import CliffguardLightningCallback
 from cliffguard.agent.recovery import KitConfig
+from cliffguard.agent.sinks import InMemorySink
 from cliffguard.core.enums import CommandType, EventType
 from cliffguard.core.events import make_command
 from cliffguard.core.spike import SpikeConfig
@@ -84,7 +84,7 @@ def _fit(module, *, steps: int, commands: dict[int, list[list]] | None = None, v
     cfg = AgentConfig(run="lit", heartbeat_s=60, calibration_s=0.05, command_tick_s=0.01,
                       guard=GuardConfig(spike=SpikeConfig(window=16, min_history=4)),
                       recovery=KitConfig(snapshot_every=2, ring_size=8))
-    cb = CliffguardCallback(cfg, sink=sink, command_source=source, **cb_kwargs)
+    cb = CliffguardLightningCallback(cfg, sink=sink, command_source=source, **cb_kwargs)
     holder["cb"] = cb
     trainer = pl.Trainer(max_steps=steps, callbacks=[cb], logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
@@ -125,7 +125,7 @@ def test_a_nonfinite_loss_skips_the_update_on_the_optimizer_step():
     sink = InMemorySink()
     cfg = AgentConfig(run="lit", heartbeat_s=60, calibration_s=0.05,
                       guard=GuardConfig(spike=SpikeConfig(window=16, min_history=4)))
-    trainer = pl.Trainer(max_steps=8, callbacks=[CliffguardCallback(cfg, sink=sink), Snap()], logger=False,
+    trainer = pl.Trainer(max_steps=8, callbacks=[CliffguardLightningCallback(cfg, sink=sink), Snap()], logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                          accelerator="cpu", devices=1)
     trainer.fit(module, DataLoader(_data(), batch_size=8))
@@ -199,4 +199,4 @@ def test_the_kits_periodic_validation_runs_on_the_val_loader_without_a_command_i
     assert [v.step for v in vals] == [4, 8] and all("cmd" not in v.data for v in vals)
     assert all(v.data["batches"] == 2 for v in vals)  # on the val loader
     with pytest.raises(ValueError, match="run: name the run"):
-        CliffguardCallback()
+        CliffguardLightningCallback()

@@ -10,8 +10,8 @@ from cliffguard.agent.config import AgentConfig
 from cliffguard.agent.guard import GuardConfig
 from cliffguard.agent.hooks import Agent
 from cliffguard.agent.integrations.loop import GuardedLoop
-from cliffguard.agent.publisher import InMemorySink
 from cliffguard.agent.recovery import KitConfig, RecoveryKit
+from cliffguard.agent.sinks import InMemorySink
 from cliffguard.core.enums import CommandType, EventType
 from cliffguard.core.events import make_command
 from cliffguard.core.spike import SpikeConfig

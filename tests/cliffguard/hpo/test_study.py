@@ -7,7 +7,7 @@ import math
 import optuna
 import pytest
 
-from cliffguard.agent.publisher import InMemorySink
+from cliffguard.agent.sinks import InMemorySink
 from cliffguard.core.enums import EventType
 from cliffguard.hpo.objective import HpoConfig
 from cliffguard.hpo.study import run_search

@@ -1,0 +1,129 @@
+"""The agent's lifecycle: ``start`` (the peak's calibration, ``run.started``, the heartbeats) and
+``close`` (``run.finished``/``run.failed``, then every part closed, each even if another fails).
+
+MFU calibration: without a table or configured peak each rank times a matmul
+(agent/collectors/mfu.py); ranks calibrate concurrently and differ a little, so all use the
+highest (a conservative MFU), agreed with one all-reduce at start. The step probe later raises a
+calibrated peak that a step beats (``StepProbe._raise_calibrated_peak``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+
+from cliffguard.agent.collectors.mfu import ModelShape, resolve_peak
+from cliffguard.agent.command_channel import CommandChannel
+from cliffguard.agent.config import AgentConfig
+from cliffguard.agent.emitter import Emitter
+from cliffguard.agent.heartbeat import Heartbeat
+from cliffguard.agent.modes import STOPPING, ModeMachine
+from cliffguard.agent.node_beats import NodeBeats, NodeLayout
+from cliffguard.agent.ranks import Ranks
+from cliffguard.agent.sinks import EventSink
+from cliffguard.agent.step_probe import StepProbe
+from cliffguard.core.capabilities import normalize as normalize_capabilities
+from cliffguard.core.enums import CommandType, EventType
+
+log = logging.getLogger(__name__)
+
+LISTENER_WAIT_S = 2.0
+"""At ``start``: how long to wait for the command listener to reach the end of the topic."""
+
+
+class _Closeable(Protocol):
+    def close(self) -> None: ...
+
+
+class Lifecycle:
+    """See the module docstring. One per process."""
+
+    def __init__(self, config: AgentConfig, ranks: Ranks, emitter: Emitter, probe: StepProbe,
+                 channel: CommandChannel, modes: ModeMachine, sink: EventSink) -> None:
+        self.config = config
+        self.ranks = ranks
+        self.emitter = emitter
+        self.probe = probe
+        self.channel = channel
+        self.modes = modes
+        self.sink = sink
+        self._heartbeat: Heartbeat | None = None
+        self._node: NodeBeats | None = None
+        self.closed = False
+
+    def start(self, *, global_batch: int = 0, lr_schedule: dict[str, Any] | None = None,
+              config: dict[str, Any] | None = None, capabilities: Iterable[CommandType | str] | None = None) -> None:
+        """Resolve the MFU peak (same on every rank), emit ``run.started`` (rank 0), start heartbeats.
+
+        ``capabilities``: the commands this loop applies (``core/capabilities.py``); the controller
+        sends no other. None declares nothing, which the controller reads as every command."""
+        ranks, probe = self.ranks, self.probe
+        peak, source = resolve_peak(ranks.device, self.config.peak_flops, self.config.calibration_s)
+        if ranks.distributed and source == "calibration":
+            t = torch.tensor([peak], dtype=torch.float64, device=ranks.device)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            peak = float(t.item())
+        probe.peak_flops, probe.peak_source = peak, source
+        if ranks.rank == 0:
+            shape = probe.shape or ModelShape(n_params=probe.n_params, n_layers=0, n_heads=0, head_dim=0, seq_len=0)
+            self.emitter.emit(EventType.RUN_STARTED, {
+                "n_params": shape.n_params, "n_layers": shape.n_layers, "n_heads": shape.n_heads,
+                "head_dim": shape.head_dim, "seq_len": shape.seq_len, "global_batch": global_batch,
+                "peak_flops": peak, "peak_source": source, "lr_schedule": lr_schedule or {},
+                "world_size": ranks.world, "config": config or {},
+                **({} if capabilities is None else {"capabilities": list(normalize_capabilities(capabilities))}),
+            })
+        self._node = self._make_node_beats()
+        wait_ready = getattr(self.channel.source, "wait_ready", None)  # the listener has it; a test's fake may not
+        if wait_ready is not None:
+            wait_ready(LISTENER_WAIT_S)  # commands sent before the listener is positioned are re-sent by the controller
+        self._heartbeat = Heartbeat(self.config.heartbeat_s, self.beat, name=f"cliffguard-heartbeat-r{ranks.rank}").start()
+        probe.clock.restart()
+
+    def _make_node_beats(self) -> NodeBeats | None:
+        from cliffguard.agent.spill import default_spill_dir
+
+        base = Path(self.config.spill_dir or default_spill_dir())
+        try:
+            return NodeBeats(base / f"beats-{self.config.run}", NodeLayout.from_env(self.ranks.rank, self.ranks.world))
+        except (OSError, ValueError):
+            log.exception("node heartbeats unavailable; this rank beats for itself")
+            return None
+
+    def beat(self) -> None:
+        """Every rank says it is alive in its node file; the node's leader publishes the node's
+        heartbeat (agent/node_beats.py). Without the files a rank beats for itself."""
+        if self._node is None:
+            self.emitter.emit(EventType.HEARTBEAT, {"state": str(self.modes.mode)})
+            return
+        self._node.write(self.probe.step, self.ranks.collective)
+        if self._node.layout.leader:
+            self.emitter.emit(EventType.HEARTBEAT, {"state": str(self.modes.mode), **self._node.read()})
+
+    def close(self, error: BaseException | str | None = None, *, final_loss: float | None = None) -> None:
+        """Emit run.finished/run.failed (rank 0) and close everything, each part even if another fails."""
+        if self.closed:
+            return
+        self.closed = True
+        self.modes.move(STOPPING)
+        if self.ranks.rank == 0:
+            if error is not None:
+                self.emitter.emit(EventType.RUN_FAILED, {"error": str(error) or type(error).__name__})
+            else:
+                data: dict[str, Any] = {"steps": self.probe.step}
+                if final_loss is not None:
+                    data["final_loss"] = final_loss
+                self.emitter.emit(EventType.RUN_FINISHED, data)
+        parts: list[_Closeable | None] = [self._heartbeat, self.channel.source, self.sink]
+        for part in parts:
+            if part is None:
+                continue
+            try:
+                part.close()
+            except Exception:  # noqa: BLE001 - close the rest anyway
+                log.exception("closing %s failed", type(part).__name__)

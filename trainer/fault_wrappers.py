@@ -1,0 +1,156 @@
+"""Fault injection from outside the product: wrappers around the bundled trainer's parts.
+
+``FaultInjector`` (trainer/faults.py) decides *which* fault fires at which step; this module puts
+it around the objects the loop already uses, so trainer/loop.py, the agent and the publisher
+carry no fault branch. ``wire_faults(specs, rank, seed)`` gives one ``FaultWiring`` whose
+wrappers are identities when no fault is configured:
+
+==================  ===================================================================
+wrapper             faults
+==================  ===================================================================
+``sampler``         ``kill_rank`` (at the step's first batch), ``corrupt`` (the batch),
+                    and it is the step clock of the others
+``schedule``        ``lr_blowup`` (the scheduled LR times the factor)
+``attach(model)``   ``slow_rank`` (a forward pre-hook sleeps once per step, outside the
+                    data wait), ``nan`` (a forward hook makes the training loss NaN)
+``producers``       ``broker_outage`` (the publisher's producers refuse to connect or
+                    send: the publisher's own outage path spills and later replays)
+==================  ===================================================================
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from cliffguard.agent.publisher import ProducerFactory
+from cliffguard.trainer.data import Sampler
+from cliffguard.trainer.faults import FaultInjector
+from cliffguard.trainer.schedule import WarmupCosine
+
+OUTAGE = "simulated outage (fault injection)"
+
+
+class OutageSwitch:
+    """While ``down``, producers cannot be built and the ones built cannot send (broker_outage)."""
+
+    def __init__(self) -> None:
+        self.down = False
+
+    def producers(self, inner: ProducerFactory) -> ProducerFactory:
+        def factory() -> Any:
+            if self.down:
+                raise ConnectionError(OUTAGE)
+            return _SwitchedProducer(inner(), self)
+
+        return factory
+
+
+class _SwitchedProducer:
+    """A producer that refuses to send while its switch is down; everything else is the inner one's."""
+
+    def __init__(self, inner: Any, switch: OutageSwitch) -> None:
+        self._inner = inner
+        self._switch = switch
+
+    def send(self, *args: Any, **kwargs: Any) -> Any:
+        if self._switch.down:
+            raise ConnectionError(OUTAGE)
+        return self._inner.send(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class _Clock:
+    """The step the loop is in: set by the faulty sampler, read by the model hooks."""
+
+    step = -1
+    slept = False
+    """Whether this step's straggler sleep happened (once per batch, so also on a replayed step)."""
+
+
+class FaultySampler:
+    """A ``Sampler`` whose ``batch(step)`` first applies the step's faults; the rest is the inner one's."""
+
+    def __init__(self, inner: Sampler, faults: FaultInjector, clock: _Clock, switch: OutageSwitch) -> None:
+        self._inner = inner
+        self._faults = faults
+        self._clock = clock
+        self._switch = switch
+
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        self._clock.step, self._clock.slept = step, False
+        self._faults.maybe_kill(step)
+        self._switch.down = self._faults.broker_down(step)
+        x, y, ids = self._inner.batch(step)
+        x, y = self._faults.corrupt_pair(step, x, y)
+        return x, y, ids
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class FaultySchedule:
+    """A ``WarmupCosine`` whose ``lr_at`` carries the LR blow-ups; the rest is the inner one's."""
+
+    def __init__(self, inner: WarmupCosine, faults: FaultInjector) -> None:
+        self._inner = inner
+        self._faults = faults
+
+    def lr_at(self, step: int) -> float:
+        return self._inner.lr_at(step) * self._faults.lr_factor(step)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class FaultWiring:
+    """The wrappers of one process's faults (``wire_faults``); identities without faults."""
+
+    def __init__(self, faults: FaultInjector | None) -> None:
+        self.injector = faults
+        self.switch = OutageSwitch()
+        self._clock = _Clock()
+
+    def sampler(self, sampler: Sampler) -> Sampler:
+        if self.injector is None:
+            return sampler
+        return FaultySampler(sampler, self.injector, self._clock, self.switch)  # type: ignore[return-value]
+
+    def schedule(self, schedule: WarmupCosine) -> WarmupCosine:
+        if self.injector is None:
+            return schedule
+        return FaultySchedule(schedule, self.injector)  # type: ignore[return-value]
+
+    def producers(self, inner: ProducerFactory) -> ProducerFactory:
+        return inner if self.injector is None else self.switch.producers(inner)
+
+    def attach(self, model: torch.nn.Module) -> None:
+        """The straggler's sleep before the step's first forward, the NaN loss after each training
+        forward (a model in eval mode, validating, is left alone)."""
+        faults = self.injector
+        if faults is None:
+            return
+
+        clock = self._clock
+
+        def before(module: torch.nn.Module, args: Any) -> None:
+            if module.training and not clock.slept:
+                clock.slept = True
+                faults.delay(clock.step)
+
+        def after(module: torch.nn.Module, args: Any, output: Any) -> Any:
+            if module.training and faults.nan_loss(clock.step):
+                logits, loss = output
+                return logits, loss * float("nan")
+            return None
+
+        model.register_forward_pre_hook(before)
+        model.register_forward_hook(after)
+
+
+def wire_faults(specs: list[str], rank: int, seed: int = 0) -> FaultWiring:
+    """The wrappers for ``--fault`` specs on ``rank`` (identities when ``specs`` is empty)."""
+    return FaultWiring(FaultInjector(list(specs), rank, seed=seed) if specs else None)
