@@ -168,8 +168,9 @@ def make_event(
     rank: int = 0,
     world: int = 1,
     ts: float | None = None,
+    id: str | None = None,
 ) -> Event:
-    """Build and validate an event (raises SchemaError naming the field)."""
+    """Build and validate an event (raises SchemaError naming the field); a fresh ``id`` unless given."""
     etype = EventType(type)
     ev = Event(
         type=etype,
@@ -179,6 +180,7 @@ def make_event(
         rank=rank,
         world=world,
         ts=time.time() if ts is None else ts,
+        id=id or new_id(),
     )
     return event_from_dict(ev.to_dict())
 
