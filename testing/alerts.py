@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
 from cliffguard.controller.alerts import HttpResponse
 from cliffguard.controller.store.db import init_db, make_engine
+from testing.pg_schema import pg_schema_store
 
 GENERIC_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"  # the Standard Webhooks spec's test secret
 
@@ -27,20 +26,8 @@ def sqlite_engine(tmp_path) -> Engine:
 @contextlib.contextmanager
 def pg_engine(pg_url: str) -> Iterator[Engine]:
     """A migrated schema of its own inside the shared test database, dropped afterwards."""
-    schema = f"alerts_{uuid.uuid4().hex[:10]}"
-    admin = make_engine(pg_url)
-    with admin.begin() as conn:
-        conn.execute(text(f"CREATE SCHEMA {schema}"))
-    sep = "&" if "?" in pg_url else "?"
-    engine = make_engine(f"{pg_url}{sep}options=-csearch_path%3D{schema}")
-    try:
-        init_db(engine)
+    with pg_schema_store(pg_url, "alerts") as (engine, _url):
         yield engine
-    finally:
-        engine.dispose()
-        with admin.begin() as conn:
-            conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
-        admin.dispose()
 
 
 class ConstRng:

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-from sqlalchemy import Engine, text
-from sqlalchemy.engine import make_url
+from sqlalchemy import Engine
 
 from cliffguard.controller.config import ControllerConfig
 from cliffguard.controller.recovery_types import RecoveryConfig
@@ -20,7 +18,8 @@ from cliffguard.controller.store.db import init_db, make_engine
 from cliffguard.core.events import Command, decode_command, encode_event, make_event
 from cliffguard.core.kafka_config import KafkaConfig
 from cliffguard.core.signing import CommandVerifier, Rejection, Secret
-from testing.controller_stack import step_data  # one synthetic step payload for tests and bench
+from testing.controller_stack import step_data
+from testing.pg_schema import pg_schema_store  # one synthetic step payload for tests and bench
 
 SECRET = Secret("test-secret-of-enough-length")
 RECOVERY = RecoveryConfig(stable_window=5, recover_window=5, rollback_budget=1)
@@ -130,21 +129,8 @@ def store_engine(kind: str, tmp_path, pg_url: str | None = None) -> Iterator[tup
             eng.dispose()
         return
     assert pg_url is not None
-    schema = f"svc_{uuid.uuid4().hex[:12]}"
-    admin = make_engine(pg_url)
-    with admin.begin() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    url = make_url(pg_url).update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(
-        hide_password=False)
-    eng = make_engine(url)
-    try:
-        init_db(eng)
-        yield eng, url
-    finally:
-        eng.dispose()
-        with admin.begin() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
+    with pg_schema_store(pg_url, "svc") as store:
+        yield store
 
 
 class Running:

@@ -6,9 +6,6 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from sqlalchemy import text
-from sqlalchemy.engine import make_url
-
 from cliffguard.controller.broker import EmbeddedBroker, ensure_topics
 from cliffguard.controller.config import ControllerConfig
 from cliffguard.controller.service import ControllerService
@@ -18,6 +15,7 @@ from cliffguard.core.events import encode_event, make_event
 from cliffguard.core.kafka_config import KafkaConfig
 from cliffguard.core.rank_arrays import summarize_losses
 from cliffguard.core.signing import Secret
+from testing.pg_schema import create_schema, drop_schema
 
 SECRET = Secret("bench-secret-bench-secret")
 # The embedded broker's first group join waits about max_poll_interval_ms; 10 s keeps that short
@@ -55,15 +53,7 @@ def fresh_store(root: Path | None = None, pg_url: str | None = None):
     """A new, empty store: a SQLite file under ``root`` (a temporary folder by default), or, with
     ``pg_url``, a fresh schema of that PostgreSQL database (see ``drop_store``)."""
     if pg_url:
-        schema = f"bench_{uuid.uuid4().hex[:10]}"
-        admin = make_engine(pg_url)
-        with admin.begin() as conn:
-            conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-        admin.dispose()
-        engine = make_engine(make_url(pg_url).update_query_dict({"options": f"-csearch_path={schema}"})
-                             .render_as_string(hide_password=False))
-        init_db(engine)
-        return engine
+        return create_schema(pg_url, "bench")[0]
     root = root or Path(tempfile.mkdtemp(prefix="cliffguard-bench-"))
     engine = make_engine(f"sqlite:///{root / f'{uuid.uuid4().hex[:8]}.db'}")
     init_db(engine)
@@ -72,15 +62,7 @@ def fresh_store(root: Path | None = None, pg_url: str | None = None):
 
 def drop_store(engine) -> None:
     """Dispose of a ``fresh_store`` engine, dropping its PostgreSQL schema."""
-    options = engine.url.query.get("options", "")
-    schema = options.partition("search_path=")[2] if engine.url.get_backend_name() != "sqlite" else ""
-    engine.dispose()
-    if schema:
-        admin = make_engine(engine.url.update_query_dict({"options": "-csearch_path=public"})
-                            .render_as_string(hide_password=False))
-        with admin.begin() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
+    drop_schema(engine)
 
 
 class NoRules:

@@ -12,18 +12,6 @@ from cliffguard.core.enums import EventType
 from cliffguard.trainer.model import GPT, GPTConfig
 
 
-class FakeCommands:
-    def __init__(self) -> None:
-        self.queue: list = []
-
-    def poll(self):
-        out, self.queue = self.queue, []
-        return out
-
-    def close(self) -> None:
-        pass
-
-
 def _model():
     torch.manual_seed(0)
     return GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8))

@@ -15,18 +15,7 @@ from cliffguard.agent.sinks import InMemorySink
 from cliffguard.core.enums import CommandType, EventType
 from cliffguard.core.events import make_command
 from cliffguard.core.spike import SpikeConfig
-
-
-class Commands:
-    def __init__(self) -> None:
-        self.queue: list = []
-
-    def poll(self):
-        out, self.queue = self.queue, []
-        return out
-
-    def close(self) -> None:
-        pass
+from testing.trainer import FakeCommands
 
 
 def _batch(i: int, spike: bool = False):
@@ -44,7 +33,7 @@ def _loop():
     cfg = AgentConfig(run="loop", hist_every=0, heartbeat_s=60, calibration_s=0.05, command_tick_s=0.01,
                       guard=GuardConfig(spike=SpikeConfig(window=16, min_history=6)),
                       recovery=KitConfig(snapshot_every=2, ring_size=4, pause_timeout_s=0))
-    sink, source = InMemorySink(), Commands()
+    sink, source = InMemorySink(), FakeCommands()
     agent = Agent(None, model, opt, cfg, sink=sink, command_source=source)
 
     def loss_fn(b):
