@@ -44,7 +44,7 @@ class NormEvidence:
         the tail learn from it unless told not to (an alarm is going on)."""
         if not 0.0 < norm < _INF:
             return 0.0  # no gradient, NaN, or an overflow the loss scaler handles: nothing to judge
-        x = _log(norm)
+        x = round(_log(norm), 6)  # (a millionth of a log: the stored window stays short)
         window = self.window
         if len(window) < self.min_history:
             window.append(x)

@@ -306,8 +306,8 @@ class SpikeDetector:
             self._spread_stale, self._spread_span = 0, self._window.span
         return med, max(spread, sigma_floor_rel * abs(med), 1e-12)
 
-    def tail_fit(self) -> tuple[float, float, float, float] | None:
-        """The loss residuals' tail fit now: (u, ζ, ξ, β) (``core/tail.py``), None before the first."""
+    def tail_fit(self) -> tuple[float, float, float, float, float] | None:
+        """The loss residuals' tail fit now: (location, u, ζ, ξ, β) (``core/tail.py``), None before the first."""
         return self._tail.fit
 
     def __len__(self) -> int:
