@@ -34,8 +34,10 @@ headers then say ``cliffguard.truncated: 1`` and ``cliffguard.original_size``, a
 message far over ``max_bytes`` still arrives to be dead-lettered: a fetch limit below a message's
 size stalls the partition on it for good (nothing is returned and nothing is raised).
 A recreated metrics topic (new topic id, offsets from 0 again: e.g. a broker that restarted
-empty) is read again from its beginning, the batch polled at the stale positions is dropped, and
-``on_recreated(topic)`` tells the owner that offsets it stored for the old topic mean nothing now.
+empty) is noticed by its topic id in the metadata; the batch polled at the stale positions is
+dropped and ``on_recreated(topic, topic_id)`` hands the decision to the owner, which keeps the
+offsets (``controller/service.py`` decides what a re-created or truncated topic means, in one
+place). Without an owner, the edge reads the new topic from its beginning itself.
 Nothing a message contains can make ``poll`` raise; failures to reach the DLQ are logged and
 counted (``dlq_send_errors``), and the dead letter is still returned so the caller can count it.
 The DLQ producer is dropped after a send the broker did not acknowledge and built again for the
@@ -60,7 +62,7 @@ from cliffguard.core.kafka_config import KafkaConfig
 from cliffguard.core.kafka_producers import RecoveringProducer
 from cliffguard.core.keys import EVENT_SIG_HEADER, EventVerifier
 from cliffguard.core.slots import slot_builder
-from cliffguard.core.topic_watch import TopicIdWatch
+from cliffguard.core.topic_watch import TopicIdWatch, topic_id_of
 
 log = logging.getLogger(__name__)
 
@@ -279,7 +281,7 @@ class EdgeConsumer:
         on_revoked: Callable[[list[tuple[str, int]]], None] | None = None,
         consumer_overrides: dict[str, Any] | None = None,
         max_poll_records: int = 2_000,
-        on_recreated: Callable[[str], None] | None = None,
+        on_recreated: Callable[[str, object], None] | None = None,
         clock_window: ClockWindow | None = None,
         clock: Callable[[], float] = time.time,
         event_verifier: EventVerifier | None = None,
@@ -337,14 +339,15 @@ class EdgeConsumer:
             return batch
         if self._topic_watch.changed(self._consumer):
             # Offsets restart at 0 in a recreated topic (a broker that came back empty): positions
-            # from the old one would skip its first messages. Read it again from the beginning.
+            # from the old one would skip its first messages. The batch read at them is dropped.
             self.topic_recreations += 1
-            log.warning("%s was recreated; reading it from the beginning", self.topic)
-            assigned = self._consumer.assignment()
-            if assigned:
-                self._consumer.seek_to_beginning(*assigned)
             if self._on_recreated is not None:
-                self._on_recreated(self.topic)
+                self._on_recreated(self.topic, self._topic_watch.last_seen)
+            else:
+                log.warning("%s was recreated; reading it from the beginning", self.topic)
+                assigned = self._consumer.assignment()
+                if assigned:
+                    self._consumer.seek_to_beginning(*assigned)
             return batch
         classify_polled(batch, polled, max_bytes=self.max_bytes, decoder=self._decoder,
                         clock=(self.clock_window, self._clock()), verifier=self.event_verifier, steps=self.step_bounds)
@@ -384,6 +387,10 @@ class EdgeConsumer:
         if failed or len(futures) < len(dead):
             why = next((f.exception for f in failed if f.is_done), None) or "not confirmed"
             self._dlq.failed(producer, why)
+
+    def topic_id(self) -> object:
+        """The metrics topic's id in the consumer's metadata (None when unknown)."""
+        return topic_id_of(self._consumer, self.topic)
 
     def seek(self, topic: str, partition: int, offset: int) -> None:
         from kafka import TopicPartition

@@ -336,7 +336,13 @@ def test_broker_outage_mid_stream_loses_nothing_and_keeps_per_run_order(own_brok
                 received[rec.event.run].append(rec.event.id)
 
     recreated: list[str] = []
-    edge = EdgeConsumer(kafka, "outage", max_bytes=100_000, on_recreated=recreated.append, consumer_overrides={
+
+    def on_recreated(topic: str, _topic_id: object) -> None:  # what the controller decides: read it again
+        recreated.append(topic)
+        for t, p in edge.assignment():
+            edge.seek_to_beginning(t, p)
+
+    edge = EdgeConsumer(kafka, "outage", max_bytes=100_000, on_recreated=on_recreated, consumer_overrides={
         "max_poll_interval_ms": 3000, "session_timeout_ms": 3000, "heartbeat_interval_ms": 500})
     try:
         emit(50)
