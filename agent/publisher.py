@@ -65,6 +65,7 @@ from cliffguard.agent.drafts import EventDraft
 from cliffguard.agent.kafka_client import discard_producer, ensure_topic, key_hash_partitioner, tcp_reachable
 from cliffguard.agent.publisher_link import Link, LinkEvent, LinkState
 from cliffguard.agent.spill import SpillFile
+from cliffguard.core import kafka_log
 from cliffguard.core.declared import bounded, check_declared, non_empty
 from cliffguard.core.enums import EventType
 from cliffguard.core.events import encode_event
@@ -239,6 +240,7 @@ class Publisher:
     # -- the training thread's side -------------------------------------------------------------
 
     def start(self) -> Publisher:
+        kafka_log.install()  # kafka-python's closed-socket race: one line, not a traceback
         if self._thread is None:
             self._spill = SpillFile(self.config.spill_path, self.config.spill_max_bytes,
                                     fsync_interval_s=self.config.fsync_interval_s)

@@ -16,6 +16,8 @@ import importlib
 import logging
 import sys
 
+from cliffguard.core import kafka_log
+
 # name -> one-line help. Order is the order in --help.
 SUBCOMMANDS: dict[str, str] = {
     "demo": "run the whole loop locally: broker, controller, dashboard, 2-process training with faults",
@@ -70,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # kafka-python logs every connection at INFO; only its warnings are news to an operator.
     logging.getLogger("kafka").setLevel(max(logging.WARNING, logging.getLogger().level))
+    kafka_log.install()  # kafka-python's closed-socket race: one line, not a traceback
     logging.getLogger("alembic").setLevel(max(logging.WARNING, logging.getLogger().level))  # migrations run at every start
     run = getattr(args, "_run", None)
     if run is None:

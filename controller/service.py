@@ -58,6 +58,7 @@ from cliffguard.controller.store.errors import Backoff, StoreLost, is_store_lost
 from cliffguard.controller.store.guard import StoreGuard
 from cliffguard.controller.store.offsets import load_offsets, save_offsets
 from cliffguard.controller.store.retention import RetentionConfig
+from cliffguard.core import kafka_log
 from cliffguard.core.kafka_config import KafkaConfig
 from cliffguard.core.keys import EventVerifier
 from cliffguard.core.signing import SigningKey
@@ -126,6 +127,7 @@ class ControllerService:
     # -- lifecycle ----------------------------------------------------------------------------
 
     def start(self) -> ControllerService:
+        kafka_log.install()  # kafka-python's closed-socket race: one line, not a traceback
         try:
             self.guard.probe_write()
         except StoreLost:
