@@ -1,0 +1,344 @@
+"""The goodput ledger of one run: its events in, in the order the trainer sent them; buckets out.
+
+Pure (no clock, no I/O): the time it books is the events' own (``ts``, ``step_time_s``,
+``data_wait_s``), so a replay of the same events books the same seconds. The cursor moves only
+forward: an event from before it (a re-delivery, a late spill) books nothing and is counted as
+late. How each event books its time is the table of ``marks.py``; this module does the three
+things a table cannot say:
+
+- a ``step`` claims ``[ts - step_time_s, ts)``: data wait, then productive (or all of it skipped
+  when the guard skipped the update); the gap before it is the phase's;
+- a step at or below the highest step booked is a redo: the kept time of the steps from it on
+  moves from productive (and data wait) to ``rolled_back``, charged to the open incident, else
+  to the restart that caused it, else to an ``unexplained`` record. Kept time is remembered at
+  marks (each checkpoint's step, every ``mark_every`` steps), interpolated in between;
+- ``run.started`` opens the ledger (the first one) or ends a restart (a later one).
+
+Costs are charged to ``incident`` (the controller's open incident, passed with each event) or to
+the restart or scale change in progress, for the buckets of ``buckets.CHARGED``.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import Any
+
+from cliffguard.controller.goodput.buckets import BUCKETS, CHARGED, INDEX, RUNNING, Bucket
+from cliffguard.controller.goodput.config import GoodputConfig
+from cliffguard.controller.goodput.marks import MARKS, Mark, mark_key
+from cliffguard.controller.goodput.record import Cost, LedgerAlert, Window
+from cliffguard.core.enums import CheckpointKind, EventType
+from cliffguard.core.events import Event
+from cliffguard.core.rank_arrays import is_detail
+from cliffguard.core.ranks import RUN_RANK
+
+N = len(BUCKETS)
+_PROD, _WAIT, _SKIP, _LOST = (INDEX[b] for b in (Bucket.PRODUCTIVE, Bucket.DATA_WAIT, Bucket.SKIPPED,
+                                                  Bucket.ROLLED_BACK))
+_DISK = frozenset({str(CheckpointKind.INCREMENTAL), str(CheckpointKind.FULL)})
+_KEEP_BEATS = 16
+_KEEP_IDS = 32
+
+
+@dataclass(slots=True)
+class Kept:
+    """Cumulative kept time up to a step: seconds and GPU-seconds of productive and data wait, steps."""
+
+    prod: float = 0.0
+    wait: float = 0.0
+    prod_gpu: float = 0.0
+    wait_gpu: float = 0.0
+    steps: float = 0.0
+
+    def row(self) -> list[float]:
+        return [self.prod, self.wait, self.prod_gpu, self.wait_gpu, self.steps]
+
+
+class Ledger:
+    """One run's ledger. ``on_event(event, incident)`` for every event of the run, in order."""
+
+    def __init__(self, config: GoodputConfig | None = None) -> None:
+        self.config = config or GoodputConfig()
+        self.started_at: float | None = None
+        self.cursor: float | None = None
+        self.saw_start = False
+        self.phase: Bucket = RUNNING
+        self.world = 1
+        self.ended = False
+        self.starts = 0
+        self.seconds = [0.0] * N
+        self.gpu = [0.0] * N
+        self.high_step = -1
+        self.first_step: int | None = None
+        self.kept = Kept()
+        self.marks: list[list[float]] = []
+        """[step, *Kept.row()] before that step ran, ascending."""
+        self.counts = {"steps_lost": 0, "redos": 0, "approx_redos": 0, "late_events": 0, "missing_steps": 0,
+                       "skipped_steps": 0, "rollbacks": 0, "restarts": 0, "scale_changes": 0}
+        self.cause: str | None = None
+        """The restart or scale change in progress (a cost key), until the first step after it."""
+        self.costs: dict[str, Cost] = {}
+        self.changed: set[str] = set()
+        """Cost keys changed since the store last wrote them (``book.py`` clears it)."""
+        self.ckpt = {"stalls": 0, "stall_s": 0.0, "disk": 0, "disk_write_s": 0.0, "disk_stalls": 0,
+                     "disk_stall_s": 0.0}
+        self.disk_steps: list[int] = []
+        self.last_stall: list[float] = []
+        self.beats: list[float] = []
+        self.seen: list[str] = []
+        """The ids of the newest events booked (a copy of one is skipped)."""
+        self.window = Window(self.config.ettr_window_s, self.config.timeline_points)
+
+    # ------------------------------------------------------------------ events
+    def on_event(self, event: Event, incident: str | None = None) -> list[LedgerAlert]:
+        """Book ``event``; returns the ETTR alerts it caused (crossing the floor, or back above it)."""
+        if event.rank != RUN_RANK:
+            return []
+        t = event.type
+        if t is EventType.HEARTBEAT:
+            self._beat(event.ts)
+            return []
+        late = self.cursor is not None and (event.ts <= self.cursor if t is EventType.STEP else event.ts < self.cursor)
+        if late or event.id in self.seen:
+            self.counts["late_events"] += 1  # a re-sent copy, a late spill: its time is booked already
+            return []
+        if t is EventType.CHECKPOINT and str(event.data["kind"]) in _DISK:
+            self._remember(event.id)
+            self._disk_checkpoint(event)
+            return []
+        if t is EventType.STEP and is_detail(event.data):
+            return []
+        key = mark_key(event)
+        if key is None:
+            return []
+        if t is EventType.RUN_STARTED:
+            key = "run.started:first" if self.cursor is None else (
+                "run.started:again" if self.high_step > 0 else "run.started:again_at_0")
+        if self.cursor is None:
+            self._open(event)
+        self._remember(event.id)
+        cause = incident or self.cause
+        if t is EventType.STEP:
+            self._step(event, MARKS[key], incident)
+        else:
+            self._point(event, key, MARKS[key], cause)
+        return self.window.sample(self.cursor - (self.started_at or 0.0), self.seconds, self.config)
+
+    def _open(self, event: Event) -> None:
+        start = event.ts
+        if event.type is EventType.STEP:
+            start -= float(event.data["step_time_s"])
+        self.started_at = self.cursor = start
+        self.saw_start = event.type is EventType.RUN_STARTED
+        self.world = event.world
+
+    def _point(self, event: Event, key: str, mark: Mark, cause: str | None) -> None:
+        t = event.type
+        if t is EventType.RUN_STARTED:
+            if self.starts:
+                self.counts["restarts"] += 1
+                cause = self.cause = f"restart:{self.starts}"
+                self._cost(cause, "restart", event.ts)
+            self.starts += 1
+            self.ended = False
+        if t in (EventType.ELASTIC_SCALED_DOWN, EventType.ELASTIC_SCALED_UP):
+            self.counts["scale_changes"] += 1
+            if self.cause is not None:
+                self.costs[self.cause].kind = "elastic"
+        bucket, booked = self._gap_to(event.ts, mark, cause)
+        if key == "checkpoint:memory":
+            self._mark(event.step)
+            if bucket is Bucket.CHECKPOINT_SAVE:  # not a snapshot taken while starting or restoring
+                self.ckpt["stalls"] += 1
+                self.ckpt["stall_s"] += booked
+                self.last_stall = [float(event.step), booked]
+        if key == "command.ack:rollback:applied":
+            self.counts["rollbacks"] += 1
+        self.cursor = event.ts
+        self.world = event.world
+        then = mark.then
+        if then is None and self.phase is Bucket.HOLD_WAIT and t is EventType.COMMAND_ACK \
+                and str(event.data["status"]) == "applied":
+            then = Bucket.PAUSE_VALIDATION  # a command answered while held ends the hold (agent/dispatch.py)
+        if then is not None:
+            self.phase = then
+        if t in (EventType.RUN_FINISHED, EventType.RUN_FAILED):
+            self.ended = True
+
+    def _step(self, event: Event, mark: Mark, incident: str | None) -> None:
+        d, step = event.data, event.step
+        assert self.cursor is not None
+        if self.first_step is None:
+            self.first_step = step
+        if step <= self.high_step:
+            self._redo(step, incident or self.cause or f"unexplained:{self.counts['redos'] + 1}", event.ts)
+        elif self.high_step >= 0 and step > self.high_step + 1:
+            self.counts["missing_steps"] += step - self.high_step - 1
+        if step % self.config.mark_every == 0:
+            self._mark(step)
+        start = event.ts - float(d["step_time_s"])
+        self._gap_to(start, mark, incident or self.cause)
+        a = max(self.cursor, start)
+        span, world = event.ts - a, event.world
+        if d.get("skipped"):
+            self.counts["skipped_steps"] += 1
+            self._book(span, _SKIP, world, incident)
+        else:
+            wait = min(max(float(d["data_wait_s"]), 0.0), span)
+            self._book(wait, _WAIT, world, None)
+            self._book(span - wait, _PROD, world, None)
+            k = self.kept
+            k.prod += span - wait
+            k.wait += wait
+            k.prod_gpu += (span - wait) * world
+            k.wait_gpu += wait * world
+            k.steps += 1
+        self.cursor = event.ts
+        self.high_step = step
+        self.world = world
+        self.phase = mark.then if mark.then is not None else self.phase
+        self.cause = None  # the restart (if any) ends at its first step
+
+    # ------------------------------------------------------------------ booking
+    def _gap_to(self, end: float, mark: Mark, cause: str | None) -> tuple[Bucket, float]:
+        """Book [cursor, end); returns the mark's (or the phase's) bucket and the seconds it got."""
+        assert self.cursor is not None
+        a = self.cursor
+        target = mark.gap if mark.gap is not None and (mark.force or self.phase is RUNNING) else self.phase
+        if end <= a:
+            return target, 0.0
+        alive = self._alive_until(a, end)
+        if alive is not None and target in (RUNNING, Bucket.RESTART):
+            before = self.phase
+            if before is RUNNING:
+                before = Bucket.HANG if alive - a >= self.config.hang_after_s else RUNNING
+            self._book(alive - a, INDEX[before], self.world, cause)
+            a = alive
+        self._book(end - a, INDEX[target], self.world, cause)
+        return target, end - a
+
+    def _book(self, seconds: float, i: int, world: int, cause: str | None) -> None:
+        if seconds <= 0:
+            return
+        self.seconds[i] += seconds
+        self.gpu[i] += seconds * world
+        if cause is not None and BUCKETS[i] in CHARGED:
+            cost = self._cost(cause, "incident", self.cursor or 0.0)
+            cost.seconds[i] += seconds
+            cost.gpu[i] += seconds * world
+
+    def _cost(self, key: str, kind: str, ts: float) -> Cost:
+        cost = self.costs.get(key)
+        if cost is None:
+            kind = "unexplained" if key.startswith("unexplained:") else kind
+            cost = self.costs[key] = Cost(kind=kind, ts=ts, seconds=[0.0] * N, gpu=[0.0] * N)
+            if len(self.costs) > self.config.max_costs:  # the oldest is in the store already
+                oldest = min((k for k in self.costs if k != key), key=lambda k: self.costs[k].ts)
+                del self.costs[oldest]
+                self.changed.discard(oldest)
+        self.changed.add(key)
+        return cost
+
+    def _redo(self, step: int, key: str, ts: float) -> None:
+        """Steps ``step..high_step`` are redone: their kept time is lost, charged to ``key``."""
+        cum = self._kept_at(step)
+        k = self.kept
+        lost = [max(0.0, a - b) for a, b in zip(k.row(), cum, strict=True)]
+        n = self.high_step - step + 1
+        for i, j, gpu_j in ((_PROD, 0, 2), (_WAIT, 1, 3)):
+            self.seconds[i] = max(0.0, self.seconds[i] - lost[j])
+            self.gpu[i] = max(0.0, self.gpu[i] - lost[gpu_j])
+        self.seconds[_LOST] += lost[0] + lost[1]
+        self.gpu[_LOST] += lost[2] + lost[3]
+        self.kept = Kept(*cum)
+        self.marks = [m for m in self.marks if m[0] <= step]
+        self.counts["steps_lost"] += n
+        self.counts["redos"] += 1
+        cost = self._cost(key, "incident", ts)
+        cost.steps_lost += n
+        cost.seconds[_LOST] += lost[0] + lost[1]
+        cost.gpu[_LOST] += lost[2] + lost[3]
+        self.high_step = step - 1
+
+    def _kept_at(self, step: int) -> list[float]:
+        """Kept time before ``step`` ran: a mark's, or interpolated between its neighbours."""
+        floor = [float(self.first_step or 0), 0.0, 0.0, 0.0, 0.0, 0.0]
+        i = bisect.bisect_right([m[0] for m in self.marks], step)
+        prev = self.marks[i - 1] if i else floor
+        if prev[0] == step:
+            return list(prev[1:])
+        nxt = self.marks[i] if i < len(self.marks) else [float(self.high_step + 1), *self.kept.row()]
+        if step < prev[0]:  # before the run's first booked step: everything is lost
+            return [0.0] * 5
+        self.counts["approx_redos"] += 1
+        frac = (step - prev[0]) / (nxt[0] - prev[0]) if nxt[0] > prev[0] else 1.0
+        return [p + (q - p) * frac for p, q in zip(prev[1:], nxt[1:], strict=True)]
+
+    def _mark(self, step: int) -> None:
+        """Remember the kept time before ``step`` (only for the next step of the kept timeline)."""
+        if step != self.high_step + 1 or (self.marks and self.marks[-1][0] >= step):
+            return
+        self.marks.append([float(step), *self.kept.row()])
+        del self.marks[:-self.config.max_marks]
+
+    def _remember(self, event_id: str) -> None:
+        self.seen.append(event_id)
+        del self.seen[:-_KEEP_IDS]
+
+    def _beat(self, ts: float) -> None:
+        if self.cursor is not None and ts > self.cursor:
+            self.beats.append(ts)
+            del self.beats[:-_KEEP_BEATS]
+
+    def _alive_until(self, a: float, b: float) -> float | None:
+        """The newest heartbeat inside (a, b), if any."""
+        inside = [t for t in self.beats if a < t < b]
+        self.beats = [t for t in self.beats if t >= b]
+        return max(inside) if inside else None
+
+    def _disk_checkpoint(self, event: Event) -> None:
+        c = self.ckpt
+        c["disk"] += 1
+        c["disk_write_s"] += float(event.data["seconds"])
+        if self.last_stall and self.last_stall[0] == event.step:
+            c["disk_stalls"] += 1
+            c["disk_stall_s"] += self.last_stall[1]
+        if not self.disk_steps or event.step > self.disk_steps[-1]:
+            self.disk_steps = [*self.disk_steps[-7:], event.step]
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "started_at": self.started_at, "cursor": self.cursor, "saw_start": self.saw_start,
+            "phase": str(self.phase), "world": self.world, "ended": self.ended, "starts": self.starts,
+            "seconds": list(self.seconds), "gpu": list(self.gpu), "high_step": self.high_step,
+            "first_step": self.first_step, "kept": self.kept.row(), "marks": [list(m) for m in self.marks],
+            "counts": dict(self.counts), "cause": self.cause,
+            "costs": {k: c.to_dict() for k, c in self.costs.items()}, "ckpt": dict(self.ckpt),
+            "disk_steps": list(self.disk_steps), "last_stall": list(self.last_stall), "beats": list(self.beats),
+            "seen": list(self.seen), "window": self.window.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        names = {b.value: i for i, b in enumerate(BUCKETS)}
+        self.started_at, self.cursor = state["started_at"], state["cursor"]
+        self.saw_start = bool(state["saw_start"])
+        self.phase = Bucket(state["phase"])
+        self.world, self.ended, self.starts = int(state["world"]), bool(state["ended"]), int(state["starts"])
+        self.seconds = [float(x) for x in state["seconds"]]
+        self.gpu = [float(x) for x in state["gpu"]]
+        if len(self.seconds) != N or len(self.gpu) != N:
+            raise ValueError(f"goodput state has {len(self.seconds)} buckets, this ledger {N} ({', '.join(names)})")
+        self.high_step, self.first_step = int(state["high_step"]), state["first_step"]
+        self.kept = Kept(*state["kept"])
+        self.marks = [[float(x) for x in m] for m in state["marks"]]
+        self.counts.update({k: int(v) for k, v in state["counts"].items()})
+        self.cause = state["cause"]
+        self.costs = {k: Cost.from_dict(v) for k, v in state["costs"].items()}
+        self.ckpt.update(state["ckpt"])
+        self.disk_steps = [int(s) for s in state["disk_steps"]]
+        self.last_stall = [float(x) for x in state["last_stall"]]
+        self.beats = [float(x) for x in state["beats"]]
+        self.seen = [str(x) for x in state["seen"]]
+        self.window.load_state_dict(state["window"])

@@ -1,0 +1,71 @@
+"""A ledger's figures as plain data: what the store's ``goodput`` row, ``cliffguard status``,
+the dashboard, ``/metrics`` and ``cliffguard report`` show."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from cliffguard.controller.goodput.buckets import BUCKETS, INDEX, Bucket
+from cliffguard.controller.goodput.counterfactual import interval_table
+from cliffguard.controller.goodput.ledger import Ledger
+
+_PROD = INDEX[Bucket.PRODUCTIVE]
+_RESTART_BUCKETS = (INDEX[Bucket.RESTART], INDEX[Bucket.CHECKPOINT_RESTORE], INDEX[Bucket.HANG])
+
+
+def summarize(ledger: Ledger) -> dict[str, Any]:
+    """Wall time, ETTR (of seconds and of GPU-seconds), each bucket, the counts, the checkpoint
+    figures and their counterfactual, the ETTR over the alert window and the stacked time chart."""
+    wall = (ledger.cursor - ledger.started_at) if ledger.cursor is not None and ledger.started_at is not None else 0.0
+    booked, gpu_total = sum(ledger.seconds), sum(ledger.gpu)
+    k = ledger.kept
+    step_s = (k.prod + k.wait) / k.steps if k.steps else None
+    return {
+        "started_at": ledger.started_at, "booked_until": ledger.cursor, "ended": ledger.ended,
+        "saw_start": ledger.saw_start, "world": ledger.world, "wall_s": wall, "booked_s": booked,
+        "ettr": ledger.seconds[_PROD] / wall if wall > 0 else None,
+        "ettr_gpu": ledger.gpu[_PROD] / gpu_total if gpu_total > 0 else None,
+        "window_ettr": ledger.window.ettr, "window_s": ledger.config.ettr_window_s,
+        "seconds": {b.value: ledger.seconds[i] for i, b in enumerate(BUCKETS)},
+        "gpu_seconds": {b.value: ledger.gpu[i] for i, b in enumerate(BUCKETS)},
+        "kept_steps": int(k.steps), "mean_step_s": step_s, "phase": str(ledger.phase),
+        **ledger.counts,
+        "checkpoints": checkpoint_figures(ledger, step_s),
+        "timeline": ledger.window.chart(),
+    }
+
+
+def checkpoint_figures(ledger: Ledger, step_s: float | None) -> dict[str, Any]:
+    c = dict(ledger.ckpt)
+    c["mean_stall_s"] = c["stall_s"] / c["stalls"] if c["stalls"] else None
+    gaps = [b - a for a, b in zip(ledger.disk_steps, ledger.disk_steps[1:], strict=False) if b > a]
+    c["disk_interval_steps"] = int(statistics.median(gaps)) if gaps else None
+    c["counterfactual"] = counterfactual(ledger, step_s, c)
+    return c
+
+
+def counterfactual(ledger: Ledger, step_s: float | None, c: dict[str, Any]) -> dict[str, Any] | None:
+    """Young/Daly for the run's disk checkpoint interval, from its measured step time, stall per
+    checkpoint (at the disk checkpoints' steps when known), restore and restart cost per restart,
+    and MTBF (wall time per restart; ``[goodput] mtbf_prior_s`` until the run has restarted)."""
+    interval = c["disk_interval_steps"]
+    stall = (c["disk_stall_s"] / c["disk_stalls"]) if c["disk_stalls"] else c["mean_stall_s"]
+    if not interval or not step_s or not stall:
+        return None
+    restarts = [x for x in ledger.costs.values() if x.kind in ("restart", "elastic")]
+    restore = (sum(sum(x.seconds[i] for i in _RESTART_BUCKETS) for x in restarts) / len(restarts)
+               if restarts else 0.0)
+    n = ledger.counts["restarts"]
+    wall = (ledger.cursor or 0.0) - (ledger.started_at or 0.0)
+    measured = n > 0 and wall > 0
+    mtbf = wall / n if measured else ledger.config.mtbf_prior_s
+    out = interval_table(step_s=step_s, interval_steps=interval, stall_s=stall, restore_s=restore, mtbf_s=mtbf)
+    out["mtbf_source"] = f"measured ({n} restarts)" if measured else "assumed ([goodput] mtbf_prior_s)"
+    return out
+
+
+def costs(ledger: Ledger) -> dict[str, dict[str, Any]]:
+    """Each cost record in the ledger's state: kind, when, steps lost, and seconds by bucket."""
+    return {key: {"kind": c.kind, "ts": c.ts, "steps_lost": c.steps_lost, "seconds": sum(c.seconds),
+                  "gpu_seconds": sum(c.gpu), "buckets": c.by_bucket()} for key, c in ledger.costs.items()}
