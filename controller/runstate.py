@@ -110,6 +110,8 @@ class RunSlot:
     spike_rule: Any = None
     """The loss rules' spike settings this slot last wrote on the run's row (``controller.batch``
     writes them again only when they are not these); a reloaded slot starts with none."""
+    ledger: Any = None
+    """The run's goodput ledger (``controller/goodput``), loaded from the store on first use."""
 
     def to_json(self) -> dict[str, Any]:
         """The whole state as one JSON document (every rule inline)."""
