@@ -14,8 +14,9 @@ things a table cannot say:
   marks (each checkpoint's step, every ``mark_every`` steps), interpolated in between;
 - ``run.started`` opens the ledger (the first one) or ends a restart (a later one).
 
-Costs are charged to ``incident`` (the controller's open incident, passed with each event) or to
-the restart or scale change in progress, for the buckets of ``buckets.CHARGED``.
+Costs are charged, for the buckets of ``buckets.CHARGED``, to the restart or scale change in
+progress (from the new process's ``run.started`` to its first step, the steps it redoes
+included), else to ``incident`` (the controller's open incident, passed with each event).
 """
 
 from __future__ import annotations
@@ -118,7 +119,7 @@ class Ledger:
         if self.cursor is None:
             self._open(event)
         self._remember(event.id)
-        cause = incident or self.cause
+        cause = self.cause or incident
         if t is EventType.STEP:
             self._step(event, MARKS[key], incident)
         else:
@@ -172,13 +173,13 @@ class Ledger:
         if self.first_step is None:
             self.first_step = step
         if step <= self.high_step:
-            self._redo(step, incident or self.cause or f"unexplained:{self.counts['redos'] + 1}", event.ts)
+            self._redo(step, self.cause or incident or f"unexplained:{self.counts['redos'] + 1}", event.ts)
         elif self.high_step >= 0 and step > self.high_step + 1:
             self.counts["missing_steps"] += step - self.high_step - 1
         if step % self.config.mark_every == 0:
             self._mark(step)
         start = event.ts - float(d["step_time_s"])
-        self._gap_to(start, mark, incident or self.cause)
+        self._gap_to(start, mark, self.cause or incident)
         a = max(self.cursor, start)
         span, world = event.ts - a, event.world
         if d.get("skipped"):
