@@ -175,3 +175,33 @@ def schedule(answer: Callable[[Script, str], str] | None = None, *, ckpt_every: 
     s.steps(30)  # 70..99
     s.emit("run.finished", {"steps": s.step})
     return s
+
+
+def book_through_controller(engine: Any, events: list[Event], goodput: Any = None, *, reload_at: int | None = None,
+                            batch: int = 25) -> None:
+    """``events`` through the controller's ``BatchProcessor`` (its rules, recovery machine and
+    ledgers) into a migrated store, ``batch`` events per transaction; at ``reload_at`` the run
+    table is dropped, as when the run's partition moves: the next batch reloads it from the store."""
+    from cliffguard.controller.alerts import AlertsConfig
+    from cliffguard.controller.batch import BatchContext, BatchProcessor
+    from cliffguard.controller.edge import EdgeBatch, EdgeRecord
+    from cliffguard.controller.goodput.config import GoodputConfig
+    from cliffguard.controller.recovery_types import RecoveryConfig
+    from cliffguard.controller.runstate import RunTable, default_detector_factory
+    from cliffguard.controller.store.db import session_scope
+    from cliffguard.core.signing import Secret
+
+    ctx = BatchContext(group_id="g", commands_topic="cmds", secret=Secret("test-secret-of-enough-length"),
+                       recovery=RecoveryConfig(), alerts=AlertsConfig(), goodput=goodput or GoodputConfig())
+    runs = RunTable(default_detector_factory())
+    proc = BatchProcessor(ctx, runs)
+    offset = 0
+    for i in range(0, len(events), batch):
+        if reload_at is not None and i >= reload_at and runs.slots:
+            runs.clear()
+            reload_at = None
+        chunk = events[i:i + batch]
+        recs = [EdgeRecord("events", 0, offset + j, ev) for j, ev in enumerate(chunk)]
+        offset += len(chunk)
+        with session_scope(engine) as s:
+            proc.process(s, EdgeBatch(records=recs, next_offsets={("events", 0): offset}), now=chunk[-1].ts)

@@ -50,8 +50,9 @@ class LedgerAlert:
 
 
 class Window:
-    """The stacked time chart (cumulative seconds per bucket at up to ``points`` moments, thinned
-    by half when full) and the samples the ETTR alert judges its window by."""
+    """The stacked time chart (cumulative seconds per bucket at up to ``points`` moments, at least
+    ``every`` apart and thinned by half when full; the last one is always the ledger's newest) and
+    the samples the ETTR alert judges its window by."""
 
     def __init__(self, window_s: float, points: int) -> None:
         self.window_s = window_s
@@ -65,8 +66,11 @@ class Window:
         """The ETTR over the last window (None until a whole window is booked)."""
 
     def sample(self, t: float, seconds: list[float], config: GoodputConfig) -> list[LedgerAlert]:
-        if not self.timeline or t - self.timeline[-1][0] >= self.every:
-            self.timeline.append([round(t, 3), *(round(s, 4) for s in seconds)])
+        point = [round(t, 3), *(round(s, 4) for s in seconds)]
+        if len(self.timeline) >= 2 and t - self.timeline[-2][0] < self.every:
+            self.timeline[-1] = point  # the newest point moves with the ledger; the others stay put
+        else:
+            self.timeline.append(point)
             if len(self.timeline) > self.points:
                 self.timeline = [*self.timeline[:-1:2], self.timeline[-1]]
                 self.every *= 2

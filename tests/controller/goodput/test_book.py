@@ -6,17 +6,11 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from cliffguard.controller.alerts import AlertsConfig
-from cliffguard.controller.batch import BatchContext, BatchProcessor
-from cliffguard.controller.edge import EdgeBatch, EdgeRecord
 from cliffguard.controller.goodput.config import GoodputConfig
-from cliffguard.controller.recovery_types import RecoveryConfig
-from cliffguard.controller.runstate import RunTable, default_detector_factory
 from cliffguard.controller.store import read
 from cliffguard.controller.store.db import init_db, make_engine, session_scope
 from cliffguard.controller.store.models import AlertRow
-from cliffguard.core.signing import Secret
-from testing.goodput_script import schedule
+from testing.goodput_script import book_through_controller, schedule
 
 
 @pytest.fixture
@@ -27,26 +21,9 @@ def engine(tmp_path):
     eng.dispose()
 
 
-def _process(engine, events, goodput=None, *, reload_at=None, batch=25):
-    ctx = BatchContext(group_id="g", commands_topic="cmds", secret=Secret("test-secret-of-enough-length"),
-                       recovery=RecoveryConfig(), alerts=AlertsConfig(), goodput=goodput or GoodputConfig())
-    runs = RunTable(default_detector_factory())
-    proc = BatchProcessor(ctx, runs)
-    offset = 0
-    for i in range(0, len(events), batch):
-        if reload_at is not None and i >= reload_at and runs.slots:
-            runs.clear()  # the partition moved: the next batch loads every slot (and ledger) from the store
-            reload_at = None
-        chunk = events[i:i + batch]
-        recs = [EdgeRecord("events", 0, offset + j, ev) for j, ev in enumerate(chunk)]
-        offset += len(chunk)
-        with session_scope(engine) as s:
-            proc.process(s, EdgeBatch(records=recs, next_offsets={("events", 0): offset}), now=chunk[-1].ts)
-
-
 def test_the_scripted_run_is_booked_in_the_store_across_a_partition_move(engine):
     s = schedule()
-    _process(engine, s.events(), reload_at=80)
+    book_through_controller(engine, s.events(), reload_at=80)
     with session_scope(engine) as ses:
         g = read.goodput(ses, s.run)
         costs = read.goodput_costs(ses, s.run)
@@ -70,7 +47,7 @@ def test_the_scripted_run_is_booked_in_the_store_across_a_partition_move(engine)
 
 def test_an_ettr_below_the_floor_raises_an_alert(engine):
     s = schedule()
-    _process(engine, s.events(), GoodputConfig(ettr_floor=0.7, ettr_window_s=30.0))
+    book_through_controller(engine, s.events(), GoodputConfig(ettr_floor=0.7, ettr_window_s=30.0))
     with session_scope(engine) as ses:
         rows = ses.scalars(select(AlertRow).where(AlertRow.rule == "ettr_floor").order_by(AlertRow.ts)).all()
     assert rows and rows[0].level == "warn" and "below the floor of 70%" in rows[0].title
