@@ -35,11 +35,19 @@ class Script:
     kept: dict[int, tuple[float, float, int]] = field(default_factory=dict)
     """step -> (productive, data wait, world) of the steps of the kept timeline."""
     steps_lost: int = 0
+    on_emit: Callable[[Event], None] | None = None
+    """Called with each event as it is written (the broker test publishes it then)."""
+    t0: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.t0 = self.t
 
     def emit(self, type: str, data: dict[str, Any], step: int | None = None, **kw: Any) -> Event:
         ev = make_event(type, self.run, self.step if step is None else step, data, world=self.world, ts=self.t,
                         **kw)
         self.out.append(ev)
+        if self.on_emit is not None:
+            self.on_emit(ev)
         return ev
 
     def spend(self, seconds: float, bucket: str) -> None:
@@ -110,14 +118,34 @@ class Script:
 
     @property
     def wall_s(self) -> float:
-        return self.t - T0
+        return self.t - self.t0
 
 
-def schedule(answer: Callable[[Script, str], str] | None = None, *, ckpt_every: int = 10) -> Script:
-    """The whole schedule, with made-up command ids (or ``answer(script, command_type)``'s: the
-    broker test's, which waits for the controller's command and returns its id)."""
-    s = Script()
-    cmd = answer or (lambda script, kind: f"{kind:0<32}"[:32].replace("_", "0"))
+@dataclass(frozen=True)
+class Answer:
+    """A command the script answers: its id and arguments (a rollback's ``to_step``)."""
+
+    id: str
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+def made_up(script: Script, kind: str) -> Answer:
+    """A command id of the script's own (no controller), and a rollback to the snapshot at 30."""
+    return Answer(f"{kind:0<32}"[:32].replace("_", "0"), {"to_step": 30} if kind == "rollback" else {})
+
+
+def schedule(answer: Callable[[Script, str], Answer] = made_up, *, ckpt_every: int = 10,
+             script: Script | None = None) -> Script:
+    """The whole schedule, answering commands with ``answer(script, command_type)`` (the broker
+    test's waits for the controller's command of that type and returns it)."""
+    s = script or Script()
+    asked: dict[str, Answer] = {}
+
+    def cmd(_s: Script, kind: str, fresh: bool = True) -> str:
+        if fresh or kind not in asked:
+            asked[kind] = answer(s, kind)
+        return asked[kind].id
+
     s.start()
     s.spend(2.0, "initialization")
     for block in range(3):  # steps 0..29, a snapshot every ckpt_every steps (and a disk copy of it)
@@ -125,12 +153,14 @@ def schedule(answer: Callable[[Script, str], str] | None = None, *, ckpt_every: 
         at = s.step
         s.steps(ckpt_every)
         s.disk_written(at)
+        if block == 0:
+            s.validation(None, 0.5, 2.0)  # the periodic validation: the controller's healthy baseline
     # one pause: the loss jumps once, the controller pauses, validates (normal) and resumes
     s.snapshot(0.5)
     s.steps(1, loss=lambda _: 20.0, guard="skip")
     s.ack(cmd(s, "pause"), "pause", 0.2, "pause_validation")
     s.validation(cmd(s, "validate"), 3.0, 2.0)
-    s.ack(cmd(s, "validate"), "validate", 0.01, "pause_validation")
+    s.ack(cmd(s, "validate", fresh=False), "validate", 0.01, "pause_validation")
     s.ack(cmd(s, "resume"), "resume", 1.0, "pause_validation")
     s.steps(9)
     # one rollback: the loss climbs, validation abnormal, rollback to the snapshot at 30, LR halved
@@ -138,10 +168,10 @@ def schedule(answer: Callable[[Script, str], str] | None = None, *, ckpt_every: 
     s.steps(5, loss=lambda _: 30.0, guard="skip")
     s.ack(cmd(s, "pause"), "pause", 0.2, "pause_validation")
     s.validation(cmd(s, "validate"), 3.0, 9.0)
-    s.ack(cmd(s, "validate"), "validate", 0.01, "pause_validation")
+    s.ack(cmd(s, "validate", fresh=False), "validate", 0.01, "pause_validation")
     s.ack(cmd(s, "rollback"), "rollback", 2.0, "checkpoint_restore")
-    s.rewind(30)
-    s.steps(20)  # 30..49
+    s.rewind(int(asked["rollback"].args["to_step"]))  # the snapshot at 30 (or the controller's target)
+    s.steps(50 - s.step)  # to 49
     # elastic scale-down: a node is lost after step 49, the group restarts at world 2 from step 40
     s.spend(5.0, "restart")
     s.world = 2
