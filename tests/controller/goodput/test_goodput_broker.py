@@ -10,11 +10,14 @@ import uuid
 
 import pytest
 
+from cliffguard.controller.broker import free_port
+from cliffguard.controller.goodput.config import GoodputConfig
 from cliffguard.controller.store import read
 from cliffguard.controller.store.db import session_scope
 from cliffguard.core.events import encode_event
 from testing.controller_service import FakeTrainer, Running, store_engine, wait_for
 from testing.goodput_script import Answer, Script, schedule
+from tests.controller.goodput.test_metrics import scrape
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(300)]
 TOLERANCE_S = 0.01
@@ -34,7 +37,8 @@ def test_the_scripted_run_is_booked_by_the_real_controller(kafka_cfg, tmp_path):
         return Answer(cmd.id, dict(cmd.args))
 
     try:
-        with store_engine("sqlite", tmp_path) as (engine, _url), Running(kafka_cfg, engine):
+        metrics = GoodputConfig(metrics_port=free_port())
+        with store_engine("sqlite", tmp_path) as (engine, _url), Running(kafka_cfg, engine, goodput=metrics):
             s = schedule(answer, script=Script(run=run, t=time.time() - 400, on_emit=publish))
             trainer.producer.flush()
 
@@ -48,6 +52,7 @@ def test_the_scripted_run_is_booked_by_the_real_controller(kafka_cfg, tmp_path):
             with session_scope(engine) as ses:
                 incidents = {i["id"]: i for i in read.incidents(ses, run)}
                 costs = read.goodput_costs(ses, run)
+            scraped = scrape(f"http://127.0.0.1:{metrics.metrics_port}/metrics")
     finally:
         trainer.close()
     assert abs(sum(g["seconds"].values()) - s.wall_s) <= 0.01 * s.wall_s
@@ -63,3 +68,8 @@ def test_the_scripted_run_is_booked_by_the_real_controller(kafka_cfg, tmp_path):
     assert rolled["buckets"]["checkpoint_restore"]["seconds"] == pytest.approx(2.0)
     assert rolled["steps_lost"] == 45 - incidents[rolled["key"]]["rollback_to"]  # 40..44 bad, redone from the target
     assert sorted(c["kind"] for c in costs if c["kind"] != "incident") == ["elastic", "elastic", "restart"]
+    # the controller's /metrics says the same, as Prometheus reads it
+    assert scraped[("cliffguard_goodput_ettr", (("run", run),))] == pytest.approx(g["ettr"])
+    assert scraped[("cliffguard_goodput_seconds", (("bucket", "rolled_back"), ("run", run)))] == pytest.approx(
+        g["seconds"]["rolled_back"])
+    assert scraped[("cliffguard_goodput_steps_lost", (("run", run),))] == s.steps_lost
