@@ -21,12 +21,11 @@ included), else to ``incident`` (the controller's open incident, passed with eac
 
 from __future__ import annotations
 
-import bisect
-from dataclasses import dataclass
 from typing import Any
 
 from cliffguard.controller.goodput.buckets import BUCKETS, CHARGED, INDEX, RUNNING, Bucket
 from cliffguard.controller.goodput.config import GoodputConfig
+from cliffguard.controller.goodput.kept import KeptTimeline
 from cliffguard.controller.goodput.marks import MARKS, Mark, mark_key
 from cliffguard.controller.goodput.record import Cost, LedgerAlert, Window
 from cliffguard.core.enums import CheckpointKind, EventType
@@ -40,20 +39,6 @@ _PROD, _WAIT, _SKIP, _LOST = (INDEX[b] for b in (Bucket.PRODUCTIVE, Bucket.DATA_
 _DISK = frozenset({str(CheckpointKind.INCREMENTAL), str(CheckpointKind.FULL)})
 _KEEP_BEATS = 16
 _KEEP_IDS = 32
-
-
-@dataclass(slots=True)
-class Kept:
-    """Cumulative kept time up to a step: seconds and GPU-seconds of productive and data wait, steps."""
-
-    prod: float = 0.0
-    wait: float = 0.0
-    prod_gpu: float = 0.0
-    wait_gpu: float = 0.0
-    steps: float = 0.0
-
-    def row(self) -> list[float]:
-        return [self.prod, self.wait, self.prod_gpu, self.wait_gpu, self.steps]
 
 
 class Ledger:
@@ -72,9 +57,7 @@ class Ledger:
         self.gpu = [0.0] * N
         self.high_step = -1
         self.first_step: int | None = None
-        self.kept = Kept()
-        self.marks: list[list[float]] = []
-        """[step, *Kept.row()] before that step ran, ascending."""
+        self.kept = KeptTimeline(self.config.max_marks)
         self.counts = {"steps_lost": 0, "redos": 0, "approx_redos": 0, "late_events": 0, "missing_steps": 0,
                        "skipped_steps": 0, "rollbacks": 0, "restarts": 0, "scale_changes": 0}
         self.cause: str | None = None
@@ -189,12 +172,7 @@ class Ledger:
             wait = min(max(float(d["data_wait_s"]), 0.0), span)
             self._book(wait, _WAIT, world, None)
             self._book(span - wait, _PROD, world, None)
-            k = self.kept
-            k.prod += span - wait
-            k.wait += wait
-            k.prod_gpu += (span - wait) * world
-            k.wait_gpu += wait * world
-            k.steps += 1
+            self.kept.add(span - wait, wait, world)
         self.cursor = event.ts
         self.high_step = step
         self.world = world
@@ -243,17 +221,14 @@ class Ledger:
 
     def _redo(self, step: int, key: str, ts: float) -> None:
         """Steps ``step..high_step`` are redone: their kept time is lost, charged to ``key``."""
-        cum = self._kept_at(step)
-        k = self.kept
-        lost = [max(0.0, a - b) for a, b in zip(k.row(), cum, strict=True)]
+        lost, exact = self.kept.rewind(step, self.first_step or 0, self.high_step + 1)
+        self.counts["approx_redos"] += 0 if exact else 1
         n = self.high_step - step + 1
         for i, j, gpu_j in ((_PROD, 0, 2), (_WAIT, 1, 3)):
             self.seconds[i] = max(0.0, self.seconds[i] - lost[j])
             self.gpu[i] = max(0.0, self.gpu[i] - lost[gpu_j])
         self.seconds[_LOST] += lost[0] + lost[1]
         self.gpu[_LOST] += lost[2] + lost[3]
-        self.kept = Kept(*cum)
-        self.marks = [m for m in self.marks if m[0] <= step]
         self.counts["steps_lost"] += n
         self.counts["redos"] += 1
         cost = self._cost(key, "incident", ts)
@@ -262,26 +237,8 @@ class Ledger:
         cost.gpu[_LOST] += lost[2] + lost[3]
         self.high_step = step - 1
 
-    def _kept_at(self, step: int) -> list[float]:
-        """Kept time before ``step`` ran: a mark's, or interpolated between its neighbours."""
-        floor = [float(self.first_step or 0), 0.0, 0.0, 0.0, 0.0, 0.0]
-        i = bisect.bisect_right([m[0] for m in self.marks], step)
-        prev = self.marks[i - 1] if i else floor
-        if prev[0] == step:
-            return list(prev[1:])
-        nxt = self.marks[i] if i < len(self.marks) else [float(self.high_step + 1), *self.kept.row()]
-        if step < prev[0]:  # before the run's first booked step: everything is lost
-            return [0.0] * 5
-        self.counts["approx_redos"] += 1
-        frac = (step - prev[0]) / (nxt[0] - prev[0]) if nxt[0] > prev[0] else 1.0
-        return [p + (q - p) * frac for p, q in zip(prev[1:], nxt[1:], strict=True)]
-
     def _mark(self, step: int) -> None:
-        """Remember the kept time before ``step`` (only for the next step of the kept timeline)."""
-        if step != self.high_step + 1 or (self.marks and self.marks[-1][0] >= step):
-            return
-        self.marks.append([float(step), *self.kept.row()])
-        del self.marks[:-self.config.max_marks]
+        self.kept.mark(step, self.high_step + 1)
 
     def _remember(self, event_id: str) -> None:
         self.seen.append(event_id)
@@ -314,7 +271,7 @@ class Ledger:
             "started_at": self.started_at, "cursor": self.cursor, "saw_start": self.saw_start,
             "phase": str(self.phase), "world": self.world, "ended": self.ended, "starts": self.starts,
             "seconds": list(self.seconds), "gpu": list(self.gpu), "high_step": self.high_step,
-            "first_step": self.first_step, "kept": self.kept.row(), "marks": [list(m) for m in self.marks],
+            "first_step": self.first_step, "kept": self.kept.state_dict(),
             "counts": dict(self.counts), "cause": self.cause,
             "costs": {k: c.to_dict() for k, c in self.costs.items()}, "ckpt": dict(self.ckpt),
             "disk_steps": list(self.disk_steps), "last_stall": list(self.last_stall), "beats": list(self.beats),
@@ -332,8 +289,7 @@ class Ledger:
         if len(self.seconds) != N or len(self.gpu) != N:
             raise ValueError(f"goodput state has {len(self.seconds)} buckets, this ledger {N} ({', '.join(names)})")
         self.high_step, self.first_step = int(state["high_step"]), state["first_step"]
-        self.kept = Kept(*state["kept"])
-        self.marks = [[float(x) for x in m] for m in state["marks"]]
+        self.kept.load_state_dict(state["kept"])
         self.counts.update({k: int(v) for k, v in state["counts"].items()})
         self.cause = state["cause"]
         self.costs = {k: Cost.from_dict(v) for k, v in state["costs"].items()}

@@ -19,7 +19,7 @@ def summarize(ledger: Ledger) -> dict[str, Any]:
     figures and their counterfactual, the ETTR over the alert window and the stacked time chart."""
     wall = (ledger.cursor - ledger.started_at) if ledger.cursor is not None and ledger.started_at is not None else 0.0
     booked, gpu_total = sum(ledger.seconds), sum(ledger.gpu)
-    k = ledger.kept
+    k = ledger.kept.now
     step_s = (k.prod + k.wait) / k.steps if k.steps else None
     return {
         "started_at": ledger.started_at, "booked_until": ledger.cursor, "ended": ledger.ended,
