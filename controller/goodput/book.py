@@ -3,8 +3,9 @@ every event before the recovery machine sees it (so the time before an event is 
 incident open before it), is saved in the batch's transaction, and turns the ETTR alert's
 crossings into alerts.
 
-Loaded from the store on a slot's first event (``store/goodput.py``): a run whose partition
-moved continues its ledger exactly where the last committed batch left it.
+A ledger is saved with its run's state (``runs.controller_state``) and rebuilt from it on the
+slot's first event (``store/goodput.py``): a run whose partition moved continues its ledger
+exactly where the last committed batch left it.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ class GoodputBook:
 
     def ledger(self, session: Session, slot: Any) -> Ledger:
         if slot.ledger is None:
-            slot.ledger = load_ledger(session, slot.run_id, self.config)
+            slot.ledger = load_ledger(session, slot.run_id, slot.ledger_state, self.config)
+            slot.ledger_state = None
         return slot.ledger
 
     def on_event(self, session: Session, slot: Any, event: Event, now: float) -> int:
@@ -52,7 +54,8 @@ class GoodputBook:
         return len(crossed)
 
     def save(self, session: Session, slots: Iterable[Any], now: float) -> None:
-        save_ledgers(session, [(s.run_id, s.ledger) for s in slots if s.ledger is not None], now)
+        save_ledgers(session, [(s.run_id, s.ledger) for s in slots if s.ledger is not None], now,
+                     self.config.row_every_s)
 
     def _spec(self, run_id: str, alert: LedgerAlert) -> AlertSpec:
         window = f"{alert.window_s / 60:.0f} min" if alert.window_s >= 120 else f"{alert.window_s:.0f} s"

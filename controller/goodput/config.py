@@ -28,9 +28,13 @@ class GoodputConfig:
     mtbf_prior_s: float = bounded(6 * 3600.0, gt=0)
     """Mean time between failures assumed by the checkpoint-interval counterfactual until the run
     has had a restart of its own to measure it by."""
-    max_costs: int = bounded(32, ge=1)
+    max_costs: int = bounded(8, ge=1)
     """Cost records (per incident, restart, scale change) kept in the ledger's state; every one is
     in the store's ``goodput_costs`` as well."""
+    row_every_s: float = bounded(5.0, ge=0)
+    """Seconds of a run's booked time between writes of its ``goodput`` row when nothing else
+    changed (a new chart point, a cost, a start or an end writes it at once). The ledger's own
+    state is saved with the run's state every batch, so this only bounds how stale readers are."""
     metrics_port: int = bounded(0, ge=0, le=65535, reason="must be 0 (off) or a TCP port")
     """Port of the controller's Prometheus ``/metrics`` endpoint; 0 = none."""
     metrics_host: str = non_empty("127.0.0.1")

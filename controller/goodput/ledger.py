@@ -21,6 +21,7 @@ included), else to ``incident`` (the controller's open incident, passed with eac
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from cliffguard.controller.goodput.buckets import BUCKETS, CHARGED, INDEX, RUNNING, Bucket
@@ -30,7 +31,6 @@ from cliffguard.controller.goodput.marks import MARKS, Mark, mark_key
 from cliffguard.controller.goodput.record import Cost, LedgerAlert, Window
 from cliffguard.core.enums import CheckpointKind, EventType
 from cliffguard.core.events import Event
-from cliffguard.core.rank_arrays import is_detail
 from cliffguard.core.ranks import RUN_RANK
 
 N = len(BUCKETS)
@@ -38,7 +38,7 @@ _PROD, _WAIT, _SKIP, _LOST = (INDEX[b] for b in (Bucket.PRODUCTIVE, Bucket.DATA_
                                                   Bucket.ROLLED_BACK))
 _DISK = frozenset({str(CheckpointKind.INCREMENTAL), str(CheckpointKind.FULL)})
 _KEEP_BEATS = 16
-_KEEP_IDS = 32
+_KEEP_IDS = 16
 
 
 class Ledger:
@@ -59,12 +59,14 @@ class Ledger:
         self.first_step: int | None = None
         self.kept = KeptTimeline(self.config.max_marks)
         self.counts = {"steps_lost": 0, "redos": 0, "approx_redos": 0, "late_events": 0, "missing_steps": 0,
-                       "skipped_steps": 0, "rollbacks": 0, "restarts": 0, "scale_changes": 0}
+                       "skipped_steps": 0, "rollbacks": 0, "restarts": 0, "scale_changes": 0, "bad_timings": 0}
         self.cause: str | None = None
         """The restart or scale change in progress (a cost key), until the first step after it."""
         self.costs: dict[str, Cost] = {}
         self.changed: set[str] = set()
         """Cost keys changed since the store last wrote them (``book.py`` clears it)."""
+        self.row_at: float | None = None
+        """The cursor when the store's ``goodput`` row was last written (``book.py``)."""
         self.ckpt = {"stalls": 0, "stall_s": 0.0, "disk": 0, "disk_write_s": 0.0, "disk_stalls": 0,
                      "disk_stall_s": 0.0}
         self.disk_steps: list[int] = []
@@ -91,7 +93,7 @@ class Ledger:
             self._remember(event.id)
             self._disk_checkpoint(event)
             return []
-        if t is EventType.STEP and is_detail(event.data):
+        if t is EventType.STEP and event.data.get("detail"):  # a per-rank copy for a detail command
             return []
         key = mark_key(event)
         if key is None:
@@ -111,7 +113,7 @@ class Ledger:
 
     def _open(self, event: Event) -> None:
         start = event.ts
-        if event.type is EventType.STEP:
+        if event.type is EventType.STEP and math.isfinite(float(event.data["step_time_s"])):
             start -= float(event.data["step_time_s"])
         self.started_at = self.cursor = start
         self.saw_start = event.type is EventType.RUN_STARTED
@@ -161,7 +163,11 @@ class Ledger:
             self.counts["missing_steps"] += step - self.high_step - 1
         if step % self.config.mark_every == 0:
             self._mark(step)
-        start = event.ts - float(d["step_time_s"])
+        step_s, wait_s = float(d["step_time_s"]), float(d["data_wait_s"])
+        if not (math.isfinite(step_s) and math.isfinite(wait_s)):  # a broken timer: the gap stays the phase's
+            self.counts["bad_timings"] += 1
+            step_s = wait_s = 0.0
+        start = event.ts - step_s
         self._gap_to(start, mark, self.cause or incident)
         a = max(self.cursor, start)
         span, world = event.ts - a, event.world
@@ -169,10 +175,14 @@ class Ledger:
             self.counts["skipped_steps"] += 1
             self._book(span, _SKIP, world, incident)
         else:
-            wait = min(max(float(d["data_wait_s"]), 0.0), span)
-            self._book(wait, _WAIT, world, None)
-            self._book(span - wait, _PROD, world, None)
-            self.kept.add(span - wait, wait, world)
+            wait = min(max(wait_s, 0.0), span)
+            prod = span - wait
+            sec, gpu = self.seconds, self.gpu  # the common path, without _book's cost lookup
+            sec[_WAIT] += wait
+            sec[_PROD] += prod
+            gpu[_WAIT] += wait * world
+            gpu[_PROD] += prod * world
+            self.kept.add(prod, wait, world)
         self.cursor = event.ts
         self.high_step = step
         self.world = world
@@ -251,6 +261,8 @@ class Ledger:
 
     def _alive_until(self, a: float, b: float) -> float | None:
         """The newest heartbeat inside (a, b), if any."""
+        if not self.beats:
+            return None
         inside = [t for t in self.beats if a < t < b]
         self.beats = [t for t in self.beats if t >= b]
         return max(inside) if inside else None
@@ -275,7 +287,7 @@ class Ledger:
             "counts": dict(self.counts), "cause": self.cause,
             "costs": {k: c.to_dict() for k, c in self.costs.items()}, "ckpt": dict(self.ckpt),
             "disk_steps": list(self.disk_steps), "last_stall": list(self.last_stall), "beats": list(self.beats),
-            "seen": list(self.seen), "window": self.window.state_dict(),
+            "seen": list(self.seen), "window": self.window.state_dict(), "row_at": self.row_at,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -299,3 +311,4 @@ class Ledger:
         self.beats = [float(x) for x in state["beats"]]
         self.seen = [str(x) for x in state["seen"]]
         self.window.load_state_dict(state["window"])
+        self.row_at = state["row_at"]

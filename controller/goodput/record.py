@@ -51,13 +51,16 @@ class LedgerAlert:
 
 class Window:
     """The stacked time chart (cumulative seconds per bucket at up to ``points`` moments, at least
-    ``every`` apart and thinned by half when full; the last one is always the ledger's newest) and
-    the samples the ETTR alert judges its window by."""
+    ``every`` apart and thinned by half when full; ``chart`` adds the ledger's newest) and the
+    samples the ETTR alert judges its window by (one per 1/16 of the window: the window's ETTR is
+    judged when one is taken)."""
 
     def __init__(self, window_s: float, points: int) -> None:
         self.window_s = window_s
         self.points = points
         self.timeline: list[list[float]] = []
+        """Kept in the store's ``goodput.timeline`` (written whenever it ``moved``), not in the state."""
+        self.moved = False
         self.every = 1.0
         self.samples: list[list[float]] = []
         """[t, productive, total] every window/16 seconds of booked time."""
@@ -66,17 +69,18 @@ class Window:
         """The ETTR over the last window (None until a whole window is booked)."""
 
     def sample(self, t: float, seconds: list[float], config: GoodputConfig) -> list[LedgerAlert]:
-        point = [round(t, 3), *(round(s, 4) for s in seconds)]
-        if len(self.timeline) >= 2 and t - self.timeline[-2][0] < self.every:
-            self.timeline[-1] = point  # the newest point moves with the ledger; the others stay put
-        else:
-            self.timeline.append(point)
+        """After each booked event (``t``: seconds since the first start). Cheap unless a chart
+        point or an alert sample is due: it runs once per event on the controller's batch path."""
+        if not self.timeline or t - self.timeline[-1][0] >= self.every:
+            self.timeline.append([round(t, 3), *(round(s, 2) for s in seconds)])
+            self.moved = True
             if len(self.timeline) > self.points:
                 self.timeline = [*self.timeline[:-1:2], self.timeline[-1]]
                 self.every *= 2
-        prod, total = seconds[_PROD], sum(seconds)
-        if not self.samples or t - self.samples[-1][0] >= self.window_s / _ALERT_SAMPLES:
-            self.samples.append([t, prod, total])
+        if self.samples and t - self.samples[-1][0] < self.window_s / _ALERT_SAMPLES:
+            return []
+        prod = seconds[_PROD]
+        self.samples.append([t, prod, sum(seconds)])
         old = [s for s in self.samples if s[0] <= t - self.window_s]
         if not old:
             return []
@@ -95,17 +99,25 @@ class Window:
             return [LedgerAlert("recovered", self.ettr, self.window_s, floor)]
         return []
 
-    def chart(self) -> dict[str, Any]:
-        """{"buckets": [...], "points": [[t, cumulative seconds per bucket...], ...]}."""
-        return {"buckets": [b.value for b in BUCKETS], "points": [list(p) for p in self.timeline]}
+    def chart(self, t: float, seconds: list[float]) -> dict[str, Any]:
+        """{"buckets": [...], "points": [[t, cumulative seconds per bucket...], ...]}, ending at the
+        ledger's newest moment ``t``."""
+        return chart(self.timeline, t, seconds)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"timeline": [list(p) for p in self.timeline], "every": self.every,
+        return {"every": self.every,
                 "samples": [list(s) for s in self.samples], "alerting": self.alerting, "ettr": self.ettr}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.timeline = [[float(x) for x in p] for p in state["timeline"]]
         self.every = float(state["every"])
         self.samples = [[float(x) for x in s] for s in state["samples"]]
         self.alerting = bool(state["alerting"])
         self.ettr = None if state["ettr"] is None else float(state["ettr"])
+
+
+def chart(points: list[list[float]], t: float, seconds: list[float]) -> dict[str, Any]:
+    """The stacked chart's points, with the newest moment ``t`` (its ``seconds``) after the last."""
+    out = [list(p) for p in points]
+    if not out or out[-1][0] < round(t, 3):
+        out.append([round(t, 3), *(round(s, 2) for s in seconds)])
+    return {"buckets": [b.value for b in BUCKETS], "points": out}

@@ -16,7 +16,8 @@ _RESTART_BUCKETS = (INDEX[Bucket.RESTART], INDEX[Bucket.CHECKPOINT_RESTORE], IND
 
 def summarize(ledger: Ledger) -> dict[str, Any]:
     """Wall time, ETTR (of seconds and of GPU-seconds), each bucket, the counts, the checkpoint
-    figures and their counterfactual, the ETTR over the alert window and the stacked time chart."""
+    figures and their counterfactual and the ETTR over the alert window (the stacked time chart:
+    ``ledger.window.chart``)."""
     wall = (ledger.cursor - ledger.started_at) if ledger.cursor is not None and ledger.started_at is not None else 0.0
     booked, gpu_total = sum(ledger.seconds), sum(ledger.gpu)
     k = ledger.kept.now
@@ -32,7 +33,6 @@ def summarize(ledger: Ledger) -> dict[str, Any]:
         "kept_steps": int(k.steps), "mean_step_s": step_s, "phase": str(ledger.phase),
         **ledger.counts,
         "checkpoints": checkpoint_figures(ledger, step_s),
-        "timeline": ledger.window.chart(),
     }
 
 

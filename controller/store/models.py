@@ -441,8 +441,9 @@ class DlqCountRow(Base):
 
 
 class GoodputRow(Base):
-    """A run's goodput ledger (``controller/goodput``): where each second from its first start went,
-    the figures readers show, and the ledger's own state (the controller continues from it)."""
+    """A run's goodput ledger (``controller/goodput``): where each second from its first start went
+    and the figures readers show, as of ``booked_until`` (written at most ``[goodput] row_every_s``
+    of booked time apart when nothing else changed)."""
 
     __tablename__ = "goodput"
 
@@ -464,9 +465,10 @@ class GoodputRow(Base):
     """Bucket -> seconds."""
     gpu_seconds: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     summary: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
-    """``controller.goodput.summary.summarize``: counts, checkpoints and their counterfactual, the chart."""
-    state: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
-    """``Ledger.state_dict()``."""
+    """``controller.goodput.summary.summarize``: counts, checkpoints and their counterfactual."""
+    timeline: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    """The stacked chart's points: [seconds since the first start, cumulative seconds per bucket...]
+    (the ledger's own state, the rest, is saved with the run's: ``runs.controller_state``)."""
 
 
 class GoodputCostRow(Base):

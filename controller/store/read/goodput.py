@@ -8,19 +8,22 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from cliffguard.controller.goodput.buckets import BUCKETS
+from cliffguard.controller.goodput.record import chart
 from cliffguard.controller.store.models import GoodputCostRow, GoodputRow, IncidentRow
 from cliffguard.controller.store.read._rows import row_dict
 
 
 def goodput(session: Session, run_id: str) -> dict[str, Any] | None:
     """The run's ledger: the ``goodput`` row's columns (``seconds``/``gpu_seconds`` by bucket) with
-    ``summary`` merged in (counts, ``checkpoints`` with their ``counterfactual``, ``timeline``),
-    without the ledger's private state; None before the run's first event was booked."""
+    ``summary`` merged in (counts, ``checkpoints`` with their ``counterfactual``) and ``timeline``
+    (the stacked chart's points up to ``booked_until``); None before the run's first event was booked."""
     row = session.get(GoodputRow, run_id)
     if row is None:
         return None
-    out = row_dict(row, exclude=("state", "summary"))
-    return {**(row.summary or {}), **out}
+    out = row_dict(row, exclude=("timeline", "summary"))
+    seconds = [row.seconds.get(b.value, 0.0) for b in BUCKETS]
+    return {**(row.summary or {}), **out, "timeline": chart(row.timeline or [], row.wall_s, seconds)}
 
 
 def ettr_by_run(session: Session, run_ids: list[str] | None = None) -> dict[str, dict[str, Any]]:

@@ -35,7 +35,7 @@ def upgrade() -> None:
         sa.Column("seconds", sa.JSON(), nullable=False),
         sa.Column("gpu_seconds", sa.JSON(), nullable=False),
         sa.Column("summary", sa.JSON(), nullable=False),
-        sa.Column("state", sa.JSON(), nullable=False),
+        sa.Column("timeline", sa.JSON(), nullable=False),
         sa.ForeignKeyConstraint(["run_id"], ["runs.id"], name=op.f("fk_goodput_run_id_runs"), ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("run_id", name=op.f("pk_goodput")),
     )
