@@ -2,7 +2,8 @@
 
 Without an output it prints the goodput breakdown and the incidents; ``--html OUT`` writes one
 self-contained page (plots inline, the same content as JSON inside), ``--json OUT`` the content
-as JSON (``-`` for standard output)."""
+as JSON (``-`` for standard output). ``cliffguard report --remedies [--days 7]``: what each remedy
+(rollbacks, resumes, restarts, scale changes) cost across every run of the store."""
 
 from __future__ import annotations
 
@@ -17,10 +18,13 @@ from cliffguard.core.settings import ConfigError
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="a run's post-mortem: goodput, incidents, costs (HTML or JSON)")
-    p.add_argument("run", metavar="RUN")
+    p.add_argument("run", metavar="RUN", nargs="?", help="the run (or --remedies for every run's)")
     add_common(p)
     p.add_argument("--html", metavar="OUT", help="write the report as one self-contained HTML file")
     p.add_argument("--json", metavar="OUT", help="write the report's content as JSON ('-': standard output)")
+    p.add_argument("--remedies", action="store_true",
+                   help="what each remedy cost across runs (rollbacks, resumes, restarts, ...) over --days")
+    p.add_argument("--days", type=float, default=7.0, help="with --remedies: the window, back from now (default 7)")
     return p
 
 
@@ -35,9 +39,14 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"cliffguard report: {exc}")
         return 2
+    if not args.run and not args.remedies:
+        print("cliffguard report: give a RUN, or --remedies")
+        return 2
     store = Store.open(store_cfg)
     try:
         with store.session() as s:
+            if args.remedies:
+                return _remedies(s, args)
             data = report_data(s, args.run)
     finally:
         store.close()
@@ -56,6 +65,25 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {Path(args.html).resolve()}")
     if not args.html and not args.json:
         print(text_summary(data))
+    return 0
+
+
+def _remedies(session, args: argparse.Namespace) -> int:
+    import time
+
+    from cliffguard.controller.store import read
+
+    since = time.time() - args.days * 86400
+    rows = read.remedy_costs(session, since=since, run_id=args.run)
+    if args.json:
+        print(json.dumps({"since": since, "days": args.days, "remedies": rows}, indent=1))
+        return 0
+    print(f"what each remedy cost in the last {args.days:g} days" + (f" (run {args.run})" if args.run else ""))
+    print(f"{'REMEDY':<14} {'COUNT':>6} {'SECONDS':>10} {'GPU-SECONDS':>12} {'STEPS LOST':>11}")
+    for r in rows:
+        print(f"{r['remedy']:<14} {r['count']:>6} {r['seconds']:>10.1f} {r['gpu_seconds']:>12.1f} {r['steps_lost']:>11}")
+    if not rows:
+        print("(none)")
     return 0
 
 

@@ -136,8 +136,15 @@ def _restarts(data: dict[str, Any], labels: dict[str, tuple[str, str]]) -> str:
            for r in data["remedies"]]
     out = "<h2>Restarts and scale changes</h2>" + (_table(["kind", "when", "cost", "steps lost", "by bucket"], rows)
                                                  if rows else "<p class='muted'>none</p>")
-    return out + "<h2>Cost by remedy</h2>" + _table(["remedy", "count", "time", "GPU-seconds", "steps lost"], rem,
-                                                   {1, 3, 4})
+    out += "<h2>Cost by remedy</h2>" + _table(["remedy", "count", "time", "GPU-seconds", "steps lost"], rem, {1, 3, 4})
+    guard = ((data.get("goodput") or {}).get("guard")) or {}
+    if guard.get("skip_episodes"):
+        saved = guard["estimated_saved_s"]
+        out += (f"<p>The guard skipped updates in {guard['skip_episodes']} runs of steps ({_s(guard['skipped_s'])}); "
+                f"{guard['absorbed']} of them the run went on from without a rollback. Estimated saving: "
+                + (f"<b>{_s(saved)}</b> ({escape(guard['basis'])}, less the skipped steps' time)" if saved is not None
+                   else escape(guard["basis"])) + ".</p>")
+    return out
 
 
 def _mfu(data: dict[str, Any]) -> str:

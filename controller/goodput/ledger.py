@@ -59,7 +59,8 @@ class Ledger:
         self.first_step: int | None = None
         self.kept = KeptTimeline(self.config.max_marks)
         self.counts = {"steps_lost": 0, "redos": 0, "approx_redos": 0, "late_events": 0, "missing_steps": 0,
-                       "skipped_steps": 0, "rollbacks": 0, "restarts": 0, "scale_changes": 0, "bad_timings": 0}
+                       "skipped_steps": 0, "rollbacks": 0, "restarts": 0, "scale_changes": 0, "bad_timings": 0,
+                       "skip_episodes": 0, "skip_episodes_redone": 0}
         self.cause: str | None = None
         """The restart or scale change in progress (a cost key), until the first step after it."""
         self.costs: dict[str, Cost] = {}
@@ -72,6 +73,10 @@ class Ledger:
         self.disk_steps: list[int] = []
         self.last_stall: list[float] = []
         self.beats: list[float] = []
+        self.last_skip = -2
+        """The newest step the guard skipped (a skip right after it continues the episode)."""
+        self.episode_open = False
+        """The newest run of skips was not followed by a redo yet."""
         self.seen: list[str] = []
         """The ids of the newest events booked (a copy of one is skipped)."""
         self.window = Window(self.config.ettr_window_s, self.config.timeline_points)
@@ -173,6 +178,10 @@ class Ledger:
         span, world = event.ts - a, event.world
         if d.get("skipped"):
             self.counts["skipped_steps"] += 1
+            if self.high_step < 0 or self.last_skip != self.high_step:  # the first of a run of skips
+                self.counts["skip_episodes"] += 1
+                self.episode_open = True
+            self.last_skip = step
             self._book(span, _SKIP, world, incident)
         else:
             wait = min(max(wait_s, 0.0), span)
@@ -241,6 +250,9 @@ class Ledger:
         self.gpu[_LOST] += lost[2] + lost[3]
         self.counts["steps_lost"] += n
         self.counts["redos"] += 1
+        if self.episode_open:  # the skips did not absorb it: the run went back past them
+            self.counts["skip_episodes_redone"] += 1
+            self.episode_open = False
         cost = self._cost(key, "incident", ts)
         cost.steps_lost += n
         cost.seconds[_LOST] += lost[0] + lost[1]
@@ -288,6 +300,7 @@ class Ledger:
             "costs": {k: c.to_dict() for k, c in self.costs.items()}, "ckpt": dict(self.ckpt),
             "disk_steps": list(self.disk_steps), "last_stall": list(self.last_stall), "beats": list(self.beats),
             "seen": list(self.seen), "window": self.window.state_dict(), "row_at": self.row_at,
+            "last_skip": self.last_skip, "episode_open": self.episode_open,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -312,3 +325,4 @@ class Ledger:
         self.seen = [str(x) for x in state["seen"]]
         self.window.load_state_dict(state["window"])
         self.row_at = state["row_at"]
+        self.last_skip, self.episode_open = int(state["last_skip"]), bool(state["episode_open"])

@@ -11,6 +11,7 @@ from cliffguard.controller.goodput.counterfactual import interval_table
 from cliffguard.controller.goodput.ledger import Ledger
 
 _PROD = INDEX[Bucket.PRODUCTIVE]
+_SKIP = INDEX[Bucket.SKIPPED]
 _RESTART_BUCKETS = (INDEX[Bucket.RESTART], INDEX[Bucket.CHECKPOINT_RESTORE], INDEX[Bucket.HANG])
 
 
@@ -33,6 +34,7 @@ def summarize(ledger: Ledger) -> dict[str, Any]:
         "kept_steps": int(k.steps), "mean_step_s": step_s, "phase": str(ledger.phase),
         **ledger.counts,
         "checkpoints": checkpoint_figures(ledger, step_s),
+        "guard": guard_savings(ledger),
     }
 
 
@@ -69,3 +71,17 @@ def costs(ledger: Ledger) -> dict[str, dict[str, Any]]:
     """Each cost record in the ledger's state: kind, when, steps lost, and seconds by bucket."""
     return {key: {"kind": c.kind, "ts": c.ts, "steps_lost": c.steps_lost, "seconds": sum(c.seconds),
                   "gpu_seconds": sum(c.gpu), "buckets": c.by_bucket()} for key, c in ledger.costs.items()}
+
+
+def guard_savings(ledger: Ledger) -> dict[str, Any]:
+    """What the guard's skipped updates saved, estimated: each run of skips that no redo followed
+    (the run went on without a rollback) is counted as one rollback avoided, at the mean cost of
+    the rollbacks this run did pay for (its incidents that lost steps). None without one to go by."""
+    c = ledger.counts
+    absorbed = max(0, c["skip_episodes"] - c["skip_episodes_redone"])
+    paid = [x for x in ledger.costs.values() if x.kind == "incident" and x.steps_lost > 0]
+    per = sum(sum(x.seconds) for x in paid) / len(paid) if paid else None
+    return {"skip_episodes": c["skip_episodes"], "absorbed": absorbed, "skipped_s": ledger.seconds[_SKIP],
+            "rollback_cost_s": per, "estimated_saved_s": None if per is None else absorbed * per - ledger.seconds[_SKIP]
+            if absorbed else 0.0,
+            "basis": f"the mean of {len(paid)} rollbacks of this run" if paid else "no rollback of this run to go by"}

@@ -91,3 +91,13 @@ def test_the_report_renders_in_chromium(store, tmp_path):
     assert shot.stat().st_size > 40_000  # a drawn page, not a blank one
     if os.environ.get("CLIFFGUARD_UPDATE_DOCS_SHOT") == "1":
         shutil.copyfile(shot, DOCS_SHOT)
+
+
+def test_what_each_remedy_cost_across_runs(store, capsys):
+    engine, url, s = store
+    assert main(["report", "--remedies", "--days", "100000", "--db", url, "--json", "-"]) == 0
+    rows = {r["remedy"]: r for r in json.loads(capsys.readouterr().out)["remedies"]}
+    assert rows["restart"]["count"] == 1 and rows["elastic"]["count"] == 2
+    assert main(["report", "--remedies", "--db", url]) == 0
+    assert "restart" in capsys.readouterr().out
+    assert main(["report", "--db", url]) == 2

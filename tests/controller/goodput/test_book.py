@@ -43,6 +43,8 @@ def test_the_scripted_run_is_booked_in_the_store_across_a_partition_move(engine)
     assert {"incident", "restart", "elastic"} <= kinds
     assert remedies["restart"]["count"] == 1 and remedies["elastic"]["count"] == 2
     assert sum(c["steps_lost"] for c in costs) == s.steps_lost
+    with session_scope(engine) as ses:  # a window after the run: nothing
+        assert read.remedy_costs(ses, since=s.t + 1) == []
 
 
 def test_an_ettr_below_the_floor_raises_an_alert(engine):

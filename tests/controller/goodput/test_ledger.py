@@ -147,3 +147,13 @@ def test_every_bucket_has_a_label_and_a_colour():
     from cliffguard.controller.goodput.buckets import COLORS, LABELS
 
     assert set(LABELS) == set(COLORS) == set(Bucket)
+
+
+def test_skips_the_run_went_on_from_count_as_rollbacks_avoided_at_the_measured_rollback_cost():
+    s = schedule()  # one run of skips (step 30) absorbed: the run resumed; one (40..44) rolled back
+    led = book(s.events(), incident=lambda ev: "inc-1" if 49 < ev.ts - T0 < 61 else None)
+    g = summarize(led)["guard"]
+    assert (g["skip_episodes"], g["absorbed"]) == (2, 1)
+    paid = costs(led)["inc-1"]["seconds"]
+    assert g["rollback_cost_s"] == pytest.approx(paid)
+    assert g["estimated_saved_s"] == pytest.approx(paid - 6.0)  # less the 6 s the skipped steps took
