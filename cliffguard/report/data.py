@@ -15,6 +15,8 @@ from cliffguard.controller.goodput.buckets import BUCKETS, COLORS, LABELS
 from cliffguard.controller.store import read
 
 MAX_POINTS = 1500
+MFU_STEPS = 20_000
+"""The MFU curve and its mean cover the newest this many step rows."""
 RUN_KEYS = ("id", "status", "recovery_state", "world_size", "last_step", "started_at", "ended_at", "error",
             "lr_scale", "lr_scale_applied")
 
@@ -47,7 +49,7 @@ def report_data(session: Session, run_id: str, *, now: float | None = None) -> d
                           "acked_at": c.get("acked_at"), "detail": c.get("ack_detail")}
                          for c in detail.get("commands", [])],
         })
-    steps = read.step_rows(session, run_id)
+    steps = read.step_rows(session, run_id, newest=MFU_STEPS)
     stride = max(1, len(steps) // MAX_POINTS)
     mfu_alerts = [a for a in read.alerts(session, run_id, limit=None) if a["rule"] == "mfu_low"]
     return {

@@ -16,6 +16,7 @@ thread only reads the newest one, never the ledgers or the store.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -25,6 +26,8 @@ log = logging.getLogger(__name__)
 
 _PROD = INDEX[Bucket.PRODUCTIVE]
 PREFIX = "cliffguard_goodput"
+PUBLISH_EVERY_S = 1.0
+"""How fresh a scrape is at worst (Prometheus scrapes every 15-60 s)."""
 
 
 def snapshot_of(slots: Iterable[Any]) -> dict[str, dict[str, Any]]:
@@ -92,10 +95,16 @@ class MetricsServer:
         self.registry.register(self.collector)
         self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
         self.host, self.port = host, int(self._server.server_address[1])
+        self._published = -PUBLISH_EVERY_S
         log.info("goodput metrics on http://%s:%d/metrics", host, self.port)
 
     def publish(self, slots: Iterable[Any]) -> None:
-        """Called on the loop thread after a commit: the snapshot the next scrape reads."""
+        """Called on the loop thread after a commit: the snapshot the next scrape reads, taken at
+        most every ``PUBLISH_EVERY_S`` (a fleet's thousands of ledgers are not copied per batch)."""
+        now = time.monotonic()
+        if now - self._published < PUBLISH_EVERY_S:
+            return
+        self._published = now
         self.collector.snapshot = snapshot_of(slots)
 
     def close(self) -> None:

@@ -52,7 +52,10 @@ def test_the_scripted_run_is_booked_by_the_real_controller(kafka_cfg, tmp_path):
             with session_scope(engine) as ses:
                 incidents = {i["id"]: i for i in read.incidents(ses, run)}
                 costs = read.goodput_costs(ses, run)
-            scraped = scrape(f"http://127.0.0.1:{metrics.metrics_port}/metrics")
+            url = f"http://127.0.0.1:{metrics.metrics_port}/metrics"
+            key = ("cliffguard_goodput_steps_lost", (("run", run),))
+            wait_for(lambda: scrape(url).get(key) == s.steps_lost, 30)  # published at most once a second
+            scraped = scrape(url)
     finally:
         trainer.close()
     assert abs(sum(g["seconds"].values()) - s.wall_s) <= 0.01 * s.wall_s
