@@ -41,7 +41,7 @@ class KeptTimeline:
         """Remember the kept time before ``step``, if it is the kept timeline's next step."""
         if step != next_step or (self.marks and self.marks[-1][0] >= step):
             return
-        self.marks.append([float(step), *self.now.row()])
+        self.marks.append([float(step), *(round(x, 6) for x in self.now.row())])  # µs: a smaller saved state
         del self.marks[: -self.max_marks]
 
     def rewind(self, step: int, first_step: int, next_step: int) -> tuple[list[float], bool]:
