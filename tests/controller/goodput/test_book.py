@@ -1,5 +1,5 @@
 """The ledgers at the controller's batch: the scripted run through ``BatchProcessor`` into the
-store (SQLite), its partition moving half-way (the ledger reloaded from the store), and the read API."""
+store (SQLite, and PostgreSQL in its tier), its partition moving half-way (the ledger reloaded from the store), and the read API."""
 
 from __future__ import annotations
 
@@ -8,17 +8,17 @@ from sqlalchemy import select
 
 from cliffguard.controller.goodput.config import GoodputConfig
 from cliffguard.controller.store import read
-from cliffguard.controller.store.db import init_db, make_engine, session_scope
+from cliffguard.controller.store.db import session_scope
 from cliffguard.controller.store.models import AlertRow
+from testing.controller_service import store_engine
 from testing.goodput_script import book_through_controller, schedule
 
 
-@pytest.fixture
-def engine(tmp_path):
-    eng = make_engine(f"sqlite:///{tmp_path / 'goodput.db'}")
-    init_db(eng)
-    yield eng
-    eng.dispose()
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def engine(request, tmp_path):
+    pg = request.getfixturevalue("pg_url") if request.param == "postgres" else None
+    with store_engine(request.param, tmp_path, pg) as (eng, _url):
+        yield eng
 
 
 def test_the_scripted_run_is_booked_in_the_store_across_a_partition_move(engine):
