@@ -21,6 +21,7 @@ included), else to ``incident`` (the controller's open incident, passed with eac
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -29,6 +30,7 @@ from cliffguard.controller.goodput.config import GoodputConfig
 from cliffguard.controller.goodput.kept import KeptTimeline
 from cliffguard.controller.goodput.marks import MARKS, Mark, mark_key
 from cliffguard.controller.goodput.record import Cost, LedgerAlert, Window
+from cliffguard.controller.goodput.stalls import Beats, CheckpointStats
 from cliffguard.core.enums import CheckpointKind, EventType
 from cliffguard.core.events import Event
 from cliffguard.core.ranks import RUN_RANK
@@ -37,7 +39,6 @@ N = len(BUCKETS)
 _PROD, _WAIT, _SKIP, _LOST = (INDEX[b] for b in (Bucket.PRODUCTIVE, Bucket.DATA_WAIT, Bucket.SKIPPED,
                                                   Bucket.ROLLED_BACK))
 _DISK = frozenset({str(CheckpointKind.INCREMENTAL), str(CheckpointKind.FULL)})
-_KEEP_BEATS = 16
 _KEEP_IDS = 16
 
 
@@ -60,7 +61,7 @@ class Ledger:
         self.kept = KeptTimeline(self.config.max_marks)
         self.counts = {"steps_lost": 0, "redos": 0, "approx_redos": 0, "late_events": 0, "missing_steps": 0,
                        "skipped_steps": 0, "rollbacks": 0, "restarts": 0, "scale_changes": 0, "bad_timings": 0,
-                       "skip_episodes": 0, "skip_episodes_redone": 0}
+                       "skip_episodes": 0, "skip_episodes_redone": 0, "clock_steps": 0}
         self.cause: str | None = None
         """The restart or scale change in progress (a cost key), until the first step after it."""
         self.costs: dict[str, Cost] = {}
@@ -68,16 +69,15 @@ class Ledger:
         """Cost keys changed since the store last wrote them (``book.py`` clears it)."""
         self.row_at: float | None = None
         """The cursor when the store's ``goodput`` row was last written (``book.py``)."""
-        self.ckpt = {"stalls": 0, "stall_s": 0.0, "disk": 0, "disk_write_s": 0.0, "disk_stalls": 0,
-                     "disk_stall_s": 0.0}
-        self.disk_steps: list[int] = []
-        self.last_stall: list[float] = []
-        self.beats: list[float] = []
+        self.ckpt = CheckpointStats()
+        self.beats = Beats()
         self.last_skip = -2
         """The newest step the guard skipped (a skip right after it continues the episode)."""
         self.episode_open = False
         """The newest run of skips was not followed by a redo yet."""
         self.seen: list[str] = []
+        self.start_ids: list[str] = []
+        """The ids of the newest ``run.started`` events (a late copy of one is not a new process)."""
         """The ids of the newest events booked (a copy of one is skipped)."""
         self.window = Window(self.config.ettr_window_s, self.config.timeline_points)
 
@@ -88,15 +88,19 @@ class Ledger:
             return []
         t = event.type
         if t is EventType.HEARTBEAT:
-            self._beat(event.ts)
+            self.beats.add(event.ts, self.cursor)
             return []
         late = self.cursor is not None and (event.ts <= self.cursor if t is EventType.STEP else event.ts < self.cursor)
+        if late and t is EventType.RUN_STARTED and event.id not in self.start_ids and self.cursor is not None:
+            # a new process whose clock is behind the old one's (another host): it starts now
+            self.counts["clock_steps"] += 1
+            event, late = dataclasses.replace(event, ts=self.cursor), False
         if late or event.id in self.seen:
             self.counts["late_events"] += 1  # a re-sent copy, a late spill: its time is booked already
             return []
         if t is EventType.CHECKPOINT and str(event.data["kind"]) in _DISK:
             self._remember(event.id)
-            self._disk_checkpoint(event)
+            self.ckpt.disk(event.step, float(event.data["seconds"]))
             return []
         if t is EventType.STEP and event.data.get("detail"):  # a per-rank copy for a detail command
             return []
@@ -127,7 +131,8 @@ class Ledger:
     def _point(self, event: Event, key: str, mark: Mark, cause: str | None) -> None:
         t = event.type
         if t is EventType.RUN_STARTED:
-            if self.starts:
+            self.start_ids = [*self.start_ids[-(_KEEP_IDS - 1):], event.id]
+            if key != "run.started:first":
                 self.counts["restarts"] += 1
                 cause = self.cause = f"restart:{self.starts}"
                 self._cost(cause, "restart", event.ts)
@@ -141,9 +146,7 @@ class Ledger:
         if key == "checkpoint:memory":
             self._mark(event.step)
             if bucket is Bucket.CHECKPOINT_SAVE:  # not a snapshot taken while starting or restoring
-                self.ckpt["stalls"] += 1
-                self.ckpt["stall_s"] += booked
-                self.last_stall = [float(event.step), booked]
+                self.ckpt.stall(event.step, booked)
         if key == "command.ack:rollback:applied":
             self.counts["rollbacks"] += 1
         self.cursor = event.ts
@@ -206,7 +209,7 @@ class Ledger:
         target = mark.gap if mark.gap is not None and (mark.force or self.phase is RUNNING) else self.phase
         if end <= a:
             return target, 0.0
-        alive = self._alive_until(a, end)
+        alive = self.beats.alive_until(a, end)
         if alive is not None and target in (RUNNING, Bucket.RESTART):
             before = self.phase
             if before is RUNNING:
@@ -266,29 +269,6 @@ class Ledger:
         self.seen.append(event_id)
         del self.seen[:-_KEEP_IDS]
 
-    def _beat(self, ts: float) -> None:
-        if self.cursor is not None and ts > self.cursor:
-            self.beats.append(ts)
-            del self.beats[:-_KEEP_BEATS]
-
-    def _alive_until(self, a: float, b: float) -> float | None:
-        """The newest heartbeat inside (a, b), if any."""
-        if not self.beats:
-            return None
-        inside = [t for t in self.beats if a < t < b]
-        self.beats = [t for t in self.beats if t >= b]
-        return max(inside) if inside else None
-
-    def _disk_checkpoint(self, event: Event) -> None:
-        c = self.ckpt
-        c["disk"] += 1
-        c["disk_write_s"] += float(event.data["seconds"])
-        if self.last_stall and self.last_stall[0] == event.step:
-            c["disk_stalls"] += 1
-            c["disk_stall_s"] += self.last_stall[1]
-        if not self.disk_steps or event.step > self.disk_steps[-1]:
-            self.disk_steps = [*self.disk_steps[-7:], event.step]
-
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -297,9 +277,9 @@ class Ledger:
             "seconds": list(self.seconds), "gpu": list(self.gpu), "high_step": self.high_step,
             "first_step": self.first_step, "kept": self.kept.state_dict(),
             "counts": dict(self.counts), "cause": self.cause,
-            "costs": {k: c.to_dict() for k, c in self.costs.items()}, "ckpt": dict(self.ckpt),
-            "disk_steps": list(self.disk_steps), "last_stall": list(self.last_stall), "beats": list(self.beats),
-            "seen": list(self.seen), "window": self.window.state_dict(), "row_at": self.row_at,
+            "costs": {k: c.to_dict() for k, c in self.costs.items()}, "ckpt": self.ckpt.state_dict(),
+            "beats": list(self.beats.ts),
+            "seen": list(self.seen), "start_ids": list(self.start_ids), "window": self.window.state_dict(), "row_at": self.row_at,
             "last_skip": self.last_skip, "episode_open": self.episode_open,
         }
 
@@ -318,11 +298,10 @@ class Ledger:
         self.counts.update({k: int(v) for k, v in state["counts"].items()})
         self.cause = state["cause"]
         self.costs = {k: Cost.from_dict(v) for k, v in state["costs"].items()}
-        self.ckpt.update(state["ckpt"])
-        self.disk_steps = [int(s) for s in state["disk_steps"]]
-        self.last_stall = [float(x) for x in state["last_stall"]]
-        self.beats = [float(x) for x in state["beats"]]
+        self.ckpt.load_state_dict(state["ckpt"])
+        self.beats.ts = [float(x) for x in state["beats"]]
         self.seen = [str(x) for x in state["seen"]]
+        self.start_ids = [str(x) for x in state["start_ids"]]
         self.window.load_state_dict(state["window"])
         self.row_at = state["row_at"]
         self.last_skip, self.episode_open = int(state["last_skip"]), bool(state["episode_open"])

@@ -39,9 +39,10 @@ def summarize(ledger: Ledger) -> dict[str, Any]:
 
 
 def checkpoint_figures(ledger: Ledger, step_s: float | None) -> dict[str, Any]:
-    c = dict(ledger.ckpt)
+    c = dict(ledger.ckpt.c)
     c["mean_stall_s"] = c["stall_s"] / c["stalls"] if c["stalls"] else None
-    gaps = [b - a for a, b in zip(ledger.disk_steps, ledger.disk_steps[1:], strict=False) if b > a]
+    steps = ledger.ckpt.disk_steps
+    gaps = [b - a for a, b in zip(steps, steps[1:], strict=False) if b > a]
     c["disk_interval_steps"] = int(statistics.median(gaps)) if gaps else None
     c["counterfactual"] = counterfactual(ledger, step_s, c)
     return c

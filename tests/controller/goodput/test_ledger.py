@@ -157,3 +157,16 @@ def test_skips_the_run_went_on_from_count_as_rollbacks_avoided_at_the_measured_r
     paid = costs(led)["inc-1"]["seconds"]
     assert g["rollback_cost_s"] == pytest.approx(paid)
     assert g["estimated_saved_s"] == pytest.approx(paid - 6.0)  # less the 6 s the skipped steps took
+
+
+def test_a_restart_on_a_host_whose_clock_is_behind_still_starts_a_restart():
+    s = _steps("r", 5)
+    s.t -= 30.0  # the new rank 0's clock is 30 s behind
+    s.start()
+    s.t += 40.0
+    s.steps(2)
+    led = book(s.events())
+    out = summarize(led)
+    assert out["clock_steps"] == 1 and out["restarts"] == 1
+    assert out["wall_s"] == pytest.approx(5.0 + 10.0 + 2.0)  # the cursor never went back
+    assert out["seconds"]["checkpoint_restore"] == pytest.approx(10.0)  # the new process's start to its first step
