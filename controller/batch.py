@@ -13,7 +13,8 @@
 6. the step rows, in one INSERT carrying what the loss-spike rule knew at each judged step
    (median, σ, level), which the dashboard draws as the loss bands, and the rule's settings on
    the run (once per loaded run: ``RunSlot.spike_rule``);
-7. run states (``runs.controller_state``) and the consumer offsets.
+7. run states (``runs.controller_state``), the goodput ledgers (every event was booked on its
+   run's ledger before step 4 saw it: ``controller/goodput/book.py``) and the consumer offsets.
 
 Commands and alerts leave through the outbox after commit; a command may also be sent the moment
 it is queued, through ``on_command`` (``CommandOutbox.send_early``: the verdict's latency path).
@@ -31,6 +32,8 @@ from sqlalchemy.orm import Session
 
 from cliffguard.controller.alerts import AlertsConfig, AlertSpec, enqueue_alert
 from cliffguard.controller.edge import DeadLetter, EdgeBatch
+from cliffguard.controller.goodput.book import GoodputBook
+from cliffguard.controller.goodput.config import GoodputConfig
 from cliffguard.controller.operator import enqueue_command
 from cliffguard.controller.recovery import transition
 from cliffguard.controller.recovery_types import (
@@ -111,6 +114,8 @@ class BatchContext:
     alerts: AlertsConfig
     retention: RetentionConfig = field(default_factory=RetentionConfig)
     """Step-metric downsampling, applied to each touched run inside the batch's transaction."""
+    goodput: GoodputConfig = field(default_factory=GoodputConfig)
+    """The goodput ledgers (``controller/goodput``), fed every event and saved with the batch."""
 
 
 @dataclass(slots=True)
@@ -162,6 +167,7 @@ class BatchProcessor:
     def __init__(self, ctx: BatchContext, runs: RunTable) -> None:
         self.ctx = ctx
         self.runs = runs
+        self.goodput = GoodputBook(ctx.goodput, ctx.alerts)
         self.on_command: Callable[[Session, str], object] | None = None
         """Called with (session, command id) as soon as a command is queued, inside the batch's
         transaction: the service sends it then (``CommandOutbox.send_early``), not after commit."""
@@ -203,6 +209,7 @@ class BatchProcessor:
                 replays.judged(ev)
                 if ev.ts > slot.judged_ts:
                     slot.judged_ts = ev.ts
+            res.alerts += self.goodput.on_event(session, slot, ev, now)  # before recovery: the incident open until now
             before = loss.last_point if loss is not None else None
             try:
                 verdicts = slot.detector.on_event(ev)
@@ -232,6 +239,7 @@ class BatchProcessor:
                 slot.spike_rule = loss.spike_config
         record_rule_stats(session, [], rules)
         save_slots(session, [s for s in touched if s.dirty], known=marks.keys())
+        self.goodput.save(session, touched, now)
         # folds old steps into buckets for the runs where enough have aged
         downsample_due(session, newest, self.ctx.retention, watermarks=marks)
         save_offsets(session, self.ctx.group_id, batch.next_offsets, now=now)

@@ -46,6 +46,8 @@ from cliffguard.controller.batch import BatchContext, BatchProcessor, BatchResul
 from cliffguard.controller.bounds import StepBounds
 from cliffguard.controller.config import ControllerConfig
 from cliffguard.controller.edge import DeadLetter, EdgeBatch, EdgeConsumer, EdgeRecord
+from cliffguard.controller.goodput.config import GoodputConfig
+from cliffguard.controller.goodput.metrics import MetricsServer
 from cliffguard.controller.health import HealthServer, HealthSnapshot
 from cliffguard.controller.held import HeldBatch, pause, resume
 from cliffguard.controller.operator import RequestPass, decide_pending_requests
@@ -81,6 +83,7 @@ class ControllerService:
         recovery: RecoveryConfig | None = None,
         retention: RetentionConfig | None = None,
         detector_factory: DetectorFactory | None = None,
+        goodput: GoodputConfig | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.config = config
@@ -95,7 +98,7 @@ class ControllerService:
         self.runs = RunTable(detector_factory or default_detector_factory())
         ctx = BatchContext(group_id=config.group_id, commands_topic=kafka.commands_topic, secret=secret,
                            recovery=recovery or RecoveryConfig(), alerts=self.alerts,
-                           retention=retention or RetentionConfig())
+                           retention=retention or RetentionConfig(), goodput=goodput or GoodputConfig())
         self.processor = BatchProcessor(ctx, self.runs)
         self.outbox = CommandOutbox(store_engine, kafka, batch=config.outbox_batch,
                                     interval_s=config.outbox_interval_s, retry_s=config.outbox_retry_s)
@@ -121,6 +124,8 @@ class ControllerService:
         self.last_store_error = ""
         self.health = HealthSnapshot()
         self.health_server: HealthServer | None = None
+        self.metrics_server: MetricsServer | None = None
+        """``/metrics`` (``[goodput] metrics_port``): the owned runs' goodput, as of the last commit."""
         self.stats = {"batches": 0, "events": 0, "dead": 0, "commands": 0, "alerts": 0, "stale": 0, "errors": 0,
                       "requests_accepted": 0, "requests_rejected": 0, "store_retries": 0, "store_rebuilds": 0, "replays": 0}
 
@@ -149,6 +154,9 @@ class ControllerService:
         if self.config.health_port and self.health_server is None:
             self.health_server = HealthServer(self.config.health_host, self.config.health_port,
                                               lambda: self.health, self.config.health_max_loop_age_s)
+        gp = self.processor.ctx.goodput
+        if gp.metrics_port and self.metrics_server is None:
+            self.metrics_server = MetricsServer(gp.metrics_host, gp.metrics_port)
         if self.alerts.endpoints:
             self.deliverer = AlertDeliverer(self.engine, self.alerts)
             self.deliverer.start()
@@ -167,7 +175,8 @@ class ControllerService:
     def close(self) -> None:
         for name, closer in (("edge", self.edge and self.edge.close), ("outbox", self.outbox.close),
                              ("alerts", self.deliverer and self.deliverer.close),
-                             ("health endpoint", self.health_server and self.health_server.close)):
+                             ("health endpoint", self.health_server and self.health_server.close),
+                             ("metrics endpoint", self.metrics_server and self.metrics_server.close)):
             if not closer:
                 continue
             try:
@@ -176,6 +185,7 @@ class ControllerService:
                 log.exception("closing the controller's %s", name)
         self.edge = None
         self.health_server = None
+        self.metrics_server = None
 
     def _take_health(self) -> None:
         """What /healthz and /readyz report, taken on the loop thread (``controller/health.py``)."""
@@ -530,6 +540,8 @@ class ControllerService:
         return self._process(self.held.batch)
 
     def _after_commit(self, res: BatchResult) -> None:
+        if self.metrics_server is not None:
+            self.metrics_server.publish(self.runs.slots.values())
         self.stats["commands"] += res.commands
         self.stats["replays"] += res.replays
         self.stats["alerts"] += res.alerts

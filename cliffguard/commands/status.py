@@ -27,6 +27,11 @@ def _age(ts: float | None) -> str:
     return f"{s:.0f}s" if s < 120 else f"{s / 60:.0f}m" if s < 7200 else f"{s / 3600:.0f}h"
 
 
+def _ettr(g: dict | None) -> str:
+    """A run's ETTR as a percentage ("-" before its ledger booked anything)."""
+    return "-" if g is None or g.get("ettr") is None else f"{100 * g['ettr']:.1f}%"
+
+
 def run(args: argparse.Namespace) -> int:
     from cliffguard.controller.store import read
     from cliffguard.controller.store.db import Store
@@ -50,9 +55,10 @@ def run(args: argparse.Namespace) -> int:
                        "transitions": read.transitions(s, args.run, limit=50),
                        "commands": read.commands(s, args.run, limit=50),
                        "scale": (read.scale_timeline(s, args.run) or [None])[-1],
-                       "elastic_events": read.elastic_events(s, args.run, limit=20)}
+                       "elastic_events": read.elastic_events(s, args.run, limit=20),
+                       "goodput": read.ettr_by_run(s, [args.run]).get(args.run)}
             else:
-                out = {"runs": read.list_runs(s), "dlq": read.dlq_counts(s)}
+                out = {"runs": read.list_runs(s), "dlq": read.dlq_counts(s), "ettr": read.ettr_by_run(s)}
     finally:
         store.close()
     if args.json:
@@ -62,10 +68,11 @@ def run(args: argparse.Namespace) -> int:
         runs = out["runs"]
         if not runs:
             print("no runs in the store")
-        print(f"{'RUN':<28} {'STATUS':<9} {'RECOVERY':<13} {'STEP':>8} {'LR× APPLIED':>16} {'SEEN':>6}  COMMANDS")
+        print(f"{'RUN':<28} {'STATUS':<9} {'RECOVERY':<13} {'STEP':>8} {'ETTR':>6} {'LR× APPLIED':>16} {'SEEN':>6}  "
+              "COMMANDS")
         for r in runs:
             print(f"{r['id']:<28} {r['status']:<9} {r['recovery_state']:<13} {r['last_step']:>8} "
-                  f"{describe_lr_scale(r.get('lr_scale_applied'), r['lr_scale']):>16} "
+                  f"{_ettr(out['ettr'].get(r['id'])):>6} {describe_lr_scale(r.get('lr_scale_applied'), r['lr_scale']):>16} "
                   f"{_age(r.get('last_event_ts')):>6}  {describe(r.get('capabilities'))}")
         for d in out["dlq"]:
             print(f"dead letters {d['topic']} {d['reason']}: {d['count']}")
@@ -74,6 +81,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"run {r['id']}: {r['status']}, recovery {r['recovery_state']}, step {r['last_step']}, "
           f"lr_scale applied {describe_lr_scale(r.get('lr_scale_applied'), r['lr_scale'])}, "
           f"commands it applies: {describe(r.get('capabilities'))}")
+    g = out["goodput"]
+    if g is not None:
+        print(f"  goodput: ETTR {_ettr(g)} of {g['wall_s']:.0f} s wall, {g['steps_lost']} steps lost "
+              f"(`cliffguard report {r['id']}` for where the time went)")
     if out["scale"] is not None:
         print(f"  world {out['scale']['world']}, global batch {out['scale']['global_batch']}"
               + (f" ({len(out['elastic_events'])} scale changes)" if out["elastic_events"] else ""))
