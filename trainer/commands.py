@@ -87,7 +87,6 @@ class TrainerCommands(RecoveryKit):
         super().__init__(tr.agent, tr.model, tr.optimizer, config=config, store=tr.ckpt, state=_TrainerState(tr),
                          validate_fn=tr.val_loss, skip_data=tr.sampler.skip, checkpoint_fn=self._checkpoint,
                          on_restore=on_restore, wrap_optimizer=False)
-        self.can_rewind = True  # the sampler's position is part of the captured state
         self.tr = tr
 
     def _checkpoint(self, step: int, kind: CheckpointKind) -> None:
