@@ -38,6 +38,7 @@ empty) is read again from its beginning, the batch polled at the stale positions
 ``on_recreated(topic)`` tells the owner that offsets it stored for the old topic mean nothing now.
 Nothing a message contains can make ``poll`` raise; failures to reach the DLQ are logged and
 counted (``dlq_send_errors``), and the dead letter is still returned so the caller can count it.
+The log says so once per reason per minute, with counts (controller/dead_letter_log.py).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cliffguard.controller.bounds import OUT_OF_RANGE, STEP_JUMP, StepBounds, int_bounds, out_of_range
+from cliffguard.controller.dead_letter_log import DeadLetterLog
 from cliffguard.controller.store.fit import INT64
 from cliffguard.core.batch_decode import BatchDecoder
 from cliffguard.core.declared import bounded, check_declared
@@ -299,6 +301,7 @@ class EdgeConsumer:
         self.dlq_send_errors = 0
         self.dlq_truncated = 0
         self.topic_recreations = 0
+        self._dead_log = DeadLetterLog()
         self._topic_watch = TopicIdWatch(self.topic)
         self._on_recreated = on_recreated
         self.commit_errors = 0
@@ -344,13 +347,14 @@ class EdgeConsumer:
                         clock=(self.clock_window, self._clock()), verifier=self.event_verifier, steps=self.step_bounds)
         if batch.dead:
             self._send_dead(batch.dead)
+        self._dead_log.flush()
         return batch
 
     def _send_dead(self, dead: list[DeadLetter]) -> None:
         futures = []
+        self._dead_log.note(dead)
         for d in dead:
             self.dead_count_by_reason[d.reason] += 1
-            log.warning("dead letter %s[%d]@%d: %s: %s", d.topic, d.partition, d.offset, d.reason, d.detail[:200])
             try:
                 if d.truncated:
                     self.dlq_truncated += 1
@@ -460,6 +464,7 @@ class EdgeConsumer:
             return False
 
     def close(self) -> None:
+        self._dead_log.flush(final=True)
         for closer in (self._consumer.close, lambda: self._dlq.close(timeout=5)):
             try:
                 closer()

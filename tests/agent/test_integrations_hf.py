@@ -301,7 +301,8 @@ def test_both_faults_through_the_real_broker_and_controller(kafka_cfg, tmp_path)
 
     spike_at, blow_at, steps = 24, 44, 64
     cfg = AgentConfig(run="hf-e2e", hist_every=0, heartbeat_s=1.0, calibration_s=0.05, command_tick_s=0.05,
-                      recovery=KitConfig(snapshot_every=4, ring_size=8, pause_timeout_s=40, val_every=8), spill_dir=str(tmp_path / "spill"))
+                      recovery=KitConfig(snapshot_every=4, ring_size=8, pause_timeout_s=40, val_every=8,
+                                                   val_max_share=0), spill_dir=str(tmp_path / "spill"))
     publisher = Publisher(kafka_cfg, PublisherConfig(spill_path=str(tmp_path / "spill" / "p.bin"))).start()
     sink = Tee(publisher)
     cb = CliffguardHFCallback(cfg, sink=sink, kafka=kafka_cfg, secret=SECRET)
