@@ -72,6 +72,7 @@ def start_monitoring(out_dir: Path, procs: Any, *, broker_port: int, say,
     from cliffguard.controller.broker import EmbeddedBroker, ensure_topics
     from cliffguard.controller.store.db import Store
 
+    out_dir = out_dir.resolve()  # the store URL and the key files are handed to processes running elsewhere
     broker = EmbeddedBroker(port=pick_port(broker_port, "broker", say), log_path=out_dir / "broker.log").start()
     store = None
     try:

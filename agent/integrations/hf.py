@@ -50,6 +50,8 @@ from cliffguard.core.enums import CheckpointKind, EventType
 log = logging.getLogger(__name__)
 
 _NOT_INPUTS = ("num_items_in_batch", "return_dict", "output_attentions", "output_hidden_states")
+_CONTROL_FLAGS = ("should_log", "should_evaluate", "should_save", "should_epoch_stop", "should_training_stop")
+"""What the Trainer decided for this step, kept across a validation the kit runs inside it."""
 
 
 def _run_id(text: str) -> str:
@@ -203,10 +205,15 @@ class CliffguardHFCallback(TrainerCallback):
         trainer = self.trainer
         if trainer is not None and getattr(trainer, "eval_dataset", None) is not None:
             self._in_evaluate = True
+            # evaluate() logs, and the Trainer's callback handler clears should_log on every log: the
+            # step's own training log (decided before this callback ran) must still happen
+            flags = {k: getattr(trainer.control, k) for k in _CONTROL_FLAGS}
             try:
                 metrics = trainer.evaluate()
             finally:
                 self._in_evaluate = False
+                for k, v in flags.items():
+                    setattr(trainer.control, k, v)
             val = metrics.get("eval_loss")
             if val is None:
                 raise RuntimeError("evaluate() returned no eval_loss")
