@@ -52,6 +52,7 @@ from typing import Any
 
 from cliffguard.controller.bounds import OUT_OF_RANGE, STEP_JUMP, StepBounds, int_bounds, out_of_range
 from cliffguard.controller.dead_letter_log import DeadLetterLog
+from cliffguard.controller.kafka_net import net_client_kwargs
 from cliffguard.controller.store.fit import INT64
 from cliffguard.core.batch_decode import BatchDecoder
 from cliffguard.core.declared import bounded, check_declared
@@ -318,6 +319,7 @@ class EdgeConsumer:
             # larger than the fetch limit is never returned and stalls its partition.
             "max_partition_fetch_bytes": max(max_fetch_bytes, max_bytes * 2),
             "fetch_max_bytes": max(52_428_800, max_fetch_bytes, max_bytes * 2),
+            **net_client_kwargs(),  # a big fetch read under GIL contention is no livelock (controller/kafka_net.py)
             **(consumer_overrides or {}),
         }
         self._consumer = KafkaConsumer(**kw)
