@@ -120,6 +120,7 @@ def collect(store: Any, run_id: str) -> dict[str, Any]:
         "last_step": None if run is None else run["last_step"],
         "lr_scale": None if run is None else run["lr_scale"],
         "lr_scale_applied": None if run is None else run.get("lr_scale_applied"),
+        "validation": None if run is None else (run.get("summary") or {}).get("validation"),
         "incidents": out,
         "initial_loss": finite[0]["loss"] if finite else None,
         "final_loss": sum(p["loss"] for p in tail) / len(tail) if tail else None,

@@ -324,6 +324,7 @@ def summarize(args: argparse.Namespace, run_id: str, faults: list[Any], facts: d
         "flagged_samples": facts["flagged_samples"], "lr_scale": facts["lr_scale"],
         "lr_scale_applied": facts["lr_scale_applied"], "run_status": facts["run_status"],
         "alerts": len(facts["alerts"]), "commands_sent": facts["commands_sent"], "train_exit_code": train_rc,
+        "validation": facts.get("validation"),  # what the trainer's validations cost (run.finished)
     }
 
 

@@ -212,6 +212,7 @@ def test_demo_handles_both_faults(tmp_path):
     summary, _ = _run_demo(tmp_path, steps)
     _both_faults_handled(summary, steps)
     assert summary["trainer"] == "bundled" and summary["steps_lost"] > 0
+    assert summary["validation"]["periodic"] >= 3 and summary["validation"]["off"] == ""  # its cost, in the summary
     # resuming after the corrupted stretch flagged exactly its samples: every step's global batch
     assert summary["flagged_samples"] == CORRUPT_STEPS * TrainConfig().global_batch
 
@@ -243,3 +244,5 @@ def test_a_smoke_scenario_per_library(tmp_path, trainer):
         assert inc["outcome"] == "resumed" and 55 <= inc["spike_step"] < 60
         assert [t["to"] for t in inc["transitions"]][:3] == ["pausing", "validating", "resuming"]
         assert summary["commands_sent"] >= 3 and summary["lr_scale_applied"] == 1.0
+        v = summary["validation"]  # run.finished's: the periodic one at step 50, the incident's on command
+        assert v["periodic"] == 1 and v["on_command"] >= 1 and v["train_s"] > 0

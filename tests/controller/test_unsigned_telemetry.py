@@ -150,5 +150,7 @@ def test_with_the_agent_secret_the_same_loop_is_heard(kafka_cfg, tmp_path, monke
             stop.set()
             thread.join(20)
         with session_scope(engine) as s:
-            assert read.dlq_runs(s) == [] and read.get_run(s, RUN)["config"]["global_batch"] == 8
+            run = read.get_run(s, RUN)
+            assert read.dlq_runs(s) == [] and run["config"]["global_batch"] == 8
+            assert run["summary"]["validation"]["every"] == 50  # run.finished's summary, through the controller
     assert not [r for r in caplog.records if r.name == "cliffguard.agent.build"]
