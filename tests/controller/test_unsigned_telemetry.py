@@ -152,5 +152,7 @@ def test_with_the_agent_secret_the_same_loop_is_heard(kafka_cfg, tmp_path, monke
         with session_scope(engine) as s:
             run = read.get_run(s, RUN)
             assert read.dlq_runs(s) == [] and run["config"]["global_batch"] == 8
-            assert run["summary"]["validation"]["every"] == 50  # run.finished's summary, through the controller
+            assert (
+                run["summary"]["validation"]["every"] == 50
+            )  # run.finished's summary, through the controller
     assert not [r for r in caplog.records if r.name == "cliffguard.agent.build"]
