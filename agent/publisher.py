@@ -62,7 +62,13 @@ from typing import Any
 
 from cliffguard.agent.acked_tail import AckedTail, LostLog
 from cliffguard.agent.drafts import EventDraft
-from cliffguard.agent.kafka_client import discard_producer, ensure_topic, key_hash_partitioner, tcp_reachable
+from cliffguard.agent.kafka_client import (
+    discard_producer,
+    ensure_topic,
+    keep_kafka_off_global_random,
+    key_hash_partitioner,
+    tcp_reachable,
+)
 from cliffguard.agent.publisher_link import Link, LinkEvent, LinkState
 from cliffguard.agent.spill import SpillFile
 from cliffguard.core import kafka_log
@@ -147,6 +153,8 @@ def kafka_producer(kafka: KafkaConfig, config: PublisherConfig) -> Any:
         # Nothing even accepts TCP: skip kafka-python's bootstrap, which waits out its timeout.
         raise ConnectionError("no bootstrap host accepts connections")
     from kafka import KafkaProducer
+
+    keep_kafka_off_global_random()
 
     kw = kafka.client_kwargs()
     send_ms = int(config.send_timeout_s * 1000)

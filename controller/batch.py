@@ -4,7 +4,7 @@
 
 1. fence: the stored offset of every partition in the batch must equal where the batch starts,
    otherwise another instance already processed it (a partition moved under us) -> ``StaleBatch``;
-2. dead letters -> ``dlq_counts``;
+2. dead letters -> ``dlq_counts`` and ``dlq_runs`` (per run, by the message key);
 3. events -> derived rows (``store.ingest``), idempotent by event id; step rows wait for step 4;
 4. per event not judged before (``controller/replays.py``: a re-read is recognised by id and
    skipped): the run's detector -> verdicts -> recovery inputs -> ``recovery.transition``;
@@ -60,7 +60,7 @@ from cliffguard.controller.recovery_types import (
 from cliffguard.controller.replays import JUDGED_ONCE, Replays
 from cliffguard.controller.rules.loss import LossRules
 from cliffguard.controller.runstate import Detector, RunSlot, RunTable, save_slots
-from cliffguard.controller.store.dlq import count_dead_letter
+from cliffguard.controller.store.dlq import count_dead_letters
 from cliffguard.controller.store.ingest import acked_command, ingest_events, ingest_steps, record_rule_stats
 from cliffguard.controller.store.models import (
     CheckpointRow,
@@ -177,11 +177,7 @@ class BatchProcessor:
     def process(self, session: Session, batch: EdgeBatch, now: float) -> BatchResult:
         res = BatchResult(events=len(batch.records), dead=len(batch.dead))
         self._fence(session, batch)
-        dead: dict[tuple[str, str], list[DeadLetter]] = {}
-        for d in batch.dead:
-            dead.setdefault((d.topic, d.reason), []).append(d)
-        for (topic, reason), letters in dead.items():  # one counter update per reason, the newest detail
-            count_dead_letter(session, topic, reason, letters[-1].detail, n=len(letters), now=now)
+        count_dead_letters(session, batch.dead, now)  # per topic and per run, by reason
         events = [r.event for r in batch.records]
         replays = self._replays(session, batch)  # before anything of this batch is written
         ingest_events(session, events, steps=False)  # the step rows go in below, with the rule's figures

@@ -41,7 +41,8 @@ place). Without an owner, the edge reads the new topic from its beginning itself
 Nothing a message contains can make ``poll`` raise; failures to reach the DLQ are logged and
 counted (``dlq_send_errors``), and the dead letter is still returned so the caller can count it.
 The DLQ producer is dropped after a send the broker did not acknowledge and built again for the
-next dead letter (``core/kafka_producers.py``: a restarted broker forgets producer ids).
+next dead letter (``core/kafka_producers.py``: a restarted broker forgets producer ids). The log
+says so once per reason per minute, with counts (controller/dead_letter_log.py).
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cliffguard.controller.bounds import OUT_OF_RANGE, STEP_JUMP, StepBounds, int_bounds, out_of_range
+from cliffguard.controller.dead_letter_log import DeadLetterLog
+from cliffguard.controller.kafka_net import net_client_kwargs
 from cliffguard.controller.store.fit import INT64
 from cliffguard.core.batch_decode import BatchDecoder
 from cliffguard.core.declared import bounded, check_declared
@@ -304,6 +307,7 @@ class EdgeConsumer:
         self.dlq_send_errors = 0
         self.dlq_truncated = 0
         self.topic_recreations = 0
+        self._dead_log = DeadLetterLog()
         self._topic_watch = TopicIdWatch(self.topic)
         self._on_recreated = on_recreated
         self.commit_errors = 0
@@ -320,6 +324,7 @@ class EdgeConsumer:
             # larger than the fetch limit is never returned and stalls its partition.
             "max_partition_fetch_bytes": max(max_fetch_bytes, max_bytes * 2),
             "fetch_max_bytes": max(52_428_800, max_fetch_bytes, max_bytes * 2),
+            **net_client_kwargs(),  # a big fetch read under GIL contention is no livelock (controller/kafka_net.py)
             **(consumer_overrides or {}),
         }
         self._consumer = KafkaConsumer(**kw)
@@ -353,6 +358,7 @@ class EdgeConsumer:
                         clock=(self.clock_window, self._clock()), verifier=self.event_verifier, steps=self.step_bounds)
         if batch.dead:
             self._send_dead(batch.dead)
+        self._dead_log.flush()
         return batch
 
     def _send_dead(self, dead: list[DeadLetter]) -> None:
@@ -363,9 +369,9 @@ class EdgeConsumer:
             producer = None
             log.error("could not send %d dead letters to %s: %s", len(dead), self.kafka.dlq_topic, exc)
             self.dlq_send_errors += len(dead)
+        self._dead_log.note(dead)
         for d in dead:
             self.dead_count_by_reason[d.reason] += 1
-            log.warning("dead letter %s[%d]@%d: %s: %s", d.topic, d.partition, d.offset, d.reason, d.detail[:200])
             if d.truncated:
                 self.dlq_truncated += 1
             if producer is None:
@@ -487,6 +493,7 @@ class EdgeConsumer:
             return False
 
     def close(self) -> None:
+        self._dead_log.flush(final=True)
         for closer in (self._consumer.close, lambda: self._dlq.close(timeout=5)):
             try:
                 closer()

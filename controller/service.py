@@ -55,7 +55,7 @@ from cliffguard.controller.outbox import CommandOutbox
 from cliffguard.controller.recovery_types import RecoveryConfig
 from cliffguard.controller.runstate import DetectorFactory, RunTable, default_detector_factory
 from cliffguard.controller.store.db import session_scope
-from cliffguard.controller.store.dlq import count_dead_letter
+from cliffguard.controller.store.dlq import count_dead_letter, count_run_dead_letter
 from cliffguard.controller.store.errors import Backoff, StoreLost, is_store_lost, is_transient
 from cliffguard.controller.store.guard import StoreGuard
 from cliffguard.controller.store.offsets import load_offsets, save_offsets
@@ -455,8 +455,9 @@ class ControllerService:
                     log.exception("event %s of run %s fails on its own: skipped (dead letter)",
                                   item.event.id, item.event.run)
                     with session_scope(self.engine) as s:
-                        count_dead_letter(s, item.topic, "processing_error",
-                                          f"{item.event.id}: {type(exc).__name__}: {exc}")
+                        why = f"{item.event.id}: {type(exc).__name__}: {exc}"
+                        count_dead_letter(s, item.topic, "processing_error", why)
+                        count_run_dead_letter(s, item.event.run, "processing_error", why)
                         save_offsets(s, self.config.group_id, nxt)
             except Exception as exc:  # noqa: BLE001 - the store, not the event: keep the rest
                 self._lost_or_stale(exc)

@@ -155,6 +155,9 @@ class DataFlagData(TypedDict):
 class RunFinishedData(TypedDict):
     final_loss: NotRequired[float]
     steps: NotRequired[int]
+    # what the run's validations cost (agent/recovery/cadence.py ``summary``): every, max_share,
+    # periodic, periodic_s, on_command, on_command_s, train_s, share, off
+    validation: NotRequired[dict[str, Any]]
 
 
 class RunFailedData(TypedDict):

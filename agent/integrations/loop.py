@@ -84,6 +84,7 @@ def guarded_loop(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sched
     """The agent and the recovery kit for ``model``, started, behind a ``GuardedLoop``. Settings
     (Kafka, keys, ``[agent]``) come from ``CLIFFGUARD_CONFIG`` and the ``CLIFFGUARD_*`` environment
     like every process's; ``accelerator`` (prepared objects) makes the backward Accelerate's;
-    ``kit_kwargs`` go to ``accelerate_kit`` and the kit (``loss_fn``, ``validate_fn``, ``config``, ...)."""
+    ``kit_kwargs`` go to ``accelerate_kit`` and the kit (``loss_fn``, ``validate_fn``, ``config``,
+    ``global_batch``: the samples per optimizer step over all ranks, for ``run.started``, ...)."""
     kit = accelerate_kit(accelerator, model, optimizer, scheduler, run=run, **kit_kwargs)
     return GuardedLoop(kit, optimizer, scheduler, accelerator.backward if accelerator is not None else None)

@@ -28,7 +28,8 @@ dispatch table of agent/dispatch.py):
   loader that cannot rewind has skipped the window by going on, PaLM-style, and the ack says so);
 - **validate** with the loop's ``validate_fn(batches) -> float`` or, without one, ``loss_fn`` on
   the last ``val_keep`` training batches it was shown (``remember``); never a crash: no data is
-  a ``failed`` ack.
+  a ``failed`` ack. Every validation runs with the global RNGs put back afterwards, and the
+  periodic ones only while they cost at most ``val_max_share`` of training (agent/recovery/cadence.py).
 """
 
 from __future__ import annotations
@@ -48,9 +49,11 @@ from cliffguard.agent.command_target import Outcome
 from cliffguard.agent.dispatch import dispatch
 from cliffguard.agent.hooks import Agent
 from cliffguard.agent.modes import HELD, STOPPING, WAITING
+from cliffguard.agent.recovery.cadence import ValidationCadence
 from cliffguard.agent.recovery.config import KitConfig
+from cliffguard.agent.recovery.restored import describe_restored
 from cliffguard.agent.recovery.ring import MemoryRing, cpu_copy
-from cliffguard.agent.recovery.state import DataPosition, LoopState, Stateful
+from cliffguard.agent.recovery.state import DataPosition, LoopState, Stateful, rng_untouched
 from cliffguard.agent.recovery.store import RingStore, StateStore
 from cliffguard.agent.recovery.timeouts import apply_timeout, timed_out
 from cliffguard.core.enums import CheckpointKind, CommandType, EventType, GuardDecision
@@ -106,7 +109,6 @@ class RecoveryKit:
         self.store: StateStore = store
         self.validate_fn = validate_fn
         self.loss_fn = loss_fn
-        self.can_rewind = data_position is not None
         self.skip_data_fn = skip_data
         self.checkpoint_fn = checkpoint_fn
         self.on_restore = on_restore
@@ -124,6 +126,11 @@ class RecoveryKit:
         self._hold_pending = False
         self._applied_scale = 1.0
         self._warned_step = False
+        self.cadence = ValidationCadence(self.config.val_every, self.config.val_max_share)
+        """The periodic validations' cadence and what every validation cost (``run.finished``'s ``validation``)."""
+        self.restored = ""
+        """What the last restore brought back, in words (agent/recovery/restored.py)."""
+        agent.lifecycle.summaries["validation"] = self.cadence.summary
         if wrap_optimizer and self.optimizer is not None:
             self._wrap_step(self.optimizer)
 
@@ -210,6 +217,13 @@ class RecoveryKit:
         controller's baseline, every ``val_every``) when due. False when the run
         must stop. ``step`` is checked against the agent's (the one counter; after a rollback
         read ``kit.step``)."""
+        self.cadence.enter(time.monotonic())
+        try:
+            return self._boundary(step)
+        finally:
+            self.cadence.leave(time.monotonic())
+
+    def _boundary(self, step: int | None) -> bool:
         if step is not None and step != self.agent.step and not self._warned_step:
             self._warned_step = True
             log.warning("at_boundary(%d): the agent is at step %d; the agent's counter wins "
@@ -218,16 +232,25 @@ class RecoveryKit:
             return False
         step = self.agent.step
         self.store.on_step(step, lambda: self.state.capture(step))
-        every = self.config.val_every
-        if every and step and step % every == 0 and CommandType.VALIDATE in self.capabilities:
-            try:
-                val = self.run_validation()  # the controller's baseline
-            except Exception as exc:  # noqa: BLE001 - a periodic validation never stops training
-                log.warning("periodic validation at step %d failed: %s", step, exc)
-            else:
-                if self.on_periodic_validation is not None:
-                    self.on_periodic_validation(step, val)
+        if self.cadence.due(step) and CommandType.VALIDATE in self.capabilities:
+            self._periodic_validation(step)
         return True
+
+    def _periodic_validation(self, step: int) -> None:
+        t0 = time.monotonic()
+        try:
+            val = self.run_validation()  # the controller's baseline
+        except Exception as exc:  # noqa: BLE001 - a periodic validation never stops training
+            log.warning("periodic validation at step %d failed: %s", step, exc)
+            return
+        finally:
+            why = self.cadence.over_budget(step, time.monotonic() - t0)
+            if not self.all_ranks(not why):  # every rank stops together (a validation may be collective)
+                self.cadence.turn_off(why or "another rank's validation was over [agent.recovery] val_max_share")
+                log.warning("cliffguard: periodic validation is off from step %d: %s; validations on command "
+                            "still run (set [agent.recovery] val_max_share = 0 to keep it)", step, self.cadence.off)
+        if self.on_periodic_validation is not None:
+            self.on_periodic_validation(step, val)
 
     def handle_commands(self) -> bool:
         """Hold if the guard asked to, dispatch the delivered commands in order, wait while
@@ -310,6 +333,7 @@ class RecoveryKit:
             raise RollbackUnavailable(f"step {to_step} is not available on every rank (have {self.available_steps()})")
         assert state is not None
         self.store.discard_after(to_step)
+        self.restored = describe_restored(state)
         self.agent.set_step(self.state.load(state))
         if self.on_restore is not None:
             self.on_restore(self.agent.step)
@@ -317,13 +341,18 @@ class RecoveryKit:
 
     # ------------------------------------------------------------------ validation
     def run_validation(self, cmd_id: str | None = None, batches: int | None = None) -> float:
-        """Forward-only validation on frozen weights; rank 0 emits the ``validation`` event."""
-        with self.agent.modes.validating():
-            if self.validate_fn is not None:
-                out = self.validate_fn(batches)
-                val, n = out if isinstance(out, tuple) else (out, batches or 0)
-            else:
-                val, n = self.validate_held_back(batches)
+        """Forward-only validation on frozen weights, the global RNGs untouched; rank 0 emits the
+        ``validation`` event. ``cmd_id`` None: a periodic one (its time counts for the cadence)."""
+        t0 = time.monotonic()
+        try:
+            with self.agent.modes.validating(), rng_untouched():
+                if self.validate_fn is not None:
+                    out = self.validate_fn(batches)
+                    val, n = out if isinstance(out, tuple) else (out, batches or 0)
+                else:
+                    val, n = self.validate_held_back(batches)
+        finally:
+            self.cadence.record(time.monotonic() - t0, periodic=cmd_id is None)
         if self.agent.rank == 0:
             payload: dict[str, Any] = {"val_loss": float(val), "batches": int(n)}
             if cmd_id is not None:
@@ -374,11 +403,11 @@ class RecoveryKit:
             self.skip_data_fn(int(skip_data[0]), int(skip_data[1]))
         self.agent.guard.clear_hold()
         self._hold_pending = False
-        detail = f"restored step {to_step} from {source}; lr_scale={self.agent.lr_scale.value:g}"
+        detail = f"restored step {to_step} from {source}: {self.restored}; lr_scale={self.agent.lr_scale.value:g}"
         if skip_data and self.skip_data_fn is not None:
             detail += f"; skipping samples [{skip_data[0]}, {skip_data[1]})"
-        elif skip_data or not self.can_rewind:
-            detail += "; data not rewound (the loader goes on past the bad window)"
+        elif skip_data:
+            detail += f"; samples [{skip_data[0]}, {skip_data[1]}) not skipped (the loop gave the kit no skip_data)"
         return Outcome.applied(detail + self.rollback_detail())
 
     def rollback_detail(self) -> str:

@@ -406,9 +406,18 @@ def _run_ended(session: Session, ev: Event) -> bool:
             status="failed" if failed else "finished",
             ended_at=ev.ts,
             error=fit_value(RunRow, "error", ev.data.get("error")) if failed else None,
+            summary=None if failed else (to_json(_summary(ev.data)) or None),
         )
     )
     return res.rowcount > 0
+
+
+_FINISHED_FIGURES = ("steps", "final_loss")  # the run's own row has them (last_step, the curve)
+
+
+def _summary(data: Mapping[str, Any]) -> dict[str, Any]:
+    """What ``run.finished`` says beyond its figures (the kit's ``validation`` cost)."""
+    return {k: v for k, v in data.items() if k not in _FINISHED_FIGURES}
 
 
 _HANDLERS = {

@@ -75,6 +75,8 @@ class RunRow(Base):
     started_at: Mapped[float | None] = mapped_column(Float)  # ts of the newest run.started
     ended_at: Mapped[float | None] = mapped_column(Float)  # ts of run.finished / run.failed
     error: Mapped[str | None] = mapped_column(Text)  # run.failed's error
+    # run.finished's summaries beyond steps and loss (the kit's ``validation`` cost); NULL before one
+    summary: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     # Steps below this are summarised in buckets by store.retention; ingest ignores per-step rows
     # below it (a re-delivery of an event already folded into a bucket must change nothing).
     downsampled_below: Mapped[int] = mapped_column(Integer, default=0)
@@ -488,3 +490,18 @@ class GoodputCostRow(Base):
     gpu_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     buckets: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     """Bucket -> {"seconds", "gpu_seconds"}."""
+
+
+class DlqRunRow(Base):
+    """Dead letters per (run, reason), the run read off the message's Kafka key (the run id by the
+    contract): a run whose events are all refused (unsigned, say) has no ``runs`` row, so this is
+    where ``cliffguard status`` finds it."""
+
+    __tablename__ = "dlq_runs"
+
+    run_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    reason: Mapped[str] = mapped_column(String(64), primary_key=True)
+    count: Mapped[int] = mapped_column(BigInteger, default=0)
+    first_ts: Mapped[float] = mapped_column(Float)
+    last_ts: Mapped[float] = mapped_column(Float)
+    last_detail: Mapped[str | None] = mapped_column(Text)

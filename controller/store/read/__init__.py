@@ -19,7 +19,7 @@ from cliffguard.controller.store.read.alerts import alert_endpoints, alerts, out
 from cliffguard.controller.store.read.checkpoints import checkpoints
 from cliffguard.controller.store.read.commands import audit_log, commands
 from cliffguard.controller.store.read.curves import loss_curve, redone_steps, step_rows
-from cliffguard.controller.store.read.dlq import dlq_counts
+from cliffguard.controller.store.read.dlq import dlq_counts, dlq_runs
 from cliffguard.controller.store.read.elastic import elastic_events, scale_timeline
 from cliffguard.controller.store.read.goodput import ettr_by_run, goodput, goodput_costs, remedy_costs
 from cliffguard.controller.store.read.hists import grad_hists
@@ -51,6 +51,7 @@ __all__ = [
     "commands",
     "data_flags",
     "dlq_counts",
+    "dlq_runs",
     "elastic_events",
     "ettr_by_run",
     "goodput",
