@@ -7,8 +7,12 @@ being registered — ``KeyError: '<socket.socket [closed] fd=-1 ...> is not regi
 ``ValueError: Invalid file descriptor: -1``. The connection is gone already and the client
 reconnects by itself (the soak saw it after a broker or controller restart, nothing lost). A
 two-screen traceback in the controller's log for that reads like a crash, so this filter turns
-exactly that case into one WARNING line and counts it; every other exception kafka-python
-reports keeps its traceback.
+exactly that case into one WARNING line and counts it.
+
+The same for a connection the broker dropped (``kafka.net.transport: Error receiving network data
+closing socket`` with ``ConnectionResetError``): the error text stays on the line, the traceback of
+a ``recv`` goes (a broker that restarts is an outage, which cliffguard's own components report,
+not a bug). Every other exception kafka-python reports keeps its traceback.
 """
 
 from __future__ import annotations
@@ -30,6 +34,23 @@ def _closed_socket_race(record: logging.LogRecord) -> bool:
         isinstance(e, KeyError) and "[closed]" in str(e) and "is not registered" in str(e) for e in chain)
 
 
+CONNECTION_LOGGERS = ("kafka.net.transport", "kafka.net.connection", "kafka.net.manager", "kafka.conn")
+"""kafka-python's loggers that report a dropped connection with the traceback of a socket call."""
+
+
+class DroppedConnection(logging.Filter):
+    """A connection error's traceback (a socket call that failed) folded into its one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, ConnectionError | TimeoutError) or type(exc).__name__ == "KafkaConnectionError":
+            record.msg = f"{record.getMessage()}: {type(exc).__name__}: {exc}"
+            record.args = ()
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
 class ClosedSocketRace(logging.Filter):
     def __init__(self) -> None:
         super().__init__()
@@ -48,7 +69,11 @@ class ClosedSocketRace(logging.Filter):
 
 
 def install() -> ClosedSocketRace:
-    """Add the filter to kafka-python's selector logger once per process; returns it."""
+    """Add the filters to kafka-python's loggers once per process; returns the race's."""
+    for name in CONNECTION_LOGGERS:
+        conn = logging.getLogger(name)
+        if not any(isinstance(f, DroppedConnection) for f in conn.filters):
+            conn.addFilter(DroppedConnection())
     logger = logging.getLogger(SELECTOR_LOGGER)
     for f in logger.filters:
         if isinstance(f, ClosedSocketRace):

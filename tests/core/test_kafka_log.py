@@ -9,21 +9,22 @@ import socket
 from cliffguard.core import kafka_log
 
 
-def _logged(make_exc) -> logging.LogRecord:  # noqa: ANN001
+def _logged(make_exc, name: str = kafka_log.SELECTOR_LOGGER, msg: str = "Unhandled exception in task %s:"
+            ) -> logging.LogRecord:  # noqa: ANN001
     records: list[logging.LogRecord] = []
 
     class Keep(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
             records.append(record)
 
-    logger = logging.getLogger(kafka_log.SELECTOR_LOGGER)
+    logger = logging.getLogger(name)
     handler = Keep()
     logger.addHandler(handler)
     try:
         try:
             make_exc()
         except Exception:  # noqa: BLE001
-            logger.error("Unhandled exception in task %s:", "<Task>", exc_info=True)
+            logger.error(msg, "<Task>", exc_info=True)
     finally:
         logger.removeHandler(handler)
     (record,) = records
@@ -56,3 +57,15 @@ def test_any_other_exception_keeps_its_traceback():
 
     record = _logged(other)
     assert record.levelno == logging.ERROR and record.exc_info is not None
+
+
+def test_a_dropped_connection_keeps_its_error_on_one_line_without_the_socket_traceback():
+    kafka_log.install()
+
+    def reset() -> None:
+        raise ConnectionResetError(104, "Connection reset by peer")
+
+    record = _logged(reset, "kafka.net.transport", "%s: Error receiving network data closing socket")
+    assert record.exc_info is None and record.levelno == logging.ERROR
+    assert record.getMessage() == ("<Task>: Error receiving network data closing socket: ConnectionResetError: "
+                                   "[Errno 104] Connection reset by peer")
