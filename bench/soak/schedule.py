@@ -66,6 +66,8 @@ class ScheduleConfig:
     world: int = bounded(2, ge=1)
     """Training ranks (``rank_stop`` picks one)."""
     kinds: tuple[str, ...] = field(default_factory=lambda: tuple(KINDS))
+    max_s: float | None = bounded(None, gt=0)
+    """Cap every fault's duration at this many seconds (a short smoke); None: each kind's own range."""
 
     def __post_init__(self) -> None:
         check_declared(self)
@@ -137,7 +139,8 @@ def make_schedule(seed: int, steps: int, cfg: ScheduleConfig | None = None) -> S
     events = []
     for _ in range(rng.randint(cfg.events_min, cfg.events_max)):
         kind = KINDS[rng.choice(cfg.kinds)]
-        duration = round(rng.uniform(kind.low_s, kind.high_s), 1)
+        high = kind.high_s if cfg.max_s is None else max(kind.low_s, min(kind.high_s, cfg.max_s))
+        duration = round(rng.uniform(kind.low_s, high), 1)
         rank = rng.randrange(cfg.world) if kind.target == "rank" else None
         if rng.random() < cfg.wall_share:
             key, at = WALL, round(rng.uniform(lo, hi) * cfg.step_s, 1)

@@ -418,3 +418,13 @@ def test_the_table_prints_a_row_per_seed_and_the_totals():
     lines = text.splitlines()
     assert lines[2].split()[0] == "1" and lines[3].split()[-1] == "NO" and "1/2" in lines[5]
     assert all(inv.name in text for inv in CHECKS)
+
+
+def test_the_fault_injection_page_lists_every_fault_kind_and_invariant():
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "fault-injection.md").read_text()
+    rows = {line.split("|")[1].strip().strip("`") for line in page.splitlines() if line.startswith("| `")}
+    assert set(KINDS) <= rows and {inv.name for inv in CHECKS} <= rows
+    for kind in KINDS.values():
+        assert f"| `{kind.name}` | {kind.target} | {kind.low_s:g}–{kind.high_s:g} s |" in page
