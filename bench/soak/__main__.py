@@ -23,6 +23,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,21 @@ def totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "seconds_per_seed": round(sum(r["wall_s"] for r in rows) / len(rows), 1) if rows else None,
         "checks": {inv.name: sum(r["checks"][inv.name]["count"] for r in rows) for inv in CHECKS},
     }
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """The fault page's tables: per seed the faults that fired, its seconds and what broke; then
+    each invariant's total over the seeds."""
+    out = ["| seed | faults fired | s | broken |", "|---:|---|---:|---|"]
+    for r in rows:
+        kinds = Counter(f["kind"] for f in r["fired"] if f.get("fired"))
+        fired = ", ".join(f"{k} x{n}" if n > 1 else k for k, n in sorted(kinds.items()))
+        broken = ", ".join(f"`{n}` {c['count']}" for n, c in r["checks"].items() if c["count"]) or "none"
+        out.append(f"| {r['seed']} | {sum(kinds.values())}: {fired} | {r['wall_s']:.0f} | {broken} |")
+    t = totals(rows)
+    out += ["", f"| invariant | total over {t['seeds']} seeds |", "|---|---:|"]
+    out += [f"| `{inv.name}` | {t['checks'][inv.name]} |" for inv in CHECKS]
+    return "\n".join(out)
 
 
 def evidence(row: dict[str, Any]) -> str:

@@ -219,12 +219,12 @@ INJECT: dict[str, Callable[[Targets, float, int | None], str]] = {
 
 def hold_lock(url: str, seconds: float) -> str:
     """Take the store's write lock (waiting for it), hold it ``seconds``, let go; what it waited."""
-    t0 = time.monotonic()
     if url.startswith("sqlite"):
         import sqlite3
 
         from sqlalchemy.engine import make_url
 
+        t0 = time.monotonic()
         conn = sqlite3.connect(str(make_url(url).database), timeout=120, isolation_level=None)
         conn.execute("BEGIN EXCLUSIVE")
         waited = time.monotonic() - t0
@@ -238,6 +238,7 @@ def hold_lock(url: str, seconds: float) -> str:
         from cliffguard.controller.store.db import make_engine
 
         engine = make_engine(url)
+        t0 = time.monotonic()
         with engine.begin() as c:
             c.execute(text("LOCK TABLE step_metrics IN ACCESS EXCLUSIVE MODE"))
             waited = time.monotonic() - t0

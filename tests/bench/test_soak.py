@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from bench.soak.__main__ import table, totals
+from bench.soak.__main__ import markdown, table, totals
 from bench.soak.invariants import CHECKS, GAP_BOUND_S, STUCK_BOUND_S, Observed, check_all
 from bench.soak.ledger import executed_steps, longest_stall, overlap_s, ranges
 from bench.soak.schedule import KINDS, STEP, WALL, Schedule, ScheduleConfig, make_schedule
@@ -418,6 +418,14 @@ def test_the_table_prints_a_row_per_seed_and_the_totals():
     lines = text.splitlines()
     assert lines[2].split()[0] == "1" and lines[3].split()[-1] == "NO" and "1/2" in lines[5]
     assert all(inv.name in text for inv in CHECKS)
+    good["fired"] = [{"fired": True, "kind": "broker_kill"}] * 2 + [{"fired": False, "kind": "rank_stop"}]
+    bad["fired"] = [{"fired": True, "kind": "store_lock"}]
+    md = markdown([good, bad]).splitlines()
+    assert (
+        md[2] == "| 1 | 2: broker_kill x2 | 120 | none |"
+        and md[3] == "| 2 | 1: store_lock | 120 | `steps_lost` 32 |"
+    )
+    assert "| `steps_lost` | 32 |" in md and "| invariant | total over 2 seeds |" in md
 
 
 def test_the_fault_injection_page_lists_every_fault_kind_and_invariant():
