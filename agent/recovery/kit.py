@@ -55,8 +55,9 @@ from cliffguard.agent.recovery.restored import describe_restored
 from cliffguard.agent.recovery.ring import MemoryRing, cpu_copy
 from cliffguard.agent.recovery.state import DataPosition, LoopState, Stateful, rng_untouched
 from cliffguard.agent.recovery.store import RingStore, StateStore
-from cliffguard.agent.recovery.timeouts import apply_timeout, timed_out
+from cliffguard.agent.recovery.timeouts import Timeout, apply_timeout, timed_out
 from cliffguard.core.enums import CheckpointKind, CommandType, EventType, GuardDecision
+from cliffguard.core.events import Command
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +118,11 @@ class RecoveryKit:
         self.on_periodic_validation: Callable[[int, float], None] | None = None
         """Called with (step, val_loss) after each ``val_every`` validation of ``at_boundary``;
         unlike a failed validation, what it raises ends the run (an HPO pruner's verdict)."""
+        self.on_command: Callable[[Command, Outcome, int], None] | None = None
+        """Called on every rank after each dispatched command with its outcome and the step the loop
+        was at before it (the bundled trainer keeps its own record of what it applied)."""
+        self.on_timeout: Callable[[Timeout, int], None] | None = None
+        """Called on every rank after a timeout policy was applied, with the step before it."""
         self.kept: deque[Any] = deque(maxlen=self.config.val_keep or None)
         """The held-back slice: recent training batches of steps the guard passed as ok."""
         self._pending_batches: list[Any] = []
@@ -260,7 +266,7 @@ class RecoveryKit:
             agent.modes.move(HELD)
         self._hold_pending = False
         for cmd in agent.poll_commands():
-            dispatch(cmd, self, agent.modes, agent.ack)
+            self._dispatch(cmd)
         if agent.modes.mode in WAITING:
             self._wait()
         return agent.modes.mode is not STOPPING
@@ -275,12 +281,21 @@ class RecoveryKit:
                 decision = timed_out(agent.modes, agent.guard.config, self.config, time.monotonic() - since)
             cmds, decision = agent.exchange(decision)
             for cmd in cmds:
-                dispatch(cmd, self, agent.modes, agent.ack)
+                self._dispatch(cmd)
                 since = time.monotonic()
             if decision is not None and agent.modes.mode in WAITING and not cmds:
+                before = agent.step
                 apply_timeout(self, agent.modes, decision)
+                if self.on_timeout is not None:
+                    self.on_timeout(decision, before)
                 since = time.monotonic()
         agent.set_step(agent.step)  # the wait is not part of the next step's time
+
+    def _dispatch(self, cmd: Command) -> None:
+        before = self.agent.step
+        outcome = dispatch(cmd, self, self.agent.modes, self.agent.ack)
+        if self.on_command is not None:
+            self.on_command(cmd, outcome, before)
 
     # ------------------------------------------------------------------ TimeoutHost
     def available_steps(self) -> list[int]:
