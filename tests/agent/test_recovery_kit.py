@@ -251,3 +251,44 @@ def test_memory_ring_evicts_the_oldest_and_hands_out_independent_copies():
     assert ring.restore(2)["w"].tolist() == [2.0, 2.0, 2.0] and ring.steps() == [2]
     with pytest.raises(KeyError):
         ring.restore(4)
+
+
+def test_a_loop_with_its_own_counter_takes_the_step_from_the_boundary_through_a_rollback():
+    """nanoGPT's shape: ``iter_num`` drives the LR and the end; after a rollback it must be the
+    restored step, or the loop goes on at the old step with the restored weights."""
+    model, opt, sched, agent, kit, sink, source, cursor = _setup()
+    rollback = make_command(CommandType.ROLLBACK, "kit", {"to_step": 4, "lr_scale": 0.5})
+    iter_num, seen, moves = 0, [], []
+    while True:
+        boundary = kit.at_boundary()
+        if not boundary:
+            break
+        if boundary.rolled_back:
+            moves.append((iter_num, boundary.step))
+        iter_num = boundary.step
+        if iter_num >= 10:
+            break
+        for group in opt.param_groups:
+            group["lr"] = 0.01 * (iter_num + 1)  # the loop's own schedule, by its own counter
+        x, y = _batch(iter_num)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        agent.after_forward(loss)
+        loss.backward()
+        agent.after_backward()
+        kit.before_optimizer_step()
+        opt.step()
+        opt.zero_grad()
+        seen.append((iter_num, agent.step, opt.seen[-1]))
+        agent.after_step()
+        iter_num += 1
+        if iter_num == 7 and not moves:
+            source.queue.append(rollback)  # applied at one of the next boundaries
+    assert _acks(sink)[rollback.id]["status"] == "applied"
+    assert len(moves) == 1 and moves[0][1] == 4 and moves[0][0] > 4  # rolled back from where it was, to 4
+    assert all(own == kit_step for own, kit_step, _lr in seen)
+    replay_at = max(i for i, (s, _, _) in enumerate(seen) if s == 4)
+    after = seen[replay_at:]  # the replay from step 4
+    assert [s for s, _, _ in after] == list(range(4, 10))
+    assert all(lr == pytest.approx(0.01 * (s + 1) * 0.5) for s, _, lr in after)  # its schedule at the restored step, halved
+    steps = [e.step for e in sink.events if e.type is EventType.STEP]
+    assert steps[-6:] == list(range(4, 10))
