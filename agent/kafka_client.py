@@ -4,10 +4,12 @@ its key's hash. No event logic here (``agent/publisher.py`` has that)."""
 
 from __future__ import annotations
 
-import socket
 from typing import Any
 
 from cliffguard.core.kafka_config import KafkaConfig
+from cliffguard.core.kafka_producers import discard_producer, tcp_reachable
+
+__all__ = ["discard_producer", "ensure_topic", "key_hash_partitioner", "tcp_reachable"]
 
 
 def ensure_topic(kafka: KafkaConfig, topic: str, timeout_s: float | None = None) -> None:
@@ -29,27 +31,6 @@ def ensure_topic(kafka: KafkaConfig, topic: str, timeout_s: float | None = None)
                 pass  # someone else created it meanwhile
     finally:
         admin.close()
-
-
-def tcp_reachable(kafka: KafkaConfig, timeout: float = 0.5) -> bool:
-    for host_port in kafka.client_kwargs()["bootstrap_servers"]:
-        host, _, port = host_port.rpartition(":")
-        try:
-            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
-                return True
-        except OSError:
-            continue
-    return False
-
-
-def discard_producer(producer: Any) -> None:
-    """Close a producer we no longer trust without waiting on a broker that is gone."""
-    try:
-        producer.close(timeout=0.5)
-    except Exception:  # noqa: BLE001 - flush inside close times out when records are stuck
-        sender = getattr(producer, "_sender", None)
-        if sender is not None:
-            sender.force_close()
 
 
 def key_hash_partitioner() -> Any:

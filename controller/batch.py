@@ -6,7 +6,8 @@
    otherwise another instance already processed it (a partition moved under us) -> ``StaleBatch``;
 2. dead letters -> ``dlq_counts``;
 3. events -> derived rows (``store.ingest``), idempotent by event id; step rows wait for step 4;
-4. per event: the run's detector -> verdicts -> recovery inputs -> ``recovery.transition``;
+4. per event not judged before (``controller/replays.py``: a re-read is recognised by id and
+   skipped): the run's detector -> verdicts -> recovery inputs -> ``recovery.transition``;
 5. actions -> incidents, transitions, signed command + outbox rows, alert + outbox rows, stable
    checkpoints, timed-out command rows;
 6. the step rows, in one INSERT carrying what the loss-spike rule knew at each judged step
@@ -54,6 +55,7 @@ from cliffguard.controller.recovery_types import (
     ValidationIn,
     VerdictIn,
 )
+from cliffguard.controller.replays import JUDGED_ONCE, Replays
 from cliffguard.controller.rules.loss import LossRules
 from cliffguard.controller.runstate import Detector, RunSlot, RunTable, save_slots
 from cliffguard.controller.store.dlq import count_dead_letter
@@ -119,6 +121,8 @@ class BatchResult:
     commands: int = 0
     alerts: int = 0
     transitions: list[tuple[str, str, str]] = field(default_factory=list)
+    replays: int = 0
+    """Events of the batch judged before (re-read): stored once, not judged again."""
 
 
 def inputs_for(event: Event, verdicts: list[Verdict], now: float, loss_level: Level | None = None) -> list[Input]:
@@ -179,6 +183,7 @@ class BatchProcessor:
         for (topic, reason), letters in dead.items():  # one counter update per reason, the newest detail
             count_dead_letter(session, topic, reason, letters[-1].detail, n=len(letters), now=now)
         events = [r.event for r in batch.records]
+        replays = self._replays(session, batch)  # before anything of this batch is written
         ingest_events(session, events, steps=False)  # the step rows go in below, with the rule's figures
         newest: dict[str, int] = {}
         points: dict[str, dict[str, Any]] = {}  # step event id -> what the spike rule knew there
@@ -198,6 +203,12 @@ class BatchProcessor:
             elif run not in newest:
                 newest[run] = 0
             slot, loss, _ = known
+            if ev.type in JUDGED_ONCE:
+                if replays.seen(ev):
+                    continue  # judged before: its effects happened then (the row is there, or folded)
+                replays.judged(ev)
+                if ev.ts > slot.judged_ts:
+                    slot.judged_ts = ev.ts
             before = loss.last_point if loss is not None else None
             try:
                 verdicts = slot.detector.on_event(ev)
@@ -233,7 +244,22 @@ class BatchProcessor:
         # folds old steps into buckets for the runs where enough have aged
         downsample_due(session, newest, self.ctx.retention, watermarks=marks)
         save_offsets(session, self.ctx.group_id, batch.next_offsets, now=now)
+        res.replays = replays.count
+        if replays.count:
+            log.info("%d events of this batch were judged before (re-read); stored once, not judged again",
+                     replays.count)
         return res
+
+    def _replays(self, session: Session, batch: EdgeBatch) -> Replays:
+        slots: dict[str, float] = {}
+
+        def judged_ts(run: str, partition: int) -> float:
+            ts = slots.get(run)
+            if ts is None:
+                ts = slots[run] = self.runs.get(session, run, partition).judged_ts
+            return ts
+
+        return Replays(session, ((r.event, r.partition) for r in batch.records), judged_ts)
 
     def tick(self, session: Session, now: float) -> BatchResult:
         """Time passes for every owned run: heartbeat-loss verdicts and command timeouts."""

@@ -104,7 +104,13 @@ class ControllerService:
         self._last_tick = 0.0
         self._last_requests = 0.0
         self._check_bounds: set[tuple[str, int]] = set()
-        self._recreated = False
+        self._recreated: object = None
+        """The new id of a re-created metrics topic the edge noticed, until it is settled."""
+        self._topic_id: object = None
+        """The id of the metrics topic the stored offsets belong to, as far as this instance knows:
+        every reset to a topic's start adopts it, so one re-creation is acted on once however
+        many signs of it arrive (the assignment's bounds check and the topic-id watch both see
+        a broker that restarted empty)."""
         self._failures = 0
         self.guard = StoreGuard(store_engine)
         self.held = HeldBatch(Backoff(config.store_retry_initial_s, config.store_retry_max_s))
@@ -115,7 +121,7 @@ class ControllerService:
         self.health = HealthSnapshot()
         self.health_server: HealthServer | None = None
         self.stats = {"batches": 0, "events": 0, "dead": 0, "commands": 0, "alerts": 0, "stale": 0, "errors": 0,
-                      "requests_accepted": 0, "requests_rejected": 0, "store_retries": 0, "store_rebuilds": 0}
+                      "requests_accepted": 0, "requests_rejected": 0, "store_retries": 0, "store_rebuilds": 0, "replays": 0}
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -224,15 +230,33 @@ class ControllerService:
         if not mine or bounds_of is None or forgot is None or forgot(mine) is not True:
             return stored
         bounds = bounds_of(mine)
-        reset = {(t, p): first for (t, p), (first, end) in bounds.items() if stored[p] > end}
-        if reset:
-            self._reset_stored_offsets(reset)
-            stored = {**stored, **{p: o for (_, p), o in reset.items()}}
+        beyond = {tp: b for tp, b in bounds.items() if stored[tp[1]] > b[1]}
+        if beyond:
+            topic_id = getattr(self.edge, "topic_id", lambda: None)()
+            self._restart_at_log_start(beyond, "stored offsets lie beyond the log and the broker forgot the "
+                                       "group (topic re-created?)", topic_id, seek=False)
+            stored = {**stored, **{p: first for (_, p), (first, _end) in beyond.items()}}
         return stored
 
-    def _on_recreated(self, topic: str) -> None:
-        """The edge saw the topic's id change and reads it from the start: so must the store."""
-        self._recreated = True
+    def _restart_at_log_start(self, bounds: dict[tuple[str, int], tuple[int, int]], why: str, topic_id: object,
+                              *, seek: bool = True) -> None:
+        """The one place a topic's stored offsets are given up: the partitions restart at their
+        first offset, in the store and (``seek``) in the consumer, and the topic's id is adopted,
+        so a second sign of the same re-creation changes nothing. What was read before is read
+        again and recognised (``controller/replays.py``): stored once, judged once."""
+        self._topic_id = topic_id if topic_id is not None else self._topic_id
+        self.stats["topic_restarts"] = self.stats.get("topic_restarts", 0) + 1
+        log.warning("%s: %s; reading %s again from the start %s", self.kafka.metrics_topic, why,
+                    sorted(bounds), {tp: first for tp, (first, _end) in bounds.items()})
+        self._reset_stored_offsets({tp: first for tp, (first, _end) in bounds.items()})
+        if seek and self.edge is not None:
+            for (topic, part), (first, _end) in bounds.items():
+                self.edge.seek(topic, part, first)
+
+    def _on_recreated(self, topic: str, topic_id: object) -> None:
+        """The edge saw the topic's id change (and dropped the batch read at the old positions);
+        settled on the consumer thread at the next step (``_settle_offsets``)."""
+        self._recreated = topic_id if topic_id is not None else object()
 
     def _settle_offsets(self) -> None:
         """Offset checks that need blocking broker queries, done on the consumer thread."""
@@ -243,14 +267,20 @@ class ControllerService:
             self._reseek(tps)  # raises while the store is unreadable: step_once retries later
             self._reseek_pending.clear()
             resume(self.edge, tps)
-        if self._recreated:
+        if self._recreated is not None:
             tps = [(t, p) for t, p in self.edge.assignment() if t == self.kafka.metrics_topic]
-            bounds = getattr(self.edge, "log_bounds", lambda _tps: {})(tps)
-            if bounds:  # no assignment yet: the check after the next assignment covers it
-                self._recreated = False
-                self._reset_stored_offsets({tp: first for tp, (first, _end) in bounds.items()})
-                for (topic, part), (first, _end) in bounds.items():
-                    self.edge.seek(topic, part, first)
+            if self._recreated == self._topic_id:
+                # Already restarted at this topic's start (the bounds check at assignment saw it
+                # first): the stored offsets are this topic's. Back to them for the dropped batch.
+                self._recreated = None
+                log.info("%s: the re-created topic was already read from its start; no second reset",
+                         self.kafka.metrics_topic)
+                self._reseek(tps)
+            else:
+                bounds = getattr(self.edge, "log_bounds", lambda _tps: {})(tps)
+                if bounds:  # no assignment yet: the check after the next assignment covers it
+                    new_id, self._recreated = self._recreated, None
+                    self._restart_at_log_start(bounds, "re-created (a new topic id)", new_id)
         if self._check_bounds:
             tps = sorted(self._check_bounds & set(self.edge.assignment()))
             self._check_bounds.clear()
@@ -277,8 +307,6 @@ class ControllerService:
                         ahead)
 
     def _reset_stored_offsets(self, offsets: dict[tuple[str, int], int]) -> None:
-        log.warning("offsets stored for %s lie beyond the log (topic re-created?); restarting at %s",
-                    sorted(offsets), offsets)
         self.stats["offset_resets"] = self.stats.get("offset_resets", 0) + len(offsets)
         with session_scope(self.engine) as s:
             save_offsets(s, self.config.group_id, offsets, now=self.clock())
@@ -501,6 +529,7 @@ class ControllerService:
 
     def _after_commit(self, res: BatchResult) -> None:
         self.stats["commands"] += res.commands
+        self.stats["replays"] += res.replays
         self.stats["alerts"] += res.alerts
         if res.commands:
             try:
