@@ -155,7 +155,8 @@ def inputs_for(event: Event, verdicts: list[Verdict], now: float, loss_level: Le
         out.append(TrainerTimeoutIn(
             step=event.step, now=now, wait=d["wait"], policy=d["policy"], applied=d["applied"], waited_s=d["waited_s"],
             at_step=d["at_step"], lr_scale_before=d["lr_scale_before"], lr_scale=d["lr_scale"],
-            detail=d.get("detail") or "", first_bad_step=d.get("first_bad_step"), to_step=d.get("to_step")))
+            detail=d.get("detail") or "", first_bad_step=d.get("first_bad_step"), to_step=d.get("to_step"),
+            ts=event.ts))
     return out
 
 

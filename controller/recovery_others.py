@@ -32,6 +32,9 @@ def _who(inp: TrainerTimeoutIn) -> str:
 
 def on_trainer_timeout(st: Step, inp: TrainerTimeoutIn) -> None:
     s = st.s
+    if inp.ts and inp.ts <= s.acted_alone_ts:
+        return  # a re-read of a report already applied (controller/replays.py covers the judged events only)
+    s.acted_alone_ts = max(s.acted_alone_ts, inp.ts)
     ev: dict[str, Any] = {
         "decided_by": "trainer-side timeout", "cause": "held" if inp.wait == "hold" else "controller_silent",
         "wait": inp.wait, "policy": inp.policy, "applied": inp.applied, "waited_s": inp.waited_s,

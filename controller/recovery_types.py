@@ -219,6 +219,9 @@ class TrainerTimeoutIn:
     detail: str = ""
     first_bad_step: int | None = None
     to_step: int | None = None
+    ts: float = 0.0
+    """When the trainer acted (the event's ``ts``): a report not newer than the last one applied is a
+    re-read of it and changes nothing."""
 
 
 Input = (VerdictIn | ProgressIn | CheckpointIn | AckIn | ValidationIn | TickIn | RunEndedIn | StartedIn
@@ -421,6 +424,8 @@ class RecoveryState:
     previous: Closed | None = None
     """The last incident that ended with the run training on (resumed or recovered): an excursion
     soon after it escalates. A halt or an abandoned incident forgets it (a human decided)."""
+    acted_alone_ts: float = 0.0
+    """``ts`` of the newest trainer-side timeout report applied (a re-read one is not applied twice)."""
 
     def can(self, *types: CommandType) -> bool:
         return all(t in self.capabilities for t in types)
@@ -461,6 +466,7 @@ class RecoveryState:
             "flagging": list(self.flagging) if self.flagging else None,
             "capabilities": [str(c) for c in self.capabilities],
             "previous": asdict(self.previous) if self.previous else None,
+            "acted_alone_ts": self.acted_alone_ts,
         }
 
     @classmethod
@@ -487,6 +493,7 @@ class RecoveryState:
             # a state saved before capabilities were declared belongs to a run that got every command
             capabilities=normalize_capabilities(d["capabilities"]) if "capabilities" in d else ALL_COMMANDS,
             previous=Closed(**d["previous"]) if d.get("previous") else None,
+            acted_alone_ts=float(d.get("acted_alone_ts", 0.0)),
         )
 
     def load_state_dict(self, d: dict[str, Any]) -> None:

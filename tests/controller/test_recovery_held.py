@@ -45,7 +45,8 @@ def timeout(d: Driver, policy: str = "rollback", *, applied: bool = True, to_ste
     return d.feed(TrainerTimeoutIn(step=to_step if policy == "rollback" and applied else at, now=d.now, wait=wait,
                                    policy=policy, applied=applied, waited_s=120.0, at_step=at,
                                    lr_scale_before=before, lr_scale=after, detail="restored step 20 from memory",
-                                   first_bad_step=at - 4, to_step=to_step if policy == "rollback" else None))
+                                   first_bad_step=at - 4, to_step=to_step if policy == "rollback" else None,
+                                   ts=d.now))
 
 
 def _of(d: Driver, kind):
@@ -168,6 +169,9 @@ def test_a_trainer_timeout_rollback_is_an_incident_saying_who_cut_the_lr_and_why
     assert [(m.id, m.status) for m in marks] == ([(pend.id, "cancelled")] if pend else [])
     assert d.s.pending is None
     assert [a.level for a in acts if isinstance(a, Alert)] == ["critical"]
+    again = TrainerTimeoutIn(step=20, now=d.now, wait="hold", policy="rollback", applied=True, waited_s=120.0,
+                             at_step=44, lr_scale_before=lr, lr_scale=lr * 0.5, to_step=20, ts=d.now)
+    assert d.feed(again) == [] and d.s.incident.rollbacks == (inc.rollbacks + 1 if inc else 1)  # a re-read
     d.steps(21, 21 + CFG.recover_window)  # then recovered like a rollback of the machine's own
     assert d.s.phase is Phase.RUNNING and _of(d, CloseIncident)[-1].outcome == "rolled_back"
 
