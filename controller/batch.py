@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import bindparam, select, update
@@ -54,6 +54,7 @@ from cliffguard.controller.recovery_types import (
     SendCommand,
     StartedIn,
     TickIn,
+    TrainerTimeoutIn,
     ValidationIn,
     VerdictIn,
 )
@@ -155,6 +156,12 @@ def inputs_for(event: Event, verdicts: list[Verdict], now: float, loss_level: Le
         out.append(StartedIn(capabilities=declared_capabilities(d), now=now))
     elif event.type in (EventType.RUN_FINISHED, EventType.RUN_FAILED):
         out.append(RunEndedIn(now=now, failed=event.type is EventType.RUN_FAILED, detail=str(d.get("error") or "")))
+    elif event.type is EventType.TRAINER_TIMEOUT:
+        out.append(TrainerTimeoutIn(
+            step=event.step, now=now, wait=d["wait"], policy=d["policy"], applied=d["applied"], waited_s=d["waited_s"],
+            at_step=d["at_step"], lr_scale_before=d["lr_scale_before"], lr_scale=d["lr_scale"],
+            detail=d.get("detail") or "", first_bad_step=d.get("first_bad_step"), to_step=d.get("to_step"),
+            ts=event.ts))
     return out
 
 
@@ -219,8 +226,11 @@ class BatchProcessor:
                     points[ev.id] = {"median": p.median, "sigma": p.sigma, "level": _LEVEL_TEXT[p.level]}
                     level = p.level
             for inp in inputs_for(ev, verdicts, now, level):
-                if type(inp) is AckIn and acked_command(session, ev) is None:
-                    continue  # an unknown command, or another run's: it must not move this run
+                if type(inp) is AckIn:
+                    row = acked_command(session, ev)
+                    if row is None:
+                        continue  # an unknown command, or another run's: it must not move this run
+                    inp = replace(inp, args=dict(row.args or {}))  # an operator's lr_scale, for the machine
                 self._feed(session, slot, inp, res)
             if verdicts or (level is not None and level is not _OK) or slot.recovery.incident is not None:
                 exact.add(ev.id)  # a step row that write_bucket must not fold away
@@ -323,6 +333,9 @@ class BatchProcessor:
                 row.closed_at = act.closed_at
                 row.rollback_to = act.rollback_to
                 row.lr_scale = act.lr_scale
+                if act.lr_scales or act.escalation:  # every cut of the LR, and the rung: shown with the incident
+                    row.evidence = {**(row.evidence or {}), "lr_scales": list(act.lr_scales),
+                                    "escalation_rung": act.escalation}
         elif isinstance(act, Alert):
             spec = AlertSpec(rule=act.rule[:64], level=act.level, title=act.title, body=act.body, run_id=run_id,
                              incident_id=act.incident_id, action=act.action, evidence=act.evidence)

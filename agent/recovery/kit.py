@@ -5,7 +5,8 @@ A plain loop::
     agent = Agent(None, model, optimizer, AgentConfig(run="my-run"), kafka=KafkaConfig.from_env())
     kit = RecoveryKit(agent, model, optimizer, scheduler, loss_fn=lambda b: model(*b)[1])
     kit.start()                                        # run.started with the kit's capabilities
-    while agent.step < total and kit.at_boundary():    # commands, holds, timeouts, snapshots
+    while agent.step < total and (b := kit.at_boundary()):  # commands, holds, timeouts, snapshots
+        step = b.step                                  # the step to run (back after a rollback)
         x, y = next(batches); kit.remember((x, y))     # a held-back slice to validate on
         loss = model(x, y)[1]; agent.after_forward(loss); loss.backward(); agent.after_backward()
         if kit.before_optimizer_step(): optimizer.step()  # the guard: False = skipped on every rank
@@ -21,8 +22,10 @@ dispatch table of agent/dispatch.py):
   Face Trainer) still skips the bad update, and the LR scale is applied inside that call (the
   scheduler's LR times ``lr_scale`` for the step, then put back, so no scheduler compounds it);
 - **boundary** (``at_boundary``): commands dispatched in order, the wait while ``paused``/``held``
-  with heartbeats going on, the hold and controller-silence timeouts (agent/recovery/timeouts.py),
-  then a memory snapshot when due;
+  with heartbeats going on, the hold and controller-silence timeouts (agent/recovery/timeouts.py,
+  each reported to the controller), then a memory snapshot when due; it returns a ``Boundary``
+  (agent/recovery/boundary.py): truthy while the run goes on, and ``.step``, the step the loop
+  runs next, which a loop with its own counter must take (a rollback moves it back);
 - **rollback** from the ``StateStore`` (default: the kit's ``MemoryRing``), all ranks or none,
   then the command's ``lr_scale``, then ``skip_data`` (the loop's ``skip_data`` callable; a
   loader that cannot rewind has skipped the window by going on, PaLM-style, and the ack says so);
@@ -50,6 +53,7 @@ from cliffguard.agent.dispatch import dispatch
 from cliffguard.agent.hooks import Agent
 from cliffguard.agent.modes import HELD, STOPPING, WAITING
 from cliffguard.agent.recovery.cadence import ValidationCadence
+from cliffguard.agent.recovery.boundary import Boundary
 from cliffguard.agent.recovery.config import KitConfig
 from cliffguard.agent.recovery.restored import describe_restored
 from cliffguard.agent.recovery.ring import MemoryRing, cpu_copy
@@ -137,6 +141,8 @@ class RecoveryKit:
         self.restored = ""
         """What the last restore brought back, in words (agent/recovery/restored.py)."""
         agent.lifecycle.summaries["validation"] = self.cadence.summary
+        self.restores = 0
+        """Rollbacks applied so far (a command's, a timeout policy's or the loop's own)."""
         if wrap_optimizer and self.optimizer is not None:
             self._wrap_step(self.optimizer)
 
@@ -218,29 +224,32 @@ class RecoveryKit:
         optimizer.step = step
 
     # ------------------------------------------------------------------ the boundary
-    def at_boundary(self, step: int | None = None) -> bool:
+    def at_boundary(self, step: int | None = None) -> Boundary:
         """Between steps: ``handle_commands``, then a memory snapshot and a validation (the
-        controller's baseline, every ``val_every``) when due. False when the run
-        must stop. ``step`` is checked against the agent's (the one counter; after a rollback
-        read ``kit.step``)."""
+        controller's baseline, every ``val_every``) when due. The ``Boundary`` is falsy when the
+        run must stop; its ``step`` is the step the loop runs next, which a loop with its own
+        counter must take (a rollback moves it back). ``step`` is checked against the agent's
+        (the one counter)."""
         self.cadence.enter(time.monotonic())
         try:
             return self._boundary(step)
         finally:
             self.cadence.leave(time.monotonic())
 
-    def _boundary(self, step: int | None) -> bool:
+    def _boundary(self, step: int | None) -> Boundary:
         if step is not None and step != self.agent.step and not self._warned_step:
             self._warned_step = True
             log.warning("at_boundary(%d): the agent is at step %d; the agent's counter wins "
-                        "(read kit.step after a rollback)", step, self.agent.step)
+                        "(take the step from the Boundary at_boundary returns)", step, self.agent.step)
+        before, restores = self.agent.step, self.restores
         if not self.handle_commands():
-            return False
+            return Boundary(False, self.agent.step)
         step = self.agent.step
+        moved = before if self.restores != restores else None
         self.store.on_step(step, lambda: self.state.capture(step))
         if self.cadence.due(step) and CommandType.VALIDATE in self.capabilities:
             self._periodic_validation(step)
-        return True
+        return Boundary(True, step, moved)
 
     def _periodic_validation(self, step: int) -> None:
         t0 = time.monotonic()
@@ -314,6 +323,10 @@ class RecoveryKit:
         self.stop_reason = f"failed: {reason}"
         self.agent.modes.move(STOPPING)
 
+    def report_timeout(self, data: dict[str, Any]) -> None:
+        if self.agent.rank == 0:
+            self.agent.emit(EventType.TRAINER_TIMEOUT, data)
+
     # ------------------------------------------------------------------ state
     def all_ranks(self, ok: bool) -> bool:
         """True when ``ok`` holds on every rank (one all-reduce)."""
@@ -350,6 +363,7 @@ class RecoveryKit:
         self.store.discard_after(to_step)
         self.restored = describe_restored(state)
         self.agent.set_step(self.state.load(state))
+        self.restores += 1
         if self.on_restore is not None:
             self.on_restore(self.agent.step)
         return source
@@ -401,7 +415,7 @@ class RecoveryKit:
         return Outcome.applied(f"paused at step {self.agent.step}")
 
     def resume(self) -> Outcome:
-        self.agent.guard.clear_hold()
+        self.agent.guard.answer_hold()  # a stretch that goes on is still skipped; the hold re-arms
         return Outcome.applied(f"resumed at step {self.agent.step}")
 
     def validate(self, cmd_id: str, batches: int | None) -> Outcome:

@@ -43,6 +43,22 @@ DEAD_LETTER_HINTS = {
 """Why a run's events may be refused, and what to do: printed under its dead letters."""
 
 
+def _incident_notes(ev: dict) -> str:
+    """Who decided, the escalation rung and every LR scale the incident set (1 -> 0.5 -> 0.125)."""
+    notes = []
+    if ev.get("decided_by"):
+        notes.append(f"decided by the {ev['decided_by']}")
+    esc = ev.get("escalation")
+    rung = ev.get("escalation_rung", esc.get("level") if isinstance(esc, dict) else 0)
+    if rung:
+        notes.append(f"escalation rung {rung}")
+    scales = ev.get("lr_scales") or []
+    if scales:
+        before = ev.get("lr_scale_at_open", 1)
+        notes.append("lr_scale " + " -> ".join(f"{x:g}" for x in [before, *scales]))
+    return f"; {', '.join(notes)}" if notes else ""
+
+
 def run(args: argparse.Namespace) -> int:
     from cliffguard.controller.store import read
     from cliffguard.controller.store.db import Store
@@ -144,7 +160,8 @@ def _print_run(out: dict) -> None:
     for inc in out["incidents"]:
         print(f"  incident {inc['id'][:8]} {inc['rule']} {inc['level']} spike@{inc['spike_step']} "
               f"onset@{inc['onset_step']} -> {inc['outcome']}" + (f" (rollback to {inc['rollback_to']})"
-                                                                  if inc.get("rollback_to") is not None else ""))
+                                                                  if inc.get("rollback_to") is not None else "")
+              + _incident_notes(inc.get("evidence") or {}))
     for t in out["transitions"]:
         step = "-" if t.get("step") is None else t["step"]
         print(f"  step {step:>7} {t['from_state']:>12} -> {t['to_state']:<12} {t['reason'][:100]}")

@@ -370,6 +370,13 @@ def _command_ack(session: Session, ev: Event) -> bool:
     return True
 
 
+def _trainer_timeout(session: Session, ev: Event) -> bool:
+    """A trainer that acted alone runs at the LR scale it reports (the recovery machine records who
+    decided it and why, and adopts it as the run's: controller/recovery_others.py)."""
+    _lr_scale_applied(session, ev.run, float(ev.data["lr_scale"]), ev.ts)
+    return True
+
+
 def _run_started(session: Session, ev: Event) -> bool:
     caps = ev.data.get("capabilities")
     res = session.execute(
@@ -432,4 +439,5 @@ _HANDLERS = {
     EventType.RUN_FAILED: _run_ended,
     EventType.ELASTIC_SCALED_DOWN: _elastic,
     EventType.ELASTIC_SCALED_UP: _elastic,
+    EventType.TRAINER_TIMEOUT: _trainer_timeout,
 }

@@ -310,7 +310,10 @@ def test_both_faults_through_the_real_broker_and_controller(kafka_cfg, tmp_path)
                        eval_dataset=Data(32, "eval"))
     trainer.create_optimizer()
     trainer.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(trainer.optimizer, blowup(blow_at))
-    recovery = RecoveryConfig(stable_window=5, recover_window=5, validate_timeout_s=60, command_timeout_s=30)
+    # the two faults are independent and only 18 steps apart here: within the default escalate_within
+    # the blow-up would climb a rung of the ladder (lr_scale 0.25, controller/recovery_table.py LADDER)
+    recovery = RecoveryConfig(stable_window=5, recover_window=5, validate_timeout_s=60, command_timeout_s=30,
+                              escalate_within=10)
     with store_engine("sqlite", tmp_path) as (engine, _url):
         svc = ControllerService(ControllerConfig(group_id="hf-e2e", tick_s=0.2, outbox_interval_s=0.2, **FAST_GROUP),
                                 kafka_cfg, engine, SECRET, recovery=recovery)
