@@ -52,8 +52,8 @@ from cliffguard.agent.command_target import Outcome
 from cliffguard.agent.dispatch import dispatch
 from cliffguard.agent.hooks import Agent
 from cliffguard.agent.modes import HELD, STOPPING, WAITING
-from cliffguard.agent.recovery.cadence import ValidationCadence
 from cliffguard.agent.recovery.boundary import Boundary
+from cliffguard.agent.recovery.cadence import ValidationCadence
 from cliffguard.agent.recovery.config import KitConfig
 from cliffguard.agent.recovery.restored import describe_restored
 from cliffguard.agent.recovery.ring import MemoryRing, cpu_copy
