@@ -27,11 +27,15 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from bench.soak.invariants import CHECKS
+from bench.soak.invariants import CHECKS, Observed, check_all
 from bench.soak.runner import run_seed
 from bench.soak.schedule import Schedule, ScheduleConfig, make_schedule
 
 PG_ENV = "CLIFFGUARD_TEST_PG_URL"
+
+
+def _count(row: dict[str, Any], name: str) -> int:
+    return int(row["checks"].get(name, {}).get("count", 0))  # a row judged before the check existed: 0
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -41,7 +45,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     lines = [head, "-" * len(head)]
     for r in rows:
         fired = sum(1 for f in r["fired"] if f.get("fired"))
-        counts = [r["checks"][inv.name]["count"] for inv in CHECKS]
+        counts = [_count(r, inv.name) for inv in CHECKS]
         lines.append(
             f"{r['seed']:>6} {fired:>6} {r['wall_s']:>7.0f} "
             + " ".join(f"{n:>5}" for n in counts)
@@ -66,7 +70,7 @@ def totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "events_fired": sum(1 for r in rows for f in r["fired"] if f.get("fired")),
         "wall_s": round(sum(r["wall_s"] for r in rows), 1),
         "seconds_per_seed": round(sum(r["wall_s"] for r in rows) / len(rows), 1) if rows else None,
-        "checks": {inv.name: sum(r["checks"][inv.name]["count"] for r in rows) for inv in CHECKS},
+        "checks": {inv.name: sum(_count(r, inv.name) for r in rows) for inv in CHECKS},
     }
 
 
@@ -143,8 +147,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--only", metavar="SEED[,SEED]", help="with --replay: only these seeds")
     p.add_argument(
+        "--recheck",
+        metavar="JSON",
+        help="judge the kept seeds of an earlier run (--keep) again, "
+        "from each seed directory's observed.json, without running them",
+    )
+    p.add_argument(
         "--keep", help="keep each seed's directory (logs, store, trainer record) under this folder"
     )
+    p.add_argument("--markdown", action="store_true", help="also print the fault page's tables")
     p.add_argument(
         "--settle-s",
         type=float,
@@ -154,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.steps < MIN_STEPS or args.seeds < 1:
         p.error(f"--steps must be >= {MIN_STEPS} (see MIN_STEPS) and --seeds >= 1")
+    if args.recheck:
+        return recheck(Path(args.recheck), Path(args.json), args)
     todo = schedules(args, p)
     out_path = Path(args.json).resolve()
     root = Path(args.keep).resolve() if args.keep else Path(tempfile.mkdtemp(prefix="cliffguard-soak-"))
@@ -188,11 +201,36 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(root, ignore_errors=True)
     write(out_path, args, rows, time.monotonic() - t0)
     print(table(rows), flush=True)
+    if args.markdown:
+        print(markdown(rows), flush=True)
     print(
         f"soak: {len(rows)} seed(s) in {time.monotonic() - t0:.0f} s; JSON in {out_path}"
         + (f"; seed directories in {root}" if args.keep else ""),
         flush=True,
     )
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+def recheck(earlier: Path, out: Path, args: argparse.Namespace) -> int:
+    stored = json.loads(earlier.read_text())
+    rows = []
+    for row in stored["seeds"]:
+        saved = Path(row["dir"]) / "observed.json"
+        if not saved.exists():
+            print(f"soak: seed {row['seed']}: no {saved} (run with --keep); left as it was", flush=True)
+        else:
+            checks = check_all(Observed.from_json(json.loads(saved.read_text())))
+            row = {
+                **row,
+                "ok": all(c.count == 0 for c in checks.values()),
+                "checks": {name: {"count": c.count, "detail": c.detail[:10]} for name, c in checks.items()},
+            }
+        rows.append(row)
+    args.store, args.steps = stored.get("store"), stored.get("steps")
+    write(out.resolve(), args, rows, stored.get("seconds", 0.0))
+    print(table(rows), flush=True)
+    if args.markdown:
+        print(markdown(rows), flush=True)
     return 0 if all(r["ok"] for r in rows) else 1
 
 

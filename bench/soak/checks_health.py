@@ -3,10 +3,9 @@ after the faults, no traceback in any log, the controller's exits only the ones 
 
 from __future__ import annotations
 
-import re
-
 from bench.soak.ledger import longest_stall, overlap_s
 from bench.soak.observed import Check, Observed
+from bench.soak.tracebacks import find
 
 STUCK_BOUND_S = 60.0
 """A command may wait this long for the broker's ack outside fault time (the outbox's longest
@@ -16,7 +15,6 @@ GAP_BOUND_S = 20.0
 (a restarted controller's group join and catch-up); longer is a gap."""
 DELIVERY_TARGETS = ("controller", "broker", "store")
 """Faults that may rightly hold a command back (a stopped rank does not)."""
-_TRACEBACK = re.compile(r"^Traceback \(most recent call last\):", re.MULTILINE)
 
 
 def commands_stuck(o: Observed, c: Check) -> None:
@@ -55,11 +53,27 @@ def gap_after_faults(o: Observed, c: Check) -> None:
 
 
 def tracebacks(o: Observed, c: Check) -> None:
+    """Ours: a frame of this project's code, a cliffguard logger, or uncaught (bench/soak/tracebacks.py)."""
     for name, text in sorted(o.logs.items()):
-        for m in _TRACEBACK.finditer(text):
-            tail = text[m.end() :].splitlines()
-            last = next((ln for ln in tail if ln and not ln.startswith((" ", "\t"))), "?")
-            c.fail(1, f"{name}: {last[:160]}")
+        for tb in find(text):
+            if tb.ours:
+                c.fail(
+                    1, f"{name}: {tb.exception[:160]}" + (f" (logged by {tb.logger})" if tb.logger else "")
+                )
+
+
+def library_tracebacks(o: Observed, c: Check) -> None:
+    """Logged by a library from its own frames only (kafka-python on a dropped socket, say)."""
+    for name, text in sorted(o.logs.items()):
+        for tb in find(text):
+            if not tb.ours:
+                c.fail(
+                    1, f"{name}: {tb.exception[:160]} (logged by {tb.logger}; frames: {_where(tb.frames)})"
+                )
+
+
+def _where(frames: list[str]) -> str:
+    return ", ".join(sorted({f.split("/site-packages/")[-1].split("/")[0] for f in frames})) or "none"
 
 
 def controller_exits(o: Observed, c: Check) -> None:

@@ -30,6 +30,7 @@ from bench.soak.checks_health import (
     commands_unknown,
     controller_exits,
     gap_after_faults,
+    library_tracebacks,
     tracebacks,
 )
 from bench.soak.observed import Check, Observed
@@ -100,7 +101,15 @@ CHECKS: tuple[Invariant, ...] = (
         f"{GAP_BOUND_S:.0f}s while the trainer is ahead",
         gap_after_faults,
     ),
-    Invariant("tracebacks", "tb", "no Python traceback in any log", tracebacks),
+    Invariant(
+        "tracebacks", "tb", "no Python traceback of this project's code (or uncaught) in any log", tracebacks
+    ),
+    Invariant(
+        "library_tracebacks",
+        "libtb",
+        "no traceback a library logged from its own frames in any log (kafka-python on a dropped socket)",
+        library_tracebacks,
+    ),
     Invariant("controller_exits", "exit", "the controller exited only when killed, or 0", controller_exits),
 )
 

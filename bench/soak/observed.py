@@ -1,7 +1,11 @@
-"""What one soak seed left behind, as the invariants read it (``Observed``), and one check's result."""
+"""What one soak seed left behind, as the invariants read it (``Observed``), and one check's result.
+
+The runner saves it as ``<seed dir>/observed.json``, so ``python -m bench.soak --recheck`` judges a
+kept seed again with changed invariants without running it again."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +30,23 @@ class Observed:
     polls: list[tuple[float, float | None]] = field(default_factory=list)
     """(time, newest stored rank-0 step's ts) sampled during the run."""
     ended_at: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["store"]["ids"] = {kind: sorted(ids) for kind, ids in self.store["ids"].items()}
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Observed:
+        store = {**d["store"], "ids": {kind: set(ids) for kind, ids in d["store"]["ids"].items()}}
+        return cls(
+            **{
+                **d,
+                "store": store,
+                "fault_windows": [tuple(w) for w in d["fault_windows"]],
+                "polls": [tuple(p) for p in d["polls"]],
+            }
+        )
 
 
 @dataclass

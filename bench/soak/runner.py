@@ -11,6 +11,7 @@ are booked as not fired.
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -193,6 +194,7 @@ def run_seed(
             polls=polls,
             ended_at=time.time(),
         )
+        (d / "observed.json").write_text(json.dumps(observed.to_json()))
         checks = check_all(observed)
         first = tl.progress.started_at or t0
         return {

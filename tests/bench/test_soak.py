@@ -387,6 +387,78 @@ def test_a_store_standing_still_after_the_faults_is_a_gap():
     assert _broken(o) == {}  # a store held back by a fault, catching up within the bound once it ended
 
 
+KAFKA_RESET = """2026-12-02 01:52:10,954 ERROR r14549 kafka.net.transport: <KafkaTCPTransport>: Error receiving
+Traceback (most recent call last):
+  File "/usr/lib/python3.11/site-packages/kafka/net/transport.py", line 88, in _read_from_sock
+    data = self._sock.recv(self._bufsize)
+ConnectionResetError: [Errno 104] Connection reset by peer
+2026-12-02 01:52:10,955 ERROR r14549 kafka.net.transport: socket disconnected
+"""
+OURS_CHAINED = """2026-12-02 01:00:00,000 ERROR kafka.net.selector: Unhandled exception in task
+Traceback (most recent call last):
+  File "/usr/lib/python3.11/selectors.py", line 225, in _fileobj_lookup
+KeyError: 'fd -1 is not registered'
+
+During handling of the above exception, another exception occurred:
+
+Traceback (most recent call last):
+  File "/work/repo/controller/outbox.py", line 120, in publish_due
+    producer.send(row)
+ValueError: Invalid file descriptor: -1
+"""
+
+
+def test_tracebacks_are_told_apart_by_who_logged_them_and_whose_frames_they_hold():
+    from bench.soak.tracebacks import find
+
+    (lib,) = find(KAFKA_RESET)
+    assert (lib.logger, lib.ours, lib.exception) == (
+        "kafka.net.transport",
+        False,
+        "ConnectionResetError: [Errno 104] Connection reset by peer",
+    )
+    (chained,) = find(OURS_CHAINED)  # one record: the chain is one logged exception
+    assert (
+        chained.ours
+        and chained.exception == "ValueError: Invalid file descriptor: -1"
+        and len(chained.frames) == 2
+    )
+    (uncaught,) = find(
+        'boom\nTraceback (most recent call last):\n  File "/x/site-packages/torch/a.py", '
+        "line 1\nRuntimeError: x\n"
+    )
+    assert uncaught.logger is None and uncaught.ours
+    o = _clean()
+    o.logs.update({"train.log": KAFKA_RESET, "controller.log": OURS_CHAINED})
+    results = check_all(o)
+    assert _broken(o) == {"tracebacks": 1, "library_tracebacks": 1}
+    assert "kafka" in results["library_tracebacks"].detail[0]
+
+
+def test_a_kept_seed_is_judged_again_from_its_observed_json(tmp_path):
+    from bench.soak.__main__ import main
+    from bench.soak.observed import Observed
+
+    o = _clean()
+    again = Observed.from_json(json.loads(json.dumps(o.to_json())))
+    assert again == o
+    o.logs["train.log"] = KAFKA_RESET
+    (tmp_path / "seed-1").mkdir()
+    (tmp_path / "seed-1" / "observed.json").write_text(json.dumps(o.to_json()))
+    row = {
+        "seed": 1,
+        "ok": True,
+        "dir": str(tmp_path / "seed-1"),
+        "wall_s": 1.0,
+        "fired": [],
+        "checks": {"tracebacks": {"count": 0, "detail": []}},
+    }
+    (tmp_path / "earlier.json").write_text(json.dumps({"store": "sqlite", "steps": 60, "seeds": [row]}))
+    assert main(["--recheck", str(tmp_path / "earlier.json"), "--json", str(tmp_path / "judged.json")]) == 1
+    judged = json.loads((tmp_path / "judged.json").read_text())["seeds"][0]
+    assert judged["ok"] is False and judged["checks"]["library_tracebacks"]["count"] == 1
+
+
 def test_tracebacks_and_unasked_controller_exits():
     o = _clean()
     o.logs["train.log"] = 'ok\nTraceback (most recent call last):\n  File "x.py", line 1\nValueError: boom\n'
