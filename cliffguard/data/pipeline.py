@@ -147,5 +147,5 @@ def run_pass(root: str | Path, files: list[Path], *, cfg: PassConfig | None = No
     manifest = manifest_json(str(root), docs, curriculum.to_json())
     if model_path is not None:
         lm.save(model_path)
-        manifest["perplexity_model"] = {"path": str(Path(model_path).resolve()), "median": round(median, 4)}
+        manifest["perplexity_model"] = {"path": str(Path(model_path).resolve()), "median": round(median, 3)}
     return manifest, report
