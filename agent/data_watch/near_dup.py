@@ -83,13 +83,12 @@ class NearDuplicates:
         b, t = tokens.shape
         k = min(self.k, t)
         n = t - k + 1
-        a = tokens.astype(np.uint64)
+        h = _shingles(tokens, k)
         with np.errstate(over="ignore"):  # the hashes wrap modulo 2^64 on purpose
-            h = np.zeros((b, n), dtype=np.uint64)
-            for j in range(k):
-                h = h * _PRIME + a[:, j : j + n]
             h ^= h >> np.uint64(29)
             values = h[:, :, None] * self._a + self._b
+        if slots.all():  # no padding (the bundled trainer's windows): every shingle counts
+            return values.min(1), np.full(b, n > 0)
         whole = sliding_window_view(slots, k, axis=1).all(-1)
         values[~whole] = _EMPTY
         return values.min(1), whole.any(1)
@@ -106,26 +105,26 @@ class NearDuplicates:
         in_batch, in_window = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
         similarity, of = np.zeros(n), [None] * n
         keys = self._keys(sig).tolist()
+        by_band, entries = self._by_band, self._entries
         for i in range(n):
-            if not has[i]:
-                continue
             row_keys = tuple(keys[i])
-            best, best_j = None, -1.0
-            for key in row_keys:
-                e = self._by_band.get(key)
-                entry = self._entries.get(e) if e is not None else None
-                if entry is None:
-                    continue
-                j = float(np.count_nonzero(entry.sig == sig[i])) / sig.shape[1]
-                if j > best_j:
-                    best, best_j = entry, j
-            if best is not None and best_j >= self.threshold:
-                similarity[i], of[i] = best_j, best.sample_id
-                if best.step == step:
-                    in_batch[i] = True
-                else:
-                    in_window[i] = True
-            self._add(_Entry(step, int(sample_ids[i]), sig[i], row_keys))
+            if has[i]:
+                best, best_j = None, -1.0
+                for key in row_keys:
+                    e = by_band.get(key)
+                    entry = entries.get(e) if e is not None else None
+                    if entry is None:
+                        continue
+                    j = float(np.count_nonzero(entry.sig == sig[i])) / sig.shape[1]
+                    if j > best_j:
+                        best, best_j = entry, j
+                if best is not None and best_j >= self.threshold:
+                    similarity[i], of[i] = best_j, best.sample_id
+                    if best.step == step:
+                        in_batch[i] = True
+                    else:
+                        in_window[i] = True
+                self._add(_Entry(step, int(sample_ids[i]), sig[i], row_keys))
         return Duplicates(in_batch=in_batch, in_window=in_window, similarity=similarity, of=of)
 
     def rewind(self, step: int) -> None:
@@ -151,3 +150,28 @@ class NearDuplicates:
         for key in entry.keys:
             if self._by_band.get(key) == eid:
                 del self._by_band[key]
+
+
+def _shingles(tokens: np.ndarray, k: int) -> np.ndarray:
+    """[B, T - k + 1] uint64 hashes of each window of ``k`` tokens. For 8-token windows the low byte
+    of every token is read as one little-endian uint64 straight from memory (a byte vocabulary
+    needs nothing else), and the tokens' higher bits, where any are set, are folded in by a
+    rolling hash; other widths use the rolling hash of the whole ids."""
+    b, t = tokens.shape
+    n = t - k + 1
+    ids = tokens.astype(np.int64, copy=False)
+    if k != 8:
+        return _rolling(ids.astype(np.uint64), k, n)
+    low = np.ascontiguousarray(ids & 0xFF, dtype=np.uint8)
+    h = np.ndarray((b, n), dtype=np.uint64, buffer=low, strides=(t, 1)).copy()
+    if ids.size and (int(ids.max()) > 0xFF or int(ids.min()) < 0):
+        h ^= _rolling((ids >> 8).astype(np.uint64), k, n)
+    return h
+
+
+def _rolling(a: np.ndarray, k: int, n: int) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        h = np.zeros((a.shape[0], n), dtype=np.uint64)
+        for j in range(k):
+            h = h * _PRIME + a[:, j : j + n]
+    return h

@@ -39,7 +39,7 @@ class Window:
         self.step_pad: list[float] = []
         self.step_garbled: list[float] = []
         self.step_ppl: list[float] = []
-        self._outliers: dict[str, list[tuple[float, int, int]]] = {r: [] for r in REASONS}  # min-heaps (score, step, id)
+        self._outliers: dict[str, list[tuple[float, int, int]]] = {r: [] for r in REASONS}  # (score, step, id)
 
     def __bool__(self) -> bool:
         return self.batches > 0
@@ -81,21 +81,19 @@ class Window:
             self.step_ppl.append(float("nan"))
 
     def _keep(self, reason: str, step: int, sample_ids: list[int], scores: np.ndarray, which: np.ndarray) -> None:
+        """Candidates of one batch: its ``top_k`` highest (the window's are chosen in ``payload``)."""
         if not self.top_k:
             return
-        heap = self._outliers[reason]
-        for i in np.flatnonzero(which):
-            item = (float(scores[i]), step, int(sample_ids[i]))
-            if len(heap) < self.top_k:
-                heapq.heappush(heap, item)
-            elif item > heap[0]:
-                heapq.heapreplace(heap, item)
+        idx = np.flatnonzero(which)
+        if len(idx) > self.top_k:
+            idx = idx[np.argsort(scores[idx])[-self.top_k :]]
+        self._outliers[reason].extend((float(scores[i]), step, int(sample_ids[i])) for i in idx)
 
     def payload(self, dropped: int = 0) -> dict[str, Any]:
         """The window as a ``data.stats`` payload (outliers worst first within each reason)."""
         out_steps, out_ids, out_reasons, out_scores = [], [], [], []
         for reason in REASONS:
-            for score, step, sid in sorted(self._outliers[reason], reverse=True):
+            for score, step, sid in heapq.nlargest(self.top_k, self._outliers[reason]):
                 out_steps.append(step)
                 out_ids.append(sid)
                 out_reasons.append(reason)
