@@ -92,3 +92,22 @@ def watch(batches: Iterator[Batch], config: DataWatchConfig | None = None, *, ru
     w.close()
     assert w.dropped == 0 and w.errors == 0
     return [d.build() for d in out]
+
+
+def fill_data_stats(engine: Any, run_id: str, steps: int = 120, garbled: range = range(100, 104), *,
+                    world: int = 2) -> list[Event]:
+    """Rank 0's ``data.stats`` of a run already in the store (testing/dashboard_fill.py's), garbled
+    text at ``garbled``; timestamped before the run's own events, so its last step and time stay."""
+    from cliffguard.controller.store.db import session_scope
+    from cliffguard.controller.store.ingest import ingest_events
+    from cliffguard.core.events import make_event
+
+    def batches() -> Iterator[Batch]:
+        for step, x, ids in code_batches(range(steps)):
+            yield garble(step, x, ids) if step in garbled else (step, x, ids)
+
+    events = [make_event(e.type, run_id, e.step, e.data, rank=0, world=world, ts=1.0 + e.step / 1000)
+              for e in watch(batches(), run=run_id)]
+    with session_scope(engine) as s:
+        ingest_events(s, events)
+    return events

@@ -98,15 +98,21 @@ class NearDuplicates:
             bands = sig.reshape(sig.shape[0], self.bands, self.rows)
             return (bands * self._band_mix).sum(-1, dtype=np.uint64) ^ self._band_tag
 
-    def observe(self, step: int, sample_ids: list[int], sig: np.ndarray, has: np.ndarray) -> Duplicates:
-        """Judge a batch's sequences against the index, then add them to it (in batch order)."""
-        self._expire(step)
+    def observe(self, steps: np.ndarray | int, sample_ids: list[int], sig: np.ndarray, has: np.ndarray) -> Duplicates:
+        """Judge sequences against the index, then add them to it, row by row in order; ``steps``:
+        each row's step (ascending; one int for a single batch)."""
         n = len(sample_ids)
+        row_steps = np.full(n, steps) if np.isscalar(steps) else np.asarray(steps)
         in_batch, in_window = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
         similarity, of = np.zeros(n), [None] * n
         keys = self._keys(sig).tolist()
         by_band, entries = self._by_band, self._entries
+        current = None
         for i in range(n):
+            step = int(row_steps[i])
+            if step != current:
+                self._expire(step)
+                current = step
             row_keys = tuple(keys[i])
             if has[i]:
                 best, best_j = None, -1.0

@@ -3,10 +3,13 @@ statistics and sends a ``data.stats`` event per window of ``every`` steps.
 
 The training thread's part (``observe``) is a queue put: no copy, no host sync, no numpy. The
 watcher's thread moves a device batch to the host itself (``.cpu()`` waits there, not in the
-loop), then per batch: the token slots and lengths, near-duplicates against the batch and the
-recent window (near_dup.py), the sketch (each duplicate's tokens left out: a repeated batch is a
-duplicate burst, not a drift) and each sequence's novelty (agent/data_watch/batch.py), and the loop's optional scorers: ``garbled`` ([B, T] tokens -> [B] scores, > 1 =
-flagged) and ``perplexity`` ([B, T] -> [B] log-perplexity per token). A ``prepare`` callable runs
+loop) and holds the window's batches; at the window's end it measures them together (numpy's
+per-call cost is paid once a window, not once a batch): the token slots and lengths,
+near-duplicates against the batch and the recent window, row by row in order (near_dup.py), the
+sketch (each duplicate's tokens left out: a repeated batch is a duplicate burst, not a drift) and
+each sequence's novelty against the frequencies before the window (agent/data_watch/batch.py),
+and the loop's optional scorers: ``garbled`` ([N, T] tokens -> [N] scores, > 1 = flagged) and
+``perplexity`` ([N, T] -> [N] log-perplexity per token). A ``prepare`` callable runs
 on the thread before the first batch (the bundled trainer builds its reference model there).
 
 Never blocks or breaks training: a batch handed over while ``queue`` batches wait is skipped and
@@ -69,6 +72,8 @@ class DataWatch:
         self._sketch = TokenSketch(config.buckets)
         self._dups = NearDuplicates(config)
         self._window = Window(config.buckets, config.top_k)
+        self._pending: list[tuple[int, torch.Tensor, list[int], np.ndarray]] = []
+        """The current window's batches (step, host tokens, sample ids, token slots), measured at its end."""
         self._last_step: int | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._closed = False
@@ -132,41 +137,59 @@ class DataWatch:
             try:
                 self._batch(*item)
             except Exception:  # noqa: BLE001 - never let one batch stop the watch
+                self._pending = []
                 self._error("a batch", item[0])
             self.cpu_s += time.thread_time() - c0
+        c0 = time.thread_time()
         try:
             self._flush()
         except Exception:  # noqa: BLE001
             self._error("the last window", self._last_step or 0)
+        self.cpu_s += time.thread_time() - c0
 
     def _batch(self, step: int, tokens: torch.Tensor, ids: list[int] | None, mask: torch.Tensor | None) -> None:
+        """Take one batch to the host and hold it; a window's batches are measured together."""
         cfg = self.config
         if self._last_step is not None and step <= self._last_step:  # the loop went back: a replay
             self._flush()
             self._dups.rewind(step)
-        if self._window and step // cfg.every != self._window.first_step // cfg.every:
+        if self._pending and step // cfg.every != self._pending[0][0] // cfg.every:
             self._flush()
-        if not self._window:
-            self._window.reset(step)
         self._last_step = step
         tokens = tokens.detach().cpu()
         host = tokens.numpy()
-        n = host.shape[0]
         if ids is None:
-            ids = [step * n + i for i in range(n)]
+            ids = [step * host.shape[0] + i for i in range(host.shape[0])]
         slots = token_slots(host, None if mask is None else mask.detach().cpu().numpy(), cfg.pad_id)
-        sig, has = self._dups.signatures(host, slots)
-        dups = self._dups.observe(step, ids, sig, has)
-        # a duplicate's tokens are counted once: a repeated batch is a duplicate burst, not a drift
-        counts, novelty = self._sketch.observe(host, slots & ~dups.any[:, None])
-        garbled = self._score("garbled", self._garbled, tokens, step)
-        ppl = self._score("perplexity", self._perplexity, tokens, step)
-        self._window.add(step, ids, slots, counts, novelty, dups, garbled, ppl)
-        self.batches += 1
-        if self._on_batch is not None:
-            self._on_batch(BatchReport(step, ids, dups, garbled, ppl))
+        self._pending.append((step, tokens, ids, slots))
         if step % cfg.every == cfg.every - 1:
             self._flush()
+
+    def _measure(self, group: list[tuple[int, torch.Tensor, list[int], np.ndarray]]) -> None:
+        """Batches of one width, measured at once (numpy's per-call cost paid once per window, not
+        per batch): duplicates row by row in order, the sketch (novelty against the frequencies
+        before the group), the scorers, then into the window."""
+        steps = np.concatenate([np.full(len(ids), step) for step, _, ids, _ in group])
+        ids = [i for _, _, batch_ids, _ in group for i in batch_ids]
+        tokens = group[0][1] if len(group) == 1 else torch.cat([t for _, t, _, _ in group])
+        host = tokens.numpy()
+        slots = np.concatenate([sl for _, _, _, sl in group]) if len(group) > 1 else group[0][3]
+        sig, has = self._dups.signatures(host, slots)
+        dups = self._dups.observe(steps, ids, sig, has)
+        # a duplicate's tokens are counted once: a repeated batch is a duplicate burst, not a drift
+        counts, novelty = self._sketch.observe(host, slots & ~dups.any[:, None])
+        garbled = self._score("garbled", self._garbled, tokens, group[0][0])
+        ppl = self._score("perplexity", self._perplexity, tokens, group[0][0])
+        self._window.add(steps, ids, slots, counts, novelty, dups, garbled, ppl)
+        self.batches += len(group)
+        if self._on_batch is not None:
+            start = 0
+            for step, _, batch_ids, _ in group:
+                rows = slice(start, start + len(batch_ids))
+                start = rows.stop
+                part = Duplicates(dups.in_batch[rows], dups.in_window[rows], dups.similarity[rows], dups.of[rows])
+                self._on_batch(BatchReport(step, batch_ids, part, None if garbled is None else garbled[rows],
+                                           None if ppl is None else ppl[rows]))
 
     def _score(self, what: str, scorer: Scorer | None, tokens: torch.Tensor, step: int) -> np.ndarray | None:
         if scorer is None:
@@ -180,14 +203,21 @@ class DataWatch:
             return None
 
     def _flush(self) -> None:
-        if not self._window:
+        """Measure the held batches and send their window."""
+        pending, self._pending = self._pending, []
+        if not pending:
             return
+        self._window.reset(pending[0][0])
+        group: list[tuple[int, torch.Tensor, list[int], np.ndarray]] = []
+        for item in pending:
+            if group and item[1].shape[1] != group[0][1].shape[1]:
+                self._measure(group)
+                group = []
+            group.append(item)
+        self._measure(group)
         dropped = self.dropped - self._dropped_sent
         self._dropped_sent += dropped
-        data = self._window.payload(dropped)
-        step = self._window.last_step
-        self._window.reset(step + 1)
-        self._emit(EventType.DATA_STATS, data, step=step)
+        self._emit(EventType.DATA_STATS, self._window.payload(dropped), step=self._window.last_step)
         self.events += 1
 
     def _error(self, what: str, step: int) -> None:

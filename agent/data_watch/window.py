@@ -44,50 +44,56 @@ class Window:
     def __bool__(self) -> bool:
         return self.batches > 0
 
-    def add(self, step: int, sample_ids: list[int], slots: np.ndarray, counts: np.ndarray, novelty: np.ndarray,
-            dups: Duplicates, garbled: np.ndarray | None, ppl: np.ndarray | None) -> None:
-        """One batch: ``garbled`` [B] scores (> 1 = flagged), ``ppl`` [B] log-perplexity per token."""
+    def add(self, steps: np.ndarray, sample_ids: list[int], slots: np.ndarray, counts: np.ndarray,
+            novelty: np.ndarray, dups: Duplicates, garbled: np.ndarray | None, ppl: np.ndarray | None) -> None:
+        """A group of batches, row by row: ``steps`` [N] each row's step (ascending), ``garbled``
+        [N] scores (> 1 = flagged), ``ppl`` [N] log-perplexity per token; ``counts`` the group's sketch."""
         n, width = slots.shape
+        uniq, inv = np.unique(steps, return_inverse=True)
+        rows = np.bincount(inv).astype(np.float64)
         lengths = slots.sum(1)
-        self.last_step = step
-        self.batches += 1
+        self.last_step = int(uniq[-1])
+        self.batches += len(uniq)
         self.sequences += n
-        tokens = int(lengths.sum())
-        self.tokens += tokens
+        self.tokens += int(lengths.sum())
         self.slots += n * width
         self.len_counts += length_counts(lengths)
         self.sketch += counts
         dup = dups.any
         self.dups += int(dup.sum())
         self.dups_in_batch += int(dups.in_batch.sum())
-        self.steps.append(step)
-        self.step_dup.append(float(dup.mean()) if n else 0.0)
-        self.step_pad.append(1.0 - tokens / max(n * width, 1))
-        self._keep("novelty", step, sample_ids, novelty, np.ones(n, dtype=bool))
-        self._keep("duplicate", step, sample_ids, dups.similarity, dup)
-        # a scorer missing for one batch (it raised: the watcher logs it) leaves NaN at that step
+        had = len(self.steps)
+        self.steps += uniq.tolist()
+        self.step_dup += (np.bincount(inv, weights=dup) / rows).tolist()
+        self.step_pad += (1.0 - np.bincount(inv, weights=lengths) / (rows * width)).tolist()
+        everyone = np.ones(n, dtype=bool)
+        self._keep("novelty", steps, sample_ids, novelty, everyone)
+        self._keep("duplicate", steps, sample_ids, dups.similarity, dup)
+        # a scorer that raised for this group (the watcher logs it) leaves NaN at its steps
         if garbled is not None:
             flagged = garbled > 1.0
             self.garbled += int(flagged.sum())
-            self.has_garbled = _aligned(self.step_garbled, len(self.steps), float(flagged.mean()) if n else 0.0)
-            self._keep("garbled", step, sample_ids, garbled, flagged)
+            self.has_garbled = _aligned(self.step_garbled, had, (np.bincount(inv, weights=flagged) / rows).tolist())
+            self._keep("garbled", steps, sample_ids, garbled, flagged)
         elif self.has_garbled:
-            self.step_garbled.append(float("nan"))
+            self.step_garbled += [float("nan")] * len(uniq)
         if ppl is not None:
-            weight = np.maximum(lengths, 1)
-            self.has_ppl = _aligned(self.step_ppl, len(self.steps), float((ppl * weight).sum() / weight.sum()) if n else 0.0)
-            self._keep("perplexity", step, sample_ids, ppl, np.ones(n, dtype=bool))
+            w = np.maximum(lengths, 1).astype(np.float64)
+            self.has_ppl = _aligned(self.step_ppl, had,
+                                    (np.bincount(inv, weights=ppl * w) / np.bincount(inv, weights=w)).tolist())
+            self._keep("perplexity", steps, sample_ids, ppl, everyone)
         elif self.has_ppl:
-            self.step_ppl.append(float("nan"))
+            self.step_ppl += [float("nan")] * len(uniq)
 
-    def _keep(self, reason: str, step: int, sample_ids: list[int], scores: np.ndarray, which: np.ndarray) -> None:
-        """Candidates of one batch: its ``top_k`` highest (the window's are chosen in ``payload``)."""
+    def _keep(self, reason: str, steps: np.ndarray, sample_ids: list[int], scores: np.ndarray,
+              which: np.ndarray) -> None:
+        """Candidates of one group: its ``top_k`` highest (the window's are chosen in ``payload``)."""
         if not self.top_k:
             return
         idx = np.flatnonzero(which)
         if len(idx) > self.top_k:
             idx = idx[np.argsort(scores[idx])[-self.top_k :]]
-        self._outliers[reason].extend((float(scores[i]), step, int(sample_ids[i])) for i in idx)
+        self._outliers[reason].extend((float(scores[i]), int(steps[i]), int(sample_ids[i])) for i in idx)
 
     def payload(self, dropped: int = 0) -> dict[str, Any]:
         """The window as a ``data.stats`` payload (outliers worst first within each reason)."""
@@ -118,8 +124,8 @@ class Window:
         return data
 
 
-def _aligned(values: list[float], steps: int, value: float) -> bool:
-    """Append ``value`` as the newest step's, NaN-filling steps that had none; True."""
-    values.extend([float("nan")] * (steps - 1 - len(values)))
-    values.append(value)
+def _aligned(values: list[float], had: int, new: list[float]) -> bool:
+    """Append a group's values after ``had`` steps, NaN-filling earlier steps that had none; True."""
+    values.extend([float("nan")] * (had - len(values)))
+    values.extend(new)
     return True

@@ -208,14 +208,28 @@ def test_a_scorer_that_raises_is_logged_and_the_rest_goes_on(caplog):
         return torch.ones(x.shape[0])
 
     out = []
-    w = DataWatch(DataWatchConfig(every=3, queue=100), lambda t, d, step: out.append(d), perplexity=flaky).start()
+    w = DataWatch(DataWatchConfig(every=1, queue=100), lambda t, d, step: out.append(d), perplexity=flaky).start()
     with caplog.at_level(logging.ERROR):
         for step, x, ids in code_batches(range(3)):
             w.observe(step, x, ids)
         w.close()
     assert w.errors == 1 and "perplexity scorer raised at step 1" in caplog.text
+    assert out[0]["step_ppl"] == [1.0] and out[2]["step_ppl"] == [1.0]
+    assert "step_ppl" not in out[1]  # nothing where it raised
+    assert [d["steps"] for d in out] == [[0], [1], [2]]
+
+
+def test_a_scorer_missing_for_part_of_a_window_leaves_nan_at_those_steps():
+    out = []
+    w = DataWatch(DataWatchConfig(every=3, queue=100), lambda t, d, step: out.append(d),
+                  perplexity=lambda x: torch.ones(x.shape[0]) if x.shape[1] == 64 else 1 / 0).start()
+    batches = list(code_batches(range(3)))
+    w.observe(0, batches[0][1][:, :32], batches[0][2])  # a narrower batch: measured as a group of its own
+    for step, x, ids in batches[1:]:
+        w.observe(step, x, ids)
+    w.close()
     ppl = out[0]["step_ppl"]
-    assert ppl[0] == 1.0 and ppl[1] != ppl[1] and ppl[2] == 1.0  # NaN where it raised
+    assert ppl[0] != ppl[0] and ppl[1:] == [1.0, 1.0] and out[0]["pad_share"] == 0.0
 
 
 def test_close_sends_the_partial_window_and_later_batches_are_ignored():
