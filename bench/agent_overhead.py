@@ -15,7 +15,8 @@ default GPT (``trainer.model.GPTConfig()``) on the default global batch, each un
   trainer's scorers (the garbled-text rules and a byte-trigram reference model trained on the
   corpus); the batches of every mode are real byte windows of the standard library's code.
   ``data_watch_share`` is the watcher thread's CPU per batch (its own ``thread_time``) over a plain
-  step's CPU: the issue's <= 1 % figure; ``ratio_data`` the paired wall ratio on_data / on.
+  step's CPU: the issue's <= 1 % figure; ``ratio_data`` the paired wall ratio on_data / on; the
+  same batches through a fresh watch with nothing training beside it give its cost alone.
 
 A shared 2-core machine drifts by 2x within a minute, so the modes run in interleaved blocks of
 ``--steps-per-round`` steps (after a warm-up), the order reversed every other round (A B C, C B
@@ -41,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -167,11 +169,28 @@ def worker(args: argparse.Namespace) -> None:
             agent.close()
     if rank == 0:
         assert watch is not None
+        alone = isolated_watch(batches, batch_ids, reference(), watch.batches)
         with open(args.out, "w") as fh:
             json.dump({"times": times, "rounds": rounds, "cpu_rounds": cpu_rounds, "world": world, "n_params": GPT(cfg).num_params(),
                        "global_batch": args.global_batch, "seq_len": cfg.block_size,
                        "data_watch": {"cpu_s": watch.cpu_s, "batches": watch.batches, "dropped": watch.dropped,
-                                      "events": watch.events}}, fh)
+                                      "events": watch.events, "isolated_cpu_s": alone.cpu_s,
+                                      "isolated_batches": alone.batches}}, fh)
+
+
+def isolated_watch(batches: list, batch_ids: list, lm: Any, n: int) -> Any:
+    """The same batches through a fresh data watch with nothing training beside it (its cost alone)."""
+    from cliffguard.agent.data_watch.config import DataWatchConfig
+    from cliffguard.agent.data_watch.watcher import DataWatch
+    from cliffguard.trainer.data_rules import DataRules
+
+    w = DataWatch(DataWatchConfig(queue=n + 1), lambda *a, **k: None, garbled=DataRules().garbled,
+                  perplexity=lambda x: lm.sequence_scores(x.numpy())).start()
+    for i in range(n):
+        b = batches[i % len(batches)]
+        w.observe(i, b[:, :-1], batch_ids[i % len(batch_ids)].tolist())
+    w.close()
+    return w
 
 
 def _spread(values: list[float]) -> dict[str, float]:
@@ -228,8 +247,10 @@ def _data_watch(res: dict, rounds: list[dict[str, float]], cr: list[dict[str, di
     plain_cpu = statistics.median(r["off"]["all"] for r in cr)
     plain_wall = statistics.median(r["off"] for r in rounds)
     ratio = _spread([r["on_data"] / r["on"] for r in rounds])
+    alone = w.get("isolated_cpu_s", 0.0) / max(w.get("isolated_batches", 0), 1)
     return {
         "data_watch_cpu_ms_per_batch": 1000 * per_batch,
+        "data_watch_isolated_cpu_ms_per_batch": 1000 * alone,
         "data_watch_share": per_batch / plain_cpu,
         "data_watch_wall_share": per_batch / plain_wall,
         "ratio_data": ratio["median"], "ratio_data_spread": ratio,
@@ -258,7 +279,8 @@ def print_table(result: dict) -> None:
         print(f"data watch: {result['data_watch_cpu_ms_per_batch']:.3f} ms CPU per batch on its thread = "
               f"{100 * result['data_watch_share']:.2f} % of a plain step's CPU ({100 * result['data_watch_wall_share']:.2f} % "
               f"of its wall time); wall ratio with/without it {result['ratio_data']:.3f}; "
-              f"{result['data_watch_dropped']} of {result['data_watch_batches']} batches skipped")
+              f"{result['data_watch_dropped']} of {result['data_watch_batches']} batches skipped; alone (nothing "
+              f"training beside it) {result['data_watch_isolated_cpu_ms_per_batch']:.3f} ms a batch")
     lb, la = result["loadavg_before"], result["loadavg_after"]
     print(f"ratio (hist every 10) = {result['ratio']:.3f}; ratio_hist_every_step = {result['ratio_hist_every_step']:.3f}"
           f"  (median of {result['rounds']} paired rounds; pooled {result['ratio_pooled']:.3f} / "

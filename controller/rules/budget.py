@@ -2,8 +2,10 @@
 the run, the level that clean data exceeds at the declared rate.
 
 The baseline's tail above its median ``u`` is modelled as exponential (a generalised Pareto tail of
-shape 0): ``P(x > u + e) = p_u * exp(-e / scale)``, where ``scale`` is the mean excess over ``u`` (its
-maximum-likelihood estimate) and ``p_u`` the share of the sample above ``u``. The threshold for a
+shape 0): ``P(x > u + e) = p_u * exp(-e / scale)``, where ``p_u`` is the share of the sample above ``u``
+and ``scale`` is estimated from the median excess over ``u`` (an exponential's median is
+``scale * ln 2``), not the mean: a baseline that caught a bad batch or two (a fault during the first
+200 steps) keeps the threshold a clean one would have. The threshold for a
 target rate ``r`` (false alarms per judged point) is ``u + scale * ln(p_u / r)``, and never less than
 ``u + floor``: the floor keeps a statistic that barely moves on clean data (a duplicate share of 0
 throughout) from alarming on its first small wiggle. Statistics whose tail is lighter than
@@ -25,7 +27,8 @@ class Threshold:
     median: float
     """The baseline's median ``u``."""
     scale: float
-    """Mean excess over the median (0 for a baseline that never rises above it)."""
+    """The exponential tail's scale: median excess over the median / ln 2 (0 for a baseline that
+    never rises above its median)."""
     level: float
     """The threshold: a value above it is an alarm."""
     n: int
@@ -54,7 +57,7 @@ def calibrate(values: Iterable[float], target: float, floor: float) -> Threshold
         raise ValueError("values: no finite baseline value to calibrate on")
     u = median(xs)
     excess = [v - u for v in xs if v > u]
-    scale = sum(excess) / len(excess) if excess else 0.0
+    scale = median(excess) / math.log(2) if excess else 0.0
     p_u = len(excess) / len(xs)
     margin = scale * math.log(p_u / target) if excess and p_u > target else 0.0
     return Threshold(median=u, scale=scale, level=u + max(margin, floor), n=len(xs))

@@ -20,6 +20,13 @@ def test_on_an_exponential_tail_the_declared_rate_holds():
     assert t.n == 400 and t.median < t.rearm() < t.level
 
 
+def test_a_few_bad_points_in_the_baseline_barely_move_the_threshold():
+    rng = random.Random(5)
+    clean = [1.0 + rng.expovariate(10.0) for _ in range(200)]
+    assert calibrate([*clean[:198], 5.0, 5.5], 1e-4, 0.0).level == pytest.approx(calibrate(clean, 1e-4, 0.0).level,
+                                                                               rel=0.1)
+
+
 def test_a_lighter_tail_gets_fewer_false_alarms_than_declared():
     rng = random.Random(4)
     baseline = [rng.gauss(0, 1) for _ in range(400)]
