@@ -102,3 +102,40 @@ def test_a_run_with_a_data_fault_raises_its_rule_naming_the_samples(tmp_path, fa
     affected = range(AT, AT + 1) if burst else range(AT, v.step + 1)  # a burst deals step AT's samples again
     dealt = {sid for step in affected for sid in trainer.sampler.sample_ids(step)}
     assert v.evidence["sample_ids"] and set(v.evidence["sample_ids"]) <= dealt
+
+
+@pytest.mark.slow
+@pytest.mark.broker
+@pytest.mark.timeout(300)
+def test_through_the_broker_and_the_controller_a_duplicate_burst_is_a_stored_alert_naming_the_samples(
+        tmp_path, kafka_cfg):
+    """The real path: the trainer's publisher -> the broker -> the controller (decode, ingest, the
+    data rules, the alert outbox) -> the store, for a 240-step run with a duplicate burst at 210."""
+    from accelerate import Accelerator
+    from sqlalchemy import select
+
+    from cliffguard.controller.store import read
+    from cliffguard.controller.store.db import session_scope
+    from cliffguard.controller.store.models import AlertRow
+    from cliffguard.trainer.loop import Trainer
+    from testing.controller_service import SECRET, Running, store_engine, wait_for
+
+    cfg = dataclasses.replace(_config(tmp_path, AT + 30, [f"dup_burst@{AT}:20"]), run="dq-e2e", kafka=kafka_cfg)
+    with store_engine("sqlite", tmp_path) as (engine, _), Running(kafka_cfg, engine, group="ctl-data"):
+        trainer = Trainer(cfg, Accelerator(cpu=True), secret=SECRET)
+        trainer.run()
+
+        def alert() -> AlertRow | None:
+            with session_scope(engine) as s:
+                rows = s.scalars(select(AlertRow).where(AlertRow.run_id == "dq-e2e",
+                                                        AlertRow.rule == "data_duplicates")).all()
+                return rows[0] if rows else None
+
+        wait_for(lambda: alert() is not None, 60)
+        with session_scope(engine) as s:
+            windows = read.data_windows(s, "dq-e2e", limit=None)
+        found = alert()
+    assert [w["step"] for w in windows] == [*range(9, AT + 30, 10)]
+    assert found.level == "warn" and f"steps {AT}-{AT + 9}" in found.body
+    ids = found.evidence["window"]["sample_ids"]
+    assert ids and set(ids) <= set(trainer.sampler.sample_ids(AT))
