@@ -43,6 +43,7 @@ def _stored_model(etype: str) -> Any:
         EventType.RUN_STARTED: models.RunRow, EventType.STEP: models.StepMetricRow,
         EventType.HEARTBEAT: models.HeartbeatRow, EventType.CHECKPOINT: models.CheckpointRow,
         EventType.VALIDATION: models.ValidationRow, EventType.DATA_FLAG: models.DataFlagRow,
+        EventType.DATA_STATS: models.DataStatsRow,
     }.get(etype)
 
 

@@ -50,6 +50,7 @@ from cliffguard.controller.rules.base import (
     TickingRule,
     carries_rank_samples,
 )
+from cliffguard.controller.rules.data_quality import DataQualityConfig, DataQualityRule
 from cliffguard.controller.rules.divergence import DivergenceConfig
 from cliffguard.controller.rules.elastic import SCALE_EVENTS, ElasticScaleRule
 from cliffguard.controller.rules.grad_norm import GradNormConfig, GradNormRule
@@ -106,6 +107,8 @@ class RulesConfig:
     """Growth of reserved-but-unallocated memory (alerts)."""
     held: HeldConfig = field(default_factory=HeldConfig)
     """The trainer's guard holding (or skipping on and on): critical -> recover."""
+    data: DataQualityConfig = field(default_factory=DataQualityConfig)
+    """Data quality of the batches the run trains on: drift, duplicates, garbled text, perplexity (alerts)."""
     evidence_last_n: int = bounded(20, ge=0)
     """Newest losses carried in every loss verdict's evidence."""
 
@@ -133,6 +136,7 @@ RULES: RuleRegistry[RulesConfig] = (
     .with_rule("grad_norm", lambda c: GradNormRule(c.grad_norm))
     .with_rule("loss_scale", lambda c: LossScaleRule(c.loss_scale))
     .with_rule("elastic", lambda c: ElasticScaleRule())
+    .with_rule("data", lambda c: DataQualityRule(c.data))
 )
 """The controller's rules in calling order (a new rule: its module, a ``RulesConfig`` field and
 one entry here)."""

@@ -17,6 +17,7 @@ class EventType(StrEnum):
     VALIDATION = "validation"
     COMMAND_ACK = "command.ack"
     DATA_FLAG = "data.flag"
+    DATA_STATS = "data.stats"  # a rank's batch statistics over a window of steps (agent/data_watch/)
     RUN_FINISHED = "run.finished"
     RUN_FAILED = "run.failed"
     ELASTIC_SCALED_DOWN = "elastic.scaled_down"  # the run resumed on fewer ranks (trainer/elastic.py)

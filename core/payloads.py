@@ -152,6 +152,33 @@ class DataFlagData(TypedDict):
     score: float
 
 
+class DataStatsData(TypedDict):
+    """One rank's batches over the window of steps [``first_step``, the event's step]: what the data
+    rules judge (controller/rules/data_quality.py) and a loss incident shows beside the baseline.
+    Built off the training thread (agent/data_watch/); the per-step arrays follow ``steps``."""
+
+    first_step: int
+    batches: int  # batches the rank watched in the window
+    sequences: int
+    tokens: int  # tokens that are not padding
+    pad_share: float  # share of the window's token slots that are padding
+    len_counts: list[int]  # sequence lengths in log2 bins: bin 0 is length 0, bin i >= 1 holds [2^(i-1), 2^i)
+    sketch: list[int]  # token frequencies: each id counted in one of len(sketch) hashed buckets (a one-row count-min sketch)
+    dup_share: float  # share of sequences with a near-duplicate earlier in their batch or in the recent window
+    dup_in_batch: float  # ... earlier in their own batch
+    steps: list[int]
+    step_dup: list[float]  # each batch's duplicate share
+    step_pad: list[float]  # each batch's padding share
+    step_garbled: NotRequired[list[float]]  # each batch's share of sequences the garbled-text rules flag
+    step_ppl: NotRequired[list[float]]  # each batch's mean log-perplexity per token under the reference model
+    garbled: NotRequired[float]  # the window's share of garbled sequences
+    outlier_steps: list[int]  # the window's outlier sequences: the step, sample id, why and how much
+    outlier_ids: list[int]
+    outlier_reasons: list[str]  # novelty | perplexity | garbled | duplicate
+    outlier_scores: list[float]
+    dropped: NotRequired[int]  # batches handed over while the watcher was behind: skipped, counted here
+
+
 class RunFinishedData(TypedDict):
     final_loss: NotRequired[float]
     steps: NotRequired[int]
@@ -208,6 +235,7 @@ EVENT_PAYLOADS: dict[EventType, type] = {
     EventType.VALIDATION: ValidationData,
     EventType.COMMAND_ACK: CommandAckData,
     EventType.DATA_FLAG: DataFlagData,
+    EventType.DATA_STATS: DataStatsData,
     EventType.RUN_FINISHED: RunFinishedData,
     EventType.RUN_FAILED: RunFailedData,
     EventType.ELASTIC_SCALED_DOWN: ElasticScaleData,

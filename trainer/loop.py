@@ -4,6 +4,7 @@ One optimizer step (``Trainer.train_step``), in order::
 
     lr = schedule(step) * lr_scale * elastic_lr_factor(step)    # recomputed every step
     x, y = sampler.batch(step)                                  # data_wait_s
+    agent.observe_batch(x, sample_ids)                          # the data watch's thread takes it
     for each of grad_accum micro-batches (no_sync but the last):
         loss = model(x, y)      -> agent.after_forward(loss)
         accelerator.backward(loss / grad_accum)
@@ -52,6 +53,7 @@ from cliffguard.trainer.checkpoint import CheckpointManager
 from cliffguard.trainer.commands import TrainerCommands
 from cliffguard.trainer.config import TrainConfig
 from cliffguard.trainer.data import Sampler, load_corpus
+from cliffguard.trainer.data_watch import attach_data_watch
 from cliffguard.trainer.elastic import Elastic, progress_mark_path
 from cliffguard.trainer.fault_wrappers import wire_faults
 from cliffguard.trainer.loss_scale import AdaptiveLossScaler, LossScaleConfig
@@ -113,6 +115,7 @@ class Trainer:
         self.agent = Agent(accelerator, self.model, self.optimizer, agent_cfg, shape=shape, sink=sink,
                            kafka=cfg.kafka, secret=secret, command_source=command_source,
                            wrap_producer=self.faults.producers)
+        self.data_watch = attach_data_watch(self.agent, self.corpus, cfg.data)
         self.ckpt = CheckpointManager(cfg.checkpoint, self.rank, self.world, self._on_checkpoint, run_id=cfg.agent.run)
         # overlap_copy: a snapshot's copy runs beside the next forward/backward; the fence on the torch
         # optimizer (the one Accelerate wraps) waits for it right before step() first changes the state.
@@ -236,7 +239,9 @@ class Trainer:
         if cfg.debug_digests:
             extra["rng_digest"] = digest_tensors([torch.get_rng_state()])
         with agent.data_wait():
-            x, y, _ids = self.sampler.batch(step)
+            x, y, ids = self.sampler.batch(step)
+        agent.observe_batch(x, ids, step=step)  # the data watch (a queue put; its thread does the work)
+        with agent.data_wait():
             x, y = x.to(self.accelerator.device), y.to(self.accelerator.device)
         xs, ys = x.split(self.micro_batch), y.split(self.micro_batch)
         n = len(xs)

@@ -3,8 +3,9 @@
 Kafka delivers at least once, so everything here must be safe to apply twice: a re-delivered
 event changes nothing.
 
-- Row-per-event tables (``step_metrics``, ``grad_hists``, ``validations``, ``data_flags``) carry the
-  event id under a unique constraint and are inserted with ``ON CONFLICT DO NOTHING``.
+- Row-per-event tables (``step_metrics``, ``grad_hists``, ``validations``, ``data_flags``,
+  ``data_stats``) carry the event id under a unique constraint and are inserted with
+  ``ON CONFLICT DO NOTHING``.
 - State tables are updated only by an event *newer* (by ``ts``) than what the row already
   reflects: heartbeats and checkpoints (``ts`` column), the run's last step (``last_event_ts``),
   its lifecycle (``started_at`` / ``ended_at``). A re-delivery carries the same ``ts`` and so
@@ -42,6 +43,7 @@ from cliffguard.controller.store.models import (
     CheckpointRow,
     CommandRow,
     DataFlagRow,
+    DataStatsRow,
     ElasticEventRow,
     GradHistRow,
     RunRow,
@@ -300,6 +302,22 @@ def _data_flag(session: Session, ev: Event) -> bool:
     )
 
 
+def _data_stats(session: Session, ev: Event) -> bool:
+    d = ev.data
+    ppl = [v for v in d.get("step_ppl", []) if v == v]
+    per_step = {"steps": d["steps"], "dup": d["step_dup"], "pad": d["step_pad"],
+                **({"garbled": d["step_garbled"]} if "step_garbled" in d else {}),
+                **({"ppl": d["step_ppl"]} if "step_ppl" in d else {})}
+    outliers = [list(o) for o in zip(d["outlier_steps"], d["outlier_ids"], d["outlier_reasons"], d["outlier_scores"],
+                                     strict=False)]
+    return _insert_once(session, DataStatsRow, dict(
+        event_id=ev.id, run_id=ev.run, rank=ev.rank, first_step=d["first_step"], step=ev.step, ts=ev.ts,
+        batches=d["batches"], sequences=d["sequences"], tokens=d["tokens"], pad_share=d["pad_share"],
+        dup_share=d["dup_share"], dup_in_batch=d["dup_in_batch"], garbled=d.get("garbled"),
+        ppl=sum(ppl) / len(ppl) if ppl else None, dropped=d.get("dropped", 0), per_step=to_json(per_step),
+        len_counts=list(d["len_counts"]), sketch=list(d["sketch"]), outliers=to_json(outliers)))
+
+
 def _elastic(session: Session, ev: Event) -> bool:
     d = ev.data
     return _insert_once(session, ElasticEventRow, dict(
@@ -431,6 +449,7 @@ _HANDLERS = {
     EventType.GRAD_HIST: _grad_hist,
     EventType.VALIDATION: _validation,
     EventType.DATA_FLAG: _data_flag,
+    EventType.DATA_STATS: _data_stats,
     EventType.HEARTBEAT: _heartbeat,
     EventType.CHECKPOINT: _checkpoint,
     EventType.COMMAND_ACK: _command_ack,

@@ -338,6 +338,36 @@ class DataFlagRow(Base):
     sample_ids: Mapped[list[int]] = mapped_column(JSON, default=list)
 
 
+class DataStatsRow(Base):
+    """One ``data.stats`` event: a watching rank's batch statistics over a window of steps
+    (agent/data_watch/), what the data rules judged and a loss incident shows beside the baseline.
+    The per-step arrays are one JSON object (``steps``, ``dup``, ``pad``, ``garbled``, ``ppl``)."""
+
+    __tablename__ = "data_stats"
+    __table_args__ = (Index("ix_data_stats_run_step", "run_id", "step"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    event_id: Mapped[str | None] = mapped_column(String(32), unique=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    rank: Mapped[int] = mapped_column(Integer, default=0)
+    first_step: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int] = mapped_column(Integer)  # the window's last step
+    ts: Mapped[float] = mapped_column(Float)
+    batches: Mapped[int] = mapped_column(Integer)
+    sequences: Mapped[int] = mapped_column(Integer)
+    tokens: Mapped[int] = mapped_column(BigInteger)
+    pad_share: Mapped[float | None] = mapped_column(Float)
+    dup_share: Mapped[float | None] = mapped_column(Float)
+    dup_in_batch: Mapped[float | None] = mapped_column(Float)
+    garbled: Mapped[float | None] = mapped_column(Float)  # NULL: no garbled-text scorer
+    ppl: Mapped[float | None] = mapped_column(Float)  # the window's mean batch log-perplexity; NULL: no reference model
+    dropped: Mapped[int] = mapped_column(Integer, default=0)
+    per_step: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    len_counts: Mapped[list[int]] = mapped_column(JSON, default=list)
+    sketch: Mapped[list[int]] = mapped_column(JSON, default=list)
+    outliers: Mapped[list[Any]] = mapped_column(JSON, default=list)  # [step, sample id, reason, score], worst first per reason
+
+
 class ElasticEventRow(Base):
     """A scale change the run resumed from (``elastic.scaled_down`` / ``elastic.scaled_up``): the
     worlds, batches and LR on either side and its goodput cost (steps redone, seconds spent in
