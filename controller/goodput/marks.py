@@ -64,11 +64,13 @@ MARKS: dict[str, Mark] = {
     # elastic scale changes (emitted once the new world restored): then the flap back-off, if any
     "elastic.scaled_down": Mark(None, B.RESTART),
     "elastic.scaled_up": Mark(None, B.RESTART),
+    # the trainer's own hold timeout (issue 21): the wait was the hold's; its policy applied, it trains on
+    "trainer.timeout": Mark(B.HOLD_WAIT, RUNNING),
 }
 """Mark key -> how the event books time (``mark_key`` spells the keys)."""
 
 NOT_MARKS: frozenset[EventType] = frozenset({EventType.GRAD_HIST, EventType.RANKS, EventType.DATA_FLAG,
-                                             EventType.HEARTBEAT})
+                                             EventType.HEARTBEAT, EventType.DATA_STATS})
 """Events that book no time (a disk checkpoint's write is not a mark either: ``mark_key``)."""
 
 
