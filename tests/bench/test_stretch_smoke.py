@@ -49,3 +49,12 @@ def test_the_row_and_the_table_read_the_events():
     assert (r["back_s"], r["stall_s"], r["skipped"], r["holds"]) == (2.6, 2.5, 2, 1)
     assert r["incidents"] == [{"rule": "loss_spike", "outcome": "resumed", "rung": 0}]
     assert "resumed/0" in table([r])
+
+
+def test_the_summary_gives_the_median_and_the_largest_of_each_group():
+    from bench.stretch import summary, summary_table
+
+    rows = [{"trainer": "hf", "bad": 5, "back_s": b, "stall_s": s} for b, s in ((1.0, 0.8), (3.0, 2.0), (2.0, 0.9))]
+    (g,) = summary(rows)
+    assert (g["runs"], g["back_s_median"], g["back_s_max"], g["stall_s_median"], g["stall_s_max"]) == (3, 2.0, 3.0, 0.9, 2.0)
+    assert "hf" in summary_table([g])
