@@ -23,6 +23,7 @@ import signal
 import sys
 import tempfile
 import time
+import traceback
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -81,7 +82,9 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         kinds = Counter(f["kind"] for f in r["fired"] if f.get("fired"))
         fired = ", ".join(f"{k} x{n}" if n > 1 else k for k, n in sorted(kinds.items()))
-        broken = ", ".join(f"`{n}` {c['count']}" for n, c in r["checks"].items() if c["count"]) or "none"
+        broken = ", ".join(f"`{n}` {c['count']}" for n, c in r["checks"].items() if c["count"]) or row_error(
+            r
+        )
         out.append(f"| {r['seed']} | {sum(kinds.values())}: {fired} | {r['wall_s']:.0f} | {broken} |")
     t = totals(rows)
     out += ["", f"| invariant | total over {t['seeds']} seeds |", "|---|---:|"]
@@ -89,8 +92,14 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def row_error(row: dict[str, Any]) -> str:
+    return f"the soak failed: {row['error']}" if row.get("error") else "none"
+
+
 def evidence(row: dict[str, Any]) -> str:
-    out = [f"seed {row['seed']} ({row['dir']}):"]
+    out = [f"seed {row['seed']} ({row.get('dir', '?')}):"]
+    if row.get("error"):
+        out.append(f"  the soak itself failed: {row['error']}")
     for name, c in row["checks"].items():
         for line in c["detail"]:
             out.append(f"  {name}: {line}")
@@ -166,7 +175,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps < MIN_STEPS or args.seeds < 1:
         p.error(f"--steps must be >= {MIN_STEPS} (see MIN_STEPS) and --seeds >= 1")
     if args.recheck:
-        return recheck(Path(args.recheck), Path(args.json), args)
+        try:
+            return recheck(Path(args.recheck), Path(args.json), args)
+        except (OSError, ValueError, KeyError) as exc:
+            p.error(f"--recheck {args.recheck}: not a soak JSON ({type(exc).__name__}: {exc})")
     todo = schedules(args, p)
     out_path = Path(args.json).resolve()
     root = Path(args.keep).resolve() if args.keep else Path(tempfile.mkdtemp(prefix="cliffguard-soak-"))
@@ -184,7 +196,19 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"soak: throwaway PostgreSQL on {pg_url.rsplit('@', 1)[1]}", flush=True)
             for schedule in todo:
                 print(schedule.describe(), flush=True)
-                row = run_seed(schedule, root, store=args.store, pg_url=pg_url, settle_s=args.settle_s)
+                try:
+                    row = run_seed(schedule, root, store=args.store, pg_url=pg_url, settle_s=args.settle_s)
+                except Exception as exc:  # noqa: BLE001 - the soak's own failure: loud, and the next seed runs
+                    traceback.print_exc()
+                    row = {
+                        "seed": schedule.seed,
+                        "ok": False,
+                        "error": f"{type(exc).__name__}: {exc}",
+                        "schedule": schedule.to_dict(),
+                        "fired": [],
+                        "wall_s": 0.0,
+                        "checks": {},
+                    }
                 rows.append(row)
                 bad = [f"{n} {c['count']}" for n, c in row["checks"].items() if c["count"]]
                 verdict = "ok" if row["ok"] else "BROKEN: " + ", ".join(bad)
@@ -215,7 +239,7 @@ def recheck(earlier: Path, out: Path, args: argparse.Namespace) -> int:
     stored = json.loads(earlier.read_text())
     rows = []
     for row in stored["seeds"]:
-        saved = Path(row["dir"]) / "observed.json"
+        saved = Path(row.get("dir", "")) / "observed.json"
         if not saved.exists():
             print(f"soak: seed {row['seed']}: no {saved} (run with --keep); left as it was", flush=True)
         else:

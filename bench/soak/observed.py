@@ -33,7 +33,10 @@ class Observed:
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        d["store"]["ids"] = {kind: sorted(ids) for kind, ids in self.store["ids"].items()}
+        # rows the controller wrote itself (a resumed incident's data flags) carry no event id
+        d["store"]["ids"] = {
+            kind: sorted(i for i in ids if i is not None) for kind, ids in self.store["ids"].items()
+        }
         return d
 
     @classmethod

@@ -194,8 +194,11 @@ def run_seed(
             polls=polls,
             ended_at=time.time(),
         )
-        (d / "observed.json").write_text(json.dumps(observed.to_json()))
         checks = check_all(observed)
+        try:
+            (d / "observed.json").write_text(json.dumps(observed.to_json()))
+        except (OSError, TypeError, ValueError) as exc:  # --recheck cannot judge this seed again; say so
+            say(f"  seed {schedule.seed}: observed.json not written: {type(exc).__name__}: {exc}")
         first = tl.progress.started_at or t0
         return {
             "seed": schedule.seed,

@@ -442,6 +442,8 @@ def test_a_kept_seed_is_judged_again_from_its_observed_json(tmp_path):
     o = _clean()
     again = Observed.from_json(json.loads(json.dumps(o.to_json())))
     assert again == o
+    o.store["ids"]["data.flag"] = {None, "f1"}  # a flag the controller wrote itself has no event id
+    assert Observed.from_json(json.loads(json.dumps(o.to_json()))).store["ids"]["data.flag"] == {"f1"}
     o.logs["train.log"] = KAFKA_RESET
     (tmp_path / "seed-1").mkdir()
     (tmp_path / "seed-1" / "observed.json").write_text(json.dumps(o.to_json()))
