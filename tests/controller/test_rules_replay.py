@@ -31,5 +31,5 @@ def test_same_verdicts_and_states_as_recorded(name):
 def _without_heartbeat(digests: list[dict[str, str]], recorded: set[str]) -> list[dict[str, str]]:
     # the heartbeat rule's stored state became packed columns after the recording, by design (its
     # verdicts above are still compared; tests/controller/test_rules_heartbeat.py covers its state);
-    # a rule registered after the recording (held) is compared by its verdicts only
+    # a rule registered after the recording (held, data) is compared by its verdicts only
     return [{rule: d for rule, d in per.items() if rule != "heartbeat" and rule in recorded} for per in digests]

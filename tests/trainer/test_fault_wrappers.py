@@ -90,6 +90,5 @@ def test_the_data_faults_change_the_batch_content_and_keep_targets_consistent():
     assert torch.equal(x[:, 1:], y[:, :-1])  # the targets are the same garbled text, shifted by one
     assert torch.equal(batches[3][0], batches[2][0]) and batches[3][2] == batches[2][2] == clean[2][2]
     prose = bytes(batches[4][0][0].tolist())
-    assert prose != bytes(clean[4][0][0].tolist()) and prose.isascii() and b" the " in b"".join(
-        bytes(r.tolist()) for r in batches[4][0])
+    assert prose != bytes(clean[4][0][0].tolist()) and b" the " in b"".join(bytes(r.tolist()) for r in batches[4][0])
     assert batches[5][2] == clean[5][2]  # the ids stay the sampler's
