@@ -13,7 +13,8 @@ from cliffguard.core.enums import EventType
 
 def test_the_controller_table_keeps_the_stored_state_keys_and_the_calling_order():
     # The names are the keys of the stored detector state: renaming one drops its state.
-    assert RULES.names() == ["heartbeat", "straggler", "mfu", "memory", "loss", "grad_norm", "loss_scale", "elastic"]
+    assert RULES.names() == ["heartbeat", "straggler", "mfu", "memory", "loss", "grad_norm", "loss_scale", "elastic",
+                            "data"]
 
 
 def test_every_registered_rule_implements_the_protocol_and_declares_its_inputs():
