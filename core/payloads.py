@@ -182,6 +182,9 @@ class DataStatsData(TypedDict):
 class RunFinishedData(TypedDict):
     final_loss: NotRequired[float]
     steps: NotRequired[int]
+    # what the run's validations cost (agent/recovery/cadence.py ``summary``): every, max_share,
+    # periodic, periodic_s, on_command, on_command_s, train_s, share, off
+    validation: NotRequired[dict[str, Any]]
 
 
 class RunFailedData(TypedDict):
@@ -205,6 +208,23 @@ class ElasticScaleData(TypedDict):
     lr_rule: str  # sqrt | linear | none
 
 
+class TrainerTimeoutData(TypedDict):
+    """The trainer waited past a timeout with no controller command and applied its own policy
+    (agent/recovery/timeouts.py). The event's step is the step the loop runs next (after a
+    rollback: the restored one)."""
+
+    wait: str  # "hold": the guard held; "pause": the controller fell silent while the run was paused
+    policy: str  # "rollback" | "resume" | "stop" ([agent.guard] on_timeout, [agent.recovery] on_pause_timeout)
+    waited_s: float  # how long it waited (the timeout)
+    at_step: int  # the step it waited at
+    applied: bool  # false: the policy could not apply (no checkpoint, a restore failed) and the run stops
+    lr_scale_before: float
+    lr_scale: float  # what the trainer runs at from now on (a rollback cut it by [policy] lr_factor)
+    detail: str
+    first_bad_step: NotRequired[int]  # the first step the guard skipped in the stretch it held on
+    to_step: NotRequired[int]  # the step a rollback restored
+
+
 EVENT_PAYLOADS: dict[EventType, type] = {
     EventType.RUN_STARTED: RunStartedData,
     EventType.STEP: StepData,
@@ -220,6 +240,7 @@ EVENT_PAYLOADS: dict[EventType, type] = {
     EventType.RUN_FAILED: RunFailedData,
     EventType.ELASTIC_SCALED_DOWN: ElasticScaleData,
     EventType.ELASTIC_SCALED_UP: ElasticScaleData,
+    EventType.TRAINER_TIMEOUT: TrainerTimeoutData,
 }
 
 

@@ -26,6 +26,7 @@ from cliffguard.dashboard.sections import (
     checkpoints,
     data_quality,
     elastic,
+    goodput,
     gradients,
     header,
     incidents,
@@ -93,6 +94,7 @@ def main() -> None:
     st.title(f"Run `{run_id}`")
     _live(header.render, ctx, every)
     _live(loss.render, ctx, every)
+    _live(goodput.render, ctx, every)
     _live(incidents.render, ctx, every)
     _live(checkpoints.render, ctx, every)
     _live(elastic.render, ctx, every)

@@ -42,10 +42,13 @@ import torch.distributed as dist
 
 from cliffguard.agent.collectors.mfu import ModelShape
 from cliffguard.agent.command_channel import CommandSource
+from cliffguard.agent.command_target import Outcome
 from cliffguard.agent.hooks import Agent
 from cliffguard.agent.recovery.kit import RollbackUnavailable
+from cliffguard.agent.recovery.timeouts import Timeout
 from cliffguard.agent.sinks import EventSink
 from cliffguard.core.enums import CheckpointKind, EventType
+from cliffguard.core.events import Command
 from cliffguard.core.signing import VerifyingKey
 from cliffguard.trainer.checkpoint import CheckpointManager
 from cliffguard.trainer.commands import TrainerCommands
@@ -56,6 +59,7 @@ from cliffguard.trainer.elastic import Elastic, progress_mark_path
 from cliffguard.trainer.fault_wrappers import wire_faults
 from cliffguard.trainer.loss_scale import AdaptiveLossScaler, LossScaleConfig
 from cliffguard.trainer.model import GPT
+from cliffguard.trainer.record import RECORD_NAME, TrainerRecord
 from cliffguard.trainer.reweight import SourceReweighter
 from cliffguard.trainer.schedule import WarmupCosine
 
@@ -126,7 +130,22 @@ class Trainer:
         self.last_loss = float("nan")
         self.kit = TrainerCommands(self, on_restore=self.restart_progress)
         """The recovery kit over this trainer's parts: every command, the boundary, the timeouts."""
+        self.record = self._open_record() if self.rank == 0 else None
+        """Rank 0's own account of the commands it applied and the LR scale (trainer/record.py)."""
         self._t_progress = (time.perf_counter(), 0)  # the progress line's rate: since (time, step)
+
+    def _open_record(self) -> TrainerRecord:
+        record = TrainerRecord(self.cfg.run_dir / RECORD_NAME)
+        scale = self.agent.lr_scale
+
+        def on_command(cmd: Command, outcome: Outcome, before: int) -> None:
+            record.command(cmd, outcome, before, self.kit.step, scale.value)
+
+        def on_timeout(timeout: Timeout, before: int) -> None:
+            record.timeout(timeout, before, self.kit.step, scale.value)
+
+        self.kit.on_command, self.kit.on_timeout = on_command, on_timeout
+        return record
 
     @staticmethod
     def _progress_mark_path(cfg: TrainConfig) -> Any:
@@ -340,6 +359,8 @@ class Trainer:
             if self.cfg.resume:
                 self.resume_latest()
             self.restart_progress(self.step)
+            if self.record is not None:
+                self.record.start(self.step, self.cfg.steps, self.agent.lr_scale.value)
             if self.rank == 0:
                 for flag in self.corpus.flags:
                     self.agent.emit(EventType.DATA_FLAG, flag.event_data())
@@ -356,6 +377,10 @@ class Trainer:
         finally:
             if error is None and self.kit.stop_reason.startswith("failed"):
                 error = RuntimeError(self.kit.stop_reason)
+            if self.record is not None:
+                reason = self.kit.stop_reason or (f"error: {type(error).__name__}" if error is not None else "")
+                self.record.end(self.step, reason, self.agent.lr_scale.value)
+                self.record.close()
             for closer in (self.ckpt.close, lambda: self.agent.close(error, final_loss=self._final_loss())):
                 try:
                     closer()

@@ -388,6 +388,13 @@ def _command_ack(session: Session, ev: Event) -> bool:
     return True
 
 
+def _trainer_timeout(session: Session, ev: Event) -> bool:
+    """A trainer that acted alone runs at the LR scale it reports (the recovery machine records who
+    decided it and why, and adopts it as the run's: controller/recovery_others.py)."""
+    _lr_scale_applied(session, ev.run, float(ev.data["lr_scale"]), ev.ts)
+    return True
+
+
 def _run_started(session: Session, ev: Event) -> bool:
     caps = ev.data.get("capabilities")
     res = session.execute(
@@ -424,9 +431,18 @@ def _run_ended(session: Session, ev: Event) -> bool:
             status="failed" if failed else "finished",
             ended_at=ev.ts,
             error=fit_value(RunRow, "error", ev.data.get("error")) if failed else None,
+            summary=None if failed else (to_json(_summary(ev.data)) or None),
         )
     )
     return res.rowcount > 0
+
+
+_FINISHED_FIGURES = ("steps", "final_loss")  # the run's own row has them (last_step, the curve)
+
+
+def _summary(data: Mapping[str, Any]) -> dict[str, Any]:
+    """What ``run.finished`` says beyond its figures (the kit's ``validation`` cost)."""
+    return {k: v for k, v in data.items() if k not in _FINISHED_FIGURES}
 
 
 _HANDLERS = {
@@ -442,4 +458,5 @@ _HANDLERS = {
     EventType.RUN_FAILED: _run_ended,
     EventType.ELASTIC_SCALED_DOWN: _elastic,
     EventType.ELASTIC_SCALED_UP: _elastic,
+    EventType.TRAINER_TIMEOUT: _trainer_timeout,
 }

@@ -68,6 +68,9 @@ PAYLOADS: dict[EventType, dict] = {
     EventType.ELASTIC_SCALED_UP: {"from_world": 2, "to_world": 4, "from_global_batch": 8, "global_batch": 16,
                                   "grad_accum": 1, "lr": 2e-3, "lr_factor": 1.0, "steps_lost": 0,
                                   "seconds_lost": 20.0, "backoff_s": 0.0, "policy": "proportional", "lr_rule": "sqrt"},
+    EventType.TRAINER_TIMEOUT: {"wait": "hold", "policy": "rollback", "waited_s": 120.0, "at_step": 125,
+                                "applied": True, "lr_scale_before": 1.0, "lr_scale": 0.5,
+                                "detail": "restored step 120 from memory", "first_bad_step": 120, "to_step": 120},
 }
 
 ARGS: dict[CommandType, dict] = {

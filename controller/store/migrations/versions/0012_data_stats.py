@@ -1,7 +1,7 @@
 """The data watch's windows: ``data_stats``, one row per ``data.stats`` event (issue 30).
 
-Revision ID: 0011
-Revises: 0009
+Revision ID: 0012
+Revises: 0011
 Create Date: 2026-12-02
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0011"
-down_revision: str | None = "0009"
+revision: str = "0012"
+down_revision: str | None = "0011"
 branch_labels: str | None = None
 depends_on: str | None = None
 
