@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cliffguard.agent.collectors.grad_hist import HistConfig
+from cliffguard.agent.data_watch.config import DataWatchConfig
 from cliffguard.agent.guard import GuardConfig
 from cliffguard.agent.recovery.config import KitConfig
 from cliffguard.core.declared import bounded, check_declared, non_empty
@@ -56,6 +57,8 @@ class AgentConfig:
     """The recovery kit (agent/recovery/kit.py): controller-silence timeout, memory ring, held-back batches."""
     hist: HistConfig = field(default_factory=HistConfig)
     """Fixed log2 bin edges of the gradient histograms."""
+    data_watch: DataWatchConfig = field(default_factory=DataWatchConfig)
+    """Batch statistics off the training thread (agent/data_watch/): ``data.stats`` every ``every`` steps."""
     spill_dir: str = ""
     """Where each rank's publisher spills events while the broker is down (default: temp dir)."""
 

@@ -4,7 +4,8 @@ Settings come from ``--config FILE.toml`` < ``CLIFFGUARD_<SECTION>__<FIELD>`` en
 (``cliffguard/config.py``): the deployment's ``[kafka]``, ``[spike]``, ``[policy]`` and keys
 (``[secrets]``, ``core/deployment.py``: the Ed25519 private key it signs commands with, else the
 HMAC secret; the agent secret events are checked with; never printed), and the
-controller's ``[store]``, ``[controller]``, ``[recovery]``, ``[rules]``, ``[alerts]``, ``[retention]``.
+controller's ``[store]``, ``[controller]``, ``[recovery]``, ``[rules]``, ``[alerts]``, ``[retention]``,
+``[goodput]``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import argparse
 import logging
 import signal
 import threading
+import time
 
 from cliffguard.core.settings import ConfigError
 
@@ -44,7 +46,8 @@ def command_secret(toml: dict):
     return DeploymentConfig(secret=secret, secret_source=source, **resolve_keys(toml)).require_signing_key()
 
 
-CONTROLLER_SECTIONS = ["kafka", "spike", "policy", "store", "controller", "recovery", "rules", "alerts", "retention"]
+CONTROLLER_SECTIONS = ["kafka", "spike", "policy", "store", "controller", "recovery", "rules", "alerts", "retention",
+                       "goodput"]
 
 
 def resolve_common(args: argparse.Namespace, sections: list[str]):
@@ -89,16 +92,21 @@ def run(args: argparse.Namespace) -> int:
         print(f"cliffguard controller: cannot open the store: {_store_message(exc)}", flush=True)
         return STORE_LOST_EXIT
     try:
-        ensure_topics(cfg["kafka"])
+        if not _wait_for_broker(cfg["kafka"], stop, lambda: ensure_topics(cfg["kafka"])):
+            return 0
         svc = ControllerService(cfg["controller"], cfg["kafka"], store.engine, secret, cfg["alerts"],
                                 event_verifier=cfg.deployment.event_verifier(),
-                                recovery=cfg["recovery"], retention=cfg["retention"], detector_factory=default_detector_factory(cfg["rules"]))
+                                recovery=cfg["recovery"], retention=cfg["retention"], goodput=cfg["goodput"],
+                                detector_factory=default_detector_factory(cfg["rules"]))
         print(f"controller {cfg['controller'].group_id} on {cfg['kafka'].bootstrap} "
               f"({cfg['kafka'].metrics_topic}) store {store.engine.url.render_as_string(hide_password=True)}",
               flush=True)
         dep = cfg.deployment
         print(f"commands signed with {'Ed25519 ' + str(dep.public_fingerprint) if dep.private_key else 'the HMAC secret'}; "
               f"events {'checked' if dep.agent_secret else 'NOT checked (no agent secret)'}", flush=True)
+        while not _started(svc, stop, lambda: ensure_topics(cfg["kafka"])):
+            if stop.is_set():
+                return 0
         svc.run_forever(stop)
         log.info("controller stopped: %s", svc.stats)
     except StoreLost as exc:
@@ -119,3 +127,39 @@ def _store_message(exc: BaseException) -> str:
     orig = getattr(exc, "orig", None) or exc
     first = str(orig).splitlines()[0] if str(orig) else ""
     return f"{type(orig).__name__}: {first}"
+
+
+def _wait_for_broker(kafka, stop: threading.Event, connect) -> bool:  # noqa: ANN001
+    """Wait until ``connect`` (the topics' creation) succeeds, saying so: a controller started, or
+    restarted by a supervisor, while the broker is down must wait for it, not exit with a
+    traceback (the store is open; the agents spill meanwhile). False when stopped first."""
+    wait, said = 0.5, 0.0
+    while not stop.is_set():
+        try:
+            connect()
+            if said:
+                log.warning("broker %s reachable; starting", kafka.bootstrap)
+            return True
+        except Exception as exc:  # noqa: BLE001 - any failure to reach it: wait and try again
+            now = time.monotonic()
+            if not said or now - said >= 60:
+                log.warning("broker %s not reachable (%s: %s); waiting for it", kafka.bootstrap,
+                            type(exc).__name__, exc)
+                said = now
+        stop.wait(wait)
+        wait = min(wait * 2, 5.0)
+    return False
+
+
+def _started(svc, stop: threading.Event, connect) -> bool:  # noqa: ANN001
+    """Start the service's consumer; a broker gone again in between means waiting once more."""
+    try:
+        svc.start()
+        return True
+    except Exception as exc:  # noqa: BLE001 - kafka-python's bootstrap raises when no broker answers
+        if type(exc).__name__ not in ("KafkaTimeoutError", "NoBrokersAvailable", "KafkaConnectionError"):
+            raise
+        log.warning("broker %s went away while the controller started (%s); waiting for it", svc.kafka.bootstrap, exc)
+        svc.close()
+        _wait_for_broker(svc.kafka, stop, connect)
+        return False

@@ -42,6 +42,11 @@ def test_cli_writes_manifest_and_json_report_and_the_trainer_follows_it(corpus, 
     assert not by_name["m9.py"]["kept"] and by_name["m9.py"]["reasons"][0]["of"].endswith("m0.py")
     assert by_name["m0.py"]["category"] == "code" and by_name["n0.md"]["category"] == "prose"
     assert manifest["curriculum"]["phases"][0]["until"] == 0.5
+    model = manifest["perplexity_model"]  # the reference model, saved for the trainer's data watch
+    assert model["path"] == str((tmp_path / "m.lm.npz").resolve()) and model["median"] == report["perplexity"]["median"]
+    from cliffguard.trainer.data_watch import manifest_model
+
+    assert manifest_model(str(out)) == model["path"]
 
     cfg = DataConfig(paths=[str(corpus)], seq_len=16, max_bytes=100_000, block_bytes=1024, apply_rules=False,
                      weights_manifest=str(out), suffixes=[".py", ".md"])
@@ -69,3 +74,11 @@ def test_cli_bad_input_is_an_error_naming_it(tmp_path, capsys, monkeypatch, setu
     err = capsys.readouterr().err
     assert rc == 2 and message in err and argv_tail[-1] in err
     assert not (tmp_path / "m.json").exists()
+
+
+def test_live_reweight_bounds_go_into_the_manifest(corpus, tmp_path, capsys):
+    out = tmp_path / "m.json"
+    assert main(["data", str(corpus), "--out", str(out), "--live-reweight-floor", "0.25"]) == 0
+    assert json.loads(out.read_text())["live_reweight"] == {"floor": 0.25}
+    assert main(["data", str(corpus), "--out", str(out), "--live-reweight-floor", "2"]) == 2
+    assert "--live-reweight-floor: 2.0 is not in [0, 1]" in capsys.readouterr().err
