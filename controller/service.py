@@ -163,11 +163,15 @@ class ControllerService:
         log.info("controller %s consuming %s", self.config.group_id, self.kafka.metrics_topic)
         return self
 
-    def run_forever(self, stop_event: threading.Event) -> None:
+    def run_forever(self, stop_event: threading.Event, on_iteration: Callable[[], None] | None = None) -> None:
+        """Step until ``stop_event``; ``on_iteration`` runs before each step (the command's stall
+        watchdog re-arms there)."""
         if self.edge is None:
             self.start()
         try:
             while not stop_event.is_set():
+                if on_iteration is not None:
+                    on_iteration()
                 self.step_once()
         finally:
             self.close()
