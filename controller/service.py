@@ -553,8 +553,12 @@ class ControllerService:
         if res.commands:
             try:
                 self.outbox.publish_due()  # now, on this thread: the verdict's latency path
-            except Exception:  # noqa: BLE001 - the outbox thread retries what is still pending
-                log.exception("immediate command publish failed")
+            except Exception as exc:  # noqa: BLE001 - the outbox thread retries what is still pending
+                if is_transient(exc) or _broker_trouble(exc):  # expected under faults: one line
+                    log.warning("immediate command publish failed (the outbox retries): %s: %s",
+                                type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+                else:
+                    log.exception("immediate command publish failed")
                 self.outbox.wake()
         if res.alerts and self.deliverer is not None:
             wake = getattr(self.deliverer, "wake", None)
@@ -569,3 +573,10 @@ def _batch_of(items: list, next_offsets: dict[tuple[str, int], int]) -> EdgeBatc
     for x in items:
         (out.dead if isinstance(x, DeadLetter) else out.records).append(x)
     return out
+
+
+def _broker_trouble(exc: BaseException) -> bool:
+    """A broker that is down or refuses: the outbox keeps the row and tries again."""
+    from kafka.errors import KafkaError
+
+    return isinstance(exc, (KafkaError, ConnectionError, TimeoutError))
