@@ -52,6 +52,7 @@ from cliffguard.controller.health import HealthServer, HealthSnapshot
 from cliffguard.controller.held import HeldBatch, pause, resume
 from cliffguard.controller.operator import RequestPass, decide_pending_requests
 from cliffguard.controller.outbox import CommandOutbox
+from cliffguard.controller.progress import ProgressWatch
 from cliffguard.controller.recovery_types import RecoveryConfig
 from cliffguard.controller.runstate import DetectorFactory, RunTable, default_detector_factory
 from cliffguard.controller.store.db import session_scope
@@ -108,6 +109,8 @@ class ControllerService:
         self._last_tick = 0.0
         self._last_requests = 0.0
         self._check_bounds: set[tuple[str, int]] = set()
+        self.progress = ProgressWatch(self.config.stuck_after_s)
+        """Partitions that read nothing while their log grows (controller/progress.py)."""
         self._recreated: object = None
         """The new id of a re-created metrics topic the edge noticed, until it is settled."""
         self._topic_id: object = None
@@ -327,7 +330,33 @@ class ControllerService:
         with session_scope(self.engine) as s:
             save_offsets(s, self.config.group_id, offsets, now=self.clock())
 
+    def _unstick(self) -> None:
+        """A partition that stood still ``stuck_after_s`` while the broker's log ends beyond its
+        position is said and read again from the store's offsets (controller/progress.py)."""
+        assert self.edge is not None
+        mine = [tp for tp in self.edge.assignment() if tp[0] == self.kafka.metrics_topic]
+        due = self.progress.due(mine, time.monotonic())
+        position_of, bounds_of = getattr(self.edge, "position", None), getattr(self.edge, "log_bounds", None)
+        if not due or position_of is None or bounds_of is None:
+            return
+        ends = bounds_of(due)
+        stuck = []
+        for tp in due:
+            seen = self.progress.judge(tp, position_of(*tp), ends.get(tp, (None, None))[1], time.monotonic())
+            if seen is not None:
+                stuck.append(seen)
+        if not stuck:
+            return
+        self.stats["stuck_resets"] = self.stats.get("stuck_resets", 0) + len(stuck)
+        for st in stuck:
+            log.warning("%s[%d]: nothing read for %.0f s at offset %d while the log ends at %d; reading it again "
+                        "from the store's offset", st.tp[0], st.tp[1], st.still_s, st.position, st.end)
+        tps = [st.tp for st in stuck]
+        resume(self.edge, tps)
+        self._try_store(lambda: self._reseek(tps))
+
     def _on_revoked(self, tps: list[tuple[str, int]]) -> None:
+        self.progress.forget(tps)
         self._drop_hold()
         self.runs.drop_partitions({p for _, p in tps})
 
@@ -369,6 +398,8 @@ class ControllerService:
             batch = self.edge.poll(self.config.poll_timeout_s)
             if batch.next_offsets:
                 res = self._process(batch)
+            elif self.held.batch is None:
+                self._unstick()
         now = self.clock()
         if now - self._last_tick >= self.config.tick_s and not self._runs_stale:
             self._last_tick = now
@@ -432,6 +463,9 @@ class ControllerService:
         self.stats["dead"] += res.dead
         self._after_commit(res)
         self.edge.commit_offsets(batch.next_offsets)
+        now = time.monotonic()
+        for tp, offset in batch.next_offsets.items():
+            self.progress.moved(tp, offset, now)
         return res
 
     def _process_one_by_one(self, batch: EdgeBatch) -> BatchResult | None:
