@@ -334,7 +334,8 @@ class ControllerService:
         """A partition that stood still ``stuck_after_s`` while the broker's log ends beyond its
         position is said and read again from the store's offsets (controller/progress.py)."""
         assert self.edge is not None
-        mine = [tp for tp in self.edge.assignment() if tp[0] == self.kafka.metrics_topic]
+        ours = self._reseek_pending | self.held.paused  # paused by us, waiting for the store
+        mine = [tp for tp in self.edge.assignment() if tp[0] == self.kafka.metrics_topic and tp not in ours]
         due = self.progress.due(mine, time.monotonic())
         position_of, bounds_of = getattr(self.edge, "position", None), getattr(self.edge, "log_bounds", None)
         if not due or position_of is None or bounds_of is None:
