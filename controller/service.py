@@ -410,7 +410,11 @@ class ControllerService:
                 self._after_commit(tick)
             except Exception as exc:  # noqa: BLE001
                 self.stats["errors"] += 1
-                log.exception("tick failed; run state reloaded from the store")
+                if is_transient(exc):  # a busy store: expected, one line; the next tick tries again
+                    log.warning("tick failed, the store is busy (%s); run state reloaded from the store",
+                                str(getattr(exc, "orig", None) or exc).splitlines()[0])
+                else:
+                    log.exception("tick failed; run state reloaded from the store")
                 self._lost_or_stale(exc)
         if now - self._last_requests >= self.config.request_poll_s:
             self._last_requests = now
