@@ -84,6 +84,8 @@ class Agent:
         self.probe = parts.probe
         self.channel = parts.channel
         self.lifecycle = parts.lifecycle
+        self.hang = parts.hang
+        """The watchdog, its evidence and the restart command (agent/hang/part.py)."""
 
     # ------------------------------------------------------------------ what the parts know
     @property

@@ -21,6 +21,7 @@ from cliffguard.agent.collectors.mfu import ModelShape, resolve_peak
 from cliffguard.agent.command_channel import CommandChannel
 from cliffguard.agent.config import AgentConfig
 from cliffguard.agent.emitter import Emitter
+from cliffguard.agent.hang.part import HangPart
 from cliffguard.agent.heartbeat import Heartbeat
 from cliffguard.agent.modes import STOPPING, ModeMachine
 from cliffguard.agent.node_beats import NodeBeats, NodeLayout
@@ -44,7 +45,7 @@ class Lifecycle:
     """See the module docstring. One per process."""
 
     def __init__(self, config: AgentConfig, ranks: Ranks, emitter: Emitter, probe: StepProbe,
-                 channel: CommandChannel, modes: ModeMachine, sink: EventSink) -> None:
+                 channel: CommandChannel, modes: ModeMachine, sink: EventSink, hang: HangPart | None = None) -> None:
         self.config = config
         self.ranks = ranks
         self.emitter = emitter
@@ -52,6 +53,7 @@ class Lifecycle:
         self.channel = channel
         self.modes = modes
         self.sink = sink
+        self.hang = hang
         self._heartbeat: Heartbeat | None = None
         self._node: NodeBeats | None = None
         self.closed = False
@@ -77,13 +79,23 @@ class Lifecycle:
                 "peak_flops": peak, "peak_source": source, "lr_schedule": lr_schedule or {},
                 "world_size": ranks.world, "config": config or {},
                 **({} if capabilities is None else {"capabilities": list(normalize_capabilities(capabilities))}),
+                **self._life(),
             })
         self._node = self._make_node_beats()
         wait_ready = getattr(self.channel.source, "wait_ready", None)  # the listener has it; a test's fake may not
         if wait_ready is not None:
             wait_ready(LISTENER_WAIT_S)  # commands sent before the listener is positioned are re-sent by the controller
         self._heartbeat = Heartbeat(self.config.heartbeat_s, self.beat, name=f"cliffguard-heartbeat-r{ranks.rank}").start()
+        if self.hang is not None:
+            self.hang.start()
         probe.clock.restart()
+
+    def _life(self) -> dict[str, int]:
+        """Which start of the worker group this is, and what torchrun allows (core/restart_plan.py)."""
+        if self.hang is None:
+            return {}
+        life = self.hang.life
+        return {"life": life.life, "max_restarts": life.max_restarts, "nodes": life.nodes, "min_nodes": life.min_nodes}
 
     def _make_node_beats(self) -> NodeBeats | None:
         from cliffguard.agent.spill import default_spill_dir
@@ -110,6 +122,11 @@ class Lifecycle:
         if self.closed:
             return
         self.closed = True
+        if self.hang is not None:
+            try:
+                self.hang.collective_failed(error)  # evidence first: a collective that failed is a hang's end
+            except Exception:  # noqa: BLE001 - close the rest anyway
+                log.exception("hang evidence on close failed")
         self.modes.move(STOPPING)
         if self.ranks.rank == 0:
             if error is not None:
@@ -119,7 +136,7 @@ class Lifecycle:
                 if final_loss is not None:
                     data["final_loss"] = final_loss
                 self.emitter.emit(EventType.RUN_FINISHED, data)
-        parts: list[_Closeable | None] = [self._heartbeat, self.channel.source, self.sink]
+        parts: list[_Closeable | None] = [self.hang, self._heartbeat, self.channel.source, self.sink]
         for part in parts:
             if part is None:
                 continue

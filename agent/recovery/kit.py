@@ -46,6 +46,8 @@ import torch.distributed as dist
 
 from cliffguard.agent.command_target import Outcome
 from cliffguard.agent.dispatch import dispatch
+from cliffguard.agent.hang.part import RestartRequested
+from cliffguard.agent.hang.restart import preflight, refuse_if_halted, restart_outcome
 from cliffguard.agent.hooks import Agent
 from cliffguard.agent.modes import HELD, STOPPING, WAITING
 from cliffguard.agent.recovery.config import KitConfig
@@ -54,6 +56,7 @@ from cliffguard.agent.recovery.state import DataPosition, LoopState, Stateful
 from cliffguard.agent.recovery.store import RingStore, StateStore
 from cliffguard.agent.recovery.timeouts import apply_timeout, timed_out
 from cliffguard.core.enums import CheckpointKind, CommandType, EventType, GuardDecision
+from cliffguard.core.events import Command
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +127,11 @@ class RecoveryKit:
         self._hold_pending = False
         self._applied_scale = 1.0
         self._warned_step = False
+        self._leaving: Any = None  # the RestartPlan of an applied restart: the loop leaves at this boundary
+        self.node_check_hook: Callable[[int], None] | None = None
+        """Runs inside each round of the node check's timed window (a fault's slow rank)."""
+        self.node_check: Any = None
+        """The restarted group's node check (agent/hang/node_check.py ``CheckResult``), if one ran."""
         if wrap_optimizer and self.optimizer is not None:
             self._wrap_step(self.optimizer)
 
@@ -135,8 +143,9 @@ class RecoveryKit:
         if self.agent.rank == 0 and self.agent.commands is None:
             return frozenset()
         # DETAIL is the agent's own (agent/dispatch.py opens its per-rank window), so every kit has it.
+        # RESTART: the kit leaves for torchrun; whether torchrun restarts it, run.started says (life, max_restarts)
         caps = {CommandType.PAUSE, CommandType.RESUME, CommandType.STOP, CommandType.SET_LR_SCALE,
-                CommandType.CHECKPOINT_NOW, CommandType.DETAIL}
+                CommandType.CHECKPOINT_NOW, CommandType.DETAIL, CommandType.RESTART}
         if self.validate_fn is not None or (self.loss_fn is not None and self.config.val_keep):
             caps.add(CommandType.VALIDATE)
         if self.ring is None or self.config.snapshot_every:
@@ -154,10 +163,18 @@ class RecoveryKit:
         return self.agent.step
 
     def start(self, **start_kwargs: Any) -> None:
-        """``Agent.start`` with this kit's capabilities (when the agent can declare them)."""
+        """``Agent.start`` with this kit's capabilities (when the agent can declare them). A job
+        halted for a human ends here (SystemExit); a restarted group first checks its ranks
+        (agent/hang/restart.py)."""
+        hang = getattr(self.agent, "hang", None)
+        if hang is not None:
+            refuse_if_halted(hang)
         if "capabilities" in inspect.signature(self.agent.start).parameters:
             start_kwargs.setdefault("capabilities", sorted(self.capabilities))
         self.agent.start(**start_kwargs)
+        if hang is not None:
+            self.node_check = preflight(hang, self.agent.modes, self.agent.emit, device=self.agent.device,
+                                        before_round=self.node_check_hook)
 
     # ------------------------------------------------------------------ per step
     def remember(self, batch: Any) -> None:
@@ -238,9 +255,18 @@ class RecoveryKit:
         self._hold_pending = False
         for cmd in agent.poll_commands():
             dispatch(cmd, self, agent.modes, agent.ack)
+        self._leave_if_restarting()
         if agent.modes.mode in WAITING:
             self._wait()
         return agent.modes.mode is not STOPPING
+
+    def _leave_if_restarting(self) -> None:
+        """After an applied restart: the acks out (the agent closed), then leave for torchrun."""
+        if self._leaving is None:
+            return
+        error = RestartRequested(self._leaving)
+        self.agent.close(error)
+        raise error
 
     def _wait(self) -> None:
         agent = self.agent
@@ -254,6 +280,7 @@ class RecoveryKit:
             for cmd in cmds:
                 dispatch(cmd, self, agent.modes, agent.ack)
                 since = time.monotonic()
+            self._leave_if_restarting()
             if decision is not None and agent.modes.mode in WAITING and not cmds:
                 apply_timeout(self, agent.modes, decision)
                 since = time.monotonic()
@@ -400,4 +427,8 @@ class RecoveryKit:
     def stop(self, reason: str) -> Outcome:
         self.stop_reason = reason
         return Outcome.applied(f"stopping at step {self.agent.step}")
+
+    def restart(self, cmd: Command) -> Outcome:
+        outcome, self._leaving = restart_outcome(self.agent.hang, cmd)
+        return outcome
 
