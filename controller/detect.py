@@ -53,6 +53,7 @@ from cliffguard.controller.rules.base import (
 from cliffguard.controller.rules.divergence import DivergenceConfig
 from cliffguard.controller.rules.elastic import SCALE_EVENTS, ElasticScaleRule
 from cliffguard.controller.rules.grad_norm import GradNormConfig, GradNormRule
+from cliffguard.controller.rules.hang import HangRule, HangRuleConfig
 from cliffguard.controller.rules.heartbeat import HeartbeatConfig, HeartbeatRule
 from cliffguard.controller.rules.loss import LossRules, LossSpikeConfig
 from cliffguard.controller.rules.loss_scale import LossScaleConfig, LossScaleRule
@@ -101,6 +102,8 @@ class RulesConfig:
     """Ranks far slower than the others (alerts)."""
     heartbeat: HeartbeatConfig = field(default_factory=HeartbeatConfig)
     """Silent ranks (alerts)."""
+    hang: HangRuleConfig = field(default_factory=HangRuleConfig)
+    """Hung worker groups named from the ranks' evidence (critical -> restart)."""
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     """Growth of reserved-but-unallocated memory (alerts)."""
     evidence_last_n: int = bounded(20, ge=0)
@@ -129,6 +132,7 @@ RULES: RuleRegistry[RulesConfig] = (
     .with_rule("grad_norm", lambda c: GradNormRule(c.grad_norm))
     .with_rule("loss_scale", lambda c: LossScaleRule(c.loss_scale))
     .with_rule("elastic", lambda c: ElasticScaleRule())
+    .with_rule("hang", lambda c: HangRule(c.hang))
 )
 """The controller's rules in calling order (a new rule: its module, a ``RulesConfig`` field and
 one entry here)."""

@@ -43,6 +43,7 @@ from cliffguard.controller.store.models import (
     CommandRow,
     DataFlagRow,
     ElasticEventRow,
+    EvidenceRow,
     GradHistRow,
     RunRow,
     StepMetricRow,
@@ -309,6 +310,16 @@ def _elastic(session: Session, ev: Event) -> bool:
                              "lr_factor", "steps_lost", "seconds_lost", "backoff_s", "policy", "lr_rule")}))
 
 
+def _evidence(session: Session, ev: Event) -> bool:
+    """A rank's hang evidence or a node check, kept whole (bounded by the agent) for the dashboard."""
+    d = ev.data
+    check = ev.type is EventType.NODE_CHECK
+    return _insert_once(session, EvidenceRow, dict(
+        event_id=ev.id, run_id=ev.run, kind=str(ev.type), rank=ev.rank, step=ev.step, ts=ev.ts, life=int(d["life"]),
+        reason=("ok" if d["ok"] else "failed") if check else str(d["reason"]),
+        node="" if check else str(d["node"]), data=to_json(d)))
+
+
 def _heartbeat(session: Session, ev: Event) -> bool:
     return upsert_heartbeats(session, [ev]) == 1
 
@@ -423,4 +434,6 @@ _HANDLERS = {
     EventType.RUN_FAILED: _run_ended,
     EventType.ELASTIC_SCALED_DOWN: _elastic,
     EventType.ELASTIC_SCALED_UP: _elastic,
+    EventType.HANG_EVIDENCE: _evidence,
+    EventType.NODE_CHECK: _evidence,
 }

@@ -21,6 +21,7 @@ from cliffguard.controller.store.read.commands import audit_log, commands
 from cliffguard.controller.store.read.curves import loss_curve, redone_steps, step_rows
 from cliffguard.controller.store.read.dlq import dlq_counts
 from cliffguard.controller.store.read.elastic import elastic_events, scale_timeline
+from cliffguard.controller.store.read.evidence import evidence, hang_evidence
 from cliffguard.controller.store.read.hists import grad_hists
 from cliffguard.controller.store.read.incidents import incident_detail, incidents, transitions
 from cliffguard.controller.store.read.ranks import (
@@ -51,6 +52,8 @@ __all__ = [
     "data_flags",
     "dlq_counts",
     "elastic_events",
+    "evidence",
+    "hang_evidence",
     "scale_timeline",
     "get_run",
     "grad_hists",
