@@ -71,6 +71,8 @@ class Lifecycle:
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             peak = float(t.item())
         probe.peak_flops, probe.peak_source = peak, source
+        if self.hang is not None:
+            self.hang.agree_life()  # the worker group's life, the same on every rank (run.started says it)
         if ranks.rank == 0:
             shape = probe.shape or ModelShape(n_params=probe.n_params, n_layers=0, n_heads=0, head_dim=0, seq_len=0)
             self.emitter.emit(EventType.RUN_STARTED, {
@@ -82,6 +84,8 @@ class Lifecycle:
                 **self._life(),
             })
         self._node = self._make_node_beats()
+        if self.hang is not None and self._node is not None:
+            self.hang.peers_gone = self._node.gone  # a hang's evidence names the node's dead ranks
         wait_ready = getattr(self.channel.source, "wait_ready", None)  # the listener has it; a test's fake may not
         if wait_ready is not None:
             wait_ready(LISTENER_WAIT_S)  # commands sent before the listener is positioned are re-sent by the controller
@@ -95,7 +99,8 @@ class Lifecycle:
         if self.hang is None:
             return {}
         life = self.hang.life
-        return {"life": life.life, "max_restarts": life.max_restarts, "nodes": life.nodes, "min_nodes": life.min_nodes}
+        return {"life": life.life, "max_restarts": life.max_restarts, "restarts_left": life.restarts_left,
+                "nodes": life.nodes, "min_nodes": life.min_nodes}
 
     def _make_node_beats(self) -> NodeBeats | None:
         from cliffguard.agent.spill import default_spill_dir
@@ -122,9 +127,10 @@ class Lifecycle:
         if self.closed:
             return
         self.closed = True
+        deferred = False
         if self.hang is not None:
-            try:
-                self.hang.collective_failed(error)  # evidence first: a collective that failed is a hang's end
+            try:  # evidence first: a collective that failed is a hang's end (or a peer's death)
+                deferred = self.hang.collective_failed(error)
             except Exception:  # noqa: BLE001 - close the rest anyway
                 log.exception("hang evidence on close failed")
         self.modes.move(STOPPING)
@@ -136,7 +142,8 @@ class Lifecycle:
                 if final_loss is not None:
                     data["final_loss"] = final_loss
                 self.emitter.emit(EventType.RUN_FINISHED, data)
-        parts: list[_Closeable | None] = [self.hang, self._heartbeat, self.channel.source, self.sink]
+        # the sink before the listener (whose thread may take a poll to stop): the events out first
+        parts: list[_Closeable | None] = [self.hang, self._heartbeat, self.sink, self.channel.source]
         for part in parts:
             if part is None:
                 continue
@@ -144,3 +151,5 @@ class Lifecycle:
                 part.close()
             except Exception:  # noqa: BLE001 - close the rest anyway
                 log.exception("closing %s failed", type(part).__name__)
+        if deferred and self.hang is not None:
+            self.hang.end_deferral()

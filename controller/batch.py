@@ -145,7 +145,8 @@ def inputs_for(event: Event, verdicts: list[Verdict], now: float, loss_level: Le
                          detail=d.get("detail") or ""))
     elif event.type is EventType.RUN_STARTED:
         out.append(StartedIn(capabilities=declared_capabilities(d), now=now, life=int(d.get("life", 0)),
-                             max_restarts=int(d.get("max_restarts", 0)), nodes=int(d.get("nodes", 1)),
+                             max_restarts=int(d.get("max_restarts", 0)),
+                             restarts_left=int(d.get("restarts_left", d.get("max_restarts", 0))), nodes=int(d.get("nodes", 1)),
                              min_nodes=int(d.get("min_nodes", d.get("nodes", 1)))))
     elif event.type is EventType.NODE_CHECK:
         out.append(NodeCheckIn(ok=bool(d["ok"]), life=int(d["life"]), slow=tuple(d["slow"]),

@@ -5,7 +5,9 @@ Each live rank of a hung group reports its Flight Recorder's sequence numbers pe
 agent/hang/evidence.py). ``name_culprit`` reads them side by side:
 
 1. a rank *waits* when it has a collective in flight (enqueued past completed), or its
-   collective failed (a timeout or a peer gone: it was inside one);
+   collective failed (a timeout or a peer gone: it was inside one). A rank whose process its
+   node's other ranks saw gone when they reported (``gone``, agent/node_beats.py) died: it is
+   the culprit — ``died``;
 2. ranks that report but wait in no collective, while others wait, never entered the collective
    the others wait in: they are stuck outside any collective (a data loader, a sleep) and are the
    culprit — ``outside_collective``;
@@ -35,7 +37,7 @@ class Culprit:
     ranks: tuple[int, ...]
     """Empty when none could be named."""
     kind: str
-    """outside_collective | behind | no_evidence | none"""
+    """died | outside_collective | no_evidence | behind | none"""
     pg: str
     seq: int
     """The sequence number of the collective the others wait in (-1 when unknown)."""
@@ -104,7 +106,10 @@ def name_culprit(reports: Mapping[int, Mapping[str, Any]], world: int) -> Culpri
     flights = [f for r in sorted(waiting) if (f := _flight(reports[r], pg)) is not None and int(f.get("seq", -1)) == top]
     notes = sorted({str(reports[r].get("collective") or "") for r in waiting} - {""})
     op = (str(flights[0].get("op", "")) if flights else "") + (f" ({', '.join(notes)})" if notes else "")
-    if waiting and outside:
+    gone = sorted({int(r) for rep in reports.values() for r in rep.get("gone") or ()} - set(reports))
+    if gone:  # a rank's process was seen dead by its node's other ranks
+        kind, culprits = "died", gone
+    elif waiting and outside:
         kind, culprits = "outside_collective", sorted(outside)
     elif waiting and missing:  # a rank that sent nothing explains the rest (DDP's buckets may differ by one)
         kind, culprits = "no_evidence", missing
@@ -148,6 +153,8 @@ def _message(kind: str, culprits: list[int], pg: str, seq: int, op: str, frame: 
         return f"{who} never entered {coll} that {len(waiting)} of {world} ranks wait in; stuck in {frame or '?'}"
     if kind == "behind":
         return f"{who} wait behind the others' {coll}; in {frame or '?'}"
+    if kind == "died":
+        return f"{who} died (its process gone) while {len(waiting)} ranks were in {coll}"
     if kind == "no_evidence":
         return f"{who} sent no evidence (dead, frozen or its node gone) while {len(waiting)} ranks wait in {coll}"
     return (f"no culprit: {len(waiting)} of {world} ranks wait in {coll}"

@@ -88,9 +88,9 @@ def _decide(st: Step, inp: VerdictIn | NodeCheckIn, ev: dict[str, Any], nodes: t
     check = isinstance(inp, NodeCheckIn)
     exclude = False
     if not st.holds("can_restart"):
-        trigger, why = Trigger.RESTART_UNAVAILABLE, (f"torchrun has no restart left (life {s.hang.life} of "
-                                                     f"{s.hang.max_restarts} restarts)" if s.can(CommandType.RESTART)
-                                                     else "the run cannot apply a restart")
+        trigger, why = Trigger.RESTART_UNAVAILABLE, (f"torchrun has no restart left (--max-restarts "
+                                                     f"{s.hang.max_restarts}, life {s.hang.life})"
+                                                     if s.can(CommandType.RESTART) else "the run cannot apply a restart")
     elif not st.holds("within_restart_budget", now):
         trigger, why = Trigger.RESTART_BUDGET_SPENT, (f"the restart budget ({st.cfg.restart_budget} per "
                                                       f"{st.cfg.restart_window_s:.0f} s) is spent")
@@ -171,7 +171,7 @@ def _forget_memory(st: Step) -> None:
 
 def on_started(st: Step, inp: StartedIn) -> None:
     s = st.s
-    s.hang = s.hang.started(inp.life, inp.max_restarts, inp.nodes, inp.min_nodes)
+    s.hang = s.hang.started(inp.life, inp.max_restarts, inp.restarts_left, inp.nodes, inp.min_nodes)
     if s.phase is Phase.RESTARTING:
         r = s.hang.restart
         if r is not None:

@@ -36,6 +36,7 @@ class Restart:
 class HangState:
     life: int = 0
     max_restarts: int = 0
+    restarts_left: int = 0
     nodes: int = 1
     min_nodes: int = 1
     restart_times: tuple[float, ...] = ()
@@ -43,12 +44,14 @@ class HangState:
     """(node, when) of each hang's culprit nodes, newest last (bounded)."""
     restart: Restart | None = None
 
-    def started(self, life: int, max_restarts: int, nodes: int, min_nodes: int) -> HangState:
-        return replace(self, life=life, max_restarts=max_restarts, nodes=nodes, min_nodes=min_nodes)
+    def started(self, life: int, max_restarts: int, restarts_left: int, nodes: int, min_nodes: int) -> HangState:
+        return replace(self, life=life, max_restarts=max_restarts, restarts_left=restarts_left, nodes=nodes,
+                       min_nodes=min_nodes)
 
     def to_dict(self) -> dict[str, Any]:
         r = self.restart
-        return {"life": self.life, "max_restarts": self.max_restarts, "nodes": self.nodes,
+        return {"life": self.life, "max_restarts": self.max_restarts, "restarts_left": self.restarts_left,
+                "nodes": self.nodes,
                 "min_nodes": self.min_nodes, "restart_times": list(self.restart_times),
                 "hangs": [list(h) for h in self.hangs],
                 "restart": None if r is None else {"mode": r.mode, "life": r.life, "at": r.at, "ranks": list(r.ranks),
@@ -64,7 +67,8 @@ class HangState:
             mode=str(r["mode"]), life=int(r["life"]), at=float(r["at"]), ranks=tuple(int(x) for x in r.get("ranks", ())),
             nodes=tuple(str(x) for x in r.get("nodes", ())), exclude=tuple(str(x) for x in r.get("exclude", ())),
             started_at=r.get("started_at"), check=str(r.get("check", "")))
-        return cls(life=int(d.get("life", 0)), max_restarts=int(d.get("max_restarts", 0)), nodes=int(d.get("nodes", 1)),
+        return cls(life=int(d.get("life", 0)), max_restarts=int(d.get("max_restarts", 0)),
+                   restarts_left=int(d.get("restarts_left", 0)), nodes=int(d.get("nodes", 1)),
                    min_nodes=int(d.get("min_nodes", 1)), restart_times=tuple(float(t) for t in d.get("restart_times", ())),
                    hangs=tuple((str(n), float(t)) for n, t in d.get("hangs", ())), restart=restart)
 

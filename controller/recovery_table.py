@@ -218,8 +218,8 @@ def starts_restart(cfg: RecoveryConfig, s: RecoveryState, inp: Any) -> bool:
 
 
 def can_restart(cfg: RecoveryConfig, s: RecoveryState) -> bool:
-    """The run declared ``restart`` and torchrun has restarts left (``run.started``: life < max_restarts)."""
-    return s.can(CommandType.RESTART) and s.hang.max_restarts > s.hang.life
+    """The run declared ``restart`` and torchrun has restarts left (``run.started``'s ``restarts_left``)."""
+    return s.can(CommandType.RESTART) and s.hang.restarts_left > 0
 
 
 def within_restart_budget(cfg: RecoveryConfig, s: RecoveryState, now: float) -> bool:

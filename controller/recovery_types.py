@@ -202,6 +202,7 @@ class StartedIn:
     now: float
     life: int = 0
     max_restarts: int = 0
+    restarts_left: int = 0
     nodes: int = 1
     min_nodes: int = 1
 

@@ -41,10 +41,11 @@ class RunStartedData(TypedDict):
     # older agent, which the controller reads as every command.
     capabilities: NotRequired[list[CommandType]]
     # Under torchrun (core/restart_plan.py ``WorkerLife``): which start of the worker group this
-    # is (0 = the first), the restarts torchrun allows, the nodes now and the fewest the launch
-    # accepts (a node can be left out only while nodes > min_nodes).
+    # is (the same on every rank, agent/hang/life.py), the restarts torchrun allows and has left,
+    # the nodes now and the fewest the launch accepts (a node can be left out only while nodes > min_nodes).
     life: NotRequired[int]
     max_restarts: NotRequired[int]
+    restarts_left: NotRequired[int]
     nodes: NotRequired[int]
     min_nodes: NotRequired[int]
 
@@ -204,6 +205,7 @@ class HangEvidenceData(TypedDict):
     frame: str  # the training thread's innermost frame outside the libraries ("file:line in function")
     stacks: list[dict[str, Any]]  # every thread: {"name", "main", "frames": ["file:line in function", ...]}
     error: NotRequired[str]  # the collective's error (collective_error)
+    gone: NotRequired[list[int]]  # this node's ranks whose process was gone when it reported (dead)
     path: NotRequired[str]  # the whole dump on the rank's disk
 
 

@@ -18,6 +18,7 @@ already need) or in ``[agent.hang] plan_dir``. A plan belongs to one torchrun jo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -50,10 +51,15 @@ class WorkerLife:
 
     job: str
     life: int
+    """Which start of the job's worker group this is (agent/hang/life.py makes it the same on every rank)."""
     max_restarts: int
     node: str
     nodes: int
     min_nodes: int
+    restarted: bool = False
+    """torchrun restarted the group (on some node; TORCHELASTIC_RESTART_COUNT > 0 there)."""
+    restart_count: int = 0
+    """This node's torchrun restarts of failed workers (``TORCHELASTIC_RESTART_COUNT``)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> WorkerLife:
@@ -66,13 +72,18 @@ class WorkerLife:
                 return default
 
         nodes = number("GROUP_WORLD_SIZE", 1)
-        return cls(job=env.get("TORCHELASTIC_RUN_ID", ""), life=number("TORCHELASTIC_RESTART_COUNT", 0),
+        count = number("TORCHELASTIC_RESTART_COUNT", 0)
+        return cls(job=env.get("TORCHELASTIC_RUN_ID", ""), life=count,
                    max_restarts=number("TORCHELASTIC_MAX_RESTARTS", 0), node=node_id(env), nodes=nodes,
-                   min_nodes=min(number(MIN_NODES_ENV, nodes), nodes))
+                   min_nodes=min(number(MIN_NODES_ENV, nodes), nodes), restarted=count > 0, restart_count=count)
 
     @property
     def restarts_left(self) -> int:
-        return max(self.max_restarts - self.life, 0)
+        """What torchrun allows still (this node's count; a membership change is not counted)."""
+        return max(self.max_restarts - self.restart_count, 0)
+
+    def agreed(self, life: int, restarted: bool) -> WorkerLife:
+        return dataclasses.replace(self, life=life, restarted=restarted)
 
     @property
     def can_leave_out_a_node(self) -> bool:

@@ -8,8 +8,8 @@ bundled trainer's parts by trainer/fault_wrappers.py like the other ``--fault`` 
                                     DDP gradient all-reduce or the agent's), mid-collective
 ``stuck_loader@R:S``                rank R's data loader deadlocks fetching step S's batch (a lock
                                     taken twice): stuck in Python outside any collective
-``slow_node_check@R:SEC``           rank R takes SEC s longer in each round of every node check of
-                                    a restarted group (a slow node the check must find)
+``slow_node_check@R:SEC``           rank R takes SEC s longer over each matmul of every node check
+                                    of a restarted group (a slow node the check must find)
 ==================================  ==============================================================
 
 Unlike the other faults these count across the run's lives (torchrun restarts the process, and
@@ -90,6 +90,7 @@ class HangFaults:
         self._sleep = sleep
         self._kill = kill or (lambda: os.kill(os.getpid(), signal.SIGKILL))
         self.life = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) if life is None else life
+        self._checked = False
         self.collective: Callable[[], str] = lambda: ""
         """The collective the training thread is inside (the agent's note), for kill_in_collective."""
 
@@ -138,11 +139,12 @@ class HangFaults:
             time.sleep(0.002)
 
     def node_check_round(self, round_: int) -> None:
-        """slow_node_check: the sleep inside each round's timed window."""
+        """slow_node_check: the sleep before each of the check's timed matmuls."""
         for s in self.specs:
             if s.kind == "slow_node_check":
-                if round_ == 0:
+                if round_ == 0 and not self._checked:
                     self._record(s, -1)
+                    self._checked = True
                 self._sleep(s.seconds)
 
 

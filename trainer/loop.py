@@ -123,7 +123,7 @@ class Trainer:
         self.kit = TrainerCommands(self, on_restore=self.restart_progress)
         """The recovery kit over this trainer's parts: every command, the boundary, the timeouts."""
         self.kit.node_check_hook = self.faults.node_check
-        self.faults.watch(lambda: self.agent.ranks.collective)
+        self.faults.watch(lambda: self.agent.parts.ranks.collective)
         self._t_progress = (time.perf_counter(), 0)  # the progress line's rate: since (time, step)
 
     @staticmethod
@@ -271,7 +271,7 @@ class Trainer:
             _step, state, _source, detail = self.ckpt.restore_latest()
         except KeyError as exc:
             detail = str(exc)
-        restarted = self.agent.hang.life.life > 0
+        restarted = self.agent.hang.life.restarted
         if (self.cfg.elastic.enabled or restarted) and self.kit.all_ranks(state is None):
             if restarted:  # torchrun restarted the group before the first disk checkpoint
                 log.warning("restarted worker group (life %d): no checkpoint yet, starting again at step 0 (%s)",
@@ -324,7 +324,7 @@ class Trainer:
         try:
             self.kit.start(global_batch=self.elastic.plan.global_batch, lr_schedule=self.schedule.describe(),
                            config=self.cfg.to_dict())
-            if self.cfg.resume or self.agent.hang.life.life > 0:  # a restarted group resumes from disk
+            if self.cfg.resume or self.agent.hang.life.restarted:  # a restarted group resumes from disk
                 self.resume_latest()
             self.restart_progress(self.step)
             if self.rank == 0:

@@ -50,8 +50,8 @@ class HangConfig:
     """The node check's own collectives fail after this (a broken rank fails its pair)."""
     check_slow_factor: float = bounded(3.0, gt=1)
     """A rank (or pair) this many times slower than the median is slow."""
-    check_min_s: float = bounded(0.05, ge=0)
-    """...and slower by at least this much (timings of a few ms are noise)."""
+    check_min_s: float = bounded(0.002, ge=0)
+    """...and slower by at least this much (a single matmul's time, or a pair's round)."""
 
     def __post_init__(self) -> None:
         check_declared(self)

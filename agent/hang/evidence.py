@@ -131,6 +131,10 @@ class Evidence:
     fr: dict[str, Any]
     stacks: list[ThreadStack]
     error: str = ""
+    raised_at: str = ""
+    """Where a failed collective's exception came from ("file:line in function", outside the libraries)."""
+    gone: list[int] = field(default_factory=list)
+    """This node's other ranks whose process was gone at the capture (agent/node_beats.py)."""
     local_world: int = field(default_factory=lambda: int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
     pid: int = field(default_factory=os.getpid)
     ts: float = field(default_factory=time.time)
@@ -142,6 +146,8 @@ class Evidence:
 
     @property
     def frame(self) -> str:
+        if self.raised_at:
+            return self.raised_at
         main = next((t for t in self.stacks if t.main), None)
         return main.frame if main is not None else ""
 
@@ -163,6 +169,8 @@ class Evidence:
         }
         if self.error:
             data["error"] = self.error[:2000]
+        if self.gone:
+            data["gone"] = list(self.gone)
         if self.path:
             data["path"] = self.path
         return data
@@ -182,6 +190,12 @@ class Evidence:
             json.dump(body, fh, default=str)
         self.path = str(path)
         return path
+
+
+def raised_at(tb: Any) -> str:
+    """The innermost frame of a traceback outside the standard library and torch ("" when none)."""
+    own = [fs for fs in traceback.extract_tb(tb) if not is_library(fs.filename)] if tb is not None else []
+    return _where(own[-1]) if own else ""
 
 
 def capture(reason: str, *, stalled_s: float, node: str, life: int, collective: str = "", error: str = "",

@@ -5,10 +5,12 @@ Round 0 pairs the ranks (0,1), (2,3), ...; round 1 shifts the pairing by one, (1
 (w-1,0) (a rank left over joins the last group). In each round every rank times
 ``check_iters`` matmuls of ``check_size``² and then an all-gather inside its group (a group of
 its own, ``check_timeout_s``: a broken peer fails the pair, it cannot hold the check). A group is
-slow when it took ``check_slow_factor`` times the round's median and ``check_min_s`` more; a rank
+slow when it took ``check_slow_factor`` times the median of the round's other groups and
+``check_min_s`` more; a rank
 is slow when every group it was in was slow (one slow pair says one of two; the re-pairing says
-which), or when its own matmul is that much slower than the median rank's. On a world of two the
-pairs cannot tell the ranks apart and the matmuls decide.
+which), or when its fastest single matmul is that much slower than the other ranks' median (the
+fastest, so that a rank the scheduler preempted for a moment on shared cores is not called slow).
+On a world of two the pairs cannot tell the ranks apart and the matmuls decide.
 
 ``run_check`` (collective: every rank calls it at the same point) returns the same
 ``CheckResult`` on every rank; ``judge`` is the pure part.
@@ -75,11 +77,17 @@ class CheckResult:
 
 
 def _slow(values: Sequence[float], factor: float, min_s: float) -> list[int]:
-    finite = [v for v in values if v != float("inf")]
+    """Indices of the values ``factor`` times the median of the *others* and ``min_s`` above it (the
+    others': with two groups a median of all would sit between the healthy and the slow one)."""
     if len(values) < 2:
         return []
-    med = statistics.median(finite) if finite else 0.0
-    return [i for i, v in enumerate(values) if v == float("inf") or (v > factor * med and v > med + min_s)]
+    out = []
+    for i, v in enumerate(values):
+        others = [x for j, x in enumerate(values) if j != i and x != float("inf")]
+        med = statistics.median(others) if others else 0.0
+        if v == float("inf") or (others and v > factor * med and v > med + min_s):
+            out.append(i)
+    return out
 
 
 def judge(results: Sequence[RankResult], world: int, factor: float, min_s: float, seconds: float = 0.0,
@@ -122,8 +130,8 @@ def judge(results: Sequence[RankResult], world: int, factor: float, min_s: float
 
 def run_check(config: HangConfig, rank: int, world: int, node: str, *, life: int = 0, device: Any = "cpu",
               before_round: Callable[[int], None] | None = None) -> CheckResult:
-    """The check on every rank (collective); ``before_round(k)`` runs inside each round's timed
-    window (a test's or a fault's slow rank)."""
+    """The check on every rank (collective); ``before_round(k)`` runs before each timed matmul of
+    round ``k`` (a test's or a fault's slow rank)."""
     t_start = time.perf_counter()
     n = config.check_size
     a = torch.randn(n, n, device=device)
@@ -134,15 +142,22 @@ def run_check(config: HangConfig, rank: int, world: int, node: str, *, life: int
     for k in range(ROUNDS):
         mine = next(g for g in groups_for(world, k) if rank in g)
         group = dist.new_group(mine, timeout=timeout(config.check_timeout_s), use_local_synchronization=True)
+        out = [torch.empty(1024, device=device) for _ in mine]
+        try:
+            # a new gloo group connects on its first collective (~1 s here): not part of the timing
+            dist.all_gather(out, torch.zeros(1024, device=device), group=group)
+        except Exception as exc:  # noqa: BLE001 - a pair that cannot connect is a failed pair
+            log.warning("node check round %d: ranks %s cannot connect: %s", k, mine, exc)
         t0 = time.perf_counter()
         try:
-            if before_round is not None:
-                before_round(k)
             for _ in range(config.check_iters):
+                t_mm = time.perf_counter()
+                if before_round is not None:
+                    before_round(k)
                 torch.mm(a, b)
-            mm = time.perf_counter() - t0
-            matmul_s = min(matmul_s, mm)
-            out = [torch.empty(1024, device=device) for _ in mine]
+                # the fastest single matmul: a rank the scheduler preempted for a moment is not slow,
+                # one that is slow on every matmul is
+                matmul_s = min(matmul_s, time.perf_counter() - t_mm)
             dist.all_gather(out, torch.full((1024,), float(rank), device=device), group=group)
             group_s.append(time.perf_counter() - t0)
         except Exception as exc:  # noqa: BLE001 - a failed pair is a slow pair, never a crashed check

@@ -2,7 +2,9 @@
 
 ``HangPart`` is built by ``build_agent`` (agent/build.py) for every rank:
 
-- ``start``: the watchdog (agent/hang/watchdog.py) on a side thread, for a distributed run;
+- ``start``: ``[agent.hang] collective_timeout_s`` on the world group the agent was given (a
+  loop's own or Accelerate's; agent/hang/timeouts.py), and the watchdog (agent/hang/watchdog.py)
+  on a side thread, for a distributed run;
 - ``report``: an evidence capture goes to the rank's disk (the whole dump) and out as a
   ``hang.evidence`` event (bounded), which the controller stores as the run's evidence;
 - ``collective_failed``: the agent's close with a collective error reports one too;
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -30,6 +33,7 @@ from typing import Any
 from cliffguard.agent.emitter import Emitter
 from cliffguard.agent.hang.config import HangConfig
 from cliffguard.agent.hang.evidence import Evidence, is_collective_error
+from cliffguard.agent.hang.timeouts import apply_timeout
 from cliffguard.agent.hang.watchdog import Watchdog
 from cliffguard.agent.modes import ModeMachine
 from cliffguard.agent.ranks import Ranks
@@ -87,13 +91,28 @@ class HangPart:
         self.evidence: list[Evidence] = []
         """What this process reported (newest last)."""
         self.leaving: RestartPlan | None = None
+        self.peers_gone: Callable[[], list[int]] = lambda: []
+        """This node's ranks whose process is gone (agent/node_beats.py), for the evidence."""
+        self._term = threading.Event()
+        self._old_term: Any = None
+
+    def agree_life(self) -> None:
+        """Make ``life`` the same on every rank (agent/hang/life.py; collective when distributed)."""
+        from cliffguard.agent.hang.life import agree
+
+        local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
+        self.life = agree(self.life, self.evidence_dir.parent, local_rank=local_rank, device=self.ranks.device,
+                          distributed=self.ranks.distributed)
 
     def start(self) -> None:
+        """The declared timeout on the group the agent was given (the world's), then the watchdog."""
+        if self.ranks.distributed:
+            apply_timeout(self.config.collective_timeout_s)
         if not (self.config.enabled and self.ranks.distributed) or self.watchdog is not None:
             return
         self.watchdog = Watchdog(self.config, step=self._step, mode=lambda: self.modes.mode,
                                  collective=lambda: self.ranks.collective, report=self.report,
-                                 node=self.life.node, life=self.life.life).start()
+                                 node=self.life.node, life=self.life.life, gone=lambda: self.peers_gone()).start()
 
     def close(self) -> None:
         if self.watchdog is not None:
@@ -117,10 +136,31 @@ class HangPart:
         self.emitter.emit(EventType.HANG_EVIDENCE, ev.event_data(frames=self.config.stack_frames,
                                                                   last=self.config.last_entries))
 
-    def collective_failed(self, error: BaseException | str | None) -> None:
-        """The run ends on ``error``: evidence when it is a collective that failed."""
-        if self.watchdog is not None and error is not None and is_collective_error(error):
-            self.watchdog.collective_failed(error)
+    def collective_failed(self, error: BaseException | str | None) -> bool:
+        """The run ends on ``error``: evidence when it is a collective that failed. True when it
+        is one; then torchrun's SIGTERM (it tears the group down ~0.1 s after a rank died) waits
+        until ``end_deferral``, so the evidence and the run's end reach the broker first."""
+        if self.watchdog is None or error is None or not is_collective_error(error):
+            return False
+        self._defer_sigterm()
+        self.watchdog.collective_failed(error)
+        return True
+
+    def _defer_sigterm(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # only the main thread may set a handler; torchrun's SIGTERM then ends the process as usual
+        self._term = threading.Event()
+        self._old_term = signal.signal(signal.SIGTERM, lambda *_: self._term.set())
+
+    def end_deferral(self) -> None:
+        """After the close: SIGTERM's own handler back; one that came meanwhile ends the process now."""
+        if self._old_term is None:
+            return
+        signal.signal(signal.SIGTERM, self._old_term)
+        self._old_term = None
+        if self._term.is_set():
+            log.error("leaving now: torchrun asked this rank to stop while its hang evidence was sent")
+            self._exit(128 + signal.SIGTERM)
 
     # ------------------------------------------------------------------ restart
     def plan_for(self, cmd: Command) -> RestartPlan:

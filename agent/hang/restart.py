@@ -54,7 +54,7 @@ def preflight(hang: HangPart, modes: ModeMachine, emit: Callable[[EventType, dic
               before_round: Callable[[int], None] | None = None) -> CheckResult | None:
     """The node check of a restarted group (every rank; None when not due)."""
     life, ranks = hang.life, hang.ranks
-    if not (hang.config.enabled and hang.config.preflight and ranks.distributed and life.life > 0):
+    if not (hang.config.enabled and hang.config.preflight and ranks.distributed and life.restarted):
         return None
     result = run_check(hang.config, ranks.rank, ranks.world, life.node, life=life.life, device=device,
                        before_round=before_round)

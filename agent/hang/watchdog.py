@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 
 from cliffguard.agent.hang.config import HangConfig
-from cliffguard.agent.hang.evidence import Evidence, capture
+from cliffguard.agent.hang.evidence import Evidence, capture, raised_at
 from cliffguard.core.enums import TrainerMode
 
 log = logging.getLogger(__name__)
@@ -33,10 +33,12 @@ Report = Callable[[Evidence], None]
 class Watchdog:
     def __init__(self, config: HangConfig, *, step: Callable[[], int], mode: Callable[[], TrainerMode],
                  collective: Callable[[], str], report: Report, node: str, life: int,
-                 clock: Callable[[], float] = time.monotonic, training: int | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, training: int | None = None,
+                 gone: Callable[[], list[int]] = lambda: []) -> None:
         self.config = config
         self._step, self._mode, self._collective = step, mode, collective
         self._report = report
+        self._gone = gone
         self.node, self.life = node, life
         self._clock = clock
         self._training = training if training is not None else threading.main_thread().ident
@@ -93,13 +95,16 @@ class Watchdog:
         return None
 
     def collective_failed(self, error: BaseException | str) -> Evidence | None:
-        """A collective raised on the training thread: report now unless this stall was reported."""
+        """A collective raised on the training thread: report now unless this stall was reported.
+        The frame is where the exception came from (the capture runs on the closing thread)."""
         if self.reported:
             return None
-        return self._emit("collective_error", self.stalled_s, error=f"{type(error).__name__}: {error}"
-                          if isinstance(error, BaseException) else str(error))
+        text = f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else str(error)
+        tb = error.__traceback__ if isinstance(error, BaseException) else None
+        return self._emit("collective_error", self.stalled_s, error=text, raised_at=raised_at(tb))
 
-    def _emit(self, reason: str, stalled_s: float, *, error: str = "", stacks: bool = True) -> Evidence | None:
+    def _emit(self, reason: str, stalled_s: float, *, error: str = "", stacks: bool = True,
+              raised_at: str = "") -> Evidence | None:
         with self._lock:
             if reason != "resolved":
                 self.reported = True
@@ -107,6 +112,11 @@ class Watchdog:
             if stacks:
                 ev = capture(reason, stalled_s=stalled_s, node=self.node, life=self.life,
                              collective=self._collective(), error=error, training=self._training)
+                ev.raised_at = raised_at
+                try:
+                    ev.gone = self._gone()
+                except Exception:  # noqa: BLE001 - the rest of the evidence still goes out
+                    log.exception("reading the node's ranks failed")
             else:
                 ev = Evidence(reason=reason, stalled_s=stalled_s, node=self.node, life=self.life,
                               collective="", fr={}, stacks=[])

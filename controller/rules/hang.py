@@ -31,7 +31,7 @@ from cliffguard.core.events import Event
 
 VERDICT = "hang"
 _KEPT = ("reason", "stalled_s", "node", "local_world", "pid", "life", "collective", "pg_status", "in_flight",
-         "frame", "error")
+         "frame", "error", "gone")
 """What a report keeps of the event (the stacks stay in the store's evidence rows)."""
 
 
@@ -101,6 +101,8 @@ class HangRule:
         return self._decide()
 
     def _new_life(self, life: int) -> None:
+        if life <= self.decided_life:
+            self.decided_life = -1  # a fresh launch of the job: its lives count from 0 again
         self.life = life
         self.reports, self.steps, self.first_ts = {}, {}, None
 
