@@ -27,6 +27,7 @@ from cliffguard.dashboard.sections import (
     data_quality,
     elastic,
     gradients,
+    hangs,
     header,
     incidents,
     loss,
@@ -92,6 +93,7 @@ def main() -> None:
     _live(header.render, ctx, every)
     _live(loss.render, ctx, every)
     _live(incidents.render, ctx, every)
+    _live(hangs.render, ctx, every)
     _live(checkpoints.render, ctx, every)
     _live(elastic.render, ctx, every)
     _live(gradients.render, ctx, every)

@@ -51,9 +51,9 @@ def monitored(kind: Kind, store: Any, run: str, run_dir: Path, launches: list[Wa
         at = {(_trigger(t)): t for t in tl}
         opened = next((t for t in tl if _trigger(t) in _REMEDY or _trigger(t).endswith(("unavailable", "spent"))), None)
         again = at.get("training_again")
-        first_ev = min((r["ts"] for r in ev_rows if r["life"] == f["life"] and r["reason"] != "resolved"), default=None)
+        first_ev = min((r["ts"] for r in ev_rows if t0 - 1 <= r["ts"] < nxt and r["reason"] != "resolved"), default=None)
         culprit = (inc or {}).get("evidence", {}).get("culprit")
-        old = [w for la in launches for w in la.workers.values() if w.life == f["life"]]
+        old = _alive_at(launches, t0)
         t_again = again["ts"] if again else None
         waiting = [w.rank for w in old if t_again is not None and w.last > t_again + POLL_S]
         episodes.append({
@@ -83,6 +83,12 @@ def monitored(kind: Kind, store: Any, run: str, run_dir: Path, launches: list[Wa
     }
 
 
+def _alive_at(launches: list[Watched], t0: float) -> list[Any]:
+    """The workers of the life that hung: running when the fault fired (a node's torchrun counts only
+    its own restarts, so its restart count does not tell the lives of a run of several nodes apart)."""
+    return [w for la in launches for w in la.workers.values() if w.first <= t0 <= w.last + POLL_S]
+
+
 def baseline(kind: Kind, run_dir: Path, launch: Watched) -> dict[str, Any]:
     """torchrun alone: it restarts everything when a worker fails (a peer's death, or the collective
     timeout on the ranks that waited); it names no culprit."""
@@ -92,9 +98,9 @@ def baseline(kind: Kind, run_dir: Path, launch: Watched) -> dict[str, Any]:
     f = faults[0]
     t0 = f["ts"]
     failed = launch.first_exit(f["life"])
-    nxt = launch.life_start(f["life"] + 1)
+    nxt = launch.life_start(f["life"] + 1)  # one node: its restart count is the life
     again = next(((ts, st) for ts, st in launch.steps() if nxt is not None and ts > nxt), None)
-    old = [w for w in launch.workers.values() if w.life == f["life"]]
+    old = _alive_at([launch], t0)
     waiting = [w.rank for w in old if again is not None and w.last > again[0] + POLL_S]
     return {"episodes": [{
         "fault": f["kind"], "rank": f["rank"], "step": f["step"], "life": f["life"],
