@@ -36,10 +36,17 @@ from cliffguard.agent.publisher import ProducerFactory, Publisher, PublisherConf
 from cliffguard.agent.ranks import AcceleratorLike, Ranks
 from cliffguard.agent.sinks import EventSink, NullSink
 from cliffguard.agent.step_probe import StepProbe
-from cliffguard.core.deployment import PUBLIC_KEY_ENV, SECRET_ENV, agent_event_signer, agent_verifying_key
+from cliffguard.core.deployment import (
+    AGENT_SECRET_ENV,
+    EVENT_KEY_ENV,
+    PUBLIC_KEY_ENV,
+    SECRET_ENV,
+    agent_event_signer,
+    agent_verifying_key,
+)
 from cliffguard.core.events import Command
 from cliffguard.core.kafka_config import KafkaConfig
-from cliffguard.core.keys import EventSigner
+from cliffguard.core.keys import CommandPublicKey, EventSigner
 from cliffguard.core.signing import VerifyingKey
 
 log = logging.getLogger(__name__)
@@ -83,6 +90,11 @@ def build_agent(accelerator: AcceleratorLike | None, model: torch.nn.Module, opt
     ranks = Ranks.of(accelerator, model)
     if shape is None and seq_len is not None:
         shape = ModelShape.infer(model, seq_len)
+    if sink is None and kafka is not None:
+        if event_signer is None:
+            event_signer = agent_event_signer(config.run)
+        if event_signer is None and ranks.rank == 0:
+            _say_unsigned(config.run, secret if secret is not None else load_secret())
     if sink is None:
         sink = _publisher(config, ranks, instance, kafka, publisher_config, event_signer, wrap_producer)
     probe: StepProbe | None = None
@@ -118,14 +130,27 @@ def _hang_dir(config: AgentConfig) -> Path:
     return Path(config.spill_dir or default_spill_dir()) / f"hang-{config.run}"
 
 
+def _say_unsigned(run: str, command_key: VerifyingKey | None) -> None:
+    """One loud line at start when this run's events go out unsigned: a controller holding the
+    agent secret dead-letters every one of them (``unsigned``), so nothing of the run would reach
+    it and the trainer would otherwise never know."""
+    fix = (f"set {AGENT_SECRET_ENV}_FILE (a trainer that is its own launcher: a plain, Accelerate, Hugging Face or "
+           f"Lightning script, every rank) or {EVENT_KEY_ENV} (a worker, handed it by its launcher)")
+    if isinstance(command_key, CommandPublicKey):  # a deployment with `cliffguard keys generate` keys
+        log.error("cliffguard: run %s cannot sign its events: its controller (which holds the agent secret) will "
+                  "dead-letter every one as unsigned, so the run never reaches it; %s", run, fix)
+    else:
+        log.warning("cliffguard: run %s sends its events unsigned: a controller holding an agent secret dead-letters "
+                    "them; %s", run, fix)
+
+
 def _publisher(config: AgentConfig, ranks: Ranks, instance: str, kafka: KafkaConfig | None,
                publisher_config: PublisherConfig | None, signer: EventSigner | None,
                wrap_producer: ProducerWrapper | None) -> EventSink:
     if kafka is None:
         return NullSink()
-    # The run's event key (CLIFFGUARD_EVENT_KEY, or derived from CLIFFGUARD_AGENT_SECRET):
-    # a controller holding the agent secret dead-letters unsigned events.
-    signer = signer if signer is not None else agent_event_signer(config.run)
+    # ``signer``: the run's event key (CLIFFGUARD_EVENT_KEY, or derived from CLIFFGUARD_AGENT_SECRET),
+    # resolved by build_agent, which says so loudly when there is none
     if publisher_config is None:
         from cliffguard.agent.spill import default_spill_dir, spill_path, stale_spills
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cliffguard.agent.collectors.grad_hist import HistConfig
+from cliffguard.agent.data_watch.config import DataWatchConfig
 from cliffguard.agent.guard import GuardConfig
 from cliffguard.agent.hang.config import HangConfig
 from cliffguard.agent.recovery.config import KitConfig
@@ -59,6 +60,8 @@ class AgentConfig:
     """Hangs (agent/hang/): collective timeouts, the watchdog's evidence, restarts, the node check."""
     hist: HistConfig = field(default_factory=HistConfig)
     """Fixed log2 bin edges of the gradient histograms."""
+    data_watch: DataWatchConfig = field(default_factory=DataWatchConfig)
+    """Batch statistics off the training thread (agent/data_watch/): ``data.stats`` every ``every`` steps."""
     spill_dir: str = ""
     """Where each rank's publisher spills events while the broker is down (default: temp dir)."""
 

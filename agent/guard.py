@@ -24,8 +24,15 @@ Any command answered while held (applied or failed; a rejected one changes nothi
 controller has taken over: the hold timeout is cancelled and the run follows the commands
 (pause → paused, resume/rollback → training); the moves are agent/dispatch.py's and
 agent/modes.py's.
-The detector's window and the consecutive-skip count are in ``state_dict`` so a rollback restores
-the guard exactly as it was at that step.
+
+A resume answers the skips so far (``answer_hold``) but does not forget the stretch: a corrupted
+stretch longer than the controller's pause latency goes on after the resume, and every update in
+it must still be skipped. So the count and the stretch's first skipped step stay (a rollback, the
+controller's or the timeout's, goes to before its start), and the next hold comes ``hold_after``
+skips after the answered ones: the controller hears of a stretch that goes on within a few steps,
+and a step that passes ends the stretch. A rollback restores the guard as it was (``clear_hold``).
+The detector's window and the skip counts are in ``state_dict`` so a rollback restores the guard
+exactly as it was at that step.
 """
 
 from __future__ import annotations
@@ -67,13 +74,17 @@ class GuardConfig:
 
 
 class Guard:
-    """Stateful: the spike window, the run of consecutive skips, and the first skipped step."""
+    """Stateful: the spike window, the run of consecutive skips (the stretch), the skips of it a
+    resume answered, and the stretch's first skipped step."""
 
     def __init__(self, config: GuardConfig | None = None) -> None:
         self.config = config or GuardConfig()
         spike = self.config.spike
         self.detector = SpikeDetector(dataclasses.replace(spike, patience=spike.guard_patience))
         self.consecutive_skips = 0
+        self.answered_skips = 0
+        """Skips of the current stretch the controller answered (a resume): it holds again
+        ``hold_after`` skips after these."""
         self.first_skip_step: int | None = None
         self.last_verdict: SpikeVerdict | None = None
         self.trips = 0
@@ -86,11 +97,10 @@ class Guard:
             if self.consecutive_skips == 0:
                 self.first_skip_step = step
             self.consecutive_skips += 1
-            if self.consecutive_skips >= self.config.hold_after:
+            if self.consecutive_skips - self.answered_skips >= self.config.hold_after:
                 return GuardDecision.HOLD
             return GuardDecision.SKIP
-        self.consecutive_skips = 0
-        self.first_skip_step = None
+        self.clear_hold()  # a step that passes ends the stretch
         if verdict.level is Level.OK and math.isfinite(loss):
             return GuardDecision.OK
         return GuardDecision.WARN
@@ -99,14 +109,22 @@ class Guard:
     def applies_update(decision: GuardDecision) -> bool:
         return decision in (GuardDecision.OK, GuardDecision.WARN)
 
+    def answer_hold(self) -> None:
+        """The controller answered the skips so far (a resume): the next hold comes ``hold_after``
+        skips from now, while the stretch (its length, its first step) is kept."""
+        self.answered_skips = self.consecutive_skips
+
     def clear_hold(self) -> None:
+        """No stretch: after a step that passed, or a rollback to before the stretch."""
         self.consecutive_skips = 0
+        self.answered_skips = 0
         self.first_skip_step = None
 
     def state_dict(self) -> dict[str, Any]:
         return {
             "detector": self.detector.state_dict(),
             "consecutive_skips": self.consecutive_skips,
+            "answered_skips": self.answered_skips,
             "first_skip_step": self.first_skip_step,
             "trips": self.trips,
         }
@@ -114,5 +132,6 @@ class Guard:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.detector.load_state_dict(state["detector"])
         self.consecutive_skips = int(state.get("consecutive_skips", 0))
+        self.answered_skips = int(state.get("answered_skips", 0))
         self.first_skip_step = state.get("first_skip_step")
         self.trips = int(state.get("trips", 0))

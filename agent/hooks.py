@@ -19,7 +19,8 @@ the publisher's thread validates, encodes and signs; the training thread builds 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
+import logging
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import torch
@@ -29,6 +30,7 @@ from cliffguard.agent.collectors.mfu import ModelShape
 from cliffguard.agent.collectors.timing import CommTimer
 from cliffguard.agent.command_channel import CommandSource
 from cliffguard.agent.config import AgentConfig
+from cliffguard.agent.data_watch.watcher import BatchReport, DataWatch, Scorer
 from cliffguard.agent.lifecycle import LISTENER_WAIT_S
 from cliffguard.agent.publisher import PublisherConfig
 from cliffguard.agent.ranks import AcceleratorLike
@@ -40,6 +42,8 @@ from cliffguard.core.keys import EventSigner
 from cliffguard.core.signing import VerifyingKey
 
 __all__ = ["LISTENER_WAIT_S", "Agent", "AgentConfig", "load_secret"]
+
+log = logging.getLogger(__name__)
 
 V = TypeVar("V")
 
@@ -86,6 +90,8 @@ class Agent:
         self.lifecycle = parts.lifecycle
         self.hang = parts.hang
         """The watchdog, its evidence and the restart command (agent/hang/part.py)."""
+        self.data_watch: DataWatch | None = None
+        """The batch statistics' thread (``watch_data``), None where this rank does not watch."""
 
     # ------------------------------------------------------------------ what the parts know
     @property
@@ -151,8 +157,36 @@ class Agent:
                              capabilities=capabilities)
 
     def close(self, error: BaseException | str | None = None, *, final_loss: float | None = None) -> None:
-        """Emit run.finished/run.failed (rank 0) and close everything, each part even if another fails."""
+        """Emit run.finished/run.failed (rank 0) and close everything, each part even if another fails
+        (the data watch first: its last window goes out before the run's end)."""
+        if self.data_watch is not None:
+            try:
+                self.data_watch.close()
+            except Exception:  # noqa: BLE001 - close the rest anyway
+                log.exception("closing the data watch failed")
         self.lifecycle.close(error, final_loss=final_loss)
+
+    # ------------------------------------------------------------------ the data watch
+    def watch_data(self, *, garbled: Scorer | None = None, perplexity: Scorer | None = None,
+                   prepare: Callable[[], None] | None = None,
+                   on_batch: Callable[[BatchReport], None] | None = None) -> DataWatch | None:
+        """Start the data watch (``[agent.data_watch]``) on this rank if it is one of the first
+        ``ranks`` and the watch is enabled; ``observe_batch`` then hands it each batch. The scorers
+        and ``prepare`` run on its thread (agent/data_watch/watcher.py). None where it does not watch."""
+        cfg = self.config.data_watch
+        if self.data_watch is not None or not cfg.enabled or self.rank >= cfg.ranks:
+            return self.data_watch
+        self.data_watch = DataWatch(cfg, self.emit, garbled=garbled, perplexity=perplexity, prepare=prepare,
+                                    on_batch=on_batch, name=f"cliffguard-data-watch-r{self.rank}").start()
+        return self.data_watch
+
+    def observe_batch(self, tokens: torch.Tensor, sample_ids: Iterable[int] | None = None, *,
+                      attention_mask: torch.Tensor | None = None, step: int | None = None) -> None:
+        """This step's batch of token ids [B, T] to the data watch (a queue put; nothing where it
+        does not watch). Hand it over before anything changes it in place."""
+        if self.data_watch is not None:
+            self.data_watch.observe(self.step if step is None else step, tokens,
+                                    None if sample_ids is None else list(sample_ids), attention_mask)
 
     # ------------------------------------------------------------------ per-step hooks (the probe's)
     def set_step(self, step: int) -> None:

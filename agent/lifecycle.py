@@ -10,7 +10,7 @@ calibrated peak that a step beats (``StepProbe._raise_calibrated_peak``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -57,6 +57,8 @@ class Lifecycle:
         self._heartbeat: Heartbeat | None = None
         self._node: NodeBeats | None = None
         self.closed = False
+        self.summaries: dict[str, Callable[[], dict[str, Any]]] = {}
+        """Name -> what the run's ``run.finished`` carries under it (the kit's ``validation``)."""
 
     def start(self, *, global_batch: int = 0, lr_schedule: dict[str, Any] | None = None,
               config: dict[str, Any] | None = None, capabilities: Iterable[CommandType | str] | None = None) -> None:
@@ -122,6 +124,15 @@ class Lifecycle:
         if self._node.layout.leader:
             self.emitter.emit(EventType.HEARTBEAT, {"state": str(self.modes.mode), **self._node.read()})
 
+    def _summaries(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name, summary in self.summaries.items():
+            try:
+                out[name] = summary()
+            except Exception:  # noqa: BLE001 - the run's end is sent anyway
+                log.exception("run summary %r failed", name)
+        return out
+
     def close(self, error: BaseException | str | None = None, *, final_loss: float | None = None) -> None:
         """Emit run.finished/run.failed (rank 0) and close everything, each part even if another fails."""
         if self.closed:
@@ -141,6 +152,7 @@ class Lifecycle:
                 data: dict[str, Any] = {"steps": self.probe.step}
                 if final_loss is not None:
                     data["final_loss"] = final_loss
+                data.update(self._summaries())
                 self.emitter.emit(EventType.RUN_FINISHED, data)
         # the sink before the listener (whose thread may take a poll to stop): the events out first
         parts: list[_Closeable | None] = [self.hang, self._heartbeat, self.sink, self.channel.source]

@@ -151,6 +151,9 @@ class CommandListener:
     def _default_consumer(self) -> Any:
         from kafka import KafkaConsumer
 
+        from cliffguard.agent.kafka_client import keep_kafka_off_global_random
+
+        keep_kafka_off_global_random()
         return KafkaConsumer(
             **self.kafka.client_kwargs(),
             client_id=f"cliffguard-listener-{self.run}",

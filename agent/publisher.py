@@ -60,10 +60,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from cliffguard.agent.acked_tail import AckedTail, LostLog
 from cliffguard.agent.drafts import EventDraft
-from cliffguard.agent.kafka_client import discard_producer, ensure_topic, key_hash_partitioner, tcp_reachable
+from cliffguard.agent.kafka_client import (
+    discard_producer,
+    ensure_topic,
+    keep_kafka_off_global_random,
+    key_hash_partitioner,
+    tcp_reachable,
+)
 from cliffguard.agent.publisher_link import Link, LinkEvent, LinkState
 from cliffguard.agent.spill import SpillFile
+from cliffguard.core import kafka_log
 from cliffguard.core.declared import bounded, check_declared, non_empty
 from cliffguard.core.enums import EventType
 from cliffguard.core.events import encode_event
@@ -105,6 +113,12 @@ class PublisherConfig:
     """The spill is fsync'ed at most this often (0 = every append); see agent/spill.py."""
     create_topic: bool = True
     """Create the metrics topic on every (re)connect if it is missing."""
+    resend_window_s: float = bounded(300.0, ge=0, why="0: keep nothing")
+    """Events the broker acknowledged within this many seconds are kept and sent again if the
+    broker loses its log (agent/acked_tail.py); it should exceed the longest time the controller
+    may be away (stopped, restarting, holding a batch) while the broker could crash."""
+    resend_max_bytes: int = bounded(64 * 1024 * 1024, ge=0, why="0: keep nothing")
+    """At most this many bytes of acknowledged events are kept for that (oldest leave first)."""
 
     def __post_init__(self) -> None:
         check_declared(self)
@@ -140,6 +154,8 @@ def kafka_producer(kafka: KafkaConfig, config: PublisherConfig) -> Any:
         raise ConnectionError("no bootstrap host accepts connections")
     from kafka import KafkaProducer
 
+    keep_kafka_off_global_random()
+
     kw = kafka.client_kwargs()
     send_ms = int(config.send_timeout_s * 1000)
     kw["request_timeout_ms"] = min(kw["request_timeout_ms"], max(send_ms - 100, 400))
@@ -162,6 +178,11 @@ def kafka_producer(kafka: KafkaConfig, config: PublisherConfig) -> Any:
         metrics_enabled=False,
         partitioner=key_hash_partitioner(),
     )
+
+
+def _topic_id(producer: Any, topic: str) -> object:
+    """The topic's id in a kafka-python producer's metadata (None when it has none)."""
+    return getattr(getattr(producer, "_metadata", None), "topic_id", lambda _t: None)(topic)
 
 
 ProducerFactory = Callable[[], Any]
@@ -205,6 +226,10 @@ class Publisher:
         self._backoff = self.config.reconnect_min_s
         self._held: list[Record] = []
         self._held_crashes = 0
+        self._tail = AckedTail(self.config.resend_window_s, self.config.resend_max_bytes)
+        self._resend: deque[Record] = deque()  # acknowledged, then lost with the broker's log
+        self._resent = 0
+        self._log_losses = 0
         # publish() runs on several threads (training loop, heartbeat thread); drops are rare,
         # so their counters take a lock and the common path takes none.
         self._drop_lock = threading.Lock()
@@ -223,6 +248,7 @@ class Publisher:
     # -- the training thread's side -------------------------------------------------------------
 
     def start(self) -> Publisher:
+        kafka_log.install()  # kafka-python's closed-socket race: one line, not a traceback
         if self._thread is None:
             self._spill = SpillFile(self.config.spill_path, self.config.spill_max_bytes,
                                     fsync_interval_s=self.config.fsync_interval_s)
@@ -292,6 +318,9 @@ class Publisher:
             "spill_bytes": spill.pending_bytes if spill is not None else 0,
             "spill_corrupt": spill.corrupt_records if spill is not None else 0,
             "spill_write_errors": spill.write_errors if spill is not None else 0,
+            "log_losses": self._log_losses,
+            "resent": self._resent,
+            "resend_pending": len(self._resend),
             "last_error": self.last_error,
         }
 
@@ -343,9 +372,11 @@ class Publisher:
                 if time.monotonic() >= self._next_probe:
                     self._connect()
             if link.state is LinkState.REPLAYING:
-                if len(spill):
+                if self._resend:
+                    self._resend_chunk()
+                elif len(spill):
                     self._replay_chunk()
-                if link.state is LinkState.REPLAYING and not len(spill):
+                if link.state is LinkState.REPLAYING and not len(spill) and not self._resend:
                     link.move(LinkEvent.SPILL_DRAINED)
             if self._held:
                 if link.state is LinkState.LIVE:
@@ -358,9 +389,10 @@ class Publisher:
                 # behind it rather than compete for the spill's room.
             self._held_crashes = 0
             self._report_drops()
-            if closing and not self._queue and (not len(spill) or not link.up and self._next_probe >= self._deadline):
+            backlog = len(spill) or self._resend
+            if closing and not self._queue and (not backlog or not link.up and self._next_probe >= self._deadline):
                 return
-            if not self._queue and (not len(spill) or not link.up):
+            if not self._queue and (not backlog or not link.up):
                 # Up: nothing to do until publish (or close) sets the event.
                 wait = IDLE_WAIT_S if link.up else max(0.0, min(self._next_probe - time.monotonic(), 0.2))
                 self._wake.clear()
@@ -369,7 +401,7 @@ class Publisher:
 
     def _gathering(self, closing: bool) -> bool:
         """Let the current batch window fill (live sending only); True when it waited."""
-        if closing or self._link.state is not LinkState.LIVE or len(self._spill or ()):
+        if closing or self._link.state is not LinkState.LIVE or len(self._spill or ()) or self._resend:
             return False
         queued = len(self._queue)
         if not queued or queued >= self.config.max_batch or self._urgent:
@@ -420,6 +452,9 @@ class Publisher:
             self._backoff = min(self._backoff * 2, self.config.reconnect_max_s)
             return
         self._producer = producer
+        lost = self._tail.check_topic(_topic_id(producer, self.topic))
+        if lost is not None:
+            self._log_lost(lost)
         self._link.move(LinkEvent.CONNECTED)
         self._backoff = self.config.reconnect_min_s
         pending = len(self._spill or ())
@@ -456,10 +491,43 @@ class Publisher:
         except Exception as exc:  # noqa: BLE001
             error = error or f"flush: {type(exc).__name__}: {exc}"
         ok = [f.is_done and f.succeeded() for f in futures] + [False] * (len(records) - len(futures))
+        if any(ok) and self._tail.enabled:
+            self._remember(records, futures, ok, producer)
         if not all(ok):
             failure = next((f.exception for f in futures if f.is_done and f.failed()), None)
             self._mark_down(error or f"{type(failure).__name__}: {failure}")
         return ok
+
+    def _remember(self, records: list[Record], futures: list[Any], ok: list[bool], producer: Any) -> None:
+        """Keep what the broker acknowledged, with where it landed (agent/acked_tail.py)."""
+        acked = []
+        for record, fut, good in zip(records, futures, ok, strict=False):
+            meta = getattr(fut, "value", None) if good else None
+            offset = getattr(meta, "offset", None)
+            if isinstance(offset, int):
+                acked.append((record, getattr(meta, "partition", 0), offset))
+        lost = self._tail.add(acked, _topic_id(producer, self.topic))
+        if lost is not None:
+            self._log_lost(lost)
+            if self._link.state in (LinkState.LIVE, LinkState.REPLAYING):
+                self._link.move(LinkEvent.LOG_LOST)
+
+    def _log_lost(self, lost: LostLog) -> None:
+        self._log_losses += 1
+        self._resend.extend(lost.records)
+        log.warning("the broker lost its log (%s): sending again the %d events it acknowledged in the last %.0f s%s",
+                    lost.why, len(lost.records), lost.oldest_age_s,
+                    f"; {lost.trimmed} acknowledged before that had left the window (resend_window_s="
+                    f"{self.config.resend_window_s:g}) and are lost if no consumer had read them" if lost.trimmed else "")
+
+    def _resend_chunk(self) -> None:
+        chunk = [self._resend[i] for i in range(min(len(self._resend), self.config.max_batch))]
+        ok = self._send(chunk)
+        done = next((i for i, good in enumerate(ok) if not good), len(ok))
+        for _ in range(done):
+            self._resend.popleft()
+        self._resent += done
+        self._sent += done
 
     def _send_live(self, records: list[Record]) -> None:
         ok = self._send(records)
@@ -494,7 +562,8 @@ class Publisher:
                 self._dropped_logged = dropped
 
     def _shutdown(self) -> None:
-        leftover = self._held + self._take(len(self._queue))
+        leftover = list(self._resend) + self._held + self._take(len(self._queue))
+        self._resend.clear()
         self._held = []
         if leftover and self._spill is not None:
             try:

@@ -3,12 +3,14 @@
 States and the moves between them, each caused by one event::
 
     DOWN ──connected──► REPLAYING ──spill_drained──► LIVE
-     ▲                     │                          │
+     ▲                     │  ▲                       │
+     │                     │  └──────log_lost─────────┤
      └─────send_failed─────┴───────send_failed────────┘
     crashed (the thread restarts): any open state -> DOWN;  shut_down: any -> CLOSED
 
 - ``DOWN``: every event goes to the spill file; the thread probes the broker with backoff.
-- ``REPLAYING``: connected, the spill is sent oldest first; newer events wait behind it.
+- ``REPLAYING``: connected; events the broker acknowledged but then lost with its log are sent
+  again first (agent/acked_tail.py), then the spill oldest first; newer events wait behind them.
 - ``LIVE``: connected with an empty spill; events are sent directly.
 - ``CLOSED``: the thread has ended; what was left is in the spill for the next start.
 
@@ -33,7 +35,10 @@ class LinkEvent(StrEnum):
     CONNECTED = "connected"
     """A probe built a producer and found the topic."""
     SPILL_DRAINED = "spill_drained"
-    """Connected, and nothing is left in the spill."""
+    """Connected, and nothing is left to send again or in the spill."""
+    LOG_LOST = "log_lost"
+    """The broker lost the log that acknowledged events were written to (a new topic id, or
+    offsets that went back): they are sent again before anything newer."""
     SEND_FAILED = "send_failed"
     """A batch was not acknowledged within ``send_timeout_s``."""
     CRASHED = "crashed"
@@ -47,6 +52,8 @@ _OPEN = (LinkState.DOWN, LinkState.REPLAYING, LinkState.LIVE)
 MOVES: dict[tuple[LinkState, LinkEvent], LinkState] = {
     (LinkState.DOWN, LinkEvent.CONNECTED): LinkState.REPLAYING,
     (LinkState.REPLAYING, LinkEvent.SPILL_DRAINED): LinkState.LIVE,
+    (LinkState.LIVE, LinkEvent.LOG_LOST): LinkState.REPLAYING,
+    (LinkState.REPLAYING, LinkEvent.LOG_LOST): LinkState.REPLAYING,
     (LinkState.REPLAYING, LinkEvent.SEND_FAILED): LinkState.DOWN,
     (LinkState.LIVE, LinkEvent.SEND_FAILED): LinkState.DOWN,
     **{(s, LinkEvent.CRASHED): LinkState.DOWN for s in _OPEN},

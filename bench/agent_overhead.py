@@ -10,7 +10,13 @@ default GPT (``trainer.model.GPTConfig()``) on the default global batch, each un
 - ``on``: the same loop with the agent's hooks (its packed all-reduce replaces the loop's, the
   DDP timing hook, the guard, norms, step events to the sink, heartbeats) and gradient
   histograms every 10 steps;
-- ``on_hist1``: the same with histograms every step.
+- ``on_hist1``: the same with histograms every step;
+- ``on_data``: ``on`` plus the data watch (agent/data_watch/) fed each batch, with the bundled
+  trainer's scorers (the garbled-text rules and a byte-trigram reference model trained on the
+  corpus); the batches of every mode are real byte windows of the standard library's code.
+  ``data_watch_share`` is the watcher thread's CPU per batch (its own ``thread_time``) over a plain
+  step's CPU: the issue's <= 1 % figure; ``ratio_data`` the paired wall ratio on_data / on; the
+  same batches through a fresh watch with nothing training beside it give its cost alone.
 
 A shared 2-core machine drifts by 2x within a minute, so the modes run in interleaved blocks of
 ``--steps-per-round`` steps (after a warm-up), the order reversed every other round (A B C, C B
@@ -36,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -49,7 +56,10 @@ def worker(args: argparse.Namespace) -> None:
     from cliffguard.agent.publisher import PublisherConfig
     from cliffguard.agent.sinks import InMemorySink
     from cliffguard.core.kafka_config import KafkaConfig
+    from cliffguard.trainer.byte_lm import ByteTrigramLM
+    from cliffguard.trainer.data_rules import DataRules
     from cliffguard.trainer.model import GPT, GPTConfig
+    from testing.data_watch import code_tokens
 
     acc = Accelerator(cpu=True)
     rank, world = acc.process_index, acc.num_processes
@@ -57,9 +67,18 @@ def worker(args: argparse.Namespace) -> None:
     per_rank = args.global_batch // world
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(rank)
-    batches = [torch.randint(0, cfg.vocab_size, (per_rank, cfg.block_size + 1), generator=gen) for _ in range(16)]
+    code = code_tokens()
+    n_windows = (code.numel() - 1) // (cfg.block_size + 1)
+    batch_ids = [torch.randint(0, n_windows, (per_rank,), generator=gen) for _ in range(16)]
+    batches = [code[ids.unsqueeze(1) * (cfg.block_size + 1) + torch.arange(cfg.block_size + 1)].long()
+               for ids in batch_ids]
 
-    def build(hist_every: int | None):
+    def reference() -> ByteTrigramLM:
+        lm = ByteTrigramLM()
+        lm.train_tokens(code.numpy())
+        return lm
+
+    def build(hist_every: int | None, data: bool = False):
         torch.manual_seed(0)
         model = GPT(cfg)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -72,12 +91,16 @@ def worker(args: argparse.Namespace) -> None:
                       "publisher_config": PublisherConfig(spill_path=os.path.join(args.tmp, f"spill-{hist_every}-{rank}.bin"))}
             else:
                 kw = {"sink": InMemorySink()}
-            agent = Agent(acc, model, opt, AgentConfig(run=f"bench-h{hist_every}", hist_every=hist_every,
-                                                       calibration_s=0.1), seq_len=cfg.block_size, **kw)
+            agent = Agent(acc, model, opt, AgentConfig(run=f"bench-h{hist_every}{'-data' if data else ''}",
+                                                       hist_every=hist_every, calibration_s=0.1),
+                          seq_len=cfg.block_size, **kw)
             agent.start(global_batch=args.global_batch)
+            if data:
+                lm = reference()  # the trainer builds it on the watcher's thread; here before the timing
+                agent.watch_data(garbled=DataRules().garbled, perplexity=lambda x: lm.sequence_scores(x.numpy()))
         return model, opt, agent
 
-    setups = {"off": build(None), "on": build(10), "on_hist1": build(1)}
+    setups = {"off": build(None), "on": build(10), "on_hist1": build(1), "on_data": build(10, data=True)}
     times: dict[str, list[float]] = {k: [] for k in setups}
 
     hook_cpu = dict.fromkeys(setups, 0.0)  # training-thread CPU inside the agent's calls
@@ -92,6 +115,7 @@ def worker(args: argparse.Namespace) -> None:
         if agent is not None:
             with agent.data_wait():
                 pass
+            agent.observe_batch(x, batch_ids[i % len(batch_ids)].tolist())  # a no-op but in on_data
         h = tt() - c
         _, loss = model(x, y)
         if agent is not None:
@@ -139,13 +163,34 @@ def worker(args: argparse.Namespace) -> None:
             times[mode].extend(this[mode])
         rounds.append({mode: statistics.median(v) for mode, v in this.items()})
         cpu_rounds.append(cpu)
+    watch = setups["on_data"][2].data_watch
     for _, _, agent in setups.values():
         if agent is not None:
             agent.close()
     if rank == 0:
+        assert watch is not None
+        alone = isolated_watch(batches, batch_ids, reference(), watch.batches)
         with open(args.out, "w") as fh:
             json.dump({"times": times, "rounds": rounds, "cpu_rounds": cpu_rounds, "world": world, "n_params": GPT(cfg).num_params(),
-                       "global_batch": args.global_batch, "seq_len": cfg.block_size}, fh)
+                       "global_batch": args.global_batch, "seq_len": cfg.block_size,
+                       "data_watch": {"cpu_s": watch.cpu_s, "batches": watch.batches, "dropped": watch.dropped,
+                                      "events": watch.events, "isolated_cpu_s": alone.cpu_s,
+                                      "isolated_batches": alone.batches}}, fh)
+
+
+def isolated_watch(batches: list, batch_ids: list, lm: Any, n: int) -> Any:
+    """The same batches through a fresh data watch with nothing training beside it (its cost alone)."""
+    from cliffguard.agent.data_watch.config import DataWatchConfig
+    from cliffguard.agent.data_watch.watcher import DataWatch
+    from cliffguard.trainer.data_rules import DataRules
+
+    w = DataWatch(DataWatchConfig(queue=n + 1), lambda *a, **k: None, garbled=DataRules().garbled,
+                  perplexity=lambda x: lm.sequence_scores(x.numpy())).start()
+    for i in range(n):
+        b = batches[i % len(batches)]
+        w.observe(i, b[:, :-1], batch_ids[i % len(batch_ids)].tolist())
+    w.close()
+    return w
 
 
 def _spread(values: list[float]) -> dict[str, float]:
@@ -168,7 +213,7 @@ def summarize(res: dict, *, sink: str, load_before: tuple[float, ...], load_afte
                               for r in cr]) for k in ("on", "on_hist1")}
     parts = {k: {part: 1000 * statistics.median(r[k][part] for r in cr) for part in ("all", "main", "side", "hooks")}
              for k in times}
-    return {
+    out = {
         "benchmark": "agent_overhead",
         "ratio": spread["on"]["median"],
         "ratio_hist_every_step": spread["on_hist1"]["median"],
@@ -189,6 +234,30 @@ def summarize(res: dict, *, sink: str, load_before: tuple[float, ...], load_afte
         "seq_len": res["seq_len"], "sink": sink, "hist_every": 10,
         "loadavg_before": list(load_before), "loadavg_after": list(load_after),
     }
+    if "on_data" in times:
+        out.update(_data_watch(res, rounds, cr))
+    return out
+
+
+def _data_watch(res: dict, rounds: list[dict[str, float]], cr: list[dict[str, dict[str, float]]]) -> dict:
+    """The data watch's cost: its thread's CPU per batch over a plain step's CPU and wall time, and
+    the paired wall ratio of the agent with it over the agent without."""
+    w = res["data_watch"]
+    per_batch = w["cpu_s"] / max(w["batches"], 1)
+    plain_cpu = statistics.median(r["off"]["all"] for r in cr)
+    plain_wall = statistics.median(r["off"] for r in rounds)
+    ratio = _spread([r["on_data"] / r["on"] for r in rounds])
+    alone = w.get("isolated_cpu_s", 0.0) / max(w.get("isolated_batches", 0), 1)
+    return {
+        "data_watch_cpu_ms_per_batch": 1000 * per_batch,
+        "data_watch_isolated_cpu_ms_per_batch": 1000 * alone,
+        "data_watch_share": per_batch / plain_cpu,
+        "data_watch_wall_share": per_batch / plain_wall,
+        "ratio_data": ratio["median"], "ratio_data_spread": ratio,
+        "cpu_attributed_ratio_data": _spread([1 + (r["on_data"]["hooks"] - r["off"]["hooks"] + r["on_data"]["side"]
+                                                    - r["off"]["side"]) / r["off"]["all"] for r in cr])["median"],
+        "data_watch_batches": w["batches"], "data_watch_dropped": w["dropped"],
+    }
 
 
 def print_table(result: dict) -> None:
@@ -201,11 +270,17 @@ def print_table(result: dict) -> None:
               f"{sp['q3']:>8.3f}{sp['min']:>8.3f}{sp['max']:>8.3f}")
     cpu = result["cpu_ms_per_step"]
     print("rank 0 CPU per step, ms (all threads | training thread | inside the agent's calls | side threads):")
-    for k in ("off", "on", "on_hist1"):
+    for k in [m for m in ("off", "on", "on_hist1", "on_data") if m in cpu]:
         c = cpu[k]
         print(f"  {k:<10}{c['all']:>8.2f}{c['main']:>8.2f}{c['hooks']:>8.2f}{c['side']:>8.2f}")
     print(f"CPU ratio {result['cpu_ratio']:.3f} / {result['cpu_ratio_hist_every_step']:.3f}; the agent's own CPU over a "
           f"plain step: {result['cpu_attributed_ratio']:.3f} / {result['cpu_attributed_ratio_hist_every_step']:.3f}")
+    if "data_watch_share" in result:
+        print(f"data watch: {result['data_watch_cpu_ms_per_batch']:.3f} ms CPU per batch on its thread = "
+              f"{100 * result['data_watch_share']:.2f} % of a plain step's CPU ({100 * result['data_watch_wall_share']:.2f} % "
+              f"of its wall time); wall ratio with/without it {result['ratio_data']:.3f}; "
+              f"{result['data_watch_dropped']} of {result['data_watch_batches']} batches skipped; alone (nothing "
+              f"training beside it) {result['data_watch_isolated_cpu_ms_per_batch']:.3f} ms a batch")
     lb, la = result["loadavg_before"], result["loadavg_after"]
     print(f"ratio (hist every 10) = {result['ratio']:.3f}; ratio_hist_every_step = {result['ratio_hist_every_step']:.3f}"
           f"  (median of {result['rounds']} paired rounds; pooled {result['ratio_pooled']:.3f} / "

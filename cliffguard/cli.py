@@ -16,6 +16,8 @@ import importlib
 import logging
 import sys
 
+from cliffguard.core import kafka_log
+
 # name -> one-line help. Order is the order in --help.
 SUBCOMMANDS: dict[str, str] = {
     "demo": "run the whole loop locally: broker, controller, dashboard, 2-process training with faults",
@@ -24,6 +26,7 @@ SUBCOMMANDS: dict[str, str] = {
     "controller": "run the controller service (consumer group on the metrics topic)",
     "command": "send an operator command to a run through the controller's outbox",
     "status": "list runs and their recovery states",
+    "report": "a run's post-mortem: goodput, incidents and their cost (one HTML file, or JSON)",
     "alerts": "alert endpoints' delivery state; re-enable one disabled by HTTP 410",
     "backtest": "replay a step,loss CSV (or a stored run) through the controller's rules",
     "dashboard": "serve the Streamlit dashboard over a store",
@@ -70,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # kafka-python logs every connection at INFO; only its warnings are news to an operator.
     logging.getLogger("kafka").setLevel(max(logging.WARNING, logging.getLogger().level))
+    kafka_log.install()  # kafka-python's closed-socket race: one line, not a traceback
     logging.getLogger("alembic").setLevel(max(logging.WARNING, logging.getLogger().level))  # migrations run at every start
     run = getattr(args, "_run", None)
     if run is None:

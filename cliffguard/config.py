@@ -39,6 +39,7 @@ SECTIONS: dict[str, str] = {
     "recovery": "cliffguard.controller.recovery_types:RecoveryConfig",
     "rules": "cliffguard.controller.detect:RulesConfig",
     "alerts": "cliffguard.controller.alerts.config:AlertsConfig",
+    "goodput": "cliffguard.controller.goodput.config:GoodputConfig",
     "dashboard": "cliffguard.dashboard.config:DashboardConfig",
     "train": "cliffguard.trainer.config:TrainConfig",
     "model": "cliffguard.trainer.model:GPTConfig",

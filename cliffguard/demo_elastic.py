@@ -22,6 +22,10 @@ the middle of a recovery. ``incidents`` and their verdict come from the store
 ``ok`` only when exactly the expected scale events happened (a scale-down 4 -> 2 with global
 batch B/2, then a scale-up 2 -> 4 with B), every injected fault had its expected incident, and
 the run reached its last step.
+
+It runs from any directory: ``out_dir`` is made absolute before anything starts, and every path
+handed to a child process (the run directory, the key files) is absolute; the children run in the
+caller's directory with the caller's environment (the installed ``cliffguard``).
 """
 
 from __future__ import annotations
@@ -35,7 +39,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+DEFAULT_DIR = "cliffguard-demo-elastic"
+"""Under the directory it is run from (made absolute at once)."""
+AFTER_REJOIN = 60
+"""Steps left after the rejoin by default: the rejoining agent takes tens of seconds to start, and
+the run must still be training when it joins (~24 s at ``pace_s``)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -46,7 +54,7 @@ class ElasticDemoConfig:
     rejoin_at: int = 110
     global_batch: int = 16
     ckpt_every: int = 5
-    out_dir: str = "cliffguard-demo-elastic"
+    out_dir: str = DEFAULT_DIR
     run: str = "elastic-demo"
     timeout_s: float = 1100.0
     model: tuple[int, int, int] = (2, 2, 64)  # layers, heads, width
@@ -71,6 +79,7 @@ class ElasticDemoConfig:
     """The controller's recovery windows (controller/recovery_types.py), short for a short run."""
 
     def __post_init__(self) -> None:
+        self.out_dir = str(Path(self.out_dir).resolve())  # the children run elsewhere than this process
         if not 0 < self.kill_at < self.rejoin_at < self.steps:
             raise ValueError("kill_at: need 0 < kill_at < rejoin_at < steps")
         if self.global_batch % 8:
@@ -153,9 +162,8 @@ def run_uninterrupted(cfg: ElasticDemoConfig) -> dict[str, Any]:
 
 def _start(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     fh = log.open("ab")
-    base = os.environ if env is None else env
-    env = {**base, "PYTHONPATH": str(REPO) + os.pathsep + base.get("PYTHONPATH", "")}
-    return subprocess.Popen(argv, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    return subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=dict(os.environ if env is None else env),
+                            start_new_session=True)
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
@@ -312,13 +320,19 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="cliffguard demo --elastic", description=__doc__.splitlines()[0])
     d = ElasticDemoConfig()
     p.add_argument("--steps", type=int, default=d.steps)
-    p.add_argument("--kill-at", type=int, default=d.kill_at)
-    p.add_argument("--rejoin-at", type=int, default=d.rejoin_at)
-    p.add_argument("--dir", default="cliffguard-demo-elastic")
+    p.add_argument("--kill-at", type=int, help=f"default: {AFTER_REJOIN + 10} steps before the end with the spike "
+                   "faults (which come first), step 12 without")
+    p.add_argument("--rejoin-at", type=int, help=f"default: {AFTER_REJOIN} steps before the end with the faults, "
+                   "6 after the kill without")
+    p.add_argument("--no-faults", action="store_true", help="no spike faults: only the scale-down and -up")
+    p.add_argument("--dir", default=DEFAULT_DIR)
     p.add_argument("--json", dest="json_path")
     args = p.parse_args(argv)
+    kill_at = args.kill_at if args.kill_at is not None else 12 if args.no_faults else args.steps - AFTER_REJOIN - 10
+    rejoin_at = args.rejoin_at if args.rejoin_at is not None else kill_at + 6 if args.no_faults else args.steps - AFTER_REJOIN
     try:
-        cfg = ElasticDemoConfig(steps=args.steps, kill_at=args.kill_at, rejoin_at=args.rejoin_at, out_dir=args.dir)
+        cfg = ElasticDemoConfig(steps=args.steps, kill_at=kill_at, rejoin_at=rejoin_at, out_dir=args.dir,
+                                **({"faults": ()} if args.no_faults else {}))
     except ValueError as exc:
         print(f"cliffguard demo --elastic: {exc}", file=sys.stderr)
         return 2

@@ -72,6 +72,7 @@ def start_monitoring(out_dir: Path, procs: Any, *, broker_port: int, say,
     from cliffguard.controller.broker import EmbeddedBroker, ensure_topics
     from cliffguard.controller.store.db import Store
 
+    out_dir = out_dir.resolve()  # the store URL and the key files are handed to processes running elsewhere
     broker = EmbeddedBroker(port=pick_port(broker_port, "broker", say), log_path=out_dir / "broker.log").start()
     store = None
     try:
@@ -119,6 +120,7 @@ def collect(store: Any, run_id: str) -> dict[str, Any]:
         "last_step": None if run is None else run["last_step"],
         "lr_scale": None if run is None else run["lr_scale"],
         "lr_scale_applied": None if run is None else run.get("lr_scale_applied"),
+        "validation": None if run is None else (run.get("summary") or {}).get("validation"),
         "incidents": out,
         "initial_loss": finite[0]["loss"] if finite else None,
         "final_loss": sum(p["loss"] for p in tail) / len(tail) if tail else None,

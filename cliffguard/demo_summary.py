@@ -161,5 +161,9 @@ def render(summary: dict[str, Any]) -> str:
     lines.append(f"samples flagged after transient spikes: {summary['flagged_samples']}")
     lines.append(f"steps lost to rollbacks: {summary['steps_lost']}   "
                  f"loss {il if il is None else f'{il:.3f}'} -> {fl if fl is None else f'{fl:.3f}'}")
+    if summary.get("validation"):
+        from cliffguard.agent.recovery.cadence import describe
+
+        lines.append(describe(summary["validation"]))
     lines.append("RESULT: " + ("every injected fault was handled as expected" if summary["ok"] else "NOT OK"))
     return "\n".join(lines)

@@ -4,15 +4,17 @@
 
 1. fence: the stored offset of every partition in the batch must equal where the batch starts,
    otherwise another instance already processed it (a partition moved under us) -> ``StaleBatch``;
-2. dead letters -> ``dlq_counts``;
+2. dead letters -> ``dlq_counts`` and ``dlq_runs`` (per run, by the message key);
 3. events -> derived rows (``store.ingest``), idempotent by event id; step rows wait for step 4;
-4. per event: the run's detector -> verdicts -> recovery inputs -> ``recovery.transition``;
+4. per event not judged before (``controller/replays.py``: a re-read is recognised by id and
+   skipped): the run's detector -> verdicts -> recovery inputs -> ``recovery.transition``;
 5. actions -> incidents, transitions, signed command + outbox rows, alert + outbox rows, stable
    checkpoints, timed-out command rows;
 6. the step rows, in one INSERT carrying what the loss-spike rule knew at each judged step
    (median, σ, level), which the dashboard draws as the loss bands, and the rule's settings on
    the run (once per loaded run: ``RunSlot.spike_rule``);
-7. run states (``runs.controller_state``) and the consumer offsets.
+7. run states (``runs.controller_state``), the goodput ledgers (every event was booked on its
+   run's ledger before step 4 saw it: ``controller/goodput/book.py``) and the consumer offsets.
 
 Commands and alerts leave through the outbox after commit; a command may also be sent the moment
 it is queued, through ``on_command`` (``CommandOutbox.send_early``: the verdict's latency path).
@@ -22,14 +24,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
 from cliffguard.controller.alerts import AlertsConfig, AlertSpec, enqueue_alert
-from cliffguard.controller.edge import DeadLetter, EdgeBatch
+from cliffguard.controller.edge import EdgeBatch
+from cliffguard.controller.goodput.book import GoodputBook
+from cliffguard.controller.goodput.config import GoodputConfig
 from cliffguard.controller.operator import enqueue_command
 from cliffguard.controller.recovery import transition
 from cliffguard.controller.recovery_hang_types import NodeCheckIn
@@ -51,12 +55,14 @@ from cliffguard.controller.recovery_types import (
     SendCommand,
     StartedIn,
     TickIn,
+    TrainerTimeoutIn,
     ValidationIn,
     VerdictIn,
 )
+from cliffguard.controller.replays import JUDGED_ONCE, Replays
 from cliffguard.controller.rules.loss import LossRules
 from cliffguard.controller.runstate import Detector, RunSlot, RunTable, save_slots
-from cliffguard.controller.store.dlq import count_dead_letter
+from cliffguard.controller.store.dlq import count_dead_letters
 from cliffguard.controller.store.ingest import acked_command, ingest_events, ingest_steps, record_rule_stats
 from cliffguard.controller.store.models import (
     CheckpointRow,
@@ -110,6 +116,8 @@ class BatchContext:
     alerts: AlertsConfig
     retention: RetentionConfig = field(default_factory=RetentionConfig)
     """Step-metric downsampling, applied to each touched run inside the batch's transaction."""
+    goodput: GoodputConfig = field(default_factory=GoodputConfig)
+    """The goodput ledgers (``controller/goodput``), fed every event and saved with the batch."""
 
 
 @dataclass(slots=True)
@@ -119,6 +127,8 @@ class BatchResult:
     commands: int = 0
     alerts: int = 0
     transitions: list[tuple[str, str, str]] = field(default_factory=list)
+    replays: int = 0
+    """Events of the batch judged before (re-read): stored once, not judged again."""
 
 
 def inputs_for(event: Event, verdicts: list[Verdict], now: float, loss_level: Level | None = None) -> list[Input]:
@@ -153,6 +163,12 @@ def inputs_for(event: Event, verdicts: list[Verdict], now: float, loss_level: Le
                                slow_nodes=tuple(d["slow_nodes"]), detail=str(d["detail"]), now=now, step=event.step))
     elif event.type in (EventType.RUN_FINISHED, EventType.RUN_FAILED):
         out.append(RunEndedIn(now=now, failed=event.type is EventType.RUN_FAILED, detail=str(d.get("error") or "")))
+    elif event.type is EventType.TRAINER_TIMEOUT:
+        out.append(TrainerTimeoutIn(
+            step=event.step, now=now, wait=d["wait"], policy=d["policy"], applied=d["applied"], waited_s=d["waited_s"],
+            at_step=d["at_step"], lr_scale_before=d["lr_scale_before"], lr_scale=d["lr_scale"],
+            detail=d.get("detail") or "", first_bad_step=d.get("first_bad_step"), to_step=d.get("to_step"),
+            ts=event.ts))
     return out
 
 
@@ -165,6 +181,7 @@ class BatchProcessor:
     def __init__(self, ctx: BatchContext, runs: RunTable) -> None:
         self.ctx = ctx
         self.runs = runs
+        self.goodput = GoodputBook(ctx.goodput, ctx.alerts)
         self.on_command: Callable[[Session, str], object] | None = None
         """Called with (session, command id) as soon as a command is queued, inside the batch's
         transaction: the service sends it then (``CommandOutbox.send_early``), not after commit."""
@@ -174,12 +191,9 @@ class BatchProcessor:
     def process(self, session: Session, batch: EdgeBatch, now: float) -> BatchResult:
         res = BatchResult(events=len(batch.records), dead=len(batch.dead))
         self._fence(session, batch)
-        dead: dict[tuple[str, str], list[DeadLetter]] = {}
-        for d in batch.dead:
-            dead.setdefault((d.topic, d.reason), []).append(d)
-        for (topic, reason), letters in dead.items():  # one counter update per reason, the newest detail
-            count_dead_letter(session, topic, reason, letters[-1].detail, n=len(letters), now=now)
+        count_dead_letters(session, batch.dead, now)  # per topic and per run, by reason
         events = [r.event for r in batch.records]
+        replays = self._replays(session, batch)  # before anything of this batch is written
         ingest_events(session, events, steps=False)  # the step rows go in below, with the rule's figures
         newest: dict[str, int] = {}
         points: dict[str, dict[str, Any]] = {}  # step event id -> what the spike rule knew there
@@ -199,6 +213,13 @@ class BatchProcessor:
             elif run not in newest:
                 newest[run] = 0
             slot, loss, _ = known
+            if ev.type in JUDGED_ONCE:
+                if replays.seen(ev):
+                    continue  # judged before: its effects happened then (the row is there, or folded)
+                replays.judged(ev)
+                if ev.ts > slot.judged_ts:
+                    slot.judged_ts = ev.ts
+            res.alerts += self.goodput.on_event(session, slot, ev, now)  # before recovery: the incident open until now
             before = loss.last_point if loss is not None else None
             try:
                 verdicts = slot.detector.on_event(ev)
@@ -212,8 +233,11 @@ class BatchProcessor:
                     points[ev.id] = {"median": p.median, "sigma": p.sigma, "level": _LEVEL_TEXT[p.level]}
                     level = p.level
             for inp in inputs_for(ev, verdicts, now, level):
-                if type(inp) is AckIn and acked_command(session, ev) is None:
-                    continue  # an unknown command, or another run's: it must not move this run
+                if type(inp) is AckIn:
+                    row = acked_command(session, ev)
+                    if row is None:
+                        continue  # an unknown command, or another run's: it must not move this run
+                    inp = replace(inp, args=dict(row.args or {}))  # an operator's lr_scale, for the machine
                 self._feed(session, slot, inp, res)
             if verdicts or (level is not None and level is not _OK) or slot.recovery.incident is not None:
                 exact.add(ev.id)  # a step row that write_bucket must not fold away
@@ -228,10 +252,26 @@ class BatchProcessor:
                 slot.spike_rule = loss.spike_config
         record_rule_stats(session, [], rules)
         save_slots(session, [s for s in touched if s.dirty], known=marks.keys())
+        self.goodput.save(session, touched, now)
         # folds old steps into buckets for the runs where enough have aged
         downsample_due(session, newest, self.ctx.retention, watermarks=marks)
         save_offsets(session, self.ctx.group_id, batch.next_offsets, now=now)
+        res.replays = replays.count
+        if replays.count:
+            log.info("%d events of this batch were judged before (re-read); stored once, not judged again",
+                     replays.count)
         return res
+
+    def _replays(self, session: Session, batch: EdgeBatch) -> Replays:
+        slots: dict[str, float] = {}
+
+        def judged_ts(run: str, partition: int) -> float:
+            ts = slots.get(run)
+            if ts is None:
+                ts = slots[run] = self.runs.get(session, run, partition).judged_ts
+            return ts
+
+        return Replays(session, ((r.event, r.partition) for r in batch.records), judged_ts)
 
     def tick(self, session: Session, now: float) -> BatchResult:
         """Time passes for every owned run: heartbeat-loss verdicts and command timeouts."""
@@ -300,6 +340,9 @@ class BatchProcessor:
                 row.closed_at = act.closed_at
                 row.rollback_to = act.rollback_to
                 row.lr_scale = act.lr_scale
+                if act.lr_scales or act.escalation:  # every cut of the LR, and the rung: shown with the incident
+                    row.evidence = {**(row.evidence or {}), "lr_scales": list(act.lr_scales),
+                                    "escalation_rung": act.escalation}
         elif isinstance(act, Alert):
             spec = AlertSpec(rule=act.rule[:64], level=act.level, title=act.title, body=act.body, run_id=run_id,
                              incident_id=act.incident_id, action=act.action, evidence=act.evidence)

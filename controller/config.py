@@ -71,6 +71,12 @@ class ControllerConfig:
     event while many runs' windows stay alive, and at 700 a 64-run batch spent ~16 % of its time in
     collections that find nothing to free (``bench.batch_speed``: 58 -> 49 µs per event)."""
 
+    metadata_max_age_s: float = bounded(5.0, gt=0, le=300)
+    """How often the consumer refreshes its cluster metadata at the latest. A topic deleted and
+    created again (a broker that restarted empty) is noticed by its new topic id in the metadata;
+    at kafka-python's default of 300 s the consumer read on at its old position in the new topic
+    for minutes and skipped the new topic's first messages (the agent's listener uses 5 s too)."""
+
     def __post_init__(self) -> None:
         check_declared(self)
         if self.max_fetch_bytes < self.max_event_bytes:
@@ -96,5 +102,6 @@ class ControllerConfig:
             "session_timeout_ms": self.session_timeout_ms,
             "heartbeat_interval_ms": self.heartbeat_interval_ms,
             "max_poll_interval_ms": self.max_poll_interval_ms,
+            "metadata_max_age_ms": int(self.metadata_max_age_s * 1000),
         }
 

@@ -12,8 +12,8 @@ rules still run.
 
 Which events feed which rule:
 
-* loss (spike, divergence, non-finite), global grad norm, per-layer grad norms, loss scale: the
-  all-reduced values, identical on every rank, so one ``step`` event per step is used — the one
+* loss (spike, divergence, non-finite), what the guard decided (held), global grad norm, per-layer
+  grad norms, loss scale: the all-reduced values, identical on every rank, so one ``step`` event per step is used — the one
   from the *loss rank*, the rank that speaks for the run (``core.ranks``: the lowest rank seen so
   far, rank 0 in practice). If a lower rank turns up later, the detector switches to it and
   skips its steps up to the newest one already judged.
@@ -50,11 +50,13 @@ from cliffguard.controller.rules.base import (
     TickingRule,
     carries_rank_samples,
 )
+from cliffguard.controller.rules.data_quality import DataQualityConfig, DataQualityRule
 from cliffguard.controller.rules.divergence import DivergenceConfig
 from cliffguard.controller.rules.elastic import SCALE_EVENTS, ElasticScaleRule
 from cliffguard.controller.rules.grad_norm import GradNormConfig, GradNormRule
 from cliffguard.controller.rules.hang import HangRule, HangRuleConfig
 from cliffguard.controller.rules.heartbeat import HeartbeatConfig, HeartbeatRule
+from cliffguard.controller.rules.held import GuardHoldRule, HeldConfig
 from cliffguard.controller.rules.loss import LossRules, LossSpikeConfig
 from cliffguard.controller.rules.loss_scale import LossScaleConfig, LossScaleRule
 from cliffguard.controller.rules.memory import MemoryConfig, MemoryRule
@@ -106,6 +108,10 @@ class RulesConfig:
     """Hung worker groups named from the ranks' evidence (critical -> restart)."""
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     """Growth of reserved-but-unallocated memory (alerts)."""
+    held: HeldConfig = field(default_factory=HeldConfig)
+    """The trainer's guard holding (or skipping on and on): critical -> recover."""
+    data: DataQualityConfig = field(default_factory=DataQualityConfig)
+    """Data quality of the batches the run trains on: drift, duplicates, garbled text, perplexity (alerts)."""
     evidence_last_n: int = bounded(20, ge=0)
     """Newest losses carried in every loss verdict's evidence."""
 
@@ -129,10 +135,12 @@ RULES: RuleRegistry[RulesConfig] = (
     .with_rule("mfu", lambda c: MfuRule(c.mfu))
     .with_rule("memory", lambda c: MemoryRule(c.memory))
     .with_rule("loss", lambda c: LossRules(c.loss_spike(), c.divergence, last_n=c.evidence_last_n))
+    .with_rule("held", lambda c: GuardHoldRule(c.held))
     .with_rule("grad_norm", lambda c: GradNormRule(c.grad_norm))
     .with_rule("loss_scale", lambda c: LossScaleRule(c.loss_scale))
     .with_rule("elastic", lambda c: ElasticScaleRule())
     .with_rule("hang", lambda c: HangRule(c.hang))
+    .with_rule("data", lambda c: DataQualityRule(c.data))
 )
 """The controller's rules in calling order (a new rule: its module, a ``RulesConfig`` field and
 one entry here)."""

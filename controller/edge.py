@@ -34,10 +34,15 @@ headers then say ``cliffguard.truncated: 1`` and ``cliffguard.original_size``, a
 message far over ``max_bytes`` still arrives to be dead-lettered: a fetch limit below a message's
 size stalls the partition on it for good (nothing is returned and nothing is raised).
 A recreated metrics topic (new topic id, offsets from 0 again: e.g. a broker that restarted
-empty) is read again from its beginning, the batch polled at the stale positions is dropped, and
-``on_recreated(topic)`` tells the owner that offsets it stored for the old topic mean nothing now.
+empty) is noticed by its topic id in the metadata; the batch polled at the stale positions is
+dropped and ``on_recreated(topic, topic_id)`` hands the decision to the owner, which keeps the
+offsets (``controller/service.py`` decides what a re-created or truncated topic means, in one
+place). Without an owner, the edge reads the new topic from its beginning itself.
 Nothing a message contains can make ``poll`` raise; failures to reach the DLQ are logged and
 counted (``dlq_send_errors``), and the dead letter is still returned so the caller can count it.
+The DLQ producer is dropped after a send the broker did not acknowledge and built again for the
+next dead letter (``core/kafka_producers.py``: a restarted broker forgets producer ids). The log
+says so once per reason per minute, with counts (controller/dead_letter_log.py).
 """
 
 from __future__ import annotations
@@ -50,14 +55,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cliffguard.controller.bounds import OUT_OF_RANGE, STEP_JUMP, StepBounds, int_bounds, out_of_range
+from cliffguard.controller.dead_letter_log import DeadLetterLog
+from cliffguard.controller.kafka_net import net_client_kwargs
 from cliffguard.controller.store.fit import INT64
 from cliffguard.core.batch_decode import BatchDecoder
 from cliffguard.core.declared import bounded, check_declared
 from cliffguard.core.events import Event, SchemaError, UnknownVersion, decode_event
 from cliffguard.core.kafka_config import KafkaConfig
+from cliffguard.core.kafka_producers import RecoveringProducer
 from cliffguard.core.keys import EVENT_SIG_HEADER, EventVerifier
 from cliffguard.core.slots import slot_builder
-from cliffguard.core.topic_watch import TopicIdWatch
+from cliffguard.core.topic_watch import TopicIdWatch, topic_id_of
 
 log = logging.getLogger(__name__)
 
@@ -276,7 +284,7 @@ class EdgeConsumer:
         on_revoked: Callable[[list[tuple[str, int]]], None] | None = None,
         consumer_overrides: dict[str, Any] | None = None,
         max_poll_records: int = 2_000,
-        on_recreated: Callable[[str], None] | None = None,
+        on_recreated: Callable[[str, object], None] | None = None,
         clock_window: ClockWindow | None = None,
         clock: Callable[[], float] = time.time,
         event_verifier: EventVerifier | None = None,
@@ -299,6 +307,7 @@ class EdgeConsumer:
         self.dlq_send_errors = 0
         self.dlq_truncated = 0
         self.topic_recreations = 0
+        self._dead_log = DeadLetterLog()
         self._topic_watch = TopicIdWatch(self.topic)
         self._on_recreated = on_recreated
         self.commit_errors = 0
@@ -315,12 +324,16 @@ class EdgeConsumer:
             # larger than the fetch limit is never returned and stalls its partition.
             "max_partition_fetch_bytes": max(max_fetch_bytes, max_bytes * 2),
             "fetch_max_bytes": max(52_428_800, max_fetch_bytes, max_bytes * 2),
+            **net_client_kwargs(),  # a big fetch read under GIL contention is no livelock (controller/kafka_net.py)
             **(consumer_overrides or {}),
         }
         self._consumer = KafkaConsumer(**kw)
         self._consumer.subscribe([self.topic], listener=_Rebalance(on_assigned, on_revoked).listener())
-        self._dlq = KafkaProducer(**kafka.client_kwargs(), client_id=f"cliffguard-dlq-{group_id}",
-                                  acks="all", max_request_size=max(1_048_576, max_bytes + 65_536, DLQ_KEEP_BYTES * 2))
+        dlq_kwargs = {**kafka.client_kwargs(), "client_id": f"cliffguard-dlq-{group_id}", "acks": "all",
+                      "max_request_size": max(1_048_576, max_bytes + 65_536, DLQ_KEEP_BYTES * 2),
+                      "max_block_ms": 5_000, "bootstrap_timeout_ms": 5_000}
+        # rebuilt after a send the broker did not acknowledge (core/kafka_producers.py)
+        self._dlq = RecoveringProducer(kafka, lambda: KafkaProducer(**dlq_kwargs), name="dead-letter producer")
 
     def poll(self, timeout_s: float = 1.0) -> EdgeBatch:
         batch = EdgeBatch()
@@ -331,39 +344,59 @@ class EdgeConsumer:
             return batch
         if self._topic_watch.changed(self._consumer):
             # Offsets restart at 0 in a recreated topic (a broker that came back empty): positions
-            # from the old one would skip its first messages. Read it again from the beginning.
+            # from the old one would skip its first messages. The batch read at them is dropped.
             self.topic_recreations += 1
-            log.warning("%s was recreated; reading it from the beginning", self.topic)
-            assigned = self._consumer.assignment()
-            if assigned:
-                self._consumer.seek_to_beginning(*assigned)
             if self._on_recreated is not None:
-                self._on_recreated(self.topic)
+                self._on_recreated(self.topic, self._topic_watch.last_seen)
+            else:
+                log.warning("%s was recreated; reading it from the beginning", self.topic)
+                assigned = self._consumer.assignment()
+                if assigned:
+                    self._consumer.seek_to_beginning(*assigned)
             return batch
         classify_polled(batch, polled, max_bytes=self.max_bytes, decoder=self._decoder,
                         clock=(self.clock_window, self._clock()), verifier=self.event_verifier, steps=self.step_bounds)
         if batch.dead:
             self._send_dead(batch.dead)
+        self._dead_log.flush()
         return batch
 
     def _send_dead(self, dead: list[DeadLetter]) -> None:
         futures = []
+        try:
+            producer = self._dlq.get()
+        except Exception as exc:  # noqa: BLE001 - no broker now: counted, as every unsent dead letter
+            producer = None
+            log.error("could not send %d dead letters to %s: %s", len(dead), self.kafka.dlq_topic, exc)
+            self.dlq_send_errors += len(dead)
+        self._dead_log.note(dead)
         for d in dead:
             self.dead_count_by_reason[d.reason] += 1
-            log.warning("dead letter %s[%d]@%d: %s: %s", d.topic, d.partition, d.offset, d.reason, d.detail[:200])
+            if d.truncated:
+                self.dlq_truncated += 1
+            if producer is None:
+                continue
             try:
-                if d.truncated:
-                    self.dlq_truncated += 1
-                futures.append(self._dlq.send(self.kafka.dlq_topic, key=d.key, value=d.dlq_value(),
-                                              headers=d.headers()))
+                futures.append(producer.send(self.kafka.dlq_topic, key=d.key, value=d.dlq_value(),
+                                             headers=d.headers()))
             except Exception as exc:  # noqa: BLE001
                 self.dlq_send_errors += 1
                 log.error("could not send a dead letter to %s: %s", self.kafka.dlq_topic, exc)
+        if producer is None:
+            return
         try:
-            self._dlq.flush(timeout=self.kafka.request_timeout_ms / 1000)
+            producer.flush(timeout=self.kafka.request_timeout_ms / 1000)
         except Exception as exc:  # noqa: BLE001
             log.error("dead letters not confirmed by %s: %s", self.kafka.dlq_topic, exc)
-        self.dlq_send_errors += sum(1 for f in futures if not (f.is_done and f.succeeded()))
+        failed = [f for f in futures if not (f.is_done and f.succeeded())]
+        self.dlq_send_errors += len(failed)  # the sends that raised are counted already
+        if failed or len(futures) < len(dead):
+            why = next((f.exception for f in failed if f.is_done), None) or "not confirmed"
+            self._dlq.failed(producer, why)
+
+    def topic_id(self) -> object:
+        """The metrics topic's id in the consumer's metadata (None when unknown)."""
+        return topic_id_of(self._consumer, self.topic)
 
     def seek(self, topic: str, partition: int, offset: int) -> None:
         from kafka import TopicPartition
@@ -460,6 +493,7 @@ class EdgeConsumer:
             return False
 
     def close(self) -> None:
+        self._dead_log.flush(final=True)
         for closer in (self._consumer.close, lambda: self._dlq.close(timeout=5)):
             try:
                 closer()

@@ -6,6 +6,14 @@ a run's commands stay in order on one partition). A row is marked ``delivered`` 
 broker acknowledged it; a crash between send and mark sends it again, which is harmless: the
 trainer's verifier refuses a command id it has seen (acked ``duplicate``). Failed sends back off
 (``retry_s`` doubling, at most 60 s) and are retried until the command expires (then ``failed``).
+A command already expired when its turn comes is never sent (the trainer would refuse it, or
+worse, act late on a pause nobody waits for): it is marked ``failed`` with "expired before it
+could be sent", and logged.
+
+The producer recovers from a broker that forgot it (``core/kafka_producers.py``): a send the
+broker did not acknowledge drops the producer, and the next pass builds a new one. Without that,
+kafka-python's idempotent producer stays fatal after a broker restart and no command would ever
+leave again.
 
 Several controller instances may run publishers on one store; a row sent twice is, again,
 harmless. The database transaction is never held open while talking to Kafka.
@@ -34,6 +42,7 @@ from sqlalchemy import Engine, func, select, update
 from cliffguard.controller.store.db import session_scope
 from cliffguard.controller.store.models import CommandRow, OutboxRow, RunRow
 from cliffguard.core.kafka_config import KafkaConfig
+from cliffguard.core.kafka_producers import RecoveringProducer
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +58,10 @@ class CommandOutbox:
         self.batch = batch
         self.interval_s = interval_s
         self.retry_s = retry_s
-        self._producer = producer
+        if producer is None:
+            self._producer = RecoveringProducer(kafka, self._build, name="command outbox")
+        else:  # a test's producer: always "reachable", handed back after a failure
+            self._producer = RecoveringProducer(kafka, lambda: producer, name="command outbox", probe=lambda _k: True)
         self._wake = threading.Event()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -57,20 +69,20 @@ class CommandOutbox:
         self.sent = 0
         self.errors = 0
         self.early = 0
-        self._early: dict[str, tuple[Any, float]] = {}  # outbox row id -> (send future, when)
+        self.expired = 0
+        """Commands failed because they expired before they could be sent."""
+        self._early: dict[str, tuple[Any, float, Any]] = {}  # outbox row id -> (send future, when, producer)
         self._early_lock = threading.Lock()
 
-    def _get_producer(self) -> Any:
-        if self._producer is None:
-            from kafka import KafkaProducer
+    def _build(self) -> Any:
+        from kafka import KafkaProducer
 
-            # One request in flight: a retried send can never overtake the next command of a run.
-            # max_block_ms: a pass may run on the consumer thread; with the broker down, send()
-            # must give up quickly (the row stays pending) rather than stall the consumer.
-            self._producer = KafkaProducer(**self.kafka.client_kwargs(), client_id="cliffguard-outbox", acks="all",
-                                           linger_ms=0, retries=3, max_in_flight_requests_per_connection=1,
-                                           max_block_ms=5_000)
-        return self._producer
+        # One request in flight: a retried send can never overtake the next command of a run.
+        # max_block_ms / bootstrap_timeout_ms: a pass may run on the consumer thread; with the
+        # broker down, send() must give up quickly (the row stays pending), not stall the consumer.
+        return KafkaProducer(**self.kafka.client_kwargs(), client_id="cliffguard-outbox", acks="all",
+                             linger_ms=0, retries=3, max_in_flight_requests_per_connection=1,
+                             max_block_ms=5_000, bootstrap_timeout_ms=5_000)
 
     def send_early(self, session: Any, cmd_id: str) -> bool:
         """Send the command ``cmd_id`` queued in ``session`` (not yet committed) now; False when it
@@ -91,14 +103,15 @@ class CommandOutbox:
                 OutboxRow.id != row.id))
             if older:
                 return False
-            fut = self._get_producer().send(row.target, key=(row.key or "").encode(), value=bytes(row.payload))
+            producer = self._producer.get()
+            fut = producer.send(row.target, key=(row.key or "").encode(), value=bytes(row.payload))
         except Exception:  # noqa: BLE001 - publish_due sends it after the commit
             log.warning("early send of command %s failed; sent after the commit", cmd_id, exc_info=True)
             return False
         now = time.time()
         with self._early_lock:
             self._early = {k: v for k, v in self._early.items() if now - v[1] < EARLY_KEEP_S}
-            self._early[row.id] = (fut, now)
+            self._early[row.id] = (fut, now, producer)
         self.early += 1
         return True
 
@@ -122,27 +135,56 @@ class CommandOutbox:
             ).all()
         if not rows:
             return 0
-        producer = self._get_producer()
-        futures = []
-        for row in rows:
-            with self._early_lock:
-                early = self._early.pop(row.id, None)
-            if early is not None:  # on its way since the verdict: its outcome is this row's
-                futures.append(early[0])
-                continue
-            try:
-                fut = producer.send(row.target, key=(row.key or "").encode(), value=bytes(row.payload))
-            except Exception as exc:  # noqa: BLE001 - record it on the row and retry later
-                fut = exc
-            futures.append(fut)
+        clock = time.time()
+        expired = [row for row in rows if row.expires_at <= clock and row.id not in self._early]
+        if expired:
+            self._expire(expired, clock)
+            rows = [row for row in rows if row not in expired]
+            if not rows:
+                return 0
         try:
-            producer.flush(timeout=self.kafka.request_timeout_ms / 1000)
-        except Exception as exc:  # noqa: BLE001
-            log.warning("outbox flush failed: %s", exc)
+            producer = self._producer.get()
+        except Exception as exc:  # noqa: BLE001 - no broker now: the rows wait, with the reason
+            sends: list[tuple[Any, Any]] = [(exc, None)] * len(rows)
+        else:
+            sends = [self._send_row(producer, row) for row in rows]
+            try:
+                producer.flush(timeout=self.kafka.request_timeout_ms / 1000)
+            except Exception as exc:  # noqa: BLE001
+                log.warning("outbox flush failed: %s", exc)
+        return self._record(rows, sends)
+
+    def _send_row(self, producer: Any, row: Any) -> tuple[Any, Any]:
+        """(the send's future or the exception it raised, the producer it went through)."""
+        with self._early_lock:
+            early = self._early.pop(row.id, None)
+        if early is not None:  # on its way since the verdict: its outcome is this row's
+            return early[0], early[2]
+        try:
+            return producer.send(row.target, key=(row.key or "").encode(), value=bytes(row.payload)), producer
+        except Exception as exc:  # noqa: BLE001 - record it on the row and retry later
+            return exc, producer
+
+    def _expire(self, rows: list[Any], now: float) -> None:
+        """Rows whose command expired before it could be sent: failed, never sent."""
+        with session_scope(self.engine) as s:
+            for row in rows:
+                log.warning("command %s expired before it could be sent (%d attempts); not sending it",
+                            row.id[4:], row.attempts)
+                s.execute(update(OutboxRow).where(OutboxRow.id == row.id, OutboxRow.status == "pending")
+                          .values(status="failed", last_error="expired before it could be sent"))
+                s.execute(update(CommandRow).where(CommandRow.id == row.id[4:], CommandRow.status == "pending")
+                          .values(status="failed", ack_detail="expired before it could be sent"))
+        self.expired += len(rows)
+
+    def _record(self, rows: list[Any], sends: list[tuple[Any, Any]]) -> int:
+        """Mark what the broker confirmed; back off the rest. A send the broker did not
+        acknowledge drops the producer it went through: the next pass builds a new one."""
         delivered = 0
         done = time.time()
+        unacked: dict[int, tuple[Any, object]] = {}  # id(producer) -> (producer, first error)
         with session_scope(self.engine) as s:
-            for row, fut in zip(rows, futures, strict=True):
+            for row, (fut, producer) in zip(rows, sends, strict=True):
                 ok = not isinstance(fut, Exception) and fut.is_done and fut.succeeded()
                 if ok:
                     delivered += 1
@@ -152,6 +194,8 @@ class CommandOutbox:
                               .values(status="sent"))
                     continue
                 err = fut if isinstance(fut, Exception) else (fut.exception if fut.is_done else "not confirmed")
+                if producer is not None:
+                    unacked.setdefault(id(producer), (producer, err))
                 self.errors += 1
                 expired = done >= row.expires_at
                 wait = min(60.0, self.retry_s * 2 ** row.attempts)
@@ -160,6 +204,8 @@ class CommandOutbox:
                 s.execute(update(OutboxRow).where(OutboxRow.id == row.id)
                           .values(status="failed" if expired else "pending", attempts=row.attempts + 1,
                                   next_attempt_at=done + wait, last_error=str(err)[:500]))
+        for producer, err in unacked.values():
+            self._producer.failed(producer, err)
         self.sent += delivered
         return delivered
 
@@ -186,13 +232,10 @@ class CommandOutbox:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
-        if self._producer is not None:
+        if self._producer.current is not None:
             try:
                 self.publish_due()  # whatever the last batch committed goes out before we stop
             except Exception:  # noqa: BLE001
                 log.exception("final outbox pass failed")
-            try:
-                self._producer.close(timeout=timeout)
-            except Exception:  # noqa: BLE001
-                log.exception("closing the outbox producer")
+        self._producer.close(timeout=timeout)
 

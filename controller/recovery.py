@@ -47,25 +47,26 @@ from typing import Any
 from cliffguard.controller import recovery_hang as hang
 from cliffguard.controller.recovery_acks import on_ack, on_tick
 from cliffguard.controller.recovery_hang_types import NodeCheckIn
-from cliffguard.controller.recovery_step import Step, start_rollback
+from cliffguard.controller.recovery_others import on_trainer_timeout
+from cliffguard.controller.recovery_step import Step, open_incident, start_rollback
 from cliffguard.controller.recovery_table import (
     PAUSE_CYCLE,
+    WAITING,
     is_abnormal,
     is_stable,
+    rollback_bound,
     rollback_target,
+    rung_of,
 )
 from cliffguard.controller.recovery_types import (
     AckIn,
     ActionT,
     Checkpoint,
     CheckpointIn,
-    CloseIncident,
     FlagSamples,
-    Incident,
     Input,
     MarkCommand,
     MarkStable,
-    OpenIncident,
     Phase,
     ProgressIn,
     RecoveryConfig,
@@ -74,10 +75,12 @@ from cliffguard.controller.recovery_types import (
     SendCommand,
     StartedIn,
     TickIn,
+    TrainerTimeoutIn,
     Trigger,
     ValidationIn,
     VerdictIn,
 )
+from cliffguard.controller.rules.held import GUARD_HOLD
 from cliffguard.controller.verdict import Action, Verdict
 from cliffguard.core.capabilities import normalize as normalize_capabilities
 from cliffguard.core.enums import (
@@ -135,6 +138,8 @@ def transition(cfg: RecoveryConfig, state: RecoveryState, inp: Input) -> tuple[R
             hang.on_started(st, inp)
         case NodeCheckIn():
             hang.on_node_check(st, inp)
+        case TrainerTimeoutIn():
+            on_trainer_timeout(st, inp)
         case _:
             raise TypeError(f"not a recovery input: {type(inp).__name__}")
     return st.s, st.actions
@@ -158,7 +163,13 @@ def _on_verdict(st: Step, inp: VerdictIn) -> None:
             if v.rule in cfg.detail_rules:
                 _ask_detail(st, v)
         return
+    trigger = Trigger.HOLD if v.rule == GUARD_HOLD else Trigger.SPIKE
     if not st.holds("starts_incident", inp):
+        if trigger is Trigger.HOLD and s.phase in WAITING and s.incident is not None:
+            # the trainer holds while the command the machine waits on is on its way: it answers the hold
+            st.move(Trigger.HOLD, f"the guard holds at step {v.step} ({v.message}); the pending "
+                    f"{s.pending.type if s.pending else 'command'} answers it", _verdict_evidence(v), inp.now,
+                    step=v.step)
         return  # already handling an incident (or halted): the verdict is in the stored metrics
     evidence = _verdict_evidence(v)
     if not st.holds("can_pause_cycle"):
@@ -170,17 +181,19 @@ def _on_verdict(st: Step, inp: VerdictIn) -> None:
     onset = v.onset_step if v.onset_step is not None else v.step
     s.flagging = None  # a resumed excursion that turns into a new incident is that incident's now
     if s.incident is None:
-        inc = Incident(id=s.new_id("incident"), rule=v.rule, level=str(v.level), spike_step=v.step,
-                       onset_step=onset, opened_at=inp.now, sample_end=s.last_sample_end, evidence=evidence)
-        s.incident = inc
-        st.actions.append(OpenIncident(id=inc.id, rule=inc.rule, level=inc.level, spike_step=v.step,
-                                       onset_step=onset, opened_at=inp.now, evidence=evidence))
         reason = f"{v.rule} {v.level} at step {v.step} (onset {onset}): {v.message}"
+        open_incident(st, v.rule, str(v.level), v.step, onset, evidence, inp.now)
+        if s.incident is not None and s.incident.rung:
+            reason += f"; rung {s.incident.rung} of the escalation ladder ({rung_of(s.incident.rung).why})"
     else:
-        # A new spike while recovering continues the same incident: its rollbacks count together.
-        s.incident = replace(s.incident, spike_step=v.step, onset_step=onset, sample_end=s.last_sample_end)
-        reason = f"{v.rule} again at step {v.step} (onset {onset}) while recovering: {v.message}"
-    st.move(Trigger.SPIKE, reason, evidence, inp.now, step=v.step)
+        # A new spike while recovering continues the same incident a rung up: its rollbacks count
+        # together, and the rollback that did not cure the run is not tried again as it was.
+        level = s.incident.rung + 1
+        s.incident = replace(s.incident, spike_step=v.step, onset_step=onset, sample_end=s.last_sample_end, rung=level)
+        evidence["escalation"] = {"level": level, "why": "again while recovering from the incident's rollback"}
+        reason = (f"{v.rule} again at step {v.step} (onset {onset}) while recovering: {v.message}; "
+                  f"rung {level} of the escalation ladder ({rung_of(level).why})")
+    st.move(trigger, reason, evidence, inp.now, step=v.step)
     st.send(CommandType.PAUSE, {"reason": reason[:200]}, inp.now, reason)
     st.alert(AlertLevel.CRITICAL, v.rule, f"{v.rule} on run {s.run} at step {v.step}: pausing", v.message, evidence)
 
@@ -208,8 +221,7 @@ def _on_progress(st: Step, inp: ProgressIn) -> None:
               "healthy_steps": cfg.recover_window}
         st.move(Trigger.RECOVERED, f"{cfg.recover_window} healthy steps since the rollback to step {inc.rollback_to}",
                 ev, inp.now)
-        st.actions.append(CloseIncident(id=inc.id, outcome=IncidentOutcome.ROLLED_BACK, closed_at=inp.now,
-                                        rollback_to=inc.rollback_to, lr_scale=s.lr_scale))
+        st.close(IncidentOutcome.ROLLED_BACK, inp.now)
         st.alert(AlertLevel.INFO, inc.rule, f"run {s.run} recovered",
                  f"healthy since the rollback to step {inc.rollback_to}", ev, action=AlertAction.RESOLVE)
         s.incident = None
@@ -328,12 +340,15 @@ def _on_validation(st: Step, inp: ValidationIn) -> None:
         st.halt(Trigger.BUDGET_EXHAUSTED, f"validation abnormal ({why}) and the rollback budget "
                 f"({cfg.rollback_budget} per {cfg.rollback_window_s:.0f}s) is spent", ev, inp.now)
         return
-    if st.holds("not rollback_target", inc.onset_step):
-        st.halt(Trigger.NO_TARGET, f"validation abnormal ({why}) and no stable checkpoint at or before step {inc.onset_step}",
+    bound = rollback_bound(cfg, s, inc)  # the onset; before the previous target on a higher rung
+    if st.holds("not rollback_target", bound):
+        st.halt(Trigger.NO_TARGET, f"validation abnormal ({why}) and no stable checkpoint at or before step {bound}",
                 ev, inp.now)
         return
-    target = rollback_target(cfg, s, inc.onset_step)
+    target = rollback_target(cfg, s, bound)
     assert target is not None
+    if bound < inc.onset_step:
+        why += f"; rung {inc.rung}: a longer rollback, before the previous target"
     start_rollback(st, Trigger.VALIDATION_ABNORMAL, target, f"validation abnormal: {why}", ev, inp.now)
 
 
@@ -354,8 +369,7 @@ def _on_run_ended(st: Step, inp: RunEndedIn) -> None:
     if pend is not None and not pend.acked:  # an acked validate was applied: its row is already final
         st.actions.append(MarkCommand(id=pend.id, status="cancelled", detail=f"the run {how} before answering"))
     s.pending = None
-    st.actions.append(CloseIncident(id=inc.id, outcome=outcome, closed_at=inp.now, rollback_to=inc.rollback_to,
-                                    lr_scale=s.lr_scale))
+    st.close(outcome, inp.now)
     st.alert(AlertLevel.WARN, inc.rule, f"run {s.run} {how} mid-incident: {outcome}", reason, ev,
              action=AlertAction.RESOLVE)
     s.incident = None

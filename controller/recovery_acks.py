@@ -6,11 +6,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, assert_never
 
-from cliffguard.controller.recovery_step import Step, start_rollback
+from cliffguard.controller.recovery_step import Step, rolled_back, start_rollback
 from cliffguard.controller.recovery_table import WAITING, rollback_target
 from cliffguard.controller.recovery_types import (
     AckIn,
-    CloseIncident,
     MarkCommand,
     Pending,
     Phase,
@@ -30,17 +29,8 @@ from cliffguard.core.enums import (
 def on_ack(st: Step, inp: AckIn) -> None:
     s = st.s
     if st.holds("not is_ours", inp.cmd_id):
-        if (s.phase is Phase.HALTED and inp.status is AckStatus.APPLIED and inp.cmd_id not in s.issued
-                and inp.cmd_type in (CommandType.RESUME, CommandType.ROLLBACK)):
-            st.move(Trigger.OPERATOR_RESUMED, f"an operator {inp.cmd_type} was applied: {inp.detail}",
-                    {"cmd": inp.cmd_id, "cmd_type": inp.cmd_type, "detail": inp.detail}, inp.now)
-            inc = s.incident
-            assert inc is not None  # halted always holds the incident that halted it
-            st.actions.append(CloseIncident(id=inc.id, outcome=IncidentOutcome.HALTED, closed_at=inp.now,
-                                            rollback_to=inc.rollback_to, lr_scale=s.lr_scale))
-            st.alert(AlertLevel.INFO, inc.rule, f"run {s.run} resumed by an operator", inp.detail, {},
-                     action=AlertAction.RESOLVE)
-            s.incident = None
+        if inp.status is AckStatus.APPLIED and inp.cmd_id not in s.issued:
+            _operator_applied(st, inp)
         return
     pend = s.pending
     assert pend is not None
@@ -59,6 +49,32 @@ def on_ack(st: Step, inp: AckIn) -> None:
             st.halt(Trigger.COMMAND_REFUSED, f"{pend.type} was {inp.status} by the trainer: {inp.detail}", ev, inp.now)
         case _:
             assert_never(inp.status)
+
+
+def _operator_applied(st: Step, inp: AckIn) -> None:
+    """A command no machine sent was applied: an operator's. A resume or rollback ends a halt; an
+    LR scale it set becomes the machine's (the next rollback cuts from it), recorded with who set it."""
+    s = st.s
+    ev = {"cmd": inp.cmd_id, "cmd_type": inp.cmd_type, "detail": inp.detail, "decided_by": "operator"}
+    scale = inp.args.get("lr_scale")
+    changed = isinstance(scale, (int, float)) and scale != s.lr_scale
+    if changed:
+        ev["lr_scale_before"], ev["lr_scale"] = s.lr_scale, float(scale)
+        s.lr_scale = float(scale)
+        inc = s.incident
+        if inc is not None:
+            s.incident = replace(inc, lr_scales=(*inc.lr_scales, float(scale)))
+    if s.phase is Phase.HALTED and inp.cmd_type in (CommandType.RESUME, CommandType.ROLLBACK):
+        st.move(Trigger.OPERATOR_RESUMED, f"an operator {inp.cmd_type} was applied: {inp.detail}", ev, inp.now)
+        inc = s.incident
+        assert inc is not None  # halted always holds the incident that halted it
+        st.close(IncidentOutcome.HALTED, inp.now)
+        st.alert(AlertLevel.INFO, inc.rule, f"run {s.run} resumed by an operator", inp.detail, {},
+                 action=AlertAction.RESOLVE)
+        s.incident = None
+    elif changed:
+        st.move(Trigger.OPERATOR_LR_SCALE, f"an operator {inp.cmd_type} set lr_scale {ev['lr_scale_before']:g} -> "
+                f"{s.lr_scale:g}: {inp.detail}", ev, inp.now)
 
 
 def _on_rollback_failed(st: Step, pend: Pending, inp: AckIn, ev: dict[str, Any]) -> None:
@@ -83,6 +99,13 @@ def _on_applied(st: Step, pend: Pending, ev: dict[str, Any], now: float) -> None
     s = st.s
     match pend.type:
         case CommandType.PAUSE:
+            if st.holds("escalation_spent"):
+                inc = s.incident
+                assert inc is not None
+                st.halt(Trigger.ESCALATION_SPENT, f"the trainer paused; rung {inc.rung} of the escalation ladder: "
+                        "the run went off again too soon after each recovery, a human decides",
+                        {**ev, "escalation": inc.rung, "follows": inc.follows, "lr_scales": list(inc.lr_scales)}, now)
+                return
             st.move(Trigger.PAUSE_APPLIED, "the trainer paused; validating the frozen weights", ev, now)
             st.send(CommandType.VALIDATE, {}, now, "validate the frozen weights")
         case CommandType.VALIDATE:
@@ -93,19 +116,13 @@ def _on_applied(st: Step, pend: Pending, ev: dict[str, Any], now: float) -> None
             st.move(Trigger.ROLLBACK_APPLIED,
                     f"rolled back to step {inc.rollback_to} ({ev['detail']}); training continues", ev, now)
             s.pending = None
-            s.rollback_times = (*s.rollback_times, now)[-max(st.cfg.rollback_budget, 1) * 2:]
-            s.incident = replace(inc, rollbacks=inc.rollbacks + 1)
-            s.last_step = int(pend.args["to_step"])
-            s.checkpoints = tuple(c for c in s.checkpoints if c.step <= s.last_step)
-            s.unhealthy_steps = tuple(u for u in s.unhealthy_steps if u <= s.last_step)
-            s.unhealthy_samples = tuple(x for x in s.unhealthy_samples if x[0] <= s.last_step)  # replayed anew
+            rolled_back(st, int(pend.args["to_step"]), now)
         case CommandType.RESUME:
             inc = s.incident
             assert inc is not None
             st.move(Trigger.RESUME_APPLIED, "resumed: the spike was transient", ev, now)
             s.pending = None
-            st.actions.append(CloseIncident(id=inc.id, outcome=IncidentOutcome.RESUMED, closed_at=now,
-                                            rollback_to=None, lr_scale=s.lr_scale))
+            st.close(IncidentOutcome.RESUMED, now)
             st.alert(AlertLevel.INFO, inc.rule, f"run {s.run} resumed", "validation was normal; the spike was transient",
                      ev, action=AlertAction.RESOLVE)
             s.incident = None

@@ -13,7 +13,15 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from cliffguard.controller.recovery_table import CAPABILITIES, GUARDS, TABLE, Transition
+from cliffguard.controller.recovery_table import (
+    CAPABILITIES,
+    GUARDS,
+    LADDER,
+    TABLE,
+    Transition,
+    escalation_level,
+    rollback_bound,
+)
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "recovery-policy.md"
 """The generated page, in the repository's docs/ (the controller folder sits at the root)."""
@@ -31,8 +39,11 @@ differ.
 
 A run starts `running`. A rule's verdict that asks for recovery pauses the run, a validation pass
 judges the frozen weights, and the machine either resumes (a transient spike), rolls back to the
-newest stable checkpoint with a smaller learning rate, or halts for a human. Any move the table
-does not declare raises `TransitionNotAllowed`.
+newest stable checkpoint with a smaller learning rate, or halts for a human. The trainer's guard
+holding (`hold`, `controller/rules/held.py`) is such a verdict too. What was decided without the
+machine is a move of its own, naming who decided: a trainer-side timeout that fired anyway
+(`trainer_*`, from the trainer's `trainer.timeout` event) and an operator's LR scale; the machine
+adopts the LR scale either set. Any move the table does not declare raises `TransitionNotAllowed`.
 
 How to read a transition: in *state*, the input mapped to *trigger* moves the run to *next state*
 when every term of its *guard* holds (the handler asks each term, and the move checks that they
@@ -71,6 +82,22 @@ def terms_table() -> str:
     return "\n".join(rows) + "\n"
 
 
+def ladder_table() -> str:
+    """The escalation ladder: each rung's LR cut, rollback reach and what it is for."""
+    rows = ["| rung | LR cut per rollback | rollback goes to | when |", "| --- | --- | --- | --- |"]
+    for i, r in enumerate(LADDER):
+        cut = "—" if r.halt else ("`lr_factor`" if r.lr_cuts == 1 else f"`lr_factor`^{r.lr_cuts}")
+        reach = ("— (paused and halted)" if r.halt else
+                 "a stable checkpoint before the previous rollback's target" if r.longer else
+                 "the newest stable checkpoint at or before the onset")
+        rows.append(f"| {i}{'+' if i == len(LADDER) - 1 else ''} | {cut} | {reach} | {r.why} |")
+    return "\n".join(rows) + "\n"
+
+
+def _doc(fn: object) -> str:
+    return " ".join((inspect.getdoc(fn) or "").split())
+
+
 def page(table: Sequence[Transition] = TABLE) -> str:
     """The whole of docs/recovery-policy.md."""
     return (_INTRO.format(regenerate=REGENERATE)
@@ -79,7 +106,11 @@ def page(table: Sequence[Transition] = TABLE) -> str:
             + "\n## Guard terms\n\n"
             + "`not` before a term negates it. `timed_out` and `is_stable` decide which inputs count "
               "(a tick, a checkpoint becoming a target) rather than a move.\n\n"
-            + terms_table())
+            + terms_table()
+            + "\n## Escalation ladder\n\n"
+            + "A run that goes off again soon after an incident is not answered as if for the first time. "
+              f"`escalation_level`: {_doc(escalation_level)} `rollback_bound`: {_doc(rollback_bound)}\n\n"
+            + ladder_table())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

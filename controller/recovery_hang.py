@@ -30,7 +30,6 @@ from typing import Any
 from cliffguard.controller.recovery_hang_types import NodeCheckIn, Restart
 from cliffguard.controller.recovery_step import Step
 from cliffguard.controller.recovery_types import (
-    CloseIncident,
     Incident,
     OpenIncident,
     Phase,
@@ -134,9 +133,7 @@ def _open(st: Step, ev: dict[str, Any], step: int, now: float) -> None:
     if s.phase is Phase.REJOINING and s.incident is not None:
         return
     if s.phase is Phase.RECOVERING and s.incident is not None:
-        old = s.incident
-        st.actions.append(CloseIncident(id=old.id, outcome=IncidentOutcome.ROLLED_BACK, closed_at=now,
-                                        rollback_to=old.rollback_to, lr_scale=s.lr_scale))
+        st.close(IncidentOutcome.ROLLED_BACK, now)  # it rolled back and trained on; the hang is a new failure
     inc = Incident(id=s.new_id("incident"), rule="hang", level=str(Level.CRITICAL), spike_step=step, onset_step=step,
                    opened_at=now, evidence=ev)
     s.incident = inc
@@ -183,8 +180,7 @@ def on_started(st: Step, inp: StartedIn) -> None:
         inc = s.incident
         st.move(Trigger.WORKERS_STARTED, f"worker group life {inp.life} started while halted: the job was restarted",
                 {"life": inp.life}, inp.now)
-        st.actions.append(CloseIncident(id=inc.id, outcome=IncidentOutcome.HALTED, closed_at=inp.now,
-                                        rollback_to=inc.rollback_to, lr_scale=s.lr_scale))
+        st.close(IncidentOutcome.HALTED, inp.now)
         st.alert(AlertLevel.INFO, inc.rule, f"run {s.run} started again after a halt", f"life {inp.life}", {},
                  action=AlertAction.RESOLVE)
         s.incident = None
@@ -204,8 +200,7 @@ def on_progress(st: Step, inp: ProgressIn) -> None:
             step=inp.step)
     s.hang = replace(s.hang, restart=None)
     if inc is not None:
-        st.actions.append(CloseIncident(id=inc.id, outcome=IncidentOutcome.RESTARTED, closed_at=inp.now,
-                                        rollback_to=None, lr_scale=s.lr_scale))
+        st.close(IncidentOutcome.RESTARTED, inp.now)
         st.alert(AlertLevel.INFO, "hang", f"run {s.run} trains again after a restart",
                  f"life {s.hang.life} at step {inp.step}", ev, action=AlertAction.RESOLVE)
     s.incident = None

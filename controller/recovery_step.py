@@ -10,12 +10,15 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from cliffguard.controller.recovery_table import ENTRIES, fire, holds
+from cliffguard.controller.recovery_table import ENTRIES, escalation_level, fire, holds, rung_of
 from cliffguard.controller.recovery_types import (
     ActionT,
     Alert,
     Checkpoint,
+    Closed,
     CloseIncident,
+    Incident,
+    OpenIncident,
     Pending,
     RecordTransition,
     RecoveryConfig,
@@ -88,25 +91,82 @@ class Step:
         s.pending = None
         inc = s.incident
         assert inc is not None  # commands are only sent within an incident
-        self.actions.append(CloseIncident(id=inc.id, outcome=IncidentOutcome.HALTED, closed_at=None,
-                                          rollback_to=inc.rollback_to, lr_scale=s.lr_scale))
+        self.close(IncidentOutcome.HALTED, None)
         self.alert(AlertLevel.CRITICAL, inc.rule, f"run {s.run} halted: human needed", reason, evidence)
+
+    def close(self, outcome: IncidentOutcome, closed_at: float | None) -> None:
+        """Close the incident (the row; a halted one stays the state's until the run goes on).
+        A resumed or recovered one is what the next excursion escalates from; a halt, an
+        abandoned run or an operator's decision start the ladder afresh."""
+        s = self.s
+        inc = s.incident
+        assert inc is not None
+        self.actions.append(CloseIncident(id=inc.id, outcome=outcome, closed_at=closed_at,
+                                          rollback_to=inc.rollback_to, lr_scale=s.lr_scale,
+                                          lr_scales=inc.lr_scales, escalation=inc.rung))
+        if outcome in (IncidentOutcome.RESUMED, IncidentOutcome.ROLLED_BACK):
+            target = inc.rollback_to if inc.rollback_to is not None else inc.prior_target
+            s.previous = Closed(id=inc.id, step=s.last_step, rung=inc.rung, rollback_to=target)
+        else:
+            s.previous = None
+
+
+def open_incident(st: Step, rule: str, level: str, spike_step: int, onset: int, evidence: dict[str, Any],
+                  now: float) -> None:
+    """A new incident, on the rung of the escalation ladder its onset puts it (``escalation_level``:
+    a rung above the previous incident's when it began soon after that one ended)."""
+    s = st.s
+    rung_level = escalation_level(st.cfg, s, onset)
+    prev = s.previous if rung_level else None
+    evidence = {**evidence, "lr_scale_at_open": s.lr_scale}
+    if prev is not None:
+        evidence = {**evidence, "escalation": {
+            "level": rung_level, "follows": prev.id, "previous_ended_at_step": prev.step,
+            "why": f"began within {st.cfg.escalate_within} steps of the end of incident {prev.id[:8]}"}}
+    inc = s.incident = Incident(
+        id=s.new_id("incident"), rule=rule, level=level, spike_step=spike_step, onset_step=onset, opened_at=now,
+        sample_end=s.last_sample_end, evidence=evidence, rung=rung_level, follows=prev.id if prev else None,
+        prior_target=prev.rollback_to if prev else None)
+    st.actions.append(OpenIncident(id=inc.id, rule=rule, level=level, spike_step=spike_step, onset_step=onset,
+                                   opened_at=now, evidence=evidence))
+
+
+def rolled_back(st: Step, to_step: int, now: float) -> None:
+    """What a rollback applied to ``to_step`` (the machine's, or the trainer's own) does to the
+    state: the budget's clock, the incident's count, and the steps after the target forgotten."""
+    s = st.s
+    inc = s.incident
+    assert inc is not None
+    s.rollback_times = (*s.rollback_times, now)[-max(st.cfg.rollback_budget, 1) * 2:]
+    s.incident = replace(inc, rollbacks=inc.rollbacks + 1, rollback_to=to_step)
+    s.last_step = to_step
+    s.checkpoints = tuple(c for c in s.checkpoints if c.step <= s.last_step)
+    s.unhealthy_steps = tuple(u for u in s.unhealthy_steps if u <= s.last_step)
+    s.unhealthy_samples = tuple(x for x in s.unhealthy_samples if x[0] <= s.last_step)  # replayed anew
 
 
 
 def start_rollback(st: Step, trigger: Trigger, target: Checkpoint, why: str, ev: dict[str, Any], now: float) -> None:
+    """Send the rollback to ``target``. A first one (validation abnormal) cuts the LR scale by
+    ``lr_factor`` as many times as the incident's rung says; a retry after a failed one keeps it."""
     cfg, s = st.cfg, st.s
     inc = s.incident
     assert inc is not None
-    scale = rolled_back_lr_scale(s.lr_scale, cfg.policy.lr_factor) if trigger is Trigger.VALIDATION_ABNORMAL else s.lr_scale
+    scale, cuts = s.lr_scale, 0
+    if trigger is Trigger.VALIDATION_ABNORMAL:
+        cuts = rung_of(inc.rung).lr_cuts
+        for _ in range(cuts):
+            scale = rolled_back_lr_scale(scale, cfg.policy.lr_factor)
     args: dict[str, Any] = {"to_step": target.step, "lr_scale": scale}
     if cfg.skip_data and target.sample_end is not None and inc.sample_end is not None and inc.sample_end > target.sample_end:
         args["skip_data"] = [target.sample_end, inc.sample_end]
-    ev = {**ev, "target": {"step": target.step, "kind": target.kind}, "lr_scale": scale, "onset_step": inc.onset_step}
-    reason = f"{why}; rolling back to stable checkpoint {target.step} ({target.kind}) with lr_scale {scale:g}"
+    ev = {**ev, "target": {"step": target.step, "kind": target.kind}, "lr_scale": scale, "onset_step": inc.onset_step,
+          "escalation": inc.rung, "lr_scales": [*inc.lr_scales, *([scale] if cuts else [])]}
+    cut = f" (x{cfg.policy.lr_factor:g}^{cuts} on rung {inc.rung})" if cuts > 1 else ""
+    reason = f"{why}; rolling back to stable checkpoint {target.step} ({target.kind}) with lr_scale {scale:g}{cut}"
     st.move(trigger, reason, ev, now)
     s.lr_scale = scale
-    s.incident = replace(inc, rollback_to=target.step)
+    s.incident = replace(inc, rollback_to=target.step, lr_scales=(*inc.lr_scales, scale) if cuts else inc.lr_scales)
     st.send(CommandType.ROLLBACK, args, now, reason)
 
 

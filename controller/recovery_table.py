@@ -19,6 +19,7 @@ from typing import Any
 from cliffguard.controller.recovery_hang_types import NodeCheckIn
 from cliffguard.controller.recovery_types import (
     Checkpoint,
+    Incident,
     Phase,
     RecoveryConfig,
     RecoveryState,
@@ -65,12 +66,25 @@ def _open_hang(p: Phase) -> tuple[str, ...]:
     if p is P.RECOVERING:
         return ("close the recovering incident rolled_back", "open incident (cause hang)")
     return ("continue the incident",) if p is P.REJOINING else ("open incident (cause hang)",)
+_OPEN = "open incident (a rung up the ladder when soon after the previous one)"
+_CONTINUE = "continue the incident a rung up (the rollback did not cure the run)"
+
+
+def _alone(p: Phase, *actions: str) -> tuple[str, ...]:
+    """What a trainer-side timeout's report does in phase ``p`` (the trainer acted alone)."""
+    return ("open incident (the trainer's timeout)" if p is P.RUNNING else "continue the incident",
+            *(("cancel the unanswered command",) if p in WAITING else ()), "adopt the trainer's lr_scale",
+            *actions, "alert critical")
+
 
 TABLE: tuple[Transition, ...] = (
-    *(Transition(p, T.SPIKE, P.PAUSING, ("starts_incident", "can_pause_cycle"),
-                 ("open incident" if p is P.RUNNING else "continue the incident", "send pause", "alert critical"))
-      for p in (P.RUNNING, P.RECOVERING)),
-    Transition(P.PAUSING, T.PAUSE_APPLIED, P.VALIDATING, ("is_ours",), ("send validate",)),
+    *(Transition(p, trig, P.PAUSING, ("starts_incident", "can_pause_cycle"),
+                 (_OPEN if p is P.RUNNING else _CONTINUE, "send pause", "alert critical"))
+      for trig in (T.SPIKE, T.HOLD) for p in (P.RUNNING, P.RECOVERING)),
+    # a hold while the machine already waits on its own command: that command answers it
+    *(Transition(p, T.HOLD, p, (), ("note the hold in the incident",)) for p in WAITING),
+    Transition(P.PAUSING, T.PAUSE_APPLIED, P.VALIDATING, ("is_ours", "not escalation_spent"), ("send validate",)),
+    Transition(P.PAUSING, T.ESCALATION_SPENT, P.HALTED, ("is_ours", "escalation_spent"), _HALT),
     Transition(P.VALIDATING, T.VALIDATION_NORMAL, P.RESUMING, ("is_ours", "not is_abnormal"),
                ("mark checkpoints stable", "flag the excursion's samples", "send resume")),
     Transition(P.VALIDATING, T.ROLLBACK_UNSUPPORTED, P.HALTED, ("is_ours", "is_abnormal", "not can_roll_back"), _HALT),
@@ -127,6 +141,13 @@ TABLE: tuple[Transition, ...] = (
     *(Transition(p, T.RESTART_TIMED_OUT, P.HALTED, ("restart_timed_out",), _HALT_JOB) for p in (P.RESTARTING, P.REJOINING)),
     Transition(P.HALTED, T.WORKERS_STARTED, P.RUNNING, (), ("close incident halted (a new life: someone restarted the job)",
                                                           "alert info")),
+    # the trainer waited past a timeout with no command and acted alone (trainer.timeout)
+    *(Transition(p, T.TRAINER_ROLLED_BACK, P.RECOVERING, (), _alone(p, "forget checkpoints after the target"))
+      for p in Phase),
+    *(Transition(p, T.TRAINER_RESUMED, P.RUNNING, (),
+                 _alone(p, f"close incident {'halted' if p is P.HALTED else 'resumed'}")) for p in Phase),
+    *(Transition(p, T.TRAINER_STOPPED, P.HALTED, (), _alone(p, "close incident halted")) for p in Phase),
+    *(Transition(p, T.OPERATOR_LR_SCALE, p, (), ("adopt the operator's lr_scale",)) for p in Phase),
 )
 """Every legal move; those of one phase and input in the order the handlers try them."""
 
@@ -243,6 +264,9 @@ def restart_timed_out(cfg: RecoveryConfig, s: RecoveryState, now: float) -> bool
     """``restart_timeout_s`` passed since the restart with no step of a restarted group."""
     r = s.hang.restart
     return r is not None and now - r.at >= cfg.restart_timeout_s
+def escalation_spent(cfg: RecoveryConfig, s: RecoveryState) -> bool:
+    """The incident is on the escalation ladder's last rung (``LADDER``): a human decides."""
+    return s.incident is not None and rung_of(s.incident.rung).halt
 
 
 GUARDS: dict[str, Callable[..., Any]] = {
@@ -261,6 +285,7 @@ GUARDS: dict[str, Callable[..., Any]] = {
     "wants_exclusion": wants_exclusion,
     "can_exclude": can_exclude,
     "restart_timed_out": restart_timed_out,
+    "escalation_spent": escalation_spent,
 }
 
 PAUSE_CYCLE = (CommandType.PAUSE, CommandType.VALIDATE, CommandType.RESUME)
@@ -283,3 +308,60 @@ def holds(term: str, cfg: RecoveryConfig, s: RecoveryState, *args: Any) -> bool:
 def guard_terms(table: Iterable[Transition] = TABLE) -> set[str]:
     """Every name a guard of ``table`` uses (without ``not``)."""
     return {term.removeprefix("not ") for t in table for term in t.guard}
+
+
+# ---------------------------------------------------------------------------------------------
+# The escalation ladder: what a run that goes off its cliff again soon gets
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Rung:
+    """One rung of the escalation ladder."""
+
+    lr_cuts: int
+    """A rollback on this rung multiplies the LR scale by ``[policy] lr_factor`` this many times."""
+    longer: bool
+    """A rollback on this rung goes to a stable checkpoint before the previous rollback's target
+    (when one lies there; else to the newest before the onset, as on the first rung)."""
+    halt: bool = False
+    """No validation and no rollback: once paused, the run is halted for a human."""
+    why: str = ""
+
+
+LADDER: tuple[Rung, ...] = (
+    Rung(1, False, why="a first excursion: validate; resume, or roll back to the newest stable checkpoint "
+                      "with the LR cut once"),
+    Rung(2, True, why="again soon after a resume or a recovered rollback, or while recovering from one: "
+                     "validate again; resume, or roll back further with the LR cut twice"),
+    Rung(3, True, why="and again: validate; resume, or roll back further still with the LR cut three times"),
+    Rung(0, False, halt=True, why="and again: pause and halt; a human decides"),
+)
+"""Rung ``level`` of an incident (the last one for any higher level). An incident starts on rung 0
+unless ``escalation_level`` says otherwise, and climbs one rung when the run spikes or holds again
+while it recovers from the incident's own rollback."""
+
+
+def rung_of(level: int) -> Rung:
+    return LADDER[min(level, len(LADDER) - 1)]
+
+
+def escalation_level(cfg: RecoveryConfig, s: RecoveryState, onset: int) -> int:
+    """The rung of an incident whose excursion starts at ``onset``: one above the previous
+    incident's when it starts within ``[recovery] escalate_within`` steps of that one's end (a
+    resume, or a rollback called recovered), else the first."""
+    prev = s.previous
+    if prev is None or not cfg.escalate_within or onset - prev.step > cfg.escalate_within:
+        return 0
+    return prev.rung + 1
+
+
+def rollback_bound(cfg: RecoveryConfig, s: RecoveryState, inc: Incident) -> int:
+    """The step a rollback target must be at or before: the excursion's onset, and on a rung that
+    asks for a longer rollback also before the previous rollback's target (when a stable
+    checkpoint lies there)."""
+    prior = inc.rollback_to if inc.rollback_to is not None else inc.prior_target
+    if not rung_of(inc.rung).longer or prior is None:
+        return inc.onset_step
+    bound = min(inc.onset_step, prior - 1)
+    return bound if rollback_target(cfg, s, bound) is not None else inc.onset_step

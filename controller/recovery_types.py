@@ -43,7 +43,9 @@ class Trigger(StrEnum):
     declares where each may fire); stored as ``transitions.trigger``."""
 
     SPIKE = "spike"  # a rule's verdict asks for recovery (loss spike, divergence, non-finite loss)
+    HOLD = "hold"  # the trainer's guard holds (or keeps skipping): controller/rules/held.py
     PAUSE_APPLIED = "pause_applied"
+    ESCALATION_SPENT = "escalation_spent"  # paused on the ladder's last rung: a human decides
     VALIDATION_NORMAL = "validation_normal"  # the frozen weights validate within the margin
     VALIDATION_ABNORMAL = "validation_abnormal"  # ...above it, and a rollback is possible
     BUDGET_EXHAUSTED = "budget_exhausted"  # ...above it, and the rollback budget is spent
@@ -68,6 +70,10 @@ class Trigger(StrEnum):
     NODE_CHECK_PASSED = "node_check_passed"
     TRAINING_AGAIN = "training_again"  # the restarted group finished a step
     RESTART_TIMED_OUT = "restart_timed_out"  # no life trained again within restart_timeout_s
+    TRAINER_ROLLED_BACK = "trainer_rolled_back"  # a trainer-side timeout rolled the run back (trainer.timeout)
+    TRAINER_RESUMED = "trainer_resumed"  # ... resumed it
+    TRAINER_STOPPED = "trainer_stopped"  # ... stopped it (its policy, or one that could not apply)
+    OPERATOR_LR_SCALE = "operator_lr_scale"  # an operator's command set the LR scale (the machine adopts it)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -99,7 +105,7 @@ class RecoveryConfig:
     """Seconds to wait for the validation result of a validate command before resending."""
     max_attempts: int = bounded(3, ge=1)
     """Sends of one command (first + retries) before giving up with a critical alert."""
-    health_rules: tuple[str, ...] = ("loss_spike", "divergence", "nonfinite")
+    health_rules: tuple[str, ...] = ("loss_spike", "divergence", "nonfinite", "guard_hold")
     """Rules whose warn/critical verdicts make a step unhealthy (for stability and recovery)."""
     max_checkpoints: int = bounded(64, ge=1)
     """Checkpoints remembered per run (oldest forgotten first; stable ones last)."""
@@ -117,6 +123,11 @@ class RecoveryConfig:
     (0 = never leave a node out for hanging again)."""
     restart_timeout_s: float = bounded(300.0, gt=0)
     """Seconds from a restart to the restarted group's first step before the run is halted."""
+    escalate_within: int = bounded(50, ge=0)
+    """Steps: an excursion that starts within this many steps of the end of the previous incident
+    (a resume, or a rollback called recovered) climbs one rung of the escalation ladder
+    (``controller/recovery_table.py`` ``LADDER``: a longer rollback, a stronger LR cut, then a
+    human); so does one while recovering from a rollback. 0 = never escalate across incidents."""
 
     MOVED: ClassVar[dict[str, str]] = {"lr_factor": "[policy] lr_factor", "command_ttl_s": "[policy] command_ttl_s"}
 
@@ -173,6 +184,8 @@ class AckIn:
     now: float
     cmd_type: str | None = None
     detail: str = ""
+    args: dict[str, Any] = field(default_factory=dict)
+    """The acked command's arguments, from the store (an operator's ``lr_scale``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,7 +230,30 @@ class RunEndedIn:
     """The failure's error text (empty for a finished run)."""
 
 
-Input = VerdictIn | ProgressIn | CheckpointIn | AckIn | ValidationIn | TickIn | RunEndedIn | StartedIn | NodeCheckIn
+@dataclass(frozen=True, slots=True)
+class TrainerTimeoutIn:
+    """Rank 0 reported ``trainer.timeout``: it waited past a timeout with no command and acted alone."""
+
+    step: int
+    """The step the trainer runs next (after a rollback, the restored one)."""
+    now: float
+    wait: str
+    policy: str
+    applied: bool
+    waited_s: float
+    at_step: int
+    lr_scale_before: float
+    lr_scale: float
+    detail: str = ""
+    first_bad_step: int | None = None
+    to_step: int | None = None
+    ts: float = 0.0
+    """When the trainer acted (the event's ``ts``): a report not newer than the last one applied is a
+    re-read of it and changes nothing."""
+
+
+Input = (VerdictIn | ProgressIn | CheckpointIn | AckIn | ValidationIn | TickIn | RunEndedIn | StartedIn
+         | TrainerTimeoutIn | NodeCheckIn)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -275,6 +311,11 @@ class CloseIncident:
     closed_at: float | None
     rollback_to: int | None
     lr_scale: float
+    lr_scales: tuple[float, ...] = ()
+    """Every LR scale the incident set, in order (each rollback's cut, a trainer's own): kept in
+    the incident's evidence, so repeated cuts show."""
+    escalation: int = 0
+    """The incident's rung on the escalation ladder."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,6 +391,29 @@ class Incident:
     rollback_to: int | None = None
     rollbacks: int = 0
     evidence: dict[str, Any] = field(default_factory=dict)
+    rung: int = 0
+    """The incident's rung on the escalation ladder (``recovery_table.LADDER``)."""
+    follows: str | None = None
+    """The incident this one escalates (it began soon after that one ended)."""
+    prior_target: int | None = None
+    """The rollback target of the incident it escalates: a longer rollback goes before it."""
+    lr_scales: tuple[float, ...] = ()
+    """Every LR scale this incident set, in order."""
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Incident:
+        return cls(**{**d, "lr_scales": tuple(float(x) for x in d.get("lr_scales", ()))})
+
+
+@dataclass(frozen=True, slots=True)
+class Closed:
+    """The previous incident, as the escalation ladder needs it."""
+
+    id: str
+    step: int
+    """The step at which it ended (resumed, or recovered after a rollback)."""
+    rung: int
+    rollback_to: int | None
 
 
 def _finite_or_none(x: float | None) -> float | None:
@@ -387,6 +451,11 @@ class RecoveryState:
     """The commands the run declared it can apply (its newest ``run.started``); no other is sent."""
     hang: HangState = field(default_factory=HangState)
     """The worker group's life, restarts and hung nodes (controller/recovery_hang_types.py)."""
+    previous: Closed | None = None
+    """The last incident that ended with the run training on (resumed or recovered): an excursion
+    soon after it escalates. A halt or an abandoned incident forgets it (a human decided)."""
+    acted_alone_ts: float = 0.0
+    """``ts`` of the newest trainer-side timeout report applied (a re-read one is not applied twice)."""
 
     def can(self, *types: CommandType) -> bool:
         return all(t in self.capabilities for t in types)
@@ -421,12 +490,14 @@ class RecoveryState:
             "checkpoints": [asdict(c) for c in self.checkpoints],
             "val_baseline": [v for v in self.val_baseline if _finite_or_none(v) is not None],
             "rollback_times": list(self.rollback_times),
-            "incident": asdict(self.incident) if self.incident else None,
+            "incident": {**asdict(self.incident), "lr_scales": list(self.incident.lr_scales)} if self.incident else None,
             "pending": {**asdict(self.pending), "type": str(self.pending.type)} if self.pending else None,
             "issued": list(self.issued),
             "flagging": list(self.flagging) if self.flagging else None,
             "capabilities": [str(c) for c in self.capabilities],
             "hang": self.hang.to_dict(),
+            "previous": asdict(self.previous) if self.previous else None,
+            "acted_alone_ts": self.acted_alone_ts,
         }
 
     @classmethod
@@ -446,13 +517,15 @@ class RecoveryState:
             checkpoints=tuple(Checkpoint(**c) for c in d.get("checkpoints", ())),
             val_baseline=tuple(float(v) for v in d.get("val_baseline", ())),
             rollback_times=tuple(float(t) for t in d.get("rollback_times", ())),
-            incident=Incident(**inc) if inc else None,
+            incident=Incident.from_dict(inc) if inc else None,
             pending=Pending(**{**pend, "type": CommandType(pend["type"])}) if pend else None,
             issued=tuple(d.get("issued", ())),
             flagging=(int(d["flagging"][0]), float(d["flagging"][1]), str(d["flagging"][2])) if d.get("flagging") else None,
             # a state saved before capabilities were declared belongs to a run that got every command
             capabilities=normalize_capabilities(d["capabilities"]) if "capabilities" in d else ALL_COMMANDS,
             hang=HangState.from_dict(d.get("hang")),
+            previous=Closed(**d["previous"]) if d.get("previous") else None,
+            acted_alone_ts=float(d.get("acted_alone_ts", 0.0)),
         )
 
     def load_state_dict(self, d: dict[str, Any]) -> None:

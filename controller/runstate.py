@@ -107,9 +107,16 @@ class RunSlot:
     recovery: RecoveryState
     partition: int | None = None
     dirty: bool = False
+    judged_ts: float = 0.0
+    """The newest ``ts`` among the run's judged steps, rank arrays and validations: an event of
+    those kinds at or before it may be a re-read (``controller/replays.py``)."""
     spike_rule: Any = None
     """The loss rules' spike settings this slot last wrote on the run's row (``controller.batch``
     writes them again only when they are not these); a reloaded slot starts with none."""
+    ledger: Any = None
+    """The run's goodput ledger (``controller/goodput/book.py`` builds it on the slot's first event)."""
+    ledger_state: Any = None
+    """The ledger's state as stored with the run's, until the ledger is built from it."""
 
     def to_json(self) -> dict[str, Any]:
         """The whole state as one JSON document (every rule inline)."""
@@ -128,8 +135,12 @@ class RunSlot:
         return state, rules
 
     def _state(self, detector: dict[str, Any]) -> dict[str, Any]:
-        return {"v": STATE_VERSION, "partition": self.partition, "detector": detector,
-                "recovery": self.recovery.state_dict()}
+        state = {"v": STATE_VERSION, "partition": self.partition, "detector": detector,
+                 "recovery": self.recovery.state_dict(), "judged_ts": self.judged_ts}
+        goodput = self.ledger.state_dict() if self.ledger is not None else self.ledger_state
+        if goodput is not None:
+            state["goodput"] = goodput
+        return state
 
 
 class RunTable:
@@ -166,7 +177,10 @@ class RunTable:
                 # stored inline (older layout), new, or unreadable: save apart
                 det.changed = set(det.rules) - set(apart) | unreadable
             rec = RecoveryState.from_state_dict(stored["recovery"])
-            return RunSlot(run_id, det, rec, stored.get("partition"))
+            judged = stored.get("judged_ts")
+            return RunSlot(run_id, det, rec, stored.get("partition"),
+                           judged_ts=float(judged) if isinstance(judged, int | float) else 0.0,
+                           ledger_state=stored.get("goodput"))
         return RunSlot(run_id, self._factory(), new_state(run_id, uuid.uuid4().hex), None, dirty=True)
 
     def _load_detector(self, run_id: str, state: dict[str, Any]) -> tuple[Detector, set[str]]:

@@ -46,6 +46,8 @@ from cliffguard.controller.batch import BatchContext, BatchProcessor, BatchResul
 from cliffguard.controller.bounds import StepBounds
 from cliffguard.controller.config import ControllerConfig
 from cliffguard.controller.edge import DeadLetter, EdgeBatch, EdgeConsumer, EdgeRecord
+from cliffguard.controller.goodput.config import GoodputConfig
+from cliffguard.controller.goodput.metrics import MetricsServer
 from cliffguard.controller.health import HealthServer, HealthSnapshot
 from cliffguard.controller.held import HeldBatch, pause, resume
 from cliffguard.controller.operator import RequestPass, decide_pending_requests
@@ -53,11 +55,12 @@ from cliffguard.controller.outbox import CommandOutbox
 from cliffguard.controller.recovery_types import RecoveryConfig
 from cliffguard.controller.runstate import DetectorFactory, RunTable, default_detector_factory
 from cliffguard.controller.store.db import session_scope
-from cliffguard.controller.store.dlq import count_dead_letter
+from cliffguard.controller.store.dlq import count_dead_letter, count_run_dead_letter
 from cliffguard.controller.store.errors import Backoff, StoreLost, is_store_lost, is_transient
 from cliffguard.controller.store.guard import StoreGuard
 from cliffguard.controller.store.offsets import load_offsets, save_offsets
 from cliffguard.controller.store.retention import RetentionConfig
+from cliffguard.core import kafka_log
 from cliffguard.core.kafka_config import KafkaConfig
 from cliffguard.core.keys import EventVerifier
 from cliffguard.core.signing import SigningKey
@@ -80,6 +83,7 @@ class ControllerService:
         recovery: RecoveryConfig | None = None,
         retention: RetentionConfig | None = None,
         detector_factory: DetectorFactory | None = None,
+        goodput: GoodputConfig | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.config = config
@@ -94,7 +98,7 @@ class ControllerService:
         self.runs = RunTable(detector_factory or default_detector_factory())
         ctx = BatchContext(group_id=config.group_id, commands_topic=kafka.commands_topic, secret=secret,
                            recovery=recovery or RecoveryConfig(), alerts=self.alerts,
-                           retention=retention or RetentionConfig())
+                           retention=retention or RetentionConfig(), goodput=goodput or GoodputConfig())
         self.processor = BatchProcessor(ctx, self.runs)
         self.outbox = CommandOutbox(store_engine, kafka, batch=config.outbox_batch,
                                     interval_s=config.outbox_interval_s, retry_s=config.outbox_retry_s)
@@ -104,7 +108,13 @@ class ControllerService:
         self._last_tick = 0.0
         self._last_requests = 0.0
         self._check_bounds: set[tuple[str, int]] = set()
-        self._recreated = False
+        self._recreated: object = None
+        """The new id of a re-created metrics topic the edge noticed, until it is settled."""
+        self._topic_id: object = None
+        """The id of the metrics topic the stored offsets belong to, as far as this instance knows:
+        every reset to a topic's start adopts it, so one re-creation is acted on once however
+        many signs of it arrive (the assignment's bounds check and the topic-id watch both see
+        a broker that restarted empty)."""
         self._failures = 0
         self.guard = StoreGuard(store_engine)
         self.held = HeldBatch(Backoff(config.store_retry_initial_s, config.store_retry_max_s))
@@ -114,12 +124,15 @@ class ControllerService:
         self.last_store_error = ""
         self.health = HealthSnapshot()
         self.health_server: HealthServer | None = None
+        self.metrics_server: MetricsServer | None = None
+        """``/metrics`` (``[goodput] metrics_port``): the owned runs' goodput, as of the last commit."""
         self.stats = {"batches": 0, "events": 0, "dead": 0, "commands": 0, "alerts": 0, "stale": 0, "errors": 0,
-                      "requests_accepted": 0, "requests_rejected": 0, "store_retries": 0, "store_rebuilds": 0}
+                      "requests_accepted": 0, "requests_rejected": 0, "store_retries": 0, "store_rebuilds": 0, "replays": 0}
 
     # -- lifecycle ----------------------------------------------------------------------------
 
     def start(self) -> ControllerService:
+        kafka_log.install()  # kafka-python's closed-socket race: one line, not a traceback
         try:
             self.guard.probe_write()
         except StoreLost:
@@ -141,6 +154,9 @@ class ControllerService:
         if self.config.health_port and self.health_server is None:
             self.health_server = HealthServer(self.config.health_host, self.config.health_port,
                                               lambda: self.health, self.config.health_max_loop_age_s)
+        gp = self.processor.ctx.goodput
+        if gp.metrics_port and self.metrics_server is None:
+            self.metrics_server = MetricsServer(gp.metrics_host, gp.metrics_port)
         if self.alerts.endpoints:
             self.deliverer = AlertDeliverer(self.engine, self.alerts)
             self.deliverer.start()
@@ -159,7 +175,8 @@ class ControllerService:
     def close(self) -> None:
         for name, closer in (("edge", self.edge and self.edge.close), ("outbox", self.outbox.close),
                              ("alerts", self.deliverer and self.deliverer.close),
-                             ("health endpoint", self.health_server and self.health_server.close)):
+                             ("health endpoint", self.health_server and self.health_server.close),
+                             ("metrics endpoint", self.metrics_server and self.metrics_server.close)):
             if not closer:
                 continue
             try:
@@ -168,6 +185,7 @@ class ControllerService:
                 log.exception("closing the controller's %s", name)
         self.edge = None
         self.health_server = None
+        self.metrics_server = None
 
     def _take_health(self) -> None:
         """What /healthz and /readyz report, taken on the loop thread (``controller/health.py``)."""
@@ -224,15 +242,33 @@ class ControllerService:
         if not mine or bounds_of is None or forgot is None or forgot(mine) is not True:
             return stored
         bounds = bounds_of(mine)
-        reset = {(t, p): first for (t, p), (first, end) in bounds.items() if stored[p] > end}
-        if reset:
-            self._reset_stored_offsets(reset)
-            stored = {**stored, **{p: o for (_, p), o in reset.items()}}
+        beyond = {tp: b for tp, b in bounds.items() if stored[tp[1]] > b[1]}
+        if beyond:
+            topic_id = getattr(self.edge, "topic_id", lambda: None)()
+            self._restart_at_log_start(beyond, "stored offsets lie beyond the log and the broker forgot the "
+                                       "group (topic re-created?)", topic_id, seek=False)
+            stored = {**stored, **{p: first for (_, p), (first, _end) in beyond.items()}}
         return stored
 
-    def _on_recreated(self, topic: str) -> None:
-        """The edge saw the topic's id change and reads it from the start: so must the store."""
-        self._recreated = True
+    def _restart_at_log_start(self, bounds: dict[tuple[str, int], tuple[int, int]], why: str, topic_id: object,
+                              *, seek: bool = True) -> None:
+        """The one place a topic's stored offsets are given up: the partitions restart at their
+        first offset, in the store and (``seek``) in the consumer, and the topic's id is adopted,
+        so a second sign of the same re-creation changes nothing. What was read before is read
+        again and recognised (``controller/replays.py``): stored once, judged once."""
+        self._topic_id = topic_id if topic_id is not None else self._topic_id
+        self.stats["topic_restarts"] = self.stats.get("topic_restarts", 0) + 1
+        log.warning("%s: %s; reading %s again from the start %s", self.kafka.metrics_topic, why,
+                    sorted(bounds), {tp: first for tp, (first, _end) in bounds.items()})
+        self._reset_stored_offsets({tp: first for tp, (first, _end) in bounds.items()})
+        if seek and self.edge is not None:
+            for (topic, part), (first, _end) in bounds.items():
+                self.edge.seek(topic, part, first)
+
+    def _on_recreated(self, topic: str, topic_id: object) -> None:
+        """The edge saw the topic's id change (and dropped the batch read at the old positions);
+        settled on the consumer thread at the next step (``_settle_offsets``)."""
+        self._recreated = topic_id if topic_id is not None else object()
 
     def _settle_offsets(self) -> None:
         """Offset checks that need blocking broker queries, done on the consumer thread."""
@@ -243,14 +279,20 @@ class ControllerService:
             self._reseek(tps)  # raises while the store is unreadable: step_once retries later
             self._reseek_pending.clear()
             resume(self.edge, tps)
-        if self._recreated:
+        if self._recreated is not None:
             tps = [(t, p) for t, p in self.edge.assignment() if t == self.kafka.metrics_topic]
-            bounds = getattr(self.edge, "log_bounds", lambda _tps: {})(tps)
-            if bounds:  # no assignment yet: the check after the next assignment covers it
-                self._recreated = False
-                self._reset_stored_offsets({tp: first for tp, (first, _end) in bounds.items()})
-                for (topic, part), (first, _end) in bounds.items():
-                    self.edge.seek(topic, part, first)
+            if self._recreated == self._topic_id:
+                # Already restarted at this topic's start (the bounds check at assignment saw it
+                # first): the stored offsets are this topic's. Back to them for the dropped batch.
+                self._recreated = None
+                log.info("%s: the re-created topic was already read from its start; no second reset",
+                         self.kafka.metrics_topic)
+                self._reseek(tps)
+            else:
+                bounds = getattr(self.edge, "log_bounds", lambda _tps: {})(tps)
+                if bounds:  # no assignment yet: the check after the next assignment covers it
+                    new_id, self._recreated = self._recreated, None
+                    self._restart_at_log_start(bounds, "re-created (a new topic id)", new_id)
         if self._check_bounds:
             tps = sorted(self._check_bounds & set(self.edge.assignment()))
             self._check_bounds.clear()
@@ -277,8 +319,6 @@ class ControllerService:
                         ahead)
 
     def _reset_stored_offsets(self, offsets: dict[tuple[str, int], int]) -> None:
-        log.warning("offsets stored for %s lie beyond the log (topic re-created?); restarting at %s",
-                    sorted(offsets), offsets)
         self.stats["offset_resets"] = self.stats.get("offset_resets", 0) + len(offsets)
         with session_scope(self.engine) as s:
             save_offsets(s, self.config.group_id, offsets, now=self.clock())
@@ -415,8 +455,9 @@ class ControllerService:
                     log.exception("event %s of run %s fails on its own: skipped (dead letter)",
                                   item.event.id, item.event.run)
                     with session_scope(self.engine) as s:
-                        count_dead_letter(s, item.topic, "processing_error",
-                                          f"{item.event.id}: {type(exc).__name__}: {exc}")
+                        why = f"{item.event.id}: {type(exc).__name__}: {exc}"
+                        count_dead_letter(s, item.topic, "processing_error", why)
+                        count_run_dead_letter(s, item.event.run, "processing_error", why)
                         save_offsets(s, self.config.group_id, nxt)
             except Exception as exc:  # noqa: BLE001 - the store, not the event: keep the rest
                 self._lost_or_stale(exc)
@@ -500,7 +541,10 @@ class ControllerService:
         return self._process(self.held.batch)
 
     def _after_commit(self, res: BatchResult) -> None:
+        if self.metrics_server is not None:
+            self.metrics_server.publish(self.runs.slots.values())
         self.stats["commands"] += res.commands
+        self.stats["replays"] += res.replays
         self.stats["alerts"] += res.alerts
         if res.commands:
             try:

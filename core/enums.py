@@ -17,12 +17,14 @@ class EventType(StrEnum):
     VALIDATION = "validation"
     COMMAND_ACK = "command.ack"
     DATA_FLAG = "data.flag"
+    DATA_STATS = "data.stats"  # a rank's batch statistics over a window of steps (agent/data_watch/)
     RUN_FINISHED = "run.finished"
     RUN_FAILED = "run.failed"
     ELASTIC_SCALED_DOWN = "elastic.scaled_down"  # the run resumed on fewer ranks (trainer/elastic.py)
     ELASTIC_SCALED_UP = "elastic.scaled_up"  # ranks rejoined: back towards the declared batch
     HANG_EVIDENCE = "hang.evidence"  # a rank's training thread stalled: its Flight Recorder and stacks (agent/hang/)
     NODE_CHECK = "node.check"  # a restarted worker group's pre-flight check: matmul + all-gather in pairs
+    TRAINER_TIMEOUT = "trainer.timeout"  # a wait timed out with no controller command: the trainer acted alone
 
 
 class CommandType(StrEnum):

@@ -7,7 +7,8 @@ Where each event fires in the training loop (Composer-style pseudocode)::
 
     agent.start()                               # RUN_STARTED (rank 0)
     for step in steps:
-        batch = next(loader)                    #   data_wait_s measured here
+        batch = next(loader)                    #   data_wait_s measured here; the data watch takes
+                                                #   the batch (DATA_STATS every `every` steps, from its thread)
         loss = model(batch); agent.after_forward(loss)
         loss.backward(); agent.after_backward() #   comm_exposed_s from the DDP hook
         if agent.before_optimizer_step():       #   the guard: skip when it trips

@@ -160,9 +160,39 @@ class DataFlagData(TypedDict):
     score: float
 
 
+class DataStatsData(TypedDict):
+    """One rank's batches over the window of steps [``first_step``, the event's step]: what the data
+    rules judge (controller/rules/data_quality.py) and a loss incident shows beside the baseline.
+    Built off the training thread (agent/data_watch/); the per-step arrays follow ``steps``."""
+
+    first_step: int
+    batches: int  # batches the rank watched in the window
+    sequences: int
+    tokens: int  # tokens that are not padding
+    pad_share: float  # share of the window's token slots that are padding
+    len_counts: list[int]  # sequence lengths in log2 bins: bin 0 is length 0, bin i >= 1 holds [2^(i-1), 2^i)
+    sketch: list[int]  # token frequencies: each id counted in one of len(sketch) hashed buckets (a one-row count-min sketch)
+    dup_share: float  # share of sequences with a near-duplicate earlier in their batch or in the recent window
+    dup_in_batch: float  # ... earlier in their own batch
+    steps: list[int]
+    step_dup: list[float]  # each batch's duplicate share
+    step_pad: list[float]  # each batch's padding share
+    step_garbled: NotRequired[list[float]]  # each batch's share of sequences the garbled-text rules flag
+    step_ppl: NotRequired[list[float]]  # each batch's mean log-perplexity per token under the reference model
+    garbled: NotRequired[float]  # the window's share of garbled sequences
+    outlier_steps: list[int]  # the window's outlier sequences: the step, sample id, why and how much
+    outlier_ids: list[int]
+    outlier_reasons: list[str]  # novelty | perplexity | garbled | duplicate
+    outlier_scores: list[float]
+    dropped: NotRequired[int]  # batches handed over while the watcher was behind: skipped, counted here
+
+
 class RunFinishedData(TypedDict):
     final_loss: NotRequired[float]
     steps: NotRequired[int]
+    # what the run's validations cost (agent/recovery/cadence.py ``summary``): every, max_share,
+    # periodic, periodic_s, on_command, on_command_s, train_s, share, off
+    validation: NotRequired[dict[str, Any]]
 
 
 class RunFailedData(TypedDict):
@@ -222,6 +252,21 @@ class NodeCheckData(TypedDict):
     slow_nodes: list[str]
     seconds: float  # the whole check
     detail: str
+class TrainerTimeoutData(TypedDict):
+    """The trainer waited past a timeout with no controller command and applied its own policy
+    (agent/recovery/timeouts.py). The event's step is the step the loop runs next (after a
+    rollback: the restored one)."""
+
+    wait: str  # "hold": the guard held; "pause": the controller fell silent while the run was paused
+    policy: str  # "rollback" | "resume" | "stop" ([agent.guard] on_timeout, [agent.recovery] on_pause_timeout)
+    waited_s: float  # how long it waited (the timeout)
+    at_step: int  # the step it waited at
+    applied: bool  # false: the policy could not apply (no checkpoint, a restore failed) and the run stops
+    lr_scale_before: float
+    lr_scale: float  # what the trainer runs at from now on (a rollback cut it by [policy] lr_factor)
+    detail: str
+    first_bad_step: NotRequired[int]  # the first step the guard skipped in the stretch it held on
+    to_step: NotRequired[int]  # the step a rollback restored
 
 
 EVENT_PAYLOADS: dict[EventType, type] = {
@@ -234,12 +279,14 @@ EVENT_PAYLOADS: dict[EventType, type] = {
     EventType.VALIDATION: ValidationData,
     EventType.COMMAND_ACK: CommandAckData,
     EventType.DATA_FLAG: DataFlagData,
+    EventType.DATA_STATS: DataStatsData,
     EventType.RUN_FINISHED: RunFinishedData,
     EventType.RUN_FAILED: RunFailedData,
     EventType.ELASTIC_SCALED_DOWN: ElasticScaleData,
     EventType.ELASTIC_SCALED_UP: ElasticScaleData,
     EventType.HANG_EVIDENCE: HangEvidenceData,
     EventType.NODE_CHECK: NodeCheckData,
+    EventType.TRAINER_TIMEOUT: TrainerTimeoutData,
 }
 
 

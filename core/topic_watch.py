@@ -11,15 +11,25 @@ from __future__ import annotations
 from typing import Any
 
 
+def topic_id_of(client: Any, topic: str) -> object:
+    """The topic's id in a kafka-python client's cluster metadata (None when it has none)."""
+    cluster = getattr(getattr(client, "_client", None), "cluster", None)
+    return getattr(cluster, "topic_id", lambda _t: None)(topic)
+
+
 class TopicIdWatch:
     def __init__(self, topic: str) -> None:
         self.topic = topic
         self._topic_id: object = None
 
+    @property
+    def last_seen(self) -> object:
+        """The id seen by the latest ``changed`` call (None before one saw it)."""
+        return self._topic_id
+
     def changed(self, consumer: Any) -> bool:
         """Has the topic's id changed since the last call? (False the first time it is seen.)"""
-        cluster = getattr(getattr(consumer, "_client", None), "cluster", None)
-        topic_id = getattr(cluster, "topic_id", lambda _t: None)(self.topic)
+        topic_id = topic_id_of(consumer, self.topic)
         if topic_id is None:
             return False
         changed = self._topic_id is not None and topic_id != self._topic_id

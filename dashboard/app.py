@@ -26,6 +26,7 @@ from cliffguard.dashboard.sections import (
     checkpoints,
     data_quality,
     elastic,
+    goodput,
     gradients,
     hangs,
     header,
@@ -68,12 +69,14 @@ def main() -> None:
         return
     engine = _engine(cfg.db_url)
     st.sidebar.title("cliffguard")
-    if (cfg.data_report or cfg.data_manifest) and st.sidebar.radio(
-            "view", ["runs", "data quality"], key="view", horizontal=True) == "data quality":
-        data_quality.render(cfg)
-        return
+    data_view = st.sidebar.radio("view", ["runs", "data quality"], key="view", horizontal=True) == "data quality"
     st.sidebar.caption(f"store: `{engine.url.render_as_string(hide_password=True)}`")
-    if not schema_at_head(engine):
+    at_head = schema_at_head(engine)
+    if data_view:
+        run = _pick_run(engine) if at_head else None
+        data_quality.render(cfg, Context(engine=engine, cfg=cfg, run_id=run) if run else None, every=cfg.refresh_s)
+        return
+    if not at_head:
         # the dashboard only reads: the controller owns the schema and migrates it when it starts
         st.title("cliffguard")
         st.error("this store's schema is not the one this dashboard reads: start `cliffguard controller "
@@ -92,6 +95,7 @@ def main() -> None:
     st.title(f"Run `{run_id}`")
     _live(header.render, ctx, every)
     _live(loss.render, ctx, every)
+    _live(goodput.render, ctx, every)
     _live(incidents.render, ctx, every)
     _live(hangs.render, ctx, every)
     _live(checkpoints.render, ctx, every)

@@ -136,9 +136,9 @@ def store_engine(kind: str, tmp_path, pg_url: str | None = None) -> Iterator[tup
 class Running:
     """A ControllerService on a thread; always closed."""
 
-    def __init__(self, kafka, engine, group="ctl") -> None:
+    def __init__(self, kafka, engine, group="ctl", **service_kwargs) -> None:
         cfg = ControllerConfig(group_id=group, tick_s=0.2, outbox_interval_s=0.2, **FAST_GROUP)
-        self.svc = ControllerService(cfg, kafka, engine, SECRET, recovery=RECOVERY)
+        self.svc = ControllerService(cfg, kafka, engine, SECRET, recovery=RECOVERY, **service_kwargs)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.svc.run_forever, args=(self.stop,), daemon=True)
 

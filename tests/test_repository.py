@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # the binary files the repository ships on purpose -> why
 SHIPPED_BINARIES = {
     "docs/dashboard.png": "the dashboard screenshot on the front page (refreshed by tests/dashboard/test_browser.py)",
+    "docs/report.png": "a `cliffguard report` page in Chromium, on docs/goodput.md (refreshed by tests/cliffguard/test_report.py)",
     "tests/dashboard/data/demo_store.db": "a real demo run's store (scripts/record_demo_store.sh)",
     "tests/dashboard/data/elastic_store.db": "a real elastic run's store (scripts/record_demo_store.sh)",
 }

@@ -82,12 +82,12 @@ class TrainerCommands(RecoveryKit):
     """The bundled trainer's ``CommandTarget``: the kit with the trainer's parts."""
 
     def __init__(self, tr: Trainer, *, on_restore: Callable[[int], None] | None = None) -> None:
-        # the boundary validates on the trainer's own fixed set, every [train] val_every
-        config = dataclasses.replace(tr.agent.config.recovery, val_every=tr.cfg.val_every)
+        # the boundary validates on the trainer's own fixed set, every [train] val_every: asked for, and
+        # its cost is [train] val_batches x val_batch_size forward passes, so no share limit applies
+        config = dataclasses.replace(tr.agent.config.recovery, val_every=tr.cfg.val_every, val_max_share=0.0)
         super().__init__(tr.agent, tr.model, tr.optimizer, config=config, store=tr.ckpt, state=_TrainerState(tr),
                          validate_fn=tr.val_loss, skip_data=tr.sampler.skip, checkpoint_fn=self._checkpoint,
                          on_restore=on_restore, wrap_optimizer=False)
-        self.can_rewind = True  # the sampler's position is part of the captured state
         self.tr = tr
 
     def _checkpoint(self, step: int, kind: CheckpointKind) -> None:

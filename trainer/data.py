@@ -77,6 +77,9 @@ class DataConfig:
     """A ``cliffguard data`` manifest: per-file weights and curriculum phases the sampler follows ("" = none)."""
     curriculum_steps: int = bounded(0, ge=0)
     """Total training steps the manifest's phase fractions refer to (0 = the run's ``steps``)."""
+    watch_perplexity: bool = True
+    """The data watch (``[agent.data_watch]``) scores each batch with the byte-trigram reference model:
+    the manifest's (``perplexity_model``), else one trained on the training split (trainer/data_watch.py)."""
 
     def __post_init__(self) -> None:
         check_declared(self)

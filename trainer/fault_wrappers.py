@@ -8,8 +8,9 @@ wrappers are identities when no fault is configured:
 ==================  ===================================================================
 wrapper             faults
 ==================  ===================================================================
-``sampler``         ``kill_rank`` (at the step's first batch), ``corrupt`` (the batch),
-                    and it is the step clock of the others
+``sampler``         ``kill_rank`` (at the step's first batch), ``corrupt`` (the batch), the
+                    data faults ``data_shift``, ``dup_burst``, ``garble`` (the batch's content:
+                    trainer/data_faults.py), and it is the step clock of the others
 ``schedule``        ``lr_blowup`` (the scheduled LR times the factor)
 ``attach(model)``   ``slow_rank`` (a forward pre-hook sleeps once per step, outside the
                     data wait), ``nan`` (a forward hook makes the training loss NaN)
@@ -30,8 +31,9 @@ from typing import Any
 import torch
 
 from cliffguard.agent.publisher import ProducerFactory
+from cliffguard.trainer import data_faults
 from cliffguard.trainer.data import Sampler
-from cliffguard.trainer.faults import FaultInjector
+from cliffguard.trainer.faults import FaultInjector, FaultSpec
 from cliffguard.trainer.hang_faults import HangFault, HangFaults, is_hang_fault
 from cliffguard.trainer.schedule import WarmupCosine
 
@@ -87,6 +89,7 @@ class FaultySampler:
         self._clock = clock
         self._switch = switch
         self._hangs = hangs
+        self._bursts: dict[int, tuple[torch.Tensor, torch.Tensor, Any]] = {}  # dup_burst spec -> its first batch
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor, Any]:
         self._clock.step, self._clock.slept = step, False
@@ -96,7 +99,19 @@ class FaultySampler:
         self._switch.down = self._faults.broker_down(step)
         x, y, ids = self._inner.batch(step)
         x, y = self._faults.corrupt_pair(step, x, y)
+        for spec in self._faults.data_faults(step):
+            x, y, ids = self._data_fault(spec, step, x, y, ids)
         return x, y, ids
+
+    def _data_fault(self, spec: FaultSpec, step: int, x: torch.Tensor, y: torch.Tensor,
+                    ids: Any) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        f = self._faults
+        if spec.kind == "data_shift":
+            return (*data_faults.shifted(x, y, step, f.rank, f.seed), ids)
+        if spec.kind == "garble":
+            return (*data_faults.garbled(x, y, step, f.rank, f.seed), ids)
+        first = self._bursts.setdefault(id(spec), (x, y, ids))  # dup_burst: the burst's first batch, again
+        return first[0].clone(), first[1].clone(), list(first[2])
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)

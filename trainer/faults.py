@@ -11,9 +11,15 @@ Spec strings (step numbers are optimizer steps; ``[:r]`` limits a fault to rank 
 ``slow_rank@1:0.05:100``    ... from step 100 on
 ``kill_rank@1:400``         rank 1 SIGKILLs itself at step 400 (a lost node)
 ``broker_outage@100:10``    the agent treats the broker as down for steps 100..109
+``data_shift@150[:r]``      from step 150 on, batches drawn from another corpus: the prose of the
+                            Python documentation (``pydoc_data.topics``) instead of code
+``dup_burst@150:20[:r]``    steps 151..169 train on step 150's batch again (a loader stuck on one shard)
+``garble@150:10[:r]``       steps 150..159: half of each batch's sequences garbled (U+FFFD
+                            replacement characters and control bytes, what a broken decode leaves)
 ==========================  =====================================================================
 
-One-shot (all but slow_rank, which stays slow): a fault window fires on the first pass only. When the loop leaves the window — past
+The data faults' content is trainer/data_faults.py. One-shot (all but slow_rank and data_shift,
+which stay): a fault window fires on the first pass only. When the loop leaves the window — past
 its end, or back before its start by a rollback — it is spent, so a rollback to before the fault
 replays the steps cleanly (a transient glitch does not recur; that is what recovery must show).
 Random bytes come from a generator seeded by (seed, step, rank): the same spec corrupts the same
@@ -32,9 +38,12 @@ from dataclasses import dataclass
 import torch
 
 _SPEC_RE = re.compile(
-    r"^(?P<kind>lr_blowup|corrupt|nan|slow_rank|kill_rank|broker_outage)@(?P<args>[0-9.x:]+)$"
+    r"^(?P<kind>lr_blowup|corrupt|nan|slow_rank|kill_rank|broker_outage|data_shift|dup_burst|garble)"
+    r"@(?P<args>[0-9.x:]+)$"
 )
-KINDS = ("lr_blowup", "corrupt", "nan", "slow_rank", "kill_rank", "broker_outage")
+KINDS = ("lr_blowup", "corrupt", "nan", "slow_rank", "kill_rank", "broker_outage", "data_shift", "dup_burst", "garble")
+DATA_KINDS = ("data_shift", "dup_burst", "garble")
+"""Faults in the batch's content (trainer/data_faults.py)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +74,11 @@ class FaultSpec:
             parts = args.split(":")
             if kind in ("corrupt", "nan"):
                 return cls(kind=kind, step=int(parts[0]), rank=int(parts[1]) if len(parts) > 1 else None)
+            if kind == "data_shift":  # stays: the data changed, a rollback does not change it back
+                return cls(kind=kind, step=int(parts[0]), steps=1 << 62, rank=int(parts[1]) if len(parts) > 1 else None)
+            if kind in ("dup_burst", "garble"):
+                return cls(kind=kind, step=int(parts[0]), steps=int(parts[1]),
+                           rank=int(parts[2]) if len(parts) > 2 else None)
             if kind == "slow_rank":
                 start = int(parts[2]) if len(parts) > 2 else 0
                 return cls(kind=kind, rank=int(parts[0]), seconds=float(parts[1]), step=start, steps=1 << 62)
@@ -148,6 +162,13 @@ class FaultInjector:
         (``y`` is ``x`` shifted by one, so both come from one corrupted window)."""
         window = self.corrupt_batch(step, torch.cat([x, y[:, -1:]], dim=1))
         return window[:, :-1], window[:, 1:]
+
+    def data_faults(self, step: int) -> list[FaultSpec]:
+        """The content faults of ``step``'s batch (a data shift from its step on, the others once)."""
+        shift = [s for s in self.specs if s.kind == "data_shift" and step >= s.step]
+        if shift and ("data_shift", step) not in self.fired:
+            self.fired.append(("data_shift", step))
+        return shift + self._hits("dup_burst", step) + self._hits("garble", step)
 
     def nan_loss(self, step: int) -> bool:
         return bool(self._hits("nan", step))

@@ -4,6 +4,7 @@ One optimizer step (``Trainer.train_step``), in order::
 
     lr = schedule(step) * lr_scale * elastic_lr_factor(step)    # recomputed every step
     x, y = sampler.batch(step)                                  # data_wait_s
+    agent.observe_batch(x, sample_ids)                          # the data watch's thread takes it
     for each of grad_accum micro-batches (no_sync but the last):
         loss = model(x, y)      -> agent.after_forward(loss)
         accelerator.backward(loss / grad_accum)
@@ -40,19 +41,24 @@ import torch.distributed as dist
 
 from cliffguard.agent.collectors.mfu import ModelShape
 from cliffguard.agent.command_channel import CommandSource
+from cliffguard.agent.command_target import Outcome
 from cliffguard.agent.hooks import Agent
 from cliffguard.agent.recovery.kit import RollbackUnavailable
+from cliffguard.agent.recovery.timeouts import Timeout
 from cliffguard.agent.sinks import EventSink
 from cliffguard.core.enums import CheckpointKind, EventType
+from cliffguard.core.events import Command
 from cliffguard.core.signing import VerifyingKey
 from cliffguard.trainer.checkpoint import CheckpointManager
 from cliffguard.trainer.commands import TrainerCommands
 from cliffguard.trainer.config import TrainConfig
 from cliffguard.trainer.data import Sampler, load_corpus
+from cliffguard.trainer.data_watch import attach_data_watch
 from cliffguard.trainer.elastic import Elastic, progress_mark_path
 from cliffguard.trainer.fault_wrappers import wire_faults
 from cliffguard.trainer.loss_scale import AdaptiveLossScaler, LossScaleConfig
 from cliffguard.trainer.model import GPT
+from cliffguard.trainer.record import RECORD_NAME, TrainerRecord
 from cliffguard.trainer.schedule import WarmupCosine
 
 if TYPE_CHECKING:
@@ -112,6 +118,7 @@ class Trainer:
         self.agent = Agent(accelerator, self.model, self.optimizer, agent_cfg, shape=shape, sink=sink,
                            kafka=cfg.kafka, secret=secret, command_source=command_source,
                            wrap_producer=self.faults.producers)
+        self.data_watch = attach_data_watch(self.agent, self.corpus, cfg.data)
         self.ckpt = CheckpointManager(cfg.checkpoint, self.rank, self.world, self._on_checkpoint, run_id=cfg.agent.run)
         # overlap_copy: a snapshot's copy runs beside the next forward/backward; the fence on the torch
         # optimizer (the one Accelerate wraps) waits for it right before step() first changes the state.
@@ -124,7 +131,22 @@ class Trainer:
         """The recovery kit over this trainer's parts: every command, the boundary, the timeouts."""
         self.kit.node_check_hook = self.faults.node_check
         self.faults.watch(lambda: self.agent.parts.ranks.collective)
+        self.record = self._open_record() if self.rank == 0 else None
+        """Rank 0's own account of the commands it applied and the LR scale (trainer/record.py)."""
         self._t_progress = (time.perf_counter(), 0)  # the progress line's rate: since (time, step)
+
+    def _open_record(self) -> TrainerRecord:
+        record = TrainerRecord(self.cfg.run_dir / RECORD_NAME)
+        scale = self.agent.lr_scale
+
+        def on_command(cmd: Command, outcome: Outcome, before: int) -> None:
+            record.command(cmd, outcome, before, self.kit.step, scale.value)
+
+        def on_timeout(timeout: Timeout, before: int) -> None:
+            record.timeout(timeout, before, self.kit.step, scale.value)
+
+        self.kit.on_command, self.kit.on_timeout = on_command, on_timeout
+        return record
 
     @staticmethod
     def _progress_mark_path(cfg: TrainConfig) -> Any:
@@ -222,7 +244,9 @@ class Trainer:
         if cfg.debug_digests:
             extra["rng_digest"] = digest_tensors([torch.get_rng_state()])
         with agent.data_wait():
-            x, y, _ids = self.sampler.batch(step)
+            x, y, ids = self.sampler.batch(step)
+        agent.observe_batch(x, ids, step=step)  # the data watch (a queue put; its thread does the work)
+        with agent.data_wait():
             x, y = x.to(self.accelerator.device), y.to(self.accelerator.device)
         xs, ys = x.split(self.micro_batch), y.split(self.micro_batch)
         n = len(xs)
@@ -327,6 +351,8 @@ class Trainer:
             if self.cfg.resume or self.agent.hang.life.restarted:  # a restarted group resumes from disk
                 self.resume_latest()
             self.restart_progress(self.step)
+            if self.record is not None:
+                self.record.start(self.step, self.cfg.steps, self.agent.lr_scale.value)
             if self.rank == 0:
                 for flag in self.corpus.flags:
                     self.agent.emit(EventType.DATA_FLAG, flag.event_data())
@@ -343,6 +369,10 @@ class Trainer:
         finally:
             if error is None and self.kit.stop_reason.startswith("failed"):
                 error = RuntimeError(self.kit.stop_reason)
+            if self.record is not None:
+                reason = self.kit.stop_reason or (f"error: {type(error).__name__}" if error is not None else "")
+                self.record.end(self.step, reason, self.agent.lr_scale.value)
+                self.record.close()
             for closer in (self.ckpt.close, lambda: self.agent.close(error, final_loss=self._final_loss())):
                 try:
                     closer()

@@ -90,10 +90,14 @@ def table_peak(device: torch.device) -> float | None:
 
 
 def calibrate_peak(device: torch.device, *, size: int = 512, seconds: float = 0.3, dtype: torch.dtype | None = None) -> float:
-    """Best observed FLOP/s of ``size``×``size`` matmuls on ``device`` over about ``seconds``."""
+    """Best observed FLOP/s of ``size``×``size`` matmuls on ``device`` over about ``seconds``.
+
+    The operands come from a generator of its own: drawing them from the global one would shift
+    the training's random stream (its data order, dropout, init) by the agent's mere presence."""
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
-    a = torch.randn(size, size, device=device, dtype=dtype)
-    b = torch.randn(size, size, device=device, dtype=dtype)
+    gen = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(size, size, device=device, dtype=dtype, generator=gen)
+    b = torch.randn(size, size, device=device, dtype=dtype, generator=gen)
     flops = 2.0 * size**3
     reps = 4
     best = 0.0

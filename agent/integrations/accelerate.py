@@ -88,9 +88,11 @@ class AgentTracker(GeneralTracker):
 
 def accelerate_kit(accelerator: Any, model: Any, optimizer: Any, scheduler: Any = None, *, run: str | None = None,
                    config: AgentConfig | None = None, config_path: str | None = None, kafka: Any = None,
-                   secret: Any = None, seq_len: int | None = None, start: bool = True, **kit_kwargs: Any) -> Any:
+                   secret: Any = None, seq_len: int | None = None, start: bool = True, global_batch: int = 0,
+                   **kit_kwargs: Any) -> Any:
     """The agent and the recovery kit for a prepared Accelerator loop, started (``run.started``
-    declares the kit's capabilities). ``run`` or ``config`` names the run; Kafka, the secret and
+    declares the kit's capabilities and ``global_batch``, the samples per optimizer step over all
+    ranks: 0 = not declared). ``run`` or ``config`` names the run; Kafka, the secret and
     ``[agent]`` come from the settings every process reads (agent/integrations/settings.py) unless
     given; ``kit_kwargs`` go to ``RecoveryKit`` (``validate_fn``, ``loss_fn``, ...)."""
     from cliffguard.agent.integrations.settings import agent_wiring
@@ -103,5 +105,5 @@ def accelerate_kit(accelerator: Any, model: Any, optimizer: Any, scheduler: Any 
     agent = Agent(accelerator, model, optimizer, config, seq_len=seq_len, **agent_kwargs)
     kit = RecoveryKit(agent, model, optimizer, scheduler, **kit_kwargs)
     if start:
-        kit.start()
+        kit.start(global_batch=global_batch)
     return kit

@@ -8,7 +8,9 @@ the recovery kit (agent/recovery/kit.py), so the Trainer gets what every loop ge
 - **the guard enforced**: ``on_pre_optimizer_step`` runs the agent's all-reduce and the guard, and
   the kit's wrapper around the Trainer's ``optimizer.step`` skips a bad update on every rank;
 - **lr_scale applied** inside that same ``optimizer.step`` (the scheduler's LR times the scale for
-  the update, then put back) and reported as applied (``kit.lr_scale_applied``);
+  the update, then put back) and reported as applied (``kit.lr_scale_applied``); with the Trainer
+  bound, its own logs show that applied LR too, and a rollback takes the rolled-back steps out of
+  its logged loss average (agent/integrations/hf_logs.py);
 - **commands** at each step end: ``pause`` holds inside the callback (heartbeats go on) through a
   ``validate`` until the controller's verdict; ``validate`` runs on the eval set when the callback
   knows the Trainer (``cb.train(trainer)`` or ``cb.bind(trainer)``, which uses ``evaluate()``),
@@ -40,6 +42,7 @@ from transformers import TrainerCallback
 from cliffguard.agent.config import AgentConfig
 from cliffguard.agent.hooks import Agent
 from cliffguard.agent.integrations.hf_checkpoints import TrainerCheckpoints
+from cliffguard.agent.integrations.hf_logs import LoggedLoss, log_applied_lr
 from cliffguard.agent.integrations.settings import agent_wiring
 from cliffguard.agent.recovery.kit import RecoveryKit
 from cliffguard.core.enums import CheckpointKind, EventType
@@ -47,6 +50,8 @@ from cliffguard.core.enums import CheckpointKind, EventType
 log = logging.getLogger(__name__)
 
 _NOT_INPUTS = ("num_items_in_batch", "return_dict", "output_attentions", "output_hidden_states")
+_CONTROL_FLAGS = ("should_log", "should_evaluate", "should_save", "should_epoch_stop", "should_training_stop")
+"""What the Trainer decided for this step, kept across a validation the kit runs inside it."""
 
 
 def _run_id(text: str) -> str:
@@ -84,6 +89,7 @@ class CliffguardHFCallback(TrainerCallback):
         self._no_loss_warned = False
         self._in_evaluate = False
         self._save_requested = False
+        self._logged_loss: LoggedLoss | None = None
 
     # ------------------------------------------------------------------ wiring
     def bind(self, trainer: Any) -> CliffguardHFCallback:
@@ -116,8 +122,17 @@ class CliffguardHFCallback(TrainerCallback):
                        lr_scheduler: Any = None, **kwargs: Any) -> Any:
         config, agent_kwargs = self._settings(args)
         self.agent = Agent(None, model, optimizer, config, seq_len=self.seq_len, **agent_kwargs)
+        extra: dict[str, Any] = {}
+        if self.trainer is not None:  # bound: its logs follow the LR scale and the rollbacks
+            self._logged_loss = extra["logged loss"] = LoggedLoss(self.trainer)
+        else:
+            log.info("cliffguard: the Trainer is not bound (cb.train(trainer) or cb.bind(trainer)): validation "
+                     "uses held-back training batches, and the Trainer's own logs show the unscaled LR")
         self.kit = RecoveryKit(self.agent, model, optimizer, lr_scheduler, validate_fn=self._validate,
-                               loss_fn=self._held_back_loss, checkpoint_fn=self._checkpoint)
+                               loss_fn=self._held_back_loss, checkpoint_fn=self._checkpoint, extra_state=extra)
+        if self.trainer is not None:
+            kit = self.kit
+            log_applied_lr(self.trainer, lambda: kit.lr_scale_applied)
         self.checkpoints = TrainerCheckpoints(self.kit.store, model, self.agent.rank)
         self.kit.store = self.checkpoints  # the ring first, then the Trainer's own checkpoint-N
         self.agent.set_step(int(state.global_step))
@@ -181,6 +196,8 @@ class CliffguardHFCallback(TrainerCallback):
             control.should_save = True
         if int(state.global_step) != agent.step:  # a rollback moved the step back
             state.global_step = agent.step
+            if self._logged_loss is not None:
+                self._logged_loss.after_rollback(agent.step)
         return control
 
     # ------------------------------------------------------------------ what the kit calls back
@@ -188,10 +205,15 @@ class CliffguardHFCallback(TrainerCallback):
         trainer = self.trainer
         if trainer is not None and getattr(trainer, "eval_dataset", None) is not None:
             self._in_evaluate = True
+            # evaluate() logs, and the Trainer's callback handler clears should_log on every log: the
+            # step's own training log (decided before this callback ran) must still happen
+            flags = {k: getattr(trainer.control, k) for k in _CONTROL_FLAGS}
             try:
                 metrics = trainer.evaluate()
             finally:
                 self._in_evaluate = False
+                for k, v in flags.items():
+                    setattr(trainer.control, k, v)
             val = metrics.get("eval_loss")
             if val is None:
                 raise RuntimeError("evaluate() returned no eval_loss")

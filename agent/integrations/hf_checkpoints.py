@@ -72,11 +72,7 @@ class TrainerCheckpoints:
             rng = torch.load(rng_file, map_location="cpu", weights_only=False)
             state["rng"] = {"torch": rng["cpu"], "python": rng["python"], "numpy": rng["numpy"],
                             **({"cuda": rng["cuda"]} if "cuda" in rng else {})}
-        else:
-            from cliffguard.agent.recovery.state import rng_state
-
-            state["rng"] = rng_state()
-        return state
+        return state  # without an rng file the RNG goes on as it is (and the ack says it was not restored)
 
     def discard_after(self, step: int) -> None:
         self.inner.discard_after(step)

@@ -56,6 +56,16 @@ def _tokens(batch: Any) -> int:
     return int(first.numel()) if isinstance(first, torch.Tensor) else 0
 
 
+def _global_batch(trainer: Any) -> int:
+    """Samples per optimizer step over every rank, from the train loader's batch size (0 = not
+    known: a loader of whole batches, ``batch_size=None``, or an iterable of another kind)."""
+    size = getattr(getattr(trainer, "train_dataloader", None), "batch_size", None)
+    if not isinstance(size, int) or size <= 0:
+        return 0
+    accumulate = int(getattr(trainer, "accumulate_grad_batches", 1) or 1)
+    return size * max(1, accumulate) * max(1, int(getattr(trainer, "world_size", 1) or 1))
+
+
 def training_step_loss(module: Any, batch: Any) -> torch.Tensor:
     """The module's ``training_step`` loss on ``batch``, with its logging muted (a validation run
     between steps is not a training step to log)."""
@@ -109,7 +119,8 @@ class CliffguardLightningCallback(pl.Callback):
                                loss_fn=self._loss, validate_fn=self._validate if self._has_val_data() else None,
                                wrap_optimizer=True)
         optimizer.step = self._closure_first(optimizer.step)
-        self.kit.start(config={"integration": "lightning", "max_steps": trainer.max_steps})
+        self.kit.start(global_batch=_global_batch(trainer),
+                       config={"integration": "lightning", "max_steps": trainer.max_steps})
 
     @staticmethod
     def _closure_first(kit_step: Callable[..., Any]) -> Callable[..., Any]:

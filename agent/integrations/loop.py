@@ -7,6 +7,7 @@ matters: the boundary before the batch is used, the guard between backward and `
 
     loop = guarded_loop(model, optimizer, scheduler, run="my-run", loss_fn=loss_fn)
     for batch in loop.batches(loader):              # commands at each boundary; ends on a stop
+        step = loop.current_step                    # the step this batch runs (back after a rollback)
         loop.backward(loss_fn(batch), tokens=n)     # records the loss, backward, the DDP hook's time
         loop.step()                                 # the guard, optimizer.step(), zero_grad(), scheduler
     loop.close()
@@ -35,14 +36,19 @@ class GuardedLoop:
         self.optimizer = optimizer
         self.scheduler = scheduler
         self._backward = backward or (lambda loss: loss.backward())
+        self.current_step = self.agent.step
+        """The step the batch ``batches`` just yielded runs (the kit's counter, from its boundary:
+        after a rollback, the restored step). A loop with its own step counter takes it from here."""
 
     def batches(self, loader: Iterable[Any]) -> Iterator[Any]:
         """The loader's batches (each fetch timed as data wait), each after the step boundary: the
         controller's commands applied, a pause or hold waited out, the batch kept for validation.
         Ends when the loader does or a command stops the run."""
         for batch in self.agent.wrap_loader(loader):
-            if not self.kit.at_boundary():
+            boundary = self.kit.at_boundary()
+            if not boundary:
                 return
+            self.current_step = boundary.step
             self.kit.remember(batch)
             yield batch
 
@@ -84,6 +90,7 @@ def guarded_loop(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sched
     """The agent and the recovery kit for ``model``, started, behind a ``GuardedLoop``. Settings
     (Kafka, keys, ``[agent]``) come from ``CLIFFGUARD_CONFIG`` and the ``CLIFFGUARD_*`` environment
     like every process's; ``accelerator`` (prepared objects) makes the backward Accelerate's;
-    ``kit_kwargs`` go to ``accelerate_kit`` and the kit (``loss_fn``, ``validate_fn``, ``config``, ...)."""
+    ``kit_kwargs`` go to ``accelerate_kit`` and the kit (``loss_fn``, ``validate_fn``, ``config``,
+    ``global_batch``: the samples per optimizer step over all ranks, for ``run.started``, ...)."""
     kit = accelerate_kit(accelerator, model, optimizer, scheduler, run=run, **kit_kwargs)
     return GuardedLoop(kit, optimizer, scheduler, accelerator.backward if accelerator is not None else None)

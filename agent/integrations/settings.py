@@ -15,7 +15,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from cliffguard.agent.config import AgentConfig
-from cliffguard.core.deployment import PUBLIC_KEY_ENV, SECRET_ENV, DeploymentConfig, build_deployment
+from cliffguard.core.deployment import (
+    EVENT_KEY_ENV,
+    PUBLIC_KEY_ENV,
+    SECRET_ENV,
+    DeploymentConfig,
+    build_deployment,
+)
+from cliffguard.core.keys import EventSigner
 from cliffguard.core.settings import build_config, load_toml
 
 log = logging.getLogger(__name__)
@@ -52,10 +59,15 @@ def agent_wiring(run: str, config: AgentConfig | None = None, config_path: str |
                  kafka: Any = None, secret: Any = None,
                  command_source: Any = None) -> tuple[AgentConfig, dict[str, Any]]:
     """An integration's ``AgentConfig`` and the ``Agent``'s ``sink``/``kafka``/``secret``/
-    ``command_source`` arguments: what the caller gave wins, the settings give the rest, with a loud
-    warning when nothing would reach a controller or no command could be verified."""
+    ``command_source``/``event_signer`` arguments: what the caller gave wins, the settings give the
+    rest, with a loud warning when nothing would reach a controller or no command could be
+    verified (and one from the agent when its events cannot be signed, agent/build.py)."""
     settings = resolve_settings(run, config_path)
     kwargs: dict[str, Any] = {"sink": sink, "kafka": kafka, "secret": secret, "command_source": command_source}
+    run_key = settings.deployment.event_key_for(run)
+    if sink is None and run_key is not None and not os.environ.get(EVENT_KEY_ENV):
+        # the agent secret of the file or the environment (CLIFFGUARD_EVENT_KEY, a worker's, wins)
+        kwargs["event_signer"] = EventSigner(run_key)
     if sink is None and kafka is None:
         kwargs["kafka"] = settings.deployment.kafka
         if not settings.kafka_configured:

@@ -14,7 +14,7 @@ import importlib
 from typing import Any
 
 _WHERE = {
-    "KitConfig": "config", "RecoveryKit": "kit", "RollbackUnavailable": "kit", "MemoryRing": "ring",
+    "Boundary": "boundary", "KitConfig": "config", "RecoveryKit": "kit", "RollbackUnavailable": "kit", "MemoryRing": "ring",
     "cpu_copy": "ring", "DataPosition": "state", "LoopState": "state", "RingStore": "store",
     "StateStore": "store", "Timeout": "timeouts", "apply_timeout": "timeouts", "timed_out": "timeouts",
 }

@@ -25,8 +25,16 @@ class KitConfig:
     on_pause_timeout: str = one_of("resume", TIMEOUT_POLICIES)
     """Policy when the controller fell silent during a pause: resume, stop or rollback."""
     val_every: int = bounded(50, ge=0)
-    """Validate every this many steps (0 = only on command): the controller judges a validation
-    against a baseline of these. The bundled trainer has its own ``[train] val_every``."""
+    """Validate every this many steps (0 = only on command): the controller judges a spike's
+    validation against the median of these (without one, a validation is abnormal: a rollback).
+    What a validation is depends on the loop: its ``validate_fn`` (a Hugging Face run's whole
+    ``evaluate()``), else the held-back training batches. The bundled trainer sets it from
+    ``[train] val_every``."""
+    val_max_share: float = bounded(0.1, ge=0, le=1)
+    """The most periodic validation may cost, as a share of the training time between two of them
+    (measured at each one, agent/recovery/cadence.py): above it the cadence turns off for the rest
+    of the run, with a warning, and validations on command still run (0 = no limit). The cost
+    goes into ``run.finished`` (``cliffguard status RUN`` prints it)."""
     val_keep: int = bounded(4, ge=0)
     """Recent training batches kept (on CPU) to validate on when the loop has no validation set."""
 

@@ -5,7 +5,8 @@ A plain loop::
     agent = Agent(None, model, optimizer, AgentConfig(run="my-run"), kafka=KafkaConfig.from_env())
     kit = RecoveryKit(agent, model, optimizer, scheduler, loss_fn=lambda b: model(*b)[1])
     kit.start()                                        # run.started with the kit's capabilities
-    while agent.step < total and kit.at_boundary():    # commands, holds, timeouts, snapshots
+    while agent.step < total and (b := kit.at_boundary()):  # commands, holds, timeouts, snapshots
+        step = b.step                                  # the step to run (back after a rollback)
         x, y = next(batches); kit.remember((x, y))     # a held-back slice to validate on
         loss = model(x, y)[1]; agent.after_forward(loss); loss.backward(); agent.after_backward()
         if kit.before_optimizer_step(): optimizer.step()  # the guard: False = skipped on every rank
@@ -21,14 +22,17 @@ dispatch table of agent/dispatch.py):
   Face Trainer) still skips the bad update, and the LR scale is applied inside that call (the
   scheduler's LR times ``lr_scale`` for the step, then put back, so no scheduler compounds it);
 - **boundary** (``at_boundary``): commands dispatched in order, the wait while ``paused``/``held``
-  with heartbeats going on, the hold and controller-silence timeouts (agent/recovery/timeouts.py),
-  then a memory snapshot when due;
+  with heartbeats going on, the hold and controller-silence timeouts (agent/recovery/timeouts.py,
+  each reported to the controller), then a memory snapshot when due; it returns a ``Boundary``
+  (agent/recovery/boundary.py): truthy while the run goes on, and ``.step``, the step the loop
+  runs next, which a loop with its own counter must take (a rollback moves it back);
 - **rollback** from the ``StateStore`` (default: the kit's ``MemoryRing``), all ranks or none,
   then the command's ``lr_scale``, then ``skip_data`` (the loop's ``skip_data`` callable; a
   loader that cannot rewind has skipped the window by going on, PaLM-style, and the ack says so);
 - **validate** with the loop's ``validate_fn(batches) -> float`` or, without one, ``loss_fn`` on
   the last ``val_keep`` training batches it was shown (``remember``); never a crash: no data is
-  a ``failed`` ack.
+  a ``failed`` ack. Every validation runs with the global RNGs put back afterwards, and the
+  periodic ones only while they cost at most ``val_max_share`` of training (agent/recovery/cadence.py).
 """
 
 from __future__ import annotations
@@ -50,11 +54,14 @@ from cliffguard.agent.hang.part import RestartRequested
 from cliffguard.agent.hang.restart import preflight, refuse_if_halted, restart_outcome
 from cliffguard.agent.hooks import Agent
 from cliffguard.agent.modes import HELD, STOPPING, WAITING
+from cliffguard.agent.recovery.boundary import Boundary
+from cliffguard.agent.recovery.cadence import ValidationCadence
 from cliffguard.agent.recovery.config import KitConfig
+from cliffguard.agent.recovery.restored import describe_restored
 from cliffguard.agent.recovery.ring import MemoryRing, cpu_copy
-from cliffguard.agent.recovery.state import DataPosition, LoopState, Stateful
+from cliffguard.agent.recovery.state import DataPosition, LoopState, Stateful, rng_untouched
 from cliffguard.agent.recovery.store import RingStore, StateStore
-from cliffguard.agent.recovery.timeouts import apply_timeout, timed_out
+from cliffguard.agent.recovery.timeouts import Timeout, apply_timeout, timed_out
 from cliffguard.core.enums import CheckpointKind, CommandType, EventType, GuardDecision
 from cliffguard.core.events import Command
 
@@ -109,7 +116,6 @@ class RecoveryKit:
         self.store: StateStore = store
         self.validate_fn = validate_fn
         self.loss_fn = loss_fn
-        self.can_rewind = data_position is not None
         self.skip_data_fn = skip_data
         self.checkpoint_fn = checkpoint_fn
         self.on_restore = on_restore
@@ -118,6 +124,11 @@ class RecoveryKit:
         self.on_periodic_validation: Callable[[int, float], None] | None = None
         """Called with (step, val_loss) after each ``val_every`` validation of ``at_boundary``;
         unlike a failed validation, what it raises ends the run (an HPO pruner's verdict)."""
+        self.on_command: Callable[[Command, Outcome, int], None] | None = None
+        """Called on every rank after each dispatched command with its outcome and the step the loop
+        was at before it (the bundled trainer keeps its own record of what it applied)."""
+        self.on_timeout: Callable[[Timeout, int], None] | None = None
+        """Called on every rank after a timeout policy was applied, with the step before it."""
         self.kept: deque[Any] = deque(maxlen=self.config.val_keep or None)
         """The held-back slice: recent training batches of steps the guard passed as ok."""
         self._pending_batches: list[Any] = []
@@ -132,6 +143,13 @@ class RecoveryKit:
         """Runs inside each round of the node check's timed window (a fault's slow rank)."""
         self.node_check: Any = None
         """The restarted group's node check (agent/hang/node_check.py ``CheckResult``), if one ran."""
+        self.cadence = ValidationCadence(self.config.val_every, self.config.val_max_share)
+        """The periodic validations' cadence and what every validation cost (``run.finished``'s ``validation``)."""
+        self.restored = ""
+        """What the last restore brought back, in words (agent/recovery/restored.py)."""
+        agent.lifecycle.summaries["validation"] = self.cadence.summary
+        self.restores = 0
+        """Rollbacks applied so far (a command's, a timeout policy's or the loop's own)."""
         if wrap_optimizer and self.optimizer is not None:
             self._wrap_step(self.optimizer)
 
@@ -222,29 +240,48 @@ class RecoveryKit:
         optimizer.step = step
 
     # ------------------------------------------------------------------ the boundary
-    def at_boundary(self, step: int | None = None) -> bool:
+    def at_boundary(self, step: int | None = None) -> Boundary:
         """Between steps: ``handle_commands``, then a memory snapshot and a validation (the
-        controller's baseline, every ``val_every``) when due. False when the run
-        must stop. ``step`` is checked against the agent's (the one counter; after a rollback
-        read ``kit.step``)."""
+        controller's baseline, every ``val_every``) when due. The ``Boundary`` is falsy when the
+        run must stop; its ``step`` is the step the loop runs next, which a loop with its own
+        counter must take (a rollback moves it back). ``step`` is checked against the agent's
+        (the one counter)."""
+        self.cadence.enter(time.monotonic())
+        try:
+            return self._boundary(step)
+        finally:
+            self.cadence.leave(time.monotonic())
+
+    def _boundary(self, step: int | None) -> Boundary:
         if step is not None and step != self.agent.step and not self._warned_step:
             self._warned_step = True
             log.warning("at_boundary(%d): the agent is at step %d; the agent's counter wins "
-                        "(read kit.step after a rollback)", step, self.agent.step)
+                        "(take the step from the Boundary at_boundary returns)", step, self.agent.step)
+        before, restores = self.agent.step, self.restores
         if not self.handle_commands():
-            return False
+            return Boundary(False, self.agent.step)
         step = self.agent.step
+        moved = before if self.restores != restores else None
         self.store.on_step(step, lambda: self.state.capture(step))
-        every = self.config.val_every
-        if every and step and step % every == 0 and CommandType.VALIDATE in self.capabilities:
-            try:
-                val = self.run_validation()  # the controller's baseline
-            except Exception as exc:  # noqa: BLE001 - a periodic validation never stops training
-                log.warning("periodic validation at step %d failed: %s", step, exc)
-            else:
-                if self.on_periodic_validation is not None:
-                    self.on_periodic_validation(step, val)
-        return True
+        if self.cadence.due(step) and CommandType.VALIDATE in self.capabilities:
+            self._periodic_validation(step)
+        return Boundary(True, step, moved)
+
+    def _periodic_validation(self, step: int) -> None:
+        t0 = time.monotonic()
+        try:
+            val = self.run_validation()  # the controller's baseline
+        except Exception as exc:  # noqa: BLE001 - a periodic validation never stops training
+            log.warning("periodic validation at step %d failed: %s", step, exc)
+            return
+        finally:
+            why = self.cadence.over_budget(step, time.monotonic() - t0)
+            if not self.all_ranks(not why):  # every rank stops together (a validation may be collective)
+                self.cadence.turn_off(why or "another rank's validation was over [agent.recovery] val_max_share")
+                log.warning("cliffguard: periodic validation is off from step %d: %s; validations on command "
+                            "still run (set [agent.recovery] val_max_share = 0 to keep it)", step, self.cadence.off)
+        if self.on_periodic_validation is not None:
+            self.on_periodic_validation(step, val)
 
     def handle_commands(self) -> bool:
         """Hold if the guard asked to, dispatch the delivered commands in order, wait while
@@ -254,7 +291,7 @@ class RecoveryKit:
             agent.modes.move(HELD)
         self._hold_pending = False
         for cmd in agent.poll_commands():
-            dispatch(cmd, self, agent.modes, agent.ack)
+            self._dispatch(cmd)
         self._leave_if_restarting()
         if agent.modes.mode in WAITING:
             self._wait()
@@ -278,13 +315,22 @@ class RecoveryKit:
                 decision = timed_out(agent.modes, agent.guard.config, self.config, time.monotonic() - since)
             cmds, decision = agent.exchange(decision)
             for cmd in cmds:
-                dispatch(cmd, self, agent.modes, agent.ack)
+                self._dispatch(cmd)
                 since = time.monotonic()
             self._leave_if_restarting()
             if decision is not None and agent.modes.mode in WAITING and not cmds:
+                before = agent.step
                 apply_timeout(self, agent.modes, decision)
+                if self.on_timeout is not None:
+                    self.on_timeout(decision, before)
                 since = time.monotonic()
         agent.set_step(agent.step)  # the wait is not part of the next step's time
+
+    def _dispatch(self, cmd: Command) -> None:
+        before = self.agent.step
+        outcome = dispatch(cmd, self, self.agent.modes, self.agent.ack)
+        if self.on_command is not None:
+            self.on_command(cmd, outcome, before)
 
     # ------------------------------------------------------------------ TimeoutHost
     def available_steps(self) -> list[int]:
@@ -302,6 +348,10 @@ class RecoveryKit:
     def fail(self, reason: str) -> None:
         self.stop_reason = f"failed: {reason}"
         self.agent.modes.move(STOPPING)
+
+    def report_timeout(self, data: dict[str, Any]) -> None:
+        if self.agent.rank == 0:
+            self.agent.emit(EventType.TRAINER_TIMEOUT, data)
 
     # ------------------------------------------------------------------ state
     def all_ranks(self, ok: bool) -> bool:
@@ -337,20 +387,27 @@ class RecoveryKit:
             raise RollbackUnavailable(f"step {to_step} is not available on every rank (have {self.available_steps()})")
         assert state is not None
         self.store.discard_after(to_step)
+        self.restored = describe_restored(state)
         self.agent.set_step(self.state.load(state))
+        self.restores += 1
         if self.on_restore is not None:
             self.on_restore(self.agent.step)
         return source
 
     # ------------------------------------------------------------------ validation
     def run_validation(self, cmd_id: str | None = None, batches: int | None = None) -> float:
-        """Forward-only validation on frozen weights; rank 0 emits the ``validation`` event."""
-        with self.agent.modes.validating():
-            if self.validate_fn is not None:
-                out = self.validate_fn(batches)
-                val, n = out if isinstance(out, tuple) else (out, batches or 0)
-            else:
-                val, n = self.validate_held_back(batches)
+        """Forward-only validation on frozen weights, the global RNGs untouched; rank 0 emits the
+        ``validation`` event. ``cmd_id`` None: a periodic one (its time counts for the cadence)."""
+        t0 = time.monotonic()
+        try:
+            with self.agent.modes.validating(), rng_untouched():
+                if self.validate_fn is not None:
+                    out = self.validate_fn(batches)
+                    val, n = out if isinstance(out, tuple) else (out, batches or 0)
+                else:
+                    val, n = self.validate_held_back(batches)
+        finally:
+            self.cadence.record(time.monotonic() - t0, periodic=cmd_id is None)
         if self.agent.rank == 0:
             payload: dict[str, Any] = {"val_loss": float(val), "batches": int(n)}
             if cmd_id is not None:
@@ -384,7 +441,7 @@ class RecoveryKit:
         return Outcome.applied(f"paused at step {self.agent.step}")
 
     def resume(self) -> Outcome:
-        self.agent.guard.clear_hold()
+        self.agent.guard.answer_hold()  # a stretch that goes on is still skipped; the hold re-arms
         return Outcome.applied(f"resumed at step {self.agent.step}")
 
     def validate(self, cmd_id: str, batches: int | None) -> Outcome:
@@ -401,11 +458,11 @@ class RecoveryKit:
             self.skip_data_fn(int(skip_data[0]), int(skip_data[1]))
         self.agent.guard.clear_hold()
         self._hold_pending = False
-        detail = f"restored step {to_step} from {source}; lr_scale={self.agent.lr_scale.value:g}"
+        detail = f"restored step {to_step} from {source}: {self.restored}; lr_scale={self.agent.lr_scale.value:g}"
         if skip_data and self.skip_data_fn is not None:
             detail += f"; skipping samples [{skip_data[0]}, {skip_data[1]})"
-        elif skip_data or not self.can_rewind:
-            detail += "; data not rewound (the loader goes on past the bad window)"
+        elif skip_data:
+            detail += f"; samples [{skip_data[0]}, {skip_data[1]}) not skipped (the loop gave the kit no skip_data)"
         return Outcome.applied(detail + self.rollback_detail())
 
     def rollback_detail(self) -> str:

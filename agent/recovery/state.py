@@ -9,8 +9,9 @@ the data goes on from where it is, so the batches that led to the failure are no
 
 from __future__ import annotations
 
+import contextlib
 import random
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -59,6 +60,18 @@ def set_rng_state(rng: Mapping[str, Any]) -> None:
         np.random.set_state(rng["numpy"])
 
 
+@contextlib.contextmanager
+def rng_untouched() -> Iterator[None]:
+    """Run the block and put every global RNG back as it was: what the agent runs between steps (a
+    validation: a DataLoader draws its base seed from the global generator, dropout in a
+    ``training_step``) must not shift the training's random stream."""
+    saved = rng_state()
+    try:
+        yield
+    finally:
+        set_rng_state(saved)
+
+
 @dataclass(slots=True)
 class LoopState:
     """The parts of a plain loop a rollback restores. ``extra``: more named stateful objects."""
@@ -90,7 +103,8 @@ class LoopState:
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and "scheduler" in state:
             self.scheduler.load_state_dict(state["scheduler"])
-        set_rng_state(state["rng"])
+        if "rng" in state:  # a Trainer checkpoint without its rng file has none
+            set_rng_state(state["rng"])
         if self.agent is not None and "agent" in state:
             self.agent.load_state_dict(state["agent"])
         if self.data is not None and "data" in state:

@@ -13,14 +13,16 @@ Two waits, two policies, each ``resume``, ``stop`` or ``rollback``:
 Every command answered restarts the clock. Rank 0 decides (clocks differ between ranks) and the
 decision travels with the commands of the same tick (``Agent.exchange``), so every rank applies
 the same policy at the same boundary. Both are logged at ERROR: a run that acts alone should be
-seen.
+seen; and both are reported (``TimeoutHost.report_timeout``: a ``trainer.timeout`` event with the
+wait, the policy, whether it applied, the LR scale before and after, the steps), from which the
+controller records an incident saying the trainer decided it and why, so no LR change goes unexplained.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from cliffguard.agent.command_target import Outcome
 from cliffguard.agent.guard import GuardConfig
@@ -72,29 +74,50 @@ class TimeoutHost(Protocol):
 
     def rollback(self, to_step: int, lr_scale: float, skip_data: tuple[int, int] | None) -> Outcome: ...
 
+    def report_timeout(self, data: dict[str, Any]) -> None:
+        """Tell the controller what the timeout did (rank 0 sends the ``trainer.timeout`` event)."""
+        ...
+
 
 def apply_timeout(host: TimeoutHost, modes: ModeMachine, timeout: Timeout) -> None:
-    """Apply ``timeout.policy`` on this rank (every rank calls it at the same tick)."""
+    """Apply ``timeout.policy`` on this rank (every rank calls it at the same tick), then report it."""
     what = "held by the guard" if timeout.wait == "hold" else "paused by a controller that fell silent"
+    at, before, first = host.step, host.current_lr_scale(), host.first_bad_step()
     log.error("%s for %gs without a controller command: applying policy %r at step %d",
-              what, timeout.after_s, timeout.policy, host.step)
+              what, timeout.after_s, timeout.policy, at)
+    applied, detail, to_step = _apply(host, modes, timeout, first)
+    data: dict[str, Any] = {"wait": timeout.wait, "policy": timeout.policy, "waited_s": float(timeout.after_s),
+                            "at_step": at, "applied": applied, "lr_scale_before": before,
+                            "lr_scale": host.current_lr_scale(), "detail": detail[:500]}
+    if first is not None:
+        data["first_bad_step"] = first
+    if to_step is not None:
+        data["to_step"] = to_step
+    host.report_timeout(data)
+
+
+def _apply(host: TimeoutHost, modes: ModeMachine, timeout: Timeout, first: int | None) -> tuple[bool, str, int | None]:
+    """(applied, what happened, the step restored)."""
     if timeout.policy == "resume":
         host.resume()
         modes.move(RUNNING)
-        return
+        return True, f"resumed at step {host.step} with no controller command", None
     if timeout.policy == "stop":
-        host.fail(f"{timeout.wait} timed out after {timeout.after_s:g}s with no controller command")
-        return
-    first = host.first_bad_step()
+        reason = f"{timeout.wait} timed out after {timeout.after_s:g}s with no controller command"
+        host.fail(reason)
+        return True, f"stopping: {reason}", None
     to_step = rollback_step(host.available_steps(), host.step if first is None else first)
     if to_step is None:
-        host.fail(f"{timeout.wait} timed out and there is no checkpoint to roll back to")
-        return
+        reason = f"{timeout.wait} timed out and there is no checkpoint to roll back to"
+        host.fail(reason)
+        return False, reason, None
     scale = rolled_back_lr_scale(host.current_lr_scale(), host.lr_factor())
     try:
         outcome = host.rollback(to_step, scale, None)
     except Exception as exc:  # noqa: BLE001 - no controller to tell: end the run as failed
-        host.fail(f"local rollback to {to_step} failed: {exc}")
-        return
+        reason = f"local rollback to {to_step} failed: {exc}"
+        host.fail(reason)
+        return False, reason, None
     log.error("local rollback: %s", outcome.detail)
     modes.move(RUNNING)
+    return True, f"rolled back: {outcome.detail}", to_step

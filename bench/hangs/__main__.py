@@ -10,7 +10,8 @@ measures from the fault's own clock (bench/hangs/measure.py):
   collective's);
 - ``named_s``: the hang incident opened, naming ``culprit`` (``culprit_correct``: the injected
   rank), the collective and the frame;
-- ``restart_begun_s``: the next life of the worker group said ``run.started``;
+- ``new_life_process_s``: torchrun started the next life's first worker process (both modes);
+  ``restart_begun_s``: that life said ``run.started`` (its imports and set-up done; cliffguard);
 - ``training_again_s``: its first step; ``steps_lost``: steps redone (from the newest disk
   checkpoint);
 - ``left_waiting``: ranks of the torn-down life still alive after training again, and
@@ -125,14 +126,15 @@ def summary(f: dict[str, Any]) -> str:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = ("kind", "mode", "detect s", "named s", "culprit ok", "remedy", "restart s", "training again s",
-            "steps lost", "left waiting")
+    head = ("kind", "mode", "detect s", "named s", "culprit ok", "remedy", "new life s", "run.started s",
+            "training again s", "steps lost", "left waiting")
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         for e in r["episodes"] or [None]:
-            cells = [r["kind"], r["mode"]] + (["-"] * 8 if e is None else [
+            cells = [r["kind"], r["mode"]] + (["-"] * 9 if e is None else [
                 e["detect_s"], e["named_s"], e["culprit_correct"] if r["mode"] == "cliffguard" else "no culprit named",
-                e["remedy"], e["restart_begun_s"], e["training_again_s"], e["steps_lost"], e["left_waiting"] or "none"])
+                e["remedy"], e["new_life_process_s"], e["restart_begun_s"], e["training_again_s"], e["steps_lost"],
+                e["left_waiting"] or "none"])
             out.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(out)
 

@@ -65,6 +65,7 @@ def monitored(kind: Kind, store: Any, run: str, run_dir: Path, launches: list[Wa
             "collective": (inc or {}).get("evidence", {}).get("collective"),
             "remedy": _REMEDY.get(_trigger(opened)) if opened else None,
             "restart_begun_s": _after(at["workers_started"]["ts"], t0) if "workers_started" in at else None,
+            "new_life_process_s": _after(_first_new(launches, t0), t0),
             "training_again_s": _after(t_again, t0),
             "steps_lost": f["step"] - int((again["evidence"] or {}).get("step", f["step"])) if again else None,
             "outcome": inc["outcome"] if inc else None,
@@ -81,6 +82,11 @@ def monitored(kind: Kind, store: Any, run: str, run_dir: Path, launches: list[Wa
         "last_step": max(steps, default=None), "run_status": runrow["status"] if runrow else None,
         "exit_codes": [la.code for la in launches],
     }
+
+
+def _first_new(launches: list[Watched], t0: float) -> float | None:
+    """When the first worker process of a later life was seen (torchrun began the restart)."""
+    return min((w.first for la in launches for w in la.workers.values() if w.first > t0), default=None)
 
 
 def _alive_at(launches: list[Watched], t0: float) -> list[Any]:
@@ -106,7 +112,8 @@ def baseline(kind: Kind, run_dir: Path, launch: Watched) -> dict[str, Any]:
         "fault": f["kind"], "rank": f["rank"], "step": f["step"], "life": f["life"],
         "detect_s": _after(failed, t0) if nxt is not None else None,
         "named_s": None, "culprit": None, "culprit_correct": False, "remedy": "restart everything" if nxt else None,
-        "restart_begun_s": _after(nxt, t0), "training_again_s": _after(again[0], t0) if again else None,
+        "restart_begun_s": None, "new_life_process_s": _after(nxt, t0),
+        "training_again_s": _after(again[0], t0) if again else None,
         "steps_lost": f["step"] - (again[1] - 1) if again else None,  # a progress line prints the next step
         "old_life_last_seen_s": _after(max((w.last for w in old), default=None), t0), "left_waiting": waiting}],
         "lives": launch.lives(), "exit_codes": [launch.code]}

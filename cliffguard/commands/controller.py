@@ -4,7 +4,8 @@ Settings come from ``--config FILE.toml`` < ``CLIFFGUARD_<SECTION>__<FIELD>`` en
 (``cliffguard/config.py``): the deployment's ``[kafka]``, ``[spike]``, ``[policy]`` and keys
 (``[secrets]``, ``core/deployment.py``: the Ed25519 private key it signs commands with, else the
 HMAC secret; the agent secret events are checked with; never printed), and the
-controller's ``[store]``, ``[controller]``, ``[recovery]``, ``[rules]``, ``[alerts]``, ``[retention]``.
+controller's ``[store]``, ``[controller]``, ``[recovery]``, ``[rules]``, ``[alerts]``, ``[retention]``,
+``[goodput]``.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ def command_secret(toml: dict):
     return DeploymentConfig(secret=secret, secret_source=source, **resolve_keys(toml)).require_signing_key()
 
 
-CONTROLLER_SECTIONS = ["kafka", "spike", "policy", "store", "controller", "recovery", "rules", "alerts", "retention"]
+CONTROLLER_SECTIONS = ["kafka", "spike", "policy", "store", "controller", "recovery", "rules", "alerts", "retention",
+                       "goodput"]
 
 
 def resolve_common(args: argparse.Namespace, sections: list[str]):
@@ -92,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
         ensure_topics(cfg["kafka"])
         svc = ControllerService(cfg["controller"], cfg["kafka"], store.engine, secret, cfg["alerts"],
                                 event_verifier=cfg.deployment.event_verifier(),
-                                recovery=cfg["recovery"], retention=cfg["retention"], detector_factory=default_detector_factory(cfg["rules"]))
+                                recovery=cfg["recovery"], retention=cfg["retention"], goodput=cfg["goodput"],
+                                detector_factory=default_detector_factory(cfg["rules"]))
         print(f"controller {cfg['controller'].group_id} on {cfg['kafka'].bootstrap} "
               f"({cfg['kafka'].metrics_topic}) store {store.engine.url.render_as_string(hide_password=True)}",
               flush=True)

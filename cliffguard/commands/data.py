@@ -3,7 +3,9 @@
 Near-duplicates (MinHash + LSH) are removed, the trainer's data rules (garbled text, URL piles)
 and a locally trained byte-trigram perplexity lower weights, a curriculum assigns categories and
 per-phase mixture weights, and documents matching a benchmark item's n-gram are removed last.
-Point the trainer at the manifest with ``[data] weights_manifest`` (trainer/data.py). With
+Point the trainer at the manifest with ``[data] weights_manifest`` (trainer/data.py); the reference
+model is saved beside it (``MANIFEST.lm.npz``, named in the manifest), and the trainer's data
+watch scores each batch with it while training. With
 ``--json`` stdout carries only the report JSON; progress goes to stderr. Bad input is an error
 naming it (exit 2).
 """
@@ -14,6 +16,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 from cliffguard.data.contamination import ContaminationIndex, load_benchmark
 from cliffguard.data.corpus import corpus_files
@@ -21,6 +24,7 @@ from cliffguard.data.curriculum import Curriculum, parse_curriculum
 from cliffguard.data.dedup import DedupConfig
 from cliffguard.data.manifest import write_json
 from cliffguard.data.pipeline import PassConfig, run_pass
+from cliffguard.trainer.byte_lm import MODEL_SUFFIX
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -63,8 +67,10 @@ def run(args: argparse.Namespace) -> int:
         index = ContaminationIndex(items, n=args.ngram) if items else None
         curriculum = parse_curriculum(args.curriculum) if args.curriculum else Curriculum()
         cfg = PassConfig(dedup=DedupConfig(threshold=args.threshold, num_perm=args.num_perm))
+        model = Path(args.out).with_suffix(MODEL_SUFFIX)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         manifest, report = run_pass(args.corpus, files, cfg=cfg, contamination=index, curriculum=curriculum,
-                                    progress=_progress(args.progress_every))
+                                    progress=_progress(args.progress_every), model_path=model)
     except ValueError as exc:
         print(f"cliffguard data: {exc}", file=sys.stderr)
         return 2
@@ -79,5 +85,6 @@ def run(args: argparse.Namespace) -> int:
               f"{report['kept']} kept, {report['removed']} removed; reasons {report['reasons']}")
         print(f"near-duplicates: {d['duplicates_removed']} in {len(d['clusters'])} clusters; "
               f"precision estimate {d['precision_estimate']} on {len(d['precision_sample'])} pairs")
-        print(f"contaminated: {len(report['contamination'])}; manifest -> {args.out}  ({report['seconds']['total']}s)")
+        print(f"contaminated: {len(report['contamination'])}; manifest -> {args.out}, reference model -> "
+              f"{manifest['perplexity_model']['path']}  ({report['seconds']['total']}s)")
     return 0

@@ -93,7 +93,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    "that many, hf, lightning and accelerate-tracker run 1)")
     p.add_argument("--elastic", action="store_true",
                    help="the elastic demo instead: two torchrun agents of 2 processes, one killed and brought back "
-                        "(cliffguard/demo_elastic.py; --dir and --json apply)")
+                        "(cliffguard/demo_elastic.py; --dir, --json, --steps and --clean apply)")
     p.add_argument("--trainer", choices=TRAINERS, default="bundled",
                    help="who trains: the bundled GPT trainer (default), or the same scenario under the Hugging "
                         "Face Trainer (extra [hf]) or PyTorch Lightning (extra [lightning]) through their integrations, "
@@ -186,7 +186,9 @@ def run(args: argparse.Namespace) -> int:
     if args.elastic:
         from cliffguard import demo_elastic
 
-        argv = ["--dir", args.dir if args.dir != DEFAULT_DIR else "cliffguard-demo-elastic"]
+        argv = ["--dir", args.dir if args.dir != DEFAULT_DIR else demo_elastic.DEFAULT_DIR]
+        argv += ["--steps", str(args.steps)] if args.steps != DEFAULT_STEPS else []  # its own default otherwise
+        argv += ["--no-faults"] if args.clean else []
         return demo_elastic.main(argv + (["--json", args.json_path] if args.json_path else []))
 
     if args.steps < 50:
@@ -322,6 +324,7 @@ def summarize(args: argparse.Namespace, run_id: str, faults: list[Any], facts: d
         "flagged_samples": facts["flagged_samples"], "lr_scale": facts["lr_scale"],
         "lr_scale_applied": facts["lr_scale_applied"], "run_status": facts["run_status"],
         "alerts": len(facts["alerts"]), "commands_sent": facts["commands_sent"], "train_exit_code": train_rc,
+        "validation": facts.get("validation"),  # what the trainer's validations cost (run.finished)
     }
 
 

@@ -169,10 +169,14 @@ def build_train_config(args: argparse.Namespace, *, bootstrap: str | None, env: 
     model = section("model", {"n_layer": args.n_layer, "n_head": args.n_head, "n_embd": args.n_embd,
                               "block_size": args.seq_len})
     data = section("data", {"seq_len": args.seq_len, "paths": args.data_paths, "max_bytes": args.max_bytes})
-    run_dir = Path(base.out_dir) / run
+    # every path the workers get is absolute: they need not run where this command was typed
+    data = dataclasses.replace(data, paths=[str(Path(p).resolve()) for p in data.paths])
+    out_dir = Path(base.out_dir).resolve()
+    run_dir = out_dir / run
     ckpt = section("checkpoint", {
         "dir": ((toml.get("checkpoint") or {}).get("dir")) or str(run_dir / "checkpoints"),
         "snapshot_every": args.snapshot_every, "ckpt_every": args.ckpt_every, "full_every": args.full_every})
+    ckpt = dataclasses.replace(ckpt, dir=str(Path(ckpt.dir).resolve()))
     guard_flags = {"hold_timeout_s": args.hold_timeout_s, "on_timeout": args.on_timeout,
                    "enabled": False if args.guard_off else None}
     plan_set = ((toml.get("agent") or {}).get("hang") or {}).get("plan_dir") or env.get("CLIFFGUARD_AGENT__HANG__PLAN_DIR")
@@ -180,8 +184,11 @@ def build_train_config(args: argparse.Namespace, *, bootstrap: str | None, env: 
                   "plan_dir": None if plan_set else str(Path(ckpt.dir).resolve())}  # one directory for the job
     agent = section("agent", {"run": run, "hist_every": args.hist_every, "heartbeat_s": args.heartbeat_s,
                               "peak_flops": args.peak_flops, "guard": guard_flags, "hang": hang_flags})
+    if agent.spill_dir:
+        agent = dataclasses.replace(agent, spill_dir=str(Path(agent.spill_dir).resolve()))
     kafka = None if args.no_monitor else deployment.kafka
-    cfg = dataclasses.replace(base, run=run, model=model, data=data, checkpoint=ckpt, agent=agent, kafka=kafka)
+    cfg = dataclasses.replace(base, run=run, out_dir=str(out_dir), model=model, data=data, checkpoint=ckpt, agent=agent,
+                              kafka=kafka)
     return deployment, cfg
 
 

@@ -5,9 +5,12 @@ Manifest::
     {"version": 1, "root": "/abs/corpus",
      "documents": [{"path": "/abs/file", "kept": true, "weight": 0.8, "category": "code",
                     "reasons": [{"reason": "perplexity", ...}]}, ...],
-     "curriculum": {"categories": {...}, "default": "other", "phases": [...]}}
+     "curriculum": {"categories": {...}, "default": "other", "phases": [...]},
+     "perplexity_model": {"path": "/abs/manifest.lm.npz", "median": 4.2}}
 
-A removed document has ``kept: false`` and weight 0. trainer/data.py reads this format (it
+``perplexity_model`` (written by ``cliffguard data``) names the byte-trigram reference model the
+pass scored documents with (trainer/byte_lm.py) and the median document perplexity; the trainer's
+data watch scores each batch with it. A removed document has ``kept: false`` and weight 0. trainer/data.py reads this format (it
 cannot import this package), so a change here is a change there.
 """
 

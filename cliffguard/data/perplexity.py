@@ -1,21 +1,19 @@
-"""Perplexity reweighting with a reference model trained locally: an add-k smoothed byte trigram LM.
+"""Perplexity reweighting with a reference model trained locally: the add-k smoothed byte trigram LM
+of trainer/byte_lm.py (the bundled trainer scores its batches with the same model while training).
 
-Trained on the corpus itself (a pass before scoring), nothing downloaded. Code and prose from
-the corpus score low perplexity; bad OCR, mojibake and random bytes score high, because their
-byte trigrams are rare in the corpus. A document's weight is ``clip(tolerance * median / ppl, floor, 1)``:
-documents up to ``tolerance`` times the median keep weight 1 (half the corpus is above the median,
-and that is no fault), one twice as far out gets 0.5.
-Counts live in a 256^3 uint32 table (64 MiB) whatever the corpus size.
+A document's weight is ``clip(tolerance * median / ppl, floor, 1)``: documents up to ``tolerance``
+times the median keep weight 1 (half the corpus is above the median, and that is no fault), one
+twice as far out gets 0.5.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-import numpy as np
-
 from cliffguard.core.declared import bounded, check_declared
+from cliffguard.trainer.byte_lm import ByteLMConfig, ByteTrigramLM
+
+__all__ = ["ByteTrigramLM", "PerplexityConfig", "perplexity_weight"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -32,36 +30,9 @@ class PerplexityConfig:
     def __post_init__(self) -> None:
         check_declared(self)
 
-
-def _trigram_ids(data: bytes) -> np.ndarray:
-    b = np.frombuffer(data, dtype=np.uint8).astype(np.int64)
-    return (b[:-2] << 16) | (b[1:-1] << 8) | b[2:]
-
-
-class ByteTrigramLM:
-    def __init__(self, cfg: PerplexityConfig | None = None) -> None:
-        self.cfg = cfg or PerplexityConfig()
-        self.tri = np.zeros(1 << 24, dtype=np.uint32)
-        self._ctx: np.ndarray | None = None
-
-    def train(self, text: str) -> None:
-        data = text.encode("utf-8")[: self.cfg.max_doc_bytes]
-        if len(data) >= 3:
-            ids, counts = np.unique(_trigram_ids(data), return_counts=True)  # sparse: a document is small
-            self.tri[ids] += counts.astype(np.uint32)
-            self._ctx = None
-
-    def perplexity(self, text: str) -> float | None:
-        """Per-byte perplexity of the text's head; None when it has under 3 bytes."""
-        data = text.encode("utf-8")[: self.cfg.max_doc_bytes]
-        if len(data) < 3:
-            return None
-        if self._ctx is None:
-            self._ctx = self.tri.reshape(1 << 16, 256).sum(1, dtype=np.int64)
-        ids = _trigram_ids(data)
-        k = self.cfg.add_k
-        p = (self.tri[ids] + k) / (self._ctx[ids >> 8] + 256 * k)
-        return float(math.exp(-np.log(p).mean()))
+    def model(self) -> ByteLMConfig:
+        """The reference model's own settings."""
+        return ByteLMConfig(add_k=self.add_k, max_doc_bytes=self.max_doc_bytes)
 
 
 def perplexity_weight(ppl: float | None, median: float, cfg: PerplexityConfig) -> float:

@@ -47,8 +47,11 @@ Progress = Callable[[str, int, int], None]
 
 def run_pass(root: str | Path, files: list[Path], *, cfg: PassConfig | None = None,
              contamination: ContaminationIndex | None = None, curriculum: Curriculum | None = None,
-             rules: DocRules | None = None, progress: Progress | None = None) -> tuple[dict, dict]:
-    """(manifest, report) for ``files`` under ``root``; ``progress(phase, done, total)`` is called as it goes."""
+             rules: DocRules | None = None, progress: Progress | None = None,
+             model_path: str | Path | None = None) -> tuple[dict, dict]:
+    """(manifest, report) for ``files`` under ``root``; ``progress(phase, done, total)`` is called as it goes.
+    ``model_path``: save the reference model there and name it in the manifest (``perplexity_model``),
+    for the trainer to score its batches with while training."""
     cfg = cfg or PassConfig()
     curriculum = curriculum or Curriculum()
     rules = rules or DocRules()
@@ -56,7 +59,7 @@ def run_pass(root: str | Path, files: list[Path], *, cfg: PassConfig | None = No
     t0 = time.monotonic()
     stats = CorpusStats()
     dedup = Deduplicator(cfg.dedup)
-    lm = ByteTrigramLM(cfg.perplexity)
+    lm = ByteTrigramLM(cfg.perplexity.model())
     docs: list[DocEntry] = []
     contaminated: dict[int, Any] = {}
     pairs: list[tuple[str, str, float | None]] = []
@@ -141,4 +144,8 @@ def run_pass(root: str | Path, files: list[Path], *, cfg: PassConfig | None = No
     }
     if contamination is not None:
         report["benchmark_items_ignored_short"] = contamination.ignored[: cfg.examples]
-    return manifest_json(str(root), docs, curriculum.to_json()), report
+    manifest = manifest_json(str(root), docs, curriculum.to_json())
+    if model_path is not None:
+        lm.save(model_path)
+        manifest["perplexity_model"] = {"path": str(Path(model_path).resolve()), "median": round(median, 3)}
+    return manifest, report

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from cliffguard.agent.config import AgentConfig
+from cliffguard.agent.data_watch.config import DataWatchConfig
 from cliffguard.agent.guard import GuardConfig
 from cliffguard.core.declared import bounded, check_declared
 from cliffguard.core.enums import CheckpointKind
@@ -118,7 +119,8 @@ def train_config(cfg: HpoConfig, run: str, *, steps: int, lr: float, global_batc
         seed=cfg.seed, val_every=val_every, progress_every=0, threads=cfg.threads, out_dir=str(out),
         model=cfg.model, data=cfg.data, kafka=cfg.kafka,
         checkpoint=CheckpointConfig(dir=str(out / run / "checkpoints"), writer="thread"),
-        agent=AgentConfig(run=run, heartbeat_s=5.0, guard=guard),
+        # a trial is judged by its validation loss; its batches are the study's data, not a run to watch
+        agent=AgentConfig(run=run, heartbeat_s=5.0, guard=guard, data_watch=DataWatchConfig(enabled=False)),
     )
 
 

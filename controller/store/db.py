@@ -92,7 +92,9 @@ def make_engine(cfg_or_url: StoreConfig | str) -> Engine:
     url = make_url(cfg.url)
     if url.get_backend_name() == "sqlite":
         in_memory = url.database in (None, "", ":memory:")
-        if not in_memory:
+        # a URI filename (``file:PATH?mode=ro``, with ``uri=true``) names an existing file: no folder
+        # made for it (a relative "file:" folder appeared in the working directory)
+        if not in_memory and not url.database.startswith("file:"):
             Path(url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
         # The dashboard and the controller's threads share one engine; sqlite3's same-thread check
         # only guards against sharing a connection, which the pool already prevents.

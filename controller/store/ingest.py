@@ -3,8 +3,9 @@
 Kafka delivers at least once, so everything here must be safe to apply twice: a re-delivered
 event changes nothing.
 
-- Row-per-event tables (``step_metrics``, ``grad_hists``, ``validations``, ``data_flags``) carry the
-  event id under a unique constraint and are inserted with ``ON CONFLICT DO NOTHING``.
+- Row-per-event tables (``step_metrics``, ``grad_hists``, ``validations``, ``data_flags``,
+  ``data_stats``) carry the event id under a unique constraint and are inserted with
+  ``ON CONFLICT DO NOTHING``.
 - State tables are updated only by an event *newer* (by ``ts``) than what the row already
   reflects: heartbeats and checkpoints (``ts`` column), the run's last step (``last_event_ts``),
   its lifecycle (``started_at`` / ``ended_at``). A re-delivery carries the same ``ts`` and so
@@ -42,6 +43,7 @@ from cliffguard.controller.store.models import (
     CheckpointRow,
     CommandRow,
     DataFlagRow,
+    DataStatsRow,
     ElasticEventRow,
     EvidenceRow,
     GradHistRow,
@@ -301,6 +303,22 @@ def _data_flag(session: Session, ev: Event) -> bool:
     )
 
 
+def _data_stats(session: Session, ev: Event) -> bool:
+    d = ev.data
+    ppl = [v for v in d.get("step_ppl", []) if v == v]
+    per_step = {"steps": d["steps"], "dup": d["step_dup"], "pad": d["step_pad"],
+                **({"garbled": d["step_garbled"]} if "step_garbled" in d else {}),
+                **({"ppl": d["step_ppl"]} if "step_ppl" in d else {})}
+    outliers = [list(o) for o in zip(d["outlier_steps"], d["outlier_ids"], d["outlier_reasons"], d["outlier_scores"],
+                                     strict=False)]
+    return _insert_once(session, DataStatsRow, dict(
+        event_id=ev.id, run_id=ev.run, rank=ev.rank, first_step=d["first_step"], step=ev.step, ts=ev.ts,
+        batches=d["batches"], sequences=d["sequences"], tokens=d["tokens"], pad_share=d["pad_share"],
+        dup_share=d["dup_share"], dup_in_batch=d["dup_in_batch"], garbled=d.get("garbled"),
+        ppl=sum(ppl) / len(ppl) if ppl else None, dropped=d.get("dropped", 0), per_step=to_json(per_step),
+        len_counts=list(d["len_counts"]), sketch=list(d["sketch"]), outliers=to_json(outliers)))
+
+
 def _elastic(session: Session, ev: Event) -> bool:
     d = ev.data
     return _insert_once(session, ElasticEventRow, dict(
@@ -381,6 +399,13 @@ def _command_ack(session: Session, ev: Event) -> bool:
     return True
 
 
+def _trainer_timeout(session: Session, ev: Event) -> bool:
+    """A trainer that acted alone runs at the LR scale it reports (the recovery machine records who
+    decided it and why, and adopts it as the run's: controller/recovery_others.py)."""
+    _lr_scale_applied(session, ev.run, float(ev.data["lr_scale"]), ev.ts)
+    return True
+
+
 def _run_started(session: Session, ev: Event) -> bool:
     caps = ev.data.get("capabilities")
     res = session.execute(
@@ -417,15 +442,25 @@ def _run_ended(session: Session, ev: Event) -> bool:
             status="failed" if failed else "finished",
             ended_at=ev.ts,
             error=fit_value(RunRow, "error", ev.data.get("error")) if failed else None,
+            summary=None if failed else (to_json(_summary(ev.data)) or None),
         )
     )
     return res.rowcount > 0
+
+
+_FINISHED_FIGURES = ("steps", "final_loss")  # the run's own row has them (last_step, the curve)
+
+
+def _summary(data: Mapping[str, Any]) -> dict[str, Any]:
+    """What ``run.finished`` says beyond its figures (the kit's ``validation`` cost)."""
+    return {k: v for k, v in data.items() if k not in _FINISHED_FIGURES}
 
 
 _HANDLERS = {
     EventType.GRAD_HIST: _grad_hist,
     EventType.VALIDATION: _validation,
     EventType.DATA_FLAG: _data_flag,
+    EventType.DATA_STATS: _data_stats,
     EventType.HEARTBEAT: _heartbeat,
     EventType.CHECKPOINT: _checkpoint,
     EventType.COMMAND_ACK: _command_ack,
@@ -436,4 +471,5 @@ _HANDLERS = {
     EventType.ELASTIC_SCALED_UP: _elastic,
     EventType.HANG_EVIDENCE: _evidence,
     EventType.NODE_CHECK: _evidence,
+    EventType.TRAINER_TIMEOUT: _trainer_timeout,
 }

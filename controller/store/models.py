@@ -75,6 +75,8 @@ class RunRow(Base):
     started_at: Mapped[float | None] = mapped_column(Float)  # ts of the newest run.started
     ended_at: Mapped[float | None] = mapped_column(Float)  # ts of run.finished / run.failed
     error: Mapped[str | None] = mapped_column(Text)  # run.failed's error
+    # run.finished's summaries beyond steps and loss (the kit's ``validation`` cost); NULL before one
+    summary: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     # Steps below this are summarised in buckets by store.retention; ingest ignores per-step rows
     # below it (a re-delivery of an event already folded into a bucket must change nothing).
     downsampled_below: Mapped[int] = mapped_column(Integer, default=0)
@@ -336,6 +338,36 @@ class DataFlagRow(Base):
     sample_ids: Mapped[list[int]] = mapped_column(JSON, default=list)
 
 
+class DataStatsRow(Base):
+    """One ``data.stats`` event: a watching rank's batch statistics over a window of steps
+    (agent/data_watch/), what the data rules judged and a loss incident shows beside the baseline.
+    The per-step arrays are one JSON object (``steps``, ``dup``, ``pad``, ``garbled``, ``ppl``)."""
+
+    __tablename__ = "data_stats"
+    __table_args__ = (Index("ix_data_stats_run_step", "run_id", "step"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    event_id: Mapped[str | None] = mapped_column(String(32), unique=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    rank: Mapped[int] = mapped_column(Integer, default=0)
+    first_step: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int] = mapped_column(Integer)  # the window's last step
+    ts: Mapped[float] = mapped_column(Float)
+    batches: Mapped[int] = mapped_column(Integer)
+    sequences: Mapped[int] = mapped_column(Integer)
+    tokens: Mapped[int] = mapped_column(BigInteger)
+    pad_share: Mapped[float | None] = mapped_column(Float)
+    dup_share: Mapped[float | None] = mapped_column(Float)
+    dup_in_batch: Mapped[float | None] = mapped_column(Float)
+    garbled: Mapped[float | None] = mapped_column(Float)  # NULL: no garbled-text scorer
+    ppl: Mapped[float | None] = mapped_column(Float)  # the window's mean batch log-perplexity; NULL: no reference model
+    dropped: Mapped[int] = mapped_column(Integer, default=0)
+    per_step: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    len_counts: Mapped[list[int]] = mapped_column(JSON, default=list)
+    sketch: Mapped[list[int]] = mapped_column(JSON, default=list)
+    outliers: Mapped[list[Any]] = mapped_column(JSON, default=list)  # [step, sample id, reason, score], worst first per reason
+
+
 class ElasticEventRow(Base):
     """A scale change the run resumed from (``elastic.scaled_down`` / ``elastic.scaled_up``): the
     worlds, batches and LR on either side and its goodput cost (steps redone, seconds spent in
@@ -365,7 +397,7 @@ class ElasticEventRow(Base):
 
 
 class EvidenceRow(Base):
-    """The run's evidence (migration 0011): a rank's ``hang.evidence`` (its Flight Recorder's
+    """The run's evidence (migration 0013): a rank's ``hang.evidence`` (its Flight Recorder's
     sequence numbers, in-flight collectives and every thread's stack, bounded) or a restarted
     group's ``node.check``, as the agent sent it (``data``)."""
 
@@ -457,5 +489,70 @@ class DlqCountRow(Base):
     topic: Mapped[str] = mapped_column(String(256), primary_key=True)
     reason: Mapped[str] = mapped_column(String(64), primary_key=True)  # e.g. invalid_json, unknown_version
     count: Mapped[int] = mapped_column(BigInteger, default=0)
+    last_ts: Mapped[float] = mapped_column(Float)
+    last_detail: Mapped[str | None] = mapped_column(Text)
+
+
+class GoodputRow(Base):
+    """A run's goodput ledger (``controller/goodput``): where each second from its first start went
+    and the figures readers show, as of ``booked_until`` (written at most ``[goodput] row_every_s``
+    of booked time apart when nothing else changed)."""
+
+    __tablename__ = "goodput"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    updated_at: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[float | None] = mapped_column(Float)
+    booked_until: Mapped[float | None] = mapped_column(Float)
+    """Every second from ``started_at`` to here is in a bucket."""
+    ended: Mapped[bool] = mapped_column(Boolean, default=False)
+    wall_s: Mapped[float] = mapped_column(Float, default=0.0)
+    ettr: Mapped[float | None] = mapped_column(Float)
+    """Productive seconds / wall seconds."""
+    ettr_gpu: Mapped[float | None] = mapped_column(Float)
+    """Productive GPU-seconds / all GPU-seconds."""
+    window_ettr: Mapped[float | None] = mapped_column(Float)
+    """ETTR over the alert window (``[goodput] ettr_window_s``)."""
+    steps_lost: Mapped[int] = mapped_column(Integer, default=0)
+    seconds: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    """Bucket -> seconds."""
+    gpu_seconds: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    summary: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    """``controller.goodput.summary.summarize``: counts, checkpoints and their counterfactual."""
+    timeline: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    """The stacked chart's points: [seconds since the first start, cumulative seconds per bucket...]
+    (the ledger's own state, the rest, is saved with the run's: ``runs.controller_state``)."""
+
+
+class GoodputCostRow(Base):
+    """What one incident, restart or scale change of a run cost, by goodput bucket."""
+
+    __tablename__ = "goodput_costs"
+    __table_args__ = (Index("ix_goodput_costs_ts", "ts"),)
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    """The incident's id, or ``restart:<n>`` / ``unexplained:<n>``."""
+    kind: Mapped[str] = mapped_column(String(16))  # incident | restart | elastic | unexplained
+    ts: Mapped[float] = mapped_column(Float)
+    """When it began costing."""
+    steps_lost: Mapped[int] = mapped_column(Integer, default=0)
+    seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    gpu_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    buckets: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    """Bucket -> {"seconds", "gpu_seconds"}."""
+
+
+class DlqRunRow(Base):
+    """Dead letters per (run, reason), the run read off the message's Kafka key (the run id by the
+    contract): a run whose events are all refused (unsigned, say) has no ``runs`` row, so this is
+    where ``cliffguard status`` finds it."""
+
+    __tablename__ = "dlq_runs"
+
+    run_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    reason: Mapped[str] = mapped_column(String(64), primary_key=True)
+    count: Mapped[int] = mapped_column(BigInteger, default=0)
+    first_ts: Mapped[float] = mapped_column(Float)
     last_ts: Mapped[float] = mapped_column(Float)
     last_detail: Mapped[str | None] = mapped_column(Text)

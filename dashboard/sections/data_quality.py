@@ -1,5 +1,6 @@
-"""The data-quality page: what ``cliffguard data`` kept, removed and reweighted, and the curriculum
-the trainer's sampler follows."""
+"""The data-quality page: the chosen run's live batch statistics (sections/data_live.py) beside
+the offline report, what ``cliffguard data`` kept, removed and reweighted, and the curriculum the
+trainer's sampler follows."""
 
 from __future__ import annotations
 
@@ -7,14 +8,28 @@ import streamlit as st
 
 from cliffguard.dashboard import data_quality as dq
 from cliffguard.dashboard.config import DashboardConfig
+from cliffguard.dashboard.sections import data_live
+from cliffguard.dashboard.sections.context import Context
 
 
-def render(cfg: DashboardConfig) -> None:
+def render(cfg: DashboardConfig, ctx: Context | None = None, every: float | None = None) -> None:
+    """``ctx``: the run whose live statistics to show (None: no run in the store), refreshed
+    every ``every`` seconds (a fragment, like the run view's sections)."""
     st.title("Data quality")
-    if cfg.data_report:
-        _report(cfg.data_report)
-    if cfg.data_manifest:
-        _curriculum(cfg.data_manifest)
+    both = (cfg.data_report or cfg.data_manifest) and ctx is not None
+    live, offline = st.columns(2) if both else (st.container(), st.container())
+    if ctx is not None:
+        with live:
+            st.fragment(data_live.render, run_every=every)(ctx)
+    with offline:
+        if cfg.data_report:
+            st.subheader("Offline report (`cliffguard data`)")
+            _report(cfg.data_report)
+        if cfg.data_manifest:
+            _curriculum(cfg.data_manifest)
+    if ctx is None and not (cfg.data_report or cfg.data_manifest):
+        st.info("no run in the store and no `cliffguard data` report configured "
+                "(`[dashboard] data_report`, `data_manifest`)")
 
 
 def _report(path: str) -> None:

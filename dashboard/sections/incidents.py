@@ -39,6 +39,7 @@ def render(ctx: Context) -> None:
                  + f" · {inc.id[:8]}")
         with st.expander(title, expanded=inc.outcome == "open"):
             _evidence(inc.evidence or {})
+            _data(ctx, inc)
             inc_trans = trans[trans["incident_id"] == inc.id]
             if len(inc_trans):
                 st.markdown("**Transitions**")
@@ -72,6 +73,24 @@ def _evidence(ev: dict[str, Any]) -> None:
             col.metric(k if k != "sigmas" else "σ above median", f"{v:.4g}" if isinstance(v, float) else str(v))
     with st.popover("evidence (JSON)"):
         st.json(ev)
+
+
+def _data(ctx: Context, inc: Any) -> None:
+    """The batch statistics of the incident's steps beside the baseline (``read.data_evidence``)."""
+    onset = int(inc.onset_step) if derive._is_num(inc.onset_step) else int(inc.spike_step)
+    data = ctx.read(read.data_evidence, ctx.run_id, onset, int(inc.spike_step))
+    if not data or not data["steps"]:
+        return
+    base = data["baseline"] or {}
+    rows = [{"step": "baseline", **{k: base.get(k) for k in ("ppl", "dup", "garbled", "pad")}},
+            *({"step": str(r["step"]), **{k: r[k] for k in ("ppl", "dup", "garbled", "pad")}} for r in data["steps"])]
+    st.markdown(f"**Batch statistics of steps {onset}-{int(inc.spike_step)}** (rank {data['rank']}; baseline: "
+                f"medians of steps {base.get('steps', ['?', '?'])[0]}-{base.get('steps', ['?', '?'])[1]})")
+    st.dataframe(pd.DataFrame(rows, columns=["step", "ppl", "dup", "garbled", "pad"]), hide_index=True, width="stretch")
+    named = [o for w in data["windows"] for o in w["outliers"] if onset <= o[0] <= int(inc.spike_step)
+             and o[2] != "novelty"]
+    if named:
+        st.caption("outlier sequences: " + ", ".join(f"{o[1]} ({o[2]} at step {o[0]})" for o in named[:12]))
 
 
 def _with_time(df: pd.DataFrame, col: str = "ts") -> pd.DataFrame:

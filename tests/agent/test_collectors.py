@@ -217,6 +217,27 @@ def test_guard_skips_crit_and_holds_after_consecutive_trips():
     assert other.state_dict() == state
 
 
+
+def test_a_resume_answers_the_skips_but_keeps_the_stretch_that_goes_on():
+    """Five bad steps 120-124, paused after two and resumed: every one is skipped, the hold comes
+    ``hold_after`` skips after the resume, and the stretch still starts at 120."""
+    guard = Guard(GuardConfig(hold_after=3, spike=SpikeConfig(window=16, min_history=8)))
+    for i in range(110, 120):
+        guard.decide(2.0 + 0.01 * (i % 3), i)
+    assert [guard.decide(50.0, s) for s in (120, 121)] == [GuardDecision.SKIP] * 2
+    guard.answer_hold()  # the controller's resume at the boundary before 122
+    decisions = [guard.decide(50.0, s) for s in (122, 123, 124)]
+    assert decisions == [GuardDecision.SKIP, GuardDecision.SKIP, GuardDecision.HOLD]
+    assert guard.first_skip_step == 120 and guard.consecutive_skips == 5
+    assert not any(Guard.applies_update(d) for d in decisions)
+    restored = Guard(GuardConfig(hold_after=3, spike=SpikeConfig(window=16, min_history=8)))
+    restored.load_state_dict(guard.state_dict())
+    guard.answer_hold()
+    restored.answer_hold()
+    assert guard.decide(50.0, 125) is restored.decide(50.0, 125) is GuardDecision.SKIP
+    assert guard.decide(2.0, 126) is GuardDecision.OK  # a step that passes ends the stretch
+    assert (guard.consecutive_skips, guard.answered_skips, guard.first_skip_step) == (0, 0, None)
+
 def test_guard_config_validation():
     with pytest.raises(ValueError, match="on_timeout"):
         GuardConfig(on_timeout="panic")

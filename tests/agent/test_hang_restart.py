@@ -156,7 +156,7 @@ def test_an_earlier_lifes_restart_at_the_boundary_changes_nothing(tmp_path, monk
     _step(model, agent, kit)
     source.queue.append(restart(life=0))
     _step(model, agent, kit)
-    assert kit.at_boundary() is True
+    assert kit.at_boundary().go_on
     (ack,) = [e for e in sink.events if e.type is EventType.COMMAND_ACK]
     assert ack.data["status"] == "applied" and "restarted already" in ack.data["detail"]
     assert read_plan(tmp_path) is None and not agent.closed

@@ -183,7 +183,9 @@ def test_rollback_from_the_ring_applies_and_reports_lr_scale_and_checkpoint_now_
     trainer.train()
     acks = _acks(sink)
     assert acks[rollback.id]["status"] == "applied" and "restored step 8 from memory" in acks[rollback.id]["detail"]
-    assert "data not rewound" in acks[rollback.id]["detail"]
+    # what came back, exactly: the loader was not rewound, but it draws from the restored RNG
+    assert ("weights, optimizer, scheduler, guard window, RNG (torch, python, numpy); data position not saved"
+            in acks[rollback.id]["detail"])
     steps = [e.step for e in _steps(sink)]
     assert steps[:13] == list(range(13)) and steps[13] == 8  # step 12's update was rolled back with it
     after = [e for e in _steps(sink)][13:]
@@ -299,7 +301,8 @@ def test_both_faults_through_the_real_broker_and_controller(kafka_cfg, tmp_path)
 
     spike_at, blow_at, steps = 24, 44, 64
     cfg = AgentConfig(run="hf-e2e", hist_every=0, heartbeat_s=1.0, calibration_s=0.05, command_tick_s=0.05,
-                      recovery=KitConfig(snapshot_every=4, ring_size=8, pause_timeout_s=40, val_every=8), spill_dir=str(tmp_path / "spill"))
+                      recovery=KitConfig(snapshot_every=4, ring_size=8, pause_timeout_s=40, val_every=8,
+                                                   val_max_share=0), spill_dir=str(tmp_path / "spill"))
     publisher = Publisher(kafka_cfg, PublisherConfig(spill_path=str(tmp_path / "spill" / "p.bin"))).start()
     sink = Tee(publisher)
     cb = CliffguardHFCallback(cfg, sink=sink, kafka=kafka_cfg, secret=SECRET)
@@ -307,7 +310,10 @@ def test_both_faults_through_the_real_broker_and_controller(kafka_cfg, tmp_path)
                        eval_dataset=Data(32, "eval"))
     trainer.create_optimizer()
     trainer.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(trainer.optimizer, blowup(blow_at))
-    recovery = RecoveryConfig(stable_window=5, recover_window=5, validate_timeout_s=60, command_timeout_s=30)
+    # the two faults are independent and only 18 steps apart here: within the default escalate_within
+    # the blow-up would climb a rung of the ladder (lr_scale 0.25, controller/recovery_table.py LADDER)
+    recovery = RecoveryConfig(stable_window=5, recover_window=5, validate_timeout_s=60, command_timeout_s=30,
+                              escalate_within=10)
     with store_engine("sqlite", tmp_path) as (engine, _url):
         svc = ControllerService(ControllerConfig(group_id="hf-e2e", tick_s=0.2, outbox_interval_s=0.2, **FAST_GROUP),
                                 kafka_cfg, engine, SECRET, recovery=recovery)

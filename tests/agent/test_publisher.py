@@ -336,7 +336,13 @@ def test_broker_outage_mid_stream_loses_nothing_and_keeps_per_run_order(own_brok
                 received[rec.event.run].append(rec.event.id)
 
     recreated: list[str] = []
-    edge = EdgeConsumer(kafka, "outage", max_bytes=100_000, on_recreated=recreated.append, consumer_overrides={
+
+    def on_recreated(topic: str, _topic_id: object) -> None:  # what the controller decides: read it again
+        recreated.append(topic)
+        for t, p in edge.assignment():
+            edge.seek_to_beginning(t, p)
+
+    edge = EdgeConsumer(kafka, "outage", max_bytes=100_000, on_recreated=on_recreated, consumer_overrides={
         "max_poll_interval_ms": 3000, "session_timeout_ms": 3000, "heartbeat_interval_ms": 500})
     try:
         emit(50)
@@ -533,3 +539,69 @@ def test_the_key_hash_cache_picks_the_default_partitioners_partitions():
                     "t", key, key, b"", b"", Cluster(n))
     with pytest.raises(ValueError, match="not found"):
         cached.partition("other", b"k", b"k", b"", b"", Cluster(2))
+
+
+@pytest.mark.broker
+@pytest.mark.slow
+def test_events_the_broker_acknowledged_but_lost_in_a_crash_are_sent_again(own_broker, tmp_path, caplog):
+    """Nobody reads while the events go out; the (memory) broker is SIGKILLed and restarts empty:
+    every acknowledged event reaches the new log again, with its id, and the publisher says so."""
+    import logging
+    import signal
+    import uuid
+
+    from kafka import KafkaConsumer, TopicPartition
+
+    kafka = own_broker.kafka_config(topic_prefix=f"l{uuid.uuid4().hex[:8]}", partitions=1)
+    pub = Publisher(kafka, PublisherConfig(spill_path=str(tmp_path / "spill.bin"), send_timeout_s=1.5,
+                                           reconnect_min_s=0.1, reconnect_max_s=0.5, linger_s=0.05)).start()
+    ids = []
+    try:
+        for n in range(30):
+            ev = _hb(n)
+            ids.append(ev.id)
+            pub.publish(ev)
+        _wait(lambda: pub.stats()["sent"] == 30, 30)
+        own_broker._proc.send_signal(signal.SIGKILL)  # acknowledged, never consumed: gone with it
+        own_broker._proc.wait(10)
+        own_broker.start()
+        with caplog.at_level(logging.WARNING, logger="cliffguard.agent.publisher"):
+            for n in range(30, 40):
+                ev = _hb(n)
+                ids.append(ev.id)
+                pub.publish(ev)
+            _wait(lambda: pub.stats()["resent"] >= 30 and pub.stats()["sent"] >= 70, 60)
+    finally:
+        pub.close(20)
+    assert any("the broker lost its log" in r.getMessage() and "sending again the 30 events" in r.getMessage()
+               for r in caplog.records)
+    reader = KafkaConsumer(**kafka.client_kwargs(), enable_auto_commit=False)
+    tps = [TopicPartition(kafka.metrics_topic, p) for p in sorted(reader.partitions_for_topic(kafka.metrics_topic))]
+    reader.assign(tps)
+    reader.seek_to_beginning(*tps)
+    seen: set[str] = set()
+    end = time.monotonic() + 30
+    while time.monotonic() < end and not set(ids) <= seen:
+        for msgs in reader.poll(500).values():
+            seen.update(json.loads(m.value)["id"] for m in msgs)
+    reader.close()
+    assert set(ids) <= seen, f"{len(set(ids) - seen)} acknowledged events lost"
+    assert pub.stats()["log_losses"] == 1 and pub.stats()["dropped"] == 0
+
+
+def test_the_acked_tail_hands_back_what_a_lost_log_held_and_trims_by_age_and_bytes():
+    from cliffguard.agent.acked_tail import AckedTail
+
+    tail = AckedTail(window_s=10, max_bytes=1_000)
+    rec = [(b"k", b"v%d" % i) for i in range(6)]
+    assert tail.add([(rec[0], 0, 5), (rec[1], 0, 6)], "id-1", now=0.0) is None
+    assert tail.check_topic("id-1") is None  # same log
+    assert tail.add([(rec[2], 0, 7)], "id-1", now=20.0) is None  # the first two leave the window
+    lost = tail.add([(rec[3], 0, 0)], "id-1", now=21.0)  # offsets went back: a restarted empty log
+    assert lost is not None and lost.records == [rec[2]] and lost.trimmed == 2 and "went back" in lost.why
+    lost = tail.check_topic("id-2", now=22.0)  # a new topic id after a reconnect
+    assert lost is not None and lost.records == [rec[3]] and "created again" in lost.why
+    small = AckedTail(window_s=10, max_bytes=5)
+    small.add([(rec[4], 0, 1), (rec[5], 0, 2)], None, now=0.0)
+    assert len(small) == 1  # 3 + 3 bytes each: only the newest fits
+    assert AckedTail(window_s=0, max_bytes=10).enabled is False

@@ -147,7 +147,8 @@ def test_rollback_restores_the_ring_state_and_data_position_then_applies_the_lr_
     cmd = make_command(CommandType.ROLLBACK, "kit", {"to_step": 4, "lr_scale": 0.5})
     source.queue.append(cmd)
     _run(model, opt, sched, agent, kit, cursor, until=8)  # the command rides step 7's all-reduce
-    assert kit.at_boundary() is True
+    boundary = kit.at_boundary()
+    assert boundary and boundary.step == 4 and boundary.rolled_back and boundary.moved_from == 8
     ack = _acks(sink)[cmd.id]
     assert ack["status"] == "applied" and "restored step 4 from memory" in ack["detail"]
     assert agent.step == 4 and cursor.i == 4 and kit.available_steps() == [0, 2, 4]
@@ -185,7 +186,8 @@ def test_a_validate_with_no_data_is_acked_failed_and_training_goes_on():
     agent.after_forward(torch.tensor(1.0))
     agent.before_optimizer_step()
     kit.kept.clear()
-    assert kit.at_boundary() is True
+    boundary = kit.at_boundary()
+    assert boundary and not boundary.rolled_back and boundary.step == agent.step
     assert _acks(sink)[cmd2.id]["status"] == "failed" and "no validation data" in _acks(sink)[cmd2.id]["detail"]
     assert agent.modes.mode is TrainerMode.RUNNING
 
@@ -200,6 +202,12 @@ def test_a_guard_hold_times_out_with_a_log_line_outside_the_bundled_trainer(capl
     assert agent.lr_scale.value == 0.5 and agent.modes.mode is TrainerMode.RUNNING
     steps = [e.step for e in sink.events if e.type is EventType.STEP]
     assert steps[:11] == list(range(11)) and steps[11] == 8  # rolled back to the snapshot before the spike
+    # ... and said so: the controller records who changed the LR scale, and why
+    (ev,) = [e for e in sink.events if e.type is EventType.TRAINER_TIMEOUT]
+    assert ev.step == 8 and ev.data["at_step"] == 11 and ev.data["first_bad_step"] == 9
+    assert (ev.data["wait"], ev.data["policy"], ev.data["applied"], ev.data["to_step"]) == ("hold", "rollback", True, 8)
+    assert (ev.data["lr_scale_before"], ev.data["lr_scale"], ev.data["waited_s"]) == (1.0, 0.5, 0.1)
+    assert "restored step 8" in ev.data["detail"]
 
 
 def test_a_silent_controller_pause_times_out_to_its_policy(caplog):
@@ -214,6 +222,9 @@ def test_a_silent_controller_pause_times_out_to_its_policy(caplog):
     assert any("fell silent" in r.getMessage() and "'stop'" in r.getMessage() for r in caplog.records)
     assert kit.stop_reason.startswith("failed: pause timed out") and agent.modes.mode is TrainerMode.STOPPING
     assert _acks(sink)[pause.id]["status"] == "applied" and agent.step == 3
+    (ev,) = [e.data for e in sink.events if e.type is EventType.TRAINER_TIMEOUT]
+    assert (ev["wait"], ev["policy"], ev["applied"], ev["lr_scale"]) == ("pause", "stop", True, 1.0)
+    assert "to_step" not in ev and "stopping" in ev["detail"]
 
 
 def test_a_command_restarts_the_silence_clock():
@@ -240,3 +251,44 @@ def test_memory_ring_evicts_the_oldest_and_hands_out_independent_copies():
     assert ring.restore(2)["w"].tolist() == [2.0, 2.0, 2.0] and ring.steps() == [2]
     with pytest.raises(KeyError):
         ring.restore(4)
+
+
+def test_a_loop_with_its_own_counter_takes_the_step_from_the_boundary_through_a_rollback():
+    """nanoGPT's shape: ``iter_num`` drives the LR and the end; after a rollback it must be the
+    restored step, or the loop goes on at the old step with the restored weights."""
+    model, opt, sched, agent, kit, sink, source, cursor = _setup()
+    rollback = make_command(CommandType.ROLLBACK, "kit", {"to_step": 4, "lr_scale": 0.5})
+    iter_num, seen, moves = 0, [], []
+    while True:
+        boundary = kit.at_boundary()
+        if not boundary:
+            break
+        if boundary.rolled_back:
+            moves.append((iter_num, boundary.step))
+        iter_num = boundary.step
+        if iter_num >= 10:
+            break
+        for group in opt.param_groups:
+            group["lr"] = 0.01 * (iter_num + 1)  # the loop's own schedule, by its own counter
+        x, y = _batch(iter_num)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        agent.after_forward(loss)
+        loss.backward()
+        agent.after_backward()
+        kit.before_optimizer_step()
+        opt.step()
+        opt.zero_grad()
+        seen.append((iter_num, agent.step, opt.seen[-1]))
+        agent.after_step()
+        iter_num += 1
+        if iter_num == 7 and not moves:
+            source.queue.append(rollback)  # applied at one of the next boundaries
+    assert _acks(sink)[rollback.id]["status"] == "applied"
+    assert len(moves) == 1 and moves[0][1] == 4 and moves[0][0] > 4  # rolled back from where it was, to 4
+    assert all(own == kit_step for own, kit_step, _lr in seen)
+    replay_at = max(i for i, (s, _, _) in enumerate(seen) if s == 4)
+    after = seen[replay_at:]  # the replay from step 4
+    assert [s for s, _, _ in after] == list(range(4, 10))
+    assert all(lr == pytest.approx(0.01 * (s + 1) * 0.5) for s, _, lr in after)  # its schedule at the restored step, halved
+    steps = [e.step for e in sink.events if e.type is EventType.STEP]
+    assert steps[-6:] == list(range(4, 10))

@@ -1,4 +1,6 @@
-"""``cliffguard demo`` end to end: real broker, controller and 2-process trainer as subprocesses.
+"""``cliffguard demo`` end to end: real broker, controller and 2-process trainer as subprocesses,
+each run from a fresh, empty directory with the default (relative) ``--dir`` and ``--json`` path,
+as a new user runs it: every path handed to a child process must be absolute.
 
 One short demo (240 steps, the default faults scaled to it: corrupted batches at steps 79-81 and
 an LR blow-up at step 148) and its JSON summary: the corrupted stretch was resumed and its samples
@@ -149,13 +151,13 @@ def test_demo_refuses_to_empty_a_directory_it_did_not_make(tmp_path):
     assert keep.read_text() == "mine"
 
 
-def _run_demo(tmp_path, steps: int, *extra: str, timeout_s: float = DEMO_TIMEOUT_S) -> tuple[dict, str]:
-    out = tmp_path / "summary.json"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "cliffguard.cli", "demo", "--steps", str(steps), "--no-dashboard",
-         "--broker-port", "0", "--dir", str(tmp_path / "demo"), "--json", str(out), *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
+def run_from_fresh_dir(tmp_path, argv: list[str], timeout_s: float) -> tuple[dict, str, int]:
+    """``argv`` (a ``cliffguard demo`` variant, its summary at the relative ``summary.json``) run
+    from a fresh, empty directory; (summary, output, exit code)."""
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "cliffguard.cli", *argv, "--json", "summary.json"], cwd=fresh,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         stdout, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -166,10 +168,17 @@ def _run_demo(tmp_path, steps: int, *extra: str, timeout_s: float = DEMO_TIMEOUT
         if proc.poll() is None:
             proc.terminate()
             proc.wait(timeout=60)
+    out = fresh / "summary.json"
     assert out.exists(), stdout[-6000:]
-    summary = json.loads(out.read_text())
-    assert proc.returncode == (0 if summary["ok"] else 1)
+    return json.loads(out.read_text()), stdout, proc.returncode
+
+
+def _run_demo(tmp_path, steps: int, *extra: str, timeout_s: float = DEMO_TIMEOUT_S) -> tuple[dict, str]:
+    summary, stdout, code = run_from_fresh_dir(
+        tmp_path, ["demo", "--steps", str(steps), "--no-dashboard", "--broker-port", "0", *extra], timeout_s)
+    assert code == (0 if summary["ok"] else 1)
     assert summary["ok"] is True, stdout[-6000:]
+    assert (tmp_path / "fresh" / "cliffguard-demo" / "cliffguard.db").is_file()  # the default --dir, under the cwd
     return summary, stdout
 
 
@@ -190,9 +199,15 @@ def _both_faults_handled(summary: dict, steps: int) -> None:
     assert blowup.step <= rolled["spike_step"]
     assert rolled["rollback_to"] < rolled["spike_step"] and rolled["rollback_to"] < blowup.step
     assert rolled["lr_scale"] == 0.5 and summary["lr_scale_applied"] == 0.5
-    assert [t["to"] for t in rolled["transitions"]][:3] == ["pausing", "validating", "rolling_back"]
+    assert _moves(rolled)[:3] == ["pausing", "validating", "rolling_back"]
     final, initial = summary["final_loss"], summary["initial_loss"]
     assert final is not None and math.isfinite(final) and final < initial
+
+
+def _moves(incident: dict) -> list[str]:
+    """The phases an incident went through, without its self-loops (a guard hold noted while the
+    pause was on its way, a command resent)."""
+    return [t["to"] for t in incident["transitions"] if t["from"] != t["to"]]
 
 
 @pytest.mark.slow
@@ -203,6 +218,7 @@ def test_demo_handles_both_faults(tmp_path):
     summary, _ = _run_demo(tmp_path, steps)
     _both_faults_handled(summary, steps)
     assert summary["trainer"] == "bundled" and summary["steps_lost"] > 0
+    assert summary["validation"]["periodic"] >= 3 and summary["validation"]["off"] == ""  # its cost, in the summary
     # resuming after the corrupted stretch flagged exactly its samples: every step's global batch
     assert summary["flagged_samples"] == CORRUPT_STEPS * TrainConfig().global_batch
 
@@ -232,5 +248,7 @@ def test_a_smoke_scenario_per_library(tmp_path, trainer):
     else:
         inc, = summary["incidents"]
         assert inc["outcome"] == "resumed" and 55 <= inc["spike_step"] < 60
-        assert [t["to"] for t in inc["transitions"]][:3] == ["pausing", "validating", "resuming"]
+        assert _moves(inc)[:3] == ["pausing", "validating", "resuming"]
         assert summary["commands_sent"] >= 3 and summary["lr_scale_applied"] == 1.0
+        v = summary["validation"]  # run.finished's: the periodic one at step 50, the incident's on command
+        assert v["periodic"] == 1 and v["on_command"] >= 1 and v["train_s"] > 0

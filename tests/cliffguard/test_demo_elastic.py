@@ -1,11 +1,15 @@
 """``cliffguard demo --elastic``: its config checks, and a smoke run (two torchrun agents of 2 CPU
-processes, one killed and brought back; slow: a few minutes on 2 cores), its verdict and argv."""
+processes, one killed and brought back; slow: a few minutes on 2 cores) from a fresh directory as a
+new user runs it, its verdict and argv."""
 
 from __future__ import annotations
 
 import pytest
 
-from cliffguard.demo_elastic import ElasticDemoConfig, run_elastic_demo, summarize, train_argv
+from cliffguard.demo_elastic import ElasticDemoConfig, summarize, train_argv
+from tests.cliffguard.test_demo import run_from_fresh_dir
+
+ELASTIC_TIMEOUT_S = 900
 
 
 @pytest.mark.parametrize("kw, field", [({"kill_at": 40, "rejoin_at": 30}, "kill_at"), ({"global_batch": 12}, "global_batch"),
@@ -18,12 +22,16 @@ def test_config_validation(kw, field):
 
 
 @pytest.mark.slow
-def test_elastic_demo_scales_down_and_back_up(tmp_path):
-    """As small as it can be and still scale down and back up: 80 steps, the kill at 12, the rejoin
-    at 18, monitored (the scale events must reach the store through the broker and the
-    controller) but without spike faults (those need ~80 steps of their own)."""
-    summary = run_elastic_demo(ElasticDemoConfig(out_dir=str(tmp_path), steps=80, kill_at=12, rejoin_at=18, faults=()))
-    assert summary["ok"], summary
+@pytest.mark.timeout(ELASTIC_TIMEOUT_S + 90)
+def test_elastic_demo_scales_down_and_back_up_from_a_fresh_directory(tmp_path):
+    """``cliffguard demo --elastic --clean --steps 80`` in an empty directory (the default, relative
+    ``--dir``): as small as it can be and still scale down and back up (the kill at 12, the rejoin at
+    18), monitored (the scale events must reach the store through the broker and the controller)
+    but without spike faults (those need ~80 steps of their own)."""
+    summary, out, code = run_from_fresh_dir(tmp_path, ["demo", "--elastic", "--clean", "--steps", "80"],
+                                            ELASTIC_TIMEOUT_S)
+    assert summary["ok"] and code == 0, (summary, out[-4000:])
+    assert (tmp_path / "fresh" / "cliffguard-demo-elastic" / "monitor" / "keys").is_dir()
     down, up = summary["scale_events"]
     assert (down["from_world"], down["to_world"], down["global_batch"]) == (4, 2, 8)
     assert (up["from_world"], up["to_world"], up["global_batch"]) == (2, 4, 16)

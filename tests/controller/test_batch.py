@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from cliffguard.controller.alerts import AlertsConfig
@@ -155,3 +157,67 @@ def test_the_spike_rules_settings_are_written_once_per_loaded_run_not_every_batc
     with session_scope(engine) as s:
         proc.process(s, batch_of_steps(6), now=T0)
     assert stored()["k_crit"] > 0
+
+
+def _spike_run(run: str, n: int = 60, spike_at: int = 50) -> list:
+    """Steps of a smooth run with a spike of a few steps at ``spike_at`` (the loss rule's critical)."""
+    from testing.controller_stack import step_data
+
+    out = []
+    for step in range(n):
+        loss = 2.0 + 0.01 * ((step * 7919) % 13) / 13
+        if spike_at <= step < spike_at + 4:
+            loss = 9.0
+        out.append(make_event(EventType.STEP, run, step, step_data(loss, step), ts=T0 + step))
+    return out
+
+
+def _counts(engine, run: str) -> tuple[int, int]:
+    from sqlalchemy import func, select
+
+    with session_scope(engine) as s:
+        return (s.scalar(select(func.count()).select_from(IncidentRow).where(IncidentRow.run_id == run)),
+                s.scalar(select(func.count()).select_from(CommandRow).where(CommandRow.run_id == run)))
+
+
+def test_a_re_read_stretch_of_steps_is_stored_once_and_judged_once(engine):
+    """The same events read again (a re-created topic read from its start, an agent's re-sent
+    batch, a copy inside one poll) open no second incident and send no second command; a step
+    re-run after a rollback (same step number, a new event) is judged (issue 29 B)."""
+    from sqlalchemy import func, select
+
+    from cliffguard.controller.store.models import StepMetricRow
+
+    runs = RunTable(default_detector_factory())
+    ctx = BatchContext(group_id="g", commands_topic="cmds", secret=Secret("test-secret-of-enough-length"),
+                       recovery=RecoveryConfig(), alerts=AlertsConfig())
+    proc = BatchProcessor(ctx, runs)
+    evs = _spike_run("run-r")
+    offset = 0
+
+    def feed(events, now) -> object:
+        nonlocal offset
+        recs = [EdgeRecord("events", 0, offset + i, ev) for i, ev in enumerate(events)]
+        offset += len(events)
+        with session_scope(engine) as s:
+            if s.get(RunRow, "run-r") is None:
+                s.add(RunRow(id="run-r"))
+                s.flush()
+            return proc.process(s, EdgeBatch(records=recs, next_offsets={("events", 0): offset}), now=now)
+
+    def rules_state() -> str:
+        return json.dumps(runs.slots["run-r"].detector.state_dict(), sort_keys=True, default=str)
+
+    first = feed(evs, T0 + 60)
+    judged, state = _counts(engine, "run-r"), rules_state()
+    assert judged[0] == 1 and judged[1] >= 1 and first.replays == 0
+    again = feed(evs[30:], T0 + 70)  # read again, from the middle of the stretch on
+    assert again.replays == 30 and _counts(engine, "run-r") == judged
+    assert rules_state() == state  # no rule saw them a second time
+    runs.clear()  # a successor controller: the slot comes back from the store, judged_ts with it
+    twice = feed(evs[40:55] + evs[40:55], T0 + 80)
+    assert twice.replays == 30 and _counts(engine, "run-r") == judged and rules_state() == state
+    with session_scope(engine) as s:
+        assert s.scalar(select(func.count()).select_from(StepMetricRow)) == 60  # one row per step
+    rerun = [make_event(EventType.STEP, "run-r", ev.step, ev.data, ts=T0 + 100 + i) for i, ev in enumerate(evs[45:])]
+    assert feed(rerun, T0 + 120).replays == 0  # new events of old step numbers: judged

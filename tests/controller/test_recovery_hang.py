@@ -281,6 +281,35 @@ def test_a_hang_mid_pause_is_alerted_not_acted_on_and_mid_restart_is_quiet():
     assert hang(d2) == []
 
 
+@pytest.mark.parametrize("phase", [P.RESTARTING, P.REJOINING])
+@pytest.mark.parametrize(("policy", "to", "trigger"), [("rollback", P.RECOVERING, "trainer_rolled_back"),
+                                                       ("resume", P.RUNNING, "trainer_resumed"),
+                                                       ("stop", P.HALTED, "trainer_stopped")])
+def test_a_trainer_side_timeout_mid_restart_is_the_trainers_decision(phase, policy, to, trigger):
+    from tests.controller.test_recovery_held import timeout
+
+    d = running()
+    hang(d)
+    if phase is P.REJOINING:
+        started(d, life=1)  # e.g. its node check failed: paused, and the controller fell silent
+    acts = timeout(d, policy, to_step=20 if policy == "rollback" else None, wait="pause")
+    assert moves(acts)[-1] == (phase, to, trigger)
+
+
+@pytest.mark.parametrize("phase", [P.RESTARTING, P.REJOINING])
+def test_an_operators_lr_scale_mid_restart_is_adopted(phase):
+    from cliffguard.controller.recovery_types import AckIn
+    from cliffguard.core.enums import AckStatus
+
+    d = running()
+    hang(d)
+    if phase is P.REJOINING:
+        started(d, life=1)
+    acts = d.feed(AckIn(cmd_id="e" * 32, status=AckStatus.APPLIED, now=d.now, cmd_type="set_lr_scale",
+                        detail="lr_scale=0.3", args={"lr_scale": 0.3}))
+    assert moves(acts) == [(phase, phase, "operator_lr_scale")] and d.s.lr_scale == 0.3
+
+
 def test_hang_state_round_trips():
     d = running(nodes=2)
     hang(d)
@@ -325,9 +354,13 @@ def test_zz_every_hang_move_is_taken_somewhere():
                     continue
                 import itertools
 
-                names = [m.args[0] for m in params]
-                for combo in itertools.product(*(m.args[1] for m in params)):
-                    fn(**dict(zip(names, combo, strict=True)))
+                def cases(mark) -> list[dict]:
+                    names = mark.args[0]
+                    names = [n.strip() for n in names.split(",")] if isinstance(names, str) else list(names)
+                    return [dict(zip(names, v if len(names) > 1 else (v,), strict=True)) for v in mark.args[1]]
+
+                for combo in itertools.product(*(cases(m) for m in params)):
+                    fn(**{k: v for c in combo for k, v in c.items()})
     finally:
         rec.fire = original
     assert taken >= HANG_MOVES, sorted(HANG_MOVES - taken)

@@ -51,3 +51,63 @@ def test_controller_keeps_consuming_after_the_broker_restarts_empty(tmp_path):
         assert svc.stats["stale"] == 0 or svc.stats.get("offset_resets", 0) >= 1
     finally:
         broker.stop()
+
+
+def test_commands_and_dead_letters_still_leave_after_the_broker_restarts_empty(tmp_path):
+    """kafka-python's idempotent producer goes fatal once a restarted broker forgets its producer
+    id: the outbox and the dead-letter producer must build new ones (issue 29 A)."""
+    import time
+
+    from cliffguard.controller.edge import DeadLetter, EdgeConsumer
+    from cliffguard.controller.operator import enqueue_command
+    from cliffguard.controller.outbox import CommandOutbox
+    from cliffguard.controller.store.models import CommandRow, RunRow
+    from testing.controller_service import SECRET
+
+    broker = EmbeddedBroker(port=free_port()).start()
+    try:
+        kafka = broker.kafka_config(topic_prefix="restart2", partitions=1)
+        ensure_topics(kafka)
+        with store_engine("sqlite", tmp_path) as (engine, _):
+            with session_scope(engine) as s:
+                s.add(RunRow(id="r"))
+            box = CommandOutbox(engine, kafka, retry_s=0.2)
+            edge = EdgeConsumer(kafka, "restart2-group")
+
+            def queue() -> str:
+                with session_scope(engine) as s:
+                    return enqueue_command(s, run_id="r", type="pause", args={}, secret=SECRET,
+                                           commands_topic=kafka.commands_topic, ttl_s=120, source="controller",
+                                           now=time.time()).id
+
+            def dead(offset: int) -> DeadLetter:
+                return DeadLetter("undecodable", "$: test", kafka.metrics_topic, 0, offset, b"x")
+
+            queue()
+            assert box.publish_due() == 1
+            edge._send_dead([dead(0)])
+            assert edge.dlq_send_errors == 0
+
+            broker.restart(down_s=1.0)
+            ensure_topics(kafka)
+            cmds = [queue() for _ in range(3)]
+
+            def all_sent() -> bool:
+                box.publish_due(time.time() + 60)  # due now, whatever the backoff said
+                with session_scope(engine) as s:
+                    return all(s.get(CommandRow, c).status == "sent" for c in cmds)
+
+            wait_for(all_sent, 60)
+            assert box._producer.discards >= 1  # the old producer was the one that failed
+            wait_for(lambda: _dlq_sent_once(edge, dead(1)), 60)  # the first try after the restart fails
+            assert edge._dlq.discards >= 1
+            box.close()
+            edge.close()
+    finally:
+        broker.stop()
+
+
+def _dlq_sent_once(edge, letter) -> bool:
+    before = edge.dlq_send_errors
+    edge._send_dead([letter])
+    return edge.dlq_send_errors == before

@@ -143,7 +143,7 @@ def test_ticks_resend_an_unanswered_pause_and_the_state_survives_a_reload(engine
     with session_scope(engine) as s:
         cmds = s.scalars(select(CommandRow).order_by(CommandRow.attempt)).all()
     assert [(c.type, c.attempt, c.status) for c in cmds] == [("pause", 1, "timeout"), ("pause", 2, "sent")]
-    assert len(svc.outbox._producer.sent) == 2  # published right after each commit
+    assert len(svc.outbox._producer.current.sent) == 2  # published right after each commit
     now[0] += 11
     svc.step_once()
     assert svc.runs.slots["r"].recovery.phase is Phase.HALTED

@@ -140,3 +140,44 @@ def test_an_early_send_waits_behind_an_older_pending_command_and_a_failed_one_is
     producer.fail = False
     assert box.publish_due(now + 3) == 0  # the early send failed: backoff, then sent again
     assert box.publish_due(now + 10) == 1 and len(producer.sent) == 3
+
+
+def test_a_command_that_expired_before_its_turn_is_never_sent(engine):
+    producer = FakeProducer()
+    box = CommandOutbox(engine, KafkaConfig(), producer=producer)
+    now = time.time()
+    late = queue(engine, "pause", now - 100, ttl_s=1)  # e.g. pending through a broker outage
+    fresh = queue(engine, "validate", now)
+    assert box.publish_due(now + 1) == 1
+    assert [v for _, _, v in producer.sent] == _payloads(engine, [fresh])  # the broker was fine: still not sent
+    with session_scope(engine) as s:
+        row, cmd = s.get(OutboxRow, f"cmd_{late}"), s.get(CommandRow, late)
+        assert (row.status, row.last_error) == ("failed", "expired before it could be sent")
+        assert (cmd.status, cmd.ack_detail) == ("failed", "expired before it could be sent")
+    assert box.expired == 1
+
+
+class FatalProducer(FakeProducer):
+    """kafka-python's idempotent producer after a broker restart: every send fails, for good."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail = True
+        self.closed = False
+
+    def close(self, timeout=None):
+        self.closed = True
+
+
+def test_a_producer_the_broker_did_not_acknowledge_is_replaced_before_the_next_pass(engine):
+    built: list[FakeProducer] = [FatalProducer(), FakeProducer()]
+    box = CommandOutbox(engine, KafkaConfig(), retry_s=0.01)
+    box._producer._factory = lambda: built.pop(0)  # the builder the real Kafka producer comes from
+    box._producer._probe = lambda _k: True
+    first = box._producer.get()
+    now = time.time()
+    cmd = queue(engine, "pause", now)
+    assert box.publish_due(now) == 0 and first.closed and box._producer.discards == 1
+    assert box.publish_due(time.time() + 1) == 1  # a new producer, built for this pass
+    with session_scope(engine) as s:
+        assert s.get(CommandRow, cmd).status == "sent"

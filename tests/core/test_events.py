@@ -51,6 +51,12 @@ PAYLOADS: dict[EventType, dict] = {
     EventType.VALIDATION: {"cmd": "c" * 32, "val_loss": 2.1, "batches": 4},
     EventType.COMMAND_ACK: {"cmd": "c" * 32, "cmd_type": "pause", "status": "applied", "detail": "ok"},
     EventType.DATA_FLAG: {"sample_ids": [1, 2, 3], "rule": "garbled", "score": 0.9},
+    EventType.DATA_STATS: {"first_step": 10, "batches": 2, "sequences": 16, "tokens": 1000, "pad_share": 0.02,
+                           "len_counts": [0] * 7 + [16] + [0] * 9, "sketch": [3, 0, 997], "dup_share": 0.0625,
+                           "dup_in_batch": 0.0, "steps": [10, 11], "step_dup": [0.0, 0.125], "step_pad": [0.0, 0.04],
+                           "step_garbled": [0.0, 0.0], "step_ppl": [1.7, 1.8], "garbled": 0.0,
+                           "outlier_steps": [11], "outlier_ids": [4242], "outlier_reasons": ["duplicate"],
+                           "outlier_scores": [0.9375], "dropped": 1},
     EventType.RUN_FINISHED: {"final_loss": 1.9, "steps": 100},
     EventType.RUN_FAILED: {"error": "boom"},
     EventType.RANKS: {"first_rank": 0, "steps": 10, "step_time_s": [0.05], "data_wait_s": [0.001],
@@ -73,6 +79,9 @@ PAYLOADS: dict[EventType, dict] = {
                            "matmul_s": [0.01, 0.01, 0.5, 0.01],
                            "rounds": [{"groups": [[0, 1], [2, 3]], "seconds": [0.02, 0.51], "slow": [1]}],
                            "slow": [2], "slow_nodes": ["b"], "seconds": 1.2, "detail": "slow in every pair: ranks [2]"},
+    EventType.TRAINER_TIMEOUT: {"wait": "hold", "policy": "rollback", "waited_s": 120.0, "at_step": 125,
+                                "applied": True, "lr_scale_before": 1.0, "lr_scale": 0.5,
+                                "detail": "restored step 120 from memory", "first_bad_step": 120, "to_step": 120},
 }
 
 ARGS: dict[CommandType, dict] = {

@@ -64,3 +64,31 @@ def test_each_fault_reaches_the_loop_through_its_wrapper():
     assert inner.skipped == [(3, 5)]
     model.eval()
     assert not torch.isnan(model(torch.zeros(2, 4))[1])  # validating: never a fault
+
+
+class _Code:
+    """Batches of real code (the default corpus's kind), ids per step."""
+
+    def batch(self, step: int):
+        from testing.data_watch import code_batches
+
+        _, x, ids = next(code_batches(range(step, step + 1)))
+        window = torch.cat([x, x[:, -1:]], dim=1)
+        return window[:, :-1], window[:, 1:], ids
+
+
+def test_the_data_faults_change_the_batch_content_and_keep_targets_consistent():
+    from cliffguard.trainer.data_rules import DataRules
+
+    sampler = wire_faults(["garble@1:1", "dup_burst@2:2", "data_shift@4"], rank=0, seed=7).sampler(_Code())
+    batches = [sampler.batch(s) for s in range(6)]
+    clean = [_Code().batch(s) for s in range(6)]
+    assert torch.equal(batches[0][0], clean[0][0])
+    x, y, ids = batches[1]
+    flagged = (DataRules().garbled(x) > 1).tolist()
+    assert flagged == [True, False] * 4 and torch.equal(x[1::2], clean[1][0][1::2]) and ids == clean[1][2]
+    assert torch.equal(x[:, 1:], y[:, :-1])  # the targets are the same garbled text, shifted by one
+    assert torch.equal(batches[3][0], batches[2][0]) and batches[3][2] == batches[2][2] == clean[2][2]
+    prose = bytes(batches[4][0][0].tolist())
+    assert prose != bytes(clean[4][0][0].tolist()) and b" the " in b"".join(bytes(r.tolist()) for r in batches[4][0])
+    assert batches[5][2] == clean[5][2]  # the ids stay the sampler's

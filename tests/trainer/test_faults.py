@@ -12,6 +12,16 @@ def test_parse_every_kind():
     assert (slow.rank, slow.seconds, slow.step) == (1, 0.05, 0)
     assert FaultSpec.parse("kill_rank@1:400") == FaultSpec(kind="kill_rank", rank=1, step=400)
     assert FaultSpec.parse("broker_outage@100:10") == FaultSpec(kind="broker_outage", step=100, steps=10)
+    assert FaultSpec.parse("data_shift@150:1") == FaultSpec(kind="data_shift", step=150, steps=1 << 62, rank=1)
+    assert FaultSpec.parse("dup_burst@150:20") == FaultSpec(kind="dup_burst", step=150, steps=20)
+    assert FaultSpec.parse("garble@150:10:0") == FaultSpec(kind="garble", step=150, steps=10, rank=0)
+
+
+def test_a_data_shift_stays_after_a_rollback_and_the_other_data_faults_do_not_recur():
+    f = FaultInjector(["data_shift@5", "garble@3:2", "dup_burst@4:1"])
+    kinds = {s: [spec.kind for spec in f.data_faults(s)] for s in range(2, 7)}
+    assert kinds == {2: [], 3: ["garble"], 4: ["dup_burst", "garble"], 5: ["data_shift"], 6: ["data_shift"]}
+    assert [spec.kind for s in (3, 4, 5) for spec in f.data_faults(s)] == ["data_shift"]  # rolled back to 3
 
 
 @pytest.mark.parametrize("bad", ["lr_blowup@300", "explode@3", "nan@x", "lr_blowup@10x0:5", "broker_outage@5:0"])

@@ -21,6 +21,7 @@ from cliffguard.agent.hooks import Agent
 from cliffguard.agent.integrations.settings import agent_wiring
 from cliffguard.agent.recovery import RecoveryKit
 from cliffguard.trainer.demo_trainers.common import (
+    GLOBAL_BATCH,
     LR,
     RING,
     SEQ_LEN,
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     config, wiring = agent_wiring(args.run, AgentConfig(run=args.run, recovery=RING))
     agent = Agent(None, model, optimizer, config, seq_len=SEQ_LEN, **wiring)
     kit = RecoveryKit(agent, model, optimizer, scheduler, validate_fn=validate)
-    kit.start(config={"integration": "plain", "world": world})
+    kit.start(global_batch=GLOBAL_BATCH, config={"integration": "plain", "world": world})
     position = 0  # the loader goes on past a rolled-back window (it does not rewind)
     error: BaseException | None = None
     try:

@@ -19,9 +19,11 @@ from cliffguard.controller.store.read.alerts import alert_endpoints, alerts, out
 from cliffguard.controller.store.read.checkpoints import checkpoints
 from cliffguard.controller.store.read.commands import audit_log, commands
 from cliffguard.controller.store.read.curves import loss_curve, redone_steps, step_rows
-from cliffguard.controller.store.read.dlq import dlq_counts
+from cliffguard.controller.store.read.data_stats import data_baseline, data_evidence, data_steps, data_windows
+from cliffguard.controller.store.read.dlq import dlq_counts, dlq_runs
 from cliffguard.controller.store.read.elastic import elastic_events, scale_timeline
 from cliffguard.controller.store.read.evidence import evidence, hang_evidence
+from cliffguard.controller.store.read.goodput import ettr_by_run, goodput, goodput_costs, remedy_costs
 from cliffguard.controller.store.read.hists import grad_hists
 from cliffguard.controller.store.read.incidents import incident_detail, incidents, transitions
 from cliffguard.controller.store.read.ranks import (
@@ -49,11 +51,20 @@ __all__ = [
     "audit_log",
     "checkpoints",
     "commands",
+    "data_baseline",
+    "data_evidence",
     "data_flags",
+    "data_steps",
+    "data_windows",
     "dlq_counts",
+    "dlq_runs",
     "elastic_events",
     "evidence",
     "hang_evidence",
+    "ettr_by_run",
+    "goodput",
+    "goodput_costs",
+    "remedy_costs",
     "scale_timeline",
     "get_run",
     "grad_hists",

@@ -11,6 +11,7 @@ from cliffguard.controller.store.models import IncidentRow, TransitionRow
 from cliffguard.controller.store.read._rows import row_dict
 from cliffguard.controller.store.read.alerts import alerts
 from cliffguard.controller.store.read.commands import commands
+from cliffguard.controller.store.read.data_stats import data_evidence
 from cliffguard.controller.store.read.validations import validations
 from cliffguard.core.enums import IncidentOutcome
 
@@ -42,7 +43,9 @@ def transitions(
 def incident_detail(session: Session, incident_id: str) -> dict[str, Any] | None:
     """One incident with its whole story, or None: the incident's columns plus ``transitions``
     (oldest first), ``commands`` (oldest first, each with its ack), ``validations`` (the results
-    answering its validate commands) and ``alerts`` (newest first, with deliveries)."""
+    answering its validate commands), ``alerts`` (newest first, with deliveries) and ``data``: the
+    batch statistics of its steps (onset to spike) beside the baseline (``read.data_evidence``; None
+    without a data watch)."""
     inc = session.get(IncidentRow, incident_id)
     if inc is None:
         return None
@@ -53,4 +56,6 @@ def incident_detail(session: Session, incident_id: str) -> dict[str, Any] | None
     answers = [v for v in validations(session, inc.run_id, limit=None) if v["cmd"] in cmd_ids] if cmd_ids else []
     out["validations"] = answers
     out["alerts"] = alerts(session, inc.run_id, incident_id=incident_id, limit=None)
+    onset = inc.onset_step if inc.onset_step is not None else inc.spike_step
+    out["data"] = data_evidence(session, inc.run_id, onset, inc.spike_step)
     return out

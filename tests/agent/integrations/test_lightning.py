@@ -107,6 +107,7 @@ def test_run_started_declares_every_command_the_kit_applies_and_steps_are_report
     cb, sink, _ = _fit(Tiny(), steps=5)
     started = _of(sink, EventType.RUN_STARTED)[0].data
     assert set(started["capabilities"]) == {str(c) for c in CommandType}
+    assert started["global_batch"] == 8  # the train loader's batch size x accumulation x world
     steps = _of(sink, EventType.STEP)
     assert [e.step for e in steps] == [0, 1, 2, 3, 4]
     assert all(e.data["tokens"] == 32 and math.isfinite(e.data["loss"]) for e in steps)
@@ -194,7 +195,7 @@ def test_stop_ends_fitting():
 
 
 def test_the_kits_periodic_validation_runs_on_the_val_loader_without_a_command_id():
-    cb, sink, _ = _fit(Tiny(), steps=9, val=True, kit_config=KitConfig(val_every=4))
+    cb, sink, _ = _fit(Tiny(), steps=9, val=True, kit_config=KitConfig(val_every=4, val_max_share=0))
     vals = _of(sink, EventType.VALIDATION)
     assert [v.step for v in vals] == [4, 8] and all("cmd" not in v.data for v in vals)
     assert all(v.data["batches"] == 2 for v in vals)  # on the val loader

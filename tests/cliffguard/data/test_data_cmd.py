@@ -42,6 +42,11 @@ def test_cli_writes_manifest_and_json_report_and_the_trainer_follows_it(corpus, 
     assert not by_name["m9.py"]["kept"] and by_name["m9.py"]["reasons"][0]["of"].endswith("m0.py")
     assert by_name["m0.py"]["category"] == "code" and by_name["n0.md"]["category"] == "prose"
     assert manifest["curriculum"]["phases"][0]["until"] == 0.5
+    model = manifest["perplexity_model"]  # the reference model, saved for the trainer's data watch
+    assert model["path"] == str((tmp_path / "m.lm.npz").resolve()) and model["median"] == report["perplexity"]["median"]
+    from cliffguard.trainer.data_watch import manifest_model
+
+    assert manifest_model(str(out)) == model["path"]
 
     cfg = DataConfig(paths=[str(corpus)], seq_len=16, max_bytes=100_000, block_bytes=1024, apply_rules=False,
                      weights_manifest=str(out), suffixes=[".py", ".md"])

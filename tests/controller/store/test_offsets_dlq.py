@@ -61,3 +61,26 @@ def test_dead_letters_are_counted_per_topic_and_reason_with_the_newest_detail(en
 def test_dead_letter_count_must_be_positive(engine):
     with session_scope(engine) as s, pytest.raises(ValueError, match="^n: "):
         count_dead_letter(s, "t", "r", "d", n=0)
+
+
+def test_dead_letters_are_counted_per_run_by_the_message_key_with_first_and_newest_times(engine):
+    from cliffguard.controller.edge import DeadLetter
+    from cliffguard.controller.store.dlq import count_dead_letters
+
+    def letter(reason: str, key: bytes | None, detail: str = "d") -> DeadLetter:
+        return DeadLetter(reason, detail, "p.metrics", 0, 0, b"{}", key)
+
+    with session_scope(engine) as s:
+        count_dead_letters(s, [letter("unsigned", b"run-a"), letter("unsigned", b"run-a", "newest"),
+                               letter("unsigned", b"run-b"), letter("undecodable", None)], now=10.0)
+    with session_scope(engine) as s:
+        count_dead_letters(s, [letter("unsigned", b"run-a", "later")], now=20.0)
+    with session_scope(engine) as s:
+        runs = {(r["run_id"], r["reason"]): r for r in read.dlq_runs(s)}
+        by_topic = {r["reason"]: r["count"] for r in read.dlq_counts(s)}
+        only_a = read.dlq_runs(s, "run-a")
+    assert set(runs) == {("run-a", "unsigned"), ("run-b", "unsigned")}  # a message without a key is no run's
+    a = runs[("run-a", "unsigned")]
+    assert (a["count"], a["first_ts"], a["last_ts"], a["last_detail"]) == (3, 10.0, 20.0, "later")
+    assert by_topic == {"unsigned": 4, "undecodable": 1}
+    assert [r["run_id"] for r in only_a] == ["run-a"]

@@ -1,4 +1,4 @@
-"""The run's evidence (migration 0011): hang reports and node checks stored once each, read back
+"""The run's evidence (migration 0013): hang reports and node checks stored once each, read back
 as sent, and a hang incident's own evidence gathered by its life and time."""
 
 from __future__ import annotations

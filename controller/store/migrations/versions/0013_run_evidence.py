@@ -1,8 +1,8 @@
 """The run's evidence: one row per ``hang.evidence`` (a rank's Flight Recorder sequence numbers and
 its stacks) and ``node.check`` event.
 
-Revision ID: 0011
-Revises: 0009
+Revision ID: 0013
+Revises: 0012
 Create Date: 2026-12-02
 
 A new table only, so the upgrade is instant on any store size.
@@ -13,8 +13,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0011"
-down_revision: str | None = "0009"
+revision: str = "0013"
+down_revision: str | None = "0012"
 branch_labels: str | None = None
 depends_on: str | None = None
 

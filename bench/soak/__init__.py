@@ -1,0 +1,1 @@
+"""The randomised combined-fault soak (``python -m bench.soak``): schedule, faults, witness, invariants."""

@@ -1,0 +1,80 @@
+"""What the trainer decided without the machine: a trainer-side timeout that fired (``trainer.timeout``).
+
+The trainer holds (its guard skipped ``hold_after`` updates in a row) or waits paused; when no
+command comes within its timeout it applies its own policy (agent/recovery/timeouts.py): a
+rollback with the LR cut, a resume, or a stop. Whatever the machine was doing, the trainer has
+moved on, so its report becomes an incident's move: the incident open (or a new one, with the
+cause: the guard held and nobody answered), the unanswered command cancelled, the trainer's LR
+scale adopted as the run's (so ``cliffguard status`` shows no "asked" value nobody asked for,
+and the next rollback cuts from it) and every field of the report kept as the move's evidence,
+naming the trainer-side timeout as who decided. Then: a rollback -> ``recovering`` (closed as
+rolled back after a healthy window, like the machine's own), a resume -> ``running`` (closed
+resumed), a stop or a policy that could not apply -> ``halted`` (a human restarts it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from cliffguard.controller.recovery_step import Step, open_incident, rolled_back
+from cliffguard.controller.recovery_types import MarkCommand, Phase, TrainerTimeoutIn, Trigger
+from cliffguard.core.enums import AlertLevel, IncidentOutcome, Level
+
+TRAINER_TIMEOUT = "trainer_timeout"
+"""The rule name of an incident the trainer's own timeout opened."""
+
+
+def _who(inp: TrainerTimeoutIn) -> str:
+    what = "the guard held" if inp.wait == "hold" else "the run was paused"
+    return f"{what} for {inp.waited_s:g}s at step {inp.at_step} with no controller command"
+
+
+def on_trainer_timeout(st: Step, inp: TrainerTimeoutIn) -> None:
+    s = st.s
+    if inp.ts and inp.ts <= s.acted_alone_ts:
+        return  # a re-read of a report already applied (controller/replays.py covers the judged events only)
+    s.acted_alone_ts = max(s.acted_alone_ts, inp.ts)
+    ev: dict[str, Any] = {
+        "decided_by": "trainer-side timeout", "cause": "held" if inp.wait == "hold" else "controller_silent",
+        "wait": inp.wait, "policy": inp.policy, "applied": inp.applied, "waited_s": inp.waited_s,
+        "at_step": inp.at_step, "first_bad_step": inp.first_bad_step, "to_step": inp.to_step,
+        "lr_scale_before": inp.lr_scale_before, "lr_scale": inp.lr_scale, "detail": inp.detail,
+        "phase": str(s.phase), "cmd": s.pending.id if s.pending else None,
+    }
+    onset = inp.first_bad_step if inp.first_bad_step is not None else inp.at_step
+    if s.incident is None:
+        open_incident(st, TRAINER_TIMEOUT, str(Level.CRITICAL), inp.at_step, onset, ev, inp.now)
+    pend = s.pending
+    if pend is not None:
+        st.actions.append(MarkCommand(id=pend.id, status="cancelled",
+                                      detail=f"superseded: {_who(inp)}, the trainer applied {inp.policy} itself"))
+        s.pending = None
+    if inp.lr_scale != s.lr_scale:
+        inc = s.incident
+        assert inc is not None
+        s.incident = replace(inc, lr_scales=(*inc.lr_scales, inp.lr_scale))
+    lr = f"lr_scale {inp.lr_scale_before:g} -> {inp.lr_scale:g}" if inp.lr_scale != inp.lr_scale_before else \
+        f"lr_scale {inp.lr_scale:g}"
+    s.lr_scale = inp.lr_scale
+    halted_before = s.phase is Phase.HALTED
+    if inp.policy == "rollback" and inp.applied and inp.to_step is not None:
+        reason = (f"{_who(inp)}: the trainer rolled back to step {inp.to_step} itself, {lr} "
+                  f"(decided by the trainer-side timeout): {inp.detail}")
+        st.move(Trigger.TRAINER_ROLLED_BACK, reason, ev, inp.now, step=inp.to_step)
+        rolled_back(st, inp.to_step, inp.now)
+    elif inp.policy == "resume" and inp.applied:
+        reason = f"{_who(inp)}: the trainer resumed itself, {lr} (decided by the trainer-side timeout)"
+        st.move(Trigger.TRAINER_RESUMED, reason, ev, inp.now, step=inp.step)
+        st.close(IncidentOutcome.HALTED if halted_before else IncidentOutcome.RESUMED, inp.now)
+    else:
+        did = "stopped" if inp.applied else f"could not apply {inp.policy} and stopped"
+        reason = f"{_who(inp)}: the trainer {did} (decided by the trainer-side timeout): {inp.detail}"
+        st.move(Trigger.TRAINER_STOPPED, reason, ev, inp.now, step=inp.step)
+        st.close(IncidentOutcome.HALTED, None)
+    inc = s.incident
+    assert inc is not None
+    st.alert(AlertLevel.CRITICAL, inc.rule, f"run {s.run}: the trainer acted alone after its {inp.wait} timeout",
+             reason, ev)
+    if s.phase is Phase.RUNNING:
+        s.incident = None

@@ -1,0 +1,83 @@
+"""One line, not a traceback, for kafka-python's closed-socket race.
+
+kafka-python 3's network thread catches every exception a task raises and logs it at ERROR with
+its traceback (``kafka.net.selector: Unhandled exception in task``). One of them is a race of its
+own, not a fault: a connection the broker (or a restart of it) closed while a read on it was
+being registered — ``KeyError: '<socket.socket [closed] fd=-1 ...> is not registered'``, then
+``ValueError: Invalid file descriptor: -1``. The connection is gone already and the client
+reconnects by itself (the soak saw it after a broker or controller restart, nothing lost). A
+two-screen traceback in the controller's log for that reads like a crash, so this filter turns
+exactly that case into one WARNING line and counts it.
+
+The same for a connection the broker dropped (``kafka.net.transport: Error receiving network data
+closing socket`` with ``ConnectionResetError``): the error text stays on the line, the traceback of
+a ``recv`` goes (a broker that restarts is an outage, which cliffguard's own components report,
+not a bug). Every other exception kafka-python reports keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+
+SELECTOR_LOGGER = "kafka.net.selector"
+
+
+def _closed_socket_race(record: logging.LogRecord) -> bool:
+    exc = record.exc_info[1] if record.exc_info else None
+    if not record.getMessage().startswith("Unhandled exception in task") or exc is None:
+        return False
+    chain = []
+    while exc is not None and len(chain) < 5:
+        chain.append(exc)
+        exc = exc.__context__
+    return any(isinstance(e, ValueError) and "Invalid file descriptor: -1" in str(e) for e in chain) or any(
+        isinstance(e, KeyError) and "[closed]" in str(e) and "is not registered" in str(e) for e in chain)
+
+
+CONNECTION_LOGGERS = ("kafka.net.transport", "kafka.net.connection", "kafka.net.manager", "kafka.conn")
+"""kafka-python's loggers that report a dropped connection with the traceback of a socket call."""
+
+
+class DroppedConnection(logging.Filter):
+    """A connection error's traceback (a socket call that failed) folded into its one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, ConnectionError | TimeoutError) or type(exc).__name__ == "KafkaConnectionError":
+            record.msg = f"{record.getMessage()}: {type(exc).__name__}: {exc}"
+            record.args = ()
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+class ClosedSocketRace(logging.Filter):
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if _closed_socket_race(record):
+            self.count += 1
+            record.msg = ("kafka-python: a connection closed while a read on it was being registered "
+                          "(a client race after a disconnect; it reconnects by itself) [%d so far]")
+            record.args = (self.count,)
+            record.exc_info = None
+            record.exc_text = None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+def install() -> ClosedSocketRace:
+    """Add the filters to kafka-python's loggers once per process; returns the race's."""
+    for name in CONNECTION_LOGGERS:
+        conn = logging.getLogger(name)
+        if not any(isinstance(f, DroppedConnection) for f in conn.filters):
+            conn.addFilter(DroppedConnection())
+    logger = logging.getLogger(SELECTOR_LOGGER)
+    for f in logger.filters:
+        if isinstance(f, ClosedSocketRace):
+            return f
+    f = ClosedSocketRace()
+    logger.addFilter(f)
+    return f

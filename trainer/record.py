@@ -1,0 +1,93 @@
+"""The bundled trainer's own account of what it did: ``<run_dir>/trainer-record.jsonl``.
+
+Rank 0 appends one JSON line per fact, flushed at once, so a killed run leaves every line it
+wrote: ``start`` (the step it starts at, the steps it was asked for, its LR scale), ``command``
+(each command dispatched: id, type, ack status, the step before and after, the LR scale before
+and after), ``timeout`` (a hold or pause timeout's policy applied alone, with the same fields) and
+``end`` (the step reached and why it stopped). It does not go through Kafka, so it is the
+trainer's side of the ledger a controller, its store and the topics can be checked against
+(``python -m bench.soak`` does). Written only on those events, never per step.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from cliffguard.agent.command_target import Outcome
+from cliffguard.agent.recovery.timeouts import Timeout
+from cliffguard.core.events import Command
+
+log = logging.getLogger(__name__)
+
+RECORD_NAME = "trainer-record.jsonl"
+
+
+class TrainerRecord:
+    """Appends the record's lines; a write that fails is logged once and the run goes on."""
+
+    def __init__(self, path: str | Path, lr_scale: float = 1.0) -> None:
+        self.path = Path(path)
+        self._lr_scale = lr_scale
+        self._fh: IO[str] | None = None
+        self._failed = False
+
+    def _write(self, kind: str, **fields: Any) -> None:
+        if self._failed:
+            return
+        try:
+            if self._fh is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._fh = self.path.open("a", encoding="utf-8")
+            self._fh.write(json.dumps({"kind": kind, "ts": time.time(), **fields}, allow_nan=False) + "\n")
+            self._fh.flush()
+        except (OSError, ValueError) as exc:
+            self._failed = True
+            log.error("trainer record %s: cannot write (%s); no further lines", self.path, exc)
+
+    def start(self, step: int, steps: int, lr_scale: float) -> None:
+        self._lr_scale = lr_scale
+        self._write("start", step=step, steps=steps, lr_scale=lr_scale)
+
+    def command(
+        self, cmd: Command, outcome: Outcome, step_before: int, step_after: int, lr_scale: float
+    ) -> None:
+        self._write(
+            "command",
+            id=cmd.id,
+            type=str(cmd.type),
+            status=str(outcome.status),
+            detail=outcome.detail,
+            step_before=step_before,
+            step_after=step_after,
+            lr_scale_before=self._lr_scale,
+            lr_scale=lr_scale,
+        )
+        self._lr_scale = lr_scale
+
+    def timeout(self, timeout: Timeout, step_before: int, step_after: int, lr_scale: float) -> None:
+        self._write(
+            "timeout",
+            wait=timeout.wait,
+            policy=timeout.policy,
+            after_s=timeout.after_s,
+            step_before=step_before,
+            step_after=step_after,
+            lr_scale_before=self._lr_scale,
+            lr_scale=lr_scale,
+        )
+        self._lr_scale = lr_scale
+
+    def end(self, step: int, stop_reason: str, lr_scale: float) -> None:
+        self._write("end", step=step, stop_reason=stop_reason, lr_scale=lr_scale)
+
+    def close(self) -> None:
+        if self._fh is not None:
+            try:
+                self._fh.close()
+            except OSError:
+                pass
+            self._fh = None
