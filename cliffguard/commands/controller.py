@@ -14,6 +14,7 @@ import argparse
 import logging
 import signal
 import threading
+import time
 
 from cliffguard.core.settings import ConfigError
 
@@ -91,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"cliffguard controller: cannot open the store: {_store_message(exc)}", flush=True)
         return STORE_LOST_EXIT
     try:
-        ensure_topics(cfg["kafka"])
+        if not _wait_for_broker(cfg["kafka"], stop, lambda: ensure_topics(cfg["kafka"])):
+            return 0
         svc = ControllerService(cfg["controller"], cfg["kafka"], store.engine, secret, cfg["alerts"],
                                 event_verifier=cfg.deployment.event_verifier(),
                                 recovery=cfg["recovery"], retention=cfg["retention"], goodput=cfg["goodput"],
@@ -102,6 +104,9 @@ def run(args: argparse.Namespace) -> int:
         dep = cfg.deployment
         print(f"commands signed with {'Ed25519 ' + str(dep.public_fingerprint) if dep.private_key else 'the HMAC secret'}; "
               f"events {'checked' if dep.agent_secret else 'NOT checked (no agent secret)'}", flush=True)
+        while not _started(svc, stop, lambda: ensure_topics(cfg["kafka"])):
+            if stop.is_set():
+                return 0
         svc.run_forever(stop)
         log.info("controller stopped: %s", svc.stats)
     except StoreLost as exc:
@@ -122,3 +127,39 @@ def _store_message(exc: BaseException) -> str:
     orig = getattr(exc, "orig", None) or exc
     first = str(orig).splitlines()[0] if str(orig) else ""
     return f"{type(orig).__name__}: {first}"
+
+
+def _wait_for_broker(kafka, stop: threading.Event, connect) -> bool:  # noqa: ANN001
+    """Wait until ``connect`` (the topics' creation) succeeds, saying so: a controller started, or
+    restarted by a supervisor, while the broker is down must wait for it, not exit with a
+    traceback (the store is open; the agents spill meanwhile). False when stopped first."""
+    wait, said = 0.5, 0.0
+    while not stop.is_set():
+        try:
+            connect()
+            if said:
+                log.warning("broker %s reachable; starting", kafka.bootstrap)
+            return True
+        except Exception as exc:  # noqa: BLE001 - any failure to reach it: wait and try again
+            now = time.monotonic()
+            if not said or now - said >= 60:
+                log.warning("broker %s not reachable (%s: %s); waiting for it", kafka.bootstrap,
+                            type(exc).__name__, exc)
+                said = now
+        stop.wait(wait)
+        wait = min(wait * 2, 5.0)
+    return False
+
+
+def _started(svc, stop: threading.Event, connect) -> bool:  # noqa: ANN001
+    """Start the service's consumer; a broker gone again in between means waiting once more."""
+    try:
+        svc.start()
+        return True
+    except Exception as exc:  # noqa: BLE001 - kafka-python's bootstrap raises when no broker answers
+        if type(exc).__name__ not in ("KafkaTimeoutError", "NoBrokersAvailable", "KafkaConnectionError"):
+            raise
+        log.warning("broker %s went away while the controller started (%s); waiting for it", svc.kafka.bootstrap, exc)
+        svc.close()
+        _wait_for_broker(svc.kafka, stop, connect)
+        return False

@@ -97,3 +97,29 @@ def test_a_deleted_store_stops_the_controller_and_an_empty_one_is_rebuilt_from_t
         if proc.poll() is None:
             proc.terminate()
             proc.wait(15)
+
+
+def test_a_controller_started_while_the_broker_is_down_waits_for_it_and_says_so(tmp_path):
+    """A supervisor restarts the controller while the broker is down too (the soak's seed 4 saw it
+    exit with a bootstrap traceback): it must say it waits, then start once the broker is there."""
+    from cliffguard.controller.broker import EmbeddedBroker
+    from cliffguard.core.kafka_config import KafkaConfig
+
+    port = free_port()
+    kafka = KafkaConfig(bootstrap=f"127.0.0.1:{port}", topic_prefix="late")
+    log_path = tmp_path / "controller.log"
+    proc = start(kafka, f"sqlite:///{tmp_path / 'store.db'}", free_port(), log_path)
+    try:
+        wait_for(lambda: "not reachable" in log_path.read_text(), 60, "waiting line")
+        assert proc.poll() is None, log_path.read_text()
+        with EmbeddedBroker(port=port):
+            wait_for(lambda: f"on 127.0.0.1:{port}" in log_path.read_text(), 90, "start once the broker is up")
+            assert proc.poll() is None
+            proc.terminate()  # while the broker is up: closing needs no timeouts against a dead one
+            proc.wait(60)
+        text = log_path.read_text()
+        assert "Traceback" not in text, text
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)

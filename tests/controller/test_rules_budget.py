@@ -38,7 +38,7 @@ def test_a_lighter_tail_gets_fewer_false_alarms_than_declared():
 def test_the_floor_holds_for_a_baseline_that_never_moves_and_nan_is_left_out():
     t = calibrate([0.0] * 50 + [math.nan], target=1e-4, floor=0.1)
     assert (t.median, t.scale, t.level, t.n) == (0.0, 0.0, 0.1, 50)
-    assert calibrate([0.0, 0.0, 0.01], target=1e-4, floor=0.1).level == pytest.approx(0.1 + 0.0)  # tiny tail, floor wins
+    assert calibrate([0.0, 0.0, 0.001], target=1e-4, floor=0.1).level == pytest.approx(0.1)  # a tiny tail: the floor wins
 
 
 def test_bad_input_is_refused():
