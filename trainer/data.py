@@ -51,6 +51,7 @@ from typing import Any
 import torch
 
 from cliffguard.core.declared import bounded, check_declared
+from cliffguard.trainer.reweight_config import ReweightConfig
 
 _SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__"}
 
@@ -77,6 +78,8 @@ class DataConfig:
     """A ``cliffguard data`` manifest: per-file weights and curriculum phases the sampler follows ("" = none)."""
     curriculum_steps: int = bounded(0, ge=0)
     """Total training steps the manifest's phase fractions refer to (0 = the run's ``steps``)."""
+    reweight: ReweightConfig = field(default_factory=ReweightConfig)
+    """Live reweighting of the manifest's sources (trainer/reweight.py; off by default)."""
     watch_perplexity: bool = True
     """The data watch (``[agent.data_watch]``) scores each batch with the byte-trigram reference model:
     the manifest's (``perplexity_model``), else one trained on the training split (trainer/data_watch.py)."""
@@ -226,6 +229,10 @@ class Sampler:
         self._base: torch.Tensor | None = None  # per-sample manifest weight
         self._category: torch.Tensor | None = None
         self._phases: list[tuple[int, torch.Tensor]] = []  # (end step, weight per category id)
+        self.categories: list[str] = []
+        """The manifest's categories (sources), by category id."""
+        self.live: dict[int, float] = {}
+        """Live reweighting's factor per category id (trainer/reweight.py; absent = 1)."""
         if cfg.weights_manifest:
             self._load_manifest(cfg)
 
@@ -238,6 +245,7 @@ class Sampler:
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"weights_manifest: {cfg.weights_manifest!r} is not a manifest ({exc})") from None
         names = sorted({c for _, c in docs.values()} | {str(cur.get("default", ""))})
+        self.categories = names
         cat_id = {c: i for i, c in enumerate(names)}
         default = (1.0, str(cur.get("default", "")))
         per_file = [docs.get(str(Path(f).resolve()), default) for f in self.corpus.files]
@@ -262,7 +270,13 @@ class Sampler:
                 step = self.step_of(g)
                 phase = next((pw for end, pw in self._phases if step < end), self._phases[-1][1])
                 w *= float(phase[self._category[sid]])
+            if self.live:
+                w *= self.live.get(int(self._category[sid]), 1.0)
         return w
+
+    def category_of(self, sid: int) -> str | None:
+        """The manifest category (source) of sample ``sid``; None without a manifest."""
+        return self.categories[int(self._category[sid])] if self._category is not None else None
 
     # -- order ---------------------------------------------------------------------------
     def _perm(self, epoch: int) -> torch.Tensor:
@@ -321,11 +335,12 @@ class Sampler:
         p = self.position(step)
         return self.global_index(p), self.global_index(p + self.batch_size(step) - 1) + 1
 
-    def sample_ids(self, step: int) -> list[int]:
+    def sample_ids(self, step: int, rank: int | None = None) -> list[int]:
+        """The sample ids of ``rank``'s share (default: this rank's) of the step's global batch."""
         per, rem = divmod(self.batch_size(step), self.world)
         if rem:  # a loaded state at another world's batch that nobody rebatched: never a silent wrong batch
             raise ValueError(f"global_batch: {self.batch_size(step)} at step {step} does not split over {self.world} ranks")
-        start = self.position(step) + self.rank * per
+        start = self.position(step) + (self.rank if rank is None else rank) * per
         return [self._sample_id(self.global_index(p)) for p in range(start, start + per)]
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
@@ -376,6 +391,7 @@ class Sampler:
             "skips": [list(w) for w in self.skips],
             "weights": {int(k): float(v) for k, v in self.weights.items()},
             "segments": [list(seg) for seg in self.segments],
+            "live": {int(k): float(v) for k, v in self.live.items()},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -392,3 +408,6 @@ class Sampler:
         self.skips = [tuple(w) for w in state["skips"]]  # type: ignore[misc]
         for sid, w in state["weights"].items():
             self.weights[int(sid)] = min(float(w), self.weights.get(int(sid), 1.0))
+        # live factors are knowledge about the sources too: a rollback keeps what was learned since
+        for cat, f in state.get("live", {}).items():
+            self.live[int(cat)] = min(float(f), self.live.get(int(cat), 1.0))

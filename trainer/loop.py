@@ -3,6 +3,7 @@
 One optimizer step (``Trainer.train_step``), in order::
 
     lr = schedule(step) * lr_scale * elastic_lr_factor(step)    # recomputed every step
+    reweighter.at_step(step)                                    # live reweighting, when on (every N steps)
     x, y = sampler.batch(step)                                  # data_wait_s
     agent.observe_batch(x, sample_ids)                          # the data watch's thread takes it
     for each of grad_accum micro-batches (no_sync but the last):
@@ -59,6 +60,7 @@ from cliffguard.trainer.fault_wrappers import wire_faults
 from cliffguard.trainer.loss_scale import AdaptiveLossScaler, LossScaleConfig
 from cliffguard.trainer.model import GPT
 from cliffguard.trainer.record import RECORD_NAME, TrainerRecord
+from cliffguard.trainer.reweight import SourceReweighter
 from cliffguard.trainer.schedule import WarmupCosine
 
 if TYPE_CHECKING:
@@ -119,6 +121,8 @@ class Trainer:
                            kafka=cfg.kafka, secret=secret, command_source=command_source,
                            wrap_producer=self.faults.producers)
         self.data_watch = attach_data_watch(self.agent, self.corpus, cfg.data)
+        self.reweighter = (SourceReweighter(cfg.data.reweight, self.sampler, cfg.data.weights_manifest)
+                           if cfg.data.reweight.enabled else None)
         self.ckpt = CheckpointManager(cfg.checkpoint, self.rank, self.world, self._on_checkpoint, run_id=cfg.agent.run)
         # overlap_copy: a snapshot's copy runs beside the next forward/backward; the fence on the torch
         # optimizer (the one Accelerate wraps) waits for it right before step() first changes the state.
@@ -184,6 +188,8 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.schedule.load_state_dict(state["scheduler"])
         self.sampler.load_state_dict(state["sampler"])
+        if self.reweighter is None:
+            self.sampler.live.clear()  # live reweighting off: factors a checkpoint saved are not applied
         # Saved at another world: the elastic policy's batch from the restored step on (trainer/elastic.py).
         self.scale_event = self.elastic.on_restore(state.get("elastic"), int(state["step"]))
         if self.sampler.global_batch != self.elastic.plan.global_batch:
@@ -243,6 +249,8 @@ class Trainer:
         extra: dict[str, Any] = {}
         if cfg.debug_digests:
             extra["rng_digest"] = digest_tensors([torch.get_rng_state()])
+        if self.reweighter is not None:
+            self._reweight(step)
         with agent.data_wait():
             x, y, ids = self.sampler.batch(step)
         agent.observe_batch(x, ids, step=step)  # the data watch (a queue put; its thread does the work)
@@ -278,6 +286,16 @@ class Trainer:
         self.last_loss = data["loss"]
         self.step += 1
         return data
+
+    def _reweight(self, step: int) -> None:
+        """Live reweighting's decision at this step (the same on every rank); rank 0 reports each change."""
+        assert self.reweighter is not None
+        for change in self.reweighter.at_step(step):
+            log.warning("data: source %r weight x%.3g -> x%.3g at step %d (%.0f %% of %d sequences scored bad)",
+                        change["category"], change["from"], change["to"], step, 100 * change["bad_share"],
+                        change["sequences"])
+            if self.rank == 0:
+                self.agent.emit(EventType.DATA_FLAG, self.reweighter.event(change), step=step)
 
     def _clip(self) -> int:
         from cliffguard.trainer.clipping import clip_per_layer

@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,9 +41,17 @@ class SoakBroker(EmbeddedBroker):
         self.stop()  # forgets the process and closes the log
 
 
+RESTART_AFTER_S = 2.0
+"""A controller that exited unasked is started again this long after its exit (a supervisor's
+back-off: one that cannot start, say while the broker is down, is not restarted in a tight loop)."""
+
+
 @dataclass
 class ControllerProcess:
-    """``cliffguard controller``: started, killed, stopped and continued on request; every exit kept."""
+    """``cliffguard controller``: started, killed, stopped and continued on request; every exit kept.
+
+    The event threads and the runner's loop call it at once, so every method holds one lock: a
+    process is booked once, by whoever sees it gone, and never replaced behind another's back."""
 
     argv: list[str]
     env: dict[str, str]
@@ -52,20 +61,26 @@ class ControllerProcess:
     exits: list[dict[str, Any]] = field(default_factory=list)
     """One per process that ended: ``rc``, ``asked`` (by the soak) and ``how``."""
     _asked: str = ""
+    _restart_at: float | None = None
+    _lock: threading.RLock = field(default_factory=threading.RLock)
 
     def start(self) -> ControllerProcess:
-        with self.log_path.open("ab") as fh:
-            self.proc = subprocess.Popen(
-                self.argv,
-                env=self.env,
-                stdout=fh,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                cwd=self.cwd,
-            )
-        self._asked = ""
-        return self
+        with self._lock:
+            if self.proc is not None and self.proc.poll() is None:
+                return self
+            self._reaped()
+            with self.log_path.open("ab") as fh:
+                self.proc = subprocess.Popen(
+                    self.argv,
+                    env=self.env,
+                    stdout=fh,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                    cwd=self.cwd,
+                )
+            self._asked, self._restart_at = "", None
+            return self
 
     def _ended(self) -> None:
         assert self.proc is not None
@@ -80,45 +95,56 @@ class ControllerProcess:
             return True
         if self.proc.poll() is None:
             return False
+        unasked = not self._asked
         self._ended()
+        if unasked:
+            self._restart_at = time.monotonic() + RESTART_AFTER_S
         return True
 
     def check(self) -> bool:
-        """An exit nobody asked for is booked and a successor started; True when that happened."""
-        if self.proc is None or not self._reaped():
+        """Book an exit nobody asked for; start a successor once its back-off passed (True then)."""
+        with self._lock:
+            self._reaped()
+            if self.proc is None and self._restart_at is not None and time.monotonic() >= self._restart_at:
+                self.start()
+                return True
             return False
-        self.start()
-        return True
 
     def signal(self, sig: int) -> None:
-        if not self._reaped():
-            assert self.proc is not None
-            self.proc.send_signal(sig)
+        with self._lock:
+            if not self._reaped():
+                assert self.proc is not None
+                self.proc.send_signal(sig)
 
     def kill(self) -> None:
-        if self._reaped():
-            return
-        assert self.proc is not None
-        self._asked = "SIGKILL"
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(15)
-        self._ended()
+        with self._lock:
+            if self._reaped():
+                self._restart_at = None  # the fault restarts it itself
+                return
+            assert self.proc is not None
+            self._asked = "SIGKILL"
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(15)
+            self._ended()
 
     def stop(self, timeout_s: float = 20.0) -> None:
         """SIGTERM (SIGKILL past ``timeout_s``): the clean exit the soak expects to end with 0."""
-        if self._reaped():
-            return
-        assert self.proc is not None
-        self._asked = "SIGTERM"
-        self.proc.send_signal(signal.SIGCONT)
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self._asked = "SIGTERM, then SIGKILL after no exit"
-            self.proc.kill()
-            self.proc.wait(10)
-        self._ended()
+        with self._lock:
+            self._restart_at = None
+            if self._reaped():
+                self._restart_at = None
+                return
+            assert self.proc is not None
+            self._asked = "SIGTERM"
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self._asked = "SIGTERM, then SIGKILL after no exit"
+                self.proc.kill()
+                self.proc.wait(10)
+            self._ended()
 
 
 def rank_pids(train_pid: int) -> dict[int, int]:

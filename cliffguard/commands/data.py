@@ -39,6 +39,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--threshold", type=float, default=0.8, help="near-duplicate Jaccard threshold (default 0.8)")
     p.add_argument("--num-perm", type=int, default=128, help="MinHash permutations (default 128)")
     p.add_argument("--curriculum", metavar="SPEC", help="curriculum JSON (inline or a file): categories and phases")
+    p.add_argument("--live-reweight-floor", type=float, metavar="F",
+                   help="let the trainer's live reweighting ([data.reweight]) lower any category's weight down to "
+                        "x F while training (written to the manifest as live_reweight)")
     p.add_argument("--out", required=True, metavar="MANIFEST.json", help="where to write the manifest")
     p.add_argument("--report", metavar="REPORT.json", help="also write the report here")
     p.add_argument("--progress-every", type=int, default=500, help="a progress line every N documents (stderr)")
@@ -67,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
         index = ContaminationIndex(items, n=args.ngram) if items else None
         curriculum = parse_curriculum(args.curriculum) if args.curriculum else Curriculum()
         cfg = PassConfig(dedup=DedupConfig(threshold=args.threshold, num_perm=args.num_perm))
+        if args.live_reweight_floor is not None and not 0 <= args.live_reweight_floor <= 1:
+            raise ValueError(f"--live-reweight-floor: {args.live_reweight_floor} is not in [0, 1]")
         model = Path(args.out).with_suffix(MODEL_SUFFIX)
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         manifest, report = run_pass(args.corpus, files, cfg=cfg, contamination=index, curriculum=curriculum,
@@ -74,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"cliffguard data: {exc}", file=sys.stderr)
         return 2
+    if args.live_reweight_floor is not None:
+        manifest["live_reweight"] = {"floor": args.live_reweight_floor}
     write_json(args.out, manifest)
     if args.report:
         write_json(args.report, report)

@@ -6,11 +6,13 @@ Manifest::
      "documents": [{"path": "/abs/file", "kept": true, "weight": 0.8, "category": "code",
                     "reasons": [{"reason": "perplexity", ...}]}, ...],
      "curriculum": {"categories": {...}, "default": "other", "phases": [...]},
-     "perplexity_model": {"path": "/abs/manifest.lm.npz", "median": 4.2}}
+     "perplexity_model": {"path": "/abs/manifest.lm.npz", "median": 4.2},
+     "live_reweight": {"floor": 0.25, "sources": {"web": {"floor": 0.1}}}}
 
 ``perplexity_model`` (written by ``cliffguard data``) names the byte-trigram reference model the
 pass scored documents with (trainer/byte_lm.py) and the median document perplexity; the trainer's
-data watch scores each batch with it. A removed document has ``kept: false`` and weight 0. trainer/data.py reads this format (it
+data watch scores each batch with it. ``live_reweight`` (``--live-reweight-floor``) declares how far the
+trainer's live reweighting may lower each category (trainer/reweight.py). A removed document has ``kept: false`` and weight 0. trainer/data.py reads this format (it
 cannot import this package), so a change here is a change there.
 """
 

@@ -299,7 +299,10 @@ def test_both_faults_through_the_real_broker_and_controller(kafka_cfg, tmp_path)
     from cliffguard.controller.service import ControllerService
     from testing.controller_service import FAST_GROUP, SECRET, store_engine
 
-    spike_at, blow_at, steps = 24, 44, 64
+    # the faults land after the loss has settled: at step 24 the default 100-point window still holds the
+    # steep first descent (median 1.25, σ 1.0 there), so random tokens at loss 5.9 measured 4.7σ, under
+    # k_crit, and whether the guard skipped depended on the run's exact stream; at 40 they measure ~10σ
+    spike_at, blow_at, steps = 40, 64, 88
     cfg = AgentConfig(run="hf-e2e", hist_every=0, heartbeat_s=1.0, calibration_s=0.05, command_tick_s=0.05,
                       recovery=KitConfig(snapshot_every=4, ring_size=8, pause_timeout_s=40, val_every=8,
                                                    val_max_share=0), spill_dir=str(tmp_path / "spill"))

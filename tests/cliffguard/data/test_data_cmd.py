@@ -74,3 +74,11 @@ def test_cli_bad_input_is_an_error_naming_it(tmp_path, capsys, monkeypatch, setu
     err = capsys.readouterr().err
     assert rc == 2 and message in err and argv_tail[-1] in err
     assert not (tmp_path / "m.json").exists()
+
+
+def test_live_reweight_bounds_go_into_the_manifest(corpus, tmp_path, capsys):
+    out = tmp_path / "m.json"
+    assert main(["data", str(corpus), "--out", str(out), "--live-reweight-floor", "0.25"]) == 0
+    assert json.loads(out.read_text())["live_reweight"] == {"floor": 0.25}
+    assert main(["data", str(corpus), "--out", str(out), "--live-reweight-floor", "2"]) == 2
+    assert "--live-reweight-floor: 2.0 is not in [0, 1]" in capsys.readouterr().err
