@@ -1,7 +1,7 @@
 """Node heartbeats: one ``heartbeat`` event per node and interval, from the node's local rank 0,
 carrying every local rank's newest step, age and the collective it is inside.
 
-Each rank's heartbeat thread writes its own small file (step, time, collective) into a private
+Each rank's heartbeat thread writes its own small file (step, time, collective, pid) into a private
 per-run directory on the node; the node leader's thread reads the node's files and publishes
 them. Side threads keep writing while the main thread is stuck in a collective, so a hung rank
 shows a step that stops advancing (and the collective it waits in); a dead or frozen process
@@ -74,7 +74,8 @@ class NodeBeats:
         """Say this rank is alive at ``step`` (atomically: a reader never sees half a file)."""
         path = self._path(self.layout.rank)
         tmp = path.with_suffix(".tmp")
-        body = json.dumps({"step": int(step), "ts": self._clock(), "collective": collective[:MAX_COLLECTIVE_CHARS]})
+        body = json.dumps({"step": int(step), "ts": self._clock(), "collective": collective[:MAX_COLLECTIVE_CHARS],
+                           "pid": os.getpid()})
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         try:
             os.write(fd, body.encode())
@@ -94,6 +95,22 @@ class NodeBeats:
             out["collectives"].append(collective)
         return out
 
+    def gone(self) -> list[int]:
+        """The node's other ranks whose process is gone (dead, or a zombie its launcher has not
+        reaped): named in a hang's evidence the moment this rank's collective fails."""
+        out = []
+        for rank in self.layout.ranks:
+            if rank == self.layout.rank:
+                continue
+            try:
+                body = json.loads(self._path(rank).read_text())
+                pid, ts = int(body["pid"]), float(body["ts"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if ts >= self._since and not pid_alive(pid):
+                out.append(rank)
+        return out
+
     def _read_one(self, rank: int) -> tuple[int, float, str]:
         try:
             body = json.loads(self._path(rank).read_text())
@@ -103,3 +120,17 @@ class NodeBeats:
         if ts < self._since or step < 0:  # a previous life's file: not a sign of this one
             return 0, self._since, ""
         return step, ts, collective[:MAX_COLLECTIVE_CHARS]
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
