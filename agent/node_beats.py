@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from cliffguard.agent.spill import _private_dir
+from cliffguard.core.pids import pid_alive
 from cliffguard.core.rank_arrays import MAX_COLLECTIVE_CHARS
 
 log = logging.getLogger(__name__)
@@ -120,17 +121,3 @@ class NodeBeats:
         if ts < self._since or step < 0:  # a previous life's file: not a sign of this one
             return 0, self._since, ""
         return step, ts, collective[:MAX_COLLECTIVE_CHARS]
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie counts as gone)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
