@@ -1,4 +1,4 @@
-"""The agent's own settings (``[agent]``, with ``[agent.guard]`` and ``[agent.hist]``).
+"""The agent's own settings (``[agent]``, with ``[agent.guard]``, ``[agent.hang]`` and ``[agent.hist]``).
 
 Kept apart from ``agent/hooks.py`` (the runtime: distributed hooks, publisher, command listener)
 so the CLI and the config map build and validate it without importing the runtime. The spike rule and the rollback policy
@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from cliffguard.agent.collectors.grad_hist import HistConfig
 from cliffguard.agent.data_watch.config import DataWatchConfig
 from cliffguard.agent.guard import GuardConfig
+from cliffguard.agent.hang.config import HangConfig
 from cliffguard.agent.recovery.config import KitConfig
 from cliffguard.core.declared import bounded, check_declared, non_empty
 from cliffguard.core.events import check_run_id
@@ -55,6 +56,8 @@ class AgentConfig:
     """The in-process guard (spike rule before optimizer.step())."""
     recovery: KitConfig = field(default_factory=KitConfig)
     """The recovery kit (agent/recovery/kit.py): controller-silence timeout, memory ring, held-back batches."""
+    hang: HangConfig = field(default_factory=HangConfig)
+    """Hangs (agent/hang/): collective timeouts, the watchdog's evidence, restarts, the node check."""
     hist: HistConfig = field(default_factory=HistConfig)
     """Fixed log2 bin edges of the gradient histograms."""
     data_watch: DataWatchConfig = field(default_factory=DataWatchConfig)

@@ -22,6 +22,8 @@ class EventType(StrEnum):
     RUN_FAILED = "run.failed"
     ELASTIC_SCALED_DOWN = "elastic.scaled_down"  # the run resumed on fewer ranks (trainer/elastic.py)
     ELASTIC_SCALED_UP = "elastic.scaled_up"  # ranks rejoined: back towards the declared batch
+    HANG_EVIDENCE = "hang.evidence"  # a rank's training thread stalled: its Flight Recorder and stacks (agent/hang/)
+    NODE_CHECK = "node.check"  # a restarted worker group's pre-flight check: matmul + all-gather in pairs
     TRAINER_TIMEOUT = "trainer.timeout"  # a wait timed out with no controller command: the trainer acted alone
 
 
@@ -34,6 +36,7 @@ class CommandType(StrEnum):
     CHECKPOINT_NOW = "checkpoint_now"
     STOP = "stop"
     DETAIL = "detail"  # every rank publishes its own step events for the next N steps
+    RESTART = "restart"  # tear the worker group down for torchrun to start again (in place, without a node, or halt)
 
 
 class AckStatus(StrEnum):
@@ -106,3 +109,4 @@ class IncidentOutcome(StrEnum):
     ROLLED_BACK = "rolled_back"
     HALTED = "halted"  # beyond the rollback budget: a human is needed
     ABANDONED = "abandoned"  # the run ended mid-recovery
+    RESTARTED = "restarted"  # a hang: the worker group was restarted (in place or without a node) and trains again

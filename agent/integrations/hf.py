@@ -138,6 +138,7 @@ class CliffguardHFCallback(TrainerCallback):
         self.agent.set_step(int(state.global_step))
         self._grad_accum = max(1, int(getattr(args, "gradient_accumulation_steps", 1) or 1))
         self._hook = model.register_forward_hook(self._on_forward, with_kwargs=True)
+        self.agent.watch_data()  # [agent.data_watch]: each training micro-batch's ids, off the training thread
         world = max(1, int(getattr(args, "world_size", 1) or 1))
         batch = int(getattr(args, "per_device_train_batch_size", 0) or 0) * self._grad_accum * world
         self.kit.start(global_batch=batch, config={"learning_rate": getattr(args, "learning_rate", None),
@@ -166,6 +167,9 @@ class CliffguardHFCallback(TrainerCallback):
         ids = kwargs.get("input_ids")
         self.agent.after_forward(loss * self._grad_accum if share else loss,
                                  tokens=int(ids.numel()) if isinstance(ids, torch.Tensor) else 0)
+        if isinstance(ids, torch.Tensor) and ids.dim() == 2:
+            mask = kwargs.get("attention_mask")
+            self.agent.observe_batch(ids, attention_mask=mask if isinstance(mask, torch.Tensor) else None)
         self.kit.remember({k: v for k, v in kwargs.items() if k not in _NOT_INPUTS and isinstance(v, torch.Tensor)})
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, optimizer: Any = None, **kwargs: Any) -> Any:

@@ -41,6 +41,7 @@ import torch
 from cliffguard.agent.collectors.mfu import ModelShape
 from cliffguard.agent.config import AgentConfig
 from cliffguard.agent.hooks import Agent
+from cliffguard.agent.integrations.batch_tokens import batch_tokens
 from cliffguard.agent.integrations.settings import agent_wiring
 from cliffguard.agent.recovery import KitConfig, RecoveryKit
 
@@ -54,6 +55,11 @@ def _tokens(batch: Any) -> int:
     if isinstance(first, dict):
         first = first.get("input_ids", next(iter(first.values()), None))
     return int(first.numel()) if isinstance(first, torch.Tensor) else 0
+
+
+def _has_int_tensor(batch: Any) -> bool:
+    parts = list(batch.values()) if isinstance(batch, dict) else list(batch) if isinstance(batch, (list, tuple)) else [batch]
+    return any(isinstance(p, torch.Tensor) and not p.is_floating_point() for p in parts)
 
 
 def _global_batch(trainer: Any) -> int:
@@ -104,6 +110,7 @@ class CliffguardLightningCallback(pl.Callback):
         self._at_boundary = True  # the next batch opens an optimizer step (not mid-accumulation)
         self._stepped = False
         self._lr = 0.0
+        self._watching = False
 
     # ------------------------------------------------------------------ wiring
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -119,6 +126,7 @@ class CliffguardLightningCallback(pl.Callback):
                                loss_fn=self._loss, validate_fn=self._validate if self._has_val_data() else None,
                                wrap_optimizer=True)
         optimizer.step = self._closure_first(optimizer.step)
+        self._watching = self.agent.watch_data() is not None  # [agent.data_watch], off the training thread
         self.kit.start(global_batch=_global_batch(trainer),
                        config={"integration": "lightning", "max_steps": trainer.max_steps})
 
@@ -150,6 +158,23 @@ class CliffguardLightningCallback(pl.Callback):
                 trainer.should_stop = True
         kit.remember(batch)
         self._batch_tokens = _tokens(batch)
+        if self._watching:
+            self._observe(batch)
+
+    def _observe(self, batch: Any) -> None:
+        assert self.agent is not None
+        found = batch_tokens(batch)
+        if found is None:
+            self._watching = False
+            # a batch with integer tensors the watch could not place may be token data in another shape:
+            # say so; a batch of floats (a regression, images) is not text, and the watch has nothing to do
+            say = log.warning if _has_int_tensor(batch) else log.info
+            say("cliffguard: the data watch is off for this run: its batches hold no [B, T] integer token ids "
+                "(a tensor, a mapping with 'input_ids', or a tuple starting with one); call "
+                "cb.agent.observe_batch(ids) from training_step instead, or set [agent.data_watch] enabled = false")
+            return
+        ids, mask = found
+        self.agent.observe_batch(ids, attention_mask=mask)
 
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
         assert self.agent is not None

@@ -24,6 +24,12 @@ and a rendezvous join timeout; the workers resume from the newest checkpoint at 
 the rendezvous formed and rescale the batch and LR by ``[train.elastic]`` (trainer/elastic.py).
 On CPUs this is the way to get N processes (``accelerate launch --cpu --num_processes N``
 starts only one); each process uses ``--threads`` torch threads and the gloo backend.
+
+Hangs (agent/hang/): every process group times out after ``--collective-timeout-s``; with
+``--max-restarts`` N torchrun may restart the worker group, which is how the controller's
+``restart`` command takes effect (from the newest disk checkpoint). The launcher watches the job's
+restart plan (cliffguard/plan_watch.py, beside the checkpoints) and stops its torchrun agent when
+the controller leaves this node (``--node-id``) out or halts the job.
 """
 
 from __future__ import annotations
@@ -39,7 +45,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cliffguard import plan_watch
 from cliffguard.core.deployment import EVENT_KEY_ENV, PUBLIC_KEY_ENV, SECRET_ENV, DeploymentConfig, scrub_keys
+from cliffguard.core.restart_plan import MIN_NODES_ENV, NODE_ENV, node_id
 from cliffguard.core.settings import ConfigError
 
 if TYPE_CHECKING:
@@ -83,12 +91,21 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument("--nnodes", help="MIN:MAX nodes (agents) of an elastic run, e.g. 1:2; each node runs --nproc ranks")
     g.add_argument("--rdzv-endpoint", default="127.0.0.1:29400",
                    help="c10d rendezvous HOST:PORT, the same on every node (default 127.0.0.1:29400)")
-    g.add_argument("--max-restarts", type=int, help="worker-group restarts allowed (default 10)")
+    g.add_argument("--max-restarts", type=int,
+                   help="worker-group restarts torchrun allows (elastic: default [train.elastic] max_restarts, 10; "
+                        "one node: default 0); a hang's restart needs at least 1")
+    g.add_argument("--node-id", help="this node's id in hang evidence and restart plans (default "
+                                     "CLIFFGUARD_NODE_ID, else the host name): distinct per launch of an elastic run")
+    g.add_argument("--rdzv-last-call-s", type=int, default=30,
+                   help="after the fewest nodes joined, wait this long for more before the rendezvous closes (default 30)")
     g.add_argument("--rdzv-timeout-s", type=float, help="rendezvous join timeout: no quorum by then ends the launch (default 120)")
     g.add_argument("--batch-policy", choices=["halve", "keep", "proportional"],
                    help="global batch on another world (default proportional)")
     g.add_argument("--lr-rule", choices=["sqrt", "linear", "none"], help="LR factor for the new batch (default sqrt)")
-    g.add_argument("--collective-timeout-s", type=float, help="collective timeout: a dead peer fails a step after this (default 60)")
+    g.add_argument("--collective-timeout-s", type=float,
+                   help="[agent.hang] collective_timeout_s: a dead or stuck peer fails a collective after this (default 30)")
+    g.add_argument("--hang-dump-after-s", type=float,
+                   help="[agent.hang] dump_after_s: a rank without a step this long dumps its evidence (default 8)")
     g = p.add_argument_group("model and data")
     g.add_argument("--n-layer", type=int, help="transformer blocks (default 4)")
     g.add_argument("--n-head", type=int, help="attention heads (default 4)")
@@ -146,8 +163,7 @@ def build_train_config(args: argparse.Namespace, *, bootstrap: str | None, env: 
         train_flags["resume"] = True  # every restart of the worker group resumes from the newest checkpoint
         train_flags["elastic"] = {
             "enabled": True, "base_world": args.nproc * max_nodes, "max_restarts": args.max_restarts,
-            "rdzv_timeout_s": args.rdzv_timeout_s, "batch_policy": args.batch_policy, "lr_rule": args.lr_rule,
-            "collective_timeout_s": args.collective_timeout_s}
+            "rdzv_timeout_s": args.rdzv_timeout_s, "batch_policy": args.batch_policy, "lr_rule": args.lr_rule}
     base = section("train", train_flags)
     run = args.run or ((toml.get("train") or {}).get("run")) or env.get("CLIFFGUARD_TRAIN__RUN") or default_run_id()
     model = section("model", {"n_layer": args.n_layer, "n_head": args.n_head, "n_embd": args.n_embd,
@@ -163,8 +179,11 @@ def build_train_config(args: argparse.Namespace, *, bootstrap: str | None, env: 
     ckpt = dataclasses.replace(ckpt, dir=str(Path(ckpt.dir).resolve()))
     guard_flags = {"hold_timeout_s": args.hold_timeout_s, "on_timeout": args.on_timeout,
                    "enabled": False if args.guard_off else None}
+    plan_set = ((toml.get("agent") or {}).get("hang") or {}).get("plan_dir") or env.get("CLIFFGUARD_AGENT__HANG__PLAN_DIR")
+    hang_flags = {"collective_timeout_s": args.collective_timeout_s, "dump_after_s": args.hang_dump_after_s,
+                  "plan_dir": None if plan_set else str(Path(ckpt.dir).resolve())}  # one directory for the job
     agent = section("agent", {"run": run, "hist_every": args.hist_every, "heartbeat_s": args.heartbeat_s,
-                              "peak_flops": args.peak_flops, "guard": guard_flags})
+                              "peak_flops": args.peak_flops, "guard": guard_flags, "hang": hang_flags})
     if agent.spill_dir:
         agent = dataclasses.replace(agent, spill_dir=str(Path(agent.spill_dir).resolve()))
     kafka = None if args.no_monitor else deployment.kafka
@@ -206,7 +225,7 @@ def torchrun_command(nproc: int, config_path: str | Path, *, nnodes: str | None 
                      last_call_s: int = 30) -> list[str]:
     if not nnodes:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                "-m", "cliffguard.trainer.run", "--config", str(config_path)]
+                f"--max_restarts={max_restarts}", "-m", "cliffguard.trainer.run", "--config", str(config_path)]
     return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc_per_node={nproc}",
             "--rdzv_backend=c10d", f"--rdzv_endpoint={rdzv_endpoint}", f"--rdzv_id={rdzv_id}",
             f"--max_restarts={max_restarts}", f"--rdzv_conf=join_timeout={int(rdzv_timeout_s)},last_call_timeout={last_call_s}",
@@ -247,18 +266,32 @@ def run(args: argparse.Namespace) -> int:
                   file=sys.stderr)
         print(f"run {cfg.run}: {args.nproc} process(es), config {config_path}", flush=True)
         e = cfg.elastic
-        if args.nnodes:
+        restarts = args.max_restarts if args.max_restarts is not None else (e.max_restarts if args.nnodes else 0)
+        node = args.node_id or node_id(env)
+        env[NODE_ENV] = node
+        if args.nnodes or restarts:
             # Workers of each restart keep a TCPStore of their own: on the agent's shared store, a
-            # restarted smaller world found the dead world's gloo addresses and failed to connect.
+            # restarted world (smaller, or the same after a hang) found the dead world's gloo
+            # addresses and failed to connect ("Gloo connectFullMesh failed ... Connection refused").
             env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+        if args.nnodes:
+            env[MIN_NODES_ENV] = str(parse_nnodes(args.nnodes)[0])
+        plan_dir = cfg.agent.hang.plan_dir
+        since = time.time()
+        plan_watch.start_fresh(plan_dir)
         proc = subprocess.Popen(torchrun_command(args.nproc, config_path, nnodes=args.nnodes,
                                                  rdzv_endpoint=args.rdzv_endpoint, rdzv_id=cfg.run,
-                                                 max_restarts=e.max_restarts, rdzv_timeout_s=e.rdzv_timeout_s), env=env)
+                                                 max_restarts=restarts, rdzv_timeout_s=e.rdzv_timeout_s,
+                                                 last_call_s=args.rdzv_last_call_s), env=env)
         try:
-            code = proc.wait()
+            out = plan_watch.wait(proc, plan_dir, node, since=since)
         except KeyboardInterrupt:
             proc.send_signal(signal.SIGINT)  # torchrun forwards it to the workers
-            code = proc.wait()
+            out = plan_watch.Outcome(proc.wait())
+        code = out.code
+        if out.plan is not None:
+            print(f"cliffguard train: {out.message(node)}", file=sys.stderr)
+            return code
         if code and args.nnodes:
             print(f"cliffguard train: the elastic launch ended with exit {code}: the workers failed more than "
                   f"--max-restarts ({e.max_restarts}) times, or no rendezvous of {args.nnodes} nodes at "

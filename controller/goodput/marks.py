@@ -66,6 +66,14 @@ MARKS: dict[str, Mark] = {
     "elastic.scaled_up": Mark(None, B.RESTART),
     # the trainer's own hold timeout (issue 21): the wait was the hold's; its policy applied, it trains on
     "trainer.timeout": Mark(B.HOLD_WAIT, RUNNING),
+    # a hang (issue 23, rank 0's own evidence): from its last step to the watchdog's dump is the hang until
+    # detection, and so is the wait until the group is torn down (then run.failed: the restart); a
+    # collective that failed ends it at once; a stall that ended by itself trains on
+    "hang.evidence:stalled": Mark(B.HANG, B.HANG),
+    "hang.evidence:collective_error": Mark(B.HANG, B.RESTART),
+    "hang.evidence:resolved": Mark(B.HANG, RUNNING),
+    # a restarted group's pre-flight node check: part of the restart, before the checkpoint's restore
+    "node.check": Mark(B.RESTART, B.CHECKPOINT_RESTORE, force=True),
 }
 """Mark key -> how the event books time (``mark_key`` spells the keys)."""
 
@@ -87,6 +95,9 @@ def mark_key(event: Event) -> str | None:
         return "step:hold" if str(d.get("guard")) == "hold" else "step"
     if t is EventType.CHECKPOINT:
         key = f"checkpoint:{d['kind']}"
+        return key if key in MARKS else None
+    if t is EventType.HANG_EVIDENCE:
+        key = f"hang.evidence:{d['reason']}"
         return key if key in MARKS else None
     if t is EventType.COMMAND_ACK:
         cmd_type = d.get("cmd_type")

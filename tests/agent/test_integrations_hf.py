@@ -137,6 +137,18 @@ def test_it_is_a_real_trainer_callback_reporting_every_step_and_its_capabilities
 
 
 @pytest.mark.slow
+def test_the_data_watch_sees_every_training_batch(tmp_path):
+    """The callback hands each training micro-batch's ids (from the model's forward) to the agent's data
+    watch, evaluation batches not: the data.stats windows count every step's batch and token."""
+    cb, sink = _callback()
+    trainer = _trainer(tmp_path, cb, steps=20, eval_dataset=Data(16, "eval"), eval_strategy="steps", eval_steps=5)
+    trainer.train()
+    stats = [e.data for e in sink.events if e.type is EventType.DATA_STATS]
+    assert sum(s["batches"] for s in stats) == 20 and sum(s["tokens"] for s in stats) == 20 * 4 * SEQ
+    assert sorted(step for s in stats for step in s["steps"]) == list(range(20))
+
+
+@pytest.mark.slow
 def test_a_corrupted_batch_is_skipped_then_pause_validate_resume_holds_training(tmp_path):
     script = Script()
     cb, sink = _callback(script)

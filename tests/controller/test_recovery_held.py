@@ -255,7 +255,7 @@ def test_zz_every_declared_transition_is_taken_somewhere():
         _take_every_transition_of_this_module()
     finally:
         rec.fire = original
-    assert taken == set(TRANSITIONS)
+    assert taken == set(TRANSITIONS) - base.HANG_MOVES  # the hang moves: tests/controller/test_recovery_hang.py
 
 
 def _take_every_transition_of_this_module() -> None:

@@ -201,3 +201,43 @@ def test_the_kits_periodic_validation_runs_on_the_val_loader_without_a_command_i
     assert all(v.data["batches"] == 2 for v in vals)  # on the val loader
     with pytest.raises(ValueError, match="run: name the run"):
         CliffguardLightningCallback()
+
+
+class TinyLM(pl.LightningModule):
+    """A next-token model on batches of token ids (a mapping with ``input_ids``, as HF-style loaders give)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb, self.out = torch.nn.Embedding(16, 8), torch.nn.Linear(8, 16)
+
+    def training_step(self, batch, batch_idx):
+        ids = batch["input_ids"]
+        logits = self.out(self.emb(ids[:, :-1]))
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, 16), ids[:, 1:].reshape(-1))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_the_data_watch_sees_every_training_batch_of_token_ids():
+    """The callback hands each batch's ``input_ids`` to the agent's data watch: the data.stats windows
+    count every batch and every token the run trained on."""
+    ids = [{"input_ids": (torch.arange(12) * (i % 5 + 1)) % 16} for i in range(64)]
+    sink = InMemorySink()
+    cfg = AgentConfig(run="lit-lm", heartbeat_s=60, calibration_s=0.05, command_tick_s=0.01)
+    trainer = pl.Trainer(max_steps=20, callbacks=[CliffguardLightningCallback(cfg, sink=sink)], logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         accelerator="cpu", devices=1)
+    trainer.fit(TinyLM(), DataLoader(ids, batch_size=4))
+    stats = [e.data for e in _of(sink, EventType.DATA_STATS)]
+    assert sum(s["batches"] for s in stats) == 20 and sum(s["tokens"] for s in stats) == 20 * 4 * 12
+    assert sorted(step for s in stats for step in s["steps"]) == list(range(20))
+
+
+def test_float_batches_turn_the_data_watch_off_without_a_warning(caplog):
+    with caplog.at_level(logging.INFO, logger="cliffguard.agent.integrations.lightning"):
+        _, sink, _ = _fit(Tiny(), steps=4)
+    assert not _of(sink, EventType.DATA_STATS)
+    said = [r for r in caplog.records if "data watch is off" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.INFO
