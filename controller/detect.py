@@ -234,10 +234,11 @@ class RunDetector:
         self._last_step = step
         return out
 
-    def observe_loss(self, step: int, loss: float) -> list[Verdict]:
-        """The loss rules alone, for one global loss (the backtest's entry point)."""
+    def observe_loss(self, step: int, loss: float, grad_norm: float | None = None) -> list[Verdict]:
+        """The loss rules alone, for one global loss and the step's grad norm where one is logged
+        (the backtest's entry point)."""
         out = self._advance(step)
-        return out + self._call("loss", step, self.loss.observe, step, loss)
+        return out + self._call("loss", step, self.loss.observe, step, loss, grad_norm)
 
     def tick(self, now: float) -> list[Verdict]:
         out: list[Verdict] = []

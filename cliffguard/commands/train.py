@@ -2,7 +2,7 @@
 
 Settings: ``--config FILE.toml`` < ``CLIFFGUARD_<SECTION>__<FIELD>`` env < flags, by the one
 resolver (``cliffguard/config.py``): the deployment's ``[kafka]``, ``[spike]`` (the guard uses its
-``guard_patience``), ``[policy]`` and command secret, and the trainer's ``[train]`` (the loop),
+``guard_budget``), ``[policy]`` and command secret, and the trainer's ``[train]`` (the loop),
 ``[model]``, ``[data]``, ``[checkpoint]``, ``[agent]`` (with ``[agent.guard]``, ``[agent.hist]``).
 The resolved configuration is saved to ``<out-dir>/<run>/config.json`` and every worker reads
 that file.
