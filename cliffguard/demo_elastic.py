@@ -283,6 +283,23 @@ def _monitored_facts(cfg: ElasticDemoConfig, stack: Any, log) -> dict[str, Any]:
     return facts
 
 
+def _judge_kill(kill_at: int, incidents: list[dict[str, Any]], unmatched: list[str]) -> dict[str, Any] | None:
+    """The killed worker group as a fault of its own: the controller's hang rule may name it (its
+    survivors wait in a collective) and the run trains again on the remaining node, an incident
+    ``restarted``; or torchrun's elastic agent re-forms the group before the watchdog's dump, and
+    there is none. Either is right; an incident of the kill with another outcome is not."""
+    from cliffguard.demo_summary import MATCH_SLACK_STEPS
+
+    inc = next((i for i in incidents if i["id"] in unmatched and i["rule"] == "hang"
+                and kill_at <= i["spike_step"] < kill_at + MATCH_SLACK_STEPS), None)
+    if inc is None:
+        return None
+    ok = inc["outcome"] == "restarted"
+    return {"fault": f"kill@{kill_at}", "kind": "kill", "step": kill_at, "end": kill_at + 1, "expected": ["restarted"],
+            "incident": inc["id"], "outcome": inc["outcome"], "ok": ok,
+            "problem": None if ok else f"outcome {inc['outcome']}, expected restarted"}
+
+
 def summarize(cfg: ElasticDemoConfig, events: list[dict[str, Any]], mark: dict[str, Any], exit_code: int | None,
               facts: dict[str, Any] | None) -> dict[str, Any]:
     """The verdict (pure): the scale events as expected, the faults' incidents as
@@ -299,6 +316,11 @@ def summarize(cfg: ElasticDemoConfig, events: list[dict[str, Any]], mark: dict[s
     finished = int(mark.get("step", -1)) >= cfg.steps and exit_code == 0
     incidents = [] if facts is None else facts["incidents"]
     faults_ok, fault_results, unmatched = judge([FaultSpec.parse(f) for f in cfg.faults], incidents)
+    kill = _judge_kill(cfg.kill_at, incidents, unmatched)
+    if kill is not None:
+        fault_results.append(kill)
+        unmatched = [i for i in unmatched if i != kill["incident"]]
+        faults_ok = faults_ok and kill["ok"]
     stored = None if facts is None else [(e["from_world"], e["to_world"], e["global_batch"])
                                          for e in facts["stored_scale_events"]]
     fault_problems = "; ".join(f"{r['fault']}: {r['problem']}" for r in fault_results if r["problem"])

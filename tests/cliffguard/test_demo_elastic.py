@@ -36,7 +36,10 @@ def test_elastic_demo_scales_down_and_back_up_from_a_fresh_directory(tmp_path):
     assert (down["from_world"], down["to_world"], down["global_batch"]) == (4, 2, 8)
     assert (up["from_world"], up["to_world"], up["global_batch"]) == (2, 4, 16)
     assert down["step"] <= 12 and down["seconds_lost"] > 0 and up["step"] >= 18
-    assert summary["final_step"] == 80 and summary["final_loss"] < 5.5 and summary["incidents"] == []
+    assert summary["final_step"] == 80 and summary["final_loss"] < 5.5 and summary["unmatched_incidents"] == []
+    # the kill's own incident, when the hang rule named it before torchrun re-formed the group
+    assert all((i["rule"], i["outcome"]) == ("hang", "restarted") and 12 <= i["spike_step"] < 27
+               for i in summary["incidents"]), summary["incidents"]
 
 
 def _event(step, frm, to, batch):
@@ -69,6 +72,19 @@ def test_summary_ok_only_when_scale_events_faults_and_store_agree():
     assert not short["ok"] and "run ended at step 150" in short["problems"][0]
     keep = ElasticDemoConfig(batch_policy="keep", monitor=False, faults=())
     assert summarize(keep, [_event(100, 4, 2, 16), GOOD_EVENTS[1]], mark, 0, None)["ok"]
+
+
+def test_the_killed_groups_hang_incident_is_the_kills_and_must_end_restarted():
+    cfg, mark = ElasticDemoConfig(), {"step": 170, "loss": 2.4}  # kill_at 100
+    hang = {**_incident("restarted", 101), "id": "h", "rule": "hang"}
+    named = summarize(cfg, GOOD_EVENTS, mark, 0, {**GOOD_FACTS, "incidents": [*GOOD_FACTS["incidents"], hang]})
+    assert named["ok"] and named["unmatched_incidents"] == [] and named["faults"][-1]["fault"] == "kill@100"
+    halted = summarize(cfg, GOOD_EVENTS, mark, 0,
+                       {**GOOD_FACTS, "incidents": [*GOOD_FACTS["incidents"], {**hang, "outcome": "halted"}]})
+    assert not halted["ok"] and "kill@100: outcome halted, expected restarted" in halted["problems"][0]
+    late = summarize(cfg, GOOD_EVENTS, mark, 0,
+                     {**GOOD_FACTS, "incidents": [*GOOD_FACTS["incidents"], {**hang, "spike_step": 150}]})
+    assert late["unmatched_incidents"] == ["h"]  # a hang long after the kill is not the kill's
 
 
 def test_train_argv_streams_and_injects_faults_only_when_monitored():
