@@ -13,6 +13,7 @@ from cliffguard.agent.collectors.grad_hist import HistConfig
 from cliffguard.agent.data_watch.config import DataWatchConfig
 from cliffguard.agent.guard import GuardConfig
 from cliffguard.agent.recovery.config import KitConfig
+from cliffguard.agent.recovery.preemption import PreemptionConfig
 from cliffguard.core.declared import bounded, check_declared, non_empty
 from cliffguard.core.events import check_run_id
 from cliffguard.core.rank_arrays import MAX_RANKS_PER_EVENT
@@ -55,6 +56,9 @@ class AgentConfig:
     """The in-process guard (spike rule before optimizer.step())."""
     recovery: KitConfig = field(default_factory=KitConfig)
     """The recovery kit (agent/recovery/kit.py): controller-silence timeout, memory ring, held-back batches."""
+    preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
+    """The scheduler's warning signals: a save at the next step boundary, then a requeue exit
+    (agent/recovery/preemption.py)."""
     hist: HistConfig = field(default_factory=HistConfig)
     """Fixed log2 bin edges of the gradient histograms."""
     data_watch: DataWatchConfig = field(default_factory=DataWatchConfig)

@@ -57,6 +57,8 @@ class Lifecycle:
         self.closed = False
         self.summaries: dict[str, Callable[[], dict[str, Any]]] = {}
         """Name -> what the run's ``run.finished`` carries under it (the kit's ``validation``)."""
+        self.closers: list[_Closeable] = []
+        """Closed with the agent (the kit's preemption watch: its signal handlers go back)."""
 
     def start(self, *, global_batch: int = 0, lr_schedule: dict[str, Any] | None = None,
               config: dict[str, Any] | None = None, capabilities: Iterable[CommandType | str] | None = None) -> None:
@@ -116,13 +118,16 @@ class Lifecycle:
                 log.exception("run summary %r failed", name)
         return out
 
-    def close(self, error: BaseException | str | None = None, *, final_loss: float | None = None) -> None:
-        """Emit run.finished/run.failed (rank 0) and close everything, each part even if another fails."""
+    def close(self, error: BaseException | str | None = None, *, final_loss: float | None = None,
+              ended: bool = True) -> None:
+        """Emit run.finished/run.failed (rank 0) and close everything, each part even if another fails.
+        ``ended=False`` (a preempted run, which said so in ``run.preempted`` and will be requeued):
+        neither, unless it failed."""
         if self.closed:
             return
         self.closed = True
         self.modes.move(STOPPING)
-        if self.ranks.rank == 0:
+        if self.ranks.rank == 0 and (ended or error is not None):
             if error is not None:
                 self.emitter.emit(EventType.RUN_FAILED, {"error": str(error) or type(error).__name__})
             else:
@@ -131,7 +136,7 @@ class Lifecycle:
                     data["final_loss"] = final_loss
                 data.update(self._summaries())
                 self.emitter.emit(EventType.RUN_FINISHED, data)
-        parts: list[_Closeable | None] = [self._heartbeat, self.channel.source, self.sink]
+        parts: list[_Closeable | None] = [*self.closers, self._heartbeat, self.channel.source, self.sink]
         for part in parts:
             if part is None:
                 continue

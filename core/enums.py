@@ -23,6 +23,7 @@ class EventType(StrEnum):
     ELASTIC_SCALED_DOWN = "elastic.scaled_down"  # the run resumed on fewer ranks (trainer/elastic.py)
     ELASTIC_SCALED_UP = "elastic.scaled_up"  # ranks rejoined: back towards the declared batch
     TRAINER_TIMEOUT = "trainer.timeout"  # a wait timed out with no controller command: the trainer acted alone
+    RUN_PREEMPTED = "run.preempted"  # the scheduler's warning signal: saved at a boundary, exiting to be requeued
 
 
 class CommandType(StrEnum):

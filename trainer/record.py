@@ -24,6 +24,7 @@ from cliffguard.core.events import Command
 log = logging.getLogger(__name__)
 
 RECORD_NAME = "trainer-record.jsonl"
+SAMPLES_NAME = "samples.jsonl"
 
 
 class TrainerRecord:
@@ -91,3 +92,33 @@ class TrainerRecord:
             except OSError:
                 pass
             self._fh = None
+
+
+def last_end(path: str | Path, since: float = 0.0) -> dict[str, Any] | None:
+    """The newest ``end`` line written at or after ``since`` (epoch s), or None. A torn or hand-edited
+    line is skipped: the file is read as untrusted."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and row.get("kind") == "end" and isinstance(row.get("ts"), (int, float)):
+            return row if row["ts"] >= since else None
+    return None
+
+
+class SampleLog(TrainerRecord):
+    """``<run_dir>/samples.jsonl`` (``[train] sample_log``, for exactness checks): one line per step
+    run, ``{"kind": "step", "step", "ids": [rank 0's ids, rank 1's, ...], "loss"[, "param_digest"]}``,
+    appended across restarts, so a preempted and resumed run's lines can be compared with an
+    uninterrupted run's (no sample repeated or skipped). Costs a line write per step: off by default."""
+
+    def step(self, step: int, ids: list[list[int]], loss: float, param_digest: str | None = None) -> None:
+        fields: dict[str, Any] = {"step": step, "ids": ids, "loss": loss if loss == loss else None}
+        if param_digest is not None:
+            fields["param_digest"] = param_digest
+        self._write("step", **fields)

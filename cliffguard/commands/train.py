@@ -24,11 +24,19 @@ and a rendezvous join timeout; the workers resume from the newest checkpoint at 
 the rendezvous formed and rescale the batch and LR by ``[train.elastic]`` (trainer/elastic.py).
 On CPUs this is the way to get N processes (``accelerate launch --cpu --num_processes N``
 starts only one); each process uses ``--threads`` torch threads and the gloo backend.
+
+Preemption (``[agent.preemption]``, agent/recovery/preemption.py): torchrun is told to forward the
+warning signals to the workers (``PET_SIGNALS_TO_HANDLE``) and to wait ``deadline_s`` + 10 s for
+them before SIGKILL (``PET_SHUTDOWN_TIMEOUT``); a warning that reaches this launcher alone is
+passed to the workers (cliffguard/signals.py). When the workers saved and exited for a
+preemption, this command exits with ``exit_code`` (75 by default: the shipped slurm.conf's
+``RequeueExit``), whatever torchrun's own status.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import subprocess
@@ -39,8 +47,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cliffguard.agent.recovery.preemption import PreemptionConfig
 from cliffguard.core.deployment import EVENT_KEY_ENV, PUBLIC_KEY_ENV, SECRET_ENV, DeploymentConfig, scrub_keys
 from cliffguard.core.settings import ConfigError
+from cliffguard.signals import WarningForwarder
+from cliffguard.trainer.record import RECORD_NAME, last_end
 
 if TYPE_CHECKING:
     from cliffguard.trainer.config import TrainConfig
@@ -213,6 +224,34 @@ def torchrun_command(nproc: int, config_path: str | Path, *, nnodes: str | None 
             "-m", "cliffguard.trainer.run", "--config", str(config_path)]
 
 
+def preemption_env(preemption: PreemptionConfig) -> dict[str, str]:
+    """torchrun's settings (its ``PET_*`` environment) for a preemption: forward the warning signals
+    to the workers, and give them the deadline (plus the exit's margin) before SIGKILL."""
+    handled = ["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"]
+    handled += [s for s in preemption.signals if s not in handled]
+    return {"PET_SIGNALS_TO_HANDLE": ",".join(handled),
+            "PET_SHUTDOWN_TIMEOUT": str(math.ceil(preemption.deadline_s) + 10)}
+
+
+def _wait(proc: subprocess.Popen[bytes], forwarder: WarningForwarder | None) -> int:
+    """torchrun's exit status; meanwhile each warning this process got is passed to the workers."""
+    if forwarder is not None:
+        forwarder.install()
+    try:
+        while True:
+            try:
+                return proc.wait(timeout=0.2)
+            except subprocess.TimeoutExpired:
+                if forwarder is not None:
+                    forwarder.forward_pending(proc.pid)
+            except KeyboardInterrupt:
+                proc.send_signal(signal.SIGINT)  # torchrun forwards it to the workers
+                return proc.wait()
+    finally:
+        if forwarder is not None:
+            forwarder.uninstall()
+
+
 def run(args: argparse.Namespace) -> int:
     if args.nproc < 1:
         print("cliffguard train: --nproc: must be >= 1", file=sys.stderr)
@@ -251,14 +290,20 @@ def run(args: argparse.Namespace) -> int:
             # Workers of each restart keep a TCPStore of their own: on the agent's shared store, a
             # restarted smaller world found the dead world's gloo addresses and failed to connect.
             env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+        preemption = cfg.agent.preemption
+        forwarder = WarningForwarder(preemption.signals) if preemption.enabled else None
+        if forwarder is not None:
+            env.update(preemption_env(preemption))
+        launched_at = time.time()
         proc = subprocess.Popen(torchrun_command(args.nproc, config_path, nnodes=args.nnodes,
                                                  rdzv_endpoint=args.rdzv_endpoint, rdzv_id=cfg.run,
                                                  max_restarts=e.max_restarts, rdzv_timeout_s=e.rdzv_timeout_s), env=env)
-        try:
-            code = proc.wait()
-        except KeyboardInterrupt:
-            proc.send_signal(signal.SIGINT)  # torchrun forwards it to the workers
-            code = proc.wait()
+        code = _wait(proc, forwarder)
+        end = last_end(cfg.run_dir / RECORD_NAME, since=launched_at)
+        if forwarder is not None and end is not None and end.get("stop_reason") == "preempted":
+            print(f"cliffguard train: run {cfg.run} saved at step {end.get('step')} for a preemption; exit "
+                  f"{preemption.exit_code} (requeue; --resume continues there)", flush=True)
+            return preemption.exit_code
         if code and args.nnodes:
             print(f"cliffguard train: the elastic launch ended with exit {code}: the workers failed more than "
                   f"--max-restarts ({e.max_restarts}) times, or no rendezvous of {args.nnodes} nodes at "

@@ -66,6 +66,9 @@ MARKS: dict[str, Mark] = {
     "elastic.scaled_up": Mark(None, B.RESTART),
     # the trainer's own hold timeout (issue 21): the wait was the hold's; its policy applied, it trains on
     "trainer.timeout": Mark(B.HOLD_WAIT, RUNNING),
+    # the scheduler's warning signal (issue 24): the gap before it is the step in flight and the
+    # preemption save; the run is then down until it starts again (requeued), all of it preemption
+    "run.preempted": Mark(B.PREEMPTION, B.PREEMPTION, force=True),
 }
 """Mark key -> how the event books time (``mark_key`` spells the keys)."""
 
