@@ -386,7 +386,7 @@ class Trainer:
                 error = RuntimeError(self.kit.stop_reason)
             if self.record is not None:
                 reason = self.kit.stop_reason or (f"error: {type(error).__name__}" if error is not None else "")
-                self.record.end(self.step, reason, self.agent.lr_scale.value)
+                self.record.end(self.step, reason, self.agent.lr_scale.value, preempted=self.kit.preempted)
                 self.record.close()
             ended = self.kit.preempted is None  # a preempted run said how it ended: run.preempted, no run.finished
             for closer in (self.ckpt.close, self.samples.close if self.samples is not None else lambda: None,

@@ -4,7 +4,7 @@ Rank 0 appends one JSON line per fact, flushed at once, so a killed run leaves e
 wrote: ``start`` (the step it starts at, the steps it was asked for, its LR scale), ``command``
 (each command dispatched: id, type, ack status, the step before and after, the LR scale before
 and after), ``timeout`` (a hold or pause timeout's policy applied alone, with the same fields) and
-``end`` (the step reached and why it stopped). It does not go through Kafka, so it is the
+``end`` (the step reached and why it stopped; after a preemption save, what ``run.preempted`` said). It does not go through Kafka, so it is the
 trainer's side of the ledger a controller, its store and the topics can be checked against
 (``python -m bench.soak`` does). Written only on those events, never per step.
 """
@@ -82,8 +82,10 @@ class TrainerRecord:
         )
         self._lr_scale = lr_scale
 
-    def end(self, step: int, stop_reason: str, lr_scale: float) -> None:
-        self._write("end", step=step, stop_reason=stop_reason, lr_scale=lr_scale)
+    def end(self, step: int, stop_reason: str, lr_scale: float, preempted: dict[str, Any] | None = None) -> None:
+        """``preempted``: the ``run.preempted`` payload of a run that saved for a preemption."""
+        extra = {} if preempted is None else {"preempted": preempted}
+        self._write("end", step=step, stop_reason=stop_reason, lr_scale=lr_scale, **extra)
 
     def close(self) -> None:
         if self._fh is not None:

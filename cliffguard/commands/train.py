@@ -301,8 +301,13 @@ def run(args: argparse.Namespace) -> int:
         code = _wait(proc, forwarder)
         end = last_end(cfg.run_dir / RECORD_NAME, since=launched_at)
         if forwarder is not None and end is not None and end.get("stop_reason") == "preempted":
-            print(f"cliffguard train: run {cfg.run} saved at step {end.get('step')} for a preemption; exit "
-                  f"{preemption.exit_code} (requeue; --resume continues there)", flush=True)
+            saved = end.get("preempted") if isinstance(end.get("preempted"), dict) else {}
+            save_s = saved.get("save_s")
+            took = f"{save_s:.2f} s" if isinstance(save_s, (int, float)) else "? s"
+            print(f"cliffguard train: run {cfg.run} saved at step {end.get('step')} for a preemption "
+                  f"({saved.get('signal', '?')}: {took} of {preemption.deadline_s:g} s, verified "
+                  f"{saved.get('verified')}); exit {preemption.exit_code} (requeue; --resume continues there)",
+                  flush=True)
             return preemption.exit_code
         if code and args.nnodes:
             print(f"cliffguard train: the elastic launch ended with exit {code}: the workers failed more than "
