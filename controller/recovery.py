@@ -42,6 +42,7 @@ from typing import Any
 
 from cliffguard.controller.recovery_acks import on_ack, on_tick
 from cliffguard.controller.recovery_others import on_trainer_timeout
+from cliffguard.controller.recovery_preempt import on_run_preempted, on_training_again
 from cliffguard.controller.recovery_step import Step, open_incident, start_rollback
 from cliffguard.controller.recovery_table import (
     PAUSE_CYCLE,
@@ -66,6 +67,7 @@ from cliffguard.controller.recovery_types import (
     RecoveryConfig,
     RecoveryState,
     RunEndedIn,
+    RunPreemptedIn,
     SendCommand,
     StartedIn,
     TickIn,
@@ -88,6 +90,7 @@ from cliffguard.core.enums import (
 
 # An enum member read through its class costs ~10x a module global; these are read for every step.
 _RECOVERING = Phase.RECOVERING
+_PREEMPTED = Phase.PREEMPTED
 _OK = Level.OK
 
 UNHEALTHY_KEEP = 64
@@ -95,7 +98,8 @@ UNHEALTHY_KEEP = 64
 
 def transition(cfg: RecoveryConfig, state: RecoveryState, inp: Input) -> tuple[RecoveryState, list[ActionT]]:
     """Pure: the next state and the actions for one input. ``state`` is not modified."""
-    if type(inp) is ProgressIn and state.phase is not _RECOVERING and state.flagging is None and (
+    if type(inp) is ProgressIn and state.phase is not _RECOVERING and state.phase is not _PREEMPTED and \
+            state.flagging is None and (
             not state.checkpoints or all(c.stable for c in state.checkpoints)):
         # The common case, a step with no checkpoint to stabilise, no recovery to finish and no
         # excursion to flag: _on_progress's effect then, without a Step and its action list.
@@ -122,6 +126,8 @@ def transition(cfg: RecoveryConfig, state: RecoveryState, inp: Input) -> tuple[R
             st.s.capabilities = normalize_capabilities(inp.capabilities)
         case TrainerTimeoutIn():
             on_trainer_timeout(st, inp)
+        case RunPreemptedIn():
+            on_run_preempted(st, inp)
         case _:
             raise TypeError(f"not a recovery input: {type(inp).__name__}")
     return st.s, st.actions
@@ -189,6 +195,8 @@ def _ask_detail(st: Step, v: Verdict) -> None:
 
 def _on_progress(st: Step, inp: ProgressIn) -> None:
     cfg, s = st.cfg, st.s
+    if s.phase is Phase.PREEMPTED:
+        on_training_again(st, inp)
     flagging = s.flagging
     _note_step(s, inp)
     _flag_samples(st, inp, flagging)

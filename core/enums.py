@@ -107,3 +107,4 @@ class IncidentOutcome(StrEnum):
     ROLLED_BACK = "rolled_back"
     HALTED = "halted"  # beyond the rollback budget: a human is needed
     ABANDONED = "abandoned"  # the run ended mid-recovery
+    REQUEUED = "requeued"  # a preemption's: the run saved, was requeued and trains again

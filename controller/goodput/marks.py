@@ -72,6 +72,13 @@ MARKS: dict[str, Mark] = {
 }
 """Mark key -> how the event books time (``mark_key`` spells the keys)."""
 
+AFTER_PREEMPTION: dict[str, Mark] = {
+    "run.started:again": Mark(B.PREEMPTION, B.CHECKPOINT_RESTORE, force=True),
+    "run.started:again_at_0": Mark(B.PREEMPTION, B.INITIALIZATION, force=True),
+}
+"""A start after ``run.preempted``: the time the run was down (queued, requeued) was the preemption's,
+not a restart's."""
+
 NOT_MARKS: frozenset[EventType] = frozenset({EventType.GRAD_HIST, EventType.RANKS, EventType.DATA_FLAG,
                                              EventType.HEARTBEAT, EventType.DATA_STATS})
 """Events that book no time (a disk checkpoint's write is not a mark either: ``mark_key``)."""
