@@ -25,6 +25,7 @@ from cliffguard.controller.store.read.elastic import elastic_events, scale_timel
 from cliffguard.controller.store.read.goodput import ettr_by_run, goodput, goodput_costs, remedy_costs
 from cliffguard.controller.store.read.hists import grad_hists
 from cliffguard.controller.store.read.incidents import incident_detail, incidents, transitions
+from cliffguard.controller.store.read.preemptions import preemptions
 from cliffguard.controller.store.read.ranks import (
     DETAIL_COLUMNS,
     RANK_COLUMNS,
@@ -38,6 +39,7 @@ from cliffguard.controller.store.read.runs import get_run, heartbeats, list_runs
 from cliffguard.controller.store.read.validations import data_flags, validations
 
 __all__ = [
+    "preemptions",
     "DETAIL_COLUMNS",
     "RANK_COLUMNS",
     "REQUEST_COLUMNS",
