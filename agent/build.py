@@ -3,8 +3,9 @@ is their facade.
 
 The parts, each its own module: ``Ranks`` (agent/ranks.py), the ``Emitter`` to the sink
 (agent/emitter.py), the ``CommandChannel`` (agent/command_channel.py: listener, inbox, acks), the
-``StepProbe`` (agent/step_probe.py: what the training thread calls each step) and the
-``Lifecycle`` (agent/lifecycle.py: start, heartbeats, close). Without a sink the agent publishes
+``StepProbe`` (agent/step_probe.py: what the training thread calls each step), the
+``Lifecycle`` (agent/lifecycle.py: start, heartbeats, close) and the ``HangPart``
+(agent/hang/part.py: the watchdog, its evidence and the restart command). Without a sink the agent publishes
 to Kafka when given ``kafka`` (else nowhere); rank 0 listens for commands when given ``kafka``
 and a command key (else none are listened for).
 """
@@ -16,6 +17,7 @@ import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -26,6 +28,7 @@ from cliffguard.agent.config import AgentConfig
 from cliffguard.agent.detail import DetailWindow
 from cliffguard.agent.emitter import Emitter
 from cliffguard.agent.guard import Guard
+from cliffguard.agent.hang.part import HangPart
 from cliffguard.agent.lifecycle import Lifecycle
 from cliffguard.agent.lr_scale import LRScale
 from cliffguard.agent.modes import ModeMachine
@@ -41,6 +44,7 @@ from cliffguard.core.deployment import (
     agent_event_signer,
     agent_verifying_key,
 )
+from cliffguard.core.events import Command
 from cliffguard.core.kafka_config import KafkaConfig
 from cliffguard.core.keys import CommandPublicKey, EventSigner
 from cliffguard.core.signing import VerifyingKey
@@ -65,6 +69,7 @@ class AgentParts:
     channel: CommandChannel
     probe: StepProbe
     lifecycle: Lifecycle
+    hang: HangPart
 
 
 def load_secret(value: str | None = None) -> VerifyingKey | None:
@@ -99,19 +104,30 @@ def build_agent(accelerator: AcceleratorLike | None, model: torch.nn.Module, opt
         detail.open(0, config.detail_steps)
     channel = CommandChannel(ranks, emitter, detail, clock, step=lambda: probe.step if probe is not None else 0,
                              source=command_source)
+    hang = HangPart(config.hang, config.run, ranks, emitter, modes, step=lambda: probe.step if probe is not None else 0,
+                    base_dir=_hang_dir(config))
+    hang.ack = channel.ack
+    hang.flush = sink.close
     if command_source is None and ranks.rank == 0 and kafka is not None:
         secret = secret if secret is not None else load_secret()
         if secret is not None:
-            channel.source = _listener(config, kafka, secret, channel)
+            channel.source = _listener(config, kafka, secret, channel, hang.urgent)
         else:
             log.warning("no command key (%s or %s): commands are not listened for", PUBLIC_KEY_ENV, SECRET_ENV)
     # the global norm from the DDP hook's reduced buckets, unless an Accelerator's scaler unscales later
     bucket_norms = config.grad_norm_from_buckets and getattr(accelerator, "scaler", None) is None
     probe = StepProbe(config, ranks, model, optimizer, guard=guard, lr_scale=lr_scale, emitter=emitter, channel=channel,
                       detail=detail, clock=clock, shape=shape, bucket_norms=bucket_norms)
-    lifecycle = Lifecycle(config, ranks, emitter, probe, channel, modes, sink)
+    lifecycle = Lifecycle(config, ranks, emitter, probe, channel, modes, sink, hang)
     return AgentParts(config=config, instance=instance, ranks=ranks, sink=sink, emitter=emitter, guard=guard,
-                      modes=modes, lr_scale=lr_scale, channel=channel, probe=probe, lifecycle=lifecycle)
+                      modes=modes, lr_scale=lr_scale, channel=channel, probe=probe, lifecycle=lifecycle, hang=hang)
+
+
+def _hang_dir(config: AgentConfig) -> Path:
+    """Where a rank keeps its hang evidence and (by default) a restart plan: beside its spill."""
+    from cliffguard.agent.spill import default_spill_dir
+
+    return Path(config.spill_dir or default_spill_dir()) / f"hang-{config.run}"
 
 
 def _say_unsigned(run: str, command_key: VerifyingKey | None) -> None:
@@ -152,10 +168,12 @@ def _publisher(config: AgentConfig, ranks: Ranks, instance: str, kafka: KafkaCon
     return p
 
 
-def _listener(config: AgentConfig, kafka: KafkaConfig, secret: VerifyingKey, channel: CommandChannel) -> CommandSource:
+def _listener(config: AgentConfig, kafka: KafkaConfig, secret: VerifyingKey, channel: CommandChannel,
+              urgent: Callable[[Command], bool]) -> CommandSource:
     from cliffguard.agent.listener import CommandListener
     from cliffguard.core.signing import CommandVerifier
 
-    listener = CommandListener(kafka, config.run, CommandVerifier(config.run, secret), channel.on_reject)
+    listener = CommandListener(kafka, config.run, CommandVerifier(config.run, secret), channel.on_reject,
+                               urgent=urgent)
     listener.start(timeout=0)  # construction never blocks (a wrong bootstrap cost ~10 s); start() waits a little
     return listener

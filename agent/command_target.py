@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from cliffguard.core.enums import AckStatus, CheckpointKind
+from cliffguard.core.events import Command
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,4 +65,9 @@ class CommandTarget(Protocol):
 
     def stop(self, reason: str) -> Outcome:
         """End the run cleanly after this boundary."""
+        ...
+
+    def restart(self, cmd: Command) -> Outcome:
+        """Leave this worker group for torchrun to start again (core/restart_plan.py); applied at
+        the boundary on every rank, after which the loop leaves (agent/hang/part.py)."""
         ...

@@ -1,4 +1,4 @@
-"""The agent's own settings (``[agent]``, with ``[agent.guard]`` and ``[agent.hist]``).
+"""The agent's own settings (``[agent]``, with ``[agent.guard]``, ``[agent.hang]`` and ``[agent.hist]``).
 
 Kept apart from ``agent/hooks.py`` (the runtime: distributed hooks, publisher, command listener)
 so the CLI and the config map build and validate it without importing the runtime. The spike rule and the rollback policy
@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from cliffguard.agent.collectors.grad_hist import HistConfig
 from cliffguard.agent.data_watch.config import DataWatchConfig
 from cliffguard.agent.guard import GuardConfig
+from cliffguard.agent.hang.config import HangConfig
 from cliffguard.agent.recovery.config import KitConfig
 from cliffguard.agent.recovery.preemption import PreemptionConfig
 from cliffguard.core.declared import bounded, check_declared, non_empty
@@ -59,6 +60,8 @@ class AgentConfig:
     preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
     """The scheduler's warning signals: a save at the next step boundary, then a requeue exit
     (agent/recovery/preemption.py)."""
+    hang: HangConfig = field(default_factory=HangConfig)
+    """Hangs (agent/hang/): collective timeouts, the watchdog's evidence, restarts, the node check."""
     hist: HistConfig = field(default_factory=HistConfig)
     """Fixed log2 bin edges of the gradient histograms."""
     data_watch: DataWatchConfig = field(default_factory=DataWatchConfig)

@@ -83,6 +83,16 @@ def _none(args: Mapping[str, Any]) -> None:
     return None
 
 
+def _restart(args: Mapping[str, Any]) -> None:
+    from cliffguard.core.restart_plan import MODES
+
+    if args.get("mode") not in MODES:
+        raise ValueError(f"mode: one of {', '.join(MODES)}, got {args.get('mode')!r}")
+    _at_least(args["life"], "life", 0)
+    if args["mode"] == "exclude" and not args.get("exclude_nodes"):
+        raise ValueError("exclude_nodes: an exclude restart names the nodes to leave out")
+
+
 @dataclass(frozen=True, slots=True)
 class Route:
     parse: Callable[[Mapping[str, Any]], Any]
@@ -107,6 +117,9 @@ ROUTES: dict[CommandType, Route] = {
     CommandType.STOP: Route(_none, lambda t, c, a: t.stop(f"stopped by command {c.id}"), to=STOPPING),
     # applied by the agent itself when it hands the command out (agent/detail.py)
     CommandType.DETAIL: Route(detail_steps, lambda t, c, a: Outcome.applied(f"per-rank step events for {a} steps")),
+    # the mode stays: an applied restart makes the loop leave (the kit raises RestartRequested);
+    # one for an earlier life changes nothing
+    CommandType.RESTART: Route(_restart, lambda t, c, a: t.restart(c)),
 }
 
 

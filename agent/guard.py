@@ -1,12 +1,13 @@
 """The in-process guard: the spike rule on the all-reduced loss, before the update.
 
-``Guard.decide(global_loss)`` runs ``core.spike.SpikeDetector`` — the very code the controller
-runs — on the loss every rank got from the same all-reduce, so every rank reaches the same
-decision without talking:
+``Guard.decide(global_loss, step, grad_norm)`` runs ``core.spike.SpikeDetector`` — the very code
+the controller runs — on the loss (and the global grad norm) every rank got from the same
+all-reduce, so every rank reaches the same decision without talking:
 
 - ``ok`` / ``warn``: the update is applied (warn is reported in the step event);
-- ``skip``: loss at or above ``k_crit`` σ, or non-finite: ``optimizer.step()`` is not called on
-  any rank, so no bad update is applied; training goes on with the next batch;
+- ``skip``: the spike rule is critical (evidence past the ``[spike] guard_budget`` level, or a
+  non-finite loss): ``optimizer.step()`` is not called on any rank, so no bad update is applied;
+  training goes on with the next batch;
 - ``hold``: ``hold_after`` consecutive skips: the update is skipped and the trainer holds
   (heartbeats say ``held``) waiting for the controller's commands.
 
@@ -31,8 +32,8 @@ it must still be skipped. So the count and the stretch's first skipped step stay
 controller's or the timeout's, goes to before its start), and the next hold comes ``hold_after``
 skips after the answered ones: the controller hears of a stretch that goes on within a few steps,
 and a step that passes ends the stretch. A rollback restores the guard as it was (``clear_hold``).
-The detector's window and the skip counts are in ``state_dict`` so a rollback restores the guard
-exactly as it was at that step.
+The detector's state (its windows, its tail model, its evidence) and the skip counts are in
+``state_dict`` so a rollback restores the guard exactly as it was at that step.
 """
 
 from __future__ import annotations
@@ -56,8 +57,9 @@ class GuardConfig:
     enabled: bool = True
     """Skip updates on critical losses. When false the guard only reports (never skips)."""
     spike: SpikeConfig = shared_field("spike", SpikeConfig)
-    """The deployment's spike rule (``[spike]``, the controller's too); the guard acts after
-    ``guard_patience`` consecutive criticals where the controller waits ``patience``."""
+    """The deployment's spike rule (``[spike]``, the controller's too); the guard's threshold is
+    set for ``guard_budget`` false skips per 10,000 steps where the controller's is set for
+    ``budget`` false pauses."""
     hold_after: int = bounded(3, ge=1)
     """Consecutive skipped steps after which the trainer holds for the controller."""
     hold_timeout_s: float = bounded(120.0, gt=0)
@@ -80,7 +82,7 @@ class Guard:
     def __init__(self, config: GuardConfig | None = None) -> None:
         self.config = config or GuardConfig()
         spike = self.config.spike
-        self.detector = SpikeDetector(dataclasses.replace(spike, patience=spike.guard_patience))
+        self.detector = SpikeDetector(dataclasses.replace(spike, budget=spike.guard_budget))
         self.consecutive_skips = 0
         self.answered_skips = 0
         """Skips of the current stretch the controller answered (a resume): it holds again
@@ -89,8 +91,10 @@ class Guard:
         self.last_verdict: SpikeVerdict | None = None
         self.trips = 0
 
-    def decide(self, loss: float, step: int) -> GuardDecision:
-        verdict = self.detector.observe(loss)
+    def decide(self, loss: float, step: int, grad_norm: float | None = None) -> GuardDecision:
+        """``grad_norm``: the step's global gradient norm where the loop computed one (NaN or None
+        where it did not: the loss is judged alone)."""
+        verdict = self.detector.observe(loss, grad_norm=grad_norm)
         self.last_verdict = verdict
         if verdict.level is Level.CRITICAL and self.config.enabled:
             self.trips += 1

@@ -88,6 +88,8 @@ class Agent:
         self.probe = parts.probe
         self.channel = parts.channel
         self.lifecycle = parts.lifecycle
+        self.hang = parts.hang
+        """The watchdog, its evidence and the restart command (agent/hang/part.py)."""
         self.data_watch: DataWatch | None = None
         """The batch statistics' thread (``watch_data``), None where this rank does not watch."""
 

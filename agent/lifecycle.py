@@ -21,6 +21,7 @@ from cliffguard.agent.collectors.mfu import ModelShape, resolve_peak
 from cliffguard.agent.command_channel import CommandChannel
 from cliffguard.agent.config import AgentConfig
 from cliffguard.agent.emitter import Emitter
+from cliffguard.agent.hang.part import HangPart
 from cliffguard.agent.heartbeat import Heartbeat
 from cliffguard.agent.modes import STOPPING, ModeMachine
 from cliffguard.agent.node_beats import NodeBeats, NodeLayout
@@ -44,7 +45,7 @@ class Lifecycle:
     """See the module docstring. One per process."""
 
     def __init__(self, config: AgentConfig, ranks: Ranks, emitter: Emitter, probe: StepProbe,
-                 channel: CommandChannel, modes: ModeMachine, sink: EventSink) -> None:
+                 channel: CommandChannel, modes: ModeMachine, sink: EventSink, hang: HangPart | None = None) -> None:
         self.config = config
         self.ranks = ranks
         self.emitter = emitter
@@ -52,6 +53,7 @@ class Lifecycle:
         self.channel = channel
         self.modes = modes
         self.sink = sink
+        self.hang = hang
         self._heartbeat: Heartbeat | None = None
         self._node: NodeBeats | None = None
         self.closed = False
@@ -73,6 +75,8 @@ class Lifecycle:
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             peak = float(t.item())
         probe.peak_flops, probe.peak_source = peak, source
+        if self.hang is not None:
+            self.hang.agree_life()  # the worker group's life, the same on every rank (run.started says it)
         if ranks.rank == 0:
             shape = probe.shape or ModelShape(n_params=probe.n_params, n_layers=0, n_heads=0, head_dim=0, seq_len=0)
             self.emitter.emit(EventType.RUN_STARTED, {
@@ -81,13 +85,26 @@ class Lifecycle:
                 "peak_flops": peak, "peak_source": source, "lr_schedule": lr_schedule or {},
                 "world_size": ranks.world, "config": config or {},
                 **({} if capabilities is None else {"capabilities": list(normalize_capabilities(capabilities))}),
+                **self._life(),
             })
         self._node = self._make_node_beats()
+        if self.hang is not None and self._node is not None:
+            self.hang.peers_gone = self._node.gone  # a hang's evidence names the node's dead ranks
         wait_ready = getattr(self.channel.source, "wait_ready", None)  # the listener has it; a test's fake may not
         if wait_ready is not None:
             wait_ready(LISTENER_WAIT_S)  # commands sent before the listener is positioned are re-sent by the controller
         self._heartbeat = Heartbeat(self.config.heartbeat_s, self.beat, name=f"cliffguard-heartbeat-r{ranks.rank}").start()
+        if self.hang is not None:
+            self.hang.start()
         probe.clock.restart()
+
+    def _life(self) -> dict[str, int]:
+        """Which start of the worker group this is, and what torchrun allows (core/restart_plan.py)."""
+        if self.hang is None:
+            return {}
+        life = self.hang.life
+        return {"life": life.life, "max_restarts": life.max_restarts, "restarts_left": life.restarts_left,
+                "nodes": life.nodes, "min_nodes": life.min_nodes}
 
     def _make_node_beats(self) -> NodeBeats | None:
         from cliffguard.agent.spill import default_spill_dir
@@ -126,6 +143,12 @@ class Lifecycle:
         if self.closed:
             return
         self.closed = True
+        deferred = False
+        if self.hang is not None:
+            try:  # evidence first: a collective that failed is a hang's end (or a peer's death)
+                deferred = self.hang.collective_failed(error)
+            except Exception:  # noqa: BLE001 - close the rest anyway
+                log.exception("hang evidence on close failed")
         self.modes.move(STOPPING)
         if self.ranks.rank == 0 and (ended or error is not None):
             if error is not None:
@@ -136,7 +159,8 @@ class Lifecycle:
                     data["final_loss"] = final_loss
                 data.update(self._summaries())
                 self.emitter.emit(EventType.RUN_FINISHED, data)
-        parts: list[_Closeable | None] = [*self.closers, self._heartbeat, self.channel.source, self.sink]
+        # the sink before the listener (whose thread may take a poll to stop): the events out first
+        parts: list[_Closeable | None] = [*self.closers, self.hang, self._heartbeat, self.sink, self.channel.source]
         for part in parts:
             if part is None:
                 continue
@@ -144,3 +168,5 @@ class Lifecycle:
                 part.close()
             except Exception:  # noqa: BLE001 - close the rest anyway
                 log.exception("closing %s failed", type(part).__name__)
+        if deferred and self.hang is not None:
+            self.hang.end_deferral()

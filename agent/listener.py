@@ -117,6 +117,7 @@ class CommandListener:
         inbox_max: int = 256,
         log_first: int = 20,
         log_interval_s: float = 60.0,
+        urgent: Callable[[Command], bool] | None = None,
     ) -> None:
         if inbox_max < 1:
             raise ValueError("inbox_max: must be >= 1")
@@ -125,6 +126,9 @@ class CommandListener:
         self.topic = kafka.commands_topic
         self.verifier = verifier
         self.on_reject = on_reject
+        self.urgent = urgent
+        """Sees every verified command on the consumer thread first; True = handled there (a
+        restart while the training thread is stalled, agent/hang/part.py), not queued for poll."""
         self.poll_interval_s = poll_interval_s
         self._key = run.encode()
         self._consumer_factory = consumer_factory or self._default_consumer
@@ -255,12 +259,23 @@ class CommandListener:
             return
         result = self.verifier.verify(cmd)
         if result.ok:
+            if self.urgent is not None and self._handled_here(cmd):
+                return
             self._queue(self._accepted, cmd)
             return
         assert result.reason is not None
         self._queue(self._refused, (cmd.id, str(cmd.type), _STATUS[result.reason],
                                     f"{result.reason}: {result.detail}",
                                     f"command {cmd.id} ({cmd.type}) refused: {result.reason}: {result.detail}"))
+
+    def _handled_here(self, cmd: Command) -> bool:
+        assert self.urgent is not None
+        try:
+            return bool(self.urgent(cmd))
+        except Exception:  # noqa: BLE001 - the command then waits for the boundary like any other
+            self.errors += 1
+            log.exception("urgent handler failed for command %s", cmd.id)
+            return False
 
     def _queue(self, queue: deque[Any], item: Any) -> None:
         if len(queue) >= self.inbox_max:

@@ -1,7 +1,7 @@
 """Node heartbeats: one ``heartbeat`` event per node and interval, from the node's local rank 0,
 carrying every local rank's newest step, age and the collective it is inside.
 
-Each rank's heartbeat thread writes its own small file (step, time, collective) into a private
+Each rank's heartbeat thread writes its own small file (step, time, collective, pid) into a private
 per-run directory on the node; the node leader's thread reads the node's files and publishes
 them. Side threads keep writing while the main thread is stuck in a collective, so a hung rank
 shows a step that stops advancing (and the collective it waits in); a dead or frozen process
@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from cliffguard.agent.spill import _private_dir
+from cliffguard.core.pids import pid_alive
 from cliffguard.core.rank_arrays import MAX_COLLECTIVE_CHARS
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,8 @@ class NodeBeats:
         """Say this rank is alive at ``step`` (atomically: a reader never sees half a file)."""
         path = self._path(self.layout.rank)
         tmp = path.with_suffix(".tmp")
-        body = json.dumps({"step": int(step), "ts": self._clock(), "collective": collective[:MAX_COLLECTIVE_CHARS]})
+        body = json.dumps({"step": int(step), "ts": self._clock(), "collective": collective[:MAX_COLLECTIVE_CHARS],
+                           "pid": os.getpid()})
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         try:
             os.write(fd, body.encode())
@@ -92,6 +94,22 @@ class NodeBeats:
             out["steps"].append(step)
             out["ages_s"].append(max(0.0, now - ts))
             out["collectives"].append(collective)
+        return out
+
+    def gone(self) -> list[int]:
+        """The node's other ranks whose process is gone (dead, or a zombie its launcher has not
+        reaped): named in a hang's evidence the moment this rank's collective fails."""
+        out = []
+        for rank in self.layout.ranks:
+            if rank == self.layout.rank:
+                continue
+            try:
+                body = json.loads(self._path(rank).read_text())
+                pid, ts = int(body["pid"]), float(body["ts"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if ts >= self._since and not pid_alive(pid):
+                out.append(rank)
         return out
 
     def _read_one(self, rank: int) -> tuple[int, float, str]:

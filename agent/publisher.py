@@ -57,22 +57,15 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from cliffguard.agent.acked_tail import AckedTail, LostLog
 from cliffguard.agent.drafts import EventDraft
-from cliffguard.agent.kafka_client import (
-    discard_producer,
-    ensure_topic,
-    keep_kafka_off_global_random,
-    key_hash_partitioner,
-    tcp_reachable,
-)
+from cliffguard.agent.kafka_client import discard_producer, ensure_topic
+from cliffguard.agent.publisher_config import PublisherConfig, kafka_producer, topic_id_of
 from cliffguard.agent.publisher_link import Link, LinkEvent, LinkState
 from cliffguard.agent.spill import SpillFile
 from cliffguard.core import kafka_log
-from cliffguard.core.declared import bounded, check_declared, non_empty
 from cliffguard.core.enums import EventType
 from cliffguard.core.events import encode_event
 from cliffguard.core.kafka_config import KafkaConfig
@@ -84,46 +77,6 @@ _KEYLEN = struct.Struct(">H")
 
 IDLE_WAIT_S = 1.0
 """Longest sleep of an idle, connected publisher thread; ``publish`` wakes it at once."""
-
-
-@dataclass(kw_only=True, slots=True)
-class PublisherConfig:
-    spill_path: str = non_empty("cliffguard-spill.bin")
-    """Spill file for events that cannot be sent now; one per process (give each rank its own)."""
-    spill_max_bytes: int = bounded(256 * 1024 * 1024, ge=1024)
-    """Most bytes waiting in the spill; newer events past it are dropped and counted."""
-    queue_max: int = bounded(100_000, ge=1)
-    """Events held in memory between publish() and the publisher thread; past it they are dropped."""
-    max_batch: int = bounded(2_000, ge=1)
-    """Most events the thread sends (or replays) per flush."""
-    linger_s: float = bounded(1.0, gt=0, le=1)
-    """How long routine telemetry (steps, ranks, heartbeats, histograms) gathers after the first
-    one is queued before the thread sends the lot: kafka-python spends ~2 ms of CPU per send and
-    flush in the training process, whatever the batch holds, so per event at tens of steps a
-    second that is a few percent of a step. Anything else (a guard verdict other than ``ok``,
-    command acks, run start/end) is sent at once with whatever is queued. An idle thread sleeps
-    until ``publish`` wakes it."""
-    send_timeout_s: float = bounded(3.0, ge=0.5)
-    """A batch not acknowledged within this marks the broker down (kafka delivery timeout)."""
-    reconnect_min_s: float = 0.2
-    """First wait before probing a broker that went away; doubles per failed probe."""
-    reconnect_max_s: float = 2.0
-    """Longest wait between probes."""
-    fsync_interval_s: float = bounded(1.0, ge=0)
-    """The spill is fsync'ed at most this often (0 = every append); see agent/spill.py."""
-    create_topic: bool = True
-    """Create the metrics topic on every (re)connect if it is missing."""
-    resend_window_s: float = bounded(300.0, ge=0, why="0: keep nothing")
-    """Events the broker acknowledged within this many seconds are kept and sent again if the
-    broker loses its log (agent/acked_tail.py); it should exceed the longest time the controller
-    may be away (stopped, restarting, holding a batch) while the broker could crash."""
-    resend_max_bytes: int = bounded(64 * 1024 * 1024, ge=0, why="0: keep nothing")
-    """At most this many bytes of acknowledged events are kept for that (oldest leave first)."""
-
-    def __post_init__(self) -> None:
-        check_declared(self)
-        if not 0 < self.reconnect_min_s <= self.reconnect_max_s:
-            raise ValueError("reconnect_min_s: must be > 0 and <= reconnect_max_s")
 
 
 _ROUTINE = frozenset({EventType.STEP, EventType.RANKS, EventType.HEARTBEAT, EventType.GRAD_HIST})
@@ -144,45 +97,6 @@ def _pack(key: bytes, value: bytes) -> bytes:
 def _unpack(payload: bytes) -> tuple[bytes, bytes]:
     (n,) = _KEYLEN.unpack_from(payload)
     return payload[2 : 2 + n], payload[2 + n :]
-
-
-def kafka_producer(kafka: KafkaConfig, config: PublisherConfig) -> Any:
-    """The default producer: what a ``Publisher`` without a ``producer_factory`` builds on every
-    (re)connect."""
-    if not tcp_reachable(kafka):
-        # Nothing even accepts TCP: skip kafka-python's bootstrap, which waits out its timeout.
-        raise ConnectionError("no bootstrap host accepts connections")
-    from kafka import KafkaProducer
-
-    keep_kafka_off_global_random()
-
-    kw = kafka.client_kwargs()
-    send_ms = int(config.send_timeout_s * 1000)
-    kw["request_timeout_ms"] = min(kw["request_timeout_ms"], max(send_ms - 100, 400))
-    return KafkaProducer(
-        **kw,
-        client_id="cliffguard-agent",
-        acks="all",
-        # _send() flushes each batch itself; until then records wait, so a batch goes in one
-        # produce request instead of one per record (the first record woke the I/O thread)
-        linger_ms=50,
-        max_in_flight_requests_per_connection=1,
-        delivery_timeout_ms=send_ms,
-        max_block_ms=send_ms,
-        bootstrap_timeout_ms=send_ms,  # a probe of a dead broker must not block for 30 s
-        reconnect_backoff_max_ms=1000,
-        batch_size=256 * 1024,
-        retry_backoff_ms=100,
-        # per record, kafka-python's metrics and the key's hash were most of its CPU in the
-        # training process (a record every step); nothing reads the producer's metrics
-        metrics_enabled=False,
-        partitioner=key_hash_partitioner(),
-    )
-
-
-def _topic_id(producer: Any, topic: str) -> object:
-    """The topic's id in a kafka-python producer's metadata (None when it has none)."""
-    return getattr(getattr(producer, "_metadata", None), "topic_id", lambda _t: None)(topic)
 
 
 ProducerFactory = Callable[[], Any]
@@ -452,7 +366,7 @@ class Publisher:
             self._backoff = min(self._backoff * 2, self.config.reconnect_max_s)
             return
         self._producer = producer
-        lost = self._tail.check_topic(_topic_id(producer, self.topic))
+        lost = self._tail.check_topic(topic_id_of(producer, self.topic))
         if lost is not None:
             self._log_lost(lost)
         self._link.move(LinkEvent.CONNECTED)
@@ -506,7 +420,7 @@ class Publisher:
             offset = getattr(meta, "offset", None)
             if isinstance(offset, int):
                 acked.append((record, getattr(meta, "partition", 0), offset))
-        lost = self._tail.add(acked, _topic_id(producer, self.topic))
+        lost = self._tail.add(acked, topic_id_of(producer, self.topic))
         if lost is not None:
             self._log_lost(lost)
             if self._link.state in (LinkState.LIVE, LinkState.REPLAYING):

@@ -198,7 +198,7 @@ class StepProbe:
                 self._layer_norms = {self._layer_names[i]: (layer_sq[i] / contributors) ** 0.5 for i in self._with_grad}
         if ranks_due:
             self._emit_ranks(values[len(values) - len(PERF_FIELDS) * w :], losses_host)
-        self._decision = self.guard.decide(self._global_loss, self.step)
+        self._decision = self.guard.decide(self._global_loss, self.step, self._grad_norm)
         if self.ranks.rank == 0 and self.config.hist_every and self.step % self.config.hist_every == 0:
             self._emit_histograms()
         return Guard.applies_update(self._decision)
@@ -336,6 +336,6 @@ class StepProbe:
         self._losses = [self._local_loss] if self.ranks.world == 1 else []
         self._grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
         self._tokens = int(tokens)
-        decision = self.guard.decide(self._global_loss, self.step)
+        decision = self.guard.decide(self._global_loss, self.step, self._grad_norm)
         self._decision = decision if Guard.applies_update(decision) else GuardDecision.WARN
         return self.after_step(lr=lr, skipped=False)

@@ -1,14 +1,17 @@
-"""Detection on real loss curves: the controller's rules replayed over a labelled folder.
+"""Detection on real loss curves: the controller's rules replayed over a labelled folder, beside the anchors.
 
     python -m bench.detection --curves ../shared/curves --json OUT.json [--config cliffguard.toml]
-                              [--set spike.k_crit=6 ...] [--sweep spike.k_crit=4,5,6]
+                              [--set spike.budget=3 ...] [--sweep spike.budget=0.3,1,3] [--no-anchors]
 
 Each ``*.csv`` in the folder is replayed with ``controller.backtest`` (the controller's own
-rules and defaults, or a TOML's ``[rules]``) and scored against ``labels.json`` there by
-``controller.backtest_score``: recall of the labelled windows, criticals per 10k points on the
-negatives, rollbacks and criticals on the data-outlier curves, the median detection delay in
-steps and in logged points, and a per-curve table. ``--set`` overrides one rule field for this
-run; ``--sweep`` prints the trade-off table of one field instead.
+rules and defaults, or a TOML's ``[rules]``; a ``grad_norm`` column is read) and scored against
+``labels.json`` there by ``controller.backtest_score``: recall of the labelled windows, criticals
+per 10k points on the negatives and on the hard negatives, rollbacks and criticals on the
+data-outlier curves, the median detection delay in steps and in logged points, and a per-curve
+table. In the same run the anchors' rules (``bench/anchors.py``: this project's seed rule,
+OLMo-core's and llm-foundry's) are scored on the same curves and printed side by side.
+``--set`` overrides one rule field for this run; ``--sweep`` prints the trade-off table of one
+field instead (the anchors beside it).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.anchors import ANCHORS
 from cliffguard.commands.backtest import rules_maker
 from cliffguard.controller import backtest_score as sc
 
@@ -46,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sweep", metavar="FIELD=V1,V2,...", help="print the trade-off table over these values")
     p.add_argument("--only", nargs="*", help="replay only these curve names")
     p.add_argument("--json", help="write the figures to this file")
+    p.add_argument("--no-anchors", action="store_true", help="leave the anchors' rules out")
     args = p.parse_args(argv)
 
     folder = Path(args.curves)
@@ -62,6 +67,15 @@ def main(argv: list[str] | None = None) -> int:
         doc = sc.to_dict(rows)
         print("\n".join(sc.table(rows)))
         print(sc.summary_line(doc["summary"]))
+    if not args.no_anchors:
+        side = [] if args.sweep else [{"name": "cliffguard (defaults)" if not args.set and not args.config
+                                       else "cliffguard (as set)", **doc["summary"]}]
+        for name, rule in ANCHORS.items():
+            summary = sc.summarize(sc.replay_folder(folder, labels, names=args.only, replay=rule))
+            side.append({"name": name, **summary})
+        print()
+        print("\n".join(sc.sweep_table(side, label="rule")))
+        doc["anchors"] = side
     doc["seconds"] = round(time.perf_counter() - t0, 1)
     if args.json:
         Path(args.json).write_text(json.dumps(doc, indent=1))

@@ -4,8 +4,9 @@
 
 A ``ControllerService`` (SQLite store, defaults but for the group timings) runs on a thread
 against the embedded broker. Each trial uses a new run: 40 healthy steps are produced and given
-time to be consumed, then the spike's steps (as many as the loss rule's patience needs); the clock
-starts when the last of them is acknowledged by the broker and stops when a consumer assigned to
+time to be consumed, then one spike step (a loss of 50 after a healthy 3: the loss rule is
+critical on it alone, as on any point its evidence makes rare enough); the clock starts when it
+is acknowledged by the broker and stops when a consumer assigned to
 the commands topic receives the run's pause. The path measured: fetch, decode, ingest, rules,
 state machine, the pause handed to the producer as the rule fires (``CommandOutbox.send_early``,
 before the batch's SQL commit), fetch by the trainer.
@@ -27,7 +28,6 @@ import uuid
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from cliffguard.controller.broker import EmbeddedBroker
-from cliffguard.controller.detect import RulesConfig
 from cliffguard.core.events import decode_command
 from testing.controller_stack import controller, fresh_kafka, fresh_store, step_bytes
 
@@ -74,7 +74,6 @@ def spike_latency(kafka, trials: int, warmup_s: float) -> list[float]:
     thread.start()
     producer = KafkaProducer(**kafka.client_kwargs(), linger_ms=0)
     consumer = _commands_consumer(kafka, kafka.commands_topic)
-    patience = RulesConfig().spike.patience
     out: list[float] = []
     try:
         time.sleep(warmup_s)  # the consumer group join
@@ -84,7 +83,7 @@ def spike_latency(kafka, trials: int, warmup_s: float) -> list[float]:
                 producer.send(kafka.metrics_topic, key=run.encode(), value=step_bytes(run, step))
             producer.flush()
             time.sleep(0.3)  # let the healthy prefix be consumed: measure the spike alone
-            for step in range(40, 40 + patience):
+            for step in (40,):
                 fut = producer.send(kafka.metrics_topic, key=run.encode(), value=step_bytes(run, step, loss=50.0))
             fut.get(timeout=10)
             t0 = time.perf_counter()

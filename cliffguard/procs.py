@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from cliffguard.core.pids import pid_alive
+
 log = logging.getLogger(__name__)
 
 
@@ -136,7 +138,7 @@ def stop_group(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
         break
     proc.poll()
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        alive = [p for p in tree if _alive(p)]
+        alive = [p for p in tree if pid_alive(p)]
         if not alive:
             return
         log.warning("%d process(es) outlived their parent; sending %s", len(alive), signal.Signals(sig).name)
@@ -146,16 +148,3 @@ def stop_group(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
             except ProcessLookupError:
                 pass
         time.sleep(2.0)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie waiting for its parent counts as gone
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True

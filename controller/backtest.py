@@ -146,14 +146,16 @@ class BacktestEvent:
 
 def replay_points(points: Iterable[tuple[int, float]], config: RulesConfig | None = None,
                   grad_norms: Sequence[float | None] | None = None) -> list[BacktestEvent]:
-    """The loss rules over ``points``; with ``grad_norms`` (one per point, None = not logged) the
-    grad-norm rule too, which runs first on each step so its z-score can lead the loss rule."""
+    """The loss rules over ``points``; with ``grad_norms`` (one per point, None or NaN = not
+    logged) the grad-norm rule too, and the loss rule weighs each step's norm beside its loss."""
     det = RunDetector(config)
     out: list[BacktestEvent] = []
     for i, (step, loss) in enumerate(points):
         g = grad_norms[i] if grad_norms is not None else None
+        if g is not None and math.isnan(g):
+            g = None  # an empty cell: this step's norm was not logged
         verdicts = det.rules["grad_norm"].observe(step, {"grad_norm": g}) if g is not None else []
-        out += [BacktestEvent.from_verdict(v) for v in verdicts + det.observe_loss(step, loss)]
+        out += [BacktestEvent.from_verdict(v) for v in verdicts + det.observe_loss(step, loss, g)]
     return out
 
 

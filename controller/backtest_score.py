@@ -27,7 +27,7 @@ from cliffguard.controller.backtest import (
     BacktestEvent,
     infer_interval,
     outcomes,
-    read_loss_csv_file,
+    parse_loss_csv_file,
     replay_points,
 )
 from cliffguard.controller.detect import RulesConfig
@@ -117,15 +117,23 @@ def score_curve(name: str, points: Sequence[tuple[int, float]], events: Sequence
     return row
 
 
+Replay = Callable[[Sequence[tuple[int, float]], Sequence[float] | None], list[BacktestEvent]]
+"""A detector over one curve: (points, grad norms or None) -> its events (``bench/anchors.py``'s
+rules, or the controller's: the default)."""
+
+
 def replay_folder(folder: str | Path, labels: Labels, config: RulesConfig | None = None,
-                  names: Sequence[str] | None = None) -> list[CurveScore]:
-    """Replay every ``*.csv`` in ``folder`` (or the given names) and score each against ``labels``."""
+                  names: Sequence[str] | None = None, replay: Replay | None = None) -> list[CurveScore]:
+    """Replay every ``*.csv`` in ``folder`` (or the given names) through the controller's rules (or
+    ``replay``) and score each against ``labels``."""
     base = Path(folder)
     paths = [base / f"{n}.csv" for n in names] if names else sorted(base.glob("*.csv"))
     rows = []
     for p in paths:
-        pts = read_loss_csv_file(p)
-        rows.append(score_curve(p.stem, pts, replay_points(pts, config), labels))
+        parsed = parse_loss_csv_file(p)
+        pts = parsed.points
+        events = replay(pts, parsed.grad_norms) if replay else replay_points(pts, config, parsed.grad_norms)
+        rows.append(score_curve(p.stem, pts, events, labels))
     return rows
 
 
@@ -142,6 +150,7 @@ def summarize(rows: Sequence[CurveScore]) -> dict[str, Any]:
     caught = sum(r.caught for r in pos)
     neg_points = sum(r.points for r in neg)
     neg_crit = sum(r.criticals for r in neg)
+    hard_points = sum(r.points for r in hard)
     return {
         "recall": caught / total if total else None,
         "caught": caught,
@@ -153,7 +162,9 @@ def summarize(rows: Sequence[CurveScore]) -> dict[str, Any]:
         "negative_points": neg_points,
         "negative_criticals": neg_crit,
         "criticals_per_10k_negative_points": 1e4 * neg_crit / neg_points if neg_points else None,
+        "hard_negative_points": hard_points,
         "hard_negative_criticals": sum(r.criticals for r in hard),
+        "hard_negative_criticals_per_10k": 1e4 * sum(r.criticals for r in hard) / hard_points if hard_points else None,
         "hard_negative_rollbacks": sum(r.rollbacks for r in hard),
         "data_outlier_criticals": sum(r.criticals for r in outl),
         "data_outlier_rollbacks": sum(r.rollbacks for r in outl),
@@ -184,7 +195,8 @@ def summary_line(s: dict[str, Any]) -> str:
             f"{f(s['criticals_per_10k_negative_points'])} criticals/10k points on negatives "
             f"({s['negative_criticals']}), {s['false_criticals_on_positive_curves']} false on positive curves, "
             f"data outliers: {s['data_outlier_rollbacks']} rollbacks / {s['data_outlier_criticals']} criticals, "
-            f"hard negatives: {s['hard_negative_rollbacks']} rollbacks / {s['hard_negative_criticals']} criticals, "
+            f"hard negatives: {s['hard_negative_rollbacks']} rollbacks / {s['hard_negative_criticals']} criticals "
+            f"({f(s['hard_negative_criticals_per_10k'])}/10k points), "
             f"median delay {f(s['median_delay_steps'], 'g')} steps ({f(s['median_delay_points'], 'g')} points)")
 
 
@@ -200,14 +212,19 @@ def sweep(folder: str | Path, labels: Labels, field_path: str, values: Sequence[
     return out
 
 
-def sweep_table(results: Sequence[dict[str, Any]]) -> list[str]:
-    out = [f"{'setting':28} {'recall':>11} {'crit/10k neg':>12} {'false pos':>9} {'outlier rb/crit':>15} "
+def sweep_table(results: Sequence[dict[str, Any]], label: str = "setting") -> list[str]:
+    """One line per summary: ``field=value`` (a sweep's) or ``name`` (``bench.detection``'s anchors)."""
+    width = max([28, *(len(r["name"]) + 1 for r in results if "name" in r)])
+    out = [f"{label:{width}} {'recall':>11} {'crit/10k neg':>12} {'hard /10k':>9} {'false pos':>9} {'outlier rb/crit':>15} "
            f"{'hard rb/crit':>12} {'delay steps (pts)':>18}"]
     for r in results:
         rec = "-" if r["recall"] is None else f"{r['recall']:.2f} {r['caught']}/{r['windows']}"
         fa = "-" if r["criticals_per_10k_negative_points"] is None else f"{r['criticals_per_10k_negative_points']:.2f}"
+        hard = r.get("hard_negative_criticals_per_10k")
+        hard_s = "-" if hard is None else f"{hard:.2f}"
         delay = f"{r['median_delay_steps']} ({r['median_delay_points']})"
-        out.append(f"{r['field'] + '=' + str(r['value']):28} {rec:>11} {fa:>12} {r['false_criticals_on_positive_curves']:>9} "
+        name = r["name"] if "name" in r else f"{r['field']}={r['value']}"
+        out.append(f"{name:{width}} {rec:>11} {fa:>12} {hard_s:>9} {r['false_criticals_on_positive_curves']:>9} "
                    f"{str(r['data_outlier_rollbacks']) + '/' + str(r['data_outlier_criticals']):>15} "
                    f"{str(r['hard_negative_rollbacks']) + '/' + str(r['hard_negative_criticals']):>12} {delay:>18}")
     return out

@@ -36,6 +36,7 @@ from cliffguard.controller.goodput.book import GoodputBook
 from cliffguard.controller.goodput.config import GoodputConfig
 from cliffguard.controller.operator import enqueue_command
 from cliffguard.controller.recovery import transition
+from cliffguard.controller.recovery_hang_types import NodeCheckIn
 from cliffguard.controller.recovery_types import (
     AckIn,
     ActionT,
@@ -154,7 +155,13 @@ def inputs_for(event: Event, verdicts: list[Verdict], now: float, loss_level: Le
         out.append(AckIn(cmd_id=d["cmd"], status=AckStatus(d["status"]), now=now, cmd_type=d.get("cmd_type"),
                          detail=d.get("detail") or ""))
     elif event.type is EventType.RUN_STARTED:
-        out.append(StartedIn(capabilities=declared_capabilities(d), now=now))
+        out.append(StartedIn(capabilities=declared_capabilities(d), now=now, life=int(d.get("life", 0)),
+                             max_restarts=int(d.get("max_restarts", 0)),
+                             restarts_left=int(d.get("restarts_left", d.get("max_restarts", 0))), nodes=int(d.get("nodes", 1)),
+                             min_nodes=int(d.get("min_nodes", d.get("nodes", 1)))))
+    elif event.type is EventType.NODE_CHECK:
+        out.append(NodeCheckIn(ok=bool(d["ok"]), life=int(d["life"]), slow=tuple(d["slow"]),
+                               slow_nodes=tuple(d["slow_nodes"]), detail=str(d["detail"]), now=now, step=event.step))
     elif event.type in (EventType.RUN_FINISHED, EventType.RUN_FAILED):
         out.append(RunEndedIn(now=now, failed=event.type is EventType.RUN_FAILED, detail=str(d.get("error") or "")))
     elif event.type is EventType.TRAINER_TIMEOUT:

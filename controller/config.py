@@ -27,6 +27,14 @@ class ControllerConfig:
     fetch_max_wait_ms: int = bounded(20, ge=0)
     """How long the broker may hold a fetch to fill it. Low: a spike's command latency is bounded
     by it (kafka-python's default of 500 ms would dominate the verdict latency)."""
+    stuck_after_s: float = bounded(15.0, ge=0, why="0: off")
+    """A metrics partition whose position has not moved for this long while the broker's log
+    ends beyond it is logged (WARNING) and read again from the store's offset (controller/progress.py).
+    Under the soak's bound of 20 s for the store standing still after a fault (bench/soak)."""
+    stall_dump_s: float = bounded(120.0, ge=0, why="0: off")
+    """``cliffguard controller``: a consumer loop iteration that has not finished after this many
+    seconds prints every thread's stack to the log (faulthandler), and again each as long again;
+    SIGUSR1 prints them at any time. A loop stuck in a call that never returns is then said."""
     max_event_bytes: int = bounded(1_000_000, ge=1024)
     """Larger messages go to the DLQ as oversized (cut to their first 64 KiB there)."""
     max_fetch_bytes: int = 64 * 1_048_576

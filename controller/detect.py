@@ -54,6 +54,7 @@ from cliffguard.controller.rules.data_quality import DataQualityConfig, DataQual
 from cliffguard.controller.rules.divergence import DivergenceConfig
 from cliffguard.controller.rules.elastic import SCALE_EVENTS, ElasticScaleRule
 from cliffguard.controller.rules.grad_norm import GradNormConfig, GradNormRule
+from cliffguard.controller.rules.hang import HangRule, HangRuleConfig
 from cliffguard.controller.rules.heartbeat import HeartbeatConfig, HeartbeatRule
 from cliffguard.controller.rules.held import GuardHoldRule, HeldConfig
 from cliffguard.controller.rules.loss import LossRules, LossSpikeConfig
@@ -103,6 +104,8 @@ class RulesConfig:
     """Ranks far slower than the others (alerts)."""
     heartbeat: HeartbeatConfig = field(default_factory=HeartbeatConfig)
     """Silent ranks (alerts)."""
+    hang: HangRuleConfig = field(default_factory=HangRuleConfig)
+    """Hung worker groups named from the ranks' evidence (critical -> restart)."""
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     """Growth of reserved-but-unallocated memory (alerts)."""
     held: HeldConfig = field(default_factory=HeldConfig)
@@ -136,6 +139,7 @@ RULES: RuleRegistry[RulesConfig] = (
     .with_rule("grad_norm", lambda c: GradNormRule(c.grad_norm))
     .with_rule("loss_scale", lambda c: LossScaleRule(c.loss_scale))
     .with_rule("elastic", lambda c: ElasticScaleRule())
+    .with_rule("hang", lambda c: HangRule(c.hang))
     .with_rule("data", lambda c: DataQualityRule(c.data))
 )
 """The controller's rules in calling order (a new rule: its module, a ``RulesConfig`` field and
@@ -230,10 +234,11 @@ class RunDetector:
         self._last_step = step
         return out
 
-    def observe_loss(self, step: int, loss: float) -> list[Verdict]:
-        """The loss rules alone, for one global loss (the backtest's entry point)."""
+    def observe_loss(self, step: int, loss: float, grad_norm: float | None = None) -> list[Verdict]:
+        """The loss rules alone, for one global loss and the step's grad norm where one is logged
+        (the backtest's entry point)."""
         out = self._advance(step)
-        return out + self._call("loss", step, self.loss.observe, step, loss)
+        return out + self._call("loss", step, self.loss.observe, step, loss, grad_norm)
 
     def tick(self, now: float) -> list[Verdict]:
         out: list[Verdict] = []

@@ -403,6 +403,16 @@ class EdgeConsumer:
 
         self._consumer.seek(TopicPartition(topic, partition), offset)
 
+    def position(self, topic: str, partition: int) -> int | None:
+        """The consumer's next offset for the partition (None when it has none yet)."""
+        from kafka import TopicPartition
+
+        try:
+            return self._consumer.position(TopicPartition(topic, partition), timeout_ms=2000)
+        except Exception as exc:  # noqa: BLE001 - unknown: the caller looks again later
+            log.warning("could not read the position of %s[%d]: %s", topic, partition, exc)
+            return None
+
     def log_bounds(self, tps: list[tuple[str, int]]) -> dict[tuple[str, int], tuple[int, int]]:
         """(first, end) offset of each partition, from the broker (empty on failure)."""
         from kafka import TopicPartition

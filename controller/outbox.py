@@ -37,6 +37,7 @@ import threading
 import time
 from typing import Any
 
+from kafka.errors import KafkaError
 from sqlalchemy import Engine, func, select, update
 
 from cliffguard.controller.store.db import session_scope
@@ -105,8 +106,11 @@ class CommandOutbox:
                 return False
             producer = self._producer.get()
             fut = producer.send(row.target, key=(row.key or "").encode(), value=bytes(row.payload))
-        except Exception:  # noqa: BLE001 - publish_due sends it after the commit
-            log.warning("early send of command %s failed; sent after the commit", cmd_id, exc_info=True)
+        except Exception as exc:  # noqa: BLE001 - publish_due sends it after the commit
+            # a broker that is down is expected here (one line); anything else keeps its traceback
+            expected = isinstance(exc, (KafkaError, ConnectionError, TimeoutError))
+            log.warning("early send of command %s failed; sent after the commit: %s: %s", cmd_id,
+                        type(exc).__name__, exc, exc_info=not expected)
             return False
         now = time.time()
         with self._early_lock:

@@ -23,6 +23,10 @@ as ``abandoned`` (a halted one keeps ``halted`` and gets its close time), an una
 is marked ``cancelled``, and the machine goes back to ``running`` with no incident, which is what
 a restarted run under the same id needs and what a late event finds harmless.
 
+Hangs (``controller/recovery_hang.py``): the hang rule's verdict opens an incident and the table
+picks the remedy (restart in place, without the culprit's node, or halt); ``restarting`` waits for
+the next life's ``run.started``, ``rejoining`` for its node check and first step.
+
 Capabilities: the machine sends a run only the commands its ``run.started`` declared
 (``StartedIn``; every command until one says otherwise). A run that cannot pause, validate and
 resume gets no incident and no command for a spike, only a critical alert saying what it cannot
@@ -40,7 +44,9 @@ import math
 from dataclasses import replace
 from typing import Any
 
+from cliffguard.controller import recovery_hang as hang
 from cliffguard.controller.recovery_acks import on_ack, on_tick
+from cliffguard.controller.recovery_hang_types import NodeCheckIn
 from cliffguard.controller.recovery_others import on_trainer_timeout
 from cliffguard.controller.recovery_preempt import on_run_preempted, on_training_again
 from cliffguard.controller.recovery_step import Step, open_incident, start_rollback
@@ -91,6 +97,7 @@ from cliffguard.core.enums import (
 # An enum member read through its class costs ~10x a module global; these are read for every step.
 _RECOVERING = Phase.RECOVERING
 _PREEMPTED = Phase.PREEMPTED
+_REJOINING = Phase.REJOINING
 _OK = Level.OK
 
 UNHEALTHY_KEEP = 64
@@ -99,7 +106,7 @@ UNHEALTHY_KEEP = 64
 def transition(cfg: RecoveryConfig, state: RecoveryState, inp: Input) -> tuple[RecoveryState, list[ActionT]]:
     """Pure: the next state and the actions for one input. ``state`` is not modified."""
     if type(inp) is ProgressIn and state.phase is not _RECOVERING and state.phase is not _PREEMPTED and \
-            state.flagging is None and (
+            state.phase is not _REJOINING and state.flagging is None and (
             not state.checkpoints or all(c.stable for c in state.checkpoints)):
         # The common case, a step with no checkpoint to stabilise, no recovery to finish and no
         # excursion to flag: _on_progress's effect then, without a Step and its action list.
@@ -111,6 +118,8 @@ def transition(cfg: RecoveryConfig, state: RecoveryState, inp: Input) -> tuple[R
         case VerdictIn():
             _on_verdict(st, inp)
         case ProgressIn():
+            if st.s.phase is _REJOINING:
+                hang.on_progress(st, inp)  # the restarted group's first step: training again
             _on_progress(st, inp)
         case CheckpointIn():
             _on_checkpoint(st, inp)
@@ -119,11 +128,20 @@ def transition(cfg: RecoveryConfig, state: RecoveryState, inp: Input) -> tuple[R
         case ValidationIn():
             _on_validation(st, inp)
         case TickIn():
-            on_tick(st, inp)
+            if st.s.phase in hang.HANG_PHASES:
+                hang.on_tick(st, inp)
+            else:
+                on_tick(st, inp)
         case RunEndedIn():
-            _on_run_ended(st, inp)
+            if st.s.phase in hang.HANG_PHASES:
+                hang.on_run_ended(st, inp)
+            else:
+                _on_run_ended(st, inp)
         case StartedIn():
             st.s.capabilities = normalize_capabilities(inp.capabilities)
+            hang.on_started(st, inp)
+        case NodeCheckIn():
+            hang.on_node_check(st, inp)
         case TrainerTimeoutIn():
             on_trainer_timeout(st, inp)
         case RunPreemptedIn():
@@ -140,6 +158,9 @@ def _verdict_evidence(v: Any) -> dict[str, Any]:
 
 def _on_verdict(st: Step, inp: VerdictIn) -> None:
     cfg, s, v = st.cfg, st.s, inp.verdict
+    if v.action is Action.RESTART:
+        hang.on_restart_verdict(st, inp)  # a hung worker group (controller/recovery_hang.py)
+        return
     if v.rule in cfg.health_rules and v.level is not Level.OK:
         s.unhealthy_steps = (*s.unhealthy_steps, v.step)[-UNHEALTHY_KEEP:]
     if v.action is not Action.RECOVER:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from cliffguard.controller.recovery_hang_types import NodeCheckIn
 from cliffguard.controller.recovery_types import (
     Checkpoint,
     Incident,
@@ -56,6 +57,16 @@ _HOLDS_INCIDENT = (*WAITING, Phase.RECOVERING, Phase.HALTED, Phase.PREEMPTED)  #
 _TRAINING = tuple(p for p in Phase if p is not Phase.PREEMPTED)  # phases a trainer is there to act in
 _HALT = ("close incident halted", "alert critical")
 _ROLLBACK = "send rollback (lr_scale, skip_data)"
+_RESTARTS = ("starts_restart", "can_restart", "within_restart_budget")
+_HANG_SOURCES = (P.RUNNING, P.RECOVERING, P.REJOINING)
+_HALT_JOB = ("close incident halted", "send restart halt (when the run can apply it)", "alert critical")
+
+
+def _open_hang(p: Phase) -> tuple[str, ...]:
+    """How a hang's move begins in phase ``p``: the incident it opens, closes or continues."""
+    if p is P.RECOVERING:
+        return ("close the recovering incident rolled_back", "open incident (cause hang)")
+    return ("continue the incident",) if p is P.REJOINING else ("open incident (cause hang)",)
 _OPEN = "open incident (a rung up the ladder when soon after the previous one)"
 _CONTINUE = "continue the incident a rung up (the rollback did not cure the run)"
 
@@ -103,6 +114,34 @@ TABLE: tuple[Transition, ...] = (
                                                  f"close incident {'halted' if p is P.HALTED else 'abandoned'}",
                                                  "alert warn"))
       for p in _HOLDS_INCIDENT),
+    # hangs (controller/recovery_hang.py): restart in place, then without the node, then a human
+    *(t for p in (P.RUNNING, P.RECOVERING) for t in (
+        Transition(p, T.HANG, P.RESTARTING, (*_RESTARTS, "not wants_exclusion"),
+                   (*_open_hang(p), "send restart in_place (none when torchrun restarted that life already)",
+                    "alert critical")),
+        Transition(p, T.HANG_AGAIN, P.RESTARTING, (*_RESTARTS, "wants_exclusion", "can_exclude"),
+                   (*_open_hang(p), "send restart exclude (the culprit's nodes)", "alert critical")),
+    )),
+    *(Transition(p, T.NODE_CHECK_FAILED, P.RESTARTING, (*_RESTARTS, "wants_exclusion", "can_exclude"),
+                 (*_open_hang(p), "send restart exclude (the slow nodes)", "alert critical"))
+      for p in _HANG_SOURCES),
+    *(t for p in _HANG_SOURCES for t in (
+        Transition(p, T.RESTART_UNAVAILABLE, P.HALTED, ("starts_restart", "not can_restart"),
+                   (*_open_hang(p), *_HALT_JOB)),
+        Transition(p, T.RESTART_BUDGET_SPENT, P.HALTED, ("starts_restart", "can_restart", "not within_restart_budget"),
+                   (*_open_hang(p), *_HALT_JOB)),
+        Transition(p, T.EXCLUDE_UNAVAILABLE, P.HALTED, (*_RESTARTS, "wants_exclusion", "not can_exclude"),
+                   (*_open_hang(p), *_HALT_JOB)),
+    )),
+    Transition(P.RESTARTING, T.WORKERS_STARTED, P.REJOINING, (), ("forget the old life's memory snapshots",)),
+    Transition(P.RESTARTING, T.RUN_ENDED, P.RESTARTING, (), ("note the torn-down life's end",)),
+    Transition(P.REJOINING, T.NODE_CHECK_PASSED, P.REJOINING, (), ("note the check in the incident",)),
+    Transition(P.REJOINING, T.TRAINING_AGAIN, P.RUNNING, (),
+               ("forget checkpoints after the resumed step", "close incident restarted", "alert info")),
+    Transition(P.REJOINING, T.RUN_ENDED, P.RESTARTING, (), ("note the new life's end; torchrun may start another",)),
+    *(Transition(p, T.RESTART_TIMED_OUT, P.HALTED, ("restart_timed_out",), _HALT_JOB) for p in (P.RESTARTING, P.REJOINING)),
+    Transition(P.HALTED, T.WORKERS_STARTED, P.RUNNING, (), ("close incident halted (a new life: someone restarted the job)",
+                                                          "alert info")),
     # the trainer waited past a timeout with no command and acted alone (trainer.timeout); a
     # preempted run has no trainer until it trains again, and its first step ends ``preempted``
     *(Transition(p, T.TRAINER_ROLLED_BACK, P.RECOVERING, (), _alone(p, "forget checkpoints after the target"))
@@ -202,6 +241,40 @@ def is_ours(cfg: RecoveryConfig, s: RecoveryState, cmd_id: str) -> bool:
     return s.pending is not None and s.pending.id == cmd_id
 
 
+def starts_restart(cfg: RecoveryConfig, s: RecoveryState, inp: Any) -> bool:
+    """A hang verdict (``Action.RESTART``) while running or recovering, or a failed node check
+    while running, recovering or rejoining."""
+    if isinstance(inp, VerdictIn):
+        return inp.verdict.action is Action.RESTART and s.phase in (Phase.RUNNING, Phase.RECOVERING)
+    return isinstance(inp, NodeCheckIn) and not inp.ok and s.phase in _HANG_SOURCES
+
+
+def can_restart(cfg: RecoveryConfig, s: RecoveryState) -> bool:
+    """The run declared ``restart`` and torchrun has restarts left (``run.started``'s ``restarts_left``)."""
+    return s.can(CommandType.RESTART) and s.hang.restarts_left > 0
+
+
+def within_restart_budget(cfg: RecoveryConfig, s: RecoveryState, now: float) -> bool:
+    """Fewer than ``restart_budget`` restarts within the last ``restart_window_s``."""
+    return sum(1 for t in s.hang.restart_times if now - t < cfg.restart_window_s) < cfg.restart_budget
+
+
+def wants_exclusion(cfg: RecoveryConfig, s: RecoveryState, inp: Any, nodes: tuple[str, ...], now: float) -> bool:
+    """The node failed a node check, or one of the culprit's nodes hung before within ``repeat_window_s``."""
+    if isinstance(inp, NodeCheckIn):
+        return True
+    return bool(cfg.repeat_window_s) and any(n in nodes and now - t < cfg.repeat_window_s for n, t in s.hang.hangs)
+
+
+def can_exclude(cfg: RecoveryConfig, s: RecoveryState, nodes: tuple[str, ...]) -> bool:
+    """The culprit's nodes are known and the run keeps ``min_nodes`` without them."""
+    return bool(nodes) and all(nodes) and s.hang.nodes - len(set(nodes)) >= s.hang.min_nodes
+
+
+def restart_timed_out(cfg: RecoveryConfig, s: RecoveryState, now: float) -> bool:
+    """``restart_timeout_s`` passed since the restart with no step of a restarted group."""
+    r = s.hang.restart
+    return r is not None and now - r.at >= cfg.restart_timeout_s
 def escalation_spent(cfg: RecoveryConfig, s: RecoveryState) -> bool:
     """The incident is on the escalation ladder's last rung (``LADDER``): a human decides."""
     return s.incident is not None and rung_of(s.incident.rung).halt
@@ -217,6 +290,12 @@ GUARDS: dict[str, Callable[..., Any]] = {
     "is_recovered": is_recovered,
     "is_stable": is_stable,
     "is_ours": is_ours,
+    "starts_restart": starts_restart,
+    "can_restart": can_restart,
+    "within_restart_budget": within_restart_budget,
+    "wants_exclusion": wants_exclusion,
+    "can_exclude": can_exclude,
+    "restart_timed_out": restart_timed_out,
     "escalation_spent": escalation_spent,
 }
 

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from typing import Any, ClassVar
 
+from cliffguard.controller.recovery_hang_types import HangState, NodeCheckIn
 from cliffguard.controller.verdict import Verdict
 from cliffguard.core.capabilities import ALL as ALL_COMMANDS
 from cliffguard.core.capabilities import normalize as normalize_capabilities
@@ -34,6 +35,8 @@ class Phase(StrEnum):
     RESUMING = "resuming"  # validation was normal; resume sent, waiting for its ack
     HALTED = "halted"  # human needed (rollback budget spent, no target, command refused)
     PREEMPTED = "preempted"  # the scheduler took the nodes back (run.preempted): down until it trains again
+    RESTARTING = "restarting"  # a hung worker group is torn down: waiting for torchrun's next life
+    REJOINING = "rejoining"  # the next life started: waiting for its node check and first step
 
 
 class Trigger(StrEnum):
@@ -58,12 +61,21 @@ class Trigger(StrEnum):
     COMMAND_GAVE_UP = "command_gave_up"  # ...and it was the last attempt
     COMMAND_REFUSED = "command_refused"  # the trainer rejected it, or a non-rollback failed
     RUN_ENDED = "run_ended"  # the run finished or failed mid-incident
+    HANG = "hang"  # the hang rule named a culprit: restart the worker group in place
+    HANG_AGAIN = "hang_again"  # ...a node that hung before within repeat_window_s: restart without it
+    NODE_CHECK_FAILED = "node_check_failed"  # a restarted group's node check found a slow node: without it
+    RESTART_UNAVAILABLE = "restart_unavailable"  # ...and torchrun has no restart left (or none was allowed)
+    RESTART_BUDGET_SPENT = "restart_budget_spent"  # ...and the restart budget is spent
+    EXCLUDE_UNAVAILABLE = "exclude_unavailable"  # ...the node cannot be left out (too few nodes, unknown)
+    WORKERS_STARTED = "workers_started"  # the next life of the worker group said run.started
+    NODE_CHECK_PASSED = "node_check_passed"
+    TRAINING_AGAIN = "training_again"  # the first step after a restart (a hang) or a preemption
+    RESTART_TIMED_OUT = "restart_timed_out"  # no life trained again within restart_timeout_s
     TRAINER_ROLLED_BACK = "trainer_rolled_back"  # a trainer-side timeout rolled the run back (trainer.timeout)
     TRAINER_RESUMED = "trainer_resumed"  # ... resumed it
     TRAINER_STOPPED = "trainer_stopped"  # ... stopped it (its policy, or one that could not apply)
     OPERATOR_LR_SCALE = "operator_lr_scale"  # an operator's command set the LR scale (the machine adopts it)
     PREEMPTED = "preempted"  # the trainer saved for the scheduler's warning and exits to be requeued
-    TRAINING_AGAIN = "training_again"  # the first step after a preemption: the incident closes requeued
 
 
 @dataclass(kw_only=True, slots=True)
@@ -104,6 +116,15 @@ class RecoveryConfig:
     dashboard shows every rank's steps right after them."""
     detail_steps: int = bounded(20, ge=1, le=MAX_DETAIL_STEPS)
     """Steps of per-rank step events such a command asks for."""
+    restart_budget: int = bounded(3, ge=0)
+    """Worker-group restarts for hangs allowed within ``restart_window_s``; one more hang halts."""
+    restart_window_s: float = bounded(3600.0, gt=0)
+    """Window of the restart budget, in seconds."""
+    repeat_window_s: float = bounded(1800.0, ge=0)
+    """A node named a hang's culprit again within this many seconds is left out of the restart
+    (0 = never leave a node out for hanging again)."""
+    restart_timeout_s: float = bounded(300.0, gt=0)
+    """Seconds from a restart to the restarted group's first step before the run is halted."""
     escalate_within: int = bounded(50, ge=0)
     """Steps: an excursion that starts within this many steps of the end of the previous incident
     (a resume, or a rollback called recovered) climbs one rung of the escalation ladder
@@ -191,10 +212,16 @@ class TickIn:
 
 @dataclass(frozen=True, slots=True)
 class StartedIn:
-    """Rank 0 reported ``run.started``: the commands this run declares it can apply."""
+    """Rank 0 reported ``run.started``: the commands this run declares it can apply, and under
+    torchrun which life of the worker group this is and what restarts it has."""
 
     capabilities: tuple[CommandType, ...]
     now: float
+    life: int = 0
+    max_restarts: int = 0
+    restarts_left: int = 0
+    nodes: int = 1
+    min_nodes: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,7 +273,7 @@ class RunPreemptedIn:
 
 
 Input = (VerdictIn | ProgressIn | CheckpointIn | AckIn | ValidationIn | TickIn | RunEndedIn | StartedIn
-         | TrainerTimeoutIn | RunPreemptedIn)
+         | TrainerTimeoutIn | RunPreemptedIn | NodeCheckIn)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -442,6 +469,8 @@ class RecoveryState:
     """Ids of the commands this machine sent recently (to tell operator commands apart)."""
     capabilities: tuple[CommandType, ...] = ALL_COMMANDS
     """The commands the run declared it can apply (its newest ``run.started``); no other is sent."""
+    hang: HangState = field(default_factory=HangState)
+    """The worker group's life, restarts and hung nodes (controller/recovery_hang_types.py)."""
     previous: Closed | None = None
     """The last incident that ended with the run training on (resumed or recovered): an excursion
     soon after it escalates. A halt or an abandoned incident forgets it (a human decided)."""
@@ -486,6 +515,7 @@ class RecoveryState:
             "issued": list(self.issued),
             "flagging": list(self.flagging) if self.flagging else None,
             "capabilities": [str(c) for c in self.capabilities],
+            "hang": self.hang.to_dict(),
             "previous": asdict(self.previous) if self.previous else None,
             "acted_alone_ts": self.acted_alone_ts,
         }
@@ -513,6 +543,7 @@ class RecoveryState:
             flagging=(int(d["flagging"][0]), float(d["flagging"][1]), str(d["flagging"][2])) if d.get("flagging") else None,
             # a state saved before capabilities were declared belongs to a run that got every command
             capabilities=normalize_capabilities(d["capabilities"]) if "capabilities" in d else ALL_COMMANDS,
+            hang=HangState.from_dict(d.get("hang")),
             previous=Closed(**d["previous"]) if d.get("previous") else None,
             acted_alone_ts=float(d.get("acted_alone_ts", 0.0)),
         )

@@ -52,6 +52,7 @@ from cliffguard.controller.health import HealthServer, HealthSnapshot
 from cliffguard.controller.held import HeldBatch, pause, resume
 from cliffguard.controller.operator import RequestPass, decide_pending_requests
 from cliffguard.controller.outbox import CommandOutbox
+from cliffguard.controller.progress import ProgressWatch
 from cliffguard.controller.recovery_types import RecoveryConfig
 from cliffguard.controller.runstate import DetectorFactory, RunTable, default_detector_factory
 from cliffguard.controller.store.db import session_scope
@@ -108,6 +109,8 @@ class ControllerService:
         self._last_tick = 0.0
         self._last_requests = 0.0
         self._check_bounds: set[tuple[str, int]] = set()
+        self.progress = ProgressWatch(self.config.stuck_after_s)
+        """Partitions that read nothing while their log grows (controller/progress.py)."""
         self._recreated: object = None
         """The new id of a re-created metrics topic the edge noticed, until it is settled."""
         self._topic_id: object = None
@@ -163,11 +166,15 @@ class ControllerService:
         log.info("controller %s consuming %s", self.config.group_id, self.kafka.metrics_topic)
         return self
 
-    def run_forever(self, stop_event: threading.Event) -> None:
+    def run_forever(self, stop_event: threading.Event, on_iteration: Callable[[], None] | None = None) -> None:
+        """Step until ``stop_event``; ``on_iteration`` runs before each step (the command's stall
+        watchdog re-arms there)."""
         if self.edge is None:
             self.start()
         try:
             while not stop_event.is_set():
+                if on_iteration is not None:
+                    on_iteration()
                 self.step_once()
         finally:
             self.close()
@@ -323,7 +330,34 @@ class ControllerService:
         with session_scope(self.engine) as s:
             save_offsets(s, self.config.group_id, offsets, now=self.clock())
 
+    def _unstick(self) -> None:
+        """A partition that stood still ``stuck_after_s`` while the broker's log ends beyond its
+        position is said and read again from the store's offsets (controller/progress.py)."""
+        assert self.edge is not None
+        ours = self._reseek_pending | self.held.paused  # paused by us, waiting for the store
+        mine = [tp for tp in self.edge.assignment() if tp[0] == self.kafka.metrics_topic and tp not in ours]
+        due = self.progress.due(mine, time.monotonic())
+        position_of, bounds_of = getattr(self.edge, "position", None), getattr(self.edge, "log_bounds", None)
+        if not due or position_of is None or bounds_of is None:
+            return
+        ends = bounds_of(due)
+        stuck = []
+        for tp in due:
+            seen = self.progress.judge(tp, position_of(*tp), ends.get(tp, (None, None))[1], time.monotonic())
+            if seen is not None:
+                stuck.append(seen)
+        if not stuck:
+            return
+        self.stats["stuck_resets"] = self.stats.get("stuck_resets", 0) + len(stuck)
+        for st in stuck:
+            log.warning("%s[%d]: nothing read for %.0f s at offset %d while the log ends at %d; reading it again "
+                        "from the store's offset", st.tp[0], st.tp[1], st.still_s, st.position, st.end)
+        tps = [st.tp for st in stuck]
+        resume(self.edge, tps)
+        self._try_store(lambda: self._reseek(tps))
+
     def _on_revoked(self, tps: list[tuple[str, int]]) -> None:
+        self.progress.forget(tps)
         self._drop_hold()
         self.runs.drop_partitions({p for _, p in tps})
 
@@ -365,6 +399,8 @@ class ControllerService:
             batch = self.edge.poll(self.config.poll_timeout_s)
             if batch.next_offsets:
                 res = self._process(batch)
+            elif self.held.batch is None:
+                self._unstick()
         now = self.clock()
         if now - self._last_tick >= self.config.tick_s and not self._runs_stale:
             self._last_tick = now
@@ -374,7 +410,11 @@ class ControllerService:
                 self._after_commit(tick)
             except Exception as exc:  # noqa: BLE001
                 self.stats["errors"] += 1
-                log.exception("tick failed; run state reloaded from the store")
+                if is_transient(exc):  # a busy store: expected, one line; the next tick tries again
+                    log.warning("tick failed, the store is busy (%s); run state reloaded from the store",
+                                str(getattr(exc, "orig", None) or exc).splitlines()[0])
+                else:
+                    log.exception("tick failed; run state reloaded from the store")
                 self._lost_or_stale(exc)
         if now - self._last_requests >= self.config.request_poll_s:
             self._last_requests = now
@@ -428,6 +468,9 @@ class ControllerService:
         self.stats["dead"] += res.dead
         self._after_commit(res)
         self.edge.commit_offsets(batch.next_offsets)
+        now = time.monotonic()
+        for tp, offset in batch.next_offsets.items():
+            self.progress.moved(tp, offset, now)
         return res
 
     def _process_one_by_one(self, batch: EdgeBatch) -> BatchResult | None:
@@ -549,8 +592,12 @@ class ControllerService:
         if res.commands:
             try:
                 self.outbox.publish_due()  # now, on this thread: the verdict's latency path
-            except Exception:  # noqa: BLE001 - the outbox thread retries what is still pending
-                log.exception("immediate command publish failed")
+            except Exception as exc:  # noqa: BLE001 - the outbox thread retries what is still pending
+                if is_transient(exc) or _broker_trouble(exc):  # expected under faults: one line
+                    log.warning("immediate command publish failed (the outbox retries): %s: %s",
+                                type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+                else:
+                    log.exception("immediate command publish failed")
                 self.outbox.wake()
         if res.alerts and self.deliverer is not None:
             wake = getattr(self.deliverer, "wake", None)
@@ -565,3 +612,10 @@ def _batch_of(items: list, next_offsets: dict[tuple[str, int], int]) -> EdgeBatc
     for x in items:
         (out.dead if isinstance(x, DeadLetter) else out.records).append(x)
     return out
+
+
+def _broker_trouble(exc: BaseException) -> bool:
+    """A broker that is down or refuses: the outbox keeps the row and tries again."""
+    from kafka.errors import KafkaError
+
+    return isinstance(exc, (KafkaError, ConnectionError, TimeoutError))

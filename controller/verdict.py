@@ -12,6 +12,7 @@ from cliffguard.core.enums import Level
 class Action(StrEnum):
     RECOVER = "recover"  # start the pause -> validate -> (rollback | resume) pipeline
     ALERT = "alert"  # tell people; training goes on
+    RESTART = "restart"  # a hung worker group: the recovery table picks the remedy (controller/recovery_hang.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,7 @@ same key, talk on the same topics, give commands the same lifetime, cut the LR b
 and judge losses by the same spike rule. Its sections:
 
 - ``[kafka]`` (``core.kafka_config.KafkaConfig``): brokers and topic prefix;
-- ``[spike]`` (``core.spike.SpikeConfig``): the spike rule, with the guard's patience a field of it;
+- ``[spike]`` (``core.spike.SpikeConfig``): the spike rule, with the guard's budget a field of it;
 - ``[policy]`` (``PolicyConfig``): the rollback's LR cut and the command lifetime;
 - ``[secrets]``: the keys (never a flag: flags show in ``ps``; never a private key inline in TOML):
 

@@ -22,6 +22,8 @@ class EventType(StrEnum):
     RUN_FAILED = "run.failed"
     ELASTIC_SCALED_DOWN = "elastic.scaled_down"  # the run resumed on fewer ranks (trainer/elastic.py)
     ELASTIC_SCALED_UP = "elastic.scaled_up"  # ranks rejoined: back towards the declared batch
+    HANG_EVIDENCE = "hang.evidence"  # a rank's training thread stalled: its Flight Recorder and stacks (agent/hang/)
+    NODE_CHECK = "node.check"  # a restarted worker group's pre-flight check: matmul + all-gather in pairs
     TRAINER_TIMEOUT = "trainer.timeout"  # a wait timed out with no controller command: the trainer acted alone
     RUN_PREEMPTED = "run.preempted"  # the scheduler's warning signal: saved at a boundary, exiting to be requeued
 
@@ -35,6 +37,7 @@ class CommandType(StrEnum):
     CHECKPOINT_NOW = "checkpoint_now"
     STOP = "stop"
     DETAIL = "detail"  # every rank publishes its own step events for the next N steps
+    RESTART = "restart"  # tear the worker group down for torchrun to start again (in place, without a node, or halt)
 
 
 class AckStatus(StrEnum):
@@ -108,3 +111,4 @@ class IncidentOutcome(StrEnum):
     HALTED = "halted"  # beyond the rollback budget: a human is needed
     ABANDONED = "abandoned"  # the run ended mid-recovery
     REQUEUED = "requeued"  # a preemption's: the run saved, was requeued and trains again
+    RESTARTED = "restarted"  # a hang: the worker group was restarted (in place or without a node) and trains again

@@ -40,6 +40,14 @@ class RunStartedData(TypedDict):
     # The commands this trainer integration can apply (core/capabilities.py); absent from an
     # older agent, which the controller reads as every command.
     capabilities: NotRequired[list[CommandType]]
+    # Under torchrun (core/restart_plan.py ``WorkerLife``): which start of the worker group this
+    # is (the same on every rank, agent/hang/life.py), the restarts torchrun allows and has left,
+    # the nodes now and the fewest the launch accepts (a node can be left out only while nodes > min_nodes).
+    life: NotRequired[int]
+    max_restarts: NotRequired[int]
+    restarts_left: NotRequired[int]
+    nodes: NotRequired[int]
+    min_nodes: NotRequired[int]
 
 
 class LossSummary(TypedDict):
@@ -208,6 +216,42 @@ class ElasticScaleData(TypedDict):
     lr_rule: str  # sqrt | linear | none
 
 
+class HangEvidenceData(TypedDict):
+    """One rank's evidence when its training thread stalls or a collective fails (agent/hang/):
+    its Flight Recorder's sequence numbers and its Python stacks, bounded (the whole dump stays
+    in ``path`` on the rank's disk)."""
+
+    reason: str  # stalled (the watchdog) | collective_error (a collective raised) | resolved (it moved again)
+    stalled_s: float  # seconds since the training thread last finished a step
+    node: str  # the node's id (CLIFFGUARD_NODE_ID, else the host name)
+    local_world: NotRequired[int]  # ranks on this node (contiguous): names a silent rank's node
+    pid: int
+    life: int  # the worker group's start (TORCHELASTIC_RESTART_COUNT)
+    collective: str  # the agent collective the training thread is inside ("" = none it knows of)
+    fr: bool  # whether the Flight Recorder had entries (TORCH_FR_BUFFER_SIZE)
+    pg_status: dict[str, Any]  # process group id -> {"enqueued", "started", "completed"} sequence numbers
+    in_flight: list[dict[str, Any]]  # Flight Recorder entries not completed: pg, seq, op, sizes, age_s
+    last: list[dict[str, Any]]  # the newest entries
+    frame: str  # the training thread's innermost frame outside the libraries ("file:line in function")
+    stacks: list[dict[str, Any]]  # every thread: {"name", "main", "frames": ["file:line in function", ...]}
+    error: NotRequired[str]  # the collective's error (collective_error)
+    gone: NotRequired[list[int]]  # this node's ranks whose process was gone when it reported (dead)
+    path: NotRequired[str]  # the whole dump on the rank's disk
+
+
+class NodeCheckData(TypedDict):
+    """A restarted worker group's pre-flight check (agent/hang/node_check.py), from rank 0."""
+
+    ok: bool
+    life: int
+    ranks: list[int]
+    nodes: list[str]  # each rank's node id
+    matmul_s: list[float]  # each rank's matmul time
+    rounds: list[dict[str, Any]]  # {"groups": [[ranks...], ...], "seconds": [...], "slow": [group index...]}
+    slow: list[int]  # the ranks found slow or broken (in a slow group in every round they were checked)
+    slow_nodes: list[str]
+    seconds: float  # the whole check
+    detail: str
 class TrainerTimeoutData(TypedDict):
     """The trainer waited past a timeout with no controller command and applied its own policy
     (agent/recovery/timeouts.py). The event's step is the step the loop runs next (after a
@@ -256,6 +300,8 @@ EVENT_PAYLOADS: dict[EventType, type] = {
     EventType.RUN_FAILED: RunFailedData,
     EventType.ELASTIC_SCALED_DOWN: ElasticScaleData,
     EventType.ELASTIC_SCALED_UP: ElasticScaleData,
+    EventType.HANG_EVIDENCE: HangEvidenceData,
+    EventType.NODE_CHECK: NodeCheckData,
     EventType.TRAINER_TIMEOUT: TrainerTimeoutData,
     EventType.RUN_PREEMPTED: RunPreemptedData,
 }
@@ -287,6 +333,17 @@ class DetailArgs(TypedDict):
     steps: int  # publish per-rank step events for this many steps (1..core.rank_arrays.MAX_DETAIL_STEPS)
 
 
+class RestartArgs(TypedDict):
+    """Tear down worker group ``life`` for torchrun to start again (core/restart_plan.py)."""
+
+    mode: str  # in_place | exclude (without exclude_nodes) | halt (stop the job for a human)
+    life: int  # the worker group's start this is for: a later life acks it without acting
+    ranks: NotRequired[list[int]]  # the culprit ranks
+    exclude_nodes: NotRequired[list[str]]
+    reason: NotRequired[str]
+    incident: NotRequired[str]
+
+
 COMMAND_ARGS: dict[CommandType, type] = {
     CommandType.PAUSE: ReasonArgs,
     CommandType.RESUME: ReasonArgs,
@@ -296,6 +353,7 @@ COMMAND_ARGS: dict[CommandType, type] = {
     CommandType.CHECKPOINT_NOW: CheckpointNowArgs,
     CommandType.STOP: ReasonArgs,
     CommandType.DETAIL: DetailArgs,
+    CommandType.RESTART: RestartArgs,
 }
 
 FieldSpec = tuple[Any, bool]

@@ -139,3 +139,74 @@ class SlidingWindow:
     def robust(self) -> tuple[float, float]:
         """(median, 1.4826·MAD) of the sorted span; the window must not be empty."""
         return sorted_robust(self._sorted, self._hint)
+
+
+class LevelWindow:
+    """A curve's healthy values: their level (the median of the newest ``span``) and their noise
+    (σ from successive differences: 1.4826·MAD of ``x[i] - x[i-1]`` over the whole window, / √2).
+
+    The noise is read from differences so that the trend of a falling curve does not inflate it:
+    it can then use every point of the window, and be precise, while the level follows only the
+    newest span. For independent noise it is the noise's σ; for noise correlated from point to
+    point it is smaller, and the tail model (``core/tail.py``) learns how far points stray. The
+    differences are those of the values held, so the window alone restores it exactly."""
+
+    __slots__ = ("values", "diffs", "items")
+
+    def __init__(self, maxlen: int, values: Iterable[float] = (), span: int | None = None) -> None:
+        self.values = SlidingWindow(maxlen, values, span)
+        self.items: deque[float] = self.values.items
+        """The values, oldest first (the caller must not change it)."""
+        held = list(self.items)
+        self.diffs = SlidingWindow(max(1, maxlen - 1), (b - a for a, b in zip(held, held[1:], strict=False)))
+
+    @property
+    def span(self) -> int:
+        return self.values.span
+
+    def __len__(self) -> int:
+        return len(self.values.items)
+
+    def append(self, value: float) -> None:
+        items = self.items
+        if items:  # the two SlidingWindow.append, written out: this runs for every healthy point
+            diffs = self.diffs
+            d = value - items[-1]
+            ditems, dsorted = diffs.items, diffs._sorted
+            if len(ditems) >= diffs.span:
+                del dsorted[bisect_left(dsorted, ditems[-diffs.span])]
+            insort(dsorted, d)
+            ditems.append(d)
+        values = self.values
+        vsorted = values._sorted
+        if len(items) >= values.span:
+            del vsorted[bisect_left(vsorted, items[-values.span])]
+        insort(vsorted, value)
+        items.append(value)
+
+    def set_span(self, span: int) -> None:
+        self.values.set_span(span)
+
+    def spread(self) -> float:
+        """1.4826·MAD of the newest span's values themselves: how far they scatter about their
+        median, slow wiggles and trend included (what a CUSUM of residuals needs as its unit)."""
+        return self.values.robust()[1]
+
+    def median(self) -> float:
+        """Median of the newest span; the window must not be empty."""
+        return self.values.median()
+
+    def noise(self) -> float:
+        """σ from the successive differences (0 with fewer than two values)."""
+        return self.diffs.robust()[1] / SQRT2 if self.diffs.items else 0.0
+
+    def robust(self) -> tuple[float, float]:
+        """(median of the newest span, σ from the differences); the window must not be empty
+        (σ is 0 with fewer than two values)."""
+        med = self.values.median()
+        if not self.diffs.items:
+            return med, 0.0
+        return med, self.diffs.robust()[1] / SQRT2
+
+
+SQRT2 = math.sqrt(2.0)

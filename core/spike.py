@@ -1,94 +1,67 @@
-"""The loss-spike rule: sliding median + k·σ over recent healthy losses (pure, no I/O).
+"""The loss-spike rule: each curve's own tail sets its thresholds, evidence is counted in points (pure).
 
 The in-process guard (before ``optimizer.step()``) and the controller run this same code, so
 what the guard skips and what the controller acts on can never disagree about the rule itself.
 
-``σ`` is a robust spread: 1.4826 × the median absolute deviation (MAD) of the window, which
-equals the standard deviation for Gaussian noise but is not inflated by the very outliers it is
-meant to find. A floor of ``sigma_floor_rel × median`` keeps a flat, noiseless curve from
-alarming on a 0.1% wiggle. Losses at or above ``k_warn`` σ are kept out of the window, so a spike
-cannot raise the bar for the next one. NaN/±inf is critical at once. Before ``min_history``
-healthy points the rule only reports non-finite losses.
+Per logged point, in order:
 
-Confirmation is severity-aware and counted in *steps*: a moderate excursion (``k_crit`` σ or
-more) must last ``patience`` steps before it is critical, where a logged point stands for the
-steps since the previous one (the caller passes that gap; the in-process guard sees every step,
-so there a step is a point). A point at ``k_extreme`` σ *and* ``jump_extreme`` above the median
-is critical at once: a +35%, 15σ point is not noise, whatever follows it. With ``window_steps``
-the statistics use only the healthy points of the newest ``window_steps`` steps (never fewer than
-``min_history`` points), so a curve logged every 10 steps is judged on the same stretch of
-training as a per-step one rather than on ten times as much of a falling curve.
+1. **Residual.** ``z = (loss - median) / σ``: the median of the healthy window's newest
+   ``window_steps`` steps (at least ``min_history`` points), σ from its successive differences
+   (``core/sliding.LevelWindow``: not inflated by the trend of a falling curve) and at least
+   ``sigma_floor_rel`` × median. A point at or above ``k_warn`` σ warns and stays out of the
+   window. NaN/±inf is critical at once.
+2. **How rare on this curve** (``core/tail.py``): ``p``, the tail probability of ``z`` under a
+   generalised Pareto fit of this curve's own residuals, refitted every 200 points (never per
+   point). A point is learnt once it has left the evidence window outside an alarm,
+   so an excursion never teaches the tail that it is normal. Before the first fit the seed rule's
+   calibration stands in: ``k_warn`` σ is the ``evidence_p`` quantile, ``k_crit`` σ the budget's.
+3. **Evidence, counted in points** (``core/evidence.py``): a point at or above ``k_warn`` σ with
+   ``p < evidence_p`` weighs ``ln(evidence_p / p)``; the weights of the newest
+   ``evidence_points`` points add up, so a bump with a quiet point inside is one excursion and a
+   point of a log written every 50 steps is one point, not 50 steps. Where a grad norm is logged
+   its own residuals (log space, its own tail: ``core/norm_evidence.py``) add to the same window.
+4. **Critical** when the sum reaches the level at which a point of a curve behaving as it has so
+   far would cross it at most ``budget`` times per 10,000 points, and the point is loss evidence
+   itself (a norm alone never pauses); a point that is the window's only evidence must also be
+   ``k_crit`` σ up. The alarm lasts to the first point back below ``k_warn``, which spends its
+   evidence: a second spike soon after is judged afresh.
 
-Defaults are chosen on the labelled synthetic suite in ``tests/controller/synthetic.py`` and
-checked on real curves with ``python -m bench.detection``; see ``SpikeConfig`` for the figures.
+**Cold start.** Before ``min_history`` healthy points there is no median or σ worth the name: a
+point is evidence when it is ``cold_rise`` above the lowest loss so far, and ``cold_points`` of
+them among the newest ``evidence_points`` are critical — a warm-up blow-up (the loss climbing to
+several times where the run started), not the one- to three-point bump many runs make at step 2.
+
+``SpikeConfig`` gives each default's figures; ``docs/detection.md`` the trade-off over the budget.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from cliffguard.core.declared import bounded, check_declared
 from cliffguard.core.enums import Level
-from cliffguard.core.sliding import MAD_TO_SIGMA, SlidingWindow, sorted_robust
+from cliffguard.core.evidence import EvidenceWindow, crossing_level, weight
+from cliffguard.core.norm_evidence import NormEvidence
+from cliffguard.core.sliding import MAD_TO_SIGMA, LevelWindow, sorted_robust
+from cliffguard.core.spike_config import SpikeConfig
+from cliffguard.core.tail import TailModel
 
 __all__ = ["MAD_TO_SIGMA", "SpikeConfig", "SpikeDetector", "SpikeVerdict", "robust_stats", "window_stats"]
 
 # An enum member read through its class costs ~10x a module global (the enum's metaclass):
 # the per-point paths below use these.
-_OK = Level.OK
+_OK, _WARN, _CRITICAL = Level.OK, Level.WARN, Level.CRITICAL
 
-
-@dataclass(kw_only=True, slots=True)
-class SpikeConfig:
-    """Figures for the step-aware and extreme settings, all controller defaults, on a development
-    set of 25 real curves (``bench/detection.py``; 11 labelled windows, 44,000 points of healthy
-    negatives, 5 per-rank speedrun logs with one-step +15-70% data outliers): recall 11/11, 0.68
-    criticals per 10k negative points, 0 rollbacks (16 paused-and-resumed criticals) on the
-    data-outlier curves, spike delay 0-1 logged points. ``window_steps`` 0 (a 100-point window,
-    1000 steps of a falling curve logged every 10) misses 3 of its 4 spike windows (recall 8/11);
-    ``k_crit`` 4/5/6 -> recall 11/11, 11/11, 10/11 at 2.27/0.68/0 criticals per 10k negative
-    points; ``jump_extreme`` 0.15/0.25/0.5 -> 21/16/0 criticals on the data-outlier curves, all
-    resumed. On the synthetic suite (seed 11) the extreme rule pauses for 583 of 788 benign
-    outliers and resumes every one (0 rollbacks)."""
-
-    window: int = bounded(100, ge=8)
-    """Healthy losses kept for the median and σ."""
-    k_warn: float = 3.0
-    """σ above the median that warns."""
-    k_crit: float = 5.0
-    """σ above the median that is critical (the controller pauses; the guard skips)."""
-    min_history: int = 20
-    """Healthy points needed before the rule decides anything but non-finite losses."""
-    sigma_floor_rel: float = bounded(0.01, ge=0, lt=1)
-    """σ is at least this fraction of the median, so a flat curve does not alarm on noise."""
-    patience: int = bounded(3, ge=1)
-    """Steps at or above k_crit before the controller's verdict is critical (1 = at once); each
-    logged point counts for the steps since the previous one; points before that are reported as
-    warn. Measured on ``synthetic.suite(20, 8, seed=1)``
-    (120k steps, 300 benign +15-70% outliers): 1 -> 267/300 outliers critical, 27.5 false
-    criticals per 10k steps; 2 -> 0.083 per 10k; 3 -> 0 false criticals, few-step/step-up recall
-    1.00 at a 2-step delay; 4 -> few-step recall 0.875. Hence 3."""
-    guard_patience: int = bounded(1, ge=1)
-    """The same for the in-process guard, which skips one update rather than pausing the run:
-    skipping a batch is cheap, a pause is not, so it acts at once."""
-    k_extreme: float = bounded(10.0, gt=0, why="it only matters at or above k_crit")
-    """σ above the median beyond which a point is critical at once, patience or not..."""
-    jump_extreme: float = bounded(0.25, ge=0)
-    """...if it is also at least this fraction above the median (both must hold)."""
-    window_steps: int = bounded(200, ge=0)
-    """Judge on the healthy points of the newest this-many steps only (0 = the whole window);
-    at least ``min_history`` points are always used."""
-
-    def __post_init__(self) -> None:
-        check_declared(self)
-        if not 0 < self.k_warn <= self.k_crit:
-            raise ValueError("k_warn: must be > 0 and <= k_crit")
-        if not 2 <= self.min_history <= self.window:
-            raise ValueError("min_history: must be between 2 and window")
-
+REFRESH = 5
+"""Healthy points between two readings of the window's σ and of its spread (``spread_stats``, the
+divergence rule's unit): both move slowly, and a MAD per point costs as much as the rest of the
+rule (the grad-norm rules read theirs as seldom: ``controller/rules/robust.py``)."""
+# judge's reasons, as codes (verdict() words them): what a healthy point costs stays an int compare
+_ABOVE, _SHORT, _CROSSED, _GOES_ON = "above", "short", "crossed", "goes on"
+_COLD, _COLD_CROSSED, _COLD_GOES_ON, _WARMING = "cold", "cold crossed", "cold goes on", "warming up"
 
 @dataclass(frozen=True, slots=True)
 class SpikeVerdict:
@@ -101,17 +74,17 @@ class SpikeVerdict:
     n: int
     """Healthy points in the window when the verdict was made."""
     reason: str = ""
+    weight: float = 0.0
+    """The evidence in the window with this point (ln units: ``core/evidence.py``)..."""
+    weight_level: float = 0.0
+    """...and the level it must reach for a critical."""
+    onset_back: int = 0
+    """Points before this one where the evidence in the window began (0: this point)."""
 
     def evidence(self) -> dict[str, Any]:
-        return {
-            "level": str(self.level),
-            "loss": self.loss,
-            "median": self.median,
-            "sigma": self.sigma,
-            "sigmas": self.sigmas,
-            "n": self.n,
-            "reason": self.reason,
-        }
+        return {"level": str(self.level), "loss": self.loss, "median": self.median, "sigma": self.sigma,
+                "sigmas": self.sigmas, "n": self.n, "reason": self.reason, "weight": self.weight,
+                "weight_level": self.weight_level}
 
 
 def robust_stats(values: Iterable[float]) -> tuple[float, float]:
@@ -122,32 +95,48 @@ def robust_stats(values: Iterable[float]) -> tuple[float, float]:
 def window_stats(values: Iterable[float], sigma_floor_rel: float) -> tuple[float, float]:
     """(median, robust σ with the relative floor) of a non-empty window."""
     med, raw = robust_stats(values)
-    return med, _floored(med, raw, sigma_floor_rel)
+    return med, max(raw, sigma_floor_rel * abs(med), 1e-12)
 
 
-def _floored(med: float, raw_sigma: float, sigma_floor_rel: float) -> float:
-    return max(raw_sigma, sigma_floor_rel * abs(med), 1e-12)
+def tail_model(cfg: SpikeConfig) -> TailModel:
+    """A series' tail model, with the seed rule's calibration as the prior before its first fit:
+    ``k_warn`` σ is the ``evidence_p`` quantile and ``k_crit`` σ the budget's (exponential between
+    and beyond), so the first points of a run are judged as the seed rule judged every point."""
+    return TailModel(block=100, keep=10, blocks=20,
+                     prior=(cfg.k_warn, cfg.evidence_p, cfg.k_crit, min(cfg.budget / 1e4, cfg.evidence_p)))
 
 
 class SpikeDetector:
-    """Stateful wrapper around the rule: feed it global losses in step order.
+    """Stateful: feed it global losses (and grad norms, where logged) in step order.
 
-    ``gap`` is the number of steps since the previous point (1 for per-step losses) and
-    ``interval`` the typical one (for ``window_steps``); both default to 1."""
+    ``interval`` is the typical number of steps between logged points (for ``window_steps``)."""
 
     def __init__(self, config: SpikeConfig | None = None) -> None:
-        self.config = config or SpikeConfig()
+        self.config = cfg = config or SpikeConfig()
         # the window, with its newest span (see _span) kept sorted as it slides
-        self._window = SlidingWindow(self.config.window)
-        self._crit_run = 0  # steps at or above k_crit so far in this excursion
+        self._window = LevelWindow(cfg.window)
+        self._tail = tail_model(cfg)
+        self._norms = NormEvidence(cfg.window, cfg.min_history, tail_model(cfg))
+        self._evidence = EvidenceWindow(cfg.evidence_points)
+        self._alarm = False  # a critical excursion is going on (until a point below k_warn)
+        self._pending: deque[float] = deque()  # residuals not yet learnt (still in the evidence window)
+        self._cold_min = math.inf  # the lowest healthy loss before min_history
+        self._noise: float | None = None  # the window's σ, read every REFRESH healthy points
+        self._noise_stale = 0
+        self._spread: float | None = None  # spread_stats' MAD, read every REFRESH healthy points
+        self._spread_stale = 0
+        self._spread_span = 0
+        self._norm_seen = False  # a grad norm has been judged: the window holds two series
+        rate = cfg.budget / 1e4
+        self._levels = (crossing_level(rate, cfg.evidence_p, cfg.evidence_points, 1),
+                        crossing_level(rate, cfg.evidence_p, cfg.evidence_points, 2))
         # robust_stats of the used window and the interval it was used at, until either changes
         self._raw: tuple[float, float] | None = None
         self._raw_interval = math.nan
         self._span_at: tuple[float, int] = (math.nan, 0)  # (interval, _span of it), cached
 
     def _span(self, interval: float) -> int:
-        """Newest points of a full window the statistics use at this logging interval (at most
-        the window, as ``SlidingWindow.set_span`` would clamp it)."""
+        """Newest points of a full window the statistics use at this logging interval."""
         if interval != self._span_at[0]:  # the interval rarely changes: asked twice per point
             cfg = self.config
             span = cfg.window if not cfg.window_steps else max(
@@ -156,81 +145,208 @@ class SpikeDetector:
         return self._span_at[1]
 
     def _robust(self, interval: float) -> tuple[float, float]:
-        """(median, raw σ) of the used window; computed once per window and interval (the spike
-        and divergence rules both ask, at the same interval, once per point each)."""
+        """(median, raw σ) of the used window: the median once per window and interval, σ once
+        per ``REFRESH`` healthy points (it moves slowly; its MAD is the costliest read here)."""
         raw = self._raw
         if raw is None or interval != self._raw_interval:
             window = self._window
             span = self._span(interval)
             if span != window.span:
                 window.set_span(span)
-            raw = self._raw = window.robust()
+            noise = self._noise
+            if noise is None or self._noise_stale >= REFRESH:
+                noise = self._noise = window.noise()
+                self._noise_stale = 0
+            raw = self._raw = (window.median(), noise)
             self._raw_interval = interval
         return raw
 
-    def _judge(self, loss: float, gap: int, interval: float) -> tuple[Level, float | None, float | None,
-                                                                     float | None, str]:
-        """peek's figures: (level, median, sigma, sigmas, reason)."""
+    def evidence_level(self) -> float:
+        """The evidence a window must reach for a critical, with the series judged so far."""
+        return self._levels[self._norm_seen]
+
+    def judge(self, loss: float, interval: float = 1.0, grad_norm: float | None = None
+              ) -> tuple[Level, float | None, float | None, float | None, str]:
+        """Judge ``loss`` and learn from it; (level, median, sigma, sigmas, reason), for callers
+        that need a ``SpikeVerdict`` only when it is not healthy (``verdict`` builds one)."""
         cfg = self.config
         if not math.isfinite(loss):
-            return Level.CRITICAL, None, None, None, "non-finite loss"
+            self._alarm = True
+            self._evidence.push(0.0)
+            return _CRITICAL, None, None, None, "non-finite loss"
         if len(self._window.items) < cfg.min_history:
-            return _OK, None, None, None, "warming up"
-        med, raw = self._robust(interval)
-        sigma = max(raw, cfg.sigma_floor_rel * abs(med), 1e-12)
+            return self._cold(loss)
+        raw_stats = self._raw
+        med, raw = raw_stats if raw_stats is not None and interval == self._raw_interval else self._robust(interval)
+        sigma = cfg.sigma_floor_rel * abs(med)  # max(raw, floor, 1e-12), as max would pick it
+        if raw > sigma:
+            sigma = raw
+        if not sigma > 1e-12:
+            sigma = 1e-12
         k = (loss - med) / sigma
-        if k >= cfg.k_crit:
-            why = f"{k:.1f}σ above median"
-            if k >= cfg.k_extreme and loss >= med * (1 + cfg.jump_extreme):
-                return Level.CRITICAL, med, sigma, k, f"{why} (extreme)"
-            if self._crit_run + max(1, gap) >= cfg.patience:
-                return Level.CRITICAL, med, sigma, k, why
-            return Level.WARN, med, sigma, k, f"{why} (patience)"
-        if k >= cfg.k_warn:
-            return Level.WARN, med, sigma, k, f"{k:.1f}σ above median"
-        return _OK, med, sigma, k, ""
-
-    def peek(self, loss: float, gap: int = 1, interval: float = 1.0) -> SpikeVerdict:
-        """The verdict for ``loss`` without changing any state."""
-        level, med, sigma, k, reason = self._judge(loss, gap, interval)
-        return SpikeVerdict(level, loss, med, sigma, k, len(self._window), reason)
-
-    def judge(self, loss: float, gap: int = 1, interval: float = 1.0) -> tuple[Level, float | None, float | None,
-                                                                               float | None, str]:
-        """``observe``'s verdict as a tuple (level, median, sigma, sigmas, reason), for callers that
-        judge a loss per event and need a ``SpikeVerdict`` only when it is not healthy (its ``n``
-        is then ``len(self)``: only a healthy loss enters the window)."""
-        judged = self._judge(loss, gap, interval)
-        if judged[0] is _OK:  # finite, below k_warn (or warming up): into the window
-            self._crit_run = 0
+        alarm = self._alarm
+        norm_s = 0.0
+        if grad_norm is not None:
+            self._norm_seen = True
+            norm_s = self._norms.weigh(grad_norm, cfg.k_warn, cfg.evidence_p, not alarm)
+        if k < cfg.k_warn:  # healthy: into the window and the tail; an alarm ends here
             self._window.append(loss)
             self._raw = None
-        else:  # non-finite, or at or above k_warn
-            k = judged[3]
-            self._crit_run = self._crit_run + max(1, gap) if k is None or k >= self.config.k_crit else 0
-        return judged
+            self._spread_stale += 1
+            self._noise_stale += 1
+            pending = self._pending  # _learn, inlined: this path runs for nearly every point
+            pending.append(k)
+            if len(pending) > cfg.evidence_points:
+                self._tail.add(pending.popleft())
+            if alarm:
+                self._alarm = False
+                self._evidence.clear()
+            self._evidence.push(norm_s)
+            return _OK, med, sigma, k, ""
+        s = weight(self._tail.sf(k), cfg.evidence_p)
+        if not alarm:
+            self._learn(k)
+        total = self._evidence.push(s + norm_s)
+        if alarm:
+            return _CRITICAL, med, sigma, k, _GOES_ON
+        if s > 0 and total >= self._levels[self._norm_seen] and (k >= cfg.k_crit or not self._evidence.alone()):
+            self._alarm = True
+            self._pending.clear()  # the window's points were the excursion's: the tail never learns them
+            return _CRITICAL, med, sigma, k, _CROSSED
+        return _WARN, med, sigma, k, _ABOVE if s <= 0 else _SHORT
 
-    def observe(self, loss: float, gap: int = 1, interval: float = 1.0) -> SpikeVerdict:
-        """Judge ``loss`` and, if healthy, add it to the window."""
+    def _learn(self, z: float) -> None:
+        """The tail learns a residual once it has left the evidence window outside any alarm (the
+        points an alarm is raised on are its excursion's, not the curve's noise)."""
+        pending = self._pending
+        pending.append(z)
+        if len(pending) > self.config.evidence_points:
+            self._tail.add(pending.popleft())
+
+    def _cold(self, loss: float) -> tuple[Level, float | None, float | None, float | None, str]:
+        """Before ``min_history`` healthy points: the rise over the lowest loss so far."""
+        cfg = self.config
+        low = self._cold_min
+        if loss >= low * (1.0 + cfg.cold_rise) and low > 0:
+            n = self._evidence.push(1.0)
+            if self._alarm:
+                return _CRITICAL, None, None, None, _COLD_GOES_ON
+            if n >= cfg.cold_points:
+                self._alarm = True
+                return _CRITICAL, None, None, None, _COLD_CROSSED
+            # counted, kept out of the window, but no alert: most runs make a bump at step 2 or so
+            return _OK, None, None, None, _COLD
+        if self._alarm:
+            self._alarm = False
+            self._evidence.clear()
+        self._evidence.push(0.0)
+        self._window.append(loss)
+        self._raw = None
+        self._spread_stale += 1
+        self._noise_stale += 1
+        self._cold_min = min(low, loss)
+        if len(self._window.items) >= cfg.min_history:
+            self._evidence.clear()  # the cold start's counts are not the tail's weights
+        return _OK, None, None, None, _WARMING
+
+    def observe(self, loss: float, interval: float = 1.0, grad_norm: float | None = None) -> SpikeVerdict:
+        """Judge ``loss`` (and learn from it) as a ``SpikeVerdict``."""
         n = len(self._window)
-        level, med, sigma, k, reason = self.judge(loss, gap, interval)
-        return SpikeVerdict(level, loss, med, sigma, k, n, reason)
+        level, med, sigma, k, reason = self.judge(loss, interval, grad_norm)
+        return self.verdict(level, loss, med, sigma, k, reason, n)
+
+    def verdict(self, level: Level, loss: float, med: float | None, sigma: float | None, k: float | None,
+                why: str, n: int | None = None) -> SpikeVerdict:
+        """The ``SpikeVerdict`` of a ``judge`` that just returned these figures (its reason, a
+        short code there so a healthy or warning point formats nothing, in words here)."""
+        ev = self._evidence
+        total, at = ev.total(), self.evidence_level()
+        if why.startswith("cold"):
+            low = self._cold_min
+            reason = f"cold start: {loss / low - 1:+.0%} over the lowest loss so far {low:.4g}"
+            if why == _COLD_CROSSED:
+                reason += f", {total:.0f} such points of the newest {self.config.evidence_points}"
+        elif k is None or why in (_WARMING, ""):
+            reason = why
+        else:
+            reason = f"{k:.1f}σ above median"
+            if why == _CROSSED:
+                reason += f", evidence {total:.1f} >= {at:.1f}"
+            elif why == _SHORT:
+                reason += f", evidence {total:.1f} < {at:.1f}"
+        if why in (_GOES_ON, _COLD_GOES_ON):
+            reason += " (excursion goes on)"
+        return SpikeVerdict(level, loss, med, sigma, k, len(self._window) if n is None else n, reason,
+                            total, at, ev.back() or 0)
+
+    @property
+    def alarm(self) -> bool:
+        """Whether a critical excursion is going on (it ends at the first point below ``k_warn``)."""
+        return self._alarm
 
     def stats(self, sigma_floor_rel: float | None = None, interval: float = 1.0) -> tuple[float, float] | None:
-        """(median, σ) of the healthy window, with the config's σ floor unless one is given."""
+        """(median, σ) of the healthy window as the rule judges by them (σ from successive
+        differences), with the config's σ floor unless one is given."""
         if len(self._window.items) < 2:
             return None
         med, raw = self._robust(interval)
         floor = self.config.sigma_floor_rel if sigma_floor_rel is None else sigma_floor_rel
-        return med, max(raw, floor * abs(med), 1e-12)  # _floored, inlined: asked once per point
+        return med, max(raw, floor * abs(med), 1e-12)
+
+    def spread_stats(self, sigma_floor_rel: float, interval: float = 1.0) -> tuple[float, float] | None:
+        """(median, 1.4826·MAD of the window's values, floored): the scatter of healthy points
+        about their level, wiggles and trend included — the unit of the divergence rule's CUSUM,
+        so a stationary wiggle does not add up as a rise."""
+        if len(self._window.items) < 2:
+            return None
+        med, _ = self._robust(interval)
+        spread = self._spread
+        if spread is None or self._spread_stale >= REFRESH or self._spread_span != self._window.span:
+            spread = self._spread = self._window.spread()
+            self._spread_stale, self._spread_span = 0, self._window.span
+        return med, max(spread, sigma_floor_rel * abs(med), 1e-12)
+
+    def tail_fit(self) -> tuple[float, float, float, float, float] | None:
+        """The loss residuals' tail fit now: (location, u, ζ, ξ, β) (``core/tail.py``), None before the first."""
+        return self._tail.fit
 
     def __len__(self) -> int:
         return len(self._window.items)
 
+    def restart_excursion(self) -> None:
+        """Forget the excursion and its evidence, keep what was learnt (the trainer rolled back)."""
+        self._alarm = False
+        self._evidence.clear()
+
+    def rebase(self, values: Iterable[float]) -> None:
+        """A level shift that lasted is the new normal: the window becomes ``values``, the excursion
+        ends; the tail (the curve's noise, in σ) is kept."""
+        self._window = LevelWindow(self.config.window, (float(v) for v in values), self._window.span)
+        self._raw = self._spread = self._noise = None
+        self.restart_excursion()
+
     def state_dict(self) -> dict[str, Any]:
-        return {"window": list(self._window.items), "crit_run": self._crit_run}
+        return {"window": list(self._window.items), "tail": self._tail.state_dict(),
+                "evidence": self._evidence.state_dict(), "alarm": self._alarm, "pending": list(self._pending),
+                "cold_min": None if math.isinf(self._cold_min) else self._cold_min,
+                "norms": self._norms.state_dict(), "norm_seen": self._norm_seen,
+                "spread": [self._spread, self._spread_stale, self._spread_span],
+                "noise": [self._noise, self._noise_stale]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._window = SlidingWindow(self.config.window, (float(v) for v in state["window"]), self._window.span)
+        self._window = LevelWindow(self.config.window, (float(v) for v in state["window"]), self._window.span)
         self._raw = None
-        self._crit_run = int(state.get("crit_run", 0))
+        self._tail.load_state_dict(state.get("tail", {}))
+        self._evidence.load_state_dict(state.get("evidence", {}))
+        self._alarm = bool(state.get("alarm", False))
+        self._pending = deque(float(z) for z in state.get("pending", []))
+        cold = state.get("cold_min")
+        self._cold_min = math.inf if cold is None else float(cold)
+        self._norms.load_state_dict(state.get("norms", {}))
+        self._norm_seen = bool(state.get("norm_seen", False))
+        spread = state.get("spread", [None, 0, 0])
+        self._spread = None if spread[0] is None else float(spread[0])
+        self._spread_stale, self._spread_span = int(spread[1]), int(spread[2])
+        noise = state.get("noise", [None, 0])
+        self._noise = None if noise[0] is None else float(noise[0])
+        self._noise_stale = int(noise[1])

@@ -28,6 +28,7 @@ from cliffguard.dashboard.sections import (
     elastic,
     goodput,
     gradients,
+    hangs,
     header,
     incidents,
     loss,
@@ -97,6 +98,7 @@ def main() -> None:
     _live(loss.render, ctx, every)
     _live(goodput.render, ctx, every)
     _live(incidents.render, ctx, every)
+    _live(hangs.render, ctx, every)
     _live(checkpoints.render, ctx, every)
     _live(elastic.render, ctx, every)
     _live(preemptions.render, ctx, every)

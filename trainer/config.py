@@ -96,10 +96,11 @@ class TrainConfig:
         if self.val_every < 0 or self.val_batches < 1 or self.val_batch_size < 1:
             raise ValueError("val_every: must be >= 0 (val_batches, val_batch_size >= 1)")
         from cliffguard.trainer.faults import FaultSpec
+        from cliffguard.trainer.hang_faults import HangFault, is_hang_fault
 
         for spec in self.faults:
             try:
-                FaultSpec.parse(spec)
+                HangFault.parse(spec) if is_hang_fault(spec) else FaultSpec.parse(spec)
             except ValueError as exc:
                 raise ValueError(f"faults: {exc}") from None
         if self.data.seq_len > self.model.block_size:

@@ -38,7 +38,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from cliffguard.core.declared import bounded, check_declared, one_of
 
@@ -59,8 +59,6 @@ class ElasticConfig:
     rescale_warmup_steps: int = bounded(10, ge=0)
     """Steps over which a higher LR factor (a larger batch) is reached (0 = at once); a lower one
     applies at once."""
-    collective_timeout_s: float = bounded(60.0, gt=0)
-    """init_process_group timeout: survivors fail a collective with a dead peer after this, not 30 min."""
     rdzv_timeout_s: float = bounded(120.0, gt=0)
     """Rendezvous join timeout: a rendezvous that never completes ends the launch with a clear error."""
     max_restarts: int = 10
@@ -77,6 +75,9 @@ class ElasticConfig:
     an uninterrupted one by (bench/elastic_loss.py); 0 = none."""
     loss_window: int = bounded(20, ge=1)
     """The progress mark's ``loss_mean``: the mean training loss of this many last steps."""
+
+    MOVED: ClassVar[dict[str, str]] = {"collective_timeout_s": "[agent.hang] collective_timeout_s"}
+    """Every run's process group has the declared timeout now, not only an elastic one's."""
 
     def __post_init__(self) -> None:
         check_declared(self)

@@ -17,6 +17,11 @@ wrapper             faults
 ``producers``       ``broker_outage`` (the publisher's producers refuse to connect or
                     send: the publisher's own outage path spills and later replays)
 ==================  ===================================================================
+
+The hang injectors (trainer/hang_faults.py: ``hang_rank``, ``kill_in_collective``,
+``stuck_loader``, ``slow_node_check``) ride on the same wrappers: the sampler (the loader's
+deadlock, the kill's watcher), the forward pre-hook (the sleep before the all-reduce) and the
+kit's ``node_check_hook`` (``node_check``).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from cliffguard.agent.publisher import ProducerFactory
 from cliffguard.trainer import data_faults
 from cliffguard.trainer.data import Sampler
 from cliffguard.trainer.faults import FaultInjector, FaultSpec
+from cliffguard.trainer.hang_faults import HangFault, HangFaults, is_hang_fault
 from cliffguard.trainer.schedule import WarmupCosine
 
 OUTAGE = "simulated outage (fault injection)"
@@ -76,16 +82,20 @@ class _Clock:
 class FaultySampler:
     """A ``Sampler`` whose ``batch(step)`` first applies the step's faults; the rest is the inner one's."""
 
-    def __init__(self, inner: Sampler, faults: FaultInjector, clock: _Clock, switch: OutageSwitch) -> None:
+    def __init__(self, inner: Sampler, faults: FaultInjector, clock: _Clock, switch: OutageSwitch,
+                 hangs: HangFaults | None = None) -> None:
         self._inner = inner
         self._faults = faults
         self._clock = clock
         self._switch = switch
+        self._hangs = hangs
         self._bursts: dict[int, tuple[torch.Tensor, torch.Tensor, Any]] = {}  # dup_burst spec -> its first batch
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor, Any]:
         self._clock.step, self._clock.slept = step, False
         self._faults.maybe_kill(step)
+        if self._hangs is not None:
+            self._hangs.at_batch(step)
         self._switch.down = self._faults.broker_down(step)
         x, y, ids = self._inner.batch(step)
         x, y = self._faults.corrupt_pair(step, x, y)
@@ -124,15 +134,26 @@ class FaultySchedule:
 class FaultWiring:
     """The wrappers of one process's faults (``wire_faults``); identities without faults."""
 
-    def __init__(self, faults: FaultInjector | None) -> None:
+    def __init__(self, faults: FaultInjector | None, hangs: HangFaults | None = None) -> None:
         self.injector = faults
+        self.hangs = hangs
         self.switch = OutageSwitch()
         self._clock = _Clock()
 
     def sampler(self, sampler: Sampler) -> Sampler:
         if self.injector is None:
             return sampler
-        return FaultySampler(sampler, self.injector, self._clock, self.switch)  # type: ignore[return-value]
+        return FaultySampler(sampler, self.injector, self._clock, self.switch, self.hangs)  # type: ignore[return-value]
+
+    def watch(self, collective: Any) -> None:
+        """The agent's note of the collective the training thread is inside (kill_in_collective)."""
+        if self.hangs is not None:
+            self.hangs.collective = collective
+
+    @property
+    def node_check(self) -> Any:
+        """The kit's ``node_check_hook`` (slow_node_check), None without one."""
+        return self.hangs.node_check_round if self.hangs is not None and self.hangs.specs else None
 
     def schedule(self, schedule: WarmupCosine) -> WarmupCosine:
         if self.injector is None:
@@ -151,10 +172,14 @@ class FaultWiring:
 
         clock = self._clock
 
+        hangs = self.hangs
+
         def before(module: torch.nn.Module, args: Any) -> None:
             if module.training and not clock.slept:
                 clock.slept = True
                 faults.delay(clock.step)
+                if hangs is not None:
+                    hangs.before_forward(clock.step)
 
         def after(module: torch.nn.Module, args: Any, output: Any) -> Any:
             if module.training and faults.nan_loss(clock.step):
@@ -166,6 +191,14 @@ class FaultWiring:
         model.register_forward_hook(after)
 
 
-def wire_faults(specs: list[str], rank: int, seed: int = 0) -> FaultWiring:
-    """The wrappers for ``--fault`` specs on ``rank`` (identities when ``specs`` is empty)."""
-    return FaultWiring(FaultInjector(list(specs), rank, seed=seed) if specs else None)
+def wire_faults(specs: list[str], rank: int, seed: int = 0, state_dir: Any = None) -> FaultWiring:
+    """The wrappers for ``--fault`` specs on ``rank`` (identities when ``specs`` is empty); the hang
+    faults count their firings across restarts in ``state_dir``."""
+    if not specs:
+        return FaultWiring(None)
+    hang = [HangFault.parse(s) for s in specs if is_hang_fault(s)]
+    classic = [s for s in specs if not is_hang_fault(s)]
+    if hang and state_dir is None:
+        raise ValueError("faults: the hang faults need a state_dir (they count across restarts)")
+    return FaultWiring(FaultInjector(classic, rank, seed=seed),
+                       HangFaults(hang, rank, state_dir) if hang else None)

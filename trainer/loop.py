@@ -94,7 +94,7 @@ class Trainer:
         self.corpus = load_corpus(cfg.data)
         # a manifest's curriculum phases are fractions of the run unless a length is configured
         data_cfg = cfg.data if cfg.data.curriculum_steps else dataclasses.replace(cfg.data, curriculum_steps=cfg.steps)
-        self.faults = wire_faults(cfg.faults, self.rank, cfg.seed)  # identities without --fault
+        self.faults = wire_faults(cfg.faults, self.rank, cfg.seed, state_dir=cfg.run_dir / "faults")  # identities without --fault
         self.sampler = self.faults.sampler(Sampler(self.corpus, data_cfg, self.elastic.plan.global_batch, self.rank,
                                                    self.world))
         raw = GPT(cfg.model)
@@ -114,6 +114,9 @@ class Trainer:
                            n_heads=c.n_head, head_dim=c.n_embd // c.n_head, seq_len=cfg.data.seq_len)
         # the loss scaler unscales after the backward: the reduced buckets hold scaled gradients
         agent_cfg = cfg.agent if self.scaler is None else dataclasses.replace(cfg.agent, grad_norm_from_buckets=False)
+        if not agent_cfg.hang.plan_dir:  # a restart's plan beside the checkpoints: one directory for the job
+            agent_cfg = dataclasses.replace(agent_cfg, hang=dataclasses.replace(agent_cfg.hang,
+                                                                                plan_dir=str(cfg.checkpoint.dir)))
         self.agent = Agent(accelerator, self.model, self.optimizer, agent_cfg, shape=shape, sink=sink,
                            kafka=cfg.kafka, secret=secret, command_source=command_source,
                            wrap_producer=self.faults.producers)
@@ -130,6 +133,8 @@ class Trainer:
         self.last_loss = float("nan")
         self.kit = TrainerCommands(self, on_restore=self.restart_progress)
         """The recovery kit over this trainer's parts: every command, the boundary, the timeouts."""
+        self.kit.node_check_hook = self.faults.node_check
+        self.faults.watch(lambda: self.agent.parts.ranks.collective)
         self.record = self._open_record() if self.rank == 0 else None
         """Rank 0's own account of the commands it applied and the LR scale (trainer/record.py)."""
         self.samples = SampleLog(cfg.run_dir / SAMPLES_NAME) if cfg.sample_log and self.rank == 0 else None
@@ -313,8 +318,13 @@ class Trainer:
             _step, state, _source, detail = self.ckpt.restore_latest()
         except KeyError as exc:
             detail = str(exc)
-        if self.cfg.elastic.enabled and self.kit.all_ranks(state is None):
-            log.info("elastic run: no checkpoint yet, starting at step 0 (%s)", detail)  # its first start
+        restarted = self.agent.hang.life.restarted
+        if (self.cfg.elastic.enabled or restarted) and self.kit.all_ranks(state is None):
+            if restarted:  # torchrun restarted the group before the first disk checkpoint
+                log.warning("restarted worker group (life %d): no checkpoint yet, starting again at step 0 (%s)",
+                            self.agent.hang.life.life, detail)
+            else:
+                log.info("elastic run: no checkpoint yet, starting at step 0 (%s)", detail)  # its first start
             return
         if not self.kit.all_ranks(state is not None):
             raise RollbackUnavailable(f"cannot resume on every rank: {detail}")
@@ -361,7 +371,7 @@ class Trainer:
         try:
             self.kit.start(global_batch=self.elastic.plan.global_batch, lr_schedule=self.schedule.describe(),
                            config=self.cfg.to_dict())
-            if self.cfg.resume:
+            if self.cfg.resume or self.agent.hang.life.restarted:  # a restarted group resumes from disk
                 self.resume_latest()
             self.restart_progress(self.step)
             if self.record is not None:

@@ -59,14 +59,14 @@ def main(argv: list[str] | None = None) -> int:
     cuda = torch.cuda.is_available()
     if not cuda:
         torch.set_num_threads(cfg.threads)
-    handlers = []
-    if cfg.elastic.enabled:  # a dead peer fails a collective after this, not the 30-minute default
-        import datetime
+    from accelerate.utils import InitProcessGroupKwargs
 
-        from accelerate.utils import InitProcessGroupKwargs
+    from cliffguard.agent.hang.timeouts import enable_flight_recorder, timeout
 
-        handlers.append(InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=cfg.elastic.collective_timeout_s)))
-    accelerator = Accelerator(cpu=not cuda, kwargs_handlers=handlers)
+    hang = cfg.agent.hang
+    enable_flight_recorder(hang.fr_buffer)  # before the group exists: each rank's ring of collectives
+    # a dead or stuck peer fails a collective after this, not torch's 30-minute default
+    accelerator = Accelerator(cpu=not cuda, kwargs_handlers=[InitProcessGroupKwargs(timeout=timeout(hang.collective_timeout_s))])
     try:
         trainer = Trainer(cfg, accelerator, secret=secret)
         return trainer.run()

@@ -55,6 +55,8 @@ import torch.distributed as dist
 
 from cliffguard.agent.command_target import Outcome
 from cliffguard.agent.dispatch import dispatch
+from cliffguard.agent.hang.part import RestartRequested
+from cliffguard.agent.hang.restart import preflight, refuse_if_halted, restart_outcome
 from cliffguard.agent.hooks import Agent
 from cliffguard.agent.modes import HELD, STOPPING, WAITING
 from cliffguard.agent.recovery.boundary import Boundary
@@ -142,6 +144,11 @@ class RecoveryKit:
         self._hold_pending = False
         self._applied_scale = 1.0
         self._warned_step = False
+        self._leaving: Any = None  # the RestartPlan of an applied restart: the loop leaves at this boundary
+        self.node_check_hook: Callable[[int], None] | None = None
+        """Runs inside each round of the node check's timed window (a fault's slow rank)."""
+        self.node_check: Any = None
+        """The restarted group's node check (agent/hang/node_check.py ``CheckResult``), if one ran."""
         self.cadence = ValidationCadence(self.config.val_every, self.config.val_max_share)
         """The periodic validations' cadence and what every validation cost (``run.finished``'s ``validation``)."""
         self.restored = ""
@@ -165,8 +172,9 @@ class RecoveryKit:
         if self.agent.rank == 0 and self.agent.commands is None:
             return frozenset()
         # DETAIL is the agent's own (agent/dispatch.py opens its per-rank window), so every kit has it.
+        # RESTART: the kit leaves for torchrun; whether torchrun restarts it, run.started says (life, max_restarts)
         caps = {CommandType.PAUSE, CommandType.RESUME, CommandType.STOP, CommandType.SET_LR_SCALE,
-                CommandType.CHECKPOINT_NOW, CommandType.DETAIL}
+                CommandType.CHECKPOINT_NOW, CommandType.DETAIL, CommandType.RESTART}
         if self.validate_fn is not None or (self.loss_fn is not None and self.config.val_keep):
             caps.add(CommandType.VALIDATE)
         if self.ring is None or self.config.snapshot_every:
@@ -184,12 +192,20 @@ class RecoveryKit:
         return self.agent.step
 
     def start(self, **start_kwargs: Any) -> None:
-        """``Agent.start`` with this kit's capabilities (when the agent can declare them)."""
+        """``Agent.start`` with this kit's capabilities (when the agent can declare them). A job
+        halted for a human ends here (SystemExit); a restarted group first checks its ranks
+        (agent/hang/restart.py)."""
+        hang = getattr(self.agent, "hang", None)
+        if hang is not None:
+            refuse_if_halted(hang)
         if "capabilities" in inspect.signature(self.agent.start).parameters:
             start_kwargs.setdefault("capabilities", sorted(self.capabilities))
         if self.preemption.install():
             self.agent.lifecycle.closers.append(self.preemption)  # the handlers go back when the run closes
         self.agent.start(**start_kwargs)
+        if hang is not None:
+            self.node_check = preflight(hang, self.agent.modes, self.agent.emit, device=self.agent.device,
+                                        before_round=self.node_check_hook)
 
     # ------------------------------------------------------------------ per step
     def remember(self, batch: Any) -> None:
@@ -293,9 +309,18 @@ class RecoveryKit:
         self._hold_pending = False
         for cmd in agent.poll_commands():
             self._dispatch(cmd)
+        self._leave_if_restarting()
         if agent.modes.mode in WAITING:
             self._wait()
         return agent.modes.mode is not STOPPING
+
+    def _leave_if_restarting(self) -> None:
+        """After an applied restart: the acks out (the agent closed), then leave for torchrun."""
+        if self._leaving is None:
+            return
+        error = RestartRequested(self._leaving)
+        self.agent.close(error)
+        raise error
 
     def _wait(self) -> None:
         agent = self.agent
@@ -312,6 +337,7 @@ class RecoveryKit:
             for cmd in cmds:
                 self._dispatch(cmd)
                 since = time.monotonic()
+            self._leave_if_restarting()
             if decision is not None and agent.modes.mode in WAITING and not cmds:
                 before = agent.step
                 apply_timeout(self, agent.modes, decision)
@@ -506,4 +532,8 @@ class RecoveryKit:
     def stop(self, reason: str) -> Outcome:
         self.stop_reason = reason
         return Outcome.applied(f"stopping at step {self.agent.step}")
+
+    def restart(self, cmd: Command) -> Outcome:
+        outcome, self._leaving = restart_outcome(self.agent.hang, cmd)
+        return outcome
 

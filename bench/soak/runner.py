@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -168,6 +169,11 @@ def run_seed(
         expected = sum(executed_steps(read_record(stack.record_path)).values())
         settle = Settle(stack.engine, stack.run, expected)
         _wait(settle, settle_s, tick, every_s=1.0)
+        if not settle.complete:
+            # the store stopped short: ask the controller where it is before stopping it (its log
+            # gets every thread's stack, cliffguard/commands/controller.py)
+            stack.controller.signal(signal.SIGUSR1)
+            time.sleep(1.0)
         since = time.time()
         _wait(lambda: witness.caught_up(since), 30, tick)
         seen = witness.stop()

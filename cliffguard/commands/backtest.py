@@ -6,8 +6,9 @@ The rules and their defaults are exactly the controller's: the same resolution o
 (``critical`` = it would pause the run) with the window stats and the logging interval it
 inferred; ``--json`` prints one JSON object instead. For a folder with ``--labels`` it scores
 every curve (``controller.backtest_score``): recall per labelled window, criticals per 10k points
-on negatives, rollbacks on data-outlier curves, detection delay, the per-curve table;
-``--sweep FIELD=V1,V2`` prints the trade-off table over one rule field. A CSV it cannot read is
+on negatives and on hard negatives, rollbacks on data-outlier curves, detection delay, the
+per-curve table; ``--sweep FIELD=V1,V2`` prints the trade-off table over one rule field
+(``--sweep budget=0.3,1,3``: recall against false alarms over the spike rule's budget). A CSV it cannot read is
 an error naming the line (exit 2).
 """
 
@@ -28,9 +29,8 @@ _FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
     "window": (("spike",), "window"),
     "min_history": (("spike",), "min_history"),
     "sigma_floor_rel": (("spike",), "sigma_floor_rel"),
-    "patience": (("spike",), "patience"),
-    "k_extreme": (("spike",), "k_extreme"),
-    "jump_extreme": (("spike",), "jump_extreme"),
+    "budget": (("spike",), "budget"),
+    "evidence_points": (("spike",), "evidence_points"),
     "window_steps": (("spike",), "window_steps"),
     "divergence_method": (("rules", "divergence"), "method"),
     "cusum_drift": (("rules", "divergence"), "drift"),
@@ -47,8 +47,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "but grad_norm), or a folder of them to score with --labels")
     p.add_argument("--labels", help="labels JSON for a folder (default: labels.json in it)")
     p.add_argument("--sweep", metavar="FIELD=V1,V2,...",
-                   help="folder only: the trade-off table over one rule field, e.g. k_crit=4,5,6 (section spike) "
-                        "or divergence.shift_k=3,4")
+                   help="folder only: the trade-off table over one rule field, e.g. budget=0.3,1,3 (section spike) "
+                        "or divergence.confirm_points=1,3")
     p.add_argument("--run", help="replay this stored run instead of a CSV (needs --db)")
     p.add_argument("--db", help="store URL for --run (e.g. sqlite:///cliffguard.db)")
     p.add_argument("--config", help="TOML file whose [spike] and [rules] sections the controller uses")
@@ -59,9 +59,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument("--window", type=int, help="spike: healthy losses in the window")
     g.add_argument("--min-history", type=int, help="spike: points before the rule decides")
     g.add_argument("--sigma-floor-rel", type=float, help="spike: σ floor as a fraction of the median")
-    g.add_argument("--patience", type=int, help="spike: steps above k_crit before critical")
-    g.add_argument("--k-extreme", type=float, help="spike: σ above the median that is critical at once...")
-    g.add_argument("--jump-extreme", type=float, help="spike: ...with this relative jump over the median")
+    g.add_argument("--budget", type=float, help="spike: false criticals per 10k points the threshold is set for")
+    g.add_argument("--evidence-points", type=int, help="spike: logged points over which evidence adds up")
     g.add_argument("--window-steps", type=int, help="spike: steps of history the statistics use")
     g.add_argument("--divergence-method", choices=METHODS, help="divergence test")
     g.add_argument("--cusum-drift", type=float, help="divergence: CUSUM allowance per step (σ)")

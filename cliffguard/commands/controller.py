@@ -11,6 +11,7 @@ controller's ``[store]``, ``[controller]``, ``[recovery]``, ``[rules]``, ``[aler
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import signal
 import threading
@@ -107,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
         while not _started(svc, stop, lambda: ensure_topics(cfg["kafka"])):
             if stop.is_set():
                 return 0
-        svc.run_forever(stop)
+        svc.run_forever(stop, _stall_watchdog(cfg["controller"].stall_dump_s))
+        faulthandler.cancel_dump_traceback_later()
         log.info("controller stopped: %s", svc.stats)
     except StoreLost as exc:
         # A supervisor restarts us; running on would write into a void or lose the offsets.
@@ -116,6 +118,20 @@ def run(args: argparse.Namespace) -> int:
     finally:
         store.close()
     return 0
+
+
+def _stall_watchdog(stall_dump_s: float):  # noqa: ANN202
+    """SIGUSR1 prints every thread's stack to the log; with ``stall_dump_s`` the loop re-arms
+    faulthandler's timer before each iteration, so one that never returns prints them too
+    (the standard library's watchdog: a C thread, nothing to run in Python while we are stuck)."""
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    if not stall_dump_s:
+        return None
+
+    def rearm() -> None:
+        faulthandler.dump_traceback_later(stall_dump_s, repeat=True)
+
+    return rearm
 
 
 STORE_LOST_EXIT = 3

@@ -50,10 +50,10 @@ MARKER = ".cliffguard-demo"
 CORRUPT_AT = 0.33
 """Default corrupted-data step, as a fraction of --steps."""
 CORRUPT_STEPS = 3
-"""Consecutive corrupted batches. The controller's spike rule wants ``patience`` (3) consecutive
-critical points before it acts (single-batch outliers are common and must not cost a pause), so
-one bad batch is only skipped by the in-process guard; a corrupted stretch of three is what
-reaches the controller. The guard skips all three updates, so validation is normal -> resume."""
+"""Consecutive corrupted batches: a stretch the controller's spike rule is sure of (its evidence,
+counted over the newest points, passes the budget's level: ``core/spike.py``), where one
+ordinary bad batch may only be skipped by the in-process guard. The guard skips all three
+updates, so validation is normal -> resume."""
 BLOWUP_AT = 0.62
 """Default LR blow-up step, as a fraction of --steps: late enough for a stable checkpoint between
 the two incidents, early enough for the controller's recover window (50 steps) before the end."""

@@ -2,7 +2,7 @@
 
 Settings: ``--config FILE.toml`` < ``CLIFFGUARD_<SECTION>__<FIELD>`` env < flags, by the one
 resolver (``cliffguard/config.py``): the deployment's ``[kafka]``, ``[spike]`` (the guard uses its
-``guard_patience``), ``[policy]`` and command secret, and the trainer's ``[train]`` (the loop),
+``guard_budget``), ``[policy]`` and command secret, and the trainer's ``[train]`` (the loop),
 ``[model]``, ``[data]``, ``[checkpoint]``, ``[agent]`` (with ``[agent.guard]``, ``[agent.hist]``).
 The resolved configuration is saved to ``<out-dir>/<run>/config.json`` and every worker reads
 that file.
@@ -31,6 +31,12 @@ them before SIGKILL (``PET_SHUTDOWN_TIMEOUT``); a warning that reaches this laun
 passed to the workers (cliffguard/signals.py). When the workers saved and exited for a
 preemption, this command exits with ``exit_code`` (75 by default: the shipped slurm.conf's
 ``RequeueExit``), whatever torchrun's own status.
+
+Hangs (agent/hang/): every process group times out after ``--collective-timeout-s``; with
+``--max-restarts`` N torchrun may restart the worker group, which is how the controller's
+``restart`` command takes effect (from the newest disk checkpoint). The launcher watches the job's
+restart plan (cliffguard/plan_watch.py, beside the checkpoints) and stops its torchrun agent when
+the controller leaves this node (``--node-id``) out or halts the job.
 """
 
 from __future__ import annotations
@@ -47,8 +53,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cliffguard import plan_watch
 from cliffguard.agent.recovery.preemption import PreemptionConfig
 from cliffguard.core.deployment import EVENT_KEY_ENV, PUBLIC_KEY_ENV, SECRET_ENV, DeploymentConfig, scrub_keys
+from cliffguard.core.restart_plan import MIN_NODES_ENV, NODE_ENV, node_id
 from cliffguard.core.settings import ConfigError
 from cliffguard.signals import WarningForwarder
 from cliffguard.trainer.record import RECORD_NAME, last_end
@@ -94,12 +102,21 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument("--nnodes", help="MIN:MAX nodes (agents) of an elastic run, e.g. 1:2; each node runs --nproc ranks")
     g.add_argument("--rdzv-endpoint", default="127.0.0.1:29400",
                    help="c10d rendezvous HOST:PORT, the same on every node (default 127.0.0.1:29400)")
-    g.add_argument("--max-restarts", type=int, help="worker-group restarts allowed (default 10)")
+    g.add_argument("--max-restarts", type=int,
+                   help="worker-group restarts torchrun allows (elastic: default [train.elastic] max_restarts, 10; "
+                        "one node: default 0); a hang's restart needs at least 1")
+    g.add_argument("--node-id", help="this node's id in hang evidence and restart plans (default "
+                                     "CLIFFGUARD_NODE_ID, else the host name): distinct per launch of an elastic run")
+    g.add_argument("--rdzv-last-call-s", type=int, default=30,
+                   help="after the fewest nodes joined, wait this long for more before the rendezvous closes (default 30)")
     g.add_argument("--rdzv-timeout-s", type=float, help="rendezvous join timeout: no quorum by then ends the launch (default 120)")
     g.add_argument("--batch-policy", choices=["halve", "keep", "proportional"],
                    help="global batch on another world (default proportional)")
     g.add_argument("--lr-rule", choices=["sqrt", "linear", "none"], help="LR factor for the new batch (default sqrt)")
-    g.add_argument("--collective-timeout-s", type=float, help="collective timeout: a dead peer fails a step after this (default 60)")
+    g.add_argument("--collective-timeout-s", type=float,
+                   help="[agent.hang] collective_timeout_s: a dead or stuck peer fails a collective after this (default 30)")
+    g.add_argument("--hang-dump-after-s", type=float,
+                   help="[agent.hang] dump_after_s: a rank without a step this long dumps its evidence (default 8)")
     g = p.add_argument_group("model and data")
     g.add_argument("--n-layer", type=int, help="transformer blocks (default 4)")
     g.add_argument("--n-head", type=int, help="attention heads (default 4)")
@@ -157,8 +174,7 @@ def build_train_config(args: argparse.Namespace, *, bootstrap: str | None, env: 
         train_flags["resume"] = True  # every restart of the worker group resumes from the newest checkpoint
         train_flags["elastic"] = {
             "enabled": True, "base_world": args.nproc * max_nodes, "max_restarts": args.max_restarts,
-            "rdzv_timeout_s": args.rdzv_timeout_s, "batch_policy": args.batch_policy, "lr_rule": args.lr_rule,
-            "collective_timeout_s": args.collective_timeout_s}
+            "rdzv_timeout_s": args.rdzv_timeout_s, "batch_policy": args.batch_policy, "lr_rule": args.lr_rule}
     base = section("train", train_flags)
     run = args.run or ((toml.get("train") or {}).get("run")) or env.get("CLIFFGUARD_TRAIN__RUN") or default_run_id()
     model = section("model", {"n_layer": args.n_layer, "n_head": args.n_head, "n_embd": args.n_embd,
@@ -174,8 +190,11 @@ def build_train_config(args: argparse.Namespace, *, bootstrap: str | None, env: 
     ckpt = dataclasses.replace(ckpt, dir=str(Path(ckpt.dir).resolve()))
     guard_flags = {"hold_timeout_s": args.hold_timeout_s, "on_timeout": args.on_timeout,
                    "enabled": False if args.guard_off else None}
+    plan_set = ((toml.get("agent") or {}).get("hang") or {}).get("plan_dir") or env.get("CLIFFGUARD_AGENT__HANG__PLAN_DIR")
+    hang_flags = {"collective_timeout_s": args.collective_timeout_s, "dump_after_s": args.hang_dump_after_s,
+                  "plan_dir": None if plan_set else str(Path(ckpt.dir).resolve())}  # one directory for the job
     agent = section("agent", {"run": run, "hist_every": args.hist_every, "heartbeat_s": args.heartbeat_s,
-                              "peak_flops": args.peak_flops, "guard": guard_flags})
+                              "peak_flops": args.peak_flops, "guard": guard_flags, "hang": hang_flags})
     if agent.spill_dir:
         agent = dataclasses.replace(agent, spill_dir=str(Path(agent.spill_dir).resolve()))
     kafka = None if args.no_monitor else deployment.kafka
@@ -217,7 +236,7 @@ def torchrun_command(nproc: int, config_path: str | Path, *, nnodes: str | None 
                      last_call_s: int = 30) -> list[str]:
     if not nnodes:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                "-m", "cliffguard.trainer.run", "--config", str(config_path)]
+                f"--max_restarts={max_restarts}", "-m", "cliffguard.trainer.run", "--config", str(config_path)]
     return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc_per_node={nproc}",
             "--rdzv_backend=c10d", f"--rdzv_endpoint={rdzv_endpoint}", f"--rdzv_id={rdzv_id}",
             f"--max_restarts={max_restarts}", f"--rdzv_conf=join_timeout={int(rdzv_timeout_s)},last_call_timeout={last_call_s}",
@@ -233,20 +252,18 @@ def preemption_env(preemption: PreemptionConfig) -> dict[str, str]:
             "PET_SHUTDOWN_TIMEOUT": str(math.ceil(preemption.deadline_s) + 10)}
 
 
-def _wait(proc: subprocess.Popen[bytes], forwarder: WarningForwarder | None) -> int:
-    """torchrun's exit status; meanwhile each warning this process got is passed to the workers."""
+def _wait(proc: subprocess.Popen[bytes], forwarder: WarningForwarder | None, plan_dir: str, node: str,
+          since: float) -> plan_watch.Outcome:
+    """torchrun's outcome: it stops this node's agent when the job's restart plan says so
+    (cliffguard/plan_watch.py); meanwhile each warning this process got is passed to the workers."""
     if forwarder is not None:
         forwarder.install()
     try:
-        while True:
-            try:
-                return proc.wait(timeout=0.2)
-            except subprocess.TimeoutExpired:
-                if forwarder is not None:
-                    forwarder.forward_pending(proc.pid)
-            except KeyboardInterrupt:
-                proc.send_signal(signal.SIGINT)  # torchrun forwards it to the workers
-                return proc.wait()
+        return plan_watch.wait(proc, plan_dir, node, since=since,
+                               tick=(lambda: forwarder.forward_pending(proc.pid)) if forwarder is not None else None)
+    except KeyboardInterrupt:
+        proc.send_signal(signal.SIGINT)  # torchrun forwards it to the workers
+        return plan_watch.Outcome(proc.wait())
     finally:
         if forwarder is not None:
             forwarder.uninstall()
@@ -286,20 +303,33 @@ def run(args: argparse.Namespace) -> int:
                   file=sys.stderr)
         print(f"run {cfg.run}: {args.nproc} process(es), config {config_path}", flush=True)
         e = cfg.elastic
-        if args.nnodes:
+        restarts = args.max_restarts if args.max_restarts is not None else (e.max_restarts if args.nnodes else 0)
+        node = args.node_id or node_id(env)
+        env[NODE_ENV] = node
+        if args.nnodes or restarts:
             # Workers of each restart keep a TCPStore of their own: on the agent's shared store, a
-            # restarted smaller world found the dead world's gloo addresses and failed to connect.
+            # restarted world (smaller, or the same after a hang) found the dead world's gloo
+            # addresses and failed to connect ("Gloo connectFullMesh failed ... Connection refused").
             env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+        if args.nnodes:
+            env[MIN_NODES_ENV] = str(parse_nnodes(args.nnodes)[0])
         preemption = cfg.agent.preemption
         forwarder = WarningForwarder(preemption.signals) if preemption.enabled else None
         if forwarder is not None:
             env.update(preemption_env(preemption))
-        launched_at = time.time()
+        plan_dir = cfg.agent.hang.plan_dir
+        since = time.time()
+        plan_watch.start_fresh(plan_dir)
         proc = subprocess.Popen(torchrun_command(args.nproc, config_path, nnodes=args.nnodes,
                                                  rdzv_endpoint=args.rdzv_endpoint, rdzv_id=cfg.run,
-                                                 max_restarts=e.max_restarts, rdzv_timeout_s=e.rdzv_timeout_s), env=env)
-        code = _wait(proc, forwarder)
-        end = last_end(cfg.run_dir / RECORD_NAME, since=launched_at)
+                                                 max_restarts=restarts, rdzv_timeout_s=e.rdzv_timeout_s,
+                                                 last_call_s=args.rdzv_last_call_s), env=env)
+        out = _wait(proc, forwarder, plan_dir, node, since)
+        code = out.code
+        if out.plan is not None:
+            print(f"cliffguard train: {out.message(node)}", file=sys.stderr)
+            return code
+        end = last_end(cfg.run_dir / RECORD_NAME, since=since)
         if forwarder is not None and end is not None and end.get("stop_reason") == "preempted":
             saved = end.get("preempted") if isinstance(end.get("preempted"), dict) else {}
             save_s = saved.get("save_s")

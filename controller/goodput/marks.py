@@ -69,6 +69,14 @@ MARKS: dict[str, Mark] = {
     # the scheduler's warning signal (issue 24): the gap before it is the step in flight and the
     # preemption save; the run is then down until it starts again (requeued), all of it preemption
     "run.preempted": Mark(B.PREEMPTION, B.PREEMPTION, force=True),
+    # a hang (issue 23, rank 0's own evidence): from its last step to the watchdog's dump is the hang until
+    # detection, and so is the wait until the group is torn down (then run.failed: the restart); a
+    # collective that failed ends it at once; a stall that ended by itself trains on
+    "hang.evidence:stalled": Mark(B.HANG, B.HANG),
+    "hang.evidence:collective_error": Mark(B.HANG, B.RESTART),
+    "hang.evidence:resolved": Mark(B.HANG, RUNNING),
+    # a restarted group's pre-flight node check: part of the restart, before the checkpoint's restore
+    "node.check": Mark(B.RESTART, B.CHECKPOINT_RESTORE, force=True),
 }
 """Mark key -> how the event books time (``mark_key`` spells the keys)."""
 
@@ -97,6 +105,9 @@ def mark_key(event: Event) -> str | None:
         return "step:hold" if str(d.get("guard")) == "hold" else "step"
     if t is EventType.CHECKPOINT:
         key = f"checkpoint:{d['kind']}"
+        return key if key in MARKS else None
+    if t is EventType.HANG_EVIDENCE:
+        key = f"hang.evidence:{d['reason']}"
         return key if key in MARKS else None
     if t is EventType.COMMAND_ACK:
         cmd_type = d.get("cmd_type")

@@ -1,7 +1,7 @@
 """How often a run logs: the typical step gap between consecutive points (pure, no I/O).
 
-The loss rules define their windows, patience and smoothing in steps; this turns steps into
-points. Trainers log every step, every 10-50 steps, or (exported W&B charts) at irregular gaps;
+The loss rules define their windows and smoothing in steps (their evidence is counted in
+points); this turns steps into points. Trainers log every step, every 10-50 steps, or (exported W&B charts) at irregular gaps;
 the median of the newest ``keep`` gaps is robust to the odd long gap of a sampled export and
 follows a run that changes its logging interval.
 """

@@ -1,9 +1,12 @@
 """The controller's loss rules over one run's global loss: spike, divergence, non-finite (pure).
 
-One loss per step (the caller picks the rank). Verdicts are reported once per excursion and
-level — the excursion starts at the first point at or above ``k_warn`` (its ``onset_step``) and
-ends at the first point back below it — so a 20-step spike produces one warn and one critical,
-not twenty alerts. Both critical loss verdicts and non-finite losses ask for recovery.
+One loss per step (the caller picks the rank), and the step's grad norm where the trainer logs
+one (the spike rule weighs it beside the loss: ``core/norm_evidence.py``). Verdicts are reported
+once per excursion and level — the excursion starts at the first point at or above ``k_warn``
+and ends at the first point back below it — so a 20-step spike produces one warn and one
+critical, not twenty alerts; a critical's ``onset_step`` is the first point of its evidence,
+which may be before a quiet point inside the bump. Both critical loss verdicts and non-finite
+losses ask for recovery.
 
 Steps going backwards (the trainer rolled back and replays) call ``rewind``: the excursion and
 the CUSUM are reset, the healthy window is kept (it holds only pre-excursion points, which is the
@@ -14,9 +17,10 @@ the new normal (the window is refilled from it); otherwise the window, which nev
 spike point, would stay critical forever after an operator chose to resume. A reported divergence
 likewise becomes the divergence rule's new baseline after ``rebaseline_after`` steps.
 
-Everything is counted in steps: ``StepCadence`` infers the logging interval from the step
-numbers, and the spike rule's patience and window and the divergence rule's smoothing follow it,
-so a curve logged every 10 or 50 steps, or sampled at irregular gaps, is judged like a per-step one.
+Windows are counted in steps: ``StepCadence`` infers the logging interval from the step numbers,
+and the spike rule's window and the divergence rule's smoothing follow it, so a curve logged
+every 10 or 50 steps, or sampled at irregular gaps, is judged on the same stretch of training as
+a per-step one. Evidence is counted in points: a point of a sparse log weighs as one point.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from cliffguard.controller.verdict import Action, Verdict
 from cliffguard.core.declared import bounded, check_declared
 from cliffguard.core.enums import Level
 from cliffguard.core.events import Event
-from cliffguard.core.spike import SpikeConfig, SpikeDetector, SpikeVerdict
+from cliffguard.core.spike import SpikeConfig, SpikeDetector
 
 # An enum member read through its class costs ~10x a module global (the enum's metaclass):
 # the per-point paths below use these.
@@ -42,10 +46,8 @@ _OK, _CRITICAL = Level.OK, Level.CRITICAL
 
 @dataclass(kw_only=True, slots=True)
 class LossSpikeConfig(SpikeConfig):
-    """The spike rule (the deployment's ``[spike]``, patience measured in ``core/spike.py``) plus
-    the controller's re-baselining. Held out (seed 11, 270k steps, all defaults): few-step/step-up/
-    NaN/single recall 1.00 (delays 2/2/0/0 steps), 0 of 788 outliers critical, 73 false *warns* per
-    10k steps (Student-t noise past 3σ: warns are alerts, deduplicated downstream)."""
+    """The spike rule (the deployment's ``[spike]``, ``core/spike.py``) plus the controller's
+    re-baselining."""
 
     rebaseline_after: int = bounded(200, ge=0)
     """Steps a reported excursion may last before it becomes the new baseline (0 = never)."""
@@ -96,7 +98,7 @@ class LossRules:
     def rewind(self) -> None:
         self._exc = None
         self._diverging = None
-        self.spike.load_state_dict({"window": self.spike.state_dict()["window"], "crit_run": 0})
+        self.spike.restart_excursion()
         self.divergence.reset()
 
     def rebaseline(self) -> list[Verdict]:
@@ -108,12 +110,13 @@ class LossRules:
         self.divergence.reset()
         return []
 
-    def observe(self, step: int, loss: float) -> list[Verdict]:
+    def observe(self, step: int, loss: float, grad_norm: float | None = None) -> list[Verdict]:
+        """Judge one global loss (and the step's grad norm, where the trainer logs one)."""
         spike, cfg, cadence = self.spike, self.spike_config, self.cadence
         self._recent.append((step, loss))
-        gap = cadence.observe(step)
+        cadence.observe(step)
         interval = cadence.interval
-        level, median, sigma, sigmas, reason = judged = spike.judge(loss, gap, interval)
+        level, median, sigma, sigmas, reason = judged = spike.judge(loss, interval, grad_norm)
         if level is not _OK and not math.isfinite(loss) and len(spike) >= cfg.min_history:
             # A non-finite loss is judged without the window's statistics, but they held all the
             # same (it never enters the window), so its point still carries the band it broke through.
@@ -131,7 +134,7 @@ class LossRules:
             return out
         divergence = self.divergence
         if len(spike) >= cfg.min_history:
-            med, sig = spike.stats(divergence.config.sigma_floor_rel, interval)  # type: ignore[misc]
+            med, sig = spike.spread_stats(divergence.config.sigma_floor_rel, interval)  # type: ignore[misc]
             dv = divergence.fired(step, loss, med, sig, interval)
         else:
             dv = divergence.fired(step, loss, None, None, interval)
@@ -160,23 +163,28 @@ class LossRules:
         """A loss at or above k_warn, or non-finite: the excursion goes on, reported once per level,
         and becomes the new baseline after ``rebaseline_after`` steps."""
         level, median, sigma, sigmas, reason = judged
-        v = SpikeVerdict(level, loss, median, sigma, sigmas, len(self.spike), reason)
         exc = self._exc = self._exc or _Excursion(onset=step)
         exc.points.append(loss)
-        if v.level is Level.CRITICAL and exc.level is not Level.CRITICAL or exc.level is Level.OK:
+        if level is _CRITICAL and exc.level is not _CRITICAL or exc.level is _OK:
+            v = self.spike.verdict(level, loss, median, sigma, sigmas, reason)  # only for a report
             exc.level = v.level
             nonfinite = not math.isfinite(loss)
+            onset = exc.onset
+            if v.level is Level.CRITICAL and v.onset_back < len(self._recent):
+                # the evidence may have begun before a quiet point that ended the warn excursion
+                onset = min(onset, self._recent[-1 - v.onset_back][0])
             out.append(Verdict(
                 rule="nonfinite" if nonfinite else "loss_spike", level=v.level, step=step,
-                onset_step=exc.onset, evidence={**self.window_evidence(), **v.evidence()},
+                onset_step=onset, evidence={**self.window_evidence(), **v.evidence()},
                 action=Action.RECOVER if v.level is Level.CRITICAL else Action.ALERT,
                 message=(f"loss is {loss}" if nonfinite else
+                         f"loss {loss:.4g}: {v.reason}" if v.sigmas is None or v.median is None else
                          f"loss {loss:.4g} is {v.sigmas:.1f}σ above the median {v.median:.4g}")))
         reb = self.spike_config.rebaseline_after
         if reb and exc.level is not Level.OK and step - exc.onset >= reb:
             finite = [x for x in exc.points if math.isfinite(x)][-self.spike_config.window:]
             if len(finite) >= self.spike_config.min_history:
-                self.spike.load_state_dict({"window": finite, "crit_run": 0})
+                self.spike.rebase(finite)
                 self._exc = None
                 self.divergence.reset()
 
@@ -190,7 +198,11 @@ class LossRules:
         }
 
     def on_event(self, event: Event) -> list[Verdict]:
-        return self.observe(event.step, float(event.data["loss"]))
+        data = event.data
+        norm = data.get("grad_norm")
+        # a skipped step's norm (an fp16 overflow the scaler handled) is the loss-scale rule's
+        return self.observe(event.step, float(data["loss"]),
+                            None if norm is None or data.get("skipped") else float(norm))
 
     def state_dict(self) -> dict[str, Any]:
         exc = self._exc

@@ -45,6 +45,7 @@ from cliffguard.controller.store.models import (
     DataFlagRow,
     DataStatsRow,
     ElasticEventRow,
+    EvidenceRow,
     GradHistRow,
     RunRow,
     StepMetricRow,
@@ -327,6 +328,16 @@ def _elastic(session: Session, ev: Event) -> bool:
                              "lr_factor", "steps_lost", "seconds_lost", "backoff_s", "policy", "lr_rule")}))
 
 
+def _evidence(session: Session, ev: Event) -> bool:
+    """A rank's hang evidence or a node check, kept whole (bounded by the agent) for the dashboard."""
+    d = ev.data
+    check = ev.type is EventType.NODE_CHECK
+    return _insert_once(session, EvidenceRow, dict(
+        event_id=ev.id, run_id=ev.run, kind=str(ev.type), rank=ev.rank, step=ev.step, ts=ev.ts, life=int(d["life"]),
+        reason=("ok" if d["ok"] else "failed") if check else str(d["reason"]),
+        node="" if check else str(d["node"]), data=to_json(d)))
+
+
 def _heartbeat(session: Session, ev: Event) -> bool:
     return upsert_heartbeats(session, [ev]) == 1
 
@@ -469,6 +480,8 @@ _HANDLERS = {
     EventType.RUN_FAILED: _run_ended,
     EventType.ELASTIC_SCALED_DOWN: _elastic,
     EventType.ELASTIC_SCALED_UP: _elastic,
+    EventType.HANG_EVIDENCE: _evidence,
+    EventType.NODE_CHECK: _evidence,
     EventType.TRAINER_TIMEOUT: _trainer_timeout,
     EventType.RUN_PREEMPTED: _run_preempted,
 }

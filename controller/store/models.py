@@ -396,6 +396,27 @@ class ElasticEventRow(Base):
     lr_rule: Mapped[str] = mapped_column(String(16))
 
 
+class EvidenceRow(Base):
+    """The run's evidence (migration 0013): a rank's ``hang.evidence`` (its Flight Recorder's
+    sequence numbers, in-flight collectives and every thread's stack, bounded) or a restarted
+    group's ``node.check``, as the agent sent it (``data``)."""
+
+    __tablename__ = "run_evidence"
+    __table_args__ = (Index("ix_run_evidence_run", "run_id", "ts"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    event_id: Mapped[str] = mapped_column(String(32), unique=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(32))  # hang.evidence | node.check
+    rank: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int] = mapped_column(Integer)
+    ts: Mapped[float] = mapped_column(Float)
+    life: Mapped[int] = mapped_column(Integer, default=0)
+    reason: Mapped[str] = mapped_column(String(32))  # stalled | collective_error | resolved | ok | failed
+    node: Mapped[str] = mapped_column(String(128), default="")
+    data: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
 class AlertRow(Base):
     __tablename__ = "alerts"
     __table_args__ = (Index("ix_alerts_run", "run_id", "ts"),)

@@ -92,7 +92,7 @@ def test_config_command_prints_shared_sections_once_and_masks_the_secret(tmp_pat
     monkeypatch.setenv("CLIFFGUARD_COMMAND_SECRET", "env-secret-0123456789")
     assert main(["config", "--config", str(path)]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["spike"]["k_crit"] == 6.0 and out["spike"]["guard_patience"] == 1
+    assert out["spike"]["k_crit"] == 6.0 and out["spike"]["guard_budget"] == 10.0
     assert "spike" not in out["rules"]  # printed once, as its own section
     assert out["secrets"] == {"command": "********", "command_from": "env CLIFFGUARD_COMMAND_SECRET",
                               "command_private_key": None, "command_public_key": None, "agent_secret": None}

@@ -30,7 +30,7 @@ command = "{FILE_SECRET}"
 
 [spike]
 k_crit = 6.0
-guard_patience = 2
+guard_budget = 20.0
 
 [policy]
 command_ttl_s = 45.0
@@ -107,7 +107,7 @@ def test_every_process_resolves_the_same_deployment(setup, tmp_path, monkeypatch
         "topics": ("prod.metrics", "prod.commands", "prod.dlq"),
         "command_ttl_s": 45.0,
         "lr_factor": 0.5,
-        "spike": SpikeConfig(k_crit=6.0, guard_patience=2),
+        "spike": SpikeConfig(k_crit=6.0, guard_budget=20.0),
     }
     for process, got in views.items():
         assert got == expected, process
@@ -123,7 +123,7 @@ def test_the_guard_and_the_controller_build_their_detectors_from_the_one_rule(se
     guard = Guard(cfg.agent.guard).detector.config
     rule = RunDetector(controller.build_sections(parse("controller", "--config", str(setup)))["rules"]).loss.spike.config
     assert guard.k_crit == rule.k_crit == 6.0
-    assert (guard.patience, rule.patience) == (2, 3)  # guard_patience and patience of the same [spike]
+    assert (guard.budget, rule.budget) == (20.0, 1.0)  # guard_budget and budget of the same [spike]
 
 
 def test_the_config_command_reports_the_same_deployment(setup, capsys, monkeypatch):

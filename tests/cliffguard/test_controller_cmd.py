@@ -123,3 +123,30 @@ def test_a_controller_started_while_the_broker_is_down_waits_for_it_and_says_so(
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+def test_sigusr1_prints_every_threads_stack_into_the_controllers_log(kafka_cfg, tmp_path):
+    """A controller that seems stuck can be asked where it is, without stopping it."""
+    import signal
+
+    log_path = tmp_path / "controller.log"
+    proc = start(kafka_cfg, f"sqlite:///{tmp_path / 'store.db'}", free_port(), log_path)
+    try:
+        wait_for(lambda: "consuming" in log_path.read_text(), 90, "the controller consuming")
+        proc.send_signal(signal.SIGUSR1)
+        wait_for(lambda: "run_forever" in log_path.read_text(), 30, "a stack dump")
+        text = log_path.read_text()
+        assert "Thread 0x" in text and "controller/service.py" in text, text
+        assert proc.poll() is None  # it goes on
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
+@pytest.mark.timeout(60)
+def test_a_loop_iteration_stuck_past_stall_dump_s_prints_the_stacks():
+    """The watchdog the command re-arms before each loop iteration: stuck past it, the stacks are printed."""
+    code = ("import time\nfrom cliffguard.commands.controller import _stall_watchdog\n"
+            "rearm = _stall_watchdog(0.5)\nrearm()\ndef stuck_in_a_call():\n    time.sleep(3)\nstuck_in_a_call()\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50)
+    assert "Timeout (0:00:00.500000)!" in out.stderr and "stuck_in_a_call" in out.stderr, out.stderr

@@ -6,7 +6,8 @@ import os
 import sys
 import time
 
-from cliffguard.procs import ProcessSet, _alive
+from cliffguard.core.pids import pid_alive as _alive
+from cliffguard.procs import ProcessSet
 
 # A child that starts a grandchild in a session of its own (as torchrun does with its workers),
 # ignores SIGINT (a stubborn child) and prints the grandchild's pid.

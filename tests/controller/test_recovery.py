@@ -27,6 +27,7 @@ from cliffguard.controller.recovery_types import (
     SendCommand,
     StartedIn,
     TickIn,
+    Trigger,
     ValidationIn,
     VerdictIn,
 )
@@ -34,6 +35,13 @@ from cliffguard.controller.verdict import Action, Verdict
 from cliffguard.core.deployment import PolicyConfig
 from cliffguard.core.enums import AckStatus, CommandType, Level
 
+HANG_TRIGGERS = {Trigger.HANG, Trigger.HANG_AGAIN, Trigger.NODE_CHECK_FAILED, Trigger.RESTART_UNAVAILABLE,
+                 Trigger.RESTART_BUDGET_SPENT, Trigger.EXCLUDE_UNAVAILABLE, Trigger.WORKERS_STARTED,
+                 Trigger.NODE_CHECK_PASSED, Trigger.TRAINING_AGAIN, Trigger.RESTART_TIMED_OUT}
+HANG_MOVES = {(p, t) for p, t in TRANSITIONS
+              if (t in HANG_TRIGGERS or p in (Phase.RESTARTING, Phase.REJOINING))
+              and p is not Phase.PREEMPTED}  # its first step again is a preemption's move: test_recovery_preempt
+"""The hang moves (controller/recovery_hang.py), walked by tests/controller/test_recovery_hang.py."""
 CFG = RecoveryConfig(stable_window=5, recover_window=5, rollback_budget=2, command_timeout_s=10,
                      validate_timeout_s=20, max_attempts=2, skip_data=True)
 
@@ -484,7 +492,10 @@ def test_ids_are_deterministic_per_salt_and_unique():
 
 def test_every_guard_is_exercised_by_name():
     assert set(GUARDS) == {"starts_incident", "is_abnormal", "within_budget", "rollback_target", "can_retry",
-                           "timed_out", "is_recovered", "is_stable", "is_ours", "escalation_spent"}
+                           "timed_out", "is_recovered", "is_stable", "is_ours", "escalation_spent",
+                           # the hang moves' (tests/controller/test_recovery_hang.py)
+                           "starts_restart", "can_restart", "within_restart_budget", "wants_exclusion", "can_exclude",
+                           "restart_timed_out"}
     s = new_state("r", "s")
     assert GUARDS["timed_out"](CFG, s, 1e9) is False  # nothing pending
     assert GUARDS["can_retry"](CFG, s) is False
@@ -726,7 +737,7 @@ def test_clone_copies_every_field_and_is_independent():
     assert (s.seq, s.unhealthy_steps) == (7, (3, 4))
 
 
-@pytest.mark.parametrize("phase", list(Phase))
+@pytest.mark.parametrize("phase", [p for p in Phase if p is not Phase.REJOINING])  # its step ends a restart
 def test_the_quiet_step_fast_path_gives_what_the_full_progress_path_gives(phase, monkeypatch):
     """``transition`` skips its action-collecting path for a step with nothing to stabilise,
     recover or flag; for every phase, level, sample range, flagging and checkpoint mix the state

@@ -258,7 +258,7 @@ def test_zz_every_declared_transition_is_taken_somewhere():
         take_every_preemption_transition()
     finally:
         rec.fire = original
-    assert taken == set(TRANSITIONS)
+    assert taken - base.HANG_MOVES == set(TRANSITIONS) - base.HANG_MOVES  # the hang moves: test_recovery_hang.py
 
 
 def _take_every_transition_of_this_module() -> None:

@@ -101,3 +101,4 @@ def take_every_preemption_transition() -> None:
     test_an_operators_lr_scale_applied_just_before_the_preemption_is_adopted_while_preempted()
     for phase in ENDABLE:
         test_a_run_preempted_mid_incident_abandons_it_and_cancels_the_unanswered_command(phase)
+

@@ -98,7 +98,7 @@ def test_runmin_fires_when_the_smoothed_log_loss_rises_above_its_running_minimum
 
 def test_runmin_needs_no_grace_and_counts_its_smoothing_in_steps():
     # every 10 steps, smooth_steps 50 -> a median of 5 points; the turn right after warm-up is seen
-    det = DivergenceDetector(DivergenceConfig(method="runmin", smooth_steps=50, rise=0.08))
+    det = DivergenceDetector(DivergenceConfig(method="runmin", smooth_steps=50, rise=0.08, confirm_points=1))
     losses = [6.0, 5.5, 5.0, 4.8, 4.7, 4.66, 4.7, 5.0, 5.1, 5.2, 5.3, 5.5]
     fired = [s for s, x in zip(range(10, 130, 10), losses, strict=True) if det.observe(s, x, None, None, 10.0).fired]
     assert fired and fired[0] <= 120
@@ -132,3 +132,16 @@ def test_reset_and_state_dict_round_trip():
         assert twin.observe(10, 3.5, 2.0, 0.1) == det.observe(10, 3.5, 2.0, 0.1)
         det.reset()
         assert det.state_dict() == DivergenceDetector(det.config).state_dict()
+
+
+def test_runmin_and_shift_fire_only_once_their_test_held_at_confirm_points_of_the_newest():
+    # 3 of the newest 5 points by default: a crossing by chance lasts a point or two, a divergence holds
+    def fired(confirm: int, losses: list[float]) -> list[int]:
+        det = DivergenceDetector(DivergenceConfig(method="runmin", smooth_steps=3, rise=0.05, rise_k=0,
+                                                  confirm_points=confirm))
+        return [i for i, x in enumerate(losses) if det.observe(i, x, None, None).fired]
+
+    blip = [2.0] * 10 + [2.3, 2.3] + [2.0] * 10  # the 3-point median is up for two points
+    assert fired(1, blip) == [11, 12] and fired(3, blip) == []
+    climb = [2.0] * 10 + [2.3] * 10
+    assert fired(1, climb)[0] == 11 and fired(3, climb)[0] == 13

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 
 import pytest
 
@@ -20,8 +21,10 @@ def flat(n: int, start: int = 0, center: float = 2.0, amp: float = 0.02) -> list
     return [(start + i, center + amp * ((i % 5) - 2)) for i in range(n)]
 
 
-MODERATE = 2.2
-"""+10% and 6.7σ over flat(): past k_crit, short of the extreme rule, so patience applies."""
+MODERATE = 2.08
+"""4σ over flat() (σ at its floor, 1% of the median): a warning, short of k_crit alone."""
+SPIKE = 2.4
+"""+20%, 20σ over flat(): critical on its own evidence."""
 
 
 def feed(rules: LossRules, points) -> list:
@@ -31,9 +34,9 @@ def feed(rules: LossRules, points) -> list:
 def test_config_validation_names_the_field():
     with pytest.raises(ValueError, match="^rebaseline_after:"):
         LossSpikeConfig(rebaseline_after=-1)
-    with pytest.raises(ValueError, match="^patience:"):
-        LossSpikeConfig(patience=0)  # the parent's checks still run
-    assert LossSpikeConfig().patience == 3
+    with pytest.raises(ValueError, match="^budget:"):
+        LossSpikeConfig(budget=0)  # the parent's checks still run
+    assert LossSpikeConfig().budget == 1.0
 
 
 def test_one_warn_and_one_critical_per_excursion_with_the_onset_step():
@@ -42,26 +45,26 @@ def test_one_warn_and_one_critical_per_excursion_with_the_onset_step():
     verdicts = feed(rules, [(50 + i, MODERATE) for i in range(10)])
     assert [(v.rule, v.level, v.step, v.onset_step) for v in verdicts] == [
         ("loss_spike", Level.WARN, 50, 50),
-        ("loss_spike", Level.CRITICAL, 52, 50),  # patience 3: the third point above k_crit
+        ("loss_spike", Level.CRITICAL, 52, 50),  # the third 4σ point's evidence passes the level
     ]
     assert verdicts[0].action is Action.ALERT and verdicts[1].action is Action.RECOVER
     ev = verdicts[1].evidence
     assert ev["median"] == pytest.approx(2.0) and ev["n"] == 50 and ev["last"][-1] == [52, MODERATE]
-    assert ev["sigmas"] > 5
+    assert ev["sigmas"] == pytest.approx(4.0) and ev["weight"] >= ev["weight_level"]
     # back to normal ends the excursion; the next spike is reported again
     assert feed(rules, flat(5, start=60)) == []
     again = feed(rules, [(65, MODERATE)])
     assert [(v.level, v.onset_step) for v in again] == [(Level.WARN, 65)]
 
 
-def test_a_single_extreme_outlier_is_critical_at_once_a_moderate_one_only_warns():
-    # severity-aware confirmation: +70% at ~47σ is past k_extreme and jump_extreme, so no patience;
-    # validation (or the backtest's proxy) then finds the weights fine and the run resumes
+def test_a_single_rare_outlier_is_critical_at_once_a_moderate_one_only_warns():
+    # +70% at 70σ: its evidence alone passes the level; validation (or the backtest's proxy) then
+    # finds the weights fine and the run resumes
     rules = LossRules()
     feed(rules, flat(50))
     verdicts = feed(rules, [(50, 2.0 * 1.7)] + flat(20, start=51))
     assert [(v.level, v.step) for v in verdicts] == [(Level.CRITICAL, 50)]
-    assert "extreme" in verdicts[0].evidence["reason"]
+    assert "evidence" in verdicts[0].evidence["reason"]
     rules = LossRules()
     feed(rules, flat(50))
     assert [v.level for v in feed(rules, [(50, MODERATE)] + flat(20, start=51))] == [Level.WARN]
@@ -77,7 +80,9 @@ def test_nonfinite_is_critical_at_once_and_asks_for_recovery():
 
 def test_slow_divergence_is_caught_with_its_onset_while_no_point_is_a_spike():
     rules = LossRules(divergence=DivergenceConfig(grace_steps=0))
-    points = flat(100) + [(100 + i, 2.0 * (1 + 0.0006 * i) + 0.02 * ((i % 5) - 2)) for i in range(400)]
+    rng = random.Random(4)  # 1% Gaussian noise: the climb trails the window's median by ~1.5σ
+    points = [(i, 2.0 + 0.02 * rng.gauss(0, 1)) for i in range(100)]
+    points += [(100 + i, 2.0 * (1 + 0.0003 * i) + 0.02 * rng.gauss(0, 1)) for i in range(400)]
     verdicts = feed(rules, points)
     crit = [v for v in verdicts if v.level is Level.CRITICAL]
     # a climb that goes on is reported again only once it has been the baseline for rebaseline_after steps
@@ -91,8 +96,8 @@ def test_slow_divergence_is_caught_with_its_onset_while_no_point_is_a_spike():
 def test_divergence_is_not_reported_again_for_the_points_of_a_critical_spike():
     rules = LossRules(divergence=DivergenceConfig(grace_steps=0))
     feed(rules, flat(50))
-    verdicts = feed(rules, [(50 + i, MODERATE) for i in range(60)])
-    assert [v.rule for v in verdicts] == ["loss_spike", "loss_spike"]
+    verdicts = feed(rules, [(50 + i, SPIKE) for i in range(60)])
+    assert [v.rule for v in verdicts] == ["loss_spike"]  # critical at once, then the excursion goes on
 
 
 def test_divergence_re_arms_after_the_sum_drains():
@@ -129,7 +134,7 @@ def test_rewind_forgets_the_excursion_but_keeps_the_healthy_window():
     feed(rules, [(50 + i, MODERATE) for i in range(5)])  # critical reported
     window = rules.spike.state_dict()["window"]
     rules.rewind()
-    assert rules.spike.state_dict()["window"] == window
+    assert rules.spike.state_dict()["window"] == window and not rules.spike.alarm
     verdicts = feed(rules, [(45, MODERATE), (46, MODERATE), (47, MODERATE)])  # replayed steps judged afresh
     assert [(v.level, v.onset_step) for v in verdicts] == [(Level.WARN, 45), (Level.CRITICAL, 45)]
 
@@ -142,7 +147,7 @@ def test_state_dict_round_trips_through_json_mid_excursion():
     twin.load_state_dict(json.loads(json.dumps(rules.state_dict())))
     a = feed(rules, [(51, MODERATE), (52, MODERATE)])
     b = feed(twin, [(51, MODERATE), (52, MODERATE)])
-    assert [(v.level, v.step, v.onset_step) for v in a] == [(v.level, v.step, v.onset_step) for v in b]
+    assert [(v.level, v.step, v.onset_step, v.evidence) for v in a] == [(v.level, v.step, v.onset_step, v.evidence) for v in b]
     assert [(v.level, v.onset_step) for v in b] == [(Level.CRITICAL, 50)]
     empty = LossRules()
     empty.load_state_dict(json.loads(json.dumps(LossRules().state_dict())))
@@ -179,8 +184,15 @@ def test_defaults_meet_recall_and_false_alarm_targets_on_the_suite(held_out):
     assert onsets and all(-100 <= err <= 0 for _, err in onsets), onsets
     assert all(err == 0 for kind, err in onsets if kind != "divergence"), onsets
     figures = s.summary()
-    for kind in ("few", "stepup", "nan", "single", "divergence"):
+    for kind in ("stepup", "nan", "single", "divergence"):
         assert s.recall(kind) == 1.0, figures
+    # Where the synthetic labels and the real curves disagree, the real ones won: one of the four
+    # few-step spikes (+174%, 3 points) sits on a curve whose own benign outliers reach +46σ; its
+    # first point's evidence is a hair under the level, its second is critical, and the loss is
+    # back within three points, so the backtest's validation proxy resumes (scored as a pause that
+    # validated normal, not a critical). The old fixed +25%/10σ "extreme" rule called it at once
+    # and also paused for 16 one-step data outliers of the real per-rank logs.
+    assert s.recall("few") >= 0.75, figures
     assert s.median_delay("nan") == 0 and s.median_delay("few") <= 2, figures
     assert s.median_delay("divergence") <= 200, figures
     assert s.clean_curves_with_false_critical == 0 and s.false_critical == 0, figures
@@ -192,15 +204,9 @@ def test_without_the_divergence_rule_slow_divergences_are_missed(held_out):
     curves = [c for c in held_out if c.labels and c.labels[0].kind == "divergence"]
     assert all(max_trailing_z(c) < 5 for c in curves)  # no single point of the trend is a 5σ spike
     off = RulesConfig(divergence=DivergenceConfig(enabled=False))
-    assert score(curves, alarms(off)).recall("divergence") == 0.0
+    # the spike rule's evidence, adding up over the climb's points, finds some; not all
+    assert score(curves, alarms(off)).recall("divergence") < 1.0
     assert score(curves, alarms(RulesConfig())).recall("divergence") == 1.0
-
-
-def test_patience_one_would_pause_for_more_benign_outliers():
-    curves = [base_curve(900 + i, 1200) for i in range(4)]
-    eager = score(curves, alarms(RulesConfig(spike=LossSpikeConfig(patience=1))))
-    default = score(curves, alarms(RulesConfig()))
-    assert eager.outliers > 0 and eager.outliers_resumed > default.outliers_resumed
 
 
 def test_onset_step_names_the_first_step_of_an_injected_spike():

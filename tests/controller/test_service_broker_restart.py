@@ -111,3 +111,56 @@ def _dlq_sent_once(edge, letter) -> bool:
     before = edge.dlq_send_errors
     edge._send_dead([letter])
     return edge.dlq_send_errors == before
+
+
+def test_a_partition_that_reads_nothing_while_its_log_grows_is_said_and_read_again(tmp_path, caplog):
+    """The soak's seed 5: after a broker restart the controller polled nothing for 31 s while the log
+    grew, and said nothing. Here the consumer's fetch is held stuck (its polls come back empty) until
+    something seeks it; the controller must notice within ``stuck_after_s``, say so, and read on."""
+    import logging
+    import threading
+
+    from cliffguard.controller.config import ControllerConfig
+    from cliffguard.controller.edge import EdgeBatch
+    from cliffguard.controller.service import ControllerService
+    from testing.controller_service import FAST_GROUP, RECOVERY, SECRET
+
+    broker = EmbeddedBroker(port=free_port()).start()
+    try:
+        kafka = broker.kafka_config(topic_prefix="stuck", partitions=1)
+        ensure_topics(kafka)
+        with store_engine("sqlite", tmp_path) as (engine, _):
+            cfg = ControllerConfig(group_id="ctl", tick_s=0.2, outbox_interval_s=0.2, stuck_after_s=3.0, **FAST_GROUP)
+            svc = ControllerService(cfg, kafka, engine, SECRET, recovery=RECOVERY)
+            svc.start()
+            stuck = threading.Event()
+            poll, seek = svc.edge.poll, svc.edge.seek
+            svc.edge.poll = lambda timeout_s=1.0: EdgeBatch() if stuck.is_set() else poll(timeout_s)
+
+            def seek_clears(topic, partition, offset):
+                stuck.clear()
+                seek(topic, partition, offset)
+
+            svc.edge.seek = seek_clears
+            stop = threading.Event()
+            thread = threading.Thread(target=svc.run_forever, args=(stop,), daemon=True)
+            thread.start()
+            try:
+                trainer = FakeTrainer(kafka)
+                trainer.steps("r", 0, 19)
+                trainer.producer.flush()
+                wait_for(lambda: _count(engine, "r") == 20, 60)
+                stuck.set()
+                with caplog.at_level(logging.WARNING, logger="cliffguard.controller.service"):
+                    trainer.steps("r", 20, 39)
+                    trainer.producer.flush()
+                    wait_for(lambda: _count(engine, "r") == 40, 90)
+                trainer.close()
+            finally:
+                stop.set()
+                thread.join(20)
+        said = [r.getMessage() for r in caplog.records if "nothing read for" in r.getMessage()]
+        assert said and "while the log ends at" in said[0], caplog.text
+        assert svc.stats["stuck_resets"] >= 1 and _count(engine, "r") == 40
+    finally:
+        broker.stop()

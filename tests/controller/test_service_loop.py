@@ -169,3 +169,26 @@ def test_the_service_applies_step_retention_in_the_batch_transaction(engine):
                            .order_by(StepMetricRow.step.desc()).limit(100)).all()
     assert below > 0 and rows < 400  # old steps folded into buckets by the controller itself
     assert newest == list(range(399, 299, -1))  # the newest full_steps stay at full resolution
+
+
+@pytest.mark.parametrize("error, traceback", [("database is locked", False), ("no such column: nonsense", True)])
+def test_a_tick_a_busy_store_fails_is_one_line_and_any_other_failure_keeps_its_traceback(engine, caplog, error,
+                                                                                          traceback):
+    """The soak's seed 10 counted a locked store during a tick as one of our tracebacks."""
+    import logging
+    import sqlite3
+
+    from sqlalchemy.exc import OperationalError
+
+    svc = service(engine)
+    svc.edge = StubEdge([])
+
+    def tick(session, now):
+        raise OperationalError("SELECT 1", {}, sqlite3.OperationalError(error))
+
+    svc.processor.tick = tick
+    with caplog.at_level(logging.WARNING, logger="cliffguard.controller.service"):
+        svc.step_once()
+    said = [r for r in caplog.records if "tick failed" in r.getMessage()]
+    assert len(said) == 1 and bool(said[0].exc_info) is traceback
+    assert (error in said[0].getMessage()) is not traceback and svc.stats["errors"] == 1

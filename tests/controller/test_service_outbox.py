@@ -181,3 +181,30 @@ def test_a_producer_the_broker_did_not_acknowledge_is_replaced_before_the_next_p
     assert box.publish_due(time.time() + 1) == 1  # a new producer, built for this pass
     with session_scope(engine) as s:
         assert s.get(CommandRow, cmd).status == "sent"
+
+
+class RaisingProducer(FakeProducer):
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__()
+        self.exc = exc
+
+    def send(self, topic, key, value):
+        raise self.exc
+
+
+@pytest.mark.parametrize("exc, traceback", [(ConnectionError("no bootstrap host accepts connections"), False),
+                                            (ValueError("a bug"), True)])
+def test_an_early_send_the_broker_refuses_is_one_line_and_a_bug_keeps_its_traceback(engine, caplog, exc, traceback):
+    """A broker that is down is expected under faults (the soak counted its tracebacks as ours);
+    anything else is a bug and is logged with its traceback."""
+    import logging
+
+    box = CommandOutbox(engine, KafkaConfig(), producer=RaisingProducer(exc))
+    with session_scope(engine) as s:
+        s.get(RunRow, "r").controller_state = {"stored": True}
+    with session_scope(engine) as s, caplog.at_level(logging.WARNING, logger="cliffguard.controller.outbox"):
+        cmd = enqueue_command(s, run_id="r", type="pause", args={}, secret=SECRET, commands_topic="p.commands",
+                              ttl_s=60, source="controller", now=time.time()).id
+        assert not box.send_early(s, cmd)
+    said = [r for r in caplog.records if "early send" in r.getMessage()]
+    assert len(said) == 1 and str(exc) in said[0].getMessage() and bool(said[0].exc_info) is traceback

@@ -65,5 +65,6 @@ def test_require_secret_says_where_to_set_it():
     assert FILE not in repr(DeploymentConfig(secret=resolve_secret({"secrets": {"command": FILE}}, {})[0]))
 
 
-def test_spike_defaults_are_the_controllers_patience_and_the_guards():
-    assert (SpikeConfig().patience, SpikeConfig().guard_patience) == (3, 1)
+def test_spike_defaults_are_the_controllers_budget_and_the_guards():
+    # the guard skips an update, the controller pauses a run: the guard may act ten times as often
+    assert (SpikeConfig().budget, SpikeConfig().guard_budget) == (1.0, 10.0)

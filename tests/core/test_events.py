@@ -68,6 +68,17 @@ PAYLOADS: dict[EventType, dict] = {
     EventType.ELASTIC_SCALED_UP: {"from_world": 2, "to_world": 4, "from_global_batch": 8, "global_batch": 16,
                                   "grad_accum": 1, "lr": 2e-3, "lr_factor": 1.0, "steps_lost": 0,
                                   "seconds_lost": 20.0, "backoff_s": 0.0, "policy": "proportional", "lr_rule": "sqrt"},
+    EventType.HANG_EVIDENCE: {"reason": "stalled", "stalled_s": 8.5, "node": "node-a", "pid": 4242, "life": 0,
+                              "collective": "all_reduce", "fr": True,
+                              "pg_status": {"0": {"enqueued": 41, "started": -1, "completed": 40}},
+                              "in_flight": [{"pg": "0", "seq": 41, "op": "gloo:all_reduce", "sizes": [[4]], "age_s": 8.4}],
+                              "last": [], "frame": "/repo/agent/step_probe.py:181 in before_optimizer_step",
+                              "stacks": [{"name": "MainThread", "main": True, "frame": "x.py:1 in f",
+                                          "frames": ["x.py:1 in f"]}]},
+    EventType.NODE_CHECK: {"ok": False, "life": 1, "ranks": [0, 1, 2, 3], "nodes": ["a", "a", "b", "b"],
+                           "matmul_s": [0.01, 0.01, 0.5, 0.01],
+                           "rounds": [{"groups": [[0, 1], [2, 3]], "seconds": [0.02, 0.51], "slow": [1]}],
+                           "slow": [2], "slow_nodes": ["b"], "seconds": 1.2, "detail": "slow in every pair: ranks [2]"},
     EventType.TRAINER_TIMEOUT: {"wait": "hold", "policy": "rollback", "waited_s": 120.0, "at_step": 125,
                                 "applied": True, "lr_scale_before": 1.0, "lr_scale": 0.5,
                                 "detail": "restored step 120 from memory", "first_bad_step": 120, "to_step": 120},
@@ -85,6 +96,8 @@ ARGS: dict[CommandType, dict] = {
     CommandType.CHECKPOINT_NOW: {"kind": "incremental"},
     CommandType.STOP: {"reason": "operator"},
     CommandType.DETAIL: {"steps": 20},
+    CommandType.RESTART: {"mode": "exclude", "life": 1, "ranks": [2], "exclude_nodes": ["node-b"],
+                          "reason": "rank 2 hung again", "incident": "abc"},
 }
 
 

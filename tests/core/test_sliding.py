@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from cliffguard.core.sliding import SlidingWindow, sorted_robust
+from cliffguard.core.sliding import LevelWindow, SlidingWindow, sorted_robust
 
 
 def naive(values: list[float]) -> tuple[float, float]:
@@ -63,3 +63,29 @@ def test_clear_and_rebuild_from_values() -> None:
     assert len(w) == 0 and w.tail() == []
     w.append(1.5)
     assert w.robust() == (1.5, 0.0)
+
+
+def test_level_window_noise_is_the_noise_whatever_the_trend():
+    # a steep linear fall with 1% noise: the spread of the values is mostly trend, their successive
+    # differences are the noise's (√2 σ), so σ is the noise's alone
+    rng = random.Random(7)
+    values = [5.0 - 0.01 * i + 0.01 * rng.gauss(0, 1) for i in range(100)]
+    window = LevelWindow(100, values)
+    med, sigma = window.robust()
+    assert sigma == pytest.approx(0.01, rel=0.25)
+    assert naive(values)[1] > 10 * sigma  # a MAD of the values would be the trend's
+    assert med == naive(values)[0]
+
+
+def test_level_window_slides_like_its_values_and_rebuilds_exactly():
+    rng = random.Random(8)
+    window = LevelWindow(30, span=10)
+    for _ in range(200):
+        window.append(rng.gauss(0, 1))
+    held = list(window.items)
+    assert len(held) == 30 and window.span == 10
+    diffs = [b - a for a, b in zip(held, held[1:], strict=False)]
+    assert window.robust() == (naive(held[-10:])[0], naive(diffs)[1] / 2**0.5)
+    twin = LevelWindow(30, held, span=10)
+    assert twin.robust() == window.robust()
+    assert LevelWindow(30, [2.0]).robust() == (2.0, 0.0)

@@ -26,7 +26,7 @@ def test_the_trainer_implements_every_command_target_method():
     from cliffguard.trainer.commands import TrainerCommands
 
     wanted = {n for n in vars(CommandTarget) if not n.startswith("_")}
-    assert wanted == {"pause", "resume", "validate", "rollback", "set_lr_scale", "checkpoint_now", "stop"}
+    assert wanted == {"pause", "resume", "validate", "rollback", "set_lr_scale", "checkpoint_now", "stop", "restart"}
     assert all(callable(getattr(TrainerCommands, n, None)) for n in wanted)
 
 

@@ -22,6 +22,7 @@ from cliffguard.controller.store.read.curves import loss_curve, redone_steps, st
 from cliffguard.controller.store.read.data_stats import data_baseline, data_evidence, data_steps, data_windows
 from cliffguard.controller.store.read.dlq import dlq_counts, dlq_runs
 from cliffguard.controller.store.read.elastic import elastic_events, scale_timeline
+from cliffguard.controller.store.read.evidence import evidence, hang_evidence
 from cliffguard.controller.store.read.goodput import ettr_by_run, goodput, goodput_costs, remedy_costs
 from cliffguard.controller.store.read.hists import grad_hists
 from cliffguard.controller.store.read.incidents import incident_detail, incidents, transitions
@@ -60,6 +61,8 @@ __all__ = [
     "dlq_counts",
     "dlq_runs",
     "elastic_events",
+    "evidence",
+    "hang_evidence",
     "ettr_by_run",
     "goodput",
     "goodput_costs",

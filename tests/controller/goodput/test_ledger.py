@@ -188,3 +188,37 @@ def test_a_preemption_books_the_save_and_the_time_down_until_the_restart_as_pree
     assert out["restart"] == 0.0
     assert out["checkpoint_restore"] == pytest.approx(2.0)
     assert out["productive"] == pytest.approx(8.0)
+
+
+def test_a_hang_books_its_wait_until_detection_then_the_restart_and_the_node_check():
+    from tests.core.test_events import PAYLOADS
+
+    s = _steps("r", 5)
+    s.t += 8.0  # the watchdog dumps 8 s after the last step
+    s.emit("hang.evidence", {**PAYLOADS["hang.evidence"], "reason": "stalled"})
+    s.t += 3.0  # the culprit named, rank 0 told to leave
+    s.emit("run.failed", {"error": "restart in_place of life 0 requested"})
+    s.t += 20.0  # torchrun starts the next life
+    s.start()
+    s.t += 1.5
+    s.emit("node.check", {**PAYLOADS["node.check"], "ok": True, "slow": [], "slow_nodes": []})
+    s.t += 2.0  # the checkpoint's restore
+    s.steps(2)
+    out = summarize(book(s.events()))["seconds"]
+    assert out["hang"] == pytest.approx(11.0)  # until detection (8 s) and until the group was torn down (3 s)
+    assert out["restart"] == pytest.approx(21.5)  # the restart and the node check
+    assert out["checkpoint_restore"] == pytest.approx(2.0)
+    assert out["productive"] == pytest.approx(7.0)
+
+
+def test_a_stall_that_ends_by_itself_trains_on():
+    from tests.core.test_events import PAYLOADS
+
+    s = _steps("r", 2)
+    s.t += 9.0
+    s.emit("hang.evidence", {**PAYLOADS["hang.evidence"], "reason": "stalled"})
+    s.t += 1.0
+    s.emit("hang.evidence", {**PAYLOADS["hang.evidence"], "reason": "resolved"})
+    s.steps(1)
+    out = summarize(book(s.events()))["seconds"]
+    assert out["hang"] == pytest.approx(10.0) and out["restart"] == 0.0

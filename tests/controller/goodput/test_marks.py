@@ -29,3 +29,13 @@ def test_disk_checkpoints_are_no_mark_but_memory_snapshots_are():
         ev = s.emit("checkpoint", {"kind": str(kind), "path": "", "bytes": 1, "sha256": "", "seconds": 1.0,
                                    "verified": True})
         assert (mark_key(ev) is not None) == (kind is CheckpointKind.MEMORY)
+
+
+def test_a_hangs_evidence_is_keyed_by_its_reason_and_the_node_check_is_a_mark():
+    from tests.core.test_events import PAYLOADS
+
+    s = Script()
+    for reason in ("stalled", "collective_error", "resolved"):
+        ev = s.emit("hang.evidence", {**PAYLOADS["hang.evidence"], "reason": reason})
+        assert mark_key(ev) == f"hang.evidence:{reason}" and mark_key(ev) in MARKS
+    assert mark_key(s.emit("node.check", PAYLOADS["node.check"])) == "node.check"

@@ -1,0 +1,64 @@
+"""A consumer that reads nothing while its partitions' logs grow is said, and read again.
+
+The soak (bench/soak, seed 5) left a controller alive through a broker restart and two restarts
+from the log start: afterwards it polled and got nothing for 31 s while a reader with no group
+read 85 new steps from the same partition, and nothing in its log said so. Whatever holds
+kafka-python's fetch there, the controller can see the symptom itself: a partition whose
+position has not moved for ``after_s`` while the broker's log end lies beyond it. The service
+then logs a WARNING with the numbers and goes back to the store's offsets for it (a seek, and a
+resume unless the controller itself paused it), which re-creates the fetch state.
+
+Pure: the service hands in the clock, the positions and the log ends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+TP = tuple[str, int]
+
+
+@dataclass(slots=True)
+class Stuck:
+    tp: TP
+    position: int
+    end: int
+    still_s: float
+
+
+@dataclass(slots=True)
+class ProgressWatch:
+    after_s: float
+    """Seconds a partition may stand still with its log ahead before it counts as stuck (0 = off)."""
+    _seen: dict[TP, tuple[int, float]] = field(default_factory=dict)
+    """Per partition: the position last seen moving, and when."""
+
+    def moved(self, tp: TP, position: int, now: float) -> None:
+        """A batch of ``tp`` was processed up to ``position``."""
+        last = self._seen.get(tp)
+        if last is None or last[0] != position:
+            self._seen[tp] = (position, now)
+
+    def due(self, tps: list[TP], now: float) -> list[TP]:
+        """The partitions that stood still for ``after_s``: worth a (blocking) look at the log end."""
+        if not self.after_s:
+            return []
+        out = []
+        for tp in tps:
+            last = self._seen.setdefault(tp, (-1, now))
+            if now - last[1] >= self.after_s:
+                out.append(tp)
+        return out
+
+    def judge(self, tp: TP, position: int | None, end: int | None, now: float) -> Stuck | None:
+        """Stuck when the log ends beyond a position that has not moved; either way the clock for
+        ``tp`` starts again (one look per ``after_s``)."""
+        last = self._seen.get(tp, (-1, now))
+        self._seen[tp] = (position if position is not None else last[0], now)
+        if position is None or end is None or end <= position or last[0] not in (-1, position):
+            return None
+        return Stuck(tp, position, end, now - last[1])
+
+    def forget(self, tps: list[TP]) -> None:
+        for tp in tps:
+            self._seen.pop(tp, None)

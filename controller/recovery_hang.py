@@ -1,0 +1,227 @@
+"""The recovery machine's hang handlers: from the hang rule's verdict (or a failed node check) to
+a restarted worker group training again, or to a human (``controller/recovery_table.py``
+declares every move; this walks them).
+
+- ``on_restart_verdict``: a culprit named (controller/rules/hang.py). The remedy is the table's:
+  restart the worker group in place; without the culprit's node when that node hung before
+  within ``repeat_window_s`` (or failed a node check) and the run keeps ``min_nodes`` without it;
+  halt when torchrun has no restart left, the restart budget is spent, or the node cannot be left
+  out. The ``restart`` command goes to rank 0 of the hung life, which leaves at once
+  (agent/hang/part.py); a life torchrun already restarted (a rank that died) gets none.
+- ``on_started``: the next life's ``run.started`` is the restart begun (``restarting`` ->
+  ``rejoining``; the old life's memory snapshots died with it); after a halt, a new life means
+  someone restarted the job.
+- ``on_node_check``: a restarted group's check passed (noted) or found a slow node (restart
+  without it, or halt).
+- ``on_progress``: the restarted group's first step is training again: the incident closes
+  ``restarted``.
+- ``on_tick``: no restarted group trained within ``restart_timeout_s``: halt.
+
+Every move is a transition row with its time: the hang's detection (the first evidence's time
+is in the incident's evidence), the culprit named (the incident opened), the restart begun and
+training again, the marks the goodput ledger books the hang and the restart by.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from cliffguard.controller.recovery_hang_types import NodeCheckIn, Restart
+from cliffguard.controller.recovery_step import Step
+from cliffguard.controller.recovery_types import (
+    Incident,
+    OpenIncident,
+    Phase,
+    ProgressIn,
+    RunEndedIn,
+    SendCommand,
+    StartedIn,
+    TickIn,
+    Trigger,
+    VerdictIn,
+)
+from cliffguard.core.enums import AlertAction, AlertLevel, CheckpointKind, CommandType, IncidentOutcome, Level
+
+HANGS_KEEP = 32
+HANG_PHASES = (Phase.RESTARTING, Phase.REJOINING)
+
+
+def on_restart_verdict(st: Step, inp: VerdictIn) -> None:
+    v, s = inp.verdict, st.s
+    if not st.holds("starts_restart", inp):
+        if s.phase not in HANG_PHASES:  # mid-restart a second verdict is the same hang's echo
+            st.alert(AlertLevel.CRITICAL, v.rule, f"hang on run {s.run} at step {v.step} while {s.phase}: "
+                     "no automatic restart from this phase", v.message, dict(v.evidence))
+        return
+    ev = dict(v.evidence)
+    nodes = tuple(str(n) for n in ev.get("nodes") or ())
+    life = int(ev.get("life", s.hang.life))
+    _decide(st, inp, ev, nodes, tuple(int(r) for r in ev.get("culprit") or ()), life, v.step, v.message)
+
+
+def on_node_check(st: Step, inp: NodeCheckIn) -> None:
+    s = st.s
+    ev = {"ok": inp.ok, "life": inp.life, "slow": list(inp.slow), "slow_nodes": list(inp.slow_nodes),
+          "detail": inp.detail}
+    if inp.ok:
+        if s.phase is Phase.REJOINING:
+            r = s.hang.restart
+            if r is not None:
+                s.hang = replace(s.hang, restart=replace(r, check=inp.detail))
+            st.move(Trigger.NODE_CHECK_PASSED, f"node check of life {inp.life} passed: {inp.detail}", ev, inp.now)
+        return
+    if not st.holds("starts_restart", inp):
+        st.alert(AlertLevel.WARN, "node_check", f"run {s.run}: node check of life {inp.life} failed while {s.phase}",
+                 inp.detail, ev)
+        return
+    msg = f"node check of life {inp.life} found ranks {list(inp.slow)} slow (nodes {', '.join(inp.slow_nodes)}): {inp.detail}"
+    _decide(st, inp, {**ev, "cause": "hang", "culprit": list(inp.slow), "nodes": list(inp.slow_nodes)},
+            inp.slow_nodes, inp.slow, inp.life, max(s.last_step, 0), msg)
+
+
+def _decide(st: Step, inp: VerdictIn | NodeCheckIn, ev: dict[str, Any], nodes: tuple[str, ...],
+            ranks: tuple[int, ...], life: int, step: int, message: str) -> None:
+    """The table's remedy for a named culprit (see the module docstring)."""
+    s, now = st.s, inp.now
+    check = isinstance(inp, NodeCheckIn)
+    exclude = False
+    if not st.holds("can_restart"):
+        trigger, why = Trigger.RESTART_UNAVAILABLE, (f"torchrun has no restart left (--max-restarts "
+                                                     f"{s.hang.max_restarts}, life {s.hang.life})"
+                                                     if s.can(CommandType.RESTART) else "the run cannot apply a restart")
+    elif not st.holds("within_restart_budget", now):
+        trigger, why = Trigger.RESTART_BUDGET_SPENT, (f"the restart budget ({st.cfg.restart_budget} per "
+                                                      f"{st.cfg.restart_window_s:.0f} s) is spent")
+    elif st.holds("wants_exclusion", inp, nodes, now):
+        if st.holds("can_exclude", nodes):
+            trigger, why, exclude = (Trigger.NODE_CHECK_FAILED if check else Trigger.HANG_AGAIN), (
+                f"restarting without node{'s' if len(nodes) > 1 else ''} {', '.join(nodes)}"
+                + ("" if check else f" (it hung again within {st.cfg.repeat_window_s:.0f} s)")), True
+        else:
+            trigger, why = Trigger.EXCLUDE_UNAVAILABLE, (
+                f"node {', '.join(nodes) or '?'} should be left out, but the run cannot keep "
+                f"{s.hang.min_nodes} node(s) without it ({s.hang.nodes} now)" if nodes
+                else "the culprit's node is unknown, so it cannot be left out")
+    else:
+        trigger, why = Trigger.HANG, "restarting the worker group in place from the newest checkpoint"
+    _open(st, ev, step, now)
+    reason = f"{message}; {why}"
+    s.hang = replace(s.hang, hangs=(*s.hang.hangs, *((n, now) for n in nodes if n))[-HANGS_KEEP:])
+    if trigger in (Trigger.RESTART_UNAVAILABLE, Trigger.RESTART_BUDGET_SPENT, Trigger.EXCLUDE_UNAVAILABLE):
+        st.halt(trigger, reason, ev, now)
+        _send_restart(st, "halt", life, ranks, (), reason, now, nodes)
+        return
+    st.move(trigger, reason, ev, now, step=step)
+    mode = "exclude" if exclude else "in_place"
+    s.hang = replace(s.hang, restart_times=(*s.hang.restart_times, now)[-max(st.cfg.restart_budget, 1) * 2:])
+    if s.hang.life > life:  # torchrun restarted that life already (a rank died): no command to send
+        s.hang = replace(s.hang, restart=Restart(mode=mode, life=life, at=now, ranks=ranks, nodes=nodes,
+                                                 exclude=nodes if exclude else (), started_at=now))
+        st.move(Trigger.WORKERS_STARTED, f"torchrun restarted the worker group already (life {s.hang.life})",
+                {"life": s.hang.life}, now)
+        _forget_memory(st)
+    else:
+        _send_restart(st, mode, life, ranks, nodes if exclude else (), reason, now, nodes)
+    st.alert(AlertLevel.CRITICAL, "hang", f"hang on run {s.run} at step {step}: {mode.replace('_', ' ')} restart",
+             reason, ev)
+
+
+def _open(st: Step, ev: dict[str, Any], step: int, now: float) -> None:
+    """Open the hang's incident (closing a recovering rollback's first); in rejoining, continue it."""
+    s = st.s
+    if s.phase is Phase.REJOINING and s.incident is not None:
+        return
+    if s.phase is Phase.RECOVERING and s.incident is not None:
+        st.close(IncidentOutcome.ROLLED_BACK, now)  # it rolled back and trained on; the hang is a new failure
+    inc = Incident(id=s.new_id("incident"), rule="hang", level=str(Level.CRITICAL), spike_step=step, onset_step=step,
+                   opened_at=now, evidence=ev)
+    s.incident = inc
+    st.actions.append(OpenIncident(id=inc.id, rule="hang", level=inc.level, spike_step=step, onset_step=step,
+                                   opened_at=now, evidence=ev))
+
+
+def _send_restart(st: Step, mode: str, life: int, ranks: tuple[int, ...], exclude: tuple[str, ...], reason: str,
+                  now: float, nodes: tuple[str, ...]) -> None:
+    """The ``restart`` command: a side request (no ack awaited; the next life's ``run.started`` is
+    the answer), so it takes no pending slot."""
+    s = st.s
+    if mode == "halt" and not s.can(CommandType.RESTART):
+        return
+    if mode != "halt":
+        s.hang = replace(s.hang, restart=Restart(mode=mode, life=life, at=now, ranks=ranks, nodes=nodes,
+                                                 exclude=exclude))
+    cmd_id = s.new_id("cmd")
+    s.issued = (*s.issued, cmd_id)[-32:]
+    args: dict[str, Any] = {"mode": mode, "life": life, "ranks": list(ranks), "reason": reason[:300],
+                            "incident": s.incident.id if s.incident else ""}
+    if exclude:
+        args["exclude_nodes"] = list(exclude)
+    st.actions.append(SendCommand(id=cmd_id, type=CommandType.RESTART, args=args,
+                                  incident_id=s.incident.id if s.incident else None, attempt=1,
+                                  ttl_s=st.cfg.policy.command_ttl_s, reason=reason[:300]))
+
+
+def _forget_memory(st: Step) -> None:
+    st.s.checkpoints = tuple(c for c in st.s.checkpoints if c.kind != CheckpointKind.MEMORY)
+
+
+def on_started(st: Step, inp: StartedIn) -> None:
+    s = st.s
+    s.hang = s.hang.started(inp.life, inp.max_restarts, inp.restarts_left, inp.nodes, inp.min_nodes)
+    if s.phase is Phase.RESTARTING:
+        r = s.hang.restart
+        if r is not None:
+            s.hang = replace(s.hang, restart=replace(r, started_at=inp.now))
+        st.move(Trigger.WORKERS_STARTED, f"worker group life {inp.life} started ({inp.nodes} node(s))",
+                {"life": inp.life, "nodes": inp.nodes, "max_restarts": inp.max_restarts}, inp.now)
+        _forget_memory(st)
+    elif s.phase is Phase.HALTED and s.incident is not None:
+        inc = s.incident
+        st.move(Trigger.WORKERS_STARTED, f"worker group life {inp.life} started while halted: the job was restarted",
+                {"life": inp.life}, inp.now)
+        st.close(IncidentOutcome.HALTED, inp.now)
+        st.alert(AlertLevel.INFO, inc.rule, f"run {s.run} started again after a halt", f"life {inp.life}", {},
+                 action=AlertAction.RESOLVE)
+        s.incident = None
+        s.pending = None
+
+
+def on_progress(st: Step, inp: ProgressIn) -> None:
+    """A step while rejoining: the restarted group trains again."""
+    s = st.s
+    inc, r = s.incident, s.hang.restart
+    s.last_step = inp.step
+    s.checkpoints = tuple(c for c in s.checkpoints if c.step <= inp.step)
+    s.unhealthy_steps = tuple(u for u in s.unhealthy_steps if u <= inp.step)
+    ev = {"step": inp.step, "life": s.hang.life, "mode": r.mode if r else None,
+          "restart_s": round(inp.now - r.at, 3) if r else None, "check": r.check if r else ""}
+    st.move(Trigger.TRAINING_AGAIN, f"worker group life {s.hang.life} trains again at step {inp.step}", ev, inp.now,
+            step=inp.step)
+    s.hang = replace(s.hang, restart=None)
+    if inc is not None:
+        st.close(IncidentOutcome.RESTARTED, inp.now)
+        st.alert(AlertLevel.INFO, "hang", f"run {s.run} trains again after a restart",
+                 f"life {s.hang.life} at step {inp.step}", ev, action=AlertAction.RESOLVE)
+    s.incident = None
+
+
+def on_run_ended(st: Step, inp: RunEndedIn) -> None:
+    s = st.s
+    which = "the torn-down life" if s.phase is Phase.RESTARTING else "the restarted life before its first step"
+    st.move(Trigger.RUN_ENDED, f"{which} ended ({inp.detail or ('failed' if inp.failed else 'finished')}); "
+            "waiting for torchrun's next life", {"failed": inp.failed, "detail": inp.detail}, inp.now)
+
+
+def on_tick(st: Step, inp: TickIn) -> None:
+    s = st.s
+    if not st.holds("restart_timed_out", inp.now):
+        return
+    r = s.hang.restart
+    assert r is not None
+    why = (f"no restarted worker group trained within {st.cfg.restart_timeout_s:.0f} s of the {r.mode} restart of "
+           f"life {r.life}")
+    ev = {"life": r.life, "mode": r.mode, "waited_s": round(inp.now - r.at, 1)}
+    st.halt(Trigger.RESTART_TIMED_OUT, why, ev, inp.now)
+    s.hang = replace(s.hang, restart=None)
+    _send_restart(st, "halt", s.hang.life, r.ranks, (), why, inp.now, r.nodes)

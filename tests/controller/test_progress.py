@@ -1,0 +1,37 @@
+"""controller/progress.py: a partition that reads nothing while its log grows is found once per interval."""
+
+from __future__ import annotations
+
+from cliffguard.controller.progress import ProgressWatch
+
+TP = ("m", 0)
+
+
+def test_a_partition_standing_still_behind_its_log_end_is_stuck_once_per_interval():
+    w = ProgressWatch(30.0)
+    w.moved(TP, 100, now=0.0)
+    assert w.due([TP], now=29.0) == []
+    assert w.due([TP], now=30.0) == [TP]
+    st = w.judge(TP, 100, 185, now=30.0)
+    assert st is not None and (st.position, st.end, st.still_s) == (100, 185, 30.0)
+    assert w.due([TP], now=45.0) == []  # the clock starts again after a look
+    assert w.due([TP], now=60.0) == [TP]
+
+
+def test_a_partition_at_its_log_end_or_one_that_moved_is_not_stuck():
+    w = ProgressWatch(30.0)
+    w.moved(TP, 100, now=0.0)
+    assert w.judge(TP, 100, 100, now=31.0) is None  # idle: nothing new in the log
+    assert w.judge(TP, 100, 90, now=62.0) is None  # a broker that reports a low end offset
+    w.moved(TP, 150, now=70.0)
+    assert w.due([TP], now=99.0) == []
+    assert w.judge(TP, 160, 200, now=101.0) is None  # it moved since the batch we saw
+
+
+def test_off_and_forgotten_partitions():
+    assert ProgressWatch(0.0).due([TP], now=1e9) == []
+    w = ProgressWatch(10.0)
+    w.due([TP], now=0.0)  # first seen: its clock starts
+    assert w.due([TP], now=10.0) == [TP] and w.judge(TP, 0, 5, now=10.0) is not None
+    w.forget([TP])
+    assert w.due([TP], now=11.0) == []
