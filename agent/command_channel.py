@@ -6,6 +6,11 @@ probe, agent/step_probe.py, carries it). When the flag came back set, ``poll_com
 broadcasts the verified commands from rank 0 (``broadcast_object_list``) and returns the same
 list on every rank; the caller applies them at that step boundary and rank 0 acks (``ack``).
 While paused or held there is no step to carry the flag, so ``exchange()`` broadcasts per tick.
+
+The same slot carries a preemption request (agent/recovery/preemption.py): every rank whose
+watch saw the scheduler's warning signal adds ``PREEMPT_UNIT``, so the sum says both how many
+commands wait (below the unit) and whether any rank was warned (at or above it), and every rank
+learns of the request at the same boundary without a collective of its own.
 """
 
 from __future__ import annotations
@@ -24,6 +29,9 @@ from cliffguard.core.events import Command
 log = logging.getLogger(__name__)
 
 V = TypeVar("V")
+
+PREEMPT_UNIT = float(2**20)
+"""A warned rank's share of the flag slot (more than any inbox holds; sums of integers stay exact)."""
 
 
 class CommandSource(Protocol):
@@ -47,18 +55,26 @@ class CommandChannel:
         self.source = source
         self._inbox: list[Command] = []  # rank 0: verified, not yet broadcast
         self._flag_seen = False
+        self.preempt_pending: Callable[[], bool] = lambda: False
+        """Whether this rank was warned (the recovery kit sets it to its ``PreemptionWatch``'s)."""
+        self.preempt_seen = False
+        """Some rank was warned, as of the last all-reduce: every rank saves at this boundary."""
 
     # -- the step probe's side: the flag rides on its all-reduce
     def flag(self) -> float:
-        """Rank 0 polls its source and returns how many commands wait (the flag slot); 0 elsewhere."""
+        """This rank's share of the flag slot: on rank 0, how many commands wait (it polls its
+        source); on a warned rank, plus ``PREEMPT_UNIT``."""
+        value = PREEMPT_UNIT if self.preempt_pending() else 0.0
         if self.ranks.rank != 0:
-            return 0.0
+            return value
         self._collect()
-        return float(len(self._inbox))
+        return value + float(len(self._inbox))
 
-    def saw_flag(self, seen: bool) -> None:
-        """What the all-reduced flag said: whether a broadcast is due at this boundary."""
-        self._flag_seen = seen
+    def saw_flag(self, value: float) -> None:
+        """What the all-reduced flag said: whether a broadcast is due at this boundary, and
+        whether any rank was warned of a preemption."""
+        self._flag_seen = value % PREEMPT_UNIT > 0
+        self.preempt_seen = self.preempt_seen or value >= PREEMPT_UNIT
 
     # -- the boundary
     def poll_commands(self) -> list[Command]:

@@ -14,6 +14,7 @@ from cliffguard.agent.data_watch.config import DataWatchConfig
 from cliffguard.agent.guard import GuardConfig
 from cliffguard.agent.hang.config import HangConfig
 from cliffguard.agent.recovery.config import KitConfig
+from cliffguard.agent.recovery.preemption import PreemptionConfig
 from cliffguard.core.declared import bounded, check_declared, non_empty
 from cliffguard.core.events import check_run_id
 from cliffguard.core.rank_arrays import MAX_RANKS_PER_EVENT
@@ -56,6 +57,9 @@ class AgentConfig:
     """The in-process guard (spike rule before optimizer.step())."""
     recovery: KitConfig = field(default_factory=KitConfig)
     """The recovery kit (agent/recovery/kit.py): controller-silence timeout, memory ring, held-back batches."""
+    preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
+    """The scheduler's warning signals: a save at the next step boundary, then a requeue exit
+    (agent/recovery/preemption.py)."""
     hang: HangConfig = field(default_factory=HangConfig)
     """Hangs (agent/hang/): collective timeouts, the watchdog's evidence, restarts, the node check."""
     hist: HistConfig = field(default_factory=HistConfig)

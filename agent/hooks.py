@@ -156,15 +156,17 @@ class Agent:
         self.lifecycle.start(global_batch=global_batch, lr_schedule=lr_schedule, config=config,
                              capabilities=capabilities)
 
-    def close(self, error: BaseException | str | None = None, *, final_loss: float | None = None) -> None:
+    def close(self, error: BaseException | str | None = None, *, final_loss: float | None = None,
+              ended: bool = True) -> None:
         """Emit run.finished/run.failed (rank 0) and close everything, each part even if another fails
-        (the data watch first: its last window goes out before the run's end)."""
+        (the data watch first: its last window goes out before the run's end). ``ended=False``: a
+        preempted run that will be requeued (``run.preempted`` said so): no run.finished."""
         if self.data_watch is not None:
             try:
                 self.data_watch.close()
             except Exception:  # noqa: BLE001 - close the rest anyway
                 log.exception("closing the data watch failed")
-        self.lifecycle.close(error, final_loss=final_loss)
+        self.lifecycle.close(error, final_loss=final_loss, ended=ended)
 
     # ------------------------------------------------------------------ the data watch
     def watch_data(self, *, garbled: Scorer | None = None, perplexity: Scorer | None = None,

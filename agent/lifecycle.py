@@ -59,6 +59,8 @@ class Lifecycle:
         self.closed = False
         self.summaries: dict[str, Callable[[], dict[str, Any]]] = {}
         """Name -> what the run's ``run.finished`` carries under it (the kit's ``validation``)."""
+        self.closers: list[_Closeable] = []
+        """Closed with the agent (the kit's preemption watch: its signal handlers go back)."""
 
     def start(self, *, global_batch: int = 0, lr_schedule: dict[str, Any] | None = None,
               config: dict[str, Any] | None = None, capabilities: Iterable[CommandType | str] | None = None) -> None:
@@ -133,8 +135,11 @@ class Lifecycle:
                 log.exception("run summary %r failed", name)
         return out
 
-    def close(self, error: BaseException | str | None = None, *, final_loss: float | None = None) -> None:
-        """Emit run.finished/run.failed (rank 0) and close everything, each part even if another fails."""
+    def close(self, error: BaseException | str | None = None, *, final_loss: float | None = None,
+              ended: bool = True) -> None:
+        """Emit run.finished/run.failed (rank 0) and close everything, each part even if another fails.
+        ``ended=False`` (a preempted run, which said so in ``run.preempted`` and will be requeued):
+        neither, unless it failed."""
         if self.closed:
             return
         self.closed = True
@@ -145,7 +150,7 @@ class Lifecycle:
             except Exception:  # noqa: BLE001 - close the rest anyway
                 log.exception("hang evidence on close failed")
         self.modes.move(STOPPING)
-        if self.ranks.rank == 0:
+        if self.ranks.rank == 0 and (ended or error is not None):
             if error is not None:
                 self.emitter.emit(EventType.RUN_FAILED, {"error": str(error) or type(error).__name__})
             else:
@@ -155,7 +160,7 @@ class Lifecycle:
                 data.update(self._summaries())
                 self.emitter.emit(EventType.RUN_FINISHED, data)
         # the sink before the listener (whose thread may take a poll to stop): the events out first
-        parts: list[_Closeable | None] = [self.hang, self._heartbeat, self.sink, self.channel.source]
+        parts: list[_Closeable | None] = [*self.closers, self.hang, self._heartbeat, self.sink, self.channel.source]
         for part in parts:
             if part is None:
                 continue

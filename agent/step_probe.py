@@ -189,7 +189,7 @@ class StepProbe:
         self._losses = losses_host
         self._local_loss = losses_host[self.ranks.rank]
         self._global_loss = sum(losses_host) / w
-        self.channel.saw_flag(values[w] > 0)
+        self.channel.saw_flag(values[w])
         contributors = values[w + 1]
         if contributors > 0:  # the mean over the ranks that computed norms (identical ones under DDP)
             self._grad_norm = (values[w + 2] / contributors) ** 0.5

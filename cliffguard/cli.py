@@ -34,6 +34,9 @@ SUBCOMMANDS: dict[str, str] = {
     "hpo": "Bayesian hyperparameter search (Optuna TPE + pruning) on validation-loss windows",
     "data": "data-quality pass over a text corpus: near-duplicates, contamination, reweighting, curriculum",
     "keys": "generate the Ed25519 command key pair and the agent secret (cliffguard keys generate --out DIR)",
+    "slurm": "a one-machine Slurm cluster for local use and tests: up, down, status",
+    "submit": "submit cliffguard train to Slurm as an exploration or production job",
+    "queue": "the priority classes, the Slurm jobs and what preempted what",
     "config": "validate a TOML config (+ CLIFFGUARD_* env) and print the resolved values",
 }
 

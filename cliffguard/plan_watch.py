@@ -13,6 +13,7 @@ import logging
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,12 +56,15 @@ def stops(plan: RestartPlan | None, node: str, since: float) -> bool:
 
 
 def wait(proc: subprocess.Popen[bytes], plan_dir: str | Path, node: str, *, since: float,
-         poll_s: float = POLL_S, stop_timeout_s: float = 60.0) -> Outcome:
-    """Wait for torchrun (``proc``); stop it when a plan says so."""
+         poll_s: float = POLL_S, stop_timeout_s: float = 60.0, tick: Callable[[], None] | None = None) -> Outcome:
+    """Wait for torchrun (``proc``); stop it when a plan says so. ``tick`` runs every poll (the
+    launcher passes the scheduler's warning signals on there)."""
     while True:
         code = proc.poll()
         if code is not None:
             return Outcome(code)
+        if tick is not None:
+            tick()
         try:
             plan = read_plan(plan_dir)
         except ValueError as exc:

@@ -52,6 +52,7 @@ from cliffguard.controller.recovery_types import (
     RecordTransition,
     RecoveryConfig,
     RunEndedIn,
+    RunPreemptedIn,
     SendCommand,
     StartedIn,
     TickIn,
@@ -141,9 +142,9 @@ def inputs_for(event: Event, verdicts: list[Verdict], now: float, loss_level: Le
     if event.type is _STEP:
         rng = d.get("sample_range")
         if rng and len(rng) == 2:
-            out.append(ProgressIn(event.step, now, rng[1], rng[0], loss_level))
+            out.append(ProgressIn(event.step, now, rng[1], rng[0], loss_level, event.ts))
         else:
-            out.append(ProgressIn(event.step, now, None, None, loss_level))
+            out.append(ProgressIn(event.step, now, None, None, loss_level, event.ts))
     elif event.type is EventType.CHECKPOINT:
         out.append(CheckpointIn(step=event.step, kind=str(d["kind"]), verified=bool(d["verified"]), now=now,
                                 detail=str(d.get("detail") or "")))
@@ -169,6 +170,10 @@ def inputs_for(event: Event, verdicts: list[Verdict], now: float, loss_level: Le
             at_step=d["at_step"], lr_scale_before=d["lr_scale_before"], lr_scale=d["lr_scale"],
             detail=d.get("detail") or "", first_bad_step=d.get("first_bad_step"), to_step=d.get("to_step"),
             ts=event.ts))
+    elif event.type is EventType.RUN_PREEMPTED:
+        out.append(RunPreemptedIn(step=event.step, now=now, signal=str(d["signal"]), deadline_s=float(d["deadline_s"]),
+                                  save_s=float(d["save_s"]), verified=bool(d["verified"]),
+                                  exit_code=int(d["exit_code"]), ts=event.ts))
     return out
 
 

@@ -48,6 +48,7 @@ from cliffguard.controller import recovery_hang as hang
 from cliffguard.controller.recovery_acks import on_ack, on_tick
 from cliffguard.controller.recovery_hang_types import NodeCheckIn
 from cliffguard.controller.recovery_others import on_trainer_timeout
+from cliffguard.controller.recovery_preempt import on_run_preempted, on_training_again
 from cliffguard.controller.recovery_step import Step, open_incident, start_rollback
 from cliffguard.controller.recovery_table import (
     PAUSE_CYCLE,
@@ -72,6 +73,7 @@ from cliffguard.controller.recovery_types import (
     RecoveryConfig,
     RecoveryState,
     RunEndedIn,
+    RunPreemptedIn,
     SendCommand,
     StartedIn,
     TickIn,
@@ -94,6 +96,7 @@ from cliffguard.core.enums import (
 
 # An enum member read through its class costs ~10x a module global; these are read for every step.
 _RECOVERING = Phase.RECOVERING
+_PREEMPTED = Phase.PREEMPTED
 _REJOINING = Phase.REJOINING
 _OK = Level.OK
 
@@ -102,8 +105,9 @@ UNHEALTHY_KEEP = 64
 
 def transition(cfg: RecoveryConfig, state: RecoveryState, inp: Input) -> tuple[RecoveryState, list[ActionT]]:
     """Pure: the next state and the actions for one input. ``state`` is not modified."""
-    if type(inp) is ProgressIn and state.phase is not _RECOVERING and state.phase is not _REJOINING and (
-            state.flagging is None) and (not state.checkpoints or all(c.stable for c in state.checkpoints)):
+    if type(inp) is ProgressIn and state.phase is not _RECOVERING and state.phase is not _PREEMPTED and \
+            state.phase is not _REJOINING and state.flagging is None and (
+            not state.checkpoints or all(c.stable for c in state.checkpoints)):
         # The common case, a step with no checkpoint to stabilise, no recovery to finish and no
         # excursion to flag: _on_progress's effect then, without a Step and its action list.
         s = state.clone()
@@ -140,6 +144,8 @@ def transition(cfg: RecoveryConfig, state: RecoveryState, inp: Input) -> tuple[R
             hang.on_node_check(st, inp)
         case TrainerTimeoutIn():
             on_trainer_timeout(st, inp)
+        case RunPreemptedIn():
+            on_run_preempted(st, inp)
         case _:
             raise TypeError(f"not a recovery input: {type(inp).__name__}")
     return st.s, st.actions
@@ -210,6 +216,8 @@ def _ask_detail(st: Step, v: Verdict) -> None:
 
 def _on_progress(st: Step, inp: ProgressIn) -> None:
     cfg, s = st.cfg, st.s
+    if s.phase is Phase.PREEMPTED:
+        on_training_again(st, inp)
     flagging = s.flagging
     _note_step(s, inp)
     _flag_samples(st, inp, flagging)

@@ -53,7 +53,8 @@ class Transition:
 
 WAITING = (Phase.PAUSING, Phase.VALIDATING, Phase.ROLLING_BACK, Phase.RESUMING)
 """The phases that wait on a command the machine sent."""
-_HOLDS_INCIDENT = (*WAITING, Phase.RECOVERING, Phase.HALTED)  # running never does: each way into it closes it
+_HOLDS_INCIDENT = (*WAITING, Phase.RECOVERING, Phase.HALTED, Phase.PREEMPTED)  # running never does: each way into it closes it
+_TRAINING = tuple(p for p in Phase if p is not Phase.PREEMPTED)  # phases a trainer is there to act in
 _HALT = ("close incident halted", "alert critical")
 _ROLLBACK = "send rollback (lr_scale, skip_data)"
 _RESTARTS = ("starts_restart", "can_restart", "within_restart_budget")
@@ -141,13 +142,23 @@ TABLE: tuple[Transition, ...] = (
     *(Transition(p, T.RESTART_TIMED_OUT, P.HALTED, ("restart_timed_out",), _HALT_JOB) for p in (P.RESTARTING, P.REJOINING)),
     Transition(P.HALTED, T.WORKERS_STARTED, P.RUNNING, (), ("close incident halted (a new life: someone restarted the job)",
                                                           "alert info")),
-    # the trainer waited past a timeout with no command and acted alone (trainer.timeout)
+    # the trainer waited past a timeout with no command and acted alone (trainer.timeout); a
+    # preempted run has no trainer until it trains again, and its first step ends ``preempted``
     *(Transition(p, T.TRAINER_ROLLED_BACK, P.RECOVERING, (), _alone(p, "forget checkpoints after the target"))
-      for p in Phase),
+      for p in _TRAINING),
     *(Transition(p, T.TRAINER_RESUMED, P.RUNNING, (),
-                 _alone(p, f"close incident {'halted' if p is P.HALTED else 'resumed'}")) for p in Phase),
-    *(Transition(p, T.TRAINER_STOPPED, P.HALTED, (), _alone(p, "close incident halted")) for p in Phase),
+                 _alone(p, f"close incident {'halted' if p is P.HALTED else 'resumed'}")) for p in _TRAINING),
+    *(Transition(p, T.TRAINER_STOPPED, P.HALTED, (), _alone(p, "close incident halted")) for p in _TRAINING),
     *(Transition(p, T.OPERATOR_LR_SCALE, p, (), ("adopt the operator's lr_scale",)) for p in Phase),
+    # the scheduler's warning (run.preempted): an incident of its own kind, not a failure; a run
+    # preempted mid-incident has that incident abandoned (the restart resumes from the saved step)
+    Transition(P.RUNNING, T.PREEMPTED, P.PREEMPTED, (), ("open incident preemption",)),
+    Transition(P.PREEMPTED, T.PREEMPTED, P.PREEMPTED, (), ("note the next warning in the incident",)),
+    *(Transition(p, T.PREEMPTED, P.PREEMPTED, (),
+                 (*(("cancel the unanswered command",) if p in WAITING else ()),
+                  f"close incident {'halted' if p is P.HALTED else 'abandoned'}", "open incident preemption"))
+      for p in Phase if p not in (P.RUNNING, P.PREEMPTED)),
+    Transition(P.PREEMPTED, T.TRAINING_AGAIN, P.RUNNING, (), ("close incident requeued", "alert info")),
 )
 """Every legal move; those of one phase and input in the order the handlers try them."""
 

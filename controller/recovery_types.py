@@ -34,6 +34,7 @@ class Phase(StrEnum):
     RECOVERING = "recovering"  # rolled back, training again; waiting for a healthy window
     RESUMING = "resuming"  # validation was normal; resume sent, waiting for its ack
     HALTED = "halted"  # human needed (rollback budget spent, no target, command refused)
+    PREEMPTED = "preempted"  # the scheduler took the nodes back (run.preempted): down until it trains again
     RESTARTING = "restarting"  # a hung worker group is torn down: waiting for torchrun's next life
     REJOINING = "rejoining"  # the next life started: waiting for its node check and first step
 
@@ -68,12 +69,13 @@ class Trigger(StrEnum):
     EXCLUDE_UNAVAILABLE = "exclude_unavailable"  # ...the node cannot be left out (too few nodes, unknown)
     WORKERS_STARTED = "workers_started"  # the next life of the worker group said run.started
     NODE_CHECK_PASSED = "node_check_passed"
-    TRAINING_AGAIN = "training_again"  # the restarted group finished a step
+    TRAINING_AGAIN = "training_again"  # the first step after a restart (a hang) or a preemption
     RESTART_TIMED_OUT = "restart_timed_out"  # no life trained again within restart_timeout_s
     TRAINER_ROLLED_BACK = "trainer_rolled_back"  # a trainer-side timeout rolled the run back (trainer.timeout)
     TRAINER_RESUMED = "trainer_resumed"  # ... resumed it
     TRAINER_STOPPED = "trainer_stopped"  # ... stopped it (its policy, or one that could not apply)
     OPERATOR_LR_SCALE = "operator_lr_scale"  # an operator's command set the LR scale (the machine adopts it)
+    PREEMPTED = "preempted"  # the trainer saved for the scheduler's warning and exits to be requeued
 
 
 @dataclass(kw_only=True, slots=True)
@@ -165,6 +167,8 @@ class ProgressIn:
     loss_level: Level | None = None
     """The loss rule's level for this step's loss (None when the rule did not judge it): warn or
     critical marks the step's samples as part of an excursion."""
+    ts: float = 0.0
+    """The step event's ``ts`` (the trainer's clock; 0 = unknown, ``now`` stands in)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,8 +256,24 @@ class TrainerTimeoutIn:
     re-read of it and changes nothing."""
 
 
+@dataclass(frozen=True, slots=True)
+class RunPreemptedIn:
+    """Rank 0 reported ``run.preempted``: it saved ``step`` for the scheduler's warning and exits."""
+
+    step: int
+    """The saved step: where a restart resumes."""
+    now: float
+    signal: str
+    deadline_s: float
+    save_s: float
+    verified: bool
+    exit_code: int
+    ts: float = 0.0
+    """The event's ``ts`` (when the trainer saved): the time until training again counts from it."""
+
+
 Input = (VerdictIn | ProgressIn | CheckpointIn | AckIn | ValidationIn | TickIn | RunEndedIn | StartedIn
-         | TrainerTimeoutIn | NodeCheckIn)
+         | TrainerTimeoutIn | RunPreemptedIn | NodeCheckIn)
 
 
 # ---------------------------------------------------------------------------------------------

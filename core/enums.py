@@ -25,6 +25,7 @@ class EventType(StrEnum):
     HANG_EVIDENCE = "hang.evidence"  # a rank's training thread stalled: its Flight Recorder and stacks (agent/hang/)
     NODE_CHECK = "node.check"  # a restarted worker group's pre-flight check: matmul + all-gather in pairs
     TRAINER_TIMEOUT = "trainer.timeout"  # a wait timed out with no controller command: the trainer acted alone
+    RUN_PREEMPTED = "run.preempted"  # the scheduler's warning signal: saved at a boundary, exiting to be requeued
 
 
 class CommandType(StrEnum):
@@ -109,4 +110,5 @@ class IncidentOutcome(StrEnum):
     ROLLED_BACK = "rolled_back"
     HALTED = "halted"  # beyond the rollback budget: a human is needed
     ABANDONED = "abandoned"  # the run ended mid-recovery
+    REQUEUED = "requeued"  # a preemption's: the run saved, was requeued and trains again
     RESTARTED = "restarted"  # a hang: the worker group was restarted (in place or without a node) and trains again

@@ -269,6 +269,22 @@ class TrainerTimeoutData(TypedDict):
     to_step: NotRequired[int]  # the step a rollback restored
 
 
+class RunPreemptedData(TypedDict):
+    """The scheduler's warning signal reached the run; it saved at the next step boundary and exits
+    to be requeued (agent/recovery/preemption.py). The event's step is the saved one: the step a
+    restart resumes at."""
+
+    signal: str  # "SIGTERM" (preemption, within the partition's GraceTime) | "SIGUSR1" (--signal=B:USR1@N) | ...
+    deadline_s: float  # [agent.preemption] deadline_s: the save must be verified this long after the signal
+    save_s: float  # signal -> checkpoint verified on disk (or -> given up, when not verified)
+    margin_s: float  # deadline_s - save_s (negative: the deadline was missed)
+    verified: bool  # the disk checkpoint of ``step`` verified within the deadline
+    wait_s: float  # signal -> the step boundary that handled it (the step in flight finished first)
+    exit_code: int  # what the process exits with (the scheduler requeues on it)
+    path: NotRequired[str]  # the checkpoint directory
+    detail: NotRequired[str]
+
+
 EVENT_PAYLOADS: dict[EventType, type] = {
     EventType.RUN_STARTED: RunStartedData,
     EventType.STEP: StepData,
@@ -287,6 +303,7 @@ EVENT_PAYLOADS: dict[EventType, type] = {
     EventType.HANG_EVIDENCE: HangEvidenceData,
     EventType.NODE_CHECK: NodeCheckData,
     EventType.TRAINER_TIMEOUT: TrainerTimeoutData,
+    EventType.RUN_PREEMPTED: RunPreemptedData,
 }
 
 

@@ -33,6 +33,7 @@ from cliffguard.dashboard.sections import (
     incidents,
     loss,
     operator,
+    preemptions,
     ranks,
 )
 from cliffguard.dashboard.sections.context import Context
@@ -100,6 +101,7 @@ def main() -> None:
     _live(hangs.render, ctx, every)
     _live(checkpoints.render, ctx, every)
     _live(elastic.render, ctx, every)
+    _live(preemptions.render, ctx, every)
     _live(gradients.render, ctx, every)
     _live(ranks.render, ctx, every)
     _live(alerts.render, ctx, every)

@@ -9,6 +9,8 @@ if [ "$(id -u)" = 0 ]; then SUDO=""; ASPG="runuser -u postgres --"; else SUDO="s
 need=()
 command -v pg_ctlcluster >/dev/null 2>&1 || need+=(postgresql)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
+# the slurm tier: a one-machine cluster (cliffguard slurm up) from Debian's packages
+{ [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/munged ]; } || need+=(slurm-wlm munge)
 if [ ${#need[@]} -gt 0 ]; then
   echo "== installing ${need[*]} (Debian packages)"
   $SUDO apt-get update -qq

@@ -25,9 +25,10 @@ TIERS = {
     "postgres": "a real PostgreSQL server",
     "slow": "multi-process training or end-to-end runs",
     "browser": "headless Chromium",
+    "slurm": "a one-machine Slurm cluster (slurm-wlm, munge)",
 }
 # fixtures that put a test into a tier
-FIXTURE_TIER = {"broker": "broker", "kafka_cfg": "broker", "pg_url": "postgres"}
+FIXTURE_TIER = {"broker": "broker", "kafka_cfg": "broker", "pg_url": "postgres", "slurm_cluster": "slurm"}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -75,6 +76,25 @@ def kafka_cfg(broker):
     cfg = broker.kafka_config(topic_prefix=f"t{uuid.uuid4().hex[:10]}", partitions=2)
     ensure_topics(cfg)
     return cfg
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """A one-machine Slurm cluster (``cliffguard slurm up``) for the session, stopped after it."""
+    import shutil
+
+    from cliffguard.slurm.cluster import Cluster, ClusterConfig
+
+    if shutil.which("slurmctld") is None and not os.path.exists("/usr/sbin/slurmctld"):
+        _missing("Slurm (apt-get install slurm-wlm munge)")
+    cluster = Cluster(ClusterConfig(dir=str(tmp_path_factory.mktemp("slurm")), cpus=4, grace_s=30))
+    try:
+        cluster.up()
+    except Exception as exc:  # noqa: BLE001 - a cluster that does not come up is a missing service
+        cluster.down()
+        _missing(f"a local Slurm cluster ({exc})")
+    yield cluster
+    cluster.down()
 
 
 @pytest.fixture(scope="session")

@@ -197,6 +197,8 @@ class CheckpointManager:
         self._copier: threading.Thread | None = None
         self.fence_hooks: list[Any] = []
         """The optimizers' step pre-hook handles (``fence_before``)."""
+        self.last_written: dict[str, Any] | None = None
+        """The newest disk write's payload (set on the writer thread before the job counts as done)."""
         self.fence_wait_s = 0.0
         """Seconds the training thread has waited in ``fence`` for a pending copy (the part of the
         snapshot's stall that overlap did not hide; bench/checkpoint_stall.py reads it)."""
@@ -253,6 +255,17 @@ class CheckpointManager:
             self._snapshot(step, state, in_ring=True)
             return
         self._enqueue(step, kind, self._snapshot(step, state, in_ring=False))
+
+    def save_now(self, step: int, state: dict[str, Any], timeout: float | None = None) -> dict[str, Any] | None:
+        """A preemption's save: the memory snapshot, then the full disk checkpoint of the same copy,
+        waited for (at most ``timeout`` s). The disk write's payload (``verified`` says whether it
+        was checked), or None when it did not finish in time (it goes on in the background)."""
+        snap = self._snapshot(step, state, in_ring=True)
+        self._enqueue(step, CheckpointKind.FULL, snap)
+        if not self.wait(timeout):
+            return None
+        written = self.last_written
+        return written if written is not None and written["step"] == step else None
 
     def fence_before(self, optimizer: Any) -> None:
         """Turn ``overlap_copy`` on for this optimizer: its ``step`` first waits for a pending copy.
@@ -324,13 +337,16 @@ class CheckpointManager:
                 if job is None:
                     return
                 self._copied.wait()  # not fence(): that counts the training thread's waits
-                self._emit(self._write(*job))
+                payload = self._write(*job)
+                self.last_written = payload
+                self._emit(payload)
             # DCP's CheckpointException is a BaseException: caught by name, or the writer thread dies
             except (Exception, CheckpointException) as exc:  # noqa: BLE001 - the writer logs and goes on; training must not die
                 log.exception("checkpoint write failed")
                 step, kind, _ = job  # type: ignore[misc]
-                self._emit({"kind": kind.value, "step": step, "path": "", "bytes": 0, "sha256": "",
-                            "seconds": 0.0, "verified": False, "detail": f"write failed: {exc}"})
+                self.last_written = {"kind": kind.value, "step": step, "path": "", "bytes": 0, "sha256": "",
+                                     "seconds": 0.0, "verified": False, "detail": f"write failed: {exc}"}
+                self._emit(self.last_written)
             finally:
                 if job is not None:
                     snap = job[2]
@@ -454,12 +470,21 @@ class CheckpointManager:
                 delete_entry(self.root, meta)
 
     # -- lifecycle -----------------------------------------------------------------------
-    def wait(self) -> None:
+    def wait(self, timeout: float | None = None) -> bool:
         """Block until every snapshot holds its copy and every queued disk write finished (verified
         or reported failed): before anything changes the state in place outside the fenced
-        optimizer (a restore into the model, for one), call this or ``fence``."""
-        self.fence()
-        self._jobs.join()
+        optimizer (a restore into the model, for one), call this or ``fence``. With ``timeout``:
+        False when that did not happen within it."""
+        if timeout is None:
+            self.fence()
+            self._jobs.join()
+            return True
+        end = time.monotonic() + timeout
+        if not self._copied.wait(timeout):
+            return False
+        with self._jobs.all_tasks_done:
+            return self._jobs.all_tasks_done.wait_for(lambda: not self._jobs.unfinished_tasks,
+                                                      max(end - time.monotonic(), 0.0))
 
     def close(self) -> None:
         if self._closed:

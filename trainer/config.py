@@ -69,6 +69,9 @@ class TrainConfig:
     """Start from the newest usable disk checkpoint under the checkpoint dir (a restarted job)."""
     debug_digests: bool = False
     """Add param_digest/rng_digest to step events (tests of exact rollback; costs a host copy)."""
+    sample_log: bool = False
+    """Rank 0 appends every step's sample ids (all ranks) and loss to ``<run_dir>/samples.jsonl``
+    (trainer/record.py ``SampleLog``): what an exact resume is checked against."""
     threads: int = bounded(1, ge=1)
     """torch threads per process on CPU (several processes share the cores)."""
     out_dir: str = "runs"

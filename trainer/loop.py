@@ -59,7 +59,7 @@ from cliffguard.trainer.elastic import Elastic, progress_mark_path
 from cliffguard.trainer.fault_wrappers import wire_faults
 from cliffguard.trainer.loss_scale import AdaptiveLossScaler, LossScaleConfig
 from cliffguard.trainer.model import GPT
-from cliffguard.trainer.record import RECORD_NAME, TrainerRecord
+from cliffguard.trainer.record import RECORD_NAME, SAMPLES_NAME, SampleLog, TrainerRecord
 from cliffguard.trainer.reweight import SourceReweighter
 from cliffguard.trainer.schedule import WarmupCosine
 
@@ -137,6 +137,8 @@ class Trainer:
         self.faults.watch(lambda: self.agent.parts.ranks.collective)
         self.record = self._open_record() if self.rank == 0 else None
         """Rank 0's own account of the commands it applied and the LR scale (trainer/record.py)."""
+        self.samples = SampleLog(cfg.run_dir / SAMPLES_NAME) if cfg.sample_log and self.rank == 0 else None
+        """Rank 0's line per step: every rank's sample ids and the loss ([train] sample_log)."""
         self._t_progress = (time.perf_counter(), 0)  # the progress line's rate: since (time, step)
 
     def _open_record(self) -> TrainerRecord:
@@ -284,6 +286,9 @@ class Trainer:
                                 extra=extra, skipped=not applied,
                                 loss_scale=self.scaler.scale if self.scaler is not None else 1.0)
         self.last_loss = data["loss"]
+        if self.samples is not None:
+            self.samples.step(step, [self.sampler.sample_ids(step, rank=r) for r in range(self.world)], self.last_loss,
+                              extra.get("param_digest"))
         self.step += 1
         return data
 
@@ -379,6 +384,8 @@ class Trainer:
                 self._progress(data)
                 self.elastic.mark_progress(self.step, self.last_loss)
             self.ckpt.wait()
+            if self.kit.preempted is not None:  # saved at the boundary; the scheduler requeues on this code
+                return self.cfg.agent.preemption.exit_code
             self.elastic.mark_progress(self.step, self.last_loss, force=True, val_loss=self._final_eval())
             return 0 if not self.kit.stop_reason.startswith("failed") else 1
         except BaseException as exc:
@@ -389,9 +396,11 @@ class Trainer:
                 error = RuntimeError(self.kit.stop_reason)
             if self.record is not None:
                 reason = self.kit.stop_reason or (f"error: {type(error).__name__}" if error is not None else "")
-                self.record.end(self.step, reason, self.agent.lr_scale.value)
+                self.record.end(self.step, reason, self.agent.lr_scale.value, preempted=self.kit.preempted)
                 self.record.close()
-            for closer in (self.ckpt.close, lambda: self.agent.close(error, final_loss=self._final_loss())):
+            ended = self.kit.preempted is None  # a preempted run said how it ended: run.preempted, no run.finished
+            for closer in (self.ckpt.close, self.samples.close if self.samples is not None else lambda: None,
+                           lambda: self.agent.close(error, final_loss=self._final_loss(), ended=ended)):
                 try:
                     closer()
                 except Exception:  # noqa: BLE001 - close the rest anyway

@@ -32,7 +32,12 @@ dispatch table of agent/dispatch.py):
 - **validate** with the loop's ``validate_fn(batches) -> float`` or, without one, ``loss_fn`` on
   the last ``val_keep`` training batches it was shown (``remember``); never a crash: no data is
   a ``failed`` ack. Every validation runs with the global RNGs put back afterwards, and the
-  periodic ones only while they cost at most ``val_max_share`` of training (agent/recovery/cadence.py).
+  periodic ones only while they cost at most ``val_max_share`` of training (agent/recovery/cadence.py);
+- **preemption** (``[agent.preemption]``, agent/recovery/preemption.py): ``start`` installs the
+  warning-signal handlers (they only note the signal); the boundary after any rank was warned
+  saves the whole state (the store's ``save_now``: memory, then disk, waited for until the
+  deadline), rank 0 emits ``run.preempted``, and the boundary is falsy with ``stop_reason``
+  ``"preempted"``: the loop exits with ``preemption.config.exit_code`` to be requeued.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ from cliffguard.agent.modes import HELD, STOPPING, WAITING
 from cliffguard.agent.recovery.boundary import Boundary
 from cliffguard.agent.recovery.cadence import ValidationCadence
 from cliffguard.agent.recovery.config import KitConfig
+from cliffguard.agent.recovery.preemption import PreemptionWatch, Request, report
 from cliffguard.agent.recovery.restored import describe_restored
 from cliffguard.agent.recovery.ring import MemoryRing, cpu_copy
 from cliffguard.agent.recovery.state import DataPosition, LoopState, Stateful, rng_untouched
@@ -150,6 +156,11 @@ class RecoveryKit:
         agent.lifecycle.summaries["validation"] = self.cadence.summary
         self.restores = 0
         """Rollbacks applied so far (a command's, a timeout policy's or the loop's own)."""
+        self.preemption = PreemptionWatch(agent.config.preemption)
+        """The warning signals' watch (installed by ``start``); its request rides the step's all-reduce."""
+        agent.channel.preempt_pending = lambda: self.preemption.requested
+        self.preempted: dict[str, Any] | None = None
+        """The ``run.preempted`` payload once the run saved for a preemption (every rank has it)."""
         if wrap_optimizer and self.optimizer is not None:
             self._wrap_step(self.optimizer)
 
@@ -189,6 +200,8 @@ class RecoveryKit:
             refuse_if_halted(hang)
         if "capabilities" in inspect.signature(self.agent.start).parameters:
             start_kwargs.setdefault("capabilities", sorted(self.capabilities))
+        if self.preemption.install():
+            self.agent.lifecycle.closers.append(self.preemption)  # the handlers go back when the run closes
         self.agent.start(**start_kwargs)
         if hang is not None:
             self.node_check = preflight(hang, self.agent.modes, self.agent.emit, device=self.agent.device,
@@ -258,8 +271,12 @@ class RecoveryKit:
             log.warning("at_boundary(%d): the agent is at step %d; the agent's counter wins "
                         "(take the step from the Boundary at_boundary returns)", step, self.agent.step)
         before, restores = self.agent.step, self.restores
+        if self.agent.channel.preempt_seen:  # before the commands: the grace time is running
+            return self._preempt()
         if not self.handle_commands():
             return Boundary(False, self.agent.step)
+        if self.agent.channel.preempt_seen:  # warned while paused or held
+            return self._preempt()
         step = self.agent.step
         moved = before if self.restores != restores else None
         self.store.on_step(step, lambda: self.state.capture(step))
@@ -310,6 +327,9 @@ class RecoveryKit:
         since = time.monotonic()
         while agent.modes.mode in WAITING:
             time.sleep(agent.config.command_tick_s)
+            if not self.all_ranks(not self.preemption.requested):  # no step carries the flag here
+                agent.channel.preempt_seen = True
+                break
             decision = None
             if agent.rank == 0:  # rank 0's clock decides; the decision rides the same broadcast
                 decision = timed_out(agent.modes, agent.guard.config, self.config, time.monotonic() - since)
@@ -331,6 +351,34 @@ class RecoveryKit:
         outcome = dispatch(cmd, self, self.agent.modes, self.agent.ack)
         if self.on_command is not None:
             self.on_command(cmd, outcome, before)
+
+    def _preempt(self) -> Boundary:
+        """Every rank at the same boundary: save (memory, then disk, within the deadline), report,
+        stop. A rank its peers' warning reached first counts from now."""
+        agent, cfg = self.agent, self.preemption.config
+        step = agent.step
+        boundary_at = time.monotonic()
+        request = self.preemption.request or Request("peer", boundary_at)
+        state = self.state.capture(step)
+        save_now = getattr(self.store, "save_now", None)
+        saved: dict[str, Any] | None = None
+        try:
+            if save_now is not None:
+                saved = save_now(step, state, timeout=max(request.left(cfg.deadline_s), 0.0))
+            else:  # a store with no disk (the kit's own ring): the memory copy does not outlive the process
+                self.store.save(step, state, CheckpointKind.MEMORY)
+                log.warning("preemption: the kit's store has no disk checkpoint; step %d is saved in memory only", step)
+        except Exception:  # noqa: BLE001 - reported as not verified; the run still exits to be requeued
+            log.exception("preemption save at step %d failed", step)
+        self.preempted = report(request, cfg, boundary_at=boundary_at, saved=saved, saved_at=time.monotonic())
+        if agent.rank == 0:
+            agent.emit(EventType.RUN_PREEMPTED, self.preempted, step=step)
+            log.warning("preempted (%s): step %d saved in %.2f s of the %.0f s deadline (verified: %s); exit %d",
+                        request.signal, step, self.preempted["save_s"], cfg.deadline_s, self.preempted["verified"],
+                        cfg.exit_code)
+        self.stop_reason = "preempted"
+        agent.modes.move(STOPPING)
+        return Boundary(False, step)
 
     # ------------------------------------------------------------------ TimeoutHost
     def available_steps(self) -> list[int]:

@@ -25,6 +25,13 @@ the rendezvous formed and rescale the batch and LR by ``[train.elastic]`` (train
 On CPUs this is the way to get N processes (``accelerate launch --cpu --num_processes N``
 starts only one); each process uses ``--threads`` torch threads and the gloo backend.
 
+Preemption (``[agent.preemption]``, agent/recovery/preemption.py): torchrun is told to forward the
+warning signals to the workers (``PET_SIGNALS_TO_HANDLE``) and to wait ``deadline_s`` + 10 s for
+them before SIGKILL (``PET_SHUTDOWN_TIMEOUT``); a warning that reaches this launcher alone is
+passed to the workers (cliffguard/signals.py). When the workers saved and exited for a
+preemption, this command exits with ``exit_code`` (75 by default: the shipped slurm.conf's
+``RequeueExit``), whatever torchrun's own status.
+
 Hangs (agent/hang/): every process group times out after ``--collective-timeout-s``; with
 ``--max-restarts`` N torchrun may restart the worker group, which is how the controller's
 ``restart`` command takes effect (from the newest disk checkpoint). The launcher watches the job's
@@ -35,6 +42,7 @@ the controller leaves this node (``--node-id``) out or halts the job.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import subprocess
@@ -46,9 +54,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cliffguard import plan_watch
+from cliffguard.agent.recovery.preemption import PreemptionConfig
 from cliffguard.core.deployment import EVENT_KEY_ENV, PUBLIC_KEY_ENV, SECRET_ENV, DeploymentConfig, scrub_keys
 from cliffguard.core.restart_plan import MIN_NODES_ENV, NODE_ENV, node_id
 from cliffguard.core.settings import ConfigError
+from cliffguard.signals import WarningForwarder
+from cliffguard.trainer.record import RECORD_NAME, last_end
 
 if TYPE_CHECKING:
     from cliffguard.trainer.config import TrainConfig
@@ -232,6 +243,32 @@ def torchrun_command(nproc: int, config_path: str | Path, *, nnodes: str | None 
             "-m", "cliffguard.trainer.run", "--config", str(config_path)]
 
 
+def preemption_env(preemption: PreemptionConfig) -> dict[str, str]:
+    """torchrun's settings (its ``PET_*`` environment) for a preemption: forward the warning signals
+    to the workers, and give them the deadline (plus the exit's margin) before SIGKILL."""
+    handled = ["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"]
+    handled += [s for s in preemption.signals if s not in handled]
+    return {"PET_SIGNALS_TO_HANDLE": ",".join(handled),
+            "PET_SHUTDOWN_TIMEOUT": str(math.ceil(preemption.deadline_s) + 10)}
+
+
+def _wait(proc: subprocess.Popen[bytes], forwarder: WarningForwarder | None, plan_dir: str, node: str,
+          since: float) -> plan_watch.Outcome:
+    """torchrun's outcome: it stops this node's agent when the job's restart plan says so
+    (cliffguard/plan_watch.py); meanwhile each warning this process got is passed to the workers."""
+    if forwarder is not None:
+        forwarder.install()
+    try:
+        return plan_watch.wait(proc, plan_dir, node, since=since,
+                               tick=(lambda: forwarder.forward_pending(proc.pid)) if forwarder is not None else None)
+    except KeyboardInterrupt:
+        proc.send_signal(signal.SIGINT)  # torchrun forwards it to the workers
+        return plan_watch.Outcome(proc.wait())
+    finally:
+        if forwarder is not None:
+            forwarder.uninstall()
+
+
 def run(args: argparse.Namespace) -> int:
     if args.nproc < 1:
         print("cliffguard train: --nproc: must be >= 1", file=sys.stderr)
@@ -276,6 +313,10 @@ def run(args: argparse.Namespace) -> int:
             env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         if args.nnodes:
             env[MIN_NODES_ENV] = str(parse_nnodes(args.nnodes)[0])
+        preemption = cfg.agent.preemption
+        forwarder = WarningForwarder(preemption.signals) if preemption.enabled else None
+        if forwarder is not None:
+            env.update(preemption_env(preemption))
         plan_dir = cfg.agent.hang.plan_dir
         since = time.time()
         plan_watch.start_fresh(plan_dir)
@@ -283,15 +324,21 @@ def run(args: argparse.Namespace) -> int:
                                                  rdzv_endpoint=args.rdzv_endpoint, rdzv_id=cfg.run,
                                                  max_restarts=restarts, rdzv_timeout_s=e.rdzv_timeout_s,
                                                  last_call_s=args.rdzv_last_call_s), env=env)
-        try:
-            out = plan_watch.wait(proc, plan_dir, node, since=since)
-        except KeyboardInterrupt:
-            proc.send_signal(signal.SIGINT)  # torchrun forwards it to the workers
-            out = plan_watch.Outcome(proc.wait())
+        out = _wait(proc, forwarder, plan_dir, node, since)
         code = out.code
         if out.plan is not None:
             print(f"cliffguard train: {out.message(node)}", file=sys.stderr)
             return code
+        end = last_end(cfg.run_dir / RECORD_NAME, since=since)
+        if forwarder is not None and end is not None and end.get("stop_reason") == "preempted":
+            saved = end.get("preempted") if isinstance(end.get("preempted"), dict) else {}
+            save_s = saved.get("save_s")
+            took = f"{save_s:.2f} s" if isinstance(save_s, (int, float)) else "? s"
+            print(f"cliffguard train: run {cfg.run} saved at step {end.get('step')} for a preemption "
+                  f"({saved.get('signal', '?')}: {took} of {preemption.deadline_s:g} s, verified "
+                  f"{saved.get('verified')}); exit {preemption.exit_code} (requeue; --resume continues there)",
+                  flush=True)
+            return preemption.exit_code
         if code and args.nnodes:
             print(f"cliffguard train: the elastic launch ended with exit {code}: the workers failed more than "
                   f"--max-restarts ({e.max_restarts}) times, or no rendezvous of {args.nnodes} nodes at "

@@ -28,7 +28,7 @@ from typing import Any
 from cliffguard.controller.goodput.buckets import BUCKETS, CHARGED, INDEX, RUNNING, Bucket
 from cliffguard.controller.goodput.config import GoodputConfig
 from cliffguard.controller.goodput.kept import KeptTimeline
-from cliffguard.controller.goodput.marks import MARKS, Mark, mark_key
+from cliffguard.controller.goodput.marks import AFTER_PREEMPTION, MARKS, Mark, mark_key
 from cliffguard.controller.goodput.record import Cost, LedgerAlert, Window
 from cliffguard.controller.goodput.stalls import Beats, CheckpointStats
 from cliffguard.core.enums import CheckpointKind, EventType
@@ -142,6 +142,8 @@ class Ledger:
             self.counts["scale_changes"] += 1
             if self.cause is not None:
                 self.costs[self.cause].kind = "elastic"
+        if t is EventType.RUN_STARTED and self.phase is Bucket.PREEMPTION:
+            mark = AFTER_PREEMPTION.get(key, mark)  # requeued: the wait was the preemption's
         bucket, booked = self._gap_to(event.ts, mark, cause)
         if key == "checkpoint:memory":
             self._mark(event.step)

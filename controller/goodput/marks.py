@@ -66,6 +66,9 @@ MARKS: dict[str, Mark] = {
     "elastic.scaled_up": Mark(None, B.RESTART),
     # the trainer's own hold timeout (issue 21): the wait was the hold's; its policy applied, it trains on
     "trainer.timeout": Mark(B.HOLD_WAIT, RUNNING),
+    # the scheduler's warning signal (issue 24): the gap before it is the step in flight and the
+    # preemption save; the run is then down until it starts again (requeued), all of it preemption
+    "run.preempted": Mark(B.PREEMPTION, B.PREEMPTION, force=True),
     # a hang (issue 23, rank 0's own evidence): from its last step to the watchdog's dump is the hang until
     # detection, and so is the wait until the group is torn down (then run.failed: the restart); a
     # collective that failed ends it at once; a stall that ended by itself trains on
@@ -76,6 +79,13 @@ MARKS: dict[str, Mark] = {
     "node.check": Mark(B.RESTART, B.CHECKPOINT_RESTORE, force=True),
 }
 """Mark key -> how the event books time (``mark_key`` spells the keys)."""
+
+AFTER_PREEMPTION: dict[str, Mark] = {
+    "run.started:again": Mark(B.PREEMPTION, B.CHECKPOINT_RESTORE, force=True),
+    "run.started:again_at_0": Mark(B.PREEMPTION, B.INITIALIZATION, force=True),
+}
+"""A start after ``run.preempted``: the time the run was down (queued, requeued) was the preemption's,
+not a restart's."""
 
 NOT_MARKS: frozenset[EventType] = frozenset({EventType.GRAD_HIST, EventType.RANKS, EventType.DATA_FLAG,
                                              EventType.HEARTBEAT, EventType.DATA_STATS})

@@ -44,6 +44,7 @@ _REARM_S = 1.0
 # An enum member read through its class costs ~10x a module global; on_event reads them for every event.
 _RUN_STARTED, _HEARTBEAT, _RANKS = EventType.RUN_STARTED, EventType.HEARTBEAT, EventType.RANKS
 _RUN_FINISHED, _RUN_FAILED = EventType.RUN_FINISHED, EventType.RUN_FAILED
+_RUN_PREEMPTED = EventType.RUN_PREEMPTED  # it exits to be requeued: its silence is expected too
 """A sign of life must be this much newer than the one a silence was reported on to re-arm it: a
 node heartbeat re-states a dead rank's last time, measured a moment before the beat's ts."""
 _NAMED_MAX = 16
@@ -228,7 +229,7 @@ class HeartbeatRule:
             for rank, _ in rank_entries(data):
                 self.seen(rank, event.ts, event.step)
         self.seen(event.rank, event.ts, event.step)
-        if etype is _RUN_FINISHED or etype is _RUN_FAILED:
+        if etype is _RUN_FINISHED or etype is _RUN_FAILED or etype is _RUN_PREEMPTED:
             self.ended()
         return []
 

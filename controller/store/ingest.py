@@ -448,6 +448,17 @@ def _run_ended(session: Session, ev: Event) -> bool:
     return res.rowcount > 0
 
 
+def _run_preempted(session: Session, ev: Event) -> bool:
+    """Saved for the scheduler's warning and exiting to be requeued: ``preempted`` until it starts again."""
+    res = session.execute(
+        update(RunRow)
+        .where(RunRow.id == ev.run, or_(RunRow.started_at.is_(None), RunRow.started_at <= ev.ts),
+               or_(RunRow.ended_at.is_(None), RunRow.ended_at < ev.ts))
+        .values(status="preempted")
+    )
+    return res.rowcount > 0
+
+
 _FINISHED_FIGURES = ("steps", "final_loss")  # the run's own row has them (last_step, the curve)
 
 
@@ -472,4 +483,5 @@ _HANDLERS = {
     EventType.HANG_EVIDENCE: _evidence,
     EventType.NODE_CHECK: _evidence,
     EventType.TRAINER_TIMEOUT: _trainer_timeout,
+    EventType.RUN_PREEMPTED: _run_preempted,
 }

@@ -58,7 +58,7 @@ class RunRow(Base):
     id: Mapped[str] = mapped_column(String(128), primary_key=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=_now())
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=_now(), onupdate=_now())
-    status: Mapped[str] = mapped_column(String(16), default="running")  # running | finished | failed
+    status: Mapped[str] = mapped_column(String(16), default="running")  # running | finished | failed | preempted
     recovery_state: Mapped[str] = mapped_column(String(32), default="running")
     world_size: Mapped[int] = mapped_column(Integer, default=1)
     last_step: Mapped[int] = mapped_column(Integer, default=0)
@@ -208,7 +208,7 @@ class IncidentRow(Base):
     level: Mapped[str] = mapped_column(String(16))
     spike_step: Mapped[int] = mapped_column(Integer)
     onset_step: Mapped[int | None] = mapped_column(Integer)
-    outcome: Mapped[str] = mapped_column(String(16), default="open")  # open | resumed | rolled_back | halted | abandoned
+    outcome: Mapped[str] = mapped_column(String(16), default="open")  # open | resumed | rolled_back | halted | abandoned | requeued
     rollback_to: Mapped[int | None] = mapped_column(Integer)
     lr_scale: Mapped[float | None] = mapped_column(Float)
     evidence: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)

@@ -38,7 +38,9 @@ from cliffguard.core.enums import AckStatus, CommandType, Level
 HANG_TRIGGERS = {Trigger.HANG, Trigger.HANG_AGAIN, Trigger.NODE_CHECK_FAILED, Trigger.RESTART_UNAVAILABLE,
                  Trigger.RESTART_BUDGET_SPENT, Trigger.EXCLUDE_UNAVAILABLE, Trigger.WORKERS_STARTED,
                  Trigger.NODE_CHECK_PASSED, Trigger.TRAINING_AGAIN, Trigger.RESTART_TIMED_OUT}
-HANG_MOVES = {(p, t) for p, t in TRANSITIONS if t in HANG_TRIGGERS or p in (Phase.RESTARTING, Phase.REJOINING)}
+HANG_MOVES = {(p, t) for p, t in TRANSITIONS
+              if (t in HANG_TRIGGERS or p in (Phase.RESTARTING, Phase.REJOINING))
+              and p is not Phase.PREEMPTED}  # its first step again is a preemption's move: test_recovery_preempt
 """The hang moves (controller/recovery_hang.py), walked by tests/controller/test_recovery_hang.py."""
 CFG = RecoveryConfig(stable_window=5, recover_window=5, rollback_budget=2, command_timeout_s=10,
                      validate_timeout_s=20, max_attempts=2, skip_data=True)
@@ -766,6 +768,9 @@ def test_the_quiet_step_fast_path_gives_what_the_full_progress_path_gives(phase,
         if phase is Phase.RECOVERING:
             state.incident = Incident(id="i", rule="loss_spike", level="critical", spike_step=100, onset_step=99,
                                       opened_at=900.0, rollback_to=60)
+        if phase is Phase.PREEMPTED:
+            state.incident = Incident(id="i", rule="preemption", level="ok", spike_step=118, onset_step=118,
+                                      opened_at=900.0, evidence={"last_step": 120, "preempted_at": 900.0})
         inp = ProgressIn(step=121, now=1000.0, sample_end=rng[1] if rng else None,
                          sample_start=rng[0] if rng else None, loss_level=level)
         full = full_step(cfg, state)
@@ -773,5 +778,5 @@ def test_the_quiet_step_fast_path_gives_what_the_full_progress_path_gives(phase,
         slow.clear()
         got, actions = transition(cfg, state, inp)
         assert (got, actions) == (full.s, full.actions), (level, rng, flagging, cps)
-        quiet = flagging is None and all(c.stable for c in cps) and phase is not Phase.RECOVERING
+        quiet = flagging is None and all(c.stable for c in cps) and phase not in (Phase.RECOVERING, Phase.PREEMPTED)
         assert not slow if quiet else slow  # the fast path is taken exactly where it applies

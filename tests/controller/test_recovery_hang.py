@@ -310,6 +310,24 @@ def test_an_operators_lr_scale_mid_restart_is_adopted(phase):
     assert moves(acts) == [(phase, phase, "operator_lr_scale")] and d.s.lr_scale == 0.3
 
 
+@pytest.mark.parametrize("phase", [P.RESTARTING, P.REJOINING])
+def test_a_preemption_mid_restart_abandons_the_hang_and_opens_its_own(phase):
+    """The scheduler takes the nodes back while a hung group restarts: the hang's incident is
+    abandoned and the preemption's opens (the requeued run resumes from the saved step)."""
+    from cliffguard.controller.recovery_types import CloseIncident, OpenIncident, RunPreemptedIn
+
+    d = running()
+    hang(d)
+    if phase is P.REJOINING:
+        started(d, life=1)
+    hang_incident = d.s.incident
+    acts = d.feed(RunPreemptedIn(step=d.s.last_step + 1, now=d.now, signal="SIGTERM", deadline_s=30.0, save_s=1.0,
+                                 verified=True, exit_code=75, ts=d.now))
+    assert moves(acts)[-1] == (phase, P.PREEMPTED, "preempted")
+    assert [(c.id, c.outcome) for c in acts if isinstance(c, CloseIncident)] == [(hang_incident.id, "abandoned")]
+    assert [o.rule for o in acts if isinstance(o, OpenIncident)] == ["preemption"]
+
+
 def test_hang_state_round_trips():
     d = running(nodes=2)
     hang(d)

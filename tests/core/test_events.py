@@ -82,6 +82,9 @@ PAYLOADS: dict[EventType, dict] = {
     EventType.TRAINER_TIMEOUT: {"wait": "hold", "policy": "rollback", "waited_s": 120.0, "at_step": 125,
                                 "applied": True, "lr_scale_before": 1.0, "lr_scale": 0.5,
                                 "detail": "restored step 120 from memory", "first_bad_step": 120, "to_step": 120},
+    EventType.RUN_PREEMPTED: {"signal": "SIGTERM", "deadline_s": 30.0, "save_s": 2.5, "margin_s": 27.5,
+                              "verified": True, "wait_s": 0.2, "exit_code": 75, "path": "/ckpt/full-00000040",
+                              "detail": "full checkpoint of step 40 verified"},
 }
 
 ARGS: dict[CommandType, dict] = {

@@ -26,6 +26,7 @@ from cliffguard.controller.store.read.evidence import evidence, hang_evidence
 from cliffguard.controller.store.read.goodput import ettr_by_run, goodput, goodput_costs, remedy_costs
 from cliffguard.controller.store.read.hists import grad_hists
 from cliffguard.controller.store.read.incidents import incident_detail, incidents, transitions
+from cliffguard.controller.store.read.preemptions import preemptions
 from cliffguard.controller.store.read.ranks import (
     DETAIL_COLUMNS,
     RANK_COLUMNS,
@@ -39,6 +40,7 @@ from cliffguard.controller.store.read.runs import get_run, heartbeats, list_runs
 from cliffguard.controller.store.read.validations import data_flags, validations
 
 __all__ = [
+    "preemptions",
     "DETAIL_COLUMNS",
     "RANK_COLUMNS",
     "REQUEST_COLUMNS",

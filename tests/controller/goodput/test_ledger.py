@@ -172,6 +172,24 @@ def test_a_restart_on_a_host_whose_clock_is_behind_still_starts_a_restart():
     assert out["seconds"]["checkpoint_restore"] == pytest.approx(10.0)  # the new process's start to its first step
 
 
+def test_a_preemption_books_the_save_and_the_time_down_until_the_restart_as_preemption():
+    s = Script(run="r", t=100.0, step=0, world=1, step_s=1.0, wait_s=0.0)
+    s.start()
+    s.steps(5)
+    s.t += 1.5  # the step in flight finished, then the save
+    s.emit("run.preempted", {"signal": "SIGTERM", "deadline_s": 30.0, "save_s": 1.5, "margin_s": 28.5,
+                             "verified": True, "wait_s": 0.2, "exit_code": 75})
+    s.t += 60.0  # requeued, waiting for the nodes
+    s.start()
+    s.t += 2.0  # loading the checkpoint
+    s.steps(3)
+    out = summarize(book(s.events()))["seconds"]
+    assert out["preemption"] == pytest.approx(61.5)
+    assert out["restart"] == 0.0
+    assert out["checkpoint_restore"] == pytest.approx(2.0)
+    assert out["productive"] == pytest.approx(8.0)
+
+
 def test_a_hang_books_its_wait_until_detection_then_the_restart_and_the_node_check():
     from tests.core.test_events import PAYLOADS
 

@@ -1,0 +1,69 @@
+"""``cliffguard submit`` over ``sbatch`` and ``cliffguard queue`` over ``squeue`` and the controller log.
+
+A submitted job is a batch script that ``exec``s ``cliffguard train`` with this interpreter
+(``sys.executable``: the job runs the same installation, from any directory), so the batch shell
+is the launcher and a ``--signal=B:USR1@N`` warning reaches it. The script adds ``--resume`` when
+Slurm restarts it (``SLURM_RESTART_COUNT`` > 0: requeued after a preemption or a ``RequeueExit``).
+Why sbatch and not submitit: submitit is not installed here, and a batch script is what Slurm's
+own requeue restarts; submitit's pickled-callable jobs add nothing for a CLI that already exists.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from cliffguard.slurm.classes import BY_NAME
+
+_PREEMPTED = re.compile(r"^\[(?P<ts>[^\]]{1,40})\] preempted JobId=(?P<job>\d+) has been requeued to reclaim "
+                        r"resources for JobId=(?P<by>\d+|Invalid)")
+
+
+def batch_script(cls: str, train_args: list[str], *, cpus: int, output: str, signal_before_s: int = 0,
+                 name: str = "cliffguard") -> str:
+    if cls not in BY_NAME:
+        raise ValueError(f"--class: {cls!r} is not one of {', '.join(BY_NAME)}")
+    lines = ["#!/bin/bash", f"#SBATCH --partition={cls}", f"#SBATCH --job-name={name}",
+             f"#SBATCH --cpus-per-task={cpus}", "#SBATCH --requeue", "#SBATCH --open-mode=append",
+             f"#SBATCH --output={output}"]
+    if signal_before_s:
+        lines.append(f"#SBATCH --signal=B:USR1@{signal_before_s}")
+    train = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "cliffguard", "train", *train_args])
+    lines += ['resume=""', 'if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then resume="--resume"; fi',
+              'echo "cliffguard job $SLURM_JOB_ID start (restart ${SLURM_RESTART_COUNT:-0}) $(date +%s.%N)"',
+              f"exec {train} $resume"]
+    return "\n".join(lines) + "\n"
+
+
+def submit(script: str, env: dict[str, str]) -> int:
+    """sbatch the script (on stdin); the job id."""
+    out = subprocess.run(["sbatch", "--parsable"], input=script, env=env, capture_output=True, text=True, timeout=30)
+    if out.returncode != 0:
+        raise RuntimeError(f"sbatch failed: {out.stderr.strip()}")
+    return int(out.stdout.strip().split(";")[0])
+
+
+def jobs(env: dict[str, str]) -> list[dict[str, str]]:
+    """Every job squeue knows: id, class (partition), name, state, reason, restarts."""
+    out = subprocess.run(["squeue", "-h", "-o", "%i|%P|%j|%T|%r"], env=env, capture_output=True, text=True,
+                         timeout=30)
+    if out.returncode != 0:
+        raise RuntimeError(f"squeue failed: {out.stderr.strip()}")
+    rows = []
+    for line in out.stdout.splitlines():
+        parts = line.split("|")
+        if len(parts) == 5:
+            rows.append(dict(zip(("job", "class", "name", "state", "reason"), parts, strict=True)))
+    return rows
+
+
+def preemptions(log_path: Path) -> list[dict[str, str]]:
+    """What preempted what, from slurmctld's log (no accounting database on this cluster)."""
+    try:
+        text = log_path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    return [m.groupdict() for line in text.splitlines() if (m := _PREEMPTED.match(line))]

@@ -1,0 +1,65 @@
+"""The Slurm cluster's files and the job script, without Slurm (the slurm tier runs them for real)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from cliffguard.signals import children
+from cliffguard.slurm.classes import CLASSES
+from cliffguard.slurm.cluster import Cluster, ClusterConfig
+from cliffguard.slurm.jobs import batch_script, preemptions
+
+
+def test_the_rendered_config_declares_the_issues_cluster(tmp_path):
+    conf = Cluster(ClusterConfig(dir=str(tmp_path), cpus=6, grace_s=45)).render()
+    for line in ("ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "SlurmdParameters=config_overrides",
+                 "PreemptType=preempt/partition_prio", "PreemptMode=REQUEUE", "RequeueExit=75", "CPUs=6",
+                 f"AuthInfo=socket={tmp_path.resolve()}/munge/munge.socket.2"):
+        assert line in conf, line
+    prod = next(line for line in conf.splitlines() if line.startswith("PartitionName=production"))
+    explore = next(line for line in conf.splitlines() if line.startswith("PartitionName=exploration"))
+    assert "PriorityTier=1 " in prod and "PreemptMode=REQUEUE" in prod and "GraceTime=45" in prod
+    assert "PriorityTier=10 " in explore and "PreemptMode" not in explore and "GraceTime" not in explore
+    assert "{" not in conf  # every placeholder filled
+    assert {c.name for c in CLASSES} == {"exploration", "production"}
+
+
+def test_cluster_config_is_validated():
+    with pytest.raises(ValueError, match="slurmd_port"):
+        ClusterConfig(ctld_port=20000, slurmd_port=20000)
+    with pytest.raises(ValueError, match="grace_s"):
+        ClusterConfig(grace_s=0)
+
+
+def test_the_job_script_execs_this_interpreter_and_resumes_on_a_restart():
+    script = batch_script("production", ["--run", "a b", "--steps", "10"], cpus=4, output="/x/%j.out",
+                          signal_before_s=60)
+    assert "#SBATCH --partition=production" in script and "#SBATCH --requeue" in script
+    assert "#SBATCH --signal=B:USR1@60" in script
+    assert f"exec {sys.executable} -m cliffguard train --run 'a b' --steps 10 $resume" in script
+    assert 'if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then resume="--resume"; fi' in script
+    with pytest.raises(ValueError, match="--class: 'urgent'"):
+        batch_script("urgent", [], cpus=1, output="o")
+
+
+def test_what_preempted_what_is_read_from_the_log_and_junk_is_skipped(tmp_path):
+    log = tmp_path / "slurmctld.log"
+    log.write_text("[2026-12-02T04:45:10.879] preempted JobId=8 has been requeued to reclaim resources for JobId=9\n"
+                   "garbage \x00 line\n[x] preempted JobId=abc has been requeued to reclaim resources for JobId=1\n")
+    assert preemptions(log) == [{"ts": "2026-12-02T04:45:10.879", "job": "8", "by": "9"}]
+    assert preemptions(tmp_path / "missing.log") == []
+
+
+def test_children_finds_a_childs_pid():
+    import subprocess
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        import os
+
+        assert proc.pid in children(os.getpid())
+    finally:
+        proc.kill()
+        proc.wait()
