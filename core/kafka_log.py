@@ -12,7 +12,8 @@ exactly that case into one WARNING line and counts it.
 The same for a connection the broker dropped (``kafka.net.transport: Error receiving network data
 closing socket`` with ``ConnectionResetError``): the error text stays on the line, the traceback of
 a ``recv`` goes (a broker that restarts is an outage, which cliffguard's own components report,
-not a bug). Every other exception kafka-python reports keeps its traceback.
+not a bug); so for a read on a transport that closed under it (``AttributeError: 'NoneType' object
+has no attribute 'recv'``). Every other exception kafka-python reports keeps its traceback.
 """
 
 from __future__ import annotations
@@ -34,6 +35,13 @@ def _closed_socket_race(record: logging.LogRecord) -> bool:
         isinstance(e, KeyError) and "[closed]" in str(e) and "is not registered" in str(e) for e in chain)
 
 
+def _closed_transport(exc: BaseException | None) -> bool:
+    """A read or write on a transport whose socket a close already dropped (``self._sock`` is None
+    once the transport closed: seen as a controller stopped while a read was pending)."""
+    return isinstance(exc, AttributeError) and str(exc) in (
+        "'NoneType' object has no attribute 'recv'", "'NoneType' object has no attribute 'send'")
+
+
 CONNECTION_LOGGERS = ("kafka.net.transport", "kafka.net.connection", "kafka.net.manager", "kafka.conn")
 """kafka-python's loggers that report a dropped connection with the traceback of a socket call."""
 
@@ -43,7 +51,8 @@ class DroppedConnection(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
-        if isinstance(exc, ConnectionError | TimeoutError) or type(exc).__name__ == "KafkaConnectionError":
+        if isinstance(exc, ConnectionError | TimeoutError) or type(exc).__name__ == "KafkaConnectionError" \
+                or _closed_transport(exc):
             record.msg = f"{record.getMessage()}: {type(exc).__name__}: {exc}"
             record.args = ()
             record.exc_info = None

@@ -69,3 +69,21 @@ def test_a_dropped_connection_keeps_its_error_on_one_line_without_the_socket_tra
     assert record.exc_info is None and record.levelno == logging.ERROR
     assert record.getMessage() == ("<Task>: Error receiving network data closing socket: ConnectionResetError: "
                                    "[Errno 104] Connection reset by peer")
+
+
+def test_a_read_on_a_transport_that_closed_under_it_is_one_line():
+    """The soak's seed 18: a controller stopped while a read was pending logged the recv's traceback."""
+    kafka_log.install()
+
+    def closed() -> None:
+        sock = None
+        sock.recv(4096)  # type: ignore[attr-defined]
+
+    record = _logged(closed, "kafka.net.transport", "%s: Error receiving network data closing socket")
+    assert record.exc_info is None
+    assert record.getMessage().endswith("AttributeError: 'NoneType' object has no attribute 'recv'")
+
+    def other() -> None:
+        raise AttributeError("'Foo' object has no attribute 'bar'")
+
+    assert _logged(other, "kafka.net.transport", "%s: Error receiving network data closing socket").exc_info
