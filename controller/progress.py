@@ -59,6 +59,13 @@ class ProgressWatch:
             return None
         return Stuck(tp, position, end, now - last[1])
 
+    def wait(self, tps: list[TP], now: float) -> None:
+        """The controller holds these itself (a batch kept through a store failure, partitions
+        paused for the store): their clocks start again, so the first empty poll after the hold is
+        not taken for a stall."""
+        for tp in tps:
+            self._seen[tp] = (self._seen.get(tp, (-1, now))[0], now)
+
     def forget(self, tps: list[TP]) -> None:
         for tp in tps:
             self._seen.pop(tp, None)

@@ -207,6 +207,7 @@ class ControllerService:
 
     def _on_assigned(self, tps: list[tuple[str, int]]) -> None:
         assert self.edge is not None
+        self.progress.forget(tps)  # a fresh assignment: each partition's clock starts at its first look
         self._drop_hold()  # a rebalance: the store's offsets say where each partition resumes
         try:
             with session_scope(self.engine) as s:
@@ -335,8 +336,9 @@ class ControllerService:
         position is said and read again from the store's offsets (controller/progress.py)."""
         assert self.edge is not None
         ours = self._reseek_pending | self.held.paused  # paused by us, waiting for the store
-        mine = [tp for tp in self.edge.assignment() if tp[0] == self.kafka.metrics_topic and tp not in ours]
-        due = self.progress.due(mine, time.monotonic())
+        assigned = [tp for tp in self.edge.assignment() if tp[0] == self.kafka.metrics_topic]
+        self.progress.wait([tp for tp in assigned if tp in ours], time.monotonic())
+        due = self.progress.due([tp for tp in assigned if tp not in ours], time.monotonic())
         position_of, bounds_of = getattr(self.edge, "position", None), getattr(self.edge, "log_bounds", None)
         if not due or position_of is None or bounds_of is None:
             return
@@ -395,6 +397,7 @@ class ControllerService:
             self._try_store(self._reload_runs)
         if self.held.batch is not None:
             res = self._retry_held()
+            self.progress.wait(self.edge.assignment(), time.monotonic())
         elif self._try_store(self._settle_offsets):
             batch = self.edge.poll(self.config.poll_timeout_s)
             if batch.next_offsets:

@@ -35,3 +35,14 @@ def test_off_and_forgotten_partitions():
     assert w.due([TP], now=10.0) == [TP] and w.judge(TP, 0, 5, now=10.0) is not None
     w.forget([TP])
     assert w.due([TP], now=11.0) == []
+
+
+def test_a_partition_the_controller_held_itself_is_not_stuck_right_after_the_hold():
+    """The soak: a store lock of 25 s held the batch (partitions paused); the first empty poll after
+    it was taken for a 46 s stall."""
+    w = ProgressWatch(15.0)
+    w.moved(TP, 100, now=0.0)
+    for t in (5.0, 10.0, 20.0, 25.0):  # held: the service restarts the clock while it holds
+        w.wait([TP], now=t)
+    assert w.due([TP], now=26.0) == []
+    assert w.due([TP], now=40.0) == [TP] and w.judge(TP, 100, 150, now=40.0).still_s == 15.0
