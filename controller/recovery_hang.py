@@ -108,6 +108,14 @@ def _decide(st: Step, inp: VerdictIn | NodeCheckIn, ev: dict[str, Any], nodes: t
     _open(st, ev, step, now)
     reason = f"{message}; {why}"
     s.hang = replace(s.hang, hangs=(*s.hang.hangs, *((n, now) for n in nodes if n))[-HANGS_KEEP:])
+    if trigger is Trigger.RESTART_UNAVAILABLE and s.phase is not Phase.REJOINING:
+        # No restart to give it: halting the job would turn a stall that ends by itself (a rank
+        # stopped for seconds, a slow filesystem) into a dead run, and a real hang fails at the
+        # collective timeout anyway. A human is told; the job is left running (the soak: a rank
+        # SIGSTOPped 12.5 s on a run without restarts was halted at step 376 of 600).
+        st.halt(trigger, f"{reason}; the job is left running (a stall that ends by itself trains on, one "
+                "that does not fails at the collective timeout)", ev, now)
+        return
     if trigger in (Trigger.RESTART_UNAVAILABLE, Trigger.RESTART_BUDGET_SPENT, Trigger.EXCLUDE_UNAVAILABLE):
         st.halt(trigger, reason, ev, now)
         _send_restart(st, "halt", life, ranks, (), reason, now, nodes)

@@ -59,6 +59,7 @@ _HALT = ("close incident halted", "alert critical")
 _ROLLBACK = "send rollback (lr_scale, skip_data)"
 _RESTARTS = ("starts_restart", "can_restart", "within_restart_budget")
 _HANG_SOURCES = (P.RUNNING, P.RECOVERING, P.REJOINING)
+_HALT_LEFT_RUNNING = ("close incident halted", "alert critical (no restart to give it: the job is left running)")
 _HALT_JOB = ("close incident halted", "send restart halt (when the run can apply it)", "alert critical")
 
 
@@ -127,7 +128,7 @@ TABLE: tuple[Transition, ...] = (
       for p in _HANG_SOURCES),
     *(t for p in _HANG_SOURCES for t in (
         Transition(p, T.RESTART_UNAVAILABLE, P.HALTED, ("starts_restart", "not can_restart"),
-                   (*_open_hang(p), *_HALT_JOB)),
+                   (*_open_hang(p), *(_HALT_JOB if p is P.REJOINING else _HALT_LEFT_RUNNING))),
         Transition(p, T.RESTART_BUDGET_SPENT, P.HALTED, ("starts_restart", "can_restart", "not within_restart_budget"),
                    (*_open_hang(p), *_HALT_JOB)),
         Transition(p, T.EXCLUDE_UNAVAILABLE, P.HALTED, (*_RESTARTS, "wants_exclusion", "not can_exclude"),
