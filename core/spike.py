@@ -27,7 +27,7 @@ Per logged point, in order:
    evidence: a second spike soon after is judged afresh.
 
 **Cold start.** Before ``min_history`` healthy points there is no median or σ worth the name: a
-point is evidence when it is ``cold_rise`` above the lowest loss so far, and ``cold_points`` of
+point is evidence when it is ``cold_rise`` above the median of the healthy points so far, and ``cold_points`` of
 them among the newest ``evidence_points`` are critical — a warm-up blow-up (the loss climbing to
 several times where the run started), not the one- to three-point bump many runs make at step 2.
 
@@ -37,6 +37,7 @@ several times where the run started), not the one- to three-point bump many runs
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -226,8 +227,12 @@ class SpikeDetector:
     def _cold(self, loss: float) -> tuple[Level, float | None, float | None, float | None, str]:
         """Before ``min_history`` healthy points: the rise over the lowest loss so far."""
         cfg = self.config
-        low = self._cold_min
-        if loss >= low * (1.0 + cfg.cold_rise) and low > 0:
+        # the level is the median of the healthy points so far, not their lowest: a noisy curve's
+        # lowest point is its most extreme draw, and +50 % over it is ordinary noise on a small
+        # batch (a batch-8 regression paused at steps 10-23 of 30 against its minimum)
+        items = self._window.items
+        low = statistics.median(items) if items else math.inf
+        if loss >= low * (1.0 + cfg.cold_rise) and low > 0 and math.isfinite(low):
             n = self._evidence.push(1.0)
             if self._alarm:
                 return _CRITICAL, None, None, None, _COLD_GOES_ON
@@ -262,8 +267,9 @@ class SpikeDetector:
         ev = self._evidence
         total, at = ev.total(), self.evidence_level()
         if why.startswith("cold"):
-            low = self._cold_min
-            reason = f"cold start: {loss / low - 1:+.0%} over the lowest loss so far {low:.4g}"
+            items = self._window.items
+            low = statistics.median(items) if items else self._cold_min
+            reason = f"cold start: {loss / low - 1:+.0%} over the median so far {low:.4g}"
             if why == _COLD_CROSSED:
                 reason += f", {total:.0f} such points of the newest {self.config.evidence_points}"
         elif k is None or why in (_WARMING, ""):

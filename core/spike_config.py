@@ -57,7 +57,7 @@ class SpikeConfig:
     """Tail probability below which a point counts as evidence (the truncation of the truncated
     product). 0.005/0.01/0.02 -> the same recall and negatives; 0.05 -> recall 13/15."""
     cold_rise: float = bounded(0.5, gt=0)
-    """Cold start: rise over the lowest loss so far at which a point counts as evidence..."""
+    """Cold start: rise over the median of the healthy points so far at which a point counts as evidence..."""
     cold_points: int = bounded(4, ge=1)
     """...and how many such points among the newest ``evidence_points`` are critical. A warm-up
     blow-up (17 -> 58 in 40 steps) has ten such points; the step-2 bumps of four healthy runs

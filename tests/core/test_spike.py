@@ -69,11 +69,11 @@ def test_nonfinite_is_critical_at_once_and_stays_out_of_the_window():
 
 
 def test_cold_start_catches_a_warm_up_blow_up_not_a_one_point_bump():
-    # before min_history healthy points: evidence is a loss cold_rise (50%) above the lowest so far
+    # before min_history healthy points: evidence is a loss cold_rise (50%) above the median so far
     # (counted, kept out of the window, but not a warning: most runs make a bump at step 2 or so)
     det = SpikeDetector()
     got = [det.observe(x) for x in [10.0, 9.0, 25.0, 9.5, 8.8]]
-    assert [v.level for v in got] == [Level.OK] * 5 and "cold start: +178%" in got[2].reason
+    assert [v.level for v in got] == [Level.OK] * 5 and "cold start: +163%" in got[2].reason
     assert len(det) == 4  # the bump stayed out of the window
     blow_up = SpikeDetector()
     got = levels(blow_up, [17.4, 27.9, 49.2, 58.5, 33.8, 38.1])
@@ -81,6 +81,15 @@ def test_cold_start_catches_a_warm_up_blow_up_not_a_one_point_bump():
     assert "cold start" in blow_up.observe(41.7).reason
     # a three-point bump stays a warning: cold_points (4) of the newest evidence_points
     assert Level.CRITICAL not in levels(SpikeDetector(), [7.0, 9.0, 13.7, 14.0, 11.7, 9.1, 8.2, 7.5])
+
+
+def test_a_noisy_small_batch_start_is_not_a_warm_up_blow_up():
+    """A batch-8 regression with dropout and a warm-up LR (tests/agent/test_random_streams.py's plain
+    loop): its losses swing ±50 % from step to step. Against the lowest loss so far the cold start
+    paused it at steps 10, 15 and 20-23; against the median so far, never."""
+    noisy = [69.61, 36.71, 16.68, 13.15, 22.85, 19.49, 23.18, 14.63, 13.30, 22.80, 22.30, 8.92, 16.34, 22.87,
+             15.43, 21.65, 11.55, 33.92, 22.99, 15.09, 18.41, 16.09, 22.96, 16.51, 7.77, 7.63, 6.11, 16.89, 5.77]
+    assert Level.CRITICAL not in levels(SpikeDetector(), noisy)
 
 
 def test_a_healthy_point_enters_the_window_a_warning_does_not():
