@@ -135,7 +135,15 @@ def test_a_partition_that_reads_nothing_while_its_log_grows_is_said_and_read_aga
             svc.start()
             stuck = threading.Event()
             poll, seek = svc.edge.poll, svc.edge.seek
-            svc.edge.poll = lambda timeout_s=1.0: EdgeBatch() if stuck.is_set() else poll(timeout_s)
+            held_polls = []
+
+            def stuck_poll(timeout_s=1.0):
+                if stuck.is_set():
+                    held_polls.append(1)
+                    return EdgeBatch()
+                return poll(timeout_s)
+
+            svc.edge.poll = stuck_poll
 
             def seek_clears(topic, partition, offset):
                 stuck.clear()
@@ -151,6 +159,8 @@ def test_a_partition_that_reads_nothing_while_its_log_grows_is_said_and_read_aga
                 trainer.producer.flush()
                 wait_for(lambda: _count(engine, "r") == 20, 60)
                 stuck.set()
+                # a real poll already under way when the flag went up would read on: wait for held ones
+                wait_for(lambda: len(held_polls) >= 2, 30)
                 with caplog.at_level(logging.WARNING, logger="cliffguard.controller.service"):
                     trainer.steps("r", 20, 39)
                     trainer.producer.flush()
