@@ -295,6 +295,14 @@ def run(args: argparse.Namespace) -> int:
             from cliffguard.controller.broker import ensure_topics
 
             ensure_topics(cfg.kafka)
+        if args.nnodes and cfg.agent.preemption.enabled:
+            # An elastic group's torchrun agents SIGTERM their workers on every membership change
+            # (a node leaving or rejoining): taken for the scheduler's warning, a rejoin became a
+            # "preemption" and an exit 75 (the elastic demo). Shrinking on a preemption is issue 24's
+            # deliverable 3, not built: elastic launches keep torchrun's own handling until then.
+            cfg.agent.preemption.enabled = False
+            print("cliffguard train: [agent.preemption] is off for an elastic launch (--nnodes): torchrun's own "
+                  "SIGTERM on a membership change is not a scheduler's warning", file=sys.stderr)
         config_path = cfg.run_dir / "config.json"
         cfg.save(config_path)
         env = worker_env(deployment, cfg)
