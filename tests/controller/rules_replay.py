@@ -11,7 +11,7 @@ every rule's state at checkpoints.
 ``tests/controller/rules_replay.json`` holds what the code before the vectorised rules recorded
 (``python tests/controller/rules_replay.py --write tests/controller/rules_replay.json`` run with
 that checkout first on ``PYTHONPATH``); ``test_rules_replay.py`` compares the current code to it.
-The loss rules' verdicts and state were recorded again when the spike rule became budget-driven
+The loss rules' verdicts and state were recorded again when the spike rule became budget-driven, and its state again when the cold start measured against the median
 (issue 26: its tail model, evidence counted in points); every other rule's verdicts and state
 digests were checked identical to the earlier recording before it was replaced.
 """
