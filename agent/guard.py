@@ -50,6 +50,8 @@ from cliffguard.core.settings import shared_field
 from cliffguard.core.spike import SpikeConfig, SpikeDetector, SpikeVerdict
 
 TIMEOUT_POLICIES = ("rollback", "resume", "stop")
+COLD_START = "cold start"
+"""How core/spike.py's reason begins for a verdict of its cold start."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -96,7 +98,12 @@ class Guard:
         where it did not: the loss is judged alone)."""
         verdict = self.detector.observe(loss, grad_norm=grad_norm)
         self.last_verdict = verdict
-        if verdict.level is Level.CRITICAL and self.config.enabled:
+        # Before min_history the rule has no noise estimate, only a rise over the median so far
+        # (core/spike.py's cold start): the controller may pause and validate on it, but the guard
+        # does not skip or hold on a guess. A batch-8 loss with random targets swings 8x from step
+        # to step; the README's plain loop held there, with no controller, until it timed out.
+        cold = verdict.reason.startswith(COLD_START)
+        if verdict.level is Level.CRITICAL and self.config.enabled and not cold:
             self.trips += 1
             if self.consecutive_skips == 0:
                 self.first_skip_step = step

@@ -276,3 +276,16 @@ def test_ddp_hook_gives_the_global_grad_norm_of_the_reduced_buckets(tmp_path):
         model = timer = None
         gc.collect()
         dist.destroy_process_group()
+
+
+def test_the_guard_does_not_skip_on_the_rules_cold_start():
+    """Before min_history the spike rule only sees a rise over the median so far (no noise estimate):
+    the verdict may be critical for the controller, but the guard lets the update through."""
+    from cliffguard.agent.guard import Guard
+    from cliffguard.core.enums import GuardDecision, Level
+
+    g = Guard()
+    decisions = [g.decide(x, i) for i, x in enumerate([17.4, 27.9, 49.2, 58.5, 33.8, 38.1, 41.7])]
+    assert g.last_verdict.level is Level.CRITICAL and g.last_verdict.reason.startswith("cold start")
+    assert GuardDecision.SKIP not in decisions and GuardDecision.HOLD not in decisions
+    assert g.decide(float("nan"), 7) is GuardDecision.SKIP  # a non-finite loss is skipped at once
