@@ -49,12 +49,13 @@ from cliffguard.controller.edge import DeadLetter, EdgeBatch, EdgeConsumer, Edge
 from cliffguard.controller.goodput.config import GoodputConfig
 from cliffguard.controller.goodput.metrics import MetricsServer
 from cliffguard.controller.health import HealthServer, HealthSnapshot
-from cliffguard.controller.held import HeldBatch, pause, resume
+from cliffguard.controller.held import HeldBatch, pause
 from cliffguard.controller.operator import RequestPass, decide_pending_requests
 from cliffguard.controller.outbox import CommandOutbox
 from cliffguard.controller.progress import ProgressWatch
 from cliffguard.controller.recovery_types import RecoveryConfig
 from cliffguard.controller.runstate import DetectorFactory, RunTable, default_detector_factory
+from cliffguard.controller.service_offsets import LogOffsets
 from cliffguard.controller.store.db import session_scope
 from cliffguard.controller.store.dlq import count_dead_letter, count_run_dead_letter
 from cliffguard.controller.store.errors import Backoff, StoreLost, is_store_lost, is_transient
@@ -71,7 +72,7 @@ log = logging.getLogger(__name__)
 MAX_BATCH_FAILURES = 3
 
 
-class ControllerService:
+class ControllerService(LogOffsets):
     def __init__(
         self,
         config: ControllerConfig,
@@ -235,128 +236,6 @@ class ControllerService:
         self._check_bounds.update(tps)
         log.info("assigned %s: seek to stored offsets %s, %d runs reloaded", tps,
                  {p: stored[p] for p in parts if p in stored}, n)
-
-    def _drop_offsets_beyond_the_log(self, tps: list[tuple[str, int]], stored: dict[int, int]) -> dict[int, int]:
-        """Stored offsets past a partition's end, on a broker that no longer has this group's
-        committed offsets, belong to a topic that no longer exists (deleted and created again, or
-        a broker that restarted empty). Seeking there would skip the new topic's messages and the
-        batch fence would refuse every batch from offset 0 on, so such a partition restarts at
-        its first offset, in the store too."""
-        bounds_of = getattr(self.edge, "log_bounds", None)
-        forgot = getattr(self.edge, "broker_forgot_group", None)
-        mine = [(t, p) for t, p in tps if p in stored]
-        # Some brokers (Tansu) report a low end offset for a log written in batches, so "past the
-        # end" alone is not proof; a broker that also lost this group's committed offsets is.
-        if not mine or bounds_of is None or forgot is None or forgot(mine) is not True:
-            return stored
-        bounds = bounds_of(mine)
-        beyond = {tp: b for tp, b in bounds.items() if stored[tp[1]] > b[1]}
-        if beyond:
-            topic_id = getattr(self.edge, "topic_id", lambda: None)()
-            self._restart_at_log_start(beyond, "stored offsets lie beyond the log and the broker forgot the "
-                                       "group (topic re-created?)", topic_id, seek=False)
-            stored = {**stored, **{p: first for (_, p), (first, _end) in beyond.items()}}
-        return stored
-
-    def _restart_at_log_start(self, bounds: dict[tuple[str, int], tuple[int, int]], why: str, topic_id: object,
-                              *, seek: bool = True) -> None:
-        """The one place a topic's stored offsets are given up: the partitions restart at their
-        first offset, in the store and (``seek``) in the consumer, and the topic's id is adopted,
-        so a second sign of the same re-creation changes nothing. What was read before is read
-        again and recognised (``controller/replays.py``): stored once, judged once."""
-        self._topic_id = topic_id if topic_id is not None else self._topic_id
-        self.stats["topic_restarts"] = self.stats.get("topic_restarts", 0) + 1
-        log.warning("%s: %s; reading %s again from the start %s", self.kafka.metrics_topic, why,
-                    sorted(bounds), {tp: first for tp, (first, _end) in bounds.items()})
-        self._reset_stored_offsets({tp: first for tp, (first, _end) in bounds.items()})
-        if seek and self.edge is not None:
-            for (topic, part), (first, _end) in bounds.items():
-                self.edge.seek(topic, part, first)
-
-    def _on_recreated(self, topic: str, topic_id: object) -> None:
-        """The edge saw the topic's id change (and dropped the batch read at the old positions);
-        settled on the consumer thread at the next step (``_settle_offsets``)."""
-        self._recreated = topic_id if topic_id is not None else object()
-
-    def _settle_offsets(self) -> None:
-        """Offset checks that need blocking broker queries, done on the consumer thread."""
-        assert self.edge is not None
-        self._report_rebuilds()
-        if self._reseek_pending:
-            tps = sorted(self._reseek_pending & set(self.edge.assignment()))
-            self._reseek(tps)  # raises while the store is unreadable: step_once retries later
-            self._reseek_pending.clear()
-            resume(self.edge, tps)
-        if self._recreated is not None:
-            tps = [(t, p) for t, p in self.edge.assignment() if t == self.kafka.metrics_topic]
-            if self._recreated == self._topic_id:
-                # Already restarted at this topic's start (the bounds check at assignment saw it
-                # first): the stored offsets are this topic's. Back to them for the dropped batch.
-                self._recreated = None
-                log.info("%s: the re-created topic was already read from its start; no second reset",
-                         self.kafka.metrics_topic)
-                self._reseek(tps)
-            else:
-                bounds = getattr(self.edge, "log_bounds", lambda _tps: {})(tps)
-                if bounds:  # no assignment yet: the check after the next assignment covers it
-                    new_id, self._recreated = self._recreated, None
-                    self._restart_at_log_start(bounds, "re-created (a new topic id)", new_id)
-        if self._check_bounds:
-            tps = sorted(self._check_bounds & set(self.edge.assignment()))
-            self._check_bounds.clear()
-            with session_scope(self.engine) as s:
-                stored = load_offsets(s, self.config.group_id, self.kafka.metrics_topic)
-            settled = self._drop_offsets_beyond_the_log(tps, stored)
-            for topic, part in tps:
-                if part in settled and settled[part] != stored.get(part):
-                    self.edge.seek(topic, part, settled[part])
-
-    def _report_rebuilds(self) -> None:
-        """Say so when a partition read from the log start (no stored offset) had offsets
-        committed at the broker: the store is empty or new, and is being rebuilt. Runs before the
-        first batch's offsets go to Kafka, so the broker's numbers are still the old ones."""
-        if not self._unstored or self.edge is None:
-            return
-        tps, self._unstored = sorted(self._unstored), set()
-        committed = getattr(self.edge, "committed_offsets", lambda _tps: {})(tps)
-        ahead = {tp: o for tp, o in committed.items() if o}
-        if ahead:
-            self.stats["store_rebuilds"] += len(ahead)
-            log.warning("the store has no offsets for %s but group %s committed %s at the broker: the store "
-                        "is empty or new; rebuilding it from the log start", sorted(ahead), self.config.group_id,
-                        ahead)
-
-    def _reset_stored_offsets(self, offsets: dict[tuple[str, int], int]) -> None:
-        self.stats["offset_resets"] = self.stats.get("offset_resets", 0) + len(offsets)
-        with session_scope(self.engine) as s:
-            save_offsets(s, self.config.group_id, offsets, now=self.clock())
-
-    def _unstick(self) -> None:
-        """A partition that stood still ``stuck_after_s`` while the broker's log ends beyond its
-        position is said and read again from the store's offsets (controller/progress.py)."""
-        assert self.edge is not None
-        ours = self._reseek_pending | self.held.paused  # paused by us, waiting for the store
-        assigned = [tp for tp in self.edge.assignment() if tp[0] == self.kafka.metrics_topic]
-        self.progress.wait([tp for tp in assigned if tp in ours], time.monotonic())
-        due = self.progress.due([tp for tp in assigned if tp not in ours], time.monotonic())
-        position_of, bounds_of = getattr(self.edge, "position", None), getattr(self.edge, "log_bounds", None)
-        if not due or position_of is None or bounds_of is None:
-            return
-        ends = bounds_of(due)
-        stuck = []
-        for tp in due:
-            seen = self.progress.judge(tp, position_of(*tp), ends.get(tp, (None, None))[1], time.monotonic())
-            if seen is not None:
-                stuck.append(seen)
-        if not stuck:
-            return
-        self.stats["stuck_resets"] = self.stats.get("stuck_resets", 0) + len(stuck)
-        for st in stuck:
-            log.warning("%s[%d]: nothing read for %.0f s at offset %d while the log ends at %d; reading it again "
-                        "from the store's offset", st.tp[0], st.tp[1], st.still_s, st.position, st.end)
-        tps = [st.tp for st in stuck]
-        resume(self.edge, tps)
-        self._try_store(lambda: self._reseek(tps))
 
     def _on_revoked(self, tps: list[tuple[str, int]]) -> None:
         self.progress.forget(tps)
