@@ -291,7 +291,7 @@ class EdgeConsumer:
         step_bounds: StepBounds | None = None,
         max_fetch_bytes: int = 64 * 1_048_576,
     ) -> None:
-        from kafka import KafkaConsumer, KafkaProducer
+        from kafka import KafkaProducer
 
         self.kafka = kafka
         self.group_id = group_id
@@ -327,13 +327,38 @@ class EdgeConsumer:
             **net_client_kwargs(),  # a big fetch read under GIL contention is no livelock (controller/kafka_net.py)
             **(consumer_overrides or {}),
         }
-        self._consumer = KafkaConsumer(**kw)
-        self._consumer.subscribe([self.topic], listener=_Rebalance(on_assigned, on_revoked).listener())
+        self._consumer_kw = kw
+        self._listener = _Rebalance(on_assigned, on_revoked)
+        self.rebuilds = 0
+        self._consumer = self._new_consumer()
         dlq_kwargs = {**kafka.client_kwargs(), "client_id": f"cliffguard-dlq-{group_id}", "acks": "all",
                       "max_request_size": max(1_048_576, max_bytes + 65_536, DLQ_KEEP_BYTES * 2),
                       "max_block_ms": 5_000, "bootstrap_timeout_ms": 5_000}
         # rebuilt after a send the broker did not acknowledge (core/kafka_producers.py)
         self._dlq = RecoveringProducer(kafka, lambda: KafkaProducer(**dlq_kwargs), name="dead-letter producer")
+
+    def _new_consumer(self) -> Any:
+        from kafka import KafkaConsumer
+
+        consumer = KafkaConsumer(**self._consumer_kw)
+        consumer.subscribe([self.topic], listener=self._listener.listener())
+        return consumer
+
+    def rebuild(self, why: str) -> list[tuple[str, int]]:
+        """Close the consumer and subscribe a fresh one on the same settings: kafka-python's group
+        state can wedge after a broker restart met a stopped process (controller/progress.py), and
+        a new client is the one state it surely recovers from. The old one leaves without
+        committing (the store holds the offsets that count); its partitions are returned, revoked:
+        the new consumer's assignment seeks to the store's offsets."""
+        old, held = self._consumer, self.assignment()
+        log.warning("rebuilding the metrics consumer of group %s: %s", self.group_id, why)
+        try:
+            old.close(autocommit=False, timeout_ms=2_000)
+        except Exception as exc:  # noqa: BLE001 - a wedged client may not close cleanly; the new one matters
+            log.warning("the old metrics consumer did not close cleanly: %s: %s", type(exc).__name__, exc)
+        self._consumer = self._new_consumer()
+        self.rebuilds += 1
+        return held
 
     def poll(self, timeout_s: float = 1.0) -> EdgeBatch:
         batch = EdgeBatch()

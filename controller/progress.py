@@ -6,7 +6,11 @@ read 85 new steps from the same partition, and nothing in its log said so. Whate
 kafka-python's fetch there, the controller can see the symptom itself: a partition whose
 position has not moved for ``after_s`` while the broker's log end lies beyond it. The service
 then logs a WARNING with the numbers and goes back to the store's offsets for it (a seek, and a
-resume unless the controller itself paused it), which re-creates the fetch state.
+resume unless the controller itself paused it), which re-creates the fetch state. A partition
+found stuck again, with nothing read since (the seek did not help), has a consumer whose group
+state is wedged: the CI soak's seed 2 (the broker killed while the controller was stopped) left
+kafka-python with its coordinator marked dead and never looked up again, fetching nothing for as
+long as the soak waited. The service then builds a fresh consumer (``Stuck.times`` >= 2).
 
 Pure: the service hands in the clock, the positions and the log ends.
 """
@@ -24,6 +28,8 @@ class Stuck:
     position: int
     end: int
     still_s: float
+    times: int = 1
+    """Stuck judgments in a row with nothing read in between (the seeks did not help)."""
 
 
 @dataclass(slots=True)
@@ -32,12 +38,15 @@ class ProgressWatch:
     """Seconds a partition may stand still with its log ahead before it counts as stuck (0 = off)."""
     _seen: dict[TP, tuple[int, float]] = field(default_factory=dict)
     """Per partition: the position last seen moving, and when."""
+    _stuck: dict[TP, int] = field(default_factory=dict)
+    """Per partition: stuck judgments in a row since it last moved."""
 
     def moved(self, tp: TP, position: int, now: float) -> None:
         """A batch of ``tp`` was processed up to ``position``."""
         last = self._seen.get(tp)
         if last is None or last[0] != position:
             self._seen[tp] = (position, now)
+            self._stuck.pop(tp, None)
 
     def due(self, tps: list[TP], now: float) -> list[TP]:
         """The partitions that stood still for ``after_s``: worth a (blocking) look at the log end."""
@@ -55,9 +64,15 @@ class ProgressWatch:
         ``tp`` starts again (one look per ``after_s``)."""
         last = self._seen.get(tp, (-1, now))
         self._seen[tp] = (position if position is not None else last[0], now)
-        if position is None or end is None or end <= position or last[0] not in (-1, position):
+        if position is None or end is None:
             return None
-        return Stuck(tp, position, end, now - last[1])
+        if end <= position:  # caught up: nothing to read
+            self._stuck.pop(tp, None)
+            return None
+        if last[0] not in (-1, position):  # a seek moved it since the last look: it gets ``after_s``
+            return None
+        self._stuck[tp] = times = self._stuck.get(tp, 0) + 1
+        return Stuck(tp, position, end, now - last[1], times)
 
     def wait(self, tps: list[TP], now: float) -> None:
         """The controller holds these itself (a batch kept through a store failure, partitions
@@ -69,3 +84,4 @@ class ProgressWatch:
     def forget(self, tps: list[TP]) -> None:
         for tp in tps:
             self._seen.pop(tp, None)
+            self._stuck.pop(tp, None)

@@ -33,6 +33,7 @@ class LogOffsets:
     _reseek_pending: set[tuple[str, int]]
     _check_bounds: set[tuple[str, int]]
     _unstored: set[tuple[str, int]]
+    _on_revoked: Any
 
     def _drop_offsets_beyond_the_log(self, tps: list[tuple[str, int]], stored: dict[int, int]) -> dict[int, int]:
         """Stored offsets past a partition's end, on a broker that no longer has this group's
@@ -149,6 +150,18 @@ class LogOffsets:
         if not stuck:
             return
         self.stats["stuck_resets"] = self.stats.get("stuck_resets", 0) + len(stuck)
+        rebuild = getattr(self.edge, "rebuild", None)
+        again = [st for st in stuck if st.times >= 2]
+        if again and rebuild is not None:
+            # the seek did not help: the client itself is wedged; a fresh one joins the group again
+            # and its assignment seeks to the store's offsets (``_on_assigned``)
+            st = again[0]
+            self.stats["consumer_rebuilds"] = self.stats.get("consumer_rebuilds", 0) + 1
+            revoked = rebuild(f"{st.tp[0]}[{st.tp[1]}] read nothing at offset {st.position} (log end {st.end}) "
+                              f"for {st.times} looks of {self.config.stuck_after_s:g} s, a seek between them")
+            self._on_revoked(revoked)
+            self._reseek_pending.difference_update(revoked)
+            return
         for st in stuck:
             log.warning("%s[%d]: nothing read for %.0f s at offset %d while the log ends at %d; reading it again "
                         "from the store's offset", st.tp[0], st.tp[1], st.still_s, st.position, st.end)

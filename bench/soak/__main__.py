@@ -103,7 +103,24 @@ def evidence(row: dict[str, Any]) -> str:
     for name, c in row["checks"].items():
         for line in c["detail"]:
             out.append(f"  {name}: {line}")
+    out += own_log_tail(Path(row["dir"]) / "controller.log") if row.get("dir") else []
     return "\n".join(out)
+
+
+OWN_LOG_LINES = 160
+"""A broken seed's evidence ends with the controller's own last lines (not kafka-python's reconnect
+chatter), its stack dump included when the store stopped short: a CI run keeps no seed directory, so
+what the controller said must be in the output."""
+
+
+def own_log_tail(path: Path) -> list[str]:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError as exc:
+        return [f"  (no controller log: {exc})"]
+    own = [ln for ln in lines if ln.strip() and " kafka." not in ln[:60]]
+    return [f"  the controller's last {min(len(own), OWN_LOG_LINES)} own log lines ({path}):"] + [
+        "    " + ln[:300] for ln in own[-OWN_LOG_LINES:]]
 
 
 MIN_STEPS = 200

@@ -46,3 +46,17 @@ def test_a_partition_the_controller_held_itself_is_not_stuck_right_after_the_hol
         w.wait([TP], now=t)
     assert w.due([TP], now=26.0) == []
     assert w.due([TP], now=40.0) == [TP] and w.judge(TP, 100, 150, now=40.0).still_s == 15.0
+
+
+def test_a_partition_stuck_again_after_a_seek_counts_its_looks_until_it_reads():
+    """The seek of the first look did not help (kafka-python's group state wedged): the second look
+    says so (``times`` 2), and the service builds a fresh consumer; reading anything resets it."""
+    w = ProgressWatch(10.0)
+    w.moved(TP, 100, now=0.0)
+    assert w.judge(TP, 100, 150, now=10.0).times == 1
+    assert w.judge(TP, 40, 150, now=20.0) is None  # the seek moved it back: it gets its interval
+    assert w.judge(TP, 40, 150, now=30.0).times == 2
+    w.moved(TP, 60, now=31.0)  # it read
+    assert w.judge(TP, 60, 150, now=41.0).times == 1
+    assert w.judge(TP, 150, 150, now=51.0) is None  # caught up
+    assert w.judge(TP, 150, 160, now=61.0).times == 1

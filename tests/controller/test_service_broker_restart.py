@@ -7,6 +7,8 @@ embedded broker restarted on the same port, the controller service on a thread, 
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from sqlalchemy import func, select
 
@@ -172,5 +174,68 @@ def test_a_partition_that_reads_nothing_while_its_log_grows_is_said_and_read_aga
         said = [r.getMessage() for r in caplog.records if "nothing read for" in r.getMessage()]
         assert said and "while the log ends at" in said[0], caplog.text
         assert svc.stats["stuck_resets"] >= 1 and _count(engine, "r") == 40
+    finally:
+        broker.stop()
+
+
+def test_a_consumer_a_seek_does_not_unstick_is_built_again_and_reads_on(tmp_path, caplog):
+    """The CI soak's seed 2: the broker was killed while the controller was stopped; after it went on,
+    kafka-python marked its coordinator dead and never looked it up again, so the seek of the stuck
+    watch changed nothing and the store stood still. Here the consumer is held stuck until it is
+    built again (a seek does not clear it); the controller must find it stuck twice, say so, build
+    a fresh consumer that joins the group and seeks to the store's offsets, and store every step."""
+    import logging
+    import threading
+
+    from cliffguard.controller.config import ControllerConfig
+    from cliffguard.controller.edge import EdgeBatch
+    from cliffguard.controller.service import ControllerService
+    from testing.controller_service import FAST_GROUP, RECOVERY, SECRET
+
+    broker = EmbeddedBroker(port=free_port()).start()
+    try:
+        kafka = broker.kafka_config(topic_prefix="wedged", partitions=1)
+        ensure_topics(kafka)
+        with store_engine("sqlite", tmp_path) as (engine, _):
+            cfg = ControllerConfig(group_id="ctl", tick_s=0.2, outbox_interval_s=0.2, stuck_after_s=2.0, **FAST_GROUP)
+            svc = ControllerService(cfg, kafka, engine, SECRET, recovery=RECOVERY)
+            svc.start()
+            wedged = threading.Event()
+            poll, rebuild = svc.edge.poll, svc.edge.rebuild
+            held_polls = []
+
+            def wedged_poll(timeout_s=1.0):
+                if wedged.is_set():
+                    held_polls.append(1)
+                    time.sleep(min(timeout_s, 0.1))
+                    return EdgeBatch()
+                return poll(timeout_s)
+
+            def rebuild_clears(why):
+                wedged.clear()
+                return rebuild(why)
+
+            svc.edge.poll, svc.edge.rebuild = wedged_poll, rebuild_clears
+            stop = threading.Event()
+            thread = threading.Thread(target=svc.run_forever, args=(stop,), daemon=True)
+            thread.start()
+            try:
+                trainer = FakeTrainer(kafka)
+                trainer.steps("r", 0, 19)
+                trainer.producer.flush()
+                wait_for(lambda: _count(engine, "r") == 20, 60)
+                wedged.set()
+                wait_for(lambda: len(held_polls) >= 2, 30)
+                with caplog.at_level(logging.WARNING, logger="cliffguard.controller"):
+                    trainer.steps("r", 20, 39)
+                    trainer.producer.flush()
+                    wait_for(lambda: _count(engine, "r") == 40, 120)
+                trainer.close()
+            finally:
+                stop.set()
+                thread.join(20)
+        said = [r.getMessage() for r in caplog.records if "rebuilding the metrics consumer" in r.getMessage()]
+        assert said and "a seek between them" in said[0], caplog.text
+        assert svc.stats["consumer_rebuilds"] == 1 and svc.stats["stuck_resets"] >= 2
     finally:
         broker.stop()
