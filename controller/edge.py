@@ -360,6 +360,18 @@ class EdgeConsumer:
         self.rebuilds += 1
         return held
 
+    def group_wedged(self) -> str | None:
+        """Why a seek cannot help this consumer, if kafka-python says so: its group coordinator is
+        unknown (the seed 2 wedge: marked dead, never looked up again). Read from its coordinator's
+        internals; None when they are not there (the stuck watch then seeks first)."""
+        coordinator = getattr(self._consumer, "_coordinator", None)
+        try:
+            if coordinator is not None and coordinator.coordinator() is None:
+                return "its group coordinator is unknown"
+        except Exception:  # noqa: BLE001 - an internals change: say nothing, the seek goes first
+            return None
+        return None
+
     def poll(self, timeout_s: float = 1.0) -> EdgeBatch:
         batch = EdgeBatch()
         try:

@@ -20,6 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 TP = tuple[str, int]
+RECHECK_DIVISOR = 3
+"""A partition found stuck is looked at again after ``after_s / 3``: the soak holds the store to
+standing still at most 20 s after the last fault, and a look, a seek and a rebuild must fit in it."""
 
 
 @dataclass(slots=True)
@@ -55,7 +58,8 @@ class ProgressWatch:
         out = []
         for tp in tps:
             last = self._seen.setdefault(tp, (-1, now))
-            if now - last[1] >= self.after_s:
+            # after a stuck look, the seek it made reads within a poll or two if it helps at all
+            if now - last[1] >= (self.after_s / RECHECK_DIVISOR if tp in self._stuck else self.after_s):
                 out.append(tp)
         return out
 

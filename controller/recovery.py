@@ -98,6 +98,7 @@ from cliffguard.core.enums import (
 _RECOVERING = Phase.RECOVERING
 _PREEMPTED = Phase.PREEMPTED
 _REJOINING = Phase.REJOINING
+_HALTED = Phase.HALTED
 _OK = Level.OK
 
 UNHEALTHY_KEEP = 64
@@ -106,7 +107,7 @@ UNHEALTHY_KEEP = 64
 def transition(cfg: RecoveryConfig, state: RecoveryState, inp: Input) -> tuple[RecoveryState, list[ActionT]]:
     """Pure: the next state and the actions for one input. ``state`` is not modified."""
     if type(inp) is ProgressIn and state.phase is not _RECOVERING and state.phase is not _PREEMPTED and \
-            state.phase is not _REJOINING and state.flagging is None and (
+            state.phase is not _REJOINING and state.phase is not _HALTED and state.flagging is None and (
             not state.checkpoints or all(c.stable for c in state.checkpoints)):
         # The common case, a step with no checkpoint to stabilise, no recovery to finish and no
         # excursion to flag: _on_progress's effect then, without a Step and its action list.
@@ -120,6 +121,8 @@ def transition(cfg: RecoveryConfig, state: RecoveryState, inp: Input) -> tuple[R
         case ProgressIn():
             if st.s.phase is _REJOINING:
                 hang.on_progress(st, inp)  # the restarted group's first step: training again
+            elif st.holds("trains_on", inp):
+                hang.on_trains_on(st, inp)  # a stall a halt left running ended by itself
             _on_progress(st, inp)
         case CheckpointIn():
             _on_checkpoint(st, inp)

@@ -115,6 +115,7 @@ def _decide(st: Step, inp: VerdictIn | NodeCheckIn, ev: dict[str, Any], nodes: t
         # SIGSTOPped 12.5 s on a run without restarts was halted at step 376 of 600).
         st.halt(trigger, f"{reason}; the job is left running (a stall that ends by itself trains on, one "
                 "that does not fails at the collective timeout)", ev, now)
+        s.hang = replace(s.hang, left_running=s.incident.id if s.incident is not None else None)
         return
     if trigger in (Trigger.RESTART_UNAVAILABLE, Trigger.RESTART_BUDGET_SPENT, Trigger.EXCLUDE_UNAVAILABLE):
         st.halt(trigger, reason, ev, now)
@@ -211,6 +212,25 @@ def on_progress(st: Step, inp: ProgressIn) -> None:
         st.close(IncidentOutcome.RESTARTED, inp.now)
         st.alert(AlertLevel.INFO, "hang", f"run {s.run} trains again after a restart",
                  f"life {s.hang.life} at step {inp.step}", ev, action=AlertAction.RESOLVE)
+    s.incident = None
+
+
+def on_trains_on(st: Step, inp: ProgressIn) -> None:
+    """The stall a halt left running ended by itself: the run is running again, and the halted
+    incident says so (``resumed``), so the next fault gets an incident of its own rather than being
+    absorbed by a halt nobody needs to answer any more (the soak's seed 102: a rank stopped 9 s on a
+    run with no restart left, then an LR blow-up that no rule could act on)."""
+    s = st.s
+    inc = s.incident
+    assert inc is not None
+    ev = {"step": inp.step, "hung_at": inc.spike_step}
+    st.move(Trigger.TRAINING_AGAIN, f"trains again at step {inp.step}: the stall at step {inc.spike_step} ended "
+            "by itself", ev, inp.now, step=inp.step)
+    s.hang = replace(s.hang, left_running=None)
+    st.close(IncidentOutcome.RESUMED, inp.now)
+    s.previous = None  # a stall that ended says nothing of the loss: no rung for the next excursion
+    st.alert(AlertLevel.INFO, inc.rule, f"run {s.run} trains again after a stall",
+             f"the stall at step {inc.spike_step} ended by itself; step {inp.step}", ev, action=AlertAction.RESOLVE)
     s.incident = None
 
 

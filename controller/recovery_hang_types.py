@@ -43,6 +43,9 @@ class HangState:
     hangs: tuple[tuple[str, float], ...] = ()
     """(node, when) of each hang's culprit nodes, newest last (bounded)."""
     restart: Restart | None = None
+    left_running: str | None = None
+    """The incident of a hang halted with no restart to give it (the job left running): while it is
+    the halted one, a step past its step means the stall ended by itself."""
 
     def started(self, life: int, max_restarts: int, restarts_left: int, nodes: int, min_nodes: int) -> HangState:
         return replace(self, life=life, max_restarts=max_restarts, restarts_left=restarts_left, nodes=nodes,
@@ -56,7 +59,8 @@ class HangState:
                 "hangs": [list(h) for h in self.hangs],
                 "restart": None if r is None else {"mode": r.mode, "life": r.life, "at": r.at, "ranks": list(r.ranks),
                                                    "nodes": list(r.nodes), "exclude": list(r.exclude),
-                                                   "started_at": r.started_at, "check": r.check}}
+                                                   "started_at": r.started_at, "check": r.check},
+                "left_running": self.left_running}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> HangState:
@@ -70,7 +74,8 @@ class HangState:
         return cls(life=int(d.get("life", 0)), max_restarts=int(d.get("max_restarts", 0)),
                    restarts_left=int(d.get("restarts_left", 0)), nodes=int(d.get("nodes", 1)),
                    min_nodes=int(d.get("min_nodes", 1)), restart_times=tuple(float(t) for t in d.get("restart_times", ())),
-                   hangs=tuple((str(n), float(t)) for n, t in d.get("hangs", ())), restart=restart)
+                   hangs=tuple((str(n), float(t)) for n, t in d.get("hangs", ())), restart=restart,
+                   left_running=None if d.get("left_running") is None else str(d["left_running"]))
 
 
 @dataclass(frozen=True, slots=True)

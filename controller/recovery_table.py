@@ -143,6 +143,8 @@ TABLE: tuple[Transition, ...] = (
     *(Transition(p, T.RESTART_TIMED_OUT, P.HALTED, ("restart_timed_out",), _HALT_JOB) for p in (P.RESTARTING, P.REJOINING)),
     Transition(P.HALTED, T.WORKERS_STARTED, P.RUNNING, (), ("close incident halted (a new life: someone restarted the job)",
                                                           "alert info")),
+    Transition(P.HALTED, T.TRAINING_AGAIN, P.RUNNING, ("trains_on",),
+               ("close incident resumed (the stall a halt left running ended by itself)", "alert info")),
     # the trainer waited past a timeout with no command and acted alone (trainer.timeout); a
     # preempted run has no trainer until it trains again, and its first step ends ``preempted``
     *(Transition(p, T.TRAINER_ROLLED_BACK, P.RECOVERING, (), _alone(p, "forget checkpoints after the target"))
@@ -276,6 +278,16 @@ def restart_timed_out(cfg: RecoveryConfig, s: RecoveryState, now: float) -> bool
     """``restart_timeout_s`` passed since the restart with no step of a restarted group."""
     r = s.hang.restart
     return r is not None and now - r.at >= cfg.restart_timeout_s
+
+
+def trains_on(cfg: RecoveryConfig, s: RecoveryState, inp: Any) -> bool:
+    """A step past a hang halted with the job left running, while that halt stands: the stall
+    ended by itself."""
+    inc = s.incident
+    return (s.phase is Phase.HALTED and inc is not None and inc.id == s.hang.left_running
+            and inp.step > inc.spike_step)
+
+
 def escalation_spent(cfg: RecoveryConfig, s: RecoveryState) -> bool:
     """The incident is on the escalation ladder's last rung (``LADDER``): a human decides."""
     return s.incident is not None and rung_of(s.incident.rung).halt
@@ -297,6 +309,7 @@ GUARDS: dict[str, Callable[..., Any]] = {
     "wants_exclusion": wants_exclusion,
     "can_exclude": can_exclude,
     "restart_timed_out": restart_timed_out,
+    "trains_on": trains_on,
     "escalation_spent": escalation_spent,
 }
 

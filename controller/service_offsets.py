@@ -151,14 +151,17 @@ class LogOffsets:
             return
         self.stats["stuck_resets"] = self.stats.get("stuck_resets", 0) + len(stuck)
         rebuild = getattr(self.edge, "rebuild", None)
-        again = [st for st in stuck if st.times >= 2]
+        wedged = getattr(self.edge, "group_wedged", lambda: None)()
+        again = [st for st in stuck if st.times >= 2 or wedged]
         if again and rebuild is not None:
-            # the seek did not help: the client itself is wedged; a fresh one joins the group again
-            # and its assignment seeks to the store's offsets (``_on_assigned``)
+            # a seek cannot help (the client says its group is lost) or did not: the client itself
+            # is wedged; a fresh one joins the group again and its assignment seeks to the store's
+            # offsets (``_on_assigned``)
             st = again[0]
             self.stats["consumer_rebuilds"] = self.stats.get("consumer_rebuilds", 0) + 1
-            revoked = rebuild(f"{st.tp[0]}[{st.tp[1]}] read nothing at offset {st.position} (log end {st.end}) "
-                              f"for {st.times} looks of {self.config.stuck_after_s:g} s, a seek between them")
+            why = wedged or f"{st.times} looks, a seek between them"
+            revoked = rebuild(f"{st.tp[0]}[{st.tp[1]}] read nothing for {st.still_s:.0f} s at offset {st.position} "
+                              f"(log end {st.end}); {why}")
             self._on_revoked(revoked)
             self._reseek_pending.difference_update(revoked)
             return

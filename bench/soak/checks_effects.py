@@ -1,4 +1,5 @@
-"""The invariants about effects (pure): one incident per training fault, one command per incident,
+"""The invariants about effects (pure): one incident per training fault (a hang incident of a stopped
+rank explained by that stop), one command per incident,
 type and attempt, none applied twice, no incident rolled back twice, every LR change an incident's,
 and each training fault's expected outcome (or an incident saying what happened instead)."""
 
@@ -45,8 +46,24 @@ def incidents_repeated(o: Observed, c: Check) -> None:
             )
 
 
+HANG_SLACK_S = 30.0
+"""How long after a stopped rank continued a hang incident it caused may still open: the hang rule
+waits out its silence, and a controller behind the log (a store lock, a restart) judges it later."""
+
+
+def _stalled_by_a_stopped_rank(o: Observed, inc: dict[str, Any]) -> bool:
+    """A hang incident opened while a rank was SIGSTOPped (``rank_stop``), or soon after: the rank
+    really did stall the collective, so the incident is the controller doing its job."""
+    opened = inc.get("opened_at")
+    return inc["rule"] == "hang" and opened is not None and any(
+        kind == "rank_stop" and start <= opened <= end + HANG_SLACK_S for kind, _, start, end in o.fault_windows
+    )
+
+
 def incidents_unexplained(o: Observed, c: Check) -> None:
     for i in _by_fault(o)[1]:
+        if _stalled_by_a_stopped_rank(o, i):
+            continue
         c.fail(
             1,
             f"incident {i['id'][:8]} ({i['rule']}, spike at {i['spike_step']}, {i['outcome']}) "

@@ -293,6 +293,16 @@ def test_repeated_and_unexplained_incidents_and_commands():
     o.store["incidents"].append({**o.store["incidents"][0], "id": "incC" * 4, "spike_step": 6})
     o.store["incidents"].append({**o.store["incidents"][0], "id": "incD" * 4, "spike_step": 25})
     assert _broken(o) == {"incidents_repeated": 1, "incidents_unexplained": 1}
+    # a hang incident opened while a rank was stopped (or soon after) is that stop's, not unexplained
+    o = _clean()
+    hang = {**o.store["incidents"][0], "id": "incH" * 4, "rule": "hang", "spike_step": 25, "outcome": "resumed"}
+    o.store["incidents"].append({**hang, "opened_at": T0 + 40})
+    o.fault_windows.append(("rank_stop", "rank", T0 + 30, T0 + 39))
+    assert _broken(o) == {}
+    o.store["incidents"][-1] = {**hang, "opened_at": T0 + 39 + 31}  # long after the rank went on
+    assert _broken(o) == {"incidents_unexplained": 1}
+    o.store["incidents"][-1] = {**hang, "opened_at": T0 + 40, "rule": "loss_spike"}  # a stop explains a hang only
+    assert _broken(o) == {"incidents_unexplained": 1}
     o = _clean()
     o.store["commands"].append({**o.store["commands"][3], "id": "p2bis"})
     o.store["outbox"]["p2bis"] = o.store["outbox"]["p2"]

@@ -14,8 +14,11 @@ def test_a_partition_standing_still_behind_its_log_end_is_stuck_once_per_interva
     assert w.due([TP], now=30.0) == [TP]
     st = w.judge(TP, 100, 185, now=30.0)
     assert st is not None and (st.position, st.end, st.still_s) == (100, 185, 30.0)
-    assert w.due([TP], now=45.0) == []  # the clock starts again after a look
-    assert w.due([TP], now=60.0) == [TP]
+    assert w.due([TP], now=39.0) == []  # the clock starts again after a look: the seek gets a third of it
+    assert w.due([TP], now=40.0) == [TP]
+    assert w.judge(TP, 100, 150, now=40.0).times == 2
+    w.moved(TP, 150, now=41.0)  # it read: the full interval again
+    assert w.due([TP], now=70.0) == [] and w.due([TP], now=71.0) == [TP]
 
 
 def test_a_partition_at_its_log_end_or_one_that_moved_is_not_stuck():

@@ -277,6 +277,38 @@ def test_a_new_life_after_a_halt_closes_the_halted_incident():
     assert [(a.id, a.outcome, a.closed_at) for a in acts if isinstance(a, CloseIncident)] == [(inc.id, "halted", d.now)]
 
 
+def test_a_stall_a_halt_left_running_that_ends_by_itself_runs_again_and_the_next_fault_gets_its_own_incident():
+    """The soak's seed 102: a rank stopped 9 s on a run with no restart left was halted with the job
+    left running; it trained on, and an LR blow-up later was absorbed by the standing halt."""
+    d = Driver(CFG)
+    started(d, max_restarts=0)
+    d.steps(0, 26)
+    hang(d)
+    inc = d.s.incident
+    assert d.s.phase is P.HALTED and d.s.hang.left_running == inc.id
+    assert moves(d.feed(ProgressIn(step=27, now=d.now))) == []  # the hung step itself, reported late
+    d.now += 9
+    acts = d.feed(ProgressIn(step=28, now=d.now))
+    assert moves(acts) == [(P.HALTED, P.RUNNING, "training_again")]
+    assert [(a.id, a.outcome) for a in acts if isinstance(a, CloseIncident)] == [(inc.id, "resumed")]
+    assert [(a.level, a.action) for a in acts if isinstance(a, Alert)] == [("info", "resolve")]
+    assert d.s.incident is None and d.s.hang.left_running is None and d.s.previous is None
+    d.steps(29, 60)
+    acts = d.spike(61)
+    assert moves(acts) == [(P.RUNNING, P.PAUSING, "spike")]
+    assert [a.rule for a in acts if isinstance(a, OpenIncident)] == ["loss_spike"]
+
+
+def test_a_halted_job_does_not_run_again_on_a_late_step():
+    """A halt that sent ``restart halt`` (the budget spent) is a human's to lift: steps still in
+    flight from the halted job do not end it."""
+    d = running(restart_budget=0)
+    hang(d)
+    assert d.s.phase is P.HALTED and d.s.hang.left_running is None
+    acts = d.feed(ProgressIn(step=28, now=d.now))
+    assert moves(acts) == [] and d.s.phase is P.HALTED
+
+
 def test_a_hang_mid_pause_is_alerted_not_acted_on_and_mid_restart_is_quiet():
     d = _drive_to_endable(P.PAUSING)
     acts = hang(d)
