@@ -57,6 +57,7 @@ from typing import Any
 from cliffguard.controller.bounds import OUT_OF_RANGE, STEP_JUMP, StepBounds, int_bounds, out_of_range
 from cliffguard.controller.dead_letter_log import DeadLetterLog
 from cliffguard.controller.kafka_net import net_client_kwargs
+from cliffguard.controller.poll_watch import PollWatch
 from cliffguard.controller.store.fit import INT64
 from cliffguard.core.batch_decode import BatchDecoder
 from cliffguard.core.declared import bounded, check_declared
@@ -331,6 +332,7 @@ class EdgeConsumer:
         self._listener = _Rebalance(on_assigned, on_revoked)
         self.rebuilds = 0
         self._consumer = self._new_consumer()
+        self.poll_watch = PollWatch(self._wake_network).start()
         dlq_kwargs = {**kafka.client_kwargs(), "client_id": f"cliffguard-dlq-{group_id}", "acks": "all",
                       "max_request_size": max(1_048_576, max_bytes + 65_536, DLQ_KEEP_BYTES * 2),
                       "max_block_ms": 5_000, "bootstrap_timeout_ms": 5_000}
@@ -372,13 +374,26 @@ class EdgeConsumer:
             return None
         return None
 
+    def _wake_network(self) -> bool:
+        """Wake kafka-python's network thread (controller/poll_watch.py); False when its internals
+        are not there to wake."""
+        net = getattr(getattr(self._consumer, "_client", None), "_net", None)
+        wakeup = getattr(net, "wakeup", None)
+        if wakeup is None:
+            return False
+        wakeup()
+        return True
+
     def poll(self, timeout_s: float = 1.0) -> EdgeBatch:
         batch = EdgeBatch()
+        self.poll_watch.entered(timeout_s)
         try:
             polled = self._consumer.poll(timeout_ms=int(timeout_s * 1000))
         except Exception as exc:  # noqa: BLE001 - broker trouble: report, return empty, try again
             log.warning("edge poll failed: %s: %s", type(exc).__name__, exc)
             return batch
+        finally:
+            self.poll_watch.left()
         if self._topic_watch.changed(self._consumer):
             # Offsets restart at 0 in a recreated topic (a broker that came back empty): positions
             # from the old one would skip its first messages. The batch read at them is dropped.
@@ -540,6 +555,7 @@ class EdgeConsumer:
             return False
 
     def close(self) -> None:
+        self.poll_watch.close()
         self._dead_log.flush(final=True)
         for closer in (self._consumer.close, lambda: self._dlq.close(timeout=5)):
             try:

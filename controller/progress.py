@@ -67,6 +67,9 @@ class ProgressWatch:
         """Stuck when the log ends beyond a position that has not moved; either way the clock for
         ``tp`` starts again (one look per ``after_s``)."""
         last = self._seen.get(tp, (-1, now))
+        if position is None and last[0] >= 0:
+            # the client cannot say where it is (a wedged one cannot): it is where it last was
+            position = last[0]
         self._seen[tp] = (position if position is not None else last[0], now)
         if position is None or end is None:
             return None

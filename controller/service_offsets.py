@@ -144,7 +144,12 @@ class LogOffsets:
         ends = bounds_of(due)
         stuck = []
         for tp in due:
-            seen = self.progress.judge(tp, position_of(*tp), ends.get(tp, (None, None))[1], time.monotonic())
+            position, end = position_of(*tp), ends.get(tp, (None, None))[1]
+            if position is None or end is None:
+                log.info("%s[%d]: nothing read for %.0f s; position %s, log end %s", tp[0], tp[1],
+                         self.config.stuck_after_s, "unknown" if position is None else position,
+                         "unknown" if end is None else end)
+            seen = self.progress.judge(tp, position, end, time.monotonic())
             if seen is not None:
                 stuck.append(seen)
         if not stuck:

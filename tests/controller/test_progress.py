@@ -63,3 +63,11 @@ def test_a_partition_stuck_again_after_a_seek_counts_its_looks_until_it_reads():
     assert w.judge(TP, 60, 150, now=41.0).times == 1
     assert w.judge(TP, 150, 150, now=51.0) is None  # caught up
     assert w.judge(TP, 150, 160, now=61.0).times == 1
+
+
+def test_a_partition_whose_client_cannot_say_its_position_is_judged_where_it_last_was():
+    w = ProgressWatch(10.0)
+    w.moved(TP, 100, now=0.0)
+    st = w.judge(TP, None, 150, now=10.0)
+    assert st is not None and st.position == 100
+    assert ProgressWatch(10.0).judge(TP, None, 150, now=10.0) is None  # never seen: nothing to say
