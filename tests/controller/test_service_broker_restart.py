@@ -115,10 +115,10 @@ def _dlq_sent_once(edge, letter) -> bool:
     return edge.dlq_send_errors == before
 
 
-def test_a_partition_that_reads_nothing_while_its_log_grows_is_said_and_read_again(tmp_path, caplog):
-    """The soak's seed 5: after a broker restart the controller polled nothing for 31 s while the log
-    grew, and said nothing. Here the consumer's fetch is held stuck (its polls come back empty) until
-    something seeks it; the controller must notice within ``stuck_after_s``, say so, and read on."""
+def _stuck_then_released(tmp_path, caplog, prefix: str, stuck_after_s: float, release: str):
+    """A controller on a real broker stores steps 0-19; then its polls come back empty (the fetch
+    held stuck) until the edge's ``release`` method is called (a seek, a rebuild); steps 20-39
+    must all be stored. Returns the service and what it logged while stuck."""
     import logging
     import threading
 
@@ -129,29 +129,30 @@ def test_a_partition_that_reads_nothing_while_its_log_grows_is_said_and_read_aga
 
     broker = EmbeddedBroker(port=free_port()).start()
     try:
-        kafka = broker.kafka_config(topic_prefix="stuck", partitions=1)
+        kafka = broker.kafka_config(topic_prefix=prefix, partitions=1)
         ensure_topics(kafka)
         with store_engine("sqlite", tmp_path) as (engine, _):
-            cfg = ControllerConfig(group_id="ctl", tick_s=0.2, outbox_interval_s=0.2, stuck_after_s=3.0, **FAST_GROUP)
+            cfg = ControllerConfig(group_id="ctl", tick_s=0.2, outbox_interval_s=0.2, stuck_after_s=stuck_after_s,
+                                   **FAST_GROUP)
             svc = ControllerService(cfg, kafka, engine, SECRET, recovery=RECOVERY)
             svc.start()
             stuck = threading.Event()
-            poll, seek = svc.edge.poll, svc.edge.seek
+            poll, released = svc.edge.poll, getattr(svc.edge, release)
             held_polls = []
 
             def stuck_poll(timeout_s=1.0):
                 if stuck.is_set():
                     held_polls.append(1)
+                    time.sleep(min(timeout_s, 0.1))
                     return EdgeBatch()
                 return poll(timeout_s)
 
-            svc.edge.poll = stuck_poll
-
-            def seek_clears(topic, partition, offset):
+            def release_clears(*args):
                 stuck.clear()
-                seek(topic, partition, offset)
+                return released(*args)
 
-            svc.edge.seek = seek_clears
+            svc.edge.poll = stuck_poll
+            setattr(svc.edge, release, release_clears)
             stop = threading.Event()
             thread = threading.Thread(target=svc.run_forever, args=(stop,), daemon=True)
             thread.start()
@@ -163,69 +164,6 @@ def test_a_partition_that_reads_nothing_while_its_log_grows_is_said_and_read_aga
                 stuck.set()
                 # a real poll already under way when the flag went up would read on: wait for held ones
                 wait_for(lambda: len(held_polls) >= 2, 30)
-                with caplog.at_level(logging.WARNING, logger="cliffguard.controller.service"):
-                    trainer.steps("r", 20, 39)
-                    trainer.producer.flush()
-                    wait_for(lambda: _count(engine, "r") == 40, 90)
-                trainer.close()
-            finally:
-                stop.set()
-                thread.join(20)
-        said = [r.getMessage() for r in caplog.records if "nothing read for" in r.getMessage()]
-        assert said and "while the log ends at" in said[0], caplog.text
-        assert svc.stats["stuck_resets"] >= 1 and _count(engine, "r") == 40
-    finally:
-        broker.stop()
-
-
-def test_a_consumer_a_seek_does_not_unstick_is_built_again_and_reads_on(tmp_path, caplog):
-    """The CI soak's seed 2: the broker was killed while the controller was stopped; after it went on,
-    kafka-python marked its coordinator dead and never looked it up again, so the seek of the stuck
-    watch changed nothing and the store stood still. Here the consumer is held stuck until it is
-    built again (a seek does not clear it); the controller must find it stuck twice, say so, build
-    a fresh consumer that joins the group and seeks to the store's offsets, and store every step."""
-    import logging
-    import threading
-
-    from cliffguard.controller.config import ControllerConfig
-    from cliffguard.controller.edge import EdgeBatch
-    from cliffguard.controller.service import ControllerService
-    from testing.controller_service import FAST_GROUP, RECOVERY, SECRET
-
-    broker = EmbeddedBroker(port=free_port()).start()
-    try:
-        kafka = broker.kafka_config(topic_prefix="wedged", partitions=1)
-        ensure_topics(kafka)
-        with store_engine("sqlite", tmp_path) as (engine, _):
-            cfg = ControllerConfig(group_id="ctl", tick_s=0.2, outbox_interval_s=0.2, stuck_after_s=2.0, **FAST_GROUP)
-            svc = ControllerService(cfg, kafka, engine, SECRET, recovery=RECOVERY)
-            svc.start()
-            wedged = threading.Event()
-            poll, rebuild = svc.edge.poll, svc.edge.rebuild
-            held_polls = []
-
-            def wedged_poll(timeout_s=1.0):
-                if wedged.is_set():
-                    held_polls.append(1)
-                    time.sleep(min(timeout_s, 0.1))
-                    return EdgeBatch()
-                return poll(timeout_s)
-
-            def rebuild_clears(why):
-                wedged.clear()
-                return rebuild(why)
-
-            svc.edge.poll, svc.edge.rebuild = wedged_poll, rebuild_clears
-            stop = threading.Event()
-            thread = threading.Thread(target=svc.run_forever, args=(stop,), daemon=True)
-            thread.start()
-            try:
-                trainer = FakeTrainer(kafka)
-                trainer.steps("r", 0, 19)
-                trainer.producer.flush()
-                wait_for(lambda: _count(engine, "r") == 20, 60)
-                wedged.set()
-                wait_for(lambda: len(held_polls) >= 2, 30)
                 with caplog.at_level(logging.WARNING, logger="cliffguard.controller"):
                     trainer.steps("r", 20, 39)
                     trainer.producer.flush()
@@ -234,8 +172,27 @@ def test_a_consumer_a_seek_does_not_unstick_is_built_again_and_reads_on(tmp_path
             finally:
                 stop.set()
                 thread.join(20)
-        said = [r.getMessage() for r in caplog.records if "rebuilding the metrics consumer" in r.getMessage()]
-        assert said and "a seek between them" in said[0], caplog.text
-        assert svc.stats["consumer_rebuilds"] == 1 and svc.stats["stuck_resets"] >= 2
+        return svc, [r.getMessage() for r in caplog.records]
     finally:
         broker.stop()
+
+
+def test_a_partition_that_reads_nothing_while_its_log_grows_is_said_and_read_again(tmp_path, caplog):
+    """The soak's seed 5: after a broker restart the controller polled nothing for 31 s while the log
+    grew, and said nothing. Here the consumer's fetch is held stuck (its polls come back empty) until
+    something seeks it; the controller must notice within ``stuck_after_s``, say so, and read on."""
+    svc, said = _stuck_then_released(tmp_path, caplog, "stuck", 3.0, "seek")
+    said = [m for m in said if "nothing read for" in m]
+    assert said and "while the log ends at" in said[0], caplog.text
+    assert svc.stats["stuck_resets"] >= 1
+
+
+def test_a_consumer_a_seek_does_not_unstick_is_built_again_and_reads_on(tmp_path, caplog):
+    """The CI soak's seed 2: the broker was killed while the controller was stopped; after it went on,
+    the store stood still though the stuck watch sought. Here the consumer is held stuck until it is
+    built again (a seek does not clear it); the controller must find it stuck twice, say so, build
+    a fresh consumer that joins the group and seeks to the store's offsets, and store every step."""
+    svc, said = _stuck_then_released(tmp_path, caplog, "wedged", 2.0, "rebuild")
+    said = [m for m in said if "rebuilding the metrics consumer" in m]
+    assert said and "2 looks, a seek between them" in said[0], caplog.text
+    assert svc.stats["consumer_rebuilds"] == 1 and svc.stats["stuck_resets"] >= 2
