@@ -47,16 +47,23 @@ def incidents_repeated(o: Observed, c: Check) -> None:
 
 
 HANG_SLACK_S = 30.0
-"""How long after a stopped rank continued a hang incident it caused may still open: the hang rule
-waits out its silence, and a controller behind the log (a store lock, a restart) judges it later."""
+"""How long after a stopped rank continued a hang it caused may still be reported: the watchdog
+dumps after ``dump_after_s`` of no step, and a rank that reports late (a collective failing after
+the stop) still reports that stall."""
 
 
 def _stalled_by_a_stopped_rank(o: Observed, inc: dict[str, Any]) -> bool:
-    """A hang incident opened while a rank was SIGSTOPped (``rank_stop``), or soon after: the rank
-    really did stall the collective, so the incident is the controller doing its job."""
-    opened = inc.get("opened_at")
-    return inc["rule"] == "hang" and opened is not None and any(
-        kind == "rank_stop" and start <= opened <= end + HANG_SLACK_S for kind, _, start, end in o.fault_windows
+    """A hang whose first rank report came while a rank was SIGSTOPped (``rank_stop``), or soon
+    after: the rank really did stall the collective, so the incident is the controller doing its job.
+    The report's time is the trainer's (the hang rule's evidence), not the incident's opening: a
+    controller stopped or behind a locked store opens it as late as it gets to it (the PostgreSQL
+    soak's seed 102 opened one 65 s after the stop ended, right when its stopped controller went on).
+    Incidents kept before the report time was collected fall back to their opening time."""
+    if inc["rule"] != "hang":
+        return False
+    at = inc.get("first_report_ts") or inc.get("opened_at")
+    return at is not None and any(
+        kind == "rank_stop" and start <= at <= end + HANG_SLACK_S for kind, _, start, end in o.fault_windows
     )
 
 

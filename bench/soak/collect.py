@@ -32,6 +32,12 @@ ID_TABLES = {
 }
 
 
+def _first_report_ts(evidence: Any) -> float | None:
+    """A hang incident's first rank report, on the trainer's clock (the hang rule's evidence)."""
+    at = evidence.get("first_report_ts") if isinstance(evidence, dict) else None
+    return float(at) if isinstance(at, (int, float)) else None
+
+
 def store_facts(engine: Engine, run: str) -> dict[str, Any]:
     """Step rows, the event ids of the other per-event tables, incidents, commands, their outbox
     rows and the run row (see invariants.Observed)."""
@@ -61,6 +67,7 @@ def store_facts(engine: Engine, run: str) -> dict[str, Any]:
                 "lr_scale": i.lr_scale,
                 "opened_at": i.opened_at,
                 "closed_at": i.closed_at,
+                "first_report_ts": _first_report_ts(i.evidence),
             }
             for i in s.scalars(select(IncidentRow).where(IncidentRow.run_id == run))
         ]

@@ -303,6 +303,11 @@ def test_repeated_and_unexplained_incidents_and_commands():
     assert _broken(o) == {"incidents_unexplained": 1}
     o.store["incidents"][-1] = {**hang, "opened_at": T0 + 40, "rule": "loss_spike"}  # a stop explains a hang only
     assert _broken(o) == {"incidents_unexplained": 1}
+    # opened late by a controller that was stopped, but the trainer reported the stall during the stop
+    o.store["incidents"][-1] = {**hang, "opened_at": T0 + 39 + 65, "first_report_ts": T0 + 38}
+    assert _broken(o) == {}
+    o.store["incidents"][-1] = {**hang, "opened_at": T0 + 40, "first_report_ts": T0 + 39 + 31}  # reported later
+    assert _broken(o) == {"incidents_unexplained": 1}
     o = _clean()
     o.store["commands"].append({**o.store["commands"][3], "id": "p2bis"})
     o.store["outbox"]["p2bis"] = o.store["outbox"]["p2"]
