@@ -34,6 +34,7 @@ from cliffguard.dashboard.sections import (
     loss,
     operator,
     preemptions,
+    queue,
     ranks,
 )
 from cliffguard.dashboard.sections.context import Context
@@ -70,8 +71,12 @@ def main() -> None:
         return
     engine = _engine(cfg.db_url)
     st.sidebar.title("cliffguard")
-    data_view = st.sidebar.radio("view", ["runs", "data quality"], key="view", horizontal=True) == "data quality"
+    view = st.sidebar.radio("view", ["runs", "data quality", "queue"], key="view", horizontal=True)
     st.sidebar.caption(f"store: `{engine.url.render_as_string(hide_password=True)}`")
+    if view == "queue":
+        queue.render(cfg, cfg.refresh_s)
+        return
+    data_view = view == "data quality"
     at_head = schema_at_head(engine)
     if data_view:
         run = _pick_run(engine) if at_head else None

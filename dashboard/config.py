@@ -44,6 +44,8 @@ class DashboardConfig:
     """A ``cliffguard data --report`` JSON file to show on the data-quality page ("" = none)."""
     data_manifest: str = ""
     """The ``cliffguard data --out`` manifest whose curriculum and weights the page shows ("" = none)."""
+    slurm_dir: str = ""
+    """A ``cliffguard slurm up`` cluster's directory whose queue the queue view shows ("" = none)."""
 
     def __post_init__(self) -> None:
         check_declared(self)

@@ -33,6 +33,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--config", default=None, help="TOML file with a [dashboard] section")
     p.add_argument("--data-report", default=None, help="a `cliffguard data --report` JSON for the data-quality page")
     p.add_argument("--data-manifest", default=None, help="a `cliffguard data --out` manifest (curriculum, weights)")
+    p.add_argument("--slurm-dir", default=None, help="a `cliffguard slurm up` directory whose queue the queue view shows")
     return p
 
 
@@ -61,7 +62,8 @@ def streamlit_command(args: argparse.Namespace) -> tuple[list[str], dict[str, st
     if args.config:
         env["CLIFFGUARD_CONFIG"] = str(Path(args.config).resolve())
     for flag, var in (("data_report", "CLIFFGUARD_DASHBOARD__DATA_REPORT"),
-                      ("data_manifest", "CLIFFGUARD_DASHBOARD__DATA_MANIFEST")):
+                      ("data_manifest", "CLIFFGUARD_DASHBOARD__DATA_MANIFEST"),
+                      ("slurm_dir", "CLIFFGUARD_DASHBOARD__SLURM_DIR")):
         if getattr(args, flag, None):
             env[var] = str(Path(getattr(args, flag)).resolve())
     return argv, env

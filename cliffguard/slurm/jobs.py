@@ -46,10 +46,13 @@ def submit(script: str, env: dict[str, str]) -> int:
     return int(out.stdout.strip().split(";")[0])
 
 
-def jobs(env: dict[str, str]) -> list[dict[str, str]]:
+def jobs(env: dict[str, str], timeout_s: float = 30.0) -> list[dict[str, str]]:
     """Every job squeue knows: id, class (partition), name, state, reason, restarts."""
-    out = subprocess.run(["squeue", "-h", "-o", "%i|%P|%j|%T|%r"], env=env, capture_output=True, text=True,
-                         timeout=30)
+    try:
+        out = subprocess.run(["squeue", "-h", "-o", "%i|%P|%j|%T|%r"], env=env, capture_output=True, text=True,
+                             timeout=timeout_s)
+    except subprocess.TimeoutExpired as exc:  # e.g. no slurm.conf: it looks for a controller to ask
+        raise RuntimeError(f"squeue did not answer in {timeout_s:.0f} s (is slurmctld up?)") from exc
     if out.returncode != 0:
         raise RuntimeError(f"squeue failed: {out.stderr.strip()}")
     rows = []

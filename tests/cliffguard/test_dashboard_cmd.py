@@ -33,3 +33,12 @@ def test_defaults():
 def test_bad_db_url_is_refused_before_starting(capsys):
     assert dashboard.run(_args("--db", "mysql://x/y")) == 2
     assert "not supported" in capsys.readouterr().err
+
+
+def test_the_files_and_the_slurm_directory_reach_the_child_as_absolute_paths(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = _args("--data-report", "r.json", "--data-manifest", "m.json", "--slurm-dir", "cluster")
+    _, env = dashboard.streamlit_command(args)
+    assert env["CLIFFGUARD_DASHBOARD__DATA_REPORT"] == str(tmp_path / "r.json")
+    assert env["CLIFFGUARD_DASHBOARD__DATA_MANIFEST"] == str(tmp_path / "m.json")
+    assert env["CLIFFGUARD_DASHBOARD__SLURM_DIR"] == str(tmp_path / "cluster")  # the child runs elsewhere
