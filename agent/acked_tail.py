@@ -85,9 +85,11 @@ class AckedTail:
                               f"{topic_id})", now)
         elif topic_id is not None:
             self._topic_id = topic_id
-        back = next((p for _, p, o in acked if o <= self._last_offset.get(p, -1)), None)
+        # an offset the broker did not say (-1) shows nothing about its log: only known ones count
+        back = next((p for _, p, o in acked if 0 <= o <= self._last_offset.get(p, -1)), None)
         if lost is None and back is not None:
-            lost = self._lose(self._topic_id, f"partition {back}'s offsets went back to {min(o for _, p, o in acked if p == back)} "
+            went = min(o for _, p, o in acked if p == back and o >= 0)
+            lost = self._lose(self._topic_id, f"partition {back}'s offsets went back to {went} "
                               f"(last acknowledged {self._last_offset[back]}): the broker restarted with an empty log",
                               now)
         if self.enabled:

@@ -605,3 +605,19 @@ def test_the_acked_tail_hands_back_what_a_lost_log_held_and_trims_by_age_and_byt
     small.add([(rec[4], 0, 1), (rec[5], 0, 2)], None, now=0.0)
     assert len(small) == 1  # 3 + 3 bytes each: only the newest fits
     assert AckedTail(window_s=0, max_bytes=10).enabled is False
+
+
+
+def test_an_acknowledgement_without_an_offset_says_nothing_about_the_log():
+    """The soak's seed 3: after a broker restart a send was acknowledged with offset -1 on a
+    partition never written before; the tail took it for an offset gone back and crashed the
+    publisher thread (KeyError on the partition's last offset)."""
+    from cliffguard.agent.acked_tail import AckedTail
+
+    tail = AckedTail(window_s=10, max_bytes=1_000)
+    rec = [(b"k", b"v%d" % i) for i in range(3)]
+    assert tail.add([(rec[0], 2, -1)], "id-1", now=0.0) is None  # unknown offset, unseen partition
+    assert tail.add([(rec[1], 0, 4), (rec[2], 0, -1)], "id-1", now=1.0) is None  # and on a seen one
+    assert len(tail) == 3  # still kept: the broker has them
+    lost = tail.add([(rec[0], 0, 3), (rec[1], 0, -1)], "id-1", now=2.0)  # a known offset that went back
+    assert lost is not None and "went back to 3" in lost.why
