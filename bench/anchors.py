@@ -31,8 +31,9 @@ from cliffguard.core.enums import Level
 Points = Sequence[tuple[int, float]]
 
 
-def _act(step: int, ref: float | None, what: str) -> BacktestEvent:
-    """An act as the scorer reads it: critical, with the reference its rollback proxy compares to."""
+def _act(step: int, ref: float | None, what: str, sigma: float | None = None) -> BacktestEvent:
+    """An act as the scorer reads it: critical, with the reference its rollback proxy compares to
+    and, where the rule has one, its σ (the proxy's noise band: ``controller.backtest.outcomes``)."""
     return BacktestEvent(
         step=step,
         level=Level.CRITICAL,
@@ -42,7 +43,7 @@ def _act(step: int, ref: float | None, what: str) -> BacktestEvent:
         onset_step=step,
         rank=None,
         message=what,
-        evidence={"median": ref},
+        evidence={"median": ref} if sigma is None else {"median": ref, "sigma": sigma},
     )
 
 
@@ -64,7 +65,7 @@ def seed(points: Points, norms: Sequence[float] | None = None) -> list[BacktestE
         sigma = max(1.4826 * statistics.median(abs(v - med) for v in window), 0.01 * abs(med), 1e-12)
         k = (x - med) / sigma
         if k >= 5 and not flagged:
-            out.append(_act(step, med, f"{k:.1f}σ above the median"))
+            out.append(_act(step, med, f"{k:.1f}σ above the median", sigma))
         flagged = k >= 5
         if k < 3:
             window.append(x)
@@ -82,7 +83,7 @@ def olmo(points: Points, norms: Sequence[float] | None = None) -> list[BacktestE
             std = math.sqrt(sum((v - mean) ** 2 for v in window) / len(window))
             spike = std >= 1e-10 and x > mean + 6 * std
             if spike and not flagged:
-                out.append(_act(step, mean, "above mean + 6 std of the previous 128"))
+                out.append(_act(step, mean, "above mean + 6 std of the previous 128", std))
         flagged = spike
         window.append(x)
     return out

@@ -28,6 +28,7 @@ from cliffguard.controller.verdict import Action, Verdict
 from cliffguard.core.enums import EventType, Level
 from cliffguard.core.events import Event
 from cliffguard.core.floats import to_json
+from cliffguard.core.spike_config import SpikeConfig
 
 
 class CsvError(ValueError):
@@ -178,7 +179,8 @@ VALIDATION_POINTS = 3
 """Logged points after a critical whose median stands in for the controller's validation."""
 
 
-def outcomes(points: Sequence[tuple[int, float]], events: Sequence[BacktestEvent]) -> list[str | None]:
+def outcomes(points: Sequence[tuple[int, float]], events: Sequence[BacktestEvent],
+             band_sigmas: float | None = None) -> list[str | None]:
     """What the controller would most likely do after each event: ``rollback``, ``resume`` (a
     transient, recorded as a data outlier) or None (not critical).
 
@@ -187,8 +189,18 @@ def outcomes(points: Sequence[tuple[int, float]], events: Sequence[BacktestEvent
     within the recovery's validation margin of the window median means validation would have come
     back normal: the controller resumes and flags the samples, as for a single bad batch. A
     divergence is a sustained rise, never a bad batch: rollback. So is a critical with no window
-    median (non-finite loss before any history) or no point after it."""
-    margin = RecoveryConfig().val_margin_rel
+    median (non-finite loss before any history) or no point after it.
+
+    A validation loss averages many batches; a training point is one batch, with the curve's
+    per-batch noise. So the stand-in calls the weights damaged only when the excursion persists
+    by the rule's own measure too: the median of those points at or above the band the spike rule
+    calls healthy (``band_sigmas`` σ over the window median, the rule's ``k_warn``), that is, at
+    least two of the three still in the excursion. On a smooth curve the relative margin is the
+    larger and decides as before; on a noisy one, three ordinary points after a one-batch outlier
+    are not read as damage (with the margin alone, the median of the next three points of a
+    healthy stretch of a batch-8 log is above it after one point in five)."""
+    rec = RecoveryConfig()
+    k = SpikeConfig().k_warn if band_sigmas is None else band_sigmas
     index = {s: i for i, (s, _) in enumerate(points)}
     out: list[str | None] = []
     for e in events:
@@ -201,7 +213,11 @@ def outcomes(points: Sequence[tuple[int, float]], events: Sequence[BacktestEvent
         if e.rule == "divergence" or ref is None or not after or not all(math.isfinite(x) for x in after):
             out.append("rollback")
             continue
-        out.append("resume" if median(after) <= ref * (1 + margin) else "rollback")
+        normal = ref * (1 + rec.val_margin_rel) + rec.val_margin_abs
+        sigma = e.evidence.get("sigma")
+        if sigma is not None and math.isfinite(sigma):
+            normal = max(normal, ref + k * sigma)
+        out.append("resume" if median(after) <= normal else "rollback")
     return out
 
 

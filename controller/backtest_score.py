@@ -91,11 +91,12 @@ def _inside(step: int, windows: Sequence[Window]) -> bool:
 
 
 def score_curve(name: str, points: Sequence[tuple[int, float]], events: Sequence[BacktestEvent],
-                labels: Labels) -> CurveScore:
+                labels: Labels, band_sigmas: float | None = None) -> CurveScore:
+    """One curve's score; ``band_sigmas`` is the replayed spike rule's ``k_warn`` (``outcomes``)."""
     cat = labels.category(name)
     acts = [e for e in events if e.level is Level.CRITICAL]
     act_steps = [e.step for e in acts]
-    rollbacks = sum(1 for o in outcomes(points, events) if o == "rollback")
+    rollbacks = sum(1 for o in outcomes(points, events, band_sigmas) if o == "rollback")
     row = CurveScore(name=name, category=cat, points=len(points), interval=infer_interval([s for s, _ in points]),
                      warns=len(events) - len(acts), criticals=len(acts), rollbacks=rollbacks, act_steps=act_steps)
     steps = [s for s, _ in points]
@@ -133,7 +134,7 @@ def replay_folder(folder: str | Path, labels: Labels, config: RulesConfig | None
         parsed = parse_loss_csv_file(p)
         pts = parsed.points
         events = replay(pts, parsed.grad_norms) if replay else replay_points(pts, config, parsed.grad_norms)
-        rows.append(score_curve(p.stem, pts, events, labels))
+        rows.append(score_curve(p.stem, pts, events, labels, config.spike.k_warn if config else None))
     return rows
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import subprocess
 import sys
 import uuid
@@ -15,7 +16,7 @@ import pytest
 from cliffguard.cli import main
 from cliffguard.controller import backtest as bt
 from cliffguard.controller.detect import RulesConfig
-from cliffguard.core.enums import EventType
+from cliffguard.core.enums import EventType, Level
 from cliffguard.core.events import make_event
 from tests.controller.synthetic import base_curve, inject
 
@@ -98,6 +99,31 @@ def test_a_critical_alert_that_does_not_pause_is_reported_as_warn():
           for s in range(41)]
     (e,) = bt.replay_events(ev)
     assert (e.rule, e.rule_level, e.level, e.action) == ("grad_norm", "critical", "warn", "alert")
+
+
+def _critical_at(step: int, median: float, sigma: float) -> bt.BacktestEvent:
+    return bt.BacktestEvent(step=step, level=Level.CRITICAL, rule="loss_spike", rule_level="critical",
+                            action="recover", onset_step=step, rank=None, message="",
+                            evidence={"median": median, "sigma": sigma})
+
+
+@pytest.mark.parametrize("sigma, after, outcome", [
+    # a noisy curve (σ 2.5% of the median, so its 3σ band is +7.5%): three ordinary points after a
+    # one-batch outlier, their median +6%, are inside the band the rule calls healthy -> resume
+    (0.025, [1.06, 1.0, 1.09], "resume"),
+    # the same curve, two of the three points still above the band: the excursion persists
+    (0.025, [1.08, 1.0, 1.09], "rollback"),
+    # a smooth curve (σ 0.5%): the validation margin (+5%) decides, as it always did
+    (0.005, [1.06, 1.0, 1.09], "rollback"),
+    (0.005, [1.04, 1.0, 1.09], "resume"),
+])
+def test_the_validation_stand_in_rolls_back_only_when_the_excursion_persists_beyond_the_noise(
+        sigma, after, outcome):
+    points = [(0, 1.0), (1, 1.5)] + [(2 + i, x) for i, x in enumerate(after)]
+    assert bt.outcomes(points, [_critical_at(1, 1.0, sigma)]) == [outcome]
+    # the band is the replayed rule's k_warn: with none, the margin alone decides
+    assert bt.outcomes(points, [_critical_at(1, 1.0, sigma)], band_sigmas=0.0) == [
+        "rollback" if statistics.median(after) > 1.05 else "resume"]
 
 
 # -- CLI -------------------------------------------------------------------------------------
