@@ -37,4 +37,4 @@ python3 -m ruff check .
 echo "== docs (mkdocs --strict: a broken link or page fails)"
 python3 -m mkdocs build --strict --site-dir "$(mktemp -d)"
 echo "== pytest"
-python3 -m pytest -q -p no:cacheprovider --all-tiers "$@"
+python3 -m pytest -q -p no:cacheprovider --all-tiers --durations=30 "$@"
