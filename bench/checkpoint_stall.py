@@ -270,8 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the model trains (default cpu)")
     ap.add_argument("--json", dest="json_path", help="write the figures here")
     args = ap.parse_args(argv)
-    if args.steps < 2:
-        ap.error("--steps must be >= 2")
+    if args.steps < 3:  # the steps after the mid-window save are what step_ratio_after compares
+        ap.error("--steps must be >= 3")
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: torch.cuda.is_available() is False (no GPU, or a CPU build of torch)")
     device = torch.device(args.device)
