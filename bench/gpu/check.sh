@@ -6,7 +6,7 @@
 #   1. setup: find a CUDA torch (the one installed, if it sees the GPU; else torch==<the pyproject
 #      pin> from the package index, whose Linux x86-64 wheel is a CUDA build: said loudly), then
 #      the project's other requirements (from the wheel folder when it holds wheels: the GPU
-#      machines lent here reach no index) and `pip install -e .`;
+#      machines lent here reach no index) and `pip install -e .` (else links cliffguard/<part>);
 #   2. cuda_tests: the cuda cases of tests/*/test_*_cuda.py (marker cuda; none may skip);
 #   3. agent_overhead: bench.agent_overhead --device cuda, the default GPT (goal: ratio <= 1.01,
 #      histograms every 10 steps), and agent_overhead_wide: the wide GPT on a 256-sequence batch,
@@ -187,7 +187,13 @@ setup() {
     echo "the project's requirements but torch (from ${wheel_args[*]:-the package index}): $(tr '\n' ' ' <"$req")"
     pip_install "${wheel_args[@]}" -r "$req" ||
       { echo "could not install them: where the index cannot be reached, run --fetch-wheels where it can and bring $WHEELS"; return 1; }
-    pip_install --no-deps --no-build-isolation -e . || return 1
+    if ! pip_install --no-deps --no-build-isolation -e .; then
+      # setup.py maps each part to cliffguard.<part>; links do the same for a run from the root
+      loud "pip install -e . failed: linking the parts into cliffguard/ instead (cliffguard/agent -> ../agent, ...)"
+      for part in core agent trainer controller dashboard; do
+        [[ -e cliffguard/$part ]] || ln -s "../$part" "cliffguard/$part" || return 1
+      done
+    fi
   fi
   probe "$source" || return 1
   "$PY" -c 'import cliffguard.agent.hooks, cliffguard.trainer.checkpoint, bench.agent_overhead, bench.checkpoint_stall' || return 1
