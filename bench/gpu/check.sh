@@ -183,7 +183,7 @@ setup() {
   if (( INSTALL )); then
     local req
     req=$(mktemp)
-    requirements "pytest>=8" "pytest-timeout>=2.3" >"$req"
+    requirements pytest pytest-timeout >"$req"  # no floor: the GPU image brings its own
     echo "the project's requirements but torch (from ${wheel_args[*]:-the package index}): $(tr '\n' ' ' <"$req")"
     pip_install "${wheel_args[@]}" -r "$req" ||
       { echo "could not install them: where the index cannot be reached, run --fetch-wheels where it can and bring $WHEELS"; return 1; }
