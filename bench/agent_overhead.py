@@ -1,9 +1,12 @@
 """Agent overhead: step time with the agent on vs off, same script, interleaved blocks.
 
-``python -m bench.agent_overhead --json OUT.json [--nproc 2] [--rounds 16] [--steps-per-round 10]``
+``python -m bench.agent_overhead --json OUT.json [--nproc 2] [--rounds 16] [--steps-per-round 10]
+[--device cpu|cuda] [--size default|wide]``
 
-Launches ``--nproc`` torchrun workers (gloo on CPU). Each worker builds three copies of the
-default GPT (``trainer.model.GPTConfig()``) on the default global batch, each under DDP:
+Launches ``--nproc`` torchrun workers (gloo on CPU; with ``--device cuda`` one GPU per worker, NCCL,
+so ``--nproc 1`` on a one-GPU machine: the agent's packed all-reduce then has no peer, and its
+two-rank path is tests/agent/test_agent_cuda.py's). Each worker builds four copies of the GPT of
+``--size`` (``default``: ``trainer.model.GPTConfig()``) on the global batch, each under DDP:
 
 - ``off``: the plain loop — forward, backward, ``optimizer.step()``, and the one all-reduced loss
   scalar a loop reads anyway (``all_reduce`` + ``.item()``);
@@ -44,6 +47,8 @@ import tempfile
 import time
 from typing import Any
 
+from bench.model_sizes import SIZES, gpt_config
+
 
 def worker(args: argparse.Namespace) -> None:
     import torch
@@ -58,12 +63,13 @@ def worker(args: argparse.Namespace) -> None:
     from cliffguard.core.kafka_config import KafkaConfig
     from cliffguard.trainer.byte_lm import ByteTrigramLM
     from cliffguard.trainer.data_rules import DataRules
-    from cliffguard.trainer.model import GPT, GPTConfig
+    from cliffguard.trainer.model import GPT
     from testing.data_watch import code_tokens
 
-    acc = Accelerator(cpu=True)
+    acc = Accelerator(cpu=args.device == "cpu")
     rank, world = acc.process_index, acc.num_processes
-    cfg = GPTConfig()
+    cuda = acc.device.type == "cuda"
+    cfg = gpt_config(args.size)
     per_rank = args.global_batch // world
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(rank)
@@ -72,6 +78,7 @@ def worker(args: argparse.Namespace) -> None:
     batch_ids = [torch.randint(0, n_windows, (per_rank,), generator=gen) for _ in range(16)]
     batches = [code[ids.unsqueeze(1) * (cfg.block_size + 1) + torch.arange(cfg.block_size + 1)].long()
                for ids in batch_ids]
+    on_device = [b.to(acc.device) for b in batches]  # the data watch sees the loader's host batch, as in a trainer
 
     def reference() -> ByteTrigramLM:
         lm = ByteTrigramLM()
@@ -107,7 +114,7 @@ def worker(args: argparse.Namespace) -> None:
 
     def step(mode: str, i: int) -> float:
         model, opt, agent = setups[mode]
-        b = batches[i % len(batches)]
+        b = on_device[i % len(batches)]
         x, y = b[:, :-1], b[:, 1:]
         tt = time.thread_time
         t0 = time.perf_counter()
@@ -115,7 +122,7 @@ def worker(args: argparse.Namespace) -> None:
         if agent is not None:
             with agent.data_wait():
                 pass
-            agent.observe_batch(x, batch_ids[i % len(batch_ids)].tolist())  # a no-op but in on_data
+            agent.observe_batch(batches[i % len(batches)][:, :-1], batch_ids[i % len(batch_ids)].tolist())  # a no-op but in on_data
         h = tt() - c
         _, loss = model(x, y)
         if agent is not None:
@@ -142,6 +149,8 @@ def worker(args: argparse.Namespace) -> None:
             agent.poll_commands()
             h += tt() - c
         hook_cpu[mode] += h
+        if cuda:  # the optimizer's kernels are still queued: count them in this step, not the next mode's
+            torch.cuda.synchronize()
         return time.perf_counter() - t0
 
     for mode in setups:
@@ -172,6 +181,8 @@ def worker(args: argparse.Namespace) -> None:
         alone = isolated_watch(batches, batch_ids, reference(), watch.batches)
         with open(args.out, "w") as fh:
             json.dump({"times": times, "rounds": rounds, "cpu_rounds": cpu_rounds, "world": world, "n_params": GPT(cfg).num_params(),
+                       "device": acc.device.type, "device_name": torch.cuda.get_device_name(acc.device) if cuda else "cpu",
+                       "size": args.size,
                        "global_batch": args.global_batch, "seq_len": cfg.block_size,
                        "data_watch": {"cpu_s": watch.cpu_s, "batches": watch.batches, "dropped": watch.dropped,
                                       "events": watch.events, "isolated_cpu_s": alone.cpu_s,
@@ -232,6 +243,7 @@ def summarize(res: dict, *, sink: str, load_before: tuple[float, ...], load_afte
         "rounds": len(rounds), "steps_per_mode": len(times["off"]),
         "world": res["world"], "n_params": res["n_params"], "global_batch": res["global_batch"],
         "seq_len": res["seq_len"], "sink": sink, "hist_every": 10,
+        "device": res.get("device", "cpu"), "device_name": res.get("device_name", "cpu"), "size": res.get("size", "default"),
         "loadavg_before": list(load_before), "loadavg_after": list(load_after),
     }
     if "on_data" in times:
@@ -282,6 +294,8 @@ def print_table(result: dict) -> None:
               f"{result['data_watch_dropped']} of {result['data_watch_batches']} batches skipped; alone (nothing "
               f"training beside it) {result['data_watch_isolated_cpu_ms_per_batch']:.3f} ms a batch")
     lb, la = result["loadavg_before"], result["loadavg_after"]
+    print(f"device {result['device_name']}, GPT {result['size']} ({result['n_params']:,} parameters), "
+          f"{result['world']} rank(s), global batch {result['global_batch']}")
     print(f"ratio (hist every 10) = {result['ratio']:.3f}; ratio_hist_every_step = {result['ratio_hist_every_step']:.3f}"
           f"  (median of {result['rounds']} paired rounds; pooled {result['ratio_pooled']:.3f} / "
           f"{result['ratio_hist_every_step_pooled']:.3f}; loadavg {lb[0]:.2f} -> {la[0]:.2f})")
@@ -296,6 +310,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--global-batch", type=int, default=16)
     p.add_argument("--sink", choices=["kafka", "memory"], default="kafka")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="where the workers train (cuda: one GPU per worker, --nproc at most the GPUs)")
+    p.add_argument("--size", choices=sorted(SIZES), default="default", help="the GPT's size (bench/model_sizes.py)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     p.add_argument("--bootstrap", help=argparse.SUPPRESS)
@@ -304,6 +321,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         worker(args)
         return 0
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            p.error("--device cuda: torch.cuda.is_available() is False (no GPU, or a CPU build of torch)")
+        if args.nproc > torch.cuda.device_count():
+            p.error(f"--device cuda: --nproc {args.nproc} is more than the {torch.cuda.device_count()} GPU(s)")
 
     broker = None
     tmp = tempfile.mkdtemp(prefix="cg-overhead-")
@@ -324,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
            "-m", "bench.agent_overhead", "--worker", "--out", out, "--tmp", tmp, "--rounds", str(args.rounds),
            "--steps-per-round", str(args.steps_per_round), "--warmup", str(args.warmup),
-           "--global-batch", str(args.global_batch)]
+           "--global-batch", str(args.global_batch), "--device", args.device, "--size", args.size]
     if bootstrap:
         cmd += ["--bootstrap", bootstrap]
     try:

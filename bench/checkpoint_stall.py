@@ -1,9 +1,12 @@
 """Training stall per checkpoint: the async CheckpointManager vs a synchronous torch.save.
 
     python -m bench.checkpoint_stall --json OUT.json [--steps 10] [--repeats 15] [--sizes default,wide]
+        [--device cpu|cuda]
 
 One process, one torch thread (what each rank of the 2-process CPU run uses), real training
-steps (forward, backward, AdamW) of the GPT on random bytes. The checkpointed state is what the
+steps (forward, backward, AdamW) of the GPT on random bytes, on the CPU or (``--device cuda``) on
+the first GPU, where each step ends with a device sync (the one a loop's loss read makes) and the
+snapshot is a device-to-host copy into pinned memory. The checkpointed state is what the
 bundled loop saves: model, optimizer, lr_scale, RNG states. Per model size, each round runs one
 window of ``--steps`` steps per mode (order rotated each round), with one checkpoint in the middle
 of the window, so every write has training steps after it to interfere with:
@@ -57,22 +60,16 @@ from typing import Any
 
 import torch
 
+from bench.model_sizes import SIZES, gpt_config
 from cliffguard.trainer.checkpoint import CheckpointConfig, CheckpointManager
 from cliffguard.trainer.model import GPT, GPTConfig
 
-SIZES: dict[str, GPTConfig] = {
-    "default": GPTConfig(),
-    "wide": GPTConfig(n_layer=6, n_head=6, n_embd=384),
-}
-
 
 def _state(model: GPT, opt: torch.optim.Optimizer) -> dict[str, Any]:
-    return {
-        "model": model.state_dict(),
-        "optimizer": opt.state_dict(),
-        "lr_scale": 1.0,
-        "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
-    }
+    rng: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if next(model.parameters()).is_cuda:  # as trainer/loop.py saves it
+        rng["cuda"] = torch.cuda.get_rng_state_all()
+    return {"model": model.state_dict(), "optimizer": opt.state_dict(), "lr_scale": 1.0, "rng": rng}
 
 
 class _DcpDefault:
@@ -102,11 +99,12 @@ class _Bench:
     """One model and optimizer per size, trained on through every window (warm allocator, warm
     writer process), so a window costs only its steps."""
 
-    def __init__(self, cfg: GPTConfig, batch: int, root: Path) -> None:
+    def __init__(self, cfg: GPTConfig, batch: int, root: Path, device: torch.device) -> None:
         torch.manual_seed(0)
-        self.model = GPT(cfg)
+        self.model = GPT(cfg).to(device)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
-        self.x = torch.randint(0, 256, (batch, cfg.block_size))
+        self.x = torch.randint(0, 256, (batch, cfg.block_size)).to(device)
+        self.cuda = device.type == "cuda"
         self.root = root
         (root / "dcp_default").mkdir(parents=True)
         self.mgrs: dict[str, Any] = {
@@ -127,6 +125,8 @@ class _Bench:
         loss.backward()
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
+        if self.cuda:  # a step's time is its kernels', not their launch (a loop syncs on its loss read)
+            torch.cuda.synchronize()
 
     def window(self, mode: str, steps: int, tag: int) -> tuple[float, float, float, int, list[float]]:
         """(run seconds, seconds the training thread was blocked by the checkpoint, writer tail
@@ -199,7 +199,8 @@ def _p95(xs: list[float]) -> float:
     return statistics.quantiles(xs, n=20, method="inclusive")[-1] if len(xs) > 1 else xs[0]
 
 
-def bench_size(name: str, cfg: GPTConfig, steps: int, batch: int, repeats: int) -> dict[str, Any]:
+def bench_size(name: str, cfg: GPTConfig, steps: int, batch: int, repeats: int,
+               device: str | torch.device = "cpu") -> dict[str, Any]:
     modes = ["none", "sync", "sync_fsync", "async", "async_inline", "dcp_default"]
     times: dict[str, list[float]] = {m: [] for m in modes}
     blocks: dict[str, list[float]] = {m: [] for m in modes}
@@ -207,7 +208,7 @@ def bench_size(name: str, cfg: GPTConfig, steps: int, batch: int, repeats: int) 
     step_s: dict[str, list[list[float]]] = {m: [] for m in modes}
     nbytes = 0
     with tempfile.TemporaryDirectory() as tmp:
-        bench = _Bench(cfg, batch, Path(tmp))
+        bench = _Bench(cfg, batch, Path(tmp), torch.device(device))
         try:
             for r in range(repeats):
                 order = modes[r % len(modes):] + modes[: r % len(modes)]  # rotate: no mode always first
@@ -266,18 +267,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=4, help="sequences per step (default 4)")
     ap.add_argument("--repeats", type=int, default=15, help="rounds of one window per mode (default 15)")
     ap.add_argument("--sizes", default="default,wide", help=f"model sizes to run, from {sorted(SIZES)}")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the model trains (default cpu)")
     ap.add_argument("--json", dest="json_path", help="write the figures here")
     args = ap.parse_args(argv)
-    if args.steps < 2:
-        ap.error("--steps must be >= 2")
+    if args.steps < 3:  # the steps after the mid-window save are what step_ratio_after compares
+        ap.error("--steps must be >= 3")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: torch.cuda.is_available() is False (no GPU, or a CPU build of torch)")
+    device = torch.device(args.device)
     torch.set_num_threads(1)
-    out: dict[str, Any] = {"steps_per_window": args.steps, "batch": args.batch,
-                           "repeats": args.repeats, "sizes": {}}
+    out: dict[str, Any] = {"steps_per_window": args.steps, "batch": args.batch, "repeats": args.repeats,
+                           "device": args.device,
+                           "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                           "sizes": {}}
     for name in args.sizes.split(","):
         if name not in SIZES:
             ap.error(f"--sizes: unknown size {name!r}")
-        print(f"[{name}] {SIZES[name]}", flush=True)
-        out["sizes"][name] = bench_size(name, SIZES[name], args.steps, args.batch, args.repeats)
+        cfg = gpt_config(name)
+        print(f"[{name}] {cfg} on {out['device_name']}", flush=True)
+        out["sizes"][name] = bench_size(name, cfg, args.steps, args.batch, args.repeats, device)
     first = next(iter(out["sizes"].values()))
     out["ratio"] = first["ratio"]
     out["ratio_block"] = first["ratio_block"]
