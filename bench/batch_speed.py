@@ -28,7 +28,7 @@ import time
 from cliffguard.controller.alerts import AlertsConfig
 from cliffguard.controller.batch import BatchContext, BatchProcessor
 from cliffguard.controller.config import ControllerConfig
-from cliffguard.controller.edge import EdgeBatch, EdgeRecord
+from cliffguard.controller.edge_classify import EdgeBatch, EdgeRecord
 from cliffguard.controller.recovery_types import RecoveryConfig
 from cliffguard.controller.runstate import RunTable, default_detector_factory
 from cliffguard.controller.store.db import session_scope

@@ -31,7 +31,7 @@ from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
 from cliffguard.controller.alerts import AlertsConfig, AlertSpec, enqueue_alert
-from cliffguard.controller.edge import EdgeBatch
+from cliffguard.controller.edge_classify import EdgeBatch
 from cliffguard.controller.goodput.book import GoodputBook
 from cliffguard.controller.goodput.config import GoodputConfig
 from cliffguard.controller.operator import enqueue_command

@@ -11,7 +11,7 @@ from __future__ import annotations
 import gc
 from dataclasses import dataclass
 
-from cliffguard.controller.edge import ClockWindow
+from cliffguard.controller.edge_classify import ClockWindow
 from cliffguard.core.declared import bounded, check_declared, non_empty
 
 

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from cliffguard.controller.edge import EdgeBatch
+from cliffguard.controller.edge_classify import EdgeBatch
 from cliffguard.controller.store.errors import Backoff
 
 

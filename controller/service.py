@@ -45,7 +45,8 @@ from cliffguard.controller.alerts import AlertDeliverer, AlertsConfig
 from cliffguard.controller.batch import BatchContext, BatchProcessor, BatchResult, StaleBatch
 from cliffguard.controller.bounds import StepBounds
 from cliffguard.controller.config import ControllerConfig
-from cliffguard.controller.edge import DeadLetter, EdgeBatch, EdgeConsumer, EdgeRecord
+from cliffguard.controller.edge import EdgeConsumer
+from cliffguard.controller.edge_classify import DeadLetter, EdgeBatch, EdgeRecord
 from cliffguard.controller.goodput.config import GoodputConfig
 from cliffguard.controller.goodput.metrics import MetricsServer
 from cliffguard.controller.health import HealthServer, HealthSnapshot

@@ -214,7 +214,7 @@ def book_through_controller(engine: Any, events: list[Event], goodput: Any = Non
     table is dropped, as when the run's partition moves: the next batch reloads it from the store."""
     from cliffguard.controller.alerts import AlertsConfig
     from cliffguard.controller.batch import BatchContext, BatchProcessor
-    from cliffguard.controller.edge import EdgeBatch, EdgeRecord
+    from cliffguard.controller.edge_classify import EdgeBatch, EdgeRecord
     from cliffguard.controller.goodput.config import GoodputConfig
     from cliffguard.controller.recovery_types import RecoveryConfig
     from cliffguard.controller.runstate import RunTable, default_detector_factory

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 
 from cliffguard.controller.dead_letter_log import DeadLetterLog
-from cliffguard.controller.edge import DeadLetter
+from cliffguard.controller.edge_classify import DeadLetter
 
 
 class Clock:

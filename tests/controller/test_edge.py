@@ -14,7 +14,8 @@ from cliffguard.agent.drafts import EventDraft
 from cliffguard.agent.publisher import Publisher, PublisherConfig
 from cliffguard.controller.bounds import StepBounds, int_bounds
 from cliffguard.controller.config import ControllerConfig
-from cliffguard.controller.edge import (
+from cliffguard.controller.edge import EdgeConsumer
+from cliffguard.controller.edge_classify import (
     BAD_SIGNATURE,
     CLOCK_SKEW,
     DLQ_KEEP_BYTES,
@@ -28,7 +29,6 @@ from cliffguard.controller.edge import (
     ClockWindow,
     DeadLetter,
     EdgeBatch,
-    EdgeConsumer,
     EdgeRecord,
     classify,
     classify_polled,

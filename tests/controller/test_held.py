@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cliffguard.controller.edge import EdgeBatch
+from cliffguard.controller.edge_classify import EdgeBatch
 from cliffguard.controller.held import HeldBatch
 from cliffguard.controller.store.errors import Backoff
 

@@ -60,7 +60,8 @@ def test_commands_and_dead_letters_still_leave_after_the_broker_restarts_empty(t
     id: the outbox and the dead-letter producer must build new ones (issue 29 A)."""
     import time
 
-    from cliffguard.controller.edge import DeadLetter, EdgeConsumer
+    from cliffguard.controller.edge import EdgeConsumer
+    from cliffguard.controller.edge_classify import DeadLetter
     from cliffguard.controller.operator import enqueue_command
     from cliffguard.controller.outbox import CommandOutbox
     from cliffguard.controller.store.models import CommandRow, RunRow
@@ -123,7 +124,7 @@ def _stuck_then_released(tmp_path, caplog, prefix: str, stuck_after_s: float, re
     import threading
 
     from cliffguard.controller.config import ControllerConfig
-    from cliffguard.controller.edge import EdgeBatch
+    from cliffguard.controller.edge_classify import EdgeBatch
     from cliffguard.controller.service import ControllerService
     from testing.controller_service import FAST_GROUP, RECOVERY, SECRET
 

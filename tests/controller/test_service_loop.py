@@ -7,7 +7,7 @@ from sqlalchemy import select
 
 from cliffguard.controller import batch as batch_mod
 from cliffguard.controller.config import ControllerConfig
-from cliffguard.controller.edge import DeadLetter, EdgeBatch, EdgeRecord
+from cliffguard.controller.edge_classify import DeadLetter, EdgeBatch, EdgeRecord
 from cliffguard.controller.outbox import CommandOutbox
 from cliffguard.controller.recovery_types import Phase, RecoveryConfig
 from cliffguard.controller.service import MAX_BATCH_FAILURES, ControllerService

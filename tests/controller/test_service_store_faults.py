@@ -61,7 +61,7 @@ class PausingEdge(StubEdge):
 
 
 def as_empty():
-    from cliffguard.controller.edge import EdgeBatch
+    from cliffguard.controller.edge_classify import EdgeBatch
 
     return EdgeBatch()
 

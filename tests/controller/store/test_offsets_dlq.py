@@ -64,7 +64,7 @@ def test_dead_letter_count_must_be_positive(engine):
 
 
 def test_dead_letters_are_counted_per_run_by_the_message_key_with_first_and_newest_times(engine):
-    from cliffguard.controller.edge import DeadLetter
+    from cliffguard.controller.edge_classify import DeadLetter
     from cliffguard.controller.store.dlq import count_dead_letters
 
     def letter(reason: str, key: bytes | None, detail: str = "d") -> DeadLetter:
