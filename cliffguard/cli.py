@@ -82,7 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     if run is None:
         parser.print_help()
         return 2
+    from cliffguard.commands import json_stdout
+
     try:
+        if json_stdout.wants_json_stdout(args):
+            with json_stdout.held():  # only the document on stdout; a library's chatter goes to stderr
+                return int(run(args) or 0)
         return int(run(args) or 0)
     except KeyboardInterrupt:
         return 130

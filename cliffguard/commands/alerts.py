@@ -13,6 +13,7 @@ import json
 import time
 
 from cliffguard.commands.controller import add_common, resolve_common
+from cliffguard.commands.json_stdout import emit
 from cliffguard.core.settings import ConfigError
 
 
@@ -56,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         store.close()
     if args.json:
-        print(json.dumps(table, indent=2))
+        emit(json.dumps(table, indent=2))
         return 0
     if not table:
         print("no alert endpoints have been used yet")

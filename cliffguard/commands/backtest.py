@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from cliffguard.commands.json_stdout import emit
 from cliffguard.controller.rules.divergence import METHODS
 
 # Option -> (section path, field). Only options given on the command line override the controller's.
@@ -151,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
         return fail(f"{type(exc).__name__}: {exc}")
     summary = bt.summary(events, n)
     if args.json:
-        print(json.dumps({"source": source, "points": n, "events": [e.to_dict() for e in events],
+        emit(json.dumps({"source": source, "points": n, "events": [e.to_dict() for e in events],
                           "summary": summary, **extra, "config": bt.to_json(config_to_dict(rules))},
                          allow_nan=False))
         return 0
@@ -195,7 +196,7 @@ def _folder(args: argparse.Namespace, rules: Any, fail) -> int:
             make = rules_maker(args.config, _flags(args))
             results = sc.sweep(args.csv, labels, key.strip(), [v.strip() for v in values.split(",") if v.strip()], make)
             if args.json:
-                print(json.dumps({"source": args.csv, "sweep": results}, allow_nan=False))
+                emit(json.dumps({"source": args.csv, "sweep": results}, allow_nan=False))
             else:
                 print("\n".join(sc.sweep_table(results)))
             return 0
@@ -206,7 +207,7 @@ def _folder(args: argparse.Namespace, rules: Any, fail) -> int:
         return fail(f"{type(exc).__name__}: {exc}")
     doc = sc.to_dict(rows)
     if args.json:
-        print(json.dumps({"source": args.csv, **doc}, allow_nan=False))
+        emit(json.dumps({"source": args.csv, **doc}, allow_nan=False))
         return 0
     print("\n".join(sc.table(rows)))
     print(sc.summary_line(doc["summary"]))

@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from cliffguard.commands.json_stdout import emit
 from cliffguard.data.contamination import ContaminationIndex, load_benchmark
 from cliffguard.data.corpus import corpus_files
 from cliffguard.data.curriculum import Curriculum, parse_curriculum
@@ -85,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     if args.report:
         write_json(args.report, report)
     if args.json:
-        print(json.dumps(report))
+        emit(json.dumps(report))
     else:
         d = report["dedup"]
         print(f"{report['documents']} documents ({report['skipped_binary']['count']} binary files skipped): "

@@ -20,6 +20,7 @@ import json
 import sys
 import time
 
+from cliffguard.commands.json_stdout import emit
 from cliffguard.core.settings import ConfigError
 
 
@@ -129,5 +130,5 @@ def run(args: argparse.Namespace) -> int:
     imps = importances(study)
     print(summary_text(study, imps) + f"\n({seconds:.0f} s)", file=sys.stderr, flush=True)
     if args.json:
-        print(json.dumps(summary_json(study, imps, masked_url(url), seconds)))
+        emit(json.dumps(summary_json(study, imps, masked_url(url), seconds)))
     return 0

@@ -7,6 +7,8 @@ import argparse
 import json
 import sys
 
+from cliffguard.commands.json_stdout import emit
+
 SHAPE_FLAGS = ("layers", "hidden", "heads")
 
 
@@ -102,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
                      f"(rejected: {reasons or 'no layout divides the model and batch'})")
     configs = [p.to_dict() for p in result.plans[: args.top]]
     if args.json:
-        print(json.dumps({"configs": configs}))
+        emit(json.dumps({"configs": configs}))
     else:
         print(_table(configs))
     return 0

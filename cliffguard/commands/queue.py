@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from cliffguard.commands.json_stdout import emit
+
 
 def add_parser(sub) -> argparse.ArgumentParser:
     from cliffguard.commands.slurm import add_cluster_args
@@ -30,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     pre = preemptions(cluster.root / "slurmctld.log")
     if args.json:
-        print(json.dumps({"classes": [{"name": c.name, "tier": c.tier} for c in CLASSES], "jobs": rows,
+        emit(json.dumps({"classes": [{"name": c.name, "tier": c.tier} for c in CLASSES], "jobs": rows,
                           "preemptions": pre}, indent=2))
         return 0
     print("classes: " + ", ".join(f"{c.name} (tier {c.tier})" for c in sorted(CLASSES, key=lambda c: -c.tier)))

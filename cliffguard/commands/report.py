@@ -13,6 +13,7 @@ import logging
 from pathlib import Path
 
 from cliffguard.commands.controller import add_common, resolve_common
+from cliffguard.commands.json_stdout import emit
 from cliffguard.core.settings import ConfigError
 
 
@@ -56,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         text = json.dumps(data, default=str, indent=1, allow_nan=False)
         if args.json == "-":
-            print(text)
+            emit(text)
         else:
             Path(args.json).write_text(text + "\n")
             print(f"wrote {Path(args.json).resolve()}")
@@ -76,7 +77,7 @@ def _remedies(session, args: argparse.Namespace) -> int:
     since = time.time() - args.days * 86400
     rows = read.remedy_costs(session, since=since, run_id=args.run)
     if args.json:
-        print(json.dumps({"since": since, "days": args.days, "remedies": rows}, indent=1))
+        emit(json.dumps({"since": since, "days": args.days, "remedies": rows}, indent=1))
         return 0
     print(f"what each remedy cost in the last {args.days:g} days" + (f" (run {args.run})" if args.run else ""))
     print(f"{'REMEDY':<14} {'COUNT':>6} {'SECONDS':>10} {'GPU-SECONDS':>12} {'STEPS LOST':>11}")

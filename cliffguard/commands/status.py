@@ -9,6 +9,7 @@ import time
 
 from cliffguard.agent.recovery.cadence import describe as describe_validation
 from cliffguard.commands.controller import add_common, resolve_common
+from cliffguard.commands.json_stdout import emit
 from cliffguard.core.capabilities import describe, describe_lr_scale
 from cliffguard.core.settings import ConfigError
 
@@ -91,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         store.close()
     if args.json:
-        print(json.dumps(out, default=str, indent=1))
+        emit(json.dumps(out, default=str, indent=1))
         return 0 if not args.run or out["run"] is not None else 1
     if not args.run:
         _print_runs(out)
