@@ -183,6 +183,10 @@ class DeepSpeedGuard:
             return self._inner_step(*args, **kwargs)  # mid-accumulation: no update to judge
         lr = float(e.get_lr()[0])  # before the scheduler moves it
         applied = self.kit.before_optimizer_step()
+        if not applied and getattr(e.optimizer, "overflow", False):
+            # the skipped optimizer step does not recompute it: the previous step's fp16 overflow would
+            # make DeepSpeed count this skip as one of its own (skipped_steps, no scheduler step)
+            e.optimizer.overflow = False
         # the kit's wrapper around e.optimizer.step skips the update or scales its LR; DeepSpeed's step
         # then clears the gradients and moves the scheduler and its counters either way
         out = self._inner_step(*args, **kwargs)
@@ -193,7 +197,8 @@ class DeepSpeedGuard:
             extra["grad_norm"] = float(norm)
         scale = 1.0
         if e.fp16_enabled():
-            scale = float(getattr(e.optimizer, "loss_scale", None) or getattr(e.optimizer, "cur_scale", 1.0))
+            # the engine's own reading (its monitor's): the scaler's current scale, after this step's update
+            scale = float(e._get_optimizer_loss_scale() or 1.0)
             extra["overflow_skips"] = int(e.skipped_steps)
         self.agent.after_step(skipped=not applied or overflow, loss_scale=scale, lr=lr * self.kit.lr_scale_applied,
                               extra=extra)

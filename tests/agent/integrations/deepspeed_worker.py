@@ -5,7 +5,8 @@ rollback, what each rank saw written to ``OUT/<case>-rank<r>.json`` for the test
 ``python deepspeed_worker.py OUT CASE...``; a case is ``stage2``, ``stage3``, ``offload-disk``
 (ZeRO-2 with its optimizer offloaded: declared disk-only, rolled back from the engine's own tag)
 ``elastic`` (ZeRO-2 with an elastic checkpoint and no save_dir: declared with no rollback) or
-``accum`` (ZeRO-2, two micro-batches a step, the spike in the first of step 6: one verdict a step).
+``accum`` (ZeRO-2, two micro-batches a step, the spike in the first of step 6: one verdict a step)
+or ``fp16`` (ZeRO-2 with a dynamic loss scale that starts far too high: DeepSpeed's overflow skips).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def run_case(case: str, out: str) -> None:
     rank = dist.get_rank()
     stage = 3 if case == "stage3" else 2
     accumulate = 2 if case == "accum" else 1
-    spike_at = SPIKE_AT * accumulate  # the micro-batch: the first of step 6
+    spike_at = -1 if case == "fp16" else SPIKE_AT * accumulate  # the micro-batch: the first of step 6
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
     optimizer = RecordingSGD(model.parameters(), lr=0.05)
@@ -75,12 +76,16 @@ def run_case(case: str, out: str) -> None:
         zero["offload_optimizer"] = {"device": "cpu"}  # with the torch optimizer, not DeepSpeedCPUAdam (a JIT op)
     if case == "elastic":
         zero["elastic_checkpoint"] = True
-    ds_config = {"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": accumulate,
+    fp16 = {"fp16": {"enabled": True, "initial_scale_power": 20, "loss_scale_window": 100}} if case == "fp16" else {}
+    ds_config = {**fp16, "train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": accumulate,
                  "zero_optimization": zero, "steps_per_print": 10_000,
                  "zero_allow_untested_optimizer": True, "zero_force_ds_cpu_optimizer": False,
                  "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.05, "warmup_max_lr": 0.05,
                                                              "warmup_num_steps": 1}}}
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config, dist_init_required=False)
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return engine(x.half()).float() if case == "fp16" else engine(x)
+
     sink = InMemorySink()
     holder: dict = {}
     source = Commands(lambda: holder["guard"].step) if rank == 0 else None
@@ -92,7 +97,7 @@ def run_case(case: str, out: str) -> None:
     data = [torch.randn(8, 4, generator=g) for _ in range(4 if case == "elastic" else 16)]
     val = [(x, x.sum(1, keepdim=True)) for x in data[:2]]
     guard = DeepSpeedGuard(engine, config=cfg, sink=sink, command_source=source, save_dir=save_dir, val_batches=val,
-                           loss_fn=lambda b: torch.nn.functional.mse_loss(engine(b[0]), b[1]))
+                           loss_fn=lambda b: torch.nn.functional.mse_loss(forward(b[0]), b[1]))
     holder["guard"] = guard
     if source is not None and case in ("stage2", "stage3", "offload-disk"):
         source.at[ROLLBACK_AT] = [make_command(CommandType.ROLLBACK, cfg.run, {"to_step": ROLLBACK_TO, "lr_scale": 0.5})]
@@ -110,7 +115,7 @@ def run_case(case: str, out: str) -> None:
         if case == "offload-disk" and step == ROLLBACK_TO and steps_run.count(step) == 1:
             engine.save_checkpoint(save_dir)  # the user's own save: a rollback target on disk
         y = x.sum(1, keepdim=True) * (1000.0 if i == spike_at else 1.0)  # the spike on every rank's batch
-        engine.backward(torch.nn.functional.mse_loss(engine(x), y))
+        engine.backward(torch.nn.functional.mse_loss(forward(x), y))
         before = full_weights(engine)
         engine.step()
         if case == "accum":
@@ -124,11 +129,12 @@ def run_case(case: str, out: str) -> None:
         "steps_run": steps_run,
         "weights": {str(k): v for k, v in at_boundary.items()},
         "after_rollback": after_rollback,
-        "lrs": optimizer.seen,
+        "lrs": getattr(optimizer, "seen", []),
         "lr_scale_applied": guard.kit.lr_scale_applied,
         "global_steps": engine.global_steps,
         "started": next((e.data for e in events if e.type is EventType.RUN_STARTED), None),
-        "steps": [{"step": e.step, **{k: e.data[k] for k in ("loss", "grad_norm", "skipped", "lr", "lr_scale")}}
+        "steps": [{"step": e.step, **{k: e.data.get(k) for k in ("loss", "grad_norm", "skipped", "lr", "lr_scale",
+                                                                 "loss_scale", "overflow_skips", "guard")}}
                   for e in events if e.type is EventType.STEP],
         "acks": [e.data for e in events if e.type is EventType.COMMAND_ACK],
         "checkpoints": [e.data for e in events if e.type is EventType.CHECKPOINT],

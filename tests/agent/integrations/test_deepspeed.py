@@ -21,7 +21,7 @@ from cliffguard.controller.broker import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
 WORKER = Path(__file__).with_name("deepspeed_worker.py")
-CASES = ("stage2", "stage3", "offload-disk", "elastic", "accum")
+CASES = ("stage2", "stage3", "offload-disk", "elastic", "accum", "fp16")
 
 
 def _engine(stage: int = 2, elastic: bool = False, offload: str | None = None, param: str | None = None):
@@ -88,7 +88,7 @@ def test_checkpoint_tags_are_targets_only_while_their_directory_exists(tmp_path)
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> dict[str, list[dict]]:
     """Every case's per-rank results from one torchrun of the worker (~25 s: DeepSpeed's import
-    and five engines; no JIT build, tests/agent/integrations/deepspeed_cpu.py)."""
+    and six engines; no JIT build, tests/agent/integrations/deepspeed_cpu.py)."""
     out = tmp_path_factory.mktemp("deepspeed")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
     env = {k: v for k, v in env.items() if not k.startswith("CLIFFGUARD_")}
@@ -160,3 +160,16 @@ def test_validate_runs_on_the_val_batches_of_every_rank(ranks):
     assert len(val) == 1 and val[0]["batches"] == 4 and val[0]["cmd"]  # 2 batches on each of 2 ranks
     ack = next(a for a in ranks["stage2"][0]["acks"] if a["cmd_type"] == "validate")
     assert ack["status"] == "applied" and ack["detail"].startswith("val_loss=")
+
+
+@pytest.mark.slow
+def test_fp16_overflow_skips_and_the_loss_scale_reach_the_step_events(ranks):
+    steps = ranks["fp16"][0]["steps"]
+    overflowed = [s for s in steps if s["guard"] == "ok" and s["skipped"]]  # DeepSpeed's skips, not the guard's
+    assert len(overflowed) >= 3 and steps[0] in overflowed  # 2^20 overflows the fp16 gradients at once
+    scales = [s["loss_scale"] for s in overflowed]
+    # halved on the overflows (the first is absorbed by DeepSpeed's hysteresis of 2), never raised
+    assert scales == sorted(scales, reverse=True) and scales[0] == 2.0**20 and scales[-1] <= 2.0**16
+    assert [s["overflow_skips"] for s in overflowed] == list(range(1, len(overflowed) + 1))
+    applied = [s for s in steps if not s["skipped"]]
+    assert applied and all(s["grad_norm"] > 0 for s in applied) and ranks["fp16"][0]["lrs"]
