@@ -21,7 +21,8 @@ EXTRA_MODULES = {"agent/integrations/hf.py": "hf", "agent/integrations/hf_checkp
                  "agent/integrations/lightning.py": "lightning",
                  "agent/integrations/deepspeed.py": "deepspeed", "agent/integrations/deepspeed_state.py": "deepspeed",
                  # the demo's trainers under those libraries (cliffguard demo --trainer hf|lightning)
-                 "trainer/demo_trainers/hf_run.py": "hf", "trainer/demo_trainers/lightning_run.py": "lightning"}
+                 "trainer/demo_trainers/hf_run.py": "hf", "trainer/demo_trainers/lightning_run.py": "lightning",
+                 "trainer/demo_trainers/deepspeed_run.py": "deepspeed"}
 # read inside try/except ImportError: numpy (agent/recovery/state.py) for RNG state when present, orjson
 # (core/events.py) and msgspec (core/batch_decode.py), both in the controller extra, to decode events faster
 OPTIONAL = {"numpy", "orjson", "msgspec"}
