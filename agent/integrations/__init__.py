@@ -9,6 +9,9 @@
   optimizer, scheduler, run=...)`` is the recovery kit for an Accelerator loop in one line.
 - **Lightning** (``CliffguardLightningCallback`` in agent/integrations/lightning.py, extra ``[lightning]``):
   the kit driven from a real ``pytorch_lightning.Callback``.
+- **DeepSpeed** (``attach(engine, run=...)`` in agent/integrations/deepspeed.py, extra ``[deepspeed]``):
+  the kit on a ``DeepSpeedEngine``, its ``backward``/``step``/``save_checkpoint`` wrapped; rollback
+  from the ring of this rank's ZeRO partitions or from the engine's own checkpoint tags.
 - **Hugging Face ``Trainer``** (``CliffguardHFCallback``, agent/integrations/hf.py): the kit driven
   from a real ``TrainerCallback``. ``transformers`` is imported only when that name is used, so
   ``from cliffguard.agent.integrations import AgentTracker`` works without it installed.

@@ -5,7 +5,7 @@ as a new user runs it: every path handed to a child process must be absolute.
 One short demo (240 steps, the default faults scaled to it: corrupted batches at steps 79-81 and
 an LR blow-up at step 148) and its JSON summary: the corrupted stretch was resumed and its samples
 flagged, the blow-up rolled back before its step with the LR halved, and the loss came down. One
-80-step smoke per library (hf, lightning, plain, accelerate-tracker); their full 240-step
+80-step smoke per library (hf, lightning, plain, deepspeed, accelerate-tracker); their full 240-step
 scenario and a clean run are ``python -m bench.integrations``. Plus the pure matching of
 incidents to faults, which decides the demo's exit code.
 """
@@ -135,6 +135,10 @@ def test_the_trainer_option_picks_the_training_command_and_its_kafka_settings(tm
     argv, _ = trainer_command(_demo_args("--trainer", "plain", "--nproc", "1", "--steps", "60"), "r1", kafka,
                               tmp_path, faults)
     assert argv[1:4] == ["-m", "cliffguard.trainer.demo_trainers.plain_run", "--run"]
+    argv, _ = trainer_command(_demo_args("--trainer", "deepspeed", "--nproc", "1", "--steps", "60"), "r1", kafka,
+                              tmp_path, faults)  # DeepSpeed always under torchrun: it reads the launcher's env
+    assert argv[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1"]
+    assert argv[5:8] == ["-m", "cliffguard.trainer.demo_trainers.deepspeed_run", "--"]
     argv, _ = trainer_command(_demo_args("--trainer", "accelerate-tracker", "--steps", "60"), "r1", kafka,
                               tmp_path, faults)
     assert argv[1:3] == ["-m", "cliffguard.trainer.demo_trainers.accelerate_tracker_run"]
@@ -235,10 +239,10 @@ scenario of ``python -m bench.integrations``."""
 @pytest.mark.slow
 @pytest.mark.broker
 @pytest.mark.timeout(SMOKE_TIMEOUT_S + 60)
-@pytest.mark.parametrize("trainer", ["hf", "lightning", "plain", "accelerate-tracker"])
+@pytest.mark.parametrize("trainer", ["hf", "lightning", "plain", "deepspeed", "accelerate-tracker"])
 def test_a_smoke_scenario_per_library(tmp_path, trainer):
     """CI's one smoke per library: a corrupted stretch, the summary ``ok`` as that trainer is judged."""
-    pytest.importorskip({"lightning": "pytorch_lightning", "hf": "transformers"}.get(trainer, "torch"))
+    pytest.importorskip({"lightning": "pytorch_lightning", "hf": "transformers", "deepspeed": "deepspeed"}.get(trainer, "torch"))
     summary, _ = _run_demo(tmp_path, SMOKE_STEPS, "--trainer", trainer, "--faults", *SMOKE_FAULTS,
                            timeout_s=SMOKE_TIMEOUT_S)
     assert summary["trainer"] == trainer and summary["train_exit_code"] == 0
