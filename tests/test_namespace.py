@@ -66,11 +66,15 @@ def test_the_wheel_has_one_top_level_name_and_the_readme_loop_runs_beside_a_user
 
     # --system-site-packages: torch and the other dependencies as installed here; the wheel itself
     # goes into the venv's own site-packages, which comes first on its path
+    # A PYTHONPATH reaching the repository (a developer's shell) made pip take cliffguard for installed
+    # already and skip the wheel: the check below then found the checkout's code, not the wheel's.
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("CLIFFGUARD_") and k != "PYTHONPATH"}
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120,
+                   env=clean)
     python = venv / "bin" / "python"
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", str(wheel)], check=True,
-                   capture_output=True, timeout=300)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", str(wheel)],
+                   check=True, capture_output=True, timeout=300, env=clean)
 
     project = tmp_path / "project"
     project.mkdir()
@@ -78,7 +82,7 @@ def test_the_wheel_has_one_top_level_name_and_the_readme_loop_runs_beside_a_user
         (project / f"{name}.py").write_text(f'MINE = "{name}"\n')
     script = project / "train.py"
     script.write_text(plain_loop_block() + CHECK)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CLIFFGUARD_") and k != "PYTHONPATH"}
+    env = dict(clean)
     env.update(CLIFFGUARD_KAFKA__BOOTSTRAP=kafka_cfg.bootstrap, CLIFFGUARD_KAFKA__TOPIC_PREFIX=kafka_cfg.topic_prefix,
                CLIFFGUARD_KAFKA__PARTITIONS=str(kafka_cfg.partitions),
                CLIFFGUARD_COMMAND_SECRET="namespace-test-secret-0123456789")
