@@ -19,3 +19,16 @@ def without_shm_build() -> None:
     import deepspeed
 
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
+def fp16_everywhere() -> None:
+    """Let DeepSpeed's fp16 engine start on any CPU. Its CPU accelerator says fp16 is supported only
+    where oneDNN has native fp16 kernels (``torch.ops.mkldnn._is_mkldnn_fp16_supported``: AVX512-FP16
+    or AMX); elsewhere ``_do_sanity_check`` refuses the config, although torch runs half-precision
+    CPU ops there too (slower). The test is about the loss scaler's overflow skips reaching the
+    agent, not about the CPU's speed, so it claims support where torch can run the ops."""
+    from deepspeed.accelerator import get_accelerator
+
+    acc = get_accelerator()
+    if not acc.is_fp16_supported():
+        acc.is_fp16_supported = lambda: True  # type: ignore[method-assign]

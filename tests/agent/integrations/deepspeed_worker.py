@@ -27,7 +27,7 @@ from cliffguard.agent.sinks import InMemorySink
 from cliffguard.core.enums import CommandType, EventType
 from cliffguard.core.events import make_command
 from cliffguard.core.spike import SpikeConfig
-from tests.agent.integrations.deepspeed_cpu import without_shm_build
+from tests.agent.integrations.deepspeed_cpu import fp16_everywhere, without_shm_build
 
 SPIKE_AT = 6
 """The step whose batch is multiplied by 1000 (on every rank): the guard skips its update."""
@@ -77,6 +77,8 @@ def run_case(case: str, out: str) -> None:
     if case == "elastic":
         zero["elastic_checkpoint"] = True
     fp16 = {"fp16": {"enabled": True, "initial_scale_power": 20, "loss_scale_window": 100}} if case == "fp16" else {}
+    if fp16:
+        fp16_everywhere()
     ds_config = {**fp16, "train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": accumulate,
                  "zero_optimization": zero, "steps_per_print": 10_000,
                  "zero_allow_untested_optimizer": True, "zero_force_ds_cpu_optimizer": False,
