@@ -26,6 +26,7 @@ class EventType(StrEnum):
     NODE_CHECK = "node.check"  # a restarted worker group's pre-flight check: matmul + all-gather in pairs
     TRAINER_TIMEOUT = "trainer.timeout"  # a wait timed out with no controller command: the trainer acted alone
     RUN_PREEMPTED = "run.preempted"  # the scheduler's warning signal: saved at a boundary, exiting to be requeued
+    STEP_TRIAGED = "step.triaged"  # a critical step re-run: why it went bad (data, transient, bad rank, optimizer)
 
 
 class CommandType(StrEnum):

@@ -269,6 +269,22 @@ class TrainerTimeoutData(TypedDict):
     to_step: NotRequired[int]  # the step a rollback restored
 
 
+StepTriagedData = TypedDict("StepTriagedData", {
+    "class": str,  # core/triage.py TriageClass: data | transient | bad_rank | optimizer | unclear
+    "remedy": str,  # skip_batch | retry_step | suspect_rank | rollback
+    "rank": NotRequired[int],  # the suspect rank, or the rank whose shard was bad (absent: every shard / unknown)
+    "reason": str,
+    "reruns": int,  # forward+backward re-executions this verdict cost
+    "rerun_s": float,
+    "evidence": dict[str, Any],  # each re-run's per-rank loss and local grad norm, the guard's median and sigma
+    "sample_ids": list[int],  # data: the batch put on the bad-batch list (never fed again)
+    "update_applied": bool,  # transient: the retried step's update was applied
+    "bad_batches": int,  # entries on the run's bad-batch list now
+    "transient_counts": dict[str, int],  # transient faults seen per rank so far
+})
+"""A critical step the kit re-ran (agent/recovery/triage_run.py); rank 0 sends it, at that step."""
+
+
 class RunPreemptedData(TypedDict):
     """The scheduler's warning signal reached the run; it saved at the next step boundary and exits
     to be requeued (agent/recovery/preemption.py). The event's step is the saved one: the step a
@@ -304,6 +320,7 @@ EVENT_PAYLOADS: dict[EventType, type] = {
     EventType.NODE_CHECK: NodeCheckData,
     EventType.TRAINER_TIMEOUT: TrainerTimeoutData,
     EventType.RUN_PREEMPTED: RunPreemptedData,
+    EventType.STEP_TRIAGED: StepTriagedData,
 }
 
 

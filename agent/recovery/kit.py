@@ -33,6 +33,10 @@ dispatch table of agent/dispatch.py):
   the last ``val_keep`` training batches it was shown (``remember``); never a crash: no data is
   a ``failed`` ack. Every validation runs with the global RNGs put back afterwards, and the
   periodic ones only while they cost at most ``val_max_share`` of training (agent/recovery/cadence.py);
+- **triage** (with a ``rerun_fn``, agent/recovery/triage_run.py): a step the guard skips is
+  re-run (same shards, shards rotated, a control batch) and classified (core/triage.py): a data
+  batch stays skipped and joins the bad-batch list, a transient fault is retried and applied,
+  the rest keep the guard's decision; rank 0 reports ``step.triaged``;
 - **preemption** (``[agent.preemption]``, agent/recovery/preemption.py): ``start`` installs the
   warning-signal handlers (they only note the signal); the boundary after any rank was warned
   saves the whole state (the store's ``save_now``: memory, then disk, waited for until the
@@ -68,8 +72,10 @@ from cliffguard.agent.recovery.ring import MemoryRing, cpu_copy
 from cliffguard.agent.recovery.state import DataPosition, LoopState, Stateful, rng_untouched
 from cliffguard.agent.recovery.store import RingStore, StateStore
 from cliffguard.agent.recovery.timeouts import Timeout, apply_timeout, timed_out
+from cliffguard.agent.recovery.triage_run import RerunFn, SampleIdsFn, StepTriage
 from cliffguard.core.enums import CheckpointKind, CommandType, EventType, GuardDecision
 from cliffguard.core.events import Command
+from cliffguard.core.triage import TriageClass, TriageConfig
 
 log = logging.getLogger(__name__)
 
@@ -108,13 +114,22 @@ class RecoveryKit:
                  skip_data: Callable[[int, int], None] | None = None, store: StateStore | None = None,
                  state: Snapshotter | None = None, extra_state: dict[str, Stateful] | None = None,
                  checkpoint_fn: Callable[[int, CheckpointKind], None] | None = None,
-                 on_restore: Callable[[int], None] | None = None, wrap_optimizer: bool = True) -> None:
+                 on_restore: Callable[[int], None] | None = None, wrap_optimizer: bool = True,
+                 rerun_fn: RerunFn | None = None, sample_ids_fn: SampleIdsFn | None = None,
+                 triage: TriageConfig | None = None, exclude_samples: Callable[[list[int]], None] | None = None) -> None:
         self.agent = agent
         self.config = config if config is not None else agent.config.recovery
         self.model = model if model is not None else agent.model
         self.optimizer = optimizer if optimizer is not None else agent.optimizer
-        self.state: Snapshotter = state or LoopState(self.model, self.optimizer, scheduler, agent, data_position,
-                                                     dict(extra_state or {}))
+        self.triage: StepTriage | None = None
+        """Re-run attribution of critical steps (agent/recovery/triage_run.py), when the loop gave a ``rerun_fn``."""
+        extra = dict(extra_state or {})
+        if rerun_fn is not None:
+            self.triage = StepTriage(agent, self.model, rerun_fn, sample_ids_fn=sample_ids_fn, config=triage,
+                                     exclude=exclude_samples)
+            extra.setdefault("triage", self.triage)  # the bad-batch list rides every checkpoint (never forgets)
+            agent.lifecycle.summaries["triage"] = self.triage.summary
+        self.state: Snapshotter = state or LoopState(self.model, self.optimizer, scheduler, agent, data_position, extra)
         self.ring: MemoryRing | None = None
         if store is None:
             self.ring = MemoryRing(self.config.ring_size)
@@ -142,6 +157,7 @@ class RecoveryKit:
         """Why the run ends early ("failed: ..." when a timeout policy failed it)."""
         self._apply_update = True
         self._hold_pending = False
+        self._explained = False  # a triage verdict cured this step's cause (no hold for it)
         self._applied_scale = 1.0
         self._warned_step = False
         self._leaving: Any = None  # the RestartPlan of an applied restart: the loop leaves at this boundary
@@ -218,12 +234,41 @@ class RecoveryKit:
     def before_optimizer_step(self) -> bool:
         """The agent's all-reduce and the guard. True = apply this update (the same on every rank)."""
         ok = self.agent.before_optimizer_step()
+        if not ok and self.triage is not None and self.agent.decision in (GuardDecision.SKIP, GuardDecision.HOLD):
+            ok = self._triage(self.agent.step)
         if self.agent.decision is GuardDecision.OK:
             self.kept.extend(self._pending_batches)
+            if self.triage is not None:
+                self.triage.last_ok_step = self.agent.step
         self._pending_batches = []
         self._apply_update = ok
-        self._hold_pending = self.agent.decision is GuardDecision.HOLD
+        self._hold_pending = self.agent.decision is GuardDecision.HOLD and not self._explained
+        self._explained = False
         return ok
+
+    def _triage(self, step: int) -> bool:
+        """Re-run the critical step and apply its class's remedy (agent/recovery/triage_run.py).
+        True when the update is to be applied after all (a transient fault, retried)."""
+        assert self.triage is not None
+        try:
+            verdict = self.triage.run(step)
+        except Exception:  # noqa: BLE001 - a failed re-run leaves the guard's decision as it was
+            log.exception("cliffguard triage: the re-runs of step %d failed; the guard's decision stands", step)
+            return False
+        if verdict is None:
+            return False
+        ids: list[int] = []
+        applied = False
+        if verdict.cls is TriageClass.DATA:
+            ids = self.triage.record_data(step, verdict)
+            self._explained = True
+        elif verdict.cls is TriageClass.TRANSIENT:
+            self.triage.retry(step)
+            applied = self._explained = True
+        if self._explained:
+            self.agent.guard.clear_hold()  # the cause is cured: the stretch does not count towards a hold
+        self.triage.emit(step, sample_ids=ids, applied=applied)
+        return applied
 
     def scaled_lr(self, lr: float) -> float:
         """``lr`` times the LR scale, recorded as applied (for loops that set the LR themselves)."""
@@ -280,6 +325,8 @@ class RecoveryKit:
         step = self.agent.step
         moved = before if self.restores != restores else None
         self.store.on_step(step, lambda: self.state.capture(step))
+        if self.triage is not None:
+            self.triage.before_step()
         if self.cadence.due(step) and CommandType.VALIDATE in self.capabilities:
             self._periodic_validation(step)
         return Boundary(True, step, moved)

@@ -338,6 +338,15 @@ def _evidence(session: Session, ev: Event) -> bool:
         node="" if check else str(d["node"]), data=to_json(d)))
 
 
+def _triaged(session: Session, ev: Event) -> bool:
+    """A critical step's re-run verdict (agent/recovery/triage_run.py), kept whole: ``reason`` is its
+    class, ``node`` its remedy, ``rank`` the suspect rank (or the bad shard's; -1: none)."""
+    d = ev.data
+    return _insert_once(session, EvidenceRow, dict(
+        event_id=ev.id, run_id=ev.run, kind=str(ev.type), rank=int(d.get("rank", -1)), step=ev.step, ts=ev.ts, life=0,
+        reason=str(d["class"])[:32], node=str(d["remedy"])[:128], data=to_json(d)))
+
+
 def _heartbeat(session: Session, ev: Event) -> bool:
     return upsert_heartbeats(session, [ev]) == 1
 
@@ -484,4 +493,5 @@ _HANDLERS = {
     EventType.NODE_CHECK: _evidence,
     EventType.TRAINER_TIMEOUT: _trainer_timeout,
     EventType.RUN_PREEMPTED: _run_preempted,
+    EventType.STEP_TRIAGED: _triaged,
 }

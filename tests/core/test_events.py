@@ -85,6 +85,9 @@ PAYLOADS: dict[EventType, dict] = {
     EventType.RUN_PREEMPTED: {"signal": "SIGTERM", "deadline_s": 30.0, "save_s": 2.5, "margin_s": 27.5,
                               "verified": True, "wait_s": 0.2, "exit_code": 75, "path": "/ckpt/full-00000040",
                               "detail": "full checkpoint of step 40 verified"},
+    EventType.STEP_TRIAGED: {"class": "data", "remedy": "skip_batch", "rank": 2, "reason": "rank 2's shard is bad on rank 3 too",
+                             "reruns": 2, "rerun_s": 0.12, "evidence": {"same": {"loss": [2.0, 2.0, 9.0, 2.0]}},
+                             "sample_ids": [40, 41], "update_applied": False, "bad_batches": 1, "transient_counts": {}},
 }
 
 ARGS: dict[CommandType, dict] = {

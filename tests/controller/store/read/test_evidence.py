@@ -58,3 +58,28 @@ def test_a_hang_incidents_evidence_is_its_lifes_reports_one_per_rank_and_its_che
         assert [(r["rank"], r["reason"]) for r in h["reports"]] == [(0, "stalled"), (3, "stalled")]  # first per rank
         assert [c["reason"] for c in h["checks"]] == ["failed"] and h["table"] == [{"rank": 3, "verdict": "culprit"}]
         assert read.hang_evidence(s, "inc-2") is None and read.hang_evidence(s, "nope") is None
+
+
+def test_triage_verdicts_are_stored_and_badbatches_lists_the_data_ones(engine, capsys):
+    from cliffguard.cli import main
+
+    data = PAYLOADS[EventType.STEP_TRIAGED]
+    transient = {**data, "class": "transient", "remedy": "retry_step", "sample_ids": [], "update_applied": True}
+    del transient["rank"]
+    with session_scope(engine) as s:
+        ingest_events(s, [f.run_started(world=4), f.event(EventType.STEP_TRIAGED, 40, data, world=4, ts=T0 + 10),
+                          f.event(EventType.STEP_TRIAGED, 55, transient, world=4, ts=T0 + 20)])
+    with session_scope(engine) as s:
+        rows = read.evidence(s, "run-a", kind="step.triaged")
+        assert [(r["step"], r["reason"], r["node"], r["rank"]) for r in rows] == [
+            (40, "data", "skip_batch", 2), (55, "transient", "retry_step", -1)]
+    url = engine.url.render_as_string(hide_password=False)
+    assert main(["badbatches", "run-a", "--db", url, "--json"]) == 0
+    out = capsys.readouterr().out
+    import json
+
+    (entry,) = json.loads(out)["bad_batches"]
+    assert (entry["step"], entry["rank"], entry["sample_ids"]) == (40, 2, [40, 41])
+    assert main(["badbatches", "run-a", "--db", url]) == 0
+    assert "step      40  rank 2   2 samples: [40, 41]" in capsys.readouterr().out
+    assert main(["badbatches", "nope", "--db", url]) == 1
