@@ -94,7 +94,12 @@ class StepProbe:
         """Whether ``after_forward`` was called in the current step."""
         return self._loss_sum is not None
 
+    def note(self, key: str, value: Any) -> None:
+        """A field for this step's event (the kit's triage class), dropped once the step is closed."""
+        self._notes[key] = value
+
     def _reset_step_accumulators(self) -> None:
+        self._notes: dict[str, Any] = {}
         self._loss_sum: torch.Tensor | None = None
         self._micro = 0
         self._tokens = 0
@@ -309,6 +314,7 @@ class StepProbe:
             data["sample_range"] = list(sample_range)
         if extra:
             data.update(extra)
+        data.update(self._notes)
         self._perf.add(data)
         if self.ranks.rank == 0:
             if len(self._losses) == self.ranks.world:  # not from report_step on a multi-rank loop

@@ -57,6 +57,7 @@ from cliffguard.controller.recovery_types import (
     StartedIn,
     TickIn,
     TrainerTimeoutIn,
+    TriagedIn,
     ValidationIn,
     VerdictIn,
 )
@@ -170,6 +171,10 @@ def inputs_for(event: Event, verdicts: list[Verdict], now: float, loss_level: Le
             at_step=d["at_step"], lr_scale_before=d["lr_scale_before"], lr_scale=d["lr_scale"],
             detail=d.get("detail") or "", first_bad_step=d.get("first_bad_step"), to_step=d.get("to_step"),
             ts=event.ts))
+    elif event.type is EventType.STEP_TRIAGED:
+        out.append(TriagedIn(step=event.step, now=now, cls=str(d["class"]), remedy=str(d["remedy"]), rank=d.get("rank"),
+                             reason=str(d["reason"]), reruns=int(d["reruns"]), rerun_s=float(d["rerun_s"]),
+                             sample_ids=tuple(d["sample_ids"]), update_applied=bool(d["update_applied"]), ts=event.ts))
     elif event.type is EventType.RUN_PREEMPTED:
         out.append(RunPreemptedIn(step=event.step, now=now, signal=str(d["signal"]), deadline_s=float(d["deadline_s"]),
                                   save_s=float(d["save_s"]), verified=bool(d["verified"]),

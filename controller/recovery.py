@@ -47,7 +47,7 @@ from typing import Any
 from cliffguard.controller import recovery_hang as hang
 from cliffguard.controller.recovery_acks import on_ack, on_tick
 from cliffguard.controller.recovery_hang_types import NodeCheckIn
-from cliffguard.controller.recovery_others import on_trainer_timeout
+from cliffguard.controller.recovery_others import on_trainer_timeout, on_triaged
 from cliffguard.controller.recovery_preempt import on_run_preempted, on_training_again
 from cliffguard.controller.recovery_step import Step, open_incident, start_rollback
 from cliffguard.controller.recovery_table import (
@@ -78,6 +78,7 @@ from cliffguard.controller.recovery_types import (
     StartedIn,
     TickIn,
     TrainerTimeoutIn,
+    TriagedIn,
     Trigger,
     ValidationIn,
     VerdictIn,
@@ -149,6 +150,8 @@ def transition(cfg: RecoveryConfig, state: RecoveryState, inp: Input) -> tuple[R
             on_trainer_timeout(st, inp)
         case RunPreemptedIn():
             on_run_preempted(st, inp)
+        case TriagedIn():
+            on_triaged(st, inp)
         case _:
             raise TypeError(f"not a recovery input: {type(inp).__name__}")
     return st.s, st.actions

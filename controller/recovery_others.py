@@ -18,10 +18,14 @@ from dataclasses import replace
 from typing import Any
 
 from cliffguard.controller.recovery_step import Step, open_incident, rolled_back
-from cliffguard.controller.recovery_types import MarkCommand, Phase, TrainerTimeoutIn, Trigger
-from cliffguard.core.enums import AlertLevel, IncidentOutcome, Level
+from cliffguard.controller.recovery_types import MarkCommand, Phase, TrainerTimeoutIn, TriagedIn, Trigger
+from cliffguard.core.enums import AlertAction, AlertLevel, IncidentOutcome, Level
+from cliffguard.core.triage import CURED_IN_PROCESS
 
 TRAINER_TIMEOUT = "trainer_timeout"
+TRIAGE = "triage"
+"""The rule name of a triage record: the kit re-ran a bad step and cured the cause itself."""
+
 """The rule name of an incident the trainer's own timeout opened."""
 
 
@@ -78,3 +82,27 @@ def on_trainer_timeout(st: Step, inp: TrainerTimeoutIn) -> None:
              reason, ev)
     if s.phase is Phase.RUNNING:
         s.incident = None
+
+
+def on_triaged(st: Step, inp: TriagedIn) -> None:
+    """A step the kit re-ran and cured (data, transient): an incident opened and closed ``cured`` at
+    once with the re-runs' verdict, and an info alert. Mid-incident, or a class the kit does not
+    cure, the verdict stays the store's evidence (``cliffguard badbatches``) and nothing moves."""
+    s = st.s
+    if inp.cls not in CURED_IN_PROCESS or s.phase is not Phase.RUNNING or s.incident is not None:
+        return
+    if inp.ts and inp.ts <= s.acted_alone_ts:
+        return  # a re-read of a report already applied: the trainer acted alone here too
+    s.acted_alone_ts = max(s.acted_alone_ts, inp.ts)
+    ev: dict[str, Any] = {"cause": inp.cls, "decided_by": "trainer triage", "remedy": inp.remedy, "rank": inp.rank,
+                          "reason": inp.reason, "reruns": inp.reruns, "rerun_s": inp.rerun_s,
+                          "sample_ids": list(inp.sample_ids), "update_applied": inp.update_applied}
+    cure = (f"batch skipped and listed ({len(inp.sample_ids)} samples)" if inp.cls == "data"
+            else "step retried and applied" if inp.update_applied else "step retried")
+    reason = f"step {inp.step} re-run {inp.reruns}x: {inp.cls} ({inp.reason}); {cure}"
+    open_incident(st, TRIAGE, str(Level.WARN), inp.step, inp.step, ev, inp.now)
+    st.move(Trigger.TRIAGE_CURED, reason, ev, inp.now, step=inp.step)
+    st.close(IncidentOutcome.CURED, inp.now)
+    st.alert(AlertLevel.INFO, TRIAGE, f"run {s.run}: step {inp.step} was {inp.cls}; the trainer cured it", reason, ev,
+             action=AlertAction.RESOLVE)
+    s.incident = None

@@ -104,6 +104,8 @@ class Step:
         self.actions.append(CloseIncident(id=inc.id, outcome=outcome, closed_at=closed_at,
                                           rollback_to=inc.rollback_to, lr_scale=s.lr_scale,
                                           lr_scales=inc.lr_scales, escalation=inc.rung))
+        if outcome is IncidentOutcome.CURED:
+            return  # a cure the trainer applied itself: the escalation ladder's memory stays as it was
         if outcome in (IncidentOutcome.RESUMED, IncidentOutcome.ROLLED_BACK):
             target = inc.rollback_to if inc.rollback_to is not None else inc.prior_target
             s.previous = Closed(id=inc.id, step=s.last_step, rung=inc.rung, rollback_to=target)

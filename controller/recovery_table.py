@@ -162,6 +162,9 @@ TABLE: tuple[Transition, ...] = (
                   f"close incident {'halted' if p is P.HALTED else 'abandoned'}", "open incident preemption"))
       for p in Phase if p not in (P.RUNNING, P.PREEMPTED)),
     Transition(P.PREEMPTED, T.TRAINING_AGAIN, P.RUNNING, (), ("close incident requeued", "alert info")),
+    # the kit re-ran a bad step and cured its cause itself (step.triaged: a data batch skipped and
+    # listed, a transient fault retried): a record of its own; mid-incident the verdict is evidence only
+    Transition(P.RUNNING, T.TRIAGE_CURED, P.RUNNING, (), ("open incident triage", "close incident cured", "alert info")),
 )
 """Every legal move; those of one phase and input in the order the handlers try them."""
 

@@ -76,6 +76,7 @@ class Trigger(StrEnum):
     TRAINER_STOPPED = "trainer_stopped"  # ... stopped it (its policy, or one that could not apply)
     OPERATOR_LR_SCALE = "operator_lr_scale"  # an operator's command set the LR scale (the machine adopts it)
     PREEMPTED = "preempted"  # the trainer saved for the scheduler's warning and exits to be requeued
+    TRIAGE_CURED = "triage_cured"  # the kit re-ran a bad step and cured it itself (step.triaged: data, transient)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -257,6 +258,23 @@ class TrainerTimeoutIn:
 
 
 @dataclass(frozen=True, slots=True)
+class TriagedIn:
+    """Rank 0 reported ``step.triaged``: the kit re-ran a bad step and classified it (core/triage.py)."""
+
+    step: int
+    now: float
+    cls: str
+    remedy: str
+    rank: int | None
+    reason: str
+    reruns: int
+    rerun_s: float
+    sample_ids: tuple[int, ...]
+    update_applied: bool
+    ts: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class RunPreemptedIn:
     """Rank 0 reported ``run.preempted``: it saved ``step`` for the scheduler's warning and exits."""
 
@@ -273,7 +291,7 @@ class RunPreemptedIn:
 
 
 Input = (VerdictIn | ProgressIn | CheckpointIn | AckIn | ValidationIn | TickIn | RunEndedIn | StartedIn
-         | TrainerTimeoutIn | RunPreemptedIn | NodeCheckIn)
+         | TrainerTimeoutIn | RunPreemptedIn | NodeCheckIn | TriagedIn)
 
 
 # ---------------------------------------------------------------------------------------------

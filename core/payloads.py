@@ -65,7 +65,7 @@ class LossSummary(TypedDict):
 
 
 class StepData(TypedDict):
-    loss: float  # the global (all-reduced) mean
+    loss: float  # the global (all-reduced) mean; a ``triaged`` step's is its bad execution's
     loss_local: float  # per rank (the sender's own), like every field from here to guard
     lr: float
     lr_scale: float  # the scale the trainer applied
@@ -87,6 +87,7 @@ class StepData(TypedDict):
     sample_range: NotRequired[list[int]]  # [first, last+1) sample indices of this global batch
     rank_losses: NotRequired[LossSummary]  # present = a run-level step event (rank 0 alone sends one)
     detail: NotRequired[bool]  # true = a per-rank step event asked for by a detail command (not for the rules)
+    triaged: NotRequired[str]  # the kit re-ran this bad step: its class (core/triage.py; data and transient it cured)
 
 
 class RanksData(TypedDict):

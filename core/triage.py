@@ -52,6 +52,11 @@ REMEDY: dict[TriageClass, str] = {
 }
 """Each class's cure (the cheapest that fits the cause)."""
 
+CURED_IN_PROCESS = frozenset({TriageClass.DATA.value, TriageClass.TRANSIENT.value})
+"""Classes the kit cures itself (a data batch skipped and listed, a transient fault retried): such a
+step is not the curve's, so the controller's step rules leave it out; the others keep the guard's
+decision and the controller's recovery."""
+
 
 @dataclass(kw_only=True, slots=True)
 class TriageConfig:

@@ -268,6 +268,7 @@ class RecoveryKit:
         if self._explained:
             self.agent.guard.clear_hold()  # the cause is cured: the stretch does not count towards a hold
         self.triage.emit(step, sample_ids=ids, applied=applied)
+        self.agent.probe.note("triaged", verdict.cls.value)
         return applied
 
     def scaled_lr(self, lr: float) -> float:

@@ -19,6 +19,7 @@ from cliffguard.controller.verdict import Action, Verdict
 from cliffguard.core.declared import bounded, check_declared
 from cliffguard.core.enums import Level
 from cliffguard.core.events import Event
+from cliffguard.core.triage import CURED_IN_PROCESS
 
 # An enum member read through its class costs ~10x a module global (the enum's metaclass):
 # the per-point paths below use these.
@@ -171,6 +172,8 @@ class GradNormRule:
                        onset_step=onset, evidence=ev)
 
     def on_event(self, event: Event) -> list[Verdict]:
+        if event.data.get("triaged") in CURED_IN_PROCESS:
+            return []  # its norm is the bad execution's (a transient fault retried, a bad batch skipped)
         return self.observe(event.step, event.data)
 
     def state_dict(self) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from cliffguard.controller.verdict import Action, Verdict
 from cliffguard.core.declared import bounded, check_declared
 from cliffguard.core.enums import GuardDecision, Level
 from cliffguard.core.events import Event
+from cliffguard.core.triage import CURED_IN_PROCESS
 
 GUARD_HOLD = "guard_hold"
 """``Verdict.rule`` of this rule's verdicts (the recovery machine answers it as a hold)."""
@@ -78,6 +79,8 @@ class GuardHoldRule:
             evidence={"guard": str(decision), "skips": self._skips, "first_skip_step": self._first, "held": held})]
 
     def on_event(self, event: Event) -> list[Verdict]:
+        if event.data.get("triaged") in CURED_IN_PROCESS:
+            return []  # a skip the kit's triage explained and cured: the guard did not give up on it
         decision = event.data.get("guard")
         return self.observe(event.step, GuardDecision(decision) if decision is not None else GuardDecision.OK)
 

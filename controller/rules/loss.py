@@ -38,6 +38,7 @@ from cliffguard.core.declared import bounded, check_declared
 from cliffguard.core.enums import Level
 from cliffguard.core.events import Event
 from cliffguard.core.spike import SpikeConfig, SpikeDetector
+from cliffguard.core.triage import CURED_IN_PROCESS
 
 # An enum member read through its class costs ~10x a module global (the enum's metaclass):
 # the per-point paths below use these.
@@ -199,6 +200,8 @@ class LossRules:
 
     def on_event(self, event: Event) -> list[Verdict]:
         data = event.data
+        if data.get("triaged") in CURED_IN_PROCESS:
+            return []  # the kit re-ran it and cured it (a bad batch, a transient fault): not the curve's point
         norm = data.get("grad_norm")
         # a skipped step's norm (an fp16 overflow the scaler handled) is the loss-scale rule's
         return self.observe(event.step, float(data["loss"]),

@@ -208,7 +208,7 @@ class IncidentRow(Base):
     level: Mapped[str] = mapped_column(String(16))
     spike_step: Mapped[int] = mapped_column(Integer)
     onset_step: Mapped[int | None] = mapped_column(Integer)
-    outcome: Mapped[str] = mapped_column(String(16), default="open")  # open | resumed | rolled_back | halted | abandoned | requeued
+    outcome: Mapped[str] = mapped_column(String(16), default="open")  # open | resumed | rolled_back | halted | abandoned | requeued | restarted | cured
     rollback_to: Mapped[int | None] = mapped_column(Integer)
     lr_scale: Mapped[float | None] = mapped_column(Float)
     evidence: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)

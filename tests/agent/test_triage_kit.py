@@ -94,6 +94,9 @@ def test_a_poisoned_stretch_is_data_skipped_listed_and_never_holds() -> None:
     assert not any(loop.applied[s] for s in range(20, 25)), "a bad update reached the weights"
     assert all(loop.applied[s] for s in range(25, 30))
     assert loop.excluded == [20, 21, 22, 23, 24] and len(loop.kit.triage.bad) == 5
+    steps = {e.step: e.data for e in loop.sink.events if e.type is EventType.STEP}
+    assert [s for s, d in sorted(steps.items()) if "triaged" in d] == [20, 21, 22, 23, 24]
+    assert steps[20]["triaged"] == "data" and steps[20]["skipped"]
     assert all(e.data["reruns"] == 2 for e in events)  # the same batch, then the control
     held = [e for e in loop.sink.events if e.type is EventType.HEARTBEAT and e.data.get("mode") == TrainerMode.HELD]
     assert not held and loop.agent.modes.mode is not TrainerMode.HELD

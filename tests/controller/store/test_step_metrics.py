@@ -11,8 +11,9 @@ from cliffguard.core.payloads import StepData
 # step fields the store keeps in their own way: the loss (with its bucket min/max and non-finite
 # kind), the guard's decision (a string), per-layer norms (JSON) and the sample range (data flags);
 # the run-level event's loss summary (every rank's loss reaches the rows through ``ranks`` events)
-# and the detail marker (detail rows are told apart by their guard decision, read.rank_detail)
-NOT_IN_TABLE = {"loss", "guard", "layer_grad_norms", "sample_range", "rank_losses", "detail"}
+# and the detail marker (detail rows are told apart by their guard decision, read.rank_detail); a
+# triaged step's class (its verdict is stored whole with the run's evidence: step.triaged)
+NOT_IN_TABLE = {"loss", "guard", "layer_grad_norms", "sample_range", "rank_losses", "detail", "triaged"}
 
 
 def test_every_step_field_is_stored_or_deliberately_left_out():
