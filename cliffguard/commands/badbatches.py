@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 
-from cliffguard.commands.controller import add_common, resolve_common
+from cliffguard.commands.controller import add_common, open_store_quietly
 from cliffguard.commands.json_stdout import emit
-from cliffguard.core.settings import ConfigError
 
 TRIAGED = "step.triaged"
 
@@ -39,20 +37,14 @@ def bad_batches(rows: list[dict]) -> list[dict]:
 
 def run(args: argparse.Namespace) -> int:
     from cliffguard.controller.store import read
-    from cliffguard.controller.store.db import Store
 
-    for name in ("alembic", "cliffguard.controller.store"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    try:
-        store_cfg = resolve_common(args, ["store"])["store"]
-    except ConfigError as exc:
-        print(f"cliffguard badbatches: {exc}")
+    store = open_store_quietly(args, "badbatches")
+    if store is None:
         return 2
-    store = Store.open(store_cfg)
     try:
         with store.session() as s:
             if read.get_run(s, args.run) is None:
-                print(f"cliffguard badbatches: no run {args.run!r} in {store_cfg.url}")
+                print(f"cliffguard badbatches: no run {args.run!r} in the store")
                 return 1
             entries = bad_batches(read.evidence(s, args.run, kind=TRIAGED, limit=None))
     finally:

@@ -65,6 +65,21 @@ def resolve_common(args: argparse.Namespace, sections: list[str]):
     return load_all(args.config, flags=flags, sections=sections)
 
 
+def open_store_quietly(args: argparse.Namespace, prog: str):
+    """The store a reading command opens (``--db`` / ``[store]``), with the migrations' "schema at
+    head" kept out of its output; None after printing why the config is bad (the command exits 2)."""
+    from cliffguard.controller.store.db import Store
+
+    for name in ("alembic", "cliffguard.controller.store"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    try:
+        store_cfg = resolve_common(args, ["store"])["store"]
+    except ConfigError as exc:
+        print(f"cliffguard {prog}: {exc}")
+        return None
+    return Store.open(store_cfg)
+
+
 def build_sections(args: argparse.Namespace):
     """Every section the controller needs."""
     return resolve_common(args, CONTROLLER_SECTIONS)

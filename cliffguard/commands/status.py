@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import time
 
 from cliffguard.agent.recovery.cadence import describe as describe_validation
-from cliffguard.commands.controller import add_common, resolve_common
+from cliffguard.commands.controller import add_common, open_store_quietly
 from cliffguard.commands.json_stdout import emit
 from cliffguard.core.capabilities import describe, describe_lr_scale
-from cliffguard.core.settings import ConfigError
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -62,17 +60,10 @@ def _incident_notes(ev: dict) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from cliffguard.controller.store import read
-    from cliffguard.controller.store.db import Store
 
-    # migrations and the store's "schema at head" are not news to someone reading a status
-    for name in ("alembic", "cliffguard.controller.store"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    try:
-        store_cfg = resolve_common(args, ["store"])["store"]
-    except ConfigError as exc:
-        print(f"cliffguard status: {exc}")
+    store = open_store_quietly(args, "status")  # migrations' "schema at head" is not news in a status
+    if store is None:
         return 2
-    store = Store.open(store_cfg)
     try:
         with store.session() as s:
             if args.run:
