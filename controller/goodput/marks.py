@@ -88,8 +88,10 @@ AFTER_PREEMPTION: dict[str, Mark] = {
 not a restart's."""
 
 NOT_MARKS: frozenset[EventType] = frozenset({EventType.GRAD_HIST, EventType.RANKS, EventType.DATA_FLAG,
-                                             EventType.HEARTBEAT, EventType.DATA_STATS})
-"""Events that book no time (a disk checkpoint's write is not a mark either: ``mark_key``)."""
+                                             EventType.HEARTBEAT, EventType.DATA_STATS, EventType.STEP_TRIAGED})
+"""Events that book no time (a disk checkpoint's write is not a mark either: ``mark_key``). A
+``step.triaged`` verdict is reported inside its step: the re-runs' time is that step's interval,
+which the step event books (its ``triage`` cost is in the verdict)."""
 
 
 def mark_key(event: Event) -> str | None:
