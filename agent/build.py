@@ -105,7 +105,9 @@ def build_agent(accelerator: AcceleratorLike | None, model: torch.nn.Module, opt
     channel = CommandChannel(ranks, emitter, detail, clock, step=lambda: probe.step if probe is not None else 0,
                              source=command_source)
     hang = HangPart(config.hang, config.run, ranks, emitter, modes, step=lambda: probe.step if probe is not None else 0,
-                    base_dir=_hang_dir(config))
+                    base_dir=_hang_dir(config),
+                    progress=lambda: ((probe.closed_steps, max(probe.marked_at, modes.changed_at)) if probe is not None
+                                      else (0, modes.changed_at)))
     hang.ack = channel.ack
     hang.flush = sink.close
     if command_source is None and ranks.rank == 0 and kafka is not None:

@@ -18,6 +18,7 @@ is the one holder of the mode: the loop moves it, and the heartbeat thread repor
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 
 from cliffguard.core.enums import TrainerMode
@@ -55,6 +56,8 @@ class ModeMachine:
 
     def __init__(self, mode: TrainerMode = RUNNING) -> None:
         self._mode = TrainerMode(mode)
+        self.changed_at = time.monotonic()
+        """When the mode last changed (the hang watchdog's mark: a pause is not a stall)."""
 
     @property
     def mode(self) -> TrainerMode:
@@ -68,6 +71,7 @@ class ModeMachine:
         if not allowed(self._mode, to):
             raise ModeNotAllowed(self._mode, to)
         self._mode = to
+        self.changed_at = time.monotonic()
         return to
 
     @contextlib.contextmanager

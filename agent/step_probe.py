@@ -65,6 +65,11 @@ class StepProbe:
         self.clock = clock
         self.shape = shape
         self.step = 0
+        self.closed_steps = 0
+        """Steps this process closed (the hang watchdog's mark: the first step of a life is not judged)."""
+        self.marked_at = time.monotonic()
+        """When the training thread last closed a step or restarted the step clock (the watchdog's
+        mark: it may be starved of the GIL while the training thread is busy)."""
         self.peak_flops = 0.0
         self.peak_source = ""
         """The device's peak FLOP/s and where it came from (set at start, agent/lifecycle.py)."""
@@ -118,6 +123,7 @@ class StepProbe:
         self._reset_step_accumulators()
         self._perf.reset()
         self.clock.restart()
+        self.marked_at = time.monotonic()
 
     @contextlib.contextmanager
     def data_wait(self) -> Iterator[None]:
@@ -325,6 +331,8 @@ class StepProbe:
             self.emitter.emit(EventType.STEP, data)
         self.last = data
         self.step += 1
+        self.closed_steps += 1
+        self.marked_at = time.monotonic()
         self._reset_step_accumulators()
         self.clock.restart()
         return data

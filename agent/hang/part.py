@@ -34,7 +34,7 @@ from cliffguard.agent.emitter import Emitter
 from cliffguard.agent.hang.config import HangConfig
 from cliffguard.agent.hang.evidence import Evidence, is_collective_error
 from cliffguard.agent.hang.timeouts import apply_timeout
-from cliffguard.agent.hang.watchdog import Watchdog
+from cliffguard.agent.hang.watchdog import Progress, Watchdog
 from cliffguard.agent.modes import ModeMachine
 from cliffguard.agent.ranks import Ranks
 from cliffguard.core.enums import AckStatus, CommandType, EventType
@@ -72,8 +72,9 @@ class RestartRequested(SystemExit):
 class HangPart:
     def __init__(self, config: HangConfig, run: str, ranks: Ranks, emitter: Emitter, modes: ModeMachine,
                  step: Callable[[], int], base_dir: Path, life: WorkerLife | None = None,
-                 exit: Callable[[int], Any] = os._exit) -> None:
+                 exit: Callable[[int], Any] = os._exit, progress: Progress | None = None) -> None:
         self.config = config
+        self._progress = progress
         self.run = run
         self.ranks = ranks
         self.emitter = emitter
@@ -112,7 +113,8 @@ class HangPart:
             return
         self.watchdog = Watchdog(self.config, step=self._step, mode=lambda: self.modes.mode,
                                  collective=lambda: self.ranks.collective, report=self.report,
-                                 node=self.life.node, life=self.life.life, gone=lambda: self.peers_gone()).start()
+                                 node=self.life.node, life=self.life.life, gone=lambda: self.peers_gone(),
+                                 progress=self._progress).start()
 
     def close(self) -> None:
         if self.watchdog is not None:

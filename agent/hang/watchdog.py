@@ -12,6 +12,13 @@ follows (the controller then drops an episode it has not decided yet).
 A pause, a hold, a validation or the node check are not stalls: the clock restarts when the mode
 comes back to ``running``. ``collective_failed`` is the other way in: a collective that raised (a
 timeout, a peer gone) reports at once, unless this stall was reported already.
+
+The training thread also marks its own progress (``progress``: steps closed in this process and
+the monotonic time of the last step close or mode change), and the watchdog trusts those marks
+over what it saw itself. A side thread can be starved of the GIL for as long as the training
+thread is busy: on a loaded 2-core box the watchdog's first look came only when the group hung,
+saw the step for the first time, never saw it move, and so never judged the stall (the collective
+timeout found it 30 s later instead). The marks are two plain stores per step on the training thread.
 """
 
 from __future__ import annotations
@@ -28,17 +35,21 @@ from cliffguard.core.enums import TrainerMode
 log = logging.getLogger(__name__)
 
 Report = Callable[[Evidence], None]
+Progress = Callable[[], "tuple[int, float]"]
+"""``(steps closed in this process, monotonic time of the last step close or mode change)``,
+written by the training thread (agent/step_probe.py, agent/modes.py)."""
 
 
 class Watchdog:
     def __init__(self, config: HangConfig, *, step: Callable[[], int], mode: Callable[[], TrainerMode],
                  collective: Callable[[], str], report: Report, node: str, life: int,
                  clock: Callable[[], float] = time.monotonic, training: int | None = None,
-                 gone: Callable[[], list[int]] = lambda: []) -> None:
+                 gone: Callable[[], list[int]] = lambda: [], progress: Progress | None = None) -> None:
         self.config = config
         self._step, self._mode, self._collective = step, mode, collective
         self._report = report
         self._gone = gone
+        self._progress = progress
         self.node, self.life = node, life
         self._clock = clock
         self._training = training if training is not None else threading.main_thread().ident
@@ -89,7 +100,14 @@ class Watchdog:
             if self.reported:
                 self.reported = False
                 return self._emit("resolved", 0.0, stacks=False)
-            return None
+            if self._progress is None or not first:
+                return None
+        if self._progress is not None:
+            closed, marked_at = self._progress()
+            if closed > 0 and running:
+                # the training thread's own marks: what it closed and when, whether or not this thread saw it
+                self._moved = True
+                self._since = min(marked_at, now)
         if running and self._moved and not self.reported and now - self._since >= self.config.dump_after_s:
             return self._emit("stalled", now - self._since)
         return None

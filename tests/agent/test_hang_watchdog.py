@@ -67,6 +67,35 @@ def test_no_stall_before_the_first_step_of_a_life_nor_while_paused_or_validating
     assert dog.check().reason == "stalled"
 
 
+def test_a_watchdog_starved_until_the_hang_judges_it_from_the_training_threads_marks():
+    """On a busy box the side thread may first run only once the training thread blocks (it held the
+    GIL until then): it sees the step for the first time and never sees it move, yet the training
+    thread's marks say 12 steps closed, the last 7.5 s ago."""
+    loop = Loop()
+    closed, marked = 12, loop.now - 7.5
+    loop.step = 12
+    dog = loop.dog(progress=lambda: (closed, marked))
+    assert dog.check() is None and dog.stalled_s == pytest.approx(7.5)
+    loop.now += 0.5
+    ev = dog.check()
+    assert ev is not None and ev.reason == "stalled" and ev.stalled_s == pytest.approx(8.0)
+
+
+def test_with_marks_no_stall_before_the_first_step_closes_nor_counted_across_a_pause():
+    loop = Loop()
+    marks = {"closed": 0, "at": loop.now}
+    dog = loop.dog(progress=lambda: (marks["closed"], marks["at"]))
+    loop.now += 100  # rendezvous, compile: no step closed in this process yet
+    assert dog.check() is None and not dog.stalled
+    marks["closed"], marks["at"] = 1, loop.now
+    loop.now += 5
+    marks["at"] = loop.now  # a pause ended here (the mode machine's mark), unseen by this thread
+    loop.now += 7
+    assert dog.check() is None
+    loop.now += 1
+    assert dog.check().reason == "stalled"
+
+
 def test_a_failed_collective_reports_at_once_with_where_it_was_raised_unless_the_stall_was_reported():
     loop = Loop()
     dog = loop.dog()
