@@ -12,7 +12,10 @@ then names the culprit, the collective and the frame, and the rule says:
   restart in place, without the node, or halt), with the per-rank sequence table as evidence;
 - no culprit: ``hang`` warn (an alert: the collective timeout will end the stall);
 
-once per episode. A ``resolved`` report (the training thread moved again) withdraws that rank;
+once per episode. A warn while ranks of the world have not reported leaves the episode open: a
+rank stalled outside any collective reports within ``dump_after_s``, while a peer waiting in one
+may report only when its collective fails (a starved watchdog, a slow dump); that report then
+names the culprit (a warn is said once an episode). A ``resolved`` report (the training thread moved again) withdraws that rank;
 an episode left with none is dropped undecided. A new life (``run.started`` with a higher
 ``life``) starts afresh; evidence of an older life than the newest seen is ignored.
 """
@@ -60,6 +63,7 @@ class HangRule:
         self.steps: dict[int, int] = {}
         self.first_ts: float | None = None
         self.decided_life = -1
+        self.warned = False  # this episode's no-culprit warn was said (the episode stays open for the rest)
 
     def on_event(self, event: Event) -> list[Verdict]:
         if not self.config.enabled:
@@ -81,7 +85,7 @@ class HangRule:
             self.reports.pop(event.rank, None)
             self.steps.pop(event.rank, None)
             if not self.reports:
-                self.first_ts = None
+                self.first_ts, self.warned = None, False
             return []
         have = self.reports.get(event.rank)
         if have is None:
@@ -104,11 +108,13 @@ class HangRule:
         if life <= self.decided_life:
             self.decided_life = -1  # a fresh launch of the job: its lives count from 0 again
         self.life = life
-        self.reports, self.steps, self.first_ts = {}, {}, None
+        self.reports, self.steps, self.first_ts, self.warned = {}, {}, None, False
 
     def _decide(self) -> list[Verdict]:
         c = name_culprit(self.reports, self.world)
-        self.decided_life = self.life
+        open_for_more = not c.named and len(self.reports) < self.world
+        if open_for_more and self.warned:
+            return []
         step = min(self.steps.values()) if self.steps else 0
         evidence: dict[str, Any] = {
             "cause": "hang", "culprit": list(c.ranks), "kind": c.kind, "pg": c.pg, "seq": c.seq, "collective": c.op,
@@ -116,7 +122,11 @@ class HangRule:
             "reported": sorted(self.reports), "table": c.table, "first_report_ts": self.first_ts,
             "errors": {str(r): rep["error"][:300] for r, rep in self.reports.items() if rep.get("error")},
         }
-        self.reports, self.steps, self.first_ts = {}, {}, None
+        if open_for_more:
+            self.warned = True
+        else:
+            self.decided_life = self.life
+            self.reports, self.steps, self.first_ts, self.warned = {}, {}, None, False
         if not c.named:
             return [Verdict(rule=VERDICT, level=Level.WARN, step=step, message=c.message, action=Action.ALERT,
                             evidence=evidence)]
@@ -126,7 +136,7 @@ class HangRule:
     def state_dict(self) -> dict[str, Any]:
         return {"life": self.life, "world": self.world, "reports": {str(r): v for r, v in self.reports.items()},
                 "steps": {str(r): s for r, s in self.steps.items()}, "first_ts": self.first_ts,
-                "decided_life": self.decided_life}
+                "decided_life": self.decided_life, "warned": self.warned}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.life = int(state.get("life", 0))
@@ -135,3 +145,4 @@ class HangRule:
         self.steps = {int(r): int(s) for r, s in (state.get("steps") or {}).items()}
         self.first_ts = state.get("first_ts")
         self.decided_life = int(state.get("decided_life", -1))
+        self.warned = bool(state.get("warned", False))

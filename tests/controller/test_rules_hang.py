@@ -69,6 +69,22 @@ def test_no_culprit_is_an_alert_not_a_restart():
     assert [(v.level, v.action) for v in out] == [(Level.WARN, Action.ALERT)]
 
 
+def test_a_lone_outside_report_warns_once_and_the_waiting_ranks_later_errors_still_name_it():
+    """CI's failure: the sleeper's watchdog reported at once, the waiting ranks only when their
+    collective failed; the early no-culprit warn must not close the episode to them."""
+    rule = HangRule(HangRuleConfig(evidence_wait_s=4.0))
+    assert rule.on_event(report(3, 100.0, seq=59, done=59, frame="faults.py:123 in hang")) == []
+    (warn,) = rule.tick(104.0)
+    assert (warn.level, warn.action, warn.evidence["culprit"]) == (Level.WARN, Action.ALERT, [])
+    assert rule.tick(110.0) == []  # said once
+    out = []
+    for r in range(3):
+        out += rule.on_event(report(r, 130.0, reason="collective_error", error="Timed out waiting 30000ms"))
+    (v,) = out
+    assert (v.level, v.action, v.rank, v.evidence["kind"]) == (Level.CRITICAL, Action.RESTART, 3, "outside_collective")
+    assert rule.tick(1e9) == [] and rule.on_event(report(0, 140.0)) == []  # decided: once per life
+
+
 def test_a_resolved_stall_withdraws_its_rank_and_an_empty_episode_is_dropped():
     rule = HangRule()
     rule.on_event(report(1, 100.0))
