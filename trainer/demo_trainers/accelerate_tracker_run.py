@@ -19,6 +19,7 @@ from cliffguard.agent.hooks import Agent
 from cliffguard.agent.integrations.accelerate import AgentTracker
 from cliffguard.agent.integrations.settings import agent_wiring
 from cliffguard.trainer.demo_trainers.common import (
+    GRAD_CLIP,
     LR,
     RING,
     SEQ_LEN,
@@ -51,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
             lr = optimizer.param_groups[0]["lr"]
             _, loss = model(x, y)
             accelerator.backward(loss)
+            accelerator.clip_grad_norm_(model.parameters(), GRAD_CLIP)
             optimizer.step()  # report-only: every update is applied, good or bad
             optimizer.zero_grad(set_to_none=True)
             scheduler.step()

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from cliffguard.agent.config import AgentConfig
 from cliffguard.trainer.demo_trainers.common import (
     GLOBAL_BATCH,
+    GRAD_CLIP,
     LR,
     RING,
     SEQ_LEN,
@@ -60,8 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_multiplier(args.steps, data.faults))
     ds_config = {"train_micro_batch_size_per_gpu": GLOBAL_BATCH // world, "gradient_accumulation_steps": 1,
                  "zero_optimization": {"stage": 2}, "zero_allow_untested_optimizer": True,
-                 # DeepSpeed 0.19 clips at 1.0 unless told; plain_run does not clip, and the scenarios compare
-                 "gradient_clipping": 0.0, "steps_per_print": 10**9}
+                 "gradient_clipping": GRAD_CLIP, "steps_per_print": 10**9}  # as every demo trainer
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config,
                                       dist_init_required=False)
     val = [shard(b, rank, world) for b in data.val_batches()]

@@ -17,6 +17,7 @@ import transformers
 from cliffguard.agent.config import AgentConfig
 from cliffguard.agent.integrations.hf import CliffguardHFCallback
 from cliffguard.trainer.demo_trainers.common import (
+    GRAD_CLIP,
     LR,
     RING,
     SEQ_LEN,
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
             output_dir=out, max_steps=args.steps, per_device_train_batch_size=1, per_device_eval_batch_size=1,
             eval_strategy="no", save_strategy="no",  # the kit validates every [agent.recovery] val_every steps
             report_to=[], use_cpu=True,
-            disable_tqdm=True, dataloader_num_workers=0, seed=args.seed, max_grad_norm=0.0,
+            disable_tqdm=True, dataloader_num_workers=0, seed=args.seed, max_grad_norm=GRAD_CLIP,
             remove_unused_columns=False, logging_steps=args.steps)
         trainer = transformers.Trainer(model=model, args=targs, optimizers=(opt, sched), data_collator=one_batch,
                                        train_dataset=StepStream(data, 2 * args.steps),

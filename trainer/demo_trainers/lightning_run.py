@@ -17,6 +17,7 @@ from cliffguard.agent.collectors.mfu import ModelShape
 from cliffguard.agent.config import AgentConfig
 from cliffguard.agent.integrations.lightning import CliffguardLightningCallback
 from cliffguard.trainer.demo_trainers.common import (
+    GRAD_CLIP,
     LR,
     RING,
     SEQ_LEN,
@@ -77,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
                                     shape=ModelShape.infer(module.model, SEQ_LEN))
     trainer = pl.Trainer(max_epochs=1, callbacks=[cliffguard, Progress(cliffguard, args)], logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                         accelerator="cpu", devices=1, num_sanity_val_steps=0)
+                         accelerator="cpu", devices=1, num_sanity_val_steps=0,
+                         gradient_clip_val=GRAD_CLIP)
     # twice the steps of data: a rollback moves the step back, and the loader goes on past the bad window
     loader = torch.utils.data.DataLoader(StepDataset(data, 2 * args.steps), batch_size=None)
     trainer.fit(module, loader)

@@ -22,6 +22,7 @@ from cliffguard.agent.integrations.settings import agent_wiring
 from cliffguard.agent.recovery import RecoveryKit
 from cliffguard.trainer.demo_trainers.common import (
     GLOBAL_BATCH,
+    GRAD_CLIP,
     LR,
     RING,
     SEQ_LEN,
@@ -84,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
             _, loss = net(x, y)
             agent.after_forward(loss, tokens=x.numel())
             loss.backward()
-            agent.after_backward()
+            agent.after_backward()  # the norm the agent reports is the unclipped one
+            torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
             if kit.before_optimizer_step():  # False: skipped on every rank
                 optimizer.step()
             optimizer.zero_grad(set_to_none=True)
