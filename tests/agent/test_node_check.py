@@ -98,3 +98,46 @@ def test_a_real_four_rank_check_finds_the_slow_rank_on_every_rank():
     for p in procs:
         p.join(60)
     assert [g[:4] for g in got] == [(r, False, [2], ["node1"]) for r in range(4)], got[0][4:]
+
+
+def _late_worker(rank: int, world: int, port: int, late_s: float, out) -> None:
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from cliffguard.agent.hang.config import HangConfig
+    from cliffguard.agent.hang.node_check import run_check
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        if rank == 1:
+            time.sleep(late_s)  # a restarted rank whose start (imports, a slow disk) lags its peer's
+        try:
+            res = run_check(HangConfig(check_size=64, check_iters=4, check_timeout_s=1.5), rank, world, "node0", life=1)
+            out.put((rank, "result", res.ok))
+        except Exception as exc:  # noqa: BLE001 - what the test looks at
+            out.put((rank, "raised", f"{type(exc).__name__}: {exc}"[:200]))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_a_pair_whose_group_cannot_form_in_time_is_a_failed_pair_not_a_crashed_check():
+    """A peer later than ``check_timeout_s`` made ``new_group`` raise out of the check (the restarted
+    life then died in its pre-flight); now that round fails the pair and the check still answers."""
+    from cliffguard.controller.broker import free_port
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_late_worker, args=(r, 2, port, 4.0, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = sorted(out.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(60)
+    assert got[0] == (0, "result", False), got  # rank 0 waited for its pair in vain: a failed pair
+    assert got[1][:2] == (1, "result"), got  # the late rank is answered too, whatever it judged
