@@ -139,36 +139,46 @@ def run_check(config: HangConfig, rank: int, world: int, node: str, *, life: int
     torch.mm(a, b)  # warm
     matmul_s = float("inf")
     group_s: list[float] = []
-    for k in range(ROUNDS):
-        mine = next(g for g in groups_for(world, k) if rank in g)
-        try:
-            group = dist.new_group(mine, timeout=timeout(config.check_timeout_s), use_local_synchronization=True)
-        except Exception as exc:  # noqa: BLE001 - a peer that never comes (started late, gone) fails its pair
-            log.warning("node check round %d: the group of ranks %s did not form: %s", k, mine, exc)
-            group_s.append(float("inf"))
-            continue
-        out = [torch.empty(1024, device=device) for _ in mine]
-        try:
-            # a new gloo group connects on its first collective (~1 s here): not part of the timing
-            dist.all_gather(out, torch.zeros(1024, device=device), group=group)
-        except Exception as exc:  # noqa: BLE001 - a pair that cannot connect is a failed pair
-            log.warning("node check round %d: ranks %s cannot connect: %s", k, mine, exc)
-        t0 = time.perf_counter()
-        try:
-            for _ in range(config.check_iters):
-                t_mm = time.perf_counter()
-                if before_round is not None:
-                    before_round(k)
-                torch.mm(a, b)
-                # the fastest single matmul: a rank the scheduler preempted for a moment is not slow,
-                # one that is slow on every matmul is
-                matmul_s = min(matmul_s, time.perf_counter() - t_mm)
-            dist.all_gather(out, torch.full((1024,), float(rank), device=device), group=group)
-            group_s.append(time.perf_counter() - t0)
-        except Exception as exc:  # noqa: BLE001 - a failed pair is a slow pair, never a crashed check
-            log.warning("node check round %d with ranks %s failed: %s", k, mine, exc)
-            group_s.append(float("inf"))
-        finally:
+    made: dict[tuple[int, ...], Any] = {}
+    """This rank's groups by members. A pairing that comes again (a world of 2 or 3 has one group in
+    every round) reuses its group: a second ``new_group`` of the same ranks has the same hashed
+    name, so its gloo connect read the first one's addresses from the store and timed out."""
+    try:
+        for k in range(ROUNDS):
+            mine = tuple(next(g for g in groups_for(world, k) if rank in g))
+            group = made.get(mine)
+            if group is None:
+                try:
+                    group = made[mine] = dist.new_group(list(mine), timeout=timeout(config.check_timeout_s),
+                                                        use_local_synchronization=True)
+                except Exception as exc:  # noqa: BLE001 - a peer that never comes (started late, gone) fails its pair
+                    log.warning("node check round %d: the group of ranks %s did not form: %s", k, list(mine), exc)
+                    group_s.append(float("inf"))
+                    continue
+                try:
+                    # a new gloo group connects on its first collective (~1 s here): not part of the timing
+                    dist.all_gather([torch.empty(1024, device=device) for _ in mine], torch.zeros(1024, device=device),
+                                    group=group)
+                except Exception as exc:  # noqa: BLE001 - a pair that cannot connect is a failed pair
+                    log.warning("node check round %d: ranks %s cannot connect: %s", k, list(mine), exc)
+            out = [torch.empty(1024, device=device) for _ in mine]
+            t0 = time.perf_counter()
+            try:
+                for _ in range(config.check_iters):
+                    t_mm = time.perf_counter()
+                    if before_round is not None:
+                        before_round(k)
+                    torch.mm(a, b)
+                    # the fastest single matmul: a rank the scheduler preempted for a moment is not slow,
+                    # one that is slow on every matmul is
+                    matmul_s = min(matmul_s, time.perf_counter() - t_mm)
+                dist.all_gather(out, torch.full((1024,), float(rank), device=device), group=group)
+                group_s.append(time.perf_counter() - t0)
+            except Exception as exc:  # noqa: BLE001 - a failed pair is a slow pair, never a crashed check
+                log.warning("node check round %d with ranks %s failed: %s", k, list(mine), exc)
+                group_s.append(float("inf"))
+    finally:
+        for group in made.values():
             try:
                 dist.destroy_process_group(group)
             except Exception:  # noqa: BLE001

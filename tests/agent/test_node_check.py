@@ -141,3 +141,50 @@ def test_a_pair_whose_group_cannot_form_in_time_is_a_failed_pair_not_a_crashed_c
         p.join(60)
     assert got[0] == (0, "result", False), got  # rank 0 waited for its pair in vain: a failed pair
     assert got[1][:2] == (1, "result"), got  # the late rank is answered too, whatever it judged
+
+
+def _counting_worker(rank: int, world: int, port: int, out) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from cliffguard.agent.hang.config import HangConfig
+    from cliffguard.agent.hang.node_check import run_check
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    made = []
+    real = dist.new_group
+
+    def counting(*args, **kwargs):
+        made.append(args[0] if args else kwargs.get("ranks"))
+        return real(*args, **kwargs)
+
+    dist.new_group = counting
+    try:
+        res = run_check(HangConfig(check_size=64, check_iters=4, check_timeout_s=3.0), rank, world, "node0", life=1)
+        out.put((rank, made, res.rounds))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_a_world_of_two_makes_its_one_pair_once_and_times_both_rounds_on_it():
+    """World 2 pairs (0, 1) in every round. A second new_group of the same ranks, after the first was
+    destroyed, gets the same hashed name, and its gloo connect can read the first one's stale
+    addresses from the store (a restarted life in CI: round 1 timed out on both ranks). The pair is
+    made once and every round has a time."""
+    from cliffguard.controller.broker import free_port
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_counting_worker, args=(r, 2, port, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = sorted(out.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(60)
+    for _rank, made, rounds in got:
+        assert made == [[0, 1]], made
+        assert all(s >= 0 for rnd in rounds for s in rnd["seconds"]), rounds
