@@ -61,6 +61,22 @@ def test_a_rank_that_sent_nothing_or_failed_its_pair_is_slow():
     assert judge(failed, 4, factor=3.0, min_s=0.002).slow == [2]
 
 
+
+def _ranks(target, world: int, *args) -> list:
+    """``target(rank, world, port, *args, out)`` in ``world`` spawned processes; what each put, by rank."""
+    from cliffguard.controller.broker import free_port
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=target, args=(r, world, port, *args, out)) for r in range(world)]
+    for p in procs:
+        p.start()
+    got = sorted(out.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(60)
+    return got
+
 def _worker(rank: int, world: int, port: int, slow: int, out) -> None:
     import torch
     import torch.distributed as dist
@@ -86,17 +102,7 @@ def _worker(rank: int, world: int, port: int, slow: int, out) -> None:
 
 @pytest.mark.slow
 def test_a_real_four_rank_check_finds_the_slow_rank_on_every_rank():
-    from cliffguard.controller.broker import free_port
-
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, 4, port, 2, out)) for r in range(4)]
-    for p in procs:
-        p.start()
-    got = sorted(out.get(timeout=120) for _ in procs)
-    for p in procs:
-        p.join(60)
+    got = _ranks(_worker, 4, 2)
     assert [g[:4] for g in got] == [(r, False, [2], ["node1"]) for r in range(4)], got[0][4:]
 
 
@@ -128,17 +134,7 @@ def _late_worker(rank: int, world: int, port: int, late_s: float, out) -> None:
 def test_a_pair_whose_group_cannot_form_in_time_is_a_failed_pair_not_a_crashed_check():
     """A peer later than ``check_timeout_s`` made ``new_group`` raise out of the check (the restarted
     life then died in its pre-flight); now that round fails the pair and the check still answers."""
-    from cliffguard.controller.broker import free_port
-
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_late_worker, args=(r, 2, port, 4.0, out)) for r in range(2)]
-    for p in procs:
-        p.start()
-    got = sorted(out.get(timeout=120) for _ in procs)
-    for p in procs:
-        p.join(60)
+    got = _ranks(_late_worker, 2, 4.0)
     assert got[0] == (0, "result", False), got  # rank 0 waited for its pair in vain: a failed pair
     assert got[1][:2] == (1, "result"), got  # the late rank is answered too, whatever it judged
 
@@ -174,17 +170,7 @@ def test_a_world_of_two_makes_its_one_pair_once_and_times_both_rounds_on_it():
     destroyed, gets the same hashed name, and its gloo connect can read the first one's stale
     addresses from the store (a restarted life in CI: round 1 timed out on both ranks). The pair is
     made once and every round has a time."""
-    from cliffguard.controller.broker import free_port
-
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_counting_worker, args=(r, 2, port, out)) for r in range(2)]
-    for p in procs:
-        p.start()
-    got = sorted(out.get(timeout=120) for _ in procs)
-    for p in procs:
-        p.join(60)
+    got = _ranks(_counting_worker, 2)
     for _rank, made, rounds in got:
         assert made == [[0, 1]], made
         assert all(s >= 0 for rnd in rounds for s in rnd["seconds"]), rounds
