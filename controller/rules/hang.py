@@ -122,11 +122,14 @@ class HangRule:
             "reported": sorted(self.reports), "table": c.table, "first_report_ts": self.first_ts,
             "errors": {str(r): rep["error"][:300] for r, rep in self.reports.items() if rep.get("error")},
         }
+        said = self.warned
         if open_for_more:
             self.warned = True
         else:
             self.decided_life = self.life
             self.reports, self.steps, self.first_ts, self.warned = {}, {}, None, False
+        if not c.named and said:
+            return []  # still no culprit with every rank in: the warn said it already
         if not c.named:
             return [Verdict(rule=VERDICT, level=Level.WARN, step=step, message=c.message, action=Action.ALERT,
                             evidence=evidence)]

@@ -85,6 +85,16 @@ def test_a_lone_outside_report_warns_once_and_the_waiting_ranks_later_errors_sti
     assert rule.tick(1e9) == [] and rule.on_event(report(0, 140.0)) == []  # decided: once per life
 
 
+def test_an_episode_that_warned_early_and_stays_without_a_culprit_warns_once():
+    rule = HangRule(HangRuleConfig(evidence_wait_s=4.0))
+    rule.on_event(report(3, 100.0, seq=59, done=59))
+    assert [v.level for v in rule.tick(104.0)] == [Level.WARN]
+    out = []
+    for r in (0, 1, 2):
+        out += rule.on_event(report(r, 105.0, seq=59, done=59))  # nobody waits in a collective: still no culprit
+    assert out == [] and rule.decided_life == 0
+
+
 def test_a_resolved_stall_withdraws_its_rank_and_an_empty_episode_is_dropped():
     rule = HangRule()
     rule.on_event(report(1, 100.0))
