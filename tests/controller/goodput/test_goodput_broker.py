@@ -53,8 +53,14 @@ def test_the_scripted_run_is_booked_by_the_real_controller(kafka_cfg, tmp_path):
                 incidents = {i["id"]: i for i in read.incidents(ses, run)}
                 costs = read.goodput_costs(ses, run)
             url = f"http://127.0.0.1:{metrics.metrics_port}/metrics"
-            key = ("cliffguard_goodput_steps_lost", (("run", run),))
-            wait_for(lambda: scrape(url).get(key) == s.steps_lost, 30)  # published at most once a second
+            ettr = ("cliffguard_goodput_ettr", (("run", run),))
+            lost = ("cliffguard_goodput_steps_lost", (("run", run),))
+
+            def published() -> bool:  # at most once a second; steps_lost is final before the last booking is
+                now = scrape(url)
+                return now.get(lost) == s.steps_lost and now.get(ettr) == pytest.approx(g["ettr"])
+
+            wait_for(published, 30)
             scraped = scrape(url)
     finally:
         trainer.close()
