@@ -124,6 +124,30 @@ class HangPart:
     def stalled(self) -> bool:
         return self.watchdog is not None and self.watchdog.stalled
 
+    @property
+    def stall_reported(self) -> bool:
+        """The watchdog reported this stall (its evidence is on its way out)."""
+        return self.watchdog is not None and self.watchdog.reported
+
+    def leave_on_signal(self, signum: int) -> None:
+        """A stop signal (torchrun tearing the hung group down) reached a rank whose stall was
+        reported: no step boundary will come, so the rank leaves now, after its events (the
+        evidence among them) are flushed, on a thread of its own, not in the handler. Waiting for
+        torchrun's SIGKILL kept a rank asleep outside a collective alive 30 s and the restart
+        waited; leaving before the flush lost a rank's evidence, and its peers then named it dead."""
+
+        def leave() -> None:
+            log.error("rank %d: %s while the training thread is stalled; leaving once the events are out",
+                      self.ranks.rank, signal.Signals(signum).name)
+            if self.flush is not None:
+                try:
+                    self.flush()
+                except Exception:  # noqa: BLE001 - leaving anyway
+                    log.exception("flushing the events before leaving failed")
+            self._exit(128 + signum)
+
+        threading.Thread(target=leave, name="cliffguard-leave", daemon=True).start()
+
     # ------------------------------------------------------------------ evidence
     def report(self, ev: Evidence) -> None:
         """The whole dump to disk (when there is one), the bounded event out."""

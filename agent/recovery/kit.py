@@ -172,7 +172,10 @@ class RecoveryKit:
         agent.lifecycle.summaries["validation"] = self.cadence.summary
         self.restores = 0
         """Rollbacks applied so far (a command's, a timeout policy's or the loop's own)."""
-        self.preemption = PreemptionWatch(agent.config.preemption)
+        hang = getattr(agent, "hang", None)
+        self.preemption = PreemptionWatch(agent.config.preemption,
+                                          stalled=lambda: hang is not None and hang.stall_reported,
+                                          on_stalled=hang.leave_on_signal if hang is not None else None)
         """The warning signals' watch (installed by ``start``); its request rides the step's all-reduce."""
         agent.channel.preempt_pending = lambda: self.preemption.requested
         self.preempted: dict[str, Any] | None = None

@@ -20,6 +20,12 @@ the next step boundary (agent/recovery/kit.py), where every rank is between step
 A restart with ``resume`` then continues exactly at the saved step (trainer/loop.py's
 ``resume_latest``). A second signal while the save runs changes nothing (the first one's time
 is the deadline's origin).
+
+A signal that comes once the training thread's stall was reported (the hang watchdog,
+agent/hang/) ends the process at once, after its events are flushed (``HangPart.leave_on_signal``):
+no step boundary will come to save at, and the signal is then torchrun tearing the hung group
+down. Noted and ignored, it kept a rank asleep outside a collective alive until torchrun's SIGKILL
+30 s later, and the restart waited for it.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
@@ -82,10 +89,15 @@ class PreemptionWatch:
     """Installs the handlers (main thread only) and holds the first request. ``request`` is None
     until a configured signal arrives."""
 
-    def __init__(self, config: PreemptionConfig) -> None:
+    def __init__(self, config: PreemptionConfig, stalled: Callable[[], bool] | None = None,
+                 on_stalled: Callable[[int], None] | None = None) -> None:
         self.config = config
         self.request: Request | None = None
         self._previous: dict[signal.Signals, Any] = {}
+        self._stalled = stalled
+        """Whether the training thread's stall was reported (no boundary will come): a signal then ends the process."""
+        self._on_stalled = on_stalled
+        """How it ends it (the hang part: flush, then exit, on a thread); None: the signal's default action."""
 
     def install(self) -> bool:
         """Handle the configured signals; False (with a warning) off the main thread, where Python
@@ -103,6 +115,15 @@ class PreemptionWatch:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         # Only note it: no I/O, no lock, no logging here (the handler runs between any two bytecodes).
+        if self.request is None and self._stalled is not None and self._stalled():
+            # a hung thread reaches no boundary: the process ends now (once a save is under way, a
+            # second signal, e.g. torchrun's copy of the launcher's, must not end it: the request is set)
+            if self._on_stalled is not None:
+                self._on_stalled(signum)
+            else:
+                signal.signal(signum, signal.SIG_DFL)
+                signal.raise_signal(signum)
+            return
         if self.request is None:
             self.request = Request(signal.Signals(signum).name, time.monotonic())
 

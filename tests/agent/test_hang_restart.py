@@ -171,3 +171,24 @@ def test_a_worker_of_a_halted_job_does_not_start(tmp_path, monkeypatch):
         kit.start()
     assert not [e for e in sink.events if e.type is EventType.RUN_STARTED]
     agent.close()
+
+
+def test_a_stop_signal_to_a_rank_whose_stall_was_reported_flushes_then_leaves_with_the_signals_code(tmp_path):
+    """torchrun's SIGTERM to a hung group: the rank that reported its stall leaves now (not at the
+    SIGKILL 30 s later), its events out first (before, a rank that left unflushed lost its evidence
+    and its peers named it dead); the preemption watch routes the signal there only once reported."""
+    import signal
+
+    from cliffguard.agent.recovery.preemption import PreemptionConfig, PreemptionWatch
+
+    p = Part(tmp_path)
+    watch = PreemptionWatch(PreemptionConfig(), stalled=lambda: p.part.stall_reported,
+                            on_stalled=p.part.leave_on_signal)
+    watch._on_signal(signal.SIGTERM, None)  # training, not stalled: a preemption request, nobody leaves
+    assert watch.requested and not p.left.is_set()
+    p.stall()
+    watch = PreemptionWatch(PreemptionConfig(), stalled=lambda: p.part.stall_reported,
+                            on_stalled=p.part.leave_on_signal)
+    watch._on_signal(signal.SIGTERM, None)
+    assert p.left.wait(10) and p.flushed and p.exit_code == 128 + signal.SIGTERM
+    assert not watch.requested  # no save is pretended

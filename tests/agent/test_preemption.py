@@ -94,3 +94,37 @@ def test_the_flag_slot_carries_commands_and_a_warning_apart():
     assert not channel._flag_seen and channel.preempt_seen
     channel.saw_flag(PREEMPT_UNIT + 1)
     assert channel._flag_seen and channel.preempt_seen
+
+
+_SLEEPER = """
+import sys, time
+from cliffguard.agent.recovery.preemption import PreemptionConfig, PreemptionWatch
+stalled = sys.argv[1] == "stalled"
+watch = PreemptionWatch(PreemptionConfig(signals=["SIGTERM"]), stalled=lambda: stalled)
+assert watch.install()
+print("ready", flush=True)
+time.sleep(30)  # a rank asleep outside any collective (bench.hangs' sleep): no boundary comes
+print("woke", watch.requested, flush=True)
+"""
+
+
+@pytest.mark.parametrize("state", ["stalled", "training"])
+def test_a_signal_to_a_stalled_rank_ends_it_at_once_and_one_to_a_training_rank_is_noted(state):
+    """torchrun's SIGTERM to a hung group: the rank stuck outside any collective exits now (it waited
+    for the SIGKILL 30 s later, and the restart with it); a training rank only notes the request."""
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-c", _SLEEPER, state], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGTERM)
+        if state == "stalled":
+            assert proc.wait(timeout=10) == -signal.SIGTERM
+        else:
+            time.sleep(1.0)
+            assert proc.poll() is None  # noted: the boundary saves (none comes here)
+    finally:
+        proc.kill()
+        proc.wait(10)
