@@ -13,11 +13,15 @@ The same for a connection the broker dropped (``kafka.net.transport: Error recei
 closing socket`` with ``ConnectionResetError``): the error text stays on the line, the traceback of
 a ``recv`` goes (a broker that restarts is an outage, which cliffguard's own components report,
 not a bug); so for a read on a transport that closed under it (``AttributeError: 'NoneType' object
-has no attribute 'recv'``). Every other exception kafka-python reports keeps its traceback.
+has no attribute 'recv'``), and for an ``OSError`` whose errno says the peer is gone
+(``ENOTCONN``: ``kafka.net.connection: Failed to build connection log_prefix`` when the broker
+dropped a connection before its ``getpeername``, seen in a soak seed's broker kill; ``OSError`` but
+no ``ConnectionError``). Every other exception kafka-python reports keeps its traceback.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 
 SELECTOR_LOGGER = "kafka.net.selector"
@@ -42,6 +46,16 @@ def _closed_transport(exc: BaseException | None) -> bool:
         "'NoneType' object has no attribute 'recv'", "'NoneType' object has no attribute 'send'")
 
 
+PEER_GONE_ERRNOS = frozenset({errno.ENOTCONN, errno.ESHUTDOWN, errno.ECONNRESET, errno.ECONNABORTED, errno.EPIPE,
+                              errno.ECONNREFUSED})
+"""Socket errnos that say the other end is gone (some arrive as a plain ``OSError``)."""
+
+
+def _peer_gone(exc: BaseException | None) -> bool:
+    return (isinstance(exc, ConnectionError | TimeoutError) or type(exc).__name__ == "KafkaConnectionError"
+            or _closed_transport(exc) or (isinstance(exc, OSError) and exc.errno in PEER_GONE_ERRNOS))
+
+
 CONNECTION_LOGGERS = ("kafka.net.transport", "kafka.net.connection", "kafka.net.manager", "kafka.conn")
 """kafka-python's loggers that report a dropped connection with the traceback of a socket call."""
 
@@ -51,8 +65,7 @@ class DroppedConnection(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
-        if isinstance(exc, ConnectionError | TimeoutError) or type(exc).__name__ == "KafkaConnectionError" \
-                or _closed_transport(exc):
+        if _peer_gone(exc):
             record.msg = f"{record.getMessage()}: {type(exc).__name__}: {exc}"
             record.args = ()
             record.exc_info = None

@@ -87,3 +87,23 @@ def test_a_read_on_a_transport_that_closed_under_it_is_one_line():
         raise AttributeError("'Foo' object has no attribute 'bar'")
 
     assert _logged(other, "kafka.net.transport", "%s: Error receiving network data closing socket").exc_info
+
+
+def test_a_peer_gone_errno_in_a_plain_oserror_is_one_line_and_another_oserror_keeps_its_traceback():
+    """The soak smoke's seed 2 (a broker kill): getpeername on a connection the broker had dropped."""
+    import errno
+
+    kafka_log.install()
+
+    def not_connected() -> None:
+        raise OSError(errno.ENOTCONN, "Transport endpoint is not connected")
+
+    record = _logged(not_connected, "kafka.net.connection", "%s Failed to build connection log_prefix")
+    assert record.exc_info is None
+    assert record.getMessage() == ("<Task> Failed to build connection log_prefix: OSError: "
+                                   "[Errno 107] Transport endpoint is not connected")
+
+    def disk_full() -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    assert _logged(disk_full, "kafka.net.connection", "%s Failed to build connection log_prefix").exc_info
