@@ -129,6 +129,15 @@ class HangPart:
         """The watchdog reported this stall (its evidence is on its way out)."""
         return self.watchdog is not None and self.watchdog.reported
 
+    def _flush_before(self, what: str) -> None:
+        """The events out (the sink closed) before this rank leaves; leaving anyway if that fails."""
+        if self.flush is None:
+            return
+        try:
+            self.flush()
+        except Exception:  # noqa: BLE001 - leaving anyway
+            log.exception("flushing the events before %s failed", what)
+
     def leave_on_signal(self, signum: int) -> None:
         """A stop signal (torchrun tearing the hung group down) reached a rank whose stall was
         reported: no step boundary will come, so the rank leaves now, after its events (the
@@ -139,11 +148,7 @@ class HangPart:
         def leave() -> None:
             log.error("rank %d: %s while the training thread is stalled; leaving once the events are out",
                       self.ranks.rank, signal.Signals(signum).name)
-            if self.flush is not None:
-                try:
-                    self.flush()
-                except Exception:  # noqa: BLE001 - leaving anyway
-                    log.exception("flushing the events before leaving failed")
+            self._flush_before("leaving")
             self._exit(128 + signum)
 
         threading.Thread(target=leave, name="cliffguard-leave", daemon=True).start()
@@ -237,11 +242,7 @@ class HangPart:
         self.leaving = plan
         ack(cmd, AckStatus.APPLIED, f"{plan.mode}: rank 0 leaves the stalled worker group (life {plan.life}) "
             f"for torchrun to restart it; plan {path}")
-        if self.flush is not None:
-            try:
-                self.flush()
-            except Exception:  # noqa: BLE001 - leaving anyway
-                log.exception("flushing the events before the restart failed")
+        self._flush_before("the restart")
         time.sleep(self.config.plan_grace_s)
         self._exit(RESTART_EXIT_CODE)
 
