@@ -89,6 +89,48 @@ def encode_json(obj: Any) -> str:
         return json.dumps(to_json(obj), allow_nan=False)
 
 
+PART_SEP = "#"
+"""Between a rule's name and a part's in ``rule_states.rule``: ``mfu#recent.17`` (rule names have none)."""
+
+
+def rule_texts(rules: dict[str, Any], changed: Collection[str]) -> dict[str, str]:
+    """{row name: JSON text} of the ``changed`` rules' states: a rule with ``state_split`` (the
+    per-rank window rules: ``controller/rules/rank_window_split.py``) gives its state less its
+    bulk arrays, and a row per part that changed since its last split; the others their whole state."""
+    out: dict[str, str] = {}
+    for name in sorted(changed):
+        rule = rules[name]
+        split = getattr(rule, "state_split", None)
+        if split is None:
+            out[name] = encode_json(rule.state_dict())
+            continue
+        state, parts = split()
+        out[name] = encode_json(state)
+        for part, value in parts.items():
+            out[f"{name}{PART_SEP}{part}"] = encode_json(value)
+    return out
+
+
+def fold_parts(rows: dict[str, Any]) -> dict[str, Any]:
+    """Stored rows by name -> each rule's state, its parts' rows under its ``parts`` key. A rule
+    whose own row or one of whose parts could not be read (None) is left out: it starts fresh."""
+    out: dict[str, Any] = {}
+    parts: dict[str, dict[str, Any]] = {}
+    broken: set[str] = set()
+    for name, state in rows.items():
+        rule, sep, part = name.partition(PART_SEP)
+        if state is None:
+            broken.add(rule)
+        elif sep:
+            parts.setdefault(rule, {})[part] = state
+        else:
+            out[rule] = state
+    for rule, held in parts.items():
+        if isinstance(out.get(rule), dict):
+            out[rule] = {**out[rule], "parts": held}
+    return {rule: state for rule, state in out.items() if rule not in broken}
+
+
 DetectorFactory = Callable[[], Detector]
 
 
@@ -129,7 +171,7 @@ class RunSlot:
         det = self.detector
         if not rules_apart(det):
             return self.to_json(), {}
-        rules = {name: encode_json(det.rules[name].state_dict()) for name in sorted(det.changed)}
+        rules = rule_texts(det.rules, det.changed)
         state = json.loads(encode_json(self._state(det.own_state_dict())))
         state["rules_apart"] = True
         return state, rules
@@ -172,6 +214,8 @@ class RunTable:
                 except ValueError as exc:  # truncated text: the rule starts fresh (not in apart: saved again)
                     log.warning("run %s: the stored %s rule state is not JSON (%s); the rule starts fresh",
                                 run_id, name, exc)
+                    apart[name] = None  # fold_parts leaves its rule out (a part's rule cannot be whole either)
+            apart = fold_parts(apart)
             det, unreadable = self._load_detector(run_id, from_json({**stored["detector"], **apart}))
             if rules_apart(det):
                 # stored inline (older layout), new, or unreadable: save apart

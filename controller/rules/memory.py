@@ -25,9 +25,10 @@ from cliffguard.controller.rules.rank_window import (
     full_row_medians,
     packed_layout,
 )
+from cliffguard.controller.rules.rank_window_split import load_windows, prefixed, split
 from cliffguard.controller.verdict import Action, Verdict
 from cliffguard.core.declared import bounded, check_declared
-from cliffguard.core.enums import Level
+from cliffguard.core.enums import EventType, Level
 from cliffguard.core.events import Event
 
 
@@ -141,11 +142,22 @@ class MemoryRule:
 
     def on_event(self, event: Event) -> list[Verdict]:
         ranks, (reserved, allocated) = rank_columns(event, (("mem_reserved", 0), ("mem_allocated", 0)), np.int64)
+        if event.type is EventType.RANKS:
+            self._recent.reserve(event.world)
         return self._observe(event.step, ranks, reserved, allocated)
 
     def state_dict(self) -> dict[str, Any]:
+        return self._state(self._recent.packed())
+
+    def state_split(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The state with the windows' row table, and the ring slots written since the last
+        split (``rank_window_split.py``): what the controller saves with a batch."""
+        table, parts = split(self._recent)
+        return self._state(table), prefixed("recent", parts)
+
+    def _state(self, recent: dict[str, Any]) -> dict[str, Any]:
         n = len(self._recent)
-        return {"packed": PACKED_VERSION, "recent": self._recent.packed(),
+        return {"packed": PACKED_VERSION, "recent": recent,
                 "baseline": pack_array(self._baseline[:n]),  # NaN: no baseline yet
                 "baseline_step": pack_array(self._baseline_step[:n]),
                 "flagged": pack_array(self._flagged[:n].astype(np.uint8))}
@@ -162,7 +174,7 @@ class MemoryRule:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if packed_layout(state):
-            self._recent.load_packed(state["recent"])
+            load_windows(self._recent, state, "recent")
             n = len(self._recent)
             columns = (unpack_array(state.get("baseline"), np.float64, (n,), "memory: baselines"),
                        unpack_array(state.get("baseline_step"), np.int64, (n,), "memory: baseline steps"),

@@ -39,10 +39,11 @@ from cliffguard.controller.rules.rank_window import (
     packed_layout,
     row_medians,
 )
+from cliffguard.controller.rules.rank_window_split import load_windows, prefixed, split
 from cliffguard.controller.rules.straggler import judge_points
 from cliffguard.controller.verdict import Action, Verdict
 from cliffguard.core.declared import bounded, check_declared
-from cliffguard.core.enums import Level
+from cliffguard.core.enums import EventType, Level
 from cliffguard.core.events import Event
 from cliffguard.core.ranks import speaker
 
@@ -231,11 +232,21 @@ class MfuRule:
 
     def on_event(self, event: Event) -> list[Verdict]:
         ranks, columns = rank_columns(event, _COLUMNS)
+        if event.type is EventType.RANKS:
+            self._recent.reserve(event.world)
         return self._observe(event.step, ranks, columns.T)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"packed": PACKED_VERSION, "recent": self._recent.packed(),
-                "baseline": self._baseline, "low_since": self._low_since}
+        return self._state(self._recent.packed())
+
+    def state_split(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The state with the windows' row table, and the ring slots written since the last
+        split (``rank_window_split.py``): what the controller saves with a batch."""
+        table, parts = split(self._recent)
+        return self._state(table), prefixed("recent", parts)
+
+    def _state(self, recent: dict[str, Any]) -> dict[str, Any]:
+        return {"packed": PACKED_VERSION, "recent": recent, "baseline": self._baseline, "low_since": self._low_since}
 
     def list_state_dict(self) -> dict[str, Any]:
         """The state in the JSON-list layout stored before the packed one (still loaded)."""
@@ -247,7 +258,7 @@ class MfuRule:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if packed_layout(state):
-            self._recent.load_packed(state["recent"])
+            load_windows(self._recent, state, "recent")
         else:
             self._recent.load((int(r), [(int(p[0]), [float(x) for x in p[1:]]) for p in q])
                               for r, q in state["recent"].items())

@@ -23,9 +23,10 @@ from cliffguard.controller.rules.rank_window import (
     packed_layout,
     row_medians,
 )
+from cliffguard.controller.rules.rank_window_split import load_windows, prefixed, split
 from cliffguard.controller.verdict import Action, Verdict
 from cliffguard.core.declared import bounded, check_declared
-from cliffguard.core.enums import Level
+from cliffguard.core.enums import EventType, Level
 from cliffguard.core.events import Event
 from cliffguard.core.ranks import speaker
 
@@ -167,11 +168,19 @@ class StragglerRule:
 
     def on_event(self, event: Event) -> list[Verdict]:
         ranks, (step_time, comm) = rank_columns(event, (("step_time_s", 0.0), ("comm_exposed_s", 0.0)))
+        if event.type is EventType.RANKS:
+            self._busy.reserve(event.world)
         busy, ok = busy_times(step_time, comm)
         return self._observe(event.step, ranks, busy) if ok.all() else self._observe(event.step, ranks[ok], busy[ok])
 
     def state_dict(self) -> dict[str, Any]:
         return {"packed": PACKED_VERSION, "busy": self._busy.packed(), **self._flags()}
+
+    def state_split(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The state with the windows' row table, and the ring slots written since the last
+        split (``rank_window_split.py``): what the controller saves with a batch."""
+        table, parts = split(self._busy)
+        return {"packed": PACKED_VERSION, "busy": table, **self._flags()}, prefixed("busy", parts)
 
     def list_state_dict(self) -> dict[str, Any]:
         """The state in the JSON-list layout stored before the packed one (still loaded)."""
@@ -185,7 +194,7 @@ class StragglerRule:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if packed_layout(state):
-            self._busy.load_packed(state["busy"])
+            load_windows(self._busy, state, "busy")
         else:
             self._busy.load((int(r), [(int(s), (float(v),)) for s, v in q]) for r, q in state["busy"].items())
         self._speaker = speaker(self._busy.ranks)

@@ -8,7 +8,7 @@ import math
 from cliffguard.controller.detect import RunDetector
 from cliffguard.controller.recovery import new_state
 from cliffguard.controller.runstate import RunSlot
-from cliffguard.core.events import make_event
+from cliffguard.core.events import Event, make_event
 from cliffguard.core.floats import to_json
 from testing import store_factory as f
 
@@ -18,6 +18,14 @@ def _slot(losses: list[float]) -> RunSlot:
     for step, loss in enumerate(losses):
         det.on_event(make_event("step", "r", step, f.step(step, loss).data))
     return RunSlot("r", det, new_state("r", "salt"))
+
+
+def _ranks(k: int) -> Event:
+    """A 2-rank run's ``ranks`` event of round ``k`` (rank 1 a little slower each round)."""
+    return make_event("ranks", "r", 10 * k, {"first_rank": 0, "steps": 10, "step_time_s": [0.5, 0.5 + k / 100],
+                                             "data_wait_s": [0.0, 0.0], "comm_exposed_s": [0.1, 0.0],
+                                             "tokens_per_s": [1.0, 1.0], "mfu": [0.4, 0.4], "loss_local": [3.0, 3.0],
+                                             "mem_allocated": [1, 1], "mem_reserved": [2, 2]}, world=2)
 
 
 def test_finite_state_is_the_same_json_as_the_python_walk():
@@ -54,7 +62,9 @@ def test_rule_states_are_saved_apart_only_when_changed_and_load_back(tmp_path):
         save_slots(s, [slot])
     with session_scope(engine) as s:
         first = dict(s.execute(select(RuleStateRow.rule, RuleStateRow.state)).all())
-        assert set(first) == set(slot.detector.rules)  # a new run: every rule once
+        # a new run: every rule once, and each ring slot of the per-rank window rules' windows
+        assert {name for name in first if "#" not in name} == set(slot.detector.rules)
+        assert {name.partition("#")[0] for name in first if "#" in name} == {"mfu", "straggler", "memory"}
         assert "straggler" not in s.get(RunRow, "r").controller_state["detector"]
     # later than the heartbeat rule's PERSIST_S: its packed snapshot is taken again
     slot.detector.on_event(make_event("heartbeat", "r", 30, {"state": "running"}, ts=events[-1].ts + 10))
@@ -79,11 +89,7 @@ def test_an_unreadable_rule_state_starts_that_rule_fresh_with_a_warning(tmp_path
     from testing.controller_stack import fresh_store
 
     engine = fresh_store(tmp_path)
-    events = [make_event("ranks", "r", 10 * k, {"first_rank": 0, "steps": 10, "step_time_s": [0.5, 0.5 + k / 100],
-                                                "data_wait_s": [0.0, 0.0], "comm_exposed_s": [0.1, 0.0],
-                                                "tokens_per_s": [1.0, 1.0], "mfu": [0.4, 0.4], "loss_local": [3.0, 3.0],
-                                                "mem_allocated": [1, 1], "mem_reserved": [2, 2]}, world=2)
-              for k in range(1, 8)]
+    events = [_ranks(k) for k in range(1, 8)]
     with session_scope(engine) as s:
         ingest_events(s, events)
         slot = RunTable(default_detector_factory()).get(s, "r")
@@ -91,10 +97,10 @@ def test_an_unreadable_rule_state_starts_that_rule_fresh_with_a_warning(tmp_path
             slot.detector.on_event(ev)
         save_slots(s, [slot])
     saved = slot.detector.state_dict()
-    stored = json.loads(json.dumps(saved["mfu"]))
-    stored["recent"]["values"][0] = stored["recent"]["values"][0][:9]  # truncated
     with session_scope(engine) as s:
-        s.execute(update(RuleStateRow).where(RuleStateRow.rule == "mfu").values(state=json.dumps(stored)))
+        part = json.loads(s.get(RuleStateRow, ("r", "mfu#recent.0")).state)
+        part["values"][0] = part["values"][0][:9]  # truncated
+        s.execute(update(RuleStateRow).where(RuleStateRow.rule == "mfu#recent.0").values(state=json.dumps(part)))
         s.execute(update(RuleStateRow).where(RuleStateRow.rule == "memory").values(state='{"packed": 1, "rec'))
         reloaded = RunTable(default_detector_factory()).get(s, "r")
     det = reloaded.detector
@@ -125,3 +131,61 @@ def test_encode_json_reads_back_as_the_standard_encoding_whichever_encoder_wrote
             want = json.loads(json.dumps(to_json(obj), allow_nan=False))
         assert json.loads(encode_json(obj)) == want, obj
     assert json.loads(encode_json({"p": [float("nan")]})) == {"p": ["NaN"]}
+
+
+
+def test_a_round_of_ranks_events_saves_one_slot_per_window_rule_and_reloads_exactly(tmp_path):
+    """The per-rank window rules save their row table and the ring slot the round wrote, not their
+    whole windows (a 16k-rank run's were ~200 ms a save); the rows stored load the windows held."""
+    from sqlalchemy import select
+
+    from cliffguard.controller.runstate import RunTable, default_detector_factory, save_slots
+    from cliffguard.controller.store.db import session_scope
+    from cliffguard.controller.store.ingest import ingest_events
+    from cliffguard.controller.store.models import RuleStateRow
+    from testing.controller_stack import fresh_store
+
+    engine = fresh_store(tmp_path)
+    table = RunTable(default_detector_factory())
+    with session_scope(engine) as s:
+        ingest_events(s, [_ranks(k) for k in range(1, 80)])
+        slot = table.get(s, "r")
+        for k in range(1, 79):
+            slot.detector.on_event(_ranks(k))
+        save_slots(s, [slot])
+    with session_scope(engine) as s:
+        before = dict(s.execute(select(RuleStateRow.rule, RuleStateRow.state)).all())
+    slot.detector.on_event(_ranks(79))
+    with session_scope(engine) as s:
+        save_slots(s, [slot])
+    with session_scope(engine) as s:
+        after = dict(s.execute(select(RuleStateRow.rule, RuleStateRow.state)).all())
+        reloaded = table.__class__(default_detector_factory()).get(s, "r")
+    moved = {name for name in after if after[name] != before.get(name)}
+    assert {name for name in moved if "#" in name} == {"mfu#recent.28", "straggler#busy.28", "memory#recent.28"}
+    for name in ("mfu", "straggler", "memory"):
+        assert reloaded.detector.rules[name].state_dict() == slot.detector.rules[name].state_dict()
+
+
+def test_a_slot_part_that_is_not_json_starts_its_rule_fresh(tmp_path, caplog):
+    from sqlalchemy import update
+
+    from cliffguard.controller.runstate import RunTable, default_detector_factory, save_slots
+    from cliffguard.controller.store.db import session_scope
+    from cliffguard.controller.store.ingest import ingest_events
+    from cliffguard.controller.store.models import RuleStateRow
+    from testing.controller_stack import fresh_store
+
+    engine = fresh_store(tmp_path)
+    with session_scope(engine) as s:
+        ingest_events(s, [_ranks(k) for k in range(1, 8)])
+        slot = RunTable(default_detector_factory()).get(s, "r")
+        for k in range(1, 8):
+            slot.detector.on_event(_ranks(k))
+        save_slots(s, [slot])
+    with session_scope(engine) as s:
+        s.execute(update(RuleStateRow).where(RuleStateRow.rule == "straggler#busy.3").values(state='{"rows": 2, "st'))
+        det = RunTable(default_detector_factory()).get(s, "r").detector
+    assert len(det.rules["straggler"]._busy) == 0 and "straggler" in det.changed  # fresh, saved again
+    assert len(det.rules["mfu"]._recent) == 2
+    assert "straggler#busy.3 rule state is not JSON" in caplog.text
