@@ -18,7 +18,8 @@ before the end. Measured:
   offsets by a record or two, which made end - committed dip below zero);
 - verdict latency: a spike's step handed to the producer -> the run's ``pause`` on the commands topic;
 - time to name the hung rank: the hang -> a ``rank_hung`` alert naming it in the store;
-- CPU seconds per controller process (and of this process, the producer) over the run;
+- CPU seconds per controller process (and of this process, the producer) over the run, and each
+  controller's CPU share over the offered load (CPU seconds / wall seconds: 1.0 is one core);
 - the alerts of run 0 by rule (``alerts_by_rule``): a fleet that stops makes a few grouped
   ``heartbeat`` alerts if the settle period outlasts the silence threshold, never one per rank.
 
@@ -183,6 +184,7 @@ def run_fleet(broker, spec: FleetSpec, instances: int, *, duration_s: float, par
     try:
         time.sleep(warmup_s)  # controllers start and join the group before the load starts
         t_start = time.time()
+        cpu_start = {p.pid: _cpu_s(p.pid) for p in procs}  # the CPU share counts the offered load only
         next_sample = t_start
         beats: list[tuple[str, object]] = []  # the tick's node heartbeats, sent spread over the tick
         sent_beats = 0
@@ -232,6 +234,7 @@ def run_fleet(broker, spec: FleetSpec, instances: int, *, duration_s: float, par
         spread_until(t_start + ticks / spec.steps_per_s)  # the last tick lasts its interval too
         producer.flush()
         t_end = time.time()
+        cpu_end = {p.pid: _cpu_s(p.pid) for p in procs}
         processed = _committed(engine, group)
         lag.append(_lag_sample(ends, parts, engine, group, t_start, offered))
         # verdicts of the last spikes and the hung rank may still be on their way: wait for them
@@ -274,6 +277,8 @@ def run_fleet(broker, spec: FleetSpec, instances: int, *, duration_s: float, par
         "alerts_by_rule": alerts,
         "lag": lag,
         "cpu_s": {f"controller-{i}": cpu[p.pid] for i, p in enumerate(procs)},
+        # CPU seconds / wall seconds of each controller process over the offered load (1.0 = one core)
+        "cpu_share": {f"controller-{i}": (cpu_end[p.pid] - cpu_start[p.pid]) / wall for i, p in enumerate(procs)},
         "cpu_s_producer": self_cpu,
         "store": engine.url.get_backend_name(),
         "logs": str(tmp),
@@ -339,13 +344,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{n} instance(s): offered {r['offered_events_per_s']:,.0f} ev/s, processed/offered "
                   f"{r['processed_over_offered']:.3f}, verdict p50/p99 {r['verdict_p50_ms']}/{r['verdict_p99_ms']} ms "
                   f"({r['spikes_paused']}/{r['spikes_injected']} spikes), hung rank named after "
-                  f"{r['hung_named_s']} s, CPU s {r['cpu_s']}", flush=True)
+                  f"{r['hung_named_s']} s, CPU s {r['cpu_s']}, CPU share over the load "
+                  f"{ {k: round(v, 2) for k, v in r['cpu_share'].items()} }", flush=True)
     first = results[0]
     out = {
         "ranks": first["ranks"], "runs": first["runs"], "steps_per_s": first["steps_per_s"],
         "verdict_p99_ms": first["verdict_p99_ms"], "verdict_p50_ms": first["verdict_p50_ms"],
         "processed_over_offered": first["processed_over_offered"],
         "events_per_run_step": first["events_per_run_step"], "hung_named_s": first["hung_named_s"],
+        "cpu_share": first["cpu_share"],
         "per_instances": {str(r["instances"]): r for r in results},
         "loadavg_1m": os.getloadavg()[0],
     }
