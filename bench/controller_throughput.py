@@ -37,7 +37,7 @@ import os
 import time
 import uuid
 
-from cliffguard.controller.batch import inputs_for
+from cliffguard.controller.batch_inputs import inputs_for
 from cliffguard.controller.broker import EmbeddedBroker
 from cliffguard.controller.detect import RunDetector
 from cliffguard.controller.recovery import new_state, transition

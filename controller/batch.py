@@ -7,7 +7,9 @@
 2. dead letters -> ``dlq_counts`` and ``dlq_runs`` (per run, by the message key);
 3. events -> derived rows (``store.ingest``), idempotent by event id; step rows wait for step 4;
 4. per event not judged before (``controller/replays.py``: a re-read is recognised by id and
-   skipped): the run's detector -> verdicts -> recovery inputs -> ``recovery.transition``;
+   skipped), booked on its run's goodput ledger in the log's order, then judged, node heartbeats
+   and ``ranks`` arrays after the batch's other events (``batch_order.py``): the run's detector ->
+   verdicts -> recovery inputs -> ``recovery.transition``; then the node heartbeats' rows;
 5. actions -> incidents, transitions, signed command + outbox rows, alert + outbox rows, stable
    checkpoints, timed-out command rows;
 6. the step rows, in one INSERT carrying what the loss-spike rule knew at each judged step
@@ -31,40 +33,34 @@ from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
 from cliffguard.controller.alerts import AlertsConfig, AlertSpec, enqueue_alert
+from cliffguard.controller.batch_inputs import inputs_for
+from cliffguard.controller.batch_order import BULK, judge_later
 from cliffguard.controller.edge_classify import EdgeBatch
 from cliffguard.controller.goodput.book import GoodputBook
 from cliffguard.controller.goodput.config import GoodputConfig
 from cliffguard.controller.operator import enqueue_command
 from cliffguard.controller.recovery import transition
-from cliffguard.controller.recovery_hang_types import NodeCheckIn
 from cliffguard.controller.recovery_types import (
     AckIn,
     ActionT,
     Alert,
-    CheckpointIn,
     CloseIncident,
     FlagSamples,
     Input,
     MarkCommand,
     MarkStable,
     OpenIncident,
-    ProgressIn,
     RecordTransition,
     RecoveryConfig,
-    RunEndedIn,
-    RunPreemptedIn,
     SendCommand,
-    StartedIn,
     TickIn,
-    TrainerTimeoutIn,
-    TriagedIn,
-    ValidationIn,
     VerdictIn,
 )
 from cliffguard.controller.replays import JUDGED_ONCE, Replays
 from cliffguard.controller.rules.loss import LossRules
 from cliffguard.controller.runstate import Detector, RunSlot, RunTable, save_slots
 from cliffguard.controller.store.dlq import count_dead_letters
+from cliffguard.controller.store.heartbeats import upsert_heartbeats
 from cliffguard.controller.store.ingest import acked_command, ingest_events, ingest_steps, record_rule_stats
 from cliffguard.controller.store.models import (
     CheckpointRow,
@@ -76,12 +72,9 @@ from cliffguard.controller.store.models import (
 )
 from cliffguard.controller.store.offsets import save_offsets
 from cliffguard.controller.store.retention import RetentionConfig, downsample_due, run_watermarks
-from cliffguard.controller.verdict import Verdict
-from cliffguard.core.capabilities import declared as declared_capabilities
-from cliffguard.core.enums import AckStatus, EventType, Level
+from cliffguard.core.enums import EventType, Level
 from cliffguard.core.events import Event
 from cliffguard.core.floats import to_json
-from cliffguard.core.ranks import RUN_RANK
 from cliffguard.core.signing import SigningKey
 
 log = logging.getLogger(__name__)
@@ -97,6 +90,9 @@ _STORED_OFFSETS = (select(ConsumerOffsetRow.topic, ConsumerOffsetRow.partition, 
                           ConsumerOffsetRow.topic.in_(bindparam("topics", expanding=True)))
                    .with_for_update())
 """The fence's read of a batch's stored offsets, locked (built once: it runs with every batch)."""
+
+
+_HEARTBEAT = EventType.HEARTBEAT
 
 
 class StaleBatch(RuntimeError):
@@ -133,55 +129,6 @@ class BatchResult:
     """Events of the batch judged before (re-read): stored once, not judged again."""
 
 
-def inputs_for(event: Event, verdicts: list[Verdict], now: float, loss_level: Level | None = None) -> list[Input]:
-    """The recovery inputs one event yields (after its verdicts); only ``core.ranks.RUN_RANK``'s
-    events yield run-level inputs. ``loss_level``: what the loss rule judged this step's loss."""
-    out: list[Input] = [VerdictIn(verdict=v, now=now) for v in verdicts] if verdicts else []
-    if event.rank != RUN_RANK:
-        return out
-    d = event.data
-    if event.type is _STEP:
-        rng = d.get("sample_range")
-        if rng and len(rng) == 2:
-            out.append(ProgressIn(event.step, now, rng[1], rng[0], loss_level, event.ts))
-        else:
-            out.append(ProgressIn(event.step, now, None, None, loss_level, event.ts))
-    elif event.type is EventType.CHECKPOINT:
-        out.append(CheckpointIn(step=event.step, kind=str(d["kind"]), verified=bool(d["verified"]), now=now,
-                                detail=str(d.get("detail") or "")))
-    elif event.type is EventType.VALIDATION:
-        out.append(ValidationIn(step=event.step, val_loss=d["val_loss"], batches=d["batches"], now=now,
-                                cmd=d.get("cmd")))
-    elif event.type is EventType.COMMAND_ACK:
-        out.append(AckIn(cmd_id=d["cmd"], status=AckStatus(d["status"]), now=now, cmd_type=d.get("cmd_type"),
-                         detail=d.get("detail") or ""))
-    elif event.type is EventType.RUN_STARTED:
-        out.append(StartedIn(capabilities=declared_capabilities(d), now=now, life=int(d.get("life", 0)),
-                             max_restarts=int(d.get("max_restarts", 0)),
-                             restarts_left=int(d.get("restarts_left", d.get("max_restarts", 0))), nodes=int(d.get("nodes", 1)),
-                             min_nodes=int(d.get("min_nodes", d.get("nodes", 1)))))
-    elif event.type is EventType.NODE_CHECK:
-        out.append(NodeCheckIn(ok=bool(d["ok"]), life=int(d["life"]), slow=tuple(d["slow"]),
-                               slow_nodes=tuple(d["slow_nodes"]), detail=str(d["detail"]), now=now, step=event.step))
-    elif event.type in (EventType.RUN_FINISHED, EventType.RUN_FAILED):
-        out.append(RunEndedIn(now=now, failed=event.type is EventType.RUN_FAILED, detail=str(d.get("error") or "")))
-    elif event.type is EventType.TRAINER_TIMEOUT:
-        out.append(TrainerTimeoutIn(
-            step=event.step, now=now, wait=d["wait"], policy=d["policy"], applied=d["applied"], waited_s=d["waited_s"],
-            at_step=d["at_step"], lr_scale_before=d["lr_scale_before"], lr_scale=d["lr_scale"],
-            detail=d.get("detail") or "", first_bad_step=d.get("first_bad_step"), to_step=d.get("to_step"),
-            ts=event.ts))
-    elif event.type is EventType.STEP_TRIAGED:
-        out.append(TriagedIn(step=event.step, now=now, cls=str(d["class"]), remedy=str(d["remedy"]), rank=d.get("rank"),
-                             reason=str(d["reason"]), reruns=int(d["reruns"]), rerun_s=float(d["rerun_s"]),
-                             sample_ids=tuple(d["sample_ids"]), update_applied=bool(d["update_applied"]), ts=event.ts))
-    elif event.type is EventType.RUN_PREEMPTED:
-        out.append(RunPreemptedIn(step=event.step, now=now, signal=str(d["signal"]), deadline_s=float(d["deadline_s"]),
-                                  save_s=float(d["save_s"]), verified=bool(d["verified"]),
-                                  exit_code=int(d["exit_code"]), ts=event.ts))
-    return out
-
-
 def _loss_rules(detector: Detector) -> LossRules | None:
     rules = getattr(detector, "loss", None)  # RunDetector's; a test's stand-in detector may have none
     return rules if isinstance(rules, LossRules) else None
@@ -204,12 +151,15 @@ class BatchProcessor:
         count_dead_letters(session, batch.dead, now)  # per topic and per run, by reason
         events = [r.event for r in batch.records]
         replays = self._replays(session, batch)  # before anything of this batch is written
-        ingest_events(session, events, steps=False)  # the step rows go in below, with the rule's figures
+        # the step rows go in below, with the rule's figures; the node heartbeats' rows after the verdicts
+        ingest_events(session, events, steps=False, node_beats=False)
         newest: dict[str, int] = {}
         points: dict[str, dict[str, Any]] = {}  # step event id -> what the spike rule knew there
         exact: set[str] = set()  # step events judged or in an incident: their rows stay one per step
         # run id -> (its slot, its loss rules, the partition it was seen on): looked up once per run
         runs: dict[str, tuple[RunSlot, LossRules | None, int]] = {}
+        later = judge_later(batch.records)
+        deferred: list[tuple[Event, RunSlot, LossRules | None]] = []
         for rec in batch.records:
             ev = rec.event
             run = ev.run
@@ -229,28 +179,15 @@ class BatchProcessor:
                 replays.judged(ev)
                 if ev.ts > slot.judged_ts:
                     slot.judged_ts = ev.ts
+            # booked in the log's order (a heartbeat between two steps is a sign of life in their gap)
             res.alerts += self.goodput.on_event(session, slot, ev, now)  # before recovery: the incident open until now
-            before = loss.last_point if loss is not None else None
-            try:
-                verdicts = slot.detector.on_event(ev)
-            except Exception:  # noqa: BLE001 - a rule bug must not stop the other runs
-                log.exception("detector failed on %s event of run %s step %d", ev.type, ev.run, ev.step)
-                verdicts = []
-            level = None
-            if loss is not None:
-                p = loss.last_point
-                if p is not None and p is not before:
-                    points[ev.id] = {"median": p.median, "sigma": p.sigma, "level": _LEVEL_TEXT[p.level]}
-                    level = p.level
-            for inp in inputs_for(ev, verdicts, now, level):
-                if type(inp) is AckIn:
-                    row = acked_command(session, ev)
-                    if row is None:
-                        continue  # an unknown command, or another run's: it must not move this run
-                    inp = replace(inp, args=dict(row.args or {}))  # an operator's lr_scale, for the machine
-                self._feed(session, slot, inp, res)
-            if verdicts or (level is not None and level is not _OK) or slot.recovery.incident is not None:
-                exact.add(ev.id)  # a step row that write_bucket must not fold away
+            if later and ev.type in BULK:
+                deferred.append((ev, slot, loss))  # judged after the batch's urgent events
+                continue
+            self._judge(session, slot, loss, ev, now, points, exact, res)
+        for ev, slot, loss in deferred:
+            self._judge(session, slot, loss, ev, now, points, exact, res)
+        upsert_heartbeats(session, [ev for ev in events if ev.type is _HEARTBEAT and ev.data.get("ranks") is not None])
         touched = [known[0] for known in runs.values()]
         marks = run_watermarks(session, newest)  # one read, for the step rows and for retention
         ingest_steps(session, events, points, watermarks=marks, write_bucket=self.ctx.retention.write_bucket,
@@ -271,6 +208,31 @@ class BatchProcessor:
             log.info("%d events of this batch were judged before (re-read); stored once, not judged again",
                      replays.count)
         return res
+
+    def _judge(self, session: Session, slot: RunSlot, loss: LossRules | None, ev: Event, now: float,
+               points: dict[str, dict[str, Any]], exact: set[str], res: BatchResult) -> None:
+        """One event through the run's detector and its verdicts into the recovery machine."""
+        before = loss.last_point if loss is not None else None
+        try:
+            verdicts = slot.detector.on_event(ev)
+        except Exception:  # noqa: BLE001 - a rule bug must not stop the other runs
+            log.exception("detector failed on %s event of run %s step %d", ev.type, ev.run, ev.step)
+            verdicts = []
+        level = None
+        if loss is not None:
+            p = loss.last_point
+            if p is not None and p is not before:
+                points[ev.id] = {"median": p.median, "sigma": p.sigma, "level": _LEVEL_TEXT[p.level]}
+                level = p.level
+        for inp in inputs_for(ev, verdicts, now, level):
+            if type(inp) is AckIn:
+                row = acked_command(session, ev)
+                if row is None:
+                    continue  # an unknown command, or another run's: it must not move this run
+                inp = replace(inp, args=dict(row.args or {}))  # an operator's lr_scale, for the machine
+            self._feed(session, slot, inp, res)
+        if verdicts or (level is not None and level is not _OK) or slot.recovery.incident is not None:
+            exact.add(ev.id)  # a step row that write_bucket must not fold away
 
     def _replays(self, session: Session, batch: EdgeBatch) -> Replays:
         slots: dict[str, float] = {}

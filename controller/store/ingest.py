@@ -82,28 +82,30 @@ def ingest_event(session: Session, event: Event) -> bool:
     return ingest_events(session, [event]) == 1
 
 
-def ingest_events(session: Session, events: Iterable[Event], *, steps: bool = True) -> int:
+def ingest_events(session: Session, events: Iterable[Event], *, steps: bool = True, node_beats: bool = True) -> int:
     """Record a batch of events (in order) in the caller's transaction; returns how many changed
     the store. Cheaper than one ``ingest_event`` per event: one run update per run, and the
     batch's step rows in one INSERT. ``steps=False`` leaves the step rows to a later
     ``ingest_steps`` call (the controller's batch, which first learns what the loss rule made of
-    each step and writes that in the same INSERT)."""
+    each step and writes that in the same INSERT). ``node_beats=False`` leaves the node heartbeats'
+    rows to the caller (``upsert_heartbeats``: the controller writes them after its verdicts)."""
     events = list(events)
     if not events:
         return 0
     _touch_runs(session, events)
     changed = 0
-    node_beats: list[Event] = []
+    beats: list[Event] = []
     for ev in events:
         if ev.type in _STEP_ROW_EVENTS:
             continue
         if ev.type is EventType.HEARTBEAT and ev.data.get("ranks") is not None:
-            node_beats.append(ev)  # all of the batch's at once, below
+            beats.append(ev)  # all of the batch's at once, below
             continue
         handler = _HANDLERS.get(ev.type)
         if handler is not None and handler(session, ev):
             changed += 1
-    changed += upsert_heartbeats(session, node_beats)
+    if node_beats:
+        changed += upsert_heartbeats(session, beats)
     if steps:
         changed += ingest_steps(session, events)
     return changed

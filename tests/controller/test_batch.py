@@ -16,6 +16,7 @@ from cliffguard.controller.store.models import CommandRow, IncidentRow, RunRow
 from cliffguard.core.enums import EventType
 from cliffguard.core.events import make_event, new_id
 from cliffguard.core.signing import Secret
+from testing import store_factory as f
 
 T0 = 1_700_000_000.0
 
@@ -221,3 +222,39 @@ def test_a_re_read_stretch_of_steps_is_stored_once_and_judged_once(engine):
         assert s.scalar(select(func.count()).select_from(StepMetricRow)) == 60  # one row per step
     rerun = [make_event(EventType.STEP, "run-r", ev.step, ev.data, ts=T0 + 100 + i) for i, ev in enumerate(evs[45:])]
     assert feed(rerun, T0 + 120).replays == 0  # new events of old step numbers: judged
+
+
+def _node_beat(run: str, step: int, ts: float, first: int = 0):
+    return make_event(EventType.HEARTBEAT, run, step, {"state": "running", "ranks": [first, first + 1],
+                                                        "steps": [step, step], "ages_s": [0.1, 0.1],
+                                                        "collectives": ["", ""]}, rank=first, world=4, ts=ts)
+
+
+@pytest.mark.parametrize("life_change", [False, True])
+def test_the_batchs_steps_are_judged_before_its_heartbeats_and_booked_in_the_logs_order(engine, life_change):
+    """A loss spike's pause leaves as its step is judged, so the batch's node heartbeats (most of a
+    large run's events) are judged after its other events; the goodput ledger still books every
+    event in the log's order, and a batch where a run's life changes is judged in the log's order."""
+    from cliffguard.controller.store import models
+
+    runs = RunTable(default_detector_factory())
+    ctx = BatchContext(group_id="g", commands_topic="cmds", secret=Secret("test-secret-of-enough-length"),
+                       recovery=RecoveryConfig(), alerts=AlertsConfig())
+    proc = BatchProcessor(ctx, runs)
+    log = [_node_beat("run-a", 4, T0 + 3.9), f.step(5, 2.0, world=4, ts=T0 + 4), _node_beat("run-a", 5, T0 + 4.1, first=2)]
+    if life_change:
+        log.insert(0, f.run_started("run-a", ts=T0 + 3.8, world=4))
+    judged: list[str] = []
+    booked: list[str] = []
+    with session_scope(engine) as s:
+        s.add(RunRow(id="run-a"))
+        s.flush()
+        slot = runs.get(s, "run-a")
+        real_judge, real_book = slot.detector.on_event, proc.goodput.on_event
+        slot.detector.on_event = lambda ev: judged.append(str(ev.type)) or real_judge(ev)
+        proc.goodput.on_event = lambda session, sl, ev, now: booked.append(str(ev.type)) or real_book(session, sl, ev, now)
+        proc.process(s, EdgeBatch(records=[EdgeRecord("events", 0, i, ev) for i, ev in enumerate(log)]), now=T0 + 5)
+        beats = s.query(models.HeartbeatRow).count()
+    in_log = [str(ev.type) for ev in log]
+    assert booked == in_log and beats == 2
+    assert judged == (in_log if life_change else ["step", "heartbeat", "heartbeat"])
