@@ -49,4 +49,5 @@ def test_tiny_fleet_end_to_end(tmp_path):
     assert one["offered"] > 0 and doc["processed_over_offered"] > 0.5
     assert one["spikes_paused"] >= 1 and doc["verdict_p99_ms"] is not None
     assert one["lag"] and one["cpu_s"]["controller-0"] > 0
+    assert 0 < doc["cpu_share"]["controller-0"] < 2  # CPU s / wall s over the offered load
     assert min(s["lag"] for s in one["lag"]) >= 0  # offered - committed: nothing is committed before it is offered
