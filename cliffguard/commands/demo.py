@@ -128,12 +128,22 @@ def _wait_for(pred, timeout_s: float, poll_s: float = 0.5) -> bool:
     return False
 
 
+def halted_hint(run_id: str, db_url: str | None, dashboard: bool) -> str:
+    """What a halted run waits for, and how to give it: a demo run with no dashboard otherwise just
+    stood there until the trainer's own wait for a decision ran out."""
+    db = f" --db {db_url}" if db_url else ""
+    where = "the dashboard's operator actions, or " if dashboard else ""
+    return (f"the run is HALTED and waits for a human: {where}in another shell "
+            f"`cliffguard command {run_id} resume{db}` (or `rollback`, `stop`)")
+
+
 class StoreWatch:
     """Polls the store for the run's transitions and prints each new one once."""
 
-    def __init__(self, store: Any, run_id: str) -> None:
+    def __init__(self, store: Any, run_id: str, db_url: str | None = None, dashboard: bool = True) -> None:
         self.store, self.run_id = store, run_id
         self.seen: set[int] = set()
+        self.db_url, self.dashboard = db_url, dashboard
 
     def poll(self) -> None:
         from cliffguard.controller.store import read
@@ -149,6 +159,8 @@ class StoreWatch:
                 continue
             self.seen.add(t["id"])
             _say(f"controller: step {t['step']}: {t['from_state']} -> {t['to_state']}: {t['reason']}")
+            if t["to_state"] == "halted":
+                _say(halted_hint(self.run_id, self.db_url, self.dashboard))
 
     def settled(self) -> bool:
         from cliffguard.controller.store import read
@@ -253,7 +265,7 @@ def run(args: argparse.Namespace) -> int:
 
         trainer = procs.spawn("train", train_argv, log_path=out_dir / "train.log", on_line=show,
                               env={**stack.trainer_env, **train_env})
-        watch = StoreWatch(store, run_id)
+        watch = StoreWatch(store, run_id, db_url, dashboard=not args.no_dashboard)
         while trainer.running:
             if not controller.running:
                 _say(f"the controller exited (code {controller.proc.returncode}); see {out_dir / 'controller.log'}")

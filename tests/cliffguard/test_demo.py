@@ -256,3 +256,26 @@ def test_a_smoke_scenario_per_library(tmp_path, trainer):
         assert summary["commands_sent"] >= 3 and summary["lr_scale_applied"] == 1.0
         v = summary["validation"]  # run.finished's: the periodic one at step 50, the incident's on command
         assert v["periodic"] == 1 and v["on_command"] >= 1 and v["train_s"] > 0
+
+
+def test_a_halted_run_says_it_waits_for_a_human_and_how_to_resume_it(tmp_path, capsys):
+    """A demo run the controller halts does not stand there in silence: the transition is followed
+    by the command that resumes it against the demo's own store (and the dashboard, when there is one)."""
+    from cliffguard.commands.demo import StoreWatch
+    from cliffguard.controller.store.db import Store, StoreConfig
+    from cliffguard.controller.store.models import RunRow, TransitionRow
+
+    url = f"sqlite:///{tmp_path / 'cliffguard.db'}"
+    store = Store.open(StoreConfig(url=url))
+    with store.session() as s:
+        s.add(RunRow(id="demo-1"))
+        s.flush()
+        s.add(TransitionRow(run_id="demo-1", ts=1.0, step=40, from_state="validating", to_state="halted",
+                            reason="validation: worse than the baseline"))
+        s.commit()
+    StoreWatch(store, "demo-1", url, dashboard=False).poll()
+    out = capsys.readouterr().out
+    assert "validating -> halted" in out
+    assert f"waits for a human: in another shell `cliffguard command demo-1 resume --db {url}`" in out
+    StoreWatch(store, "demo-1", url, dashboard=True).poll()
+    assert "the dashboard's operator actions, or in another shell" in capsys.readouterr().out
