@@ -37,7 +37,6 @@ from cliffguard.controller.verdict import Action, Verdict
 from cliffguard.core.declared import bounded, check_declared
 from cliffguard.core.enums import EventType, Level, TrainerMode
 from cliffguard.core.events import Event
-from cliffguard.core.rank_arrays import rank_entries
 from cliffguard.core.ranks import rank_spans
 
 _REARM_S = 1.0
@@ -113,6 +112,32 @@ class HeartbeatRule:
             if rank in self._hung:
                 self._hung.discard(rank)
                 self._changed()
+
+    def seen_span(self, first: int, n: int, ts: float, step: int) -> None:
+        """``seen(rank, ts, step)`` for ranks ``first .. first + n - 1`` (a ``ranks`` chunk: every
+        rank in it took part in the step's all-reduce), with the per-rank work in one loop: a
+        131,072-rank run's chunks cost ~240 ms a round as a call and a row object per rank."""
+        if n <= 0:
+            return
+        if ts > self._newest:
+            self._newest = ts
+        last, progress, reported, hung = self._last, self._progress, self._reported, self._hung
+        get_last, get_progress = last.get, progress.get
+        fresh = (ts, step)
+        for rank in range(first, first + n):
+            prev = get_last(rank)
+            if prev is None or ts >= prev[0]:
+                last[rank] = fresh if prev is None or step >= prev[1] else (ts, prev[1])
+                if reported and rank in reported and ts > self._reported_ts.get(rank, -float("inf")) + _REARM_S:
+                    del reported[rank]
+                    self._reported_ts.pop(rank, None)
+                    self._changed()
+            moved = get_progress(rank)
+            if moved is None or (step != moved[0] and ts >= moved[1]):
+                progress[rank] = (step, ts)
+                if hung and rank in hung:
+                    hung.discard(rank)
+                    self._changed()
 
     def ended(self) -> None:
         """run.finished/failed: nothing to report any more."""
@@ -226,8 +251,7 @@ class HeartbeatRule:
                                                  strict=True):
                     self.seen(rank, event.ts - age, step, coll)
         elif etype is _RANKS:
-            for rank, _ in rank_entries(data):
-                self.seen(rank, event.ts, event.step)
+            self.seen_span(data["first_rank"], len(data["step_time_s"]), event.ts, event.step)
         self.seen(event.rank, event.ts, event.step)
         if etype is _RUN_FINISHED or etype is _RUN_FAILED or etype is _RUN_PREEMPTED:
             self.ended()

@@ -133,3 +133,31 @@ def test_ranks_passing_hung_after_s_seconds_apart_do_not_name_the_waiting_ranks(
                 rule.seen(r, t - 0.5 + node * 0.1, 7, "" if r == 5 else "all_reduce")
         named += [v for v in rule.tick(float(t)) if v.rule == "rank_hung"]
     assert [v.evidence["ranks"] for v in named] == [[5]]
+
+
+def test_a_ranks_chunk_marks_its_ranks_exactly_as_one_sign_of_life_each():
+    """``seen_span`` (a ``ranks`` chunk's ranks in one loop) leaves the rule as ``seen`` per rank
+    does: newest times and steps, progress, re-armed silences and hung ranks cleared, whatever
+    order the signs came in."""
+    import random
+
+    rng = random.Random(5)
+    for _ in range(30):
+        one, span = (HeartbeatRule(HeartbeatConfig(warn_after_s=5, critical_after_s=10, hung_after_s=3))
+                     for _ in range(2))
+        for _ in range(40):
+            ts, step = 1000 + rng.uniform(0, 200), rng.randrange(0, 50)
+            if rng.random() < 0.5:
+                rank, coll = rng.randrange(0, 20), rng.choice([None, "", "all_reduce"])
+                for rule in (one, span):
+                    rule.seen(rank, ts, step, coll)
+                continue
+            first, n = rng.randrange(0, 16), rng.randrange(0, 8)
+            for rank in range(first, first + n):
+                one.seen(rank, ts, step)
+            span.seen_span(first, n, ts, step)
+            if rng.random() < 0.3:
+                now = ts + rng.uniform(0, 30)
+                assert one.tick(now) == span.tick(now)
+        assert (one._last, one._progress, one._reported, one._hung, one._newest) == \
+            (span._last, span._progress, span._reported, span._hung, span._newest)
