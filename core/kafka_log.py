@@ -16,7 +16,9 @@ not a bug); so for a read on a transport that closed under it (``AttributeError:
 has no attribute 'recv'``), and for an ``OSError`` whose errno says the peer is gone
 (``ENOTCONN``: ``kafka.net.connection: Failed to build connection log_prefix`` when the broker
 dropped a connection before its ``getpeername``, seen in a soak seed's broker kill; ``OSError`` but
-no ``ConnectionError``). Every other exception kafka-python reports keeps its traceback.
+no ``ConnectionError``). And for the client closing a cancelled task while its network thread runs
+it (``ValueError: generator already executing``, at a controller's SIGTERM). Every other exception
+kafka-python reports keeps its traceback.
 """
 
 from __future__ import annotations
@@ -37,6 +39,15 @@ def _closed_socket_race(record: logging.LogRecord) -> bool:
         exc = exc.__context__
     return any(isinstance(e, ValueError) and "Invalid file descriptor: -1" in str(e) for e in chain) or any(
         isinstance(e, KeyError) and "[closed]" in str(e) and "is not registered" in str(e) for e in chain)
+
+
+def _cancel_while_running(record: logging.LogRecord) -> bool:
+    """kafka-python closing a cancelled task whose coroutine its network thread is running at that
+    moment (``Task.close``: ``ValueError: generator already executing``), seen as a controller
+    stopped on SIGTERM right after it connected: the client is closing, the task is cancelled."""
+    exc = record.exc_info[1] if record.exc_info else None
+    return (record.getMessage().startswith("Error closing coroutine for cancelled task")
+            and isinstance(exc, ValueError) and "generator already executing" in str(exc))
 
 
 def _closed_transport(exc: BaseException | None) -> bool:
@@ -84,6 +95,13 @@ class ClosedSocketRace(logging.Filter):
             record.msg = ("kafka-python: a connection closed while a read on it was being registered "
                           "(a client race after a disconnect; it reconnects by itself) [%d so far]")
             record.args = (self.count,)
+            record.exc_info = None
+            record.exc_text = None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        elif _cancel_while_running(record):
+            record.msg = ("kafka-python: a cancelled task was still running when the client closed "
+                          "(a race of its own at shutdown; nothing was lost)")
+            record.args = ()
             record.exc_info = None
             record.exc_text = None
             record.levelno, record.levelname = logging.WARNING, "WARNING"

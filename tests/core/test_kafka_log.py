@@ -107,3 +107,28 @@ def test_a_peer_gone_errno_in_a_plain_oserror_is_one_line_and_another_oserror_ke
         raise OSError(errno.ENOSPC, "No space left on device")
 
     assert _logged(disk_full, "kafka.net.connection", "%s Failed to build connection log_prefix").exc_info
+
+
+def test_closing_a_task_the_network_thread_is_running_is_one_line_and_another_close_error_keeps_its_traceback():
+    """Seen in CI: a controller stopped on SIGTERM right after it connected logged kafka-python's
+    ``Task.close`` race (``ValueError: generator already executing``) as a traceback."""
+    kafka_log.install()
+
+    def running() -> None:
+        def gen():  # noqa: ANN202
+            me.close()  # a generator closing itself while it runs: the same ValueError
+            yield
+
+        me = gen()
+        next(me)
+
+    msg = "Error closing coroutine for cancelled task"
+    record = _logged(running, msg=msg + "%s")
+    assert record.levelno == logging.WARNING and record.exc_info is None
+    assert "still running when the client closed" in record.getMessage()
+
+    def other() -> None:
+        raise ValueError("something else")
+
+    record = _logged(other, msg=msg + "%s")
+    assert record.levelno == logging.ERROR and record.exc_info is not None
