@@ -130,6 +130,18 @@ class CommandWatch(threading.Thread):
         self.consumer.close()
 
 
+def controller_toml(folder: Path, max_poll_records: int | None = None) -> Path:
+    """The bench controllers' config: short group timings (the embedded broker's first join waits
+    about max_poll_interval_ms) and, unless given, the controller's default batch size (500): with
+    2,000 a batch of heartbeats and rank arrays took ~600 ms on PostgreSQL, and a step verdict
+    behind it waited that long."""
+    path = folder / "controller.toml"
+    path.write_text("[controller]\nsession_timeout_ms = 10000\nheartbeat_interval_ms = 1000\n"
+                    "max_poll_interval_ms = 10000\n"
+                    + (f"max_poll_records = {max_poll_records}\n" if max_poll_records else ""))
+    return path
+
+
 def _start_instances(n: int, kafka, db_url: str, group: str, cfg_path: str, logs: Path) -> list[subprocess.Popen]:
     env = {**os.environ, "CLIFFGUARD_COMMAND_SECRET": SECRET.reveal().decode()}
     procs = []
@@ -151,12 +163,7 @@ def run_fleet(broker, spec: FleetSpec, instances: int, *, duration_s: float, par
     engine = fresh_store(pg_url=pg_url)
     db_url = engine.url.render_as_string(hide_password=False)
     tmp = Path(tempfile.mkdtemp(prefix="cliffguard-fleet-"))
-    cfg_path = tmp / "controller.toml"
-    # short group timings (the embedded broker's first join waits about max_poll_interval_ms); the
-    # batch size is the controller's default (500): with 2,000 a batch of heartbeats and rank arrays
-    # took ~600 ms on PostgreSQL, and a step verdict behind it waited that long
-    cfg_path.write_text("[controller]\nsession_timeout_ms = 10000\nheartbeat_interval_ms = 1000\n"
-                        "max_poll_interval_ms = 10000\n")
+    cfg_path = controller_toml(tmp)
     group = f"fleet-{uuid.uuid4().hex[:6]}"
     ticks = max(1, int(duration_s * spec.steps_per_s))
     spike_tick = max(25, ticks // 4)  # past the spike rule's warm-up (min_history points)

@@ -32,7 +32,7 @@ import time
 import uuid
 from pathlib import Path
 
-from bench.fleet import _committed, _cpu_s, _start_instances
+from bench.fleet import _committed, _cpu_s, _start_instances, controller_toml
 from bench.fleet_stream import FleetSpec, FleetStream
 from cliffguard.controller.broker import EmbeddedBroker, ensure_topics
 from cliffguard.core.events import encode_event
@@ -89,10 +89,7 @@ def drain(broker, spec: FleetSpec, instances: int, *, seconds: float, partitions
     engine = fresh_store(pg_url=pg_url)
     db_url = engine.url.render_as_string(hide_password=False)
     tmp = Path(tempfile.mkdtemp(prefix="cliffguard-drain-"))
-    cfg_path = tmp / "controller.toml"
-    cfg_path.write_text("[controller]\nsession_timeout_ms = 10000\nheartbeat_interval_ms = 1000\n"
-                        "max_poll_interval_ms = 10000\n"
-                        + (f"max_poll_records = {max_poll_records}\n" if max_poll_records else ""))
+    cfg_path = controller_toml(tmp, max_poll_records)
     names = balanced_names(spec.runs, partitions)
     t_produce = time.time()
     offered = produce_backlog(kafka, spec, names, seconds, t0=time.time() + 60)
