@@ -15,7 +15,7 @@ from cliffguard.agent.guard import GuardConfig
 from cliffguard.agent.hang.config import HangConfig
 from cliffguard.agent.recovery.config import KitConfig
 from cliffguard.agent.recovery.preemption import PreemptionConfig
-from cliffguard.core.declared import bounded, check_declared, non_empty
+from cliffguard.core.declared import bounded, check_declared, non_empty, one_of
 from cliffguard.core.events import check_run_id
 from cliffguard.core.rank_arrays import MAX_RANKS_PER_EVENT
 
@@ -47,6 +47,14 @@ class AgentConfig:
     ranks_per_event: int = bounded(1024, ge=1, le=MAX_RANKS_PER_EVENT)
     """Ranks per ``ranks`` event; the first rank of each chunk publishes it (rank 0 alone while
     the world fits in one; a multiple of the node size makes them node leaders)."""
+    param_check: str = one_of("auto", ("auto", "on", "off"))
+    """The SDC watch (agent/param_check.py): data-parallel replicas compare a hash of their
+    parameters. "auto": when the model is DDP-wrapped (its replicas are bit-identical); "on": on
+    any multi-rank run (say so only when every rank holds the same parameters, e.g. a loop that
+    all-reduces its gradients itself); "off": never."""
+    param_check_every: int = bounded(100, ge=0)
+    """Steps between the replicas' parameter checks (0 = never): a diverged rank is named within
+    this many steps, and the rollback goes back at most about this far past the divergence."""
     command_tick_s: float = bounded(0.2, gt=0)
     """While paused or held: seconds between command polls (each is one broadcast)."""
     peak_flops: float | None = bounded(None, gt=0)

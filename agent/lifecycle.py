@@ -84,6 +84,7 @@ class Lifecycle:
                 "head_dim": shape.head_dim, "seq_len": shape.seq_len, "global_batch": global_batch,
                 "peak_flops": peak, "peak_source": source, "lr_schedule": lr_schedule or {},
                 "world_size": ranks.world, "config": config or {},
+                "param_check_every": probe.param_check_every,
                 **({} if capabilities is None else {"capabilities": list(normalize_capabilities(capabilities))}),
                 **self._life(),
             })

@@ -39,6 +39,7 @@ from cliffguard.agent.emitter import Emitter
 from cliffguard.agent.guard import Guard
 from cliffguard.agent.lr_scale import LRScale
 from cliffguard.agent.packed_step import PackedStep
+from cliffguard.agent.param_check import ParamCheck, param_hash
 from cliffguard.agent.rank_perf import PERF_FIELDS, PerfAccumulator, publishes_chunk, ranks_payload
 from cliffguard.agent.ranks import Ranks
 from cliffguard.core.enums import EventType, GuardDecision
@@ -88,6 +89,8 @@ class StepProbe:
         """The global norm from the DDP hook's reduced buckets (an Accelerator's scaler unscales later)."""
         self._perf = PerfAccumulator()
         self._losses: list[float] = []  # every rank's loss at this step (from the packed all-reduce)
+        self.param_check = ParamCheck()
+        """The SDC watch's record (agent/param_check.py): the last step the replicas agreed."""
         self._reset_step_accumulators()
 
     @property
@@ -122,6 +125,7 @@ class StepProbe:
         self.step = step
         self._reset_step_accumulators()
         self._perf.reset()
+        self.param_check.rewound(step)
         self.clock.restart()
         self.marked_at = time.monotonic()
 
@@ -181,12 +185,14 @@ class StepProbe:
             if sq is None:
                 sq = self._norms_sq(layers_due)
         ranks_due = self._ranks_due()
+        check_due = self._param_check_due()
         if self._packed is None or self._packed.device != self._loss_sum.device:
             self._packed = PackedStep(world=w, rank=self.ranks.rank, n_layers=len(self._params), device=self._loss_sum.device)
         # every rank's performance rides on the same all-reduce (agent/rank_perf.py)
         packed = self._packed.fill(loss_sum=self._loss_sum, micro=self._micro,
                                    flag=self.channel.flag(), sq=sq, layers=layers_due,
-                                   perf=self._perf.slot() if ranks_due else None)
+                                   perf=self._perf.slot() if ranks_due else None,
+                                   param_hash=param_hash([p for _, p in self._params]) if check_due else None)
         if self.ranks.distributed:
             t0 = time.perf_counter()
             self.ranks.collective = "all_reduce"
@@ -208,7 +214,11 @@ class StepProbe:
                 layer_sq = values[w + 3 : w + 3 + len(self._params)]
                 self._layer_norms = {self._layer_names[i]: (layer_sq[i] / contributors) ** 0.5 for i in self._with_grad}
         if ranks_due:
-            self._emit_ranks(values[len(values) - len(PERF_FIELDS) * w :], losses_host)
+            at = self._packed.perf_at(layers_due)
+            self._emit_ranks(values[at : at + len(PERF_FIELDS) * w], losses_host)
+        if check_due:
+            at = self._packed.hashes_at(layers_due, ranks_due)
+            self.note("param_check", self.param_check.judge(self.step, values[at : at + w], rank=self.ranks.rank))
         self._decision = self.guard.decide(self._global_loss, self.step, self._grad_norm)
         if self.ranks.rank == 0 and self.config.hist_every and self.step % self.config.hist_every == 0:
             self._emit_histograms()
@@ -222,6 +232,17 @@ class StepProbe:
         """The same answer on every rank: they all close the same steps."""
         every = self.config.ranks_every
         return bool(every) and self.step % every == 0 and self._perf.n > 0
+
+    @property
+    def param_check_every(self) -> int:
+        """Steps between the SDC watch's checks on this run (0: it does not check)."""
+        every = self.config.param_check_every
+        return every if self.param_check.due(0, every=every, mode=self.config.param_check, world=self.ranks.world,
+                                             replicated=self._grads_identical) else 0
+
+    def _param_check_due(self) -> bool:
+        return self.param_check.due(self.step, every=self.config.param_check_every, mode=self.config.param_check,
+                                    world=self.ranks.world, replicated=self._grads_identical)
 
     def _layer_norms_due(self) -> bool:
         """Per-layer norms (work and bytes proportional to the layers) every ``layer_norms_every``

@@ -25,6 +25,17 @@ from cliffguard.core.enums import (
 )
 
 
+class ParamCheckData(TypedDict):
+    """The data-parallel replicas' parameter hashes compared at a step, before its update."""
+
+    agree: bool
+    suspects: NotRequired[list[int]]  # ranks outside the largest group of equal hashes (every rank when none is)
+    named: NotRequired[bool]  # a strict majority agreed, so the suspects are known (never with two replicas)
+    groups: NotRequired[list[list[int]]]  # ranks by equal hash, largest group first
+    last_agreed: NotRequired[int]  # the last step at which every replica agreed (a clean state's label; absent: none yet)
+    mismatches: NotRequired[int]  # disagreeing checks so far in this process
+
+
 class RunStartedData(TypedDict):
     n_params: int
     n_layers: int
@@ -37,6 +48,7 @@ class RunStartedData(TypedDict):
     lr_schedule: dict[str, Any]
     world_size: int
     config: NotRequired[dict[str, Any]]
+    param_check_every: NotRequired[int]  # steps between the SDC watch's checks (0: off; agent/param_check.py)
     # The commands this trainer integration can apply (core/capabilities.py); absent from an
     # older agent, which the controller reads as every command.
     capabilities: NotRequired[list[CommandType]]
@@ -88,6 +100,7 @@ class StepData(TypedDict):
     rank_losses: NotRequired[LossSummary]  # present = a run-level step event (rank 0 alone sends one)
     detail: NotRequired[bool]  # true = a per-rank step event asked for by a detail command (not for the rules)
     triaged: NotRequired[str]  # the kit re-ran this bad step: its class (core/triage.py; data and transient it cured)
+    param_check: NotRequired[ParamCheckData]  # the SDC watch checked at this step (agent/param_check.py)
 
 
 class RanksData(TypedDict):

@@ -26,3 +26,17 @@ def test_fill_writes_this_ranks_slots_and_zeroes_the_rest_each_time():
     v = ps.fill(loss_sum=torch.tensor(1.0, dtype=torch.bfloat16), micro=1, flag=0.0, sq=torch.tensor([4.0], dtype=torch.float64),
                 layers=False, perf=None).tolist()
     assert v == [0.0, 1.0, 0.0, 0.0, 1.0, 4.0]
+
+
+def test_a_hash_block_follows_the_perf_block_and_carries_the_hash_exactly():
+    w, rank, layers = 3, 2, 2
+    ps = PackedStep(world=w, rank=rank, n_layers=layers, device=torch.device("cpu"))
+    h = torch.tensor((1 << 52) - 3, dtype=torch.int64)  # the largest kind of value: still exact in float64
+    perf = [1.0] * len(PERF_FIELDS)
+    v = ps.fill(loss_sum=torch.tensor(1.0), micro=1, flag=0.0, sq=None, layers=False, perf=perf, param_hash=h).tolist()
+    at = ps.hashes_at(False, True)
+    assert at == ps.perf_at(False) + len(PERF_FIELDS) * w and len(v) == at + w
+    assert v[at:] == [0.0, 0.0, float((1 << 52) - 3)] and int(v[at + rank]) == (1 << 52) - 3
+    assert sum(v[ps.perf_at(False) : at]) == sum(perf)
+    v = ps.fill(loss_sum=torch.tensor(1.0), micro=1, flag=0.0, sq=None, layers=True, perf=None, param_hash=h).tolist()
+    assert len(v) == ps.hashes_at(True, False) + w and v[-1] == float((1 << 52) - 3)
