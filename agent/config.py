@@ -13,6 +13,7 @@ from cliffguard.agent.collectors.grad_hist import HistConfig
 from cliffguard.agent.data_watch.config import DataWatchConfig
 from cliffguard.agent.guard import GuardConfig
 from cliffguard.agent.hang.config import HangConfig
+from cliffguard.agent.param_check import DEFAULT_EVERY
 from cliffguard.agent.recovery.config import KitConfig
 from cliffguard.agent.recovery.preemption import PreemptionConfig
 from cliffguard.core.declared import bounded, check_declared, non_empty, one_of
@@ -52,7 +53,7 @@ class AgentConfig:
     parameters. "auto": when the model is DDP-wrapped (its replicas are bit-identical); "on": on
     any multi-rank run (say so only when every rank holds the same parameters, e.g. a loop that
     all-reduces its gradients itself); "off": never."""
-    param_check_every: int = bounded(100, ge=0)
+    param_check_every: int = bounded(DEFAULT_EVERY, ge=0)
     """Steps between the replicas' parameter checks (0 = never): a diverged rank is named within
     this many steps, and the rollback goes back at most about this far past the divergence."""
     command_tick_s: float = bounded(0.2, gt=0)

@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+DEFAULT_EVERY = 100
+"""``[agent] param_check_every``'s default."""
 HASH_BITS = 52
 """Hashes are kept below 2**52 so the float64 all-reduce carries them exactly."""
 _MASK = (1 << HASH_BITS) - 1

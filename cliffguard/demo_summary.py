@@ -9,6 +9,9 @@ update). What each fault should lead to:
 - ``lr_blowup``: the weights are damaged, so validation is abnormal -> ``rolled_back`` to a
   checkpoint before the blow-up with the LR scale lowered (cumulative, < 1).
 - ``nan``: the guard skipped the update -> any outcome but ``halted`` (``resumed`` expected).
+- ``bitflip``: one replica's weights are corrupt (SDC) -> ``rolled_back`` to before the flip with
+  the LR scale kept (the optimizer is fine), found by the SDC watch's next check (within
+  ``param_check_every`` steps, agent/param_check.py).
 - ``slow_rank``, ``kill_rank``, ``broker_outage``: no loss incident expected; not judged here.
 
 ``ok`` is true when every judged fault has its expected incident and no incident ended ``halted``
@@ -22,6 +25,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from cliffguard.agent.param_check import DEFAULT_EVERY
 from cliffguard.core.enums import AlertAction, AlertLevel
 from cliffguard.trainer.faults import FaultSpec
 
@@ -29,9 +33,14 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     "corrupt": ("resumed",),
     "lr_blowup": ("rolled_back",),
     "nan": ("resumed", "rolled_back"),
+    "bitflip": ("rolled_back",),
 }
 MATCH_SLACK_STEPS = 15
 """Steps after a fault's window in which its spike may still be reported."""
+SLACK_STEPS_BY_KIND = {"bitflip": DEFAULT_EVERY + MATCH_SLACK_STEPS}
+"""...and for faults a periodic check finds: its period more."""
+KEEPS_LR = frozenset({"bitflip"})
+"""Faults whose rollback must keep the LR scale (not the optimizer's fault)."""
 
 
 def merge_consecutive(faults: list[FaultSpec]) -> list[tuple[FaultSpec, int]]:
@@ -57,7 +66,7 @@ def incident_summary(inc: dict[str, Any], transitions: list[dict[str, Any]]) -> 
     return {
         "id": inc["id"], "rule": inc["rule"], "level": inc["level"], "outcome": inc["outcome"],
         "spike_step": inc["spike_step"], "onset_step": inc.get("onset_step"), "rollback_to": inc.get("rollback_to"),
-        "lr_scale": inc.get("lr_scale"),
+        "lr_scale": inc.get("lr_scale"), "lr_scale_at_open": (inc.get("evidence") or {}).get("lr_scale_at_open"),
         "duration_s": None if closed is None else round(closed - opened, 3),
         "transitions": timeline,
     }
@@ -72,7 +81,7 @@ def judge(faults: list[FaultSpec], incidents: list[dict[str, Any]]) -> tuple[boo
     for spec, end in merge_consecutive(faults):
         if spec.kind not in EXPECTED:
             continue
-        lo, hi = spec.step, end + MATCH_SLACK_STEPS
+        lo, hi = spec.step, end + SLACK_STEPS_BY_KIND.get(spec.kind, MATCH_SLACK_STEPS)
         inc = next((i for i in by_step if i["id"] not in used and lo <= i["spike_step"] < hi), None)
         expected = EXPECTED[spec.kind]
         problem = None
@@ -85,6 +94,11 @@ def judge(faults: list[FaultSpec], incidents: list[dict[str, Any]]) -> tuple[boo
             elif inc["outcome"] == "rolled_back":
                 if inc["rollback_to"] is None or inc["rollback_to"] >= spec.step:
                     problem = f"rolled back to {inc['rollback_to']}, not before the fault at {spec.step}"
+                elif spec.kind in KEEPS_LR:
+                    before = inc.get("lr_scale_at_open")
+                    if inc["lr_scale"] != (1.0 if before is None else before):
+                        problem = (f"lr_scale {before} -> {inc['lr_scale']}: a corrupt replica is no optimizer "
+                                   "trouble; the LR stays")
                 elif inc["lr_scale"] is None or not inc["lr_scale"] < 1:
                     problem = f"lr_scale {inc['lr_scale']} not lowered"
         ok = ok and problem is None
@@ -112,7 +126,7 @@ def judge_alerts(faults: list[FaultSpec], alerts: list[dict[str, Any]],
     for spec, end in merge_consecutive(faults):
         if spec.kind not in EXPECTED:
             continue
-        lo, hi = spec.step, end + MATCH_SLACK_STEPS
+        lo, hi = spec.step, end + SLACK_STEPS_BY_KIND.get(spec.kind, MATCH_SLACK_STEPS)
         hits = [a for a in raised if isinstance((a.get("evidence") or {}).get("step"), int)
                 and lo <= a["evidence"]["step"] < hi]
         used.update(a["id"] for a in hits)

@@ -62,6 +62,7 @@ from cliffguard.controller.rules.loss_scale import LossScaleConfig, LossScaleRul
 from cliffguard.controller.rules.memory import MemoryConfig, MemoryRule
 from cliffguard.controller.rules.mfu import MfuConfig, MfuRule
 from cliffguard.controller.rules.registry import RuleRegistry
+from cliffguard.controller.rules.sdc import SdcConfig, SdcRule
 from cliffguard.controller.rules.straggler import StragglerConfig, StragglerRule
 from cliffguard.controller.verdict import Action, Verdict
 from cliffguard.core.declared import bounded, check_declared
@@ -112,6 +113,8 @@ class RulesConfig:
     """The trainer's guard holding (or skipping on and on): critical -> recover."""
     data: DataQualityConfig = field(default_factory=DataQualityConfig)
     """Data quality of the batches the run trains on: drift, duplicates, garbled text, perplexity (alerts)."""
+    sdc: SdcConfig = field(default_factory=SdcConfig)
+    """The data-parallel replicas' parameters differ (the SDC watch): critical -> roll back to before."""
     evidence_last_n: int = bounded(20, ge=0)
     """Newest losses carried in every loss verdict's evidence."""
 
@@ -141,6 +144,7 @@ RULES: RuleRegistry[RulesConfig] = (
     .with_rule("elastic", lambda c: ElasticScaleRule())
     .with_rule("hang", lambda c: HangRule(c.hang))
     .with_rule("data", lambda c: DataQualityRule(c.data))
+    .with_rule("sdc", lambda c: SdcRule(c.sdc))
 )
 """The controller's rules in calling order (a new rule: its module, a ``RulesConfig`` field and
 one entry here)."""

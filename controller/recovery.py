@@ -49,6 +49,7 @@ from cliffguard.controller.recovery_acks import on_ack, on_tick
 from cliffguard.controller.recovery_hang_types import NodeCheckIn
 from cliffguard.controller.recovery_others import on_trainer_timeout, on_triaged
 from cliffguard.controller.recovery_preempt import on_run_preempted, on_training_again
+from cliffguard.controller.recovery_sdc import on_sdc_verdict
 from cliffguard.controller.recovery_step import Step, open_incident, start_rollback
 from cliffguard.controller.recovery_table import (
     PAUSE_CYCLE,
@@ -166,6 +167,9 @@ def _on_verdict(st: Step, inp: VerdictIn) -> None:
     cfg, s, v = st.cfg, st.s, inp.verdict
     if v.action is Action.RESTART:
         hang.on_restart_verdict(st, inp)  # a hung worker group (controller/recovery_hang.py)
+        return
+    if v.action is Action.ROLLBACK:
+        on_sdc_verdict(st, inp)  # a diverged replica (controller/recovery_sdc.py)
         return
     if v.rule in cfg.health_rules and v.level is not Level.OK:
         s.unhealthy_steps = (*s.unhealthy_steps, v.step)[-UNHEALTHY_KEEP:]

@@ -26,6 +26,7 @@ from cliffguard.controller.recovery_types import (
     SendCommand,
     Trigger,
 )
+from cliffguard.controller.rules.sdc import SDC
 from cliffguard.core.enums import AlertAction, AlertLevel, CommandType, IncidentOutcome
 from cliffguard.core.policy import rolled_back_lr_scale
 
@@ -150,7 +151,9 @@ def rolled_back(st: Step, to_step: int, now: float) -> None:
 
 def start_rollback(st: Step, trigger: Trigger, target: Checkpoint, why: str, ev: dict[str, Any], now: float) -> None:
     """Send the rollback to ``target``. A first one (validation abnormal) cuts the LR scale by
-    ``lr_factor`` as many times as the incident's rung says; a retry after a failed one keeps it."""
+    ``lr_factor`` as many times as the incident's rung says; a retry after a failed one keeps it.
+    ``skip_data`` skips the data since the target, unless a diverged replica (SDC) caused it:
+    that data was fine."""
     cfg, s = st.cfg, st.s
     inc = s.incident
     assert inc is not None
@@ -160,12 +163,14 @@ def start_rollback(st: Step, trigger: Trigger, target: Checkpoint, why: str, ev:
         for _ in range(cuts):
             scale = rolled_back_lr_scale(scale, cfg.policy.lr_factor)
     args: dict[str, Any] = {"to_step": target.step, "lr_scale": scale}
-    if cfg.skip_data and target.sample_end is not None and inc.sample_end is not None and inc.sample_end > target.sample_end:
+    if inc.rule != SDC and cfg.skip_data and target.sample_end is not None and inc.sample_end is not None and inc.sample_end > target.sample_end:
         args["skip_data"] = [target.sample_end, inc.sample_end]
     ev = {**ev, "target": {"step": target.step, "kind": target.kind}, "lr_scale": scale, "onset_step": inc.onset_step,
           "escalation": inc.rung, "lr_scales": [*inc.lr_scales, *([scale] if cuts else [])]}
     cut = f" (x{cfg.policy.lr_factor:g}^{cuts} on rung {inc.rung})" if cuts > 1 else ""
     reason = f"{why}; rolling back to stable checkpoint {target.step} ({target.kind}) with lr_scale {scale:g}{cut}"
+    if trigger is Trigger.SDC:
+        reason += " (kept: a diverged replica is no optimizer trouble)"
     st.move(trigger, reason, ev, now)
     s.lr_scale = scale
     s.incident = replace(inc, rollback_to=target.step, lr_scales=(*inc.lr_scales, scale) if cuts else inc.lr_scales)

@@ -68,6 +68,15 @@ def _open_hang(p: Phase) -> tuple[str, ...]:
     if p is P.RECOVERING:
         return ("close the recovering incident rolled_back", "open incident (cause hang)")
     return ("continue the incident",) if p is P.REJOINING else ("open incident (cause hang)",)
+_HALT_SDC = ("close incident halted", "alert critical (the job is left running on the diverged replica)")
+
+
+def _open_sdc(p: Phase) -> tuple[str, ...]:
+    if p is P.RECOVERING:
+        return ("continue an SDC incident, else close the recovering one rolled_back and open incident (cause sdc)",)
+    return ("open incident (cause sdc)",)
+
+
 _OPEN = "open incident (a rung up the ladder when soon after the previous one)"
 _CONTINUE = "continue the incident a rung up (the rollback did not cure the run)"
 
@@ -165,6 +174,18 @@ TABLE: tuple[Transition, ...] = (
     # the kit re-ran a bad step and cured its cause itself (step.triaged: a data batch skipped and
     # listed, a transient fault retried): a record of its own; mid-incident the verdict is evidence only
     Transition(P.RUNNING, T.TRIAGE_CURED, P.RUNNING, (), ("open incident triage", "close incident cured", "alert info")),
+    # a diverged replica (controller/recovery_sdc.py): its weights are known bad and no validation can
+    # tell, so straight back to before the replicas last agreed, the LR kept and no data skipped
+    *(t for p in (P.RUNNING, P.RECOVERING) for t in (
+        Transition(p, T.SDC, P.ROLLING_BACK, ("starts_sdc", "can_roll_back", "within_budget", "rollback_target"),
+                   (*_open_sdc(p), "send rollback (to the last agreement; lr_scale kept, no data skipped)",
+                    "alert critical")),
+        Transition(p, T.ROLLBACK_UNSUPPORTED, P.HALTED, ("starts_sdc", "not can_roll_back"), (*_open_sdc(p), *_HALT_SDC)),
+        Transition(p, T.BUDGET_EXHAUSTED, P.HALTED, ("starts_sdc", "can_roll_back", "not within_budget"),
+                   (*_open_sdc(p), *_HALT_SDC)),
+        Transition(p, T.NO_TARGET, P.HALTED, ("starts_sdc", "can_roll_back", "within_budget", "not rollback_target"),
+                   (*_open_sdc(p), *_HALT_SDC)),
+    )),
 )
 """Every legal move; those of one phase and input in the order the handlers try them."""
 
@@ -190,6 +211,11 @@ def fire(phase: Phase, trigger: str) -> Phase:
 def starts_incident(cfg: RecoveryConfig, s: RecoveryState, inp: VerdictIn) -> bool:
     """The verdict asks for recovery and the run is running or recovering (not mid-incident)."""
     return inp.verdict.action is Action.RECOVER and s.phase in (Phase.RUNNING, Phase.RECOVERING)
+
+
+def starts_sdc(cfg: RecoveryConfig, s: RecoveryState, inp: VerdictIn) -> bool:
+    """The SDC watch's verdict (``Action.ROLLBACK``) while running or recovering (not mid-incident)."""
+    return inp.verdict.action is Action.ROLLBACK and s.phase in (Phase.RUNNING, Phase.RECOVERING)
 
 
 def is_abnormal(cfg: RecoveryConfig, s: RecoveryState, val_loss: float) -> bool:
@@ -298,6 +324,7 @@ def escalation_spent(cfg: RecoveryConfig, s: RecoveryState) -> bool:
 
 GUARDS: dict[str, Callable[..., Any]] = {
     "starts_incident": starts_incident,
+    "starts_sdc": starts_sdc,
     "is_abnormal": is_abnormal,
     "within_budget": within_budget,
     "rollback_target": rollback_target,

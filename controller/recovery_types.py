@@ -77,6 +77,7 @@ class Trigger(StrEnum):
     OPERATOR_LR_SCALE = "operator_lr_scale"  # an operator's command set the LR scale (the machine adopts it)
     PREEMPTED = "preempted"  # the trainer saved for the scheduler's warning and exits to be requeued
     TRIAGE_CURED = "triage_cured"  # the kit re-ran a bad step and cured it itself (step.triaged: data, transient)
+    SDC = "sdc"  # the replicas' parameters differ (the SDC watch): roll back to before they diverged
 
 
 @dataclass(kw_only=True, slots=True)

@@ -13,6 +13,7 @@ class Action(StrEnum):
     RECOVER = "recover"  # start the pause -> validate -> (rollback | resume) pipeline
     ALERT = "alert"  # tell people; training goes on
     RESTART = "restart"  # a hung worker group: the recovery table picks the remedy (controller/recovery_hang.py)
+    ROLLBACK = "rollback"  # the weights are known bad (a replica diverged): roll back, no validation (recovery_sdc.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -178,6 +178,7 @@ class FaultWiring:
             if module.training and not clock.slept:
                 clock.slept = True
                 faults.delay(clock.step)
+                faults.flip_param(clock.step, module)
                 if hangs is not None:
                     hangs.before_forward(clock.step)
 

@@ -16,6 +16,8 @@ Spec strings (step numbers are optimizer steps; ``[:r]`` limits a fault to rank 
 ``dup_burst@150:20[:r]``    steps 151..169 train on step 150's batch again (a loader stuck on one shard)
 ``garble@150:10[:r]``       steps 150..159: half of each batch's sequences garbled (U+FFFD
                             replacement characters and control bytes, what a broken decode leaves)
+``bitflip@250:r``           rank r flips one bit of its first parameter before step 250's forward
+                            (silent data corruption: its replica differs from the others from then on)
 ==========================  =====================================================================
 
 The data faults' content is trainer/data_faults.py. One-shot (all but slow_rank and data_shift,
@@ -38,10 +40,14 @@ from dataclasses import dataclass
 import torch
 
 _SPEC_RE = re.compile(
-    r"^(?P<kind>lr_blowup|corrupt|nan|slow_rank|kill_rank|broker_outage|data_shift|dup_burst|garble)"
+    r"^(?P<kind>lr_blowup|corrupt|nan|slow_rank|kill_rank|broker_outage|data_shift|dup_burst|garble|bitflip)"
     r"@(?P<args>[0-9.x:]+)$"
 )
-KINDS = ("lr_blowup", "corrupt", "nan", "slow_rank", "kill_rank", "broker_outage", "data_shift", "dup_burst", "garble")
+KINDS = ("lr_blowup", "corrupt", "nan", "slow_rank", "kill_rank", "broker_outage", "data_shift", "dup_burst", "garble",
+         "bitflip")
+FLIP_BIT = 20
+"""The mantissa bit ``bitflip`` flips: the value changes by ~1/8 of itself, enough that later
+updates never round the difference away (a flip in the lowest bits may vanish)."""
 DATA_KINDS = ("data_shift", "dup_burst", "garble")
 """Faults in the batch's content (trainer/data_faults.py)."""
 
@@ -82,8 +88,8 @@ class FaultSpec:
             if kind == "slow_rank":
                 start = int(parts[2]) if len(parts) > 2 else 0
                 return cls(kind=kind, rank=int(parts[0]), seconds=float(parts[1]), step=start, steps=1 << 62)
-            if kind == "kill_rank":
-                (r, at) = parts
+            if kind in ("kill_rank", "bitflip"):
+                (at, r) = parts if kind == "bitflip" else parts[::-1]
                 return cls(kind=kind, rank=int(r), step=int(at))
             (at, n) = parts
             return cls(kind=kind, step=int(at), steps=int(n))
@@ -183,6 +189,17 @@ class FaultInjector:
     def maybe_kill(self, step: int) -> None:
         if self._hits("kill_rank", step):
             self._kill()
+
+    def flip_param(self, step: int, model: torch.nn.Module) -> bool:
+        """Flip ``FLIP_BIT`` of this rank's first floating parameter's first element (once)."""
+        if not self._hits("bitflip", step):
+            return False
+        p = next(p for p in model.parameters() if p.is_floating_point())
+        with torch.no_grad():
+            flat = p.data.view(-1)
+            bits = flat.view(torch.int32) if flat.dtype == torch.float32 else flat.view(torch.int16)
+            bits[0] ^= 1 << (FLIP_BIT if flat.dtype == torch.float32 else 4)
+        return True
 
     def broker_down(self, step: int) -> bool:
         return bool(self._hits("broker_outage", step))

@@ -42,6 +42,7 @@ from typing import Any
 
 from cliffguard.demo_stack import cli as _cli
 from cliffguard.demo_stack import collect  # noqa: F401 - the demo's summary facts (re-exported)
+from cliffguard.trainer.config import TrainConfig
 
 DEFAULT_STEPS = 600
 DEFAULT_DIR = "cliffguard-demo"
@@ -178,6 +179,9 @@ def trainer_command(args: argparse.Namespace, run_id: str, kafka: Any, out_dir: 
     if args.trainer == "bundled":
         argv = _cli("train", "--nproc", str(args.nproc), "--bootstrap", kafka.bootstrap, "--run", run_id,
                     "--out-dir", str(out_dir / "runs"), "--steps", str(args.steps), "--progress-every", progress_every)
+        batch = TrainConfig.__dataclass_fields__["global_batch"].default
+        if batch % args.nproc:  # 16 does not split over 3 ranks: the next multiple of the world does
+            argv += ["--global-batch", str(-(-batch // args.nproc) * args.nproc)]
         for f in faults:
             argv += ["--fault", f]
         return argv, {}

@@ -52,6 +52,16 @@ def test_judge_accepts_expected_outcomes_and_rejects_others():
     assert not ok and results[1]["problem"] == "no incident" and unmatched == ["x"]
 
 
+def test_a_bit_flip_is_judged_by_its_rollback_before_it_found_within_the_check_period_with_the_lr_kept():
+    faults = [FaultSpec.parse("bitflip@250:2")]
+    found = _inc("s", 300, "rolled_back", rollback_to=200, lr_scale=0.5) | {"lr_scale_at_open": 0.5}
+    assert judge(faults, [found])[0]  # found at the next check (100 steps apart), the earlier cut kept
+    cut = found | {"lr_scale": 0.25}
+    assert judge(faults, [cut])[1][0]["problem"].startswith("lr_scale 0.5 -> 0.25")
+    assert not judge(faults, [found | {"rollback_to": 250}])[0]
+    assert judge(faults, [found | {"spike_step": 400}])[1][0]["problem"] == "no incident"  # past one period
+
+
 def test_judge_fails_on_a_halted_incident_even_when_faults_match():
     faults = [FaultSpec.parse("corrupt@100")]
     assert not judge(faults, [_inc("a", 101, "resumed"), _inc("h", 250, "halted")])[0]
@@ -256,6 +266,26 @@ def test_a_smoke_scenario_per_library(tmp_path, trainer):
         assert summary["commands_sent"] >= 3 and summary["lr_scale_applied"] == 1.0
         v = summary["validation"]  # run.finished's: the periodic one at step 50, the incident's on command
         assert v["periodic"] == 1 and v["on_command"] >= 1 and v["train_s"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.broker
+@pytest.mark.timeout(DEMO_TIMEOUT_S + 60)
+def test_a_flipped_bit_on_one_of_three_replicas_is_named_and_rolled_back_before_it_with_the_lr_kept(tmp_path):
+    """The SDC watch end to end: 3 DDP ranks (16 samples do not split over 3: the demo takes 18), one
+    mantissa bit of rank 2's first weight flipped before step 150; the check at step 200 names rank
+    2 and the run rolls back to the newest stable checkpoint at or before step 100 (the last check
+    that agreed), without a pause or a validation, and recovers."""
+    summary, stdout = _run_demo(tmp_path, 300, "--nproc", "3", "--faults", "bitflip@150:2")
+    assert summary["train_exit_code"] == 0
+    inc, = summary["incidents"]
+    assert (inc["rule"], inc["outcome"], inc["spike_step"]) == ("sdc", "rolled_back", 200)
+    assert inc["rollback_to"] <= 100 and inc["lr_scale"] == 1.0
+    assert _moves(inc) == ["rolling_back", "recovering", "running"]
+    assert "rank 2; they last agreed at step 100" in inc["transitions"][0]["reason"]
+    log = (tmp_path / "fresh" / "cliffguard-demo" / "train.log").read_text()
+    assert "SDC watch: the data-parallel replicas' parameters differ at step 200: rank(s) [2]" in log
+    assert log.count("SDC watch:") == 2  # rank 0 and the suspect, once: after the rollback the replicas agree
 
 
 def test_a_halted_run_says_it_waits_for_a_human_and_how_to_resume_it(tmp_path, capsys):

@@ -245,6 +245,7 @@ def test_state_stored_before_rule_registration_loads():
     del old["hang"]  # ... and controller/rules/hang.py
     del old["held"]  # ... and controller/rules/held.py
     del old["data"]  # the same (controller/rules/data_quality.py)
+    del old["sdc"]  # ... and controller/rules/sdc.py
     assert set(old) == {"loss", "grad_norm", "loss_scale", "straggler", "mfu", "heartbeat", "memory",
                         "loss_rank", "last_step", "catching_up", "rewinds"}
     twin = RunDetector()

@@ -14,7 +14,7 @@ from cliffguard.core.enums import EventType
 def test_the_controller_table_keeps_the_stored_state_keys_and_the_calling_order():
     # The names are the keys of the stored detector state: renaming one drops its state.
     assert RULES.names() == ["heartbeat", "straggler", "mfu", "memory", "loss", "held", "grad_norm", "loss_scale",
-                            "elastic", "hang", "data"]
+                            "elastic", "hang", "data", "sdc"]
 
 
 def test_every_registered_rule_implements_the_protocol_and_declares_its_inputs():
@@ -23,7 +23,7 @@ def test_every_registered_rule_implements_the_protocol_and_declares_its_inputs()
         assert isinstance(rule, Rule) and rule.name == name
         assert rule.consumes and rule.consumes <= frozenset(EventType)
     scopes = {n: r.scope for n, r in rules.items()}
-    assert [n for n, s in scopes.items() if s is RankScope.LOSS_RANK] == ["loss", "held", "grad_norm", "loss_scale"]
+    assert [n for n, s in scopes.items() if s is RankScope.LOSS_RANK] == ["loss", "held", "grad_norm", "loss_scale", "sdc"]
     assert [n for n, r in rules.items() if isinstance(r, TickingRule)] == ["heartbeat", "hang"]
     assert [n for n, r in rules.items() if isinstance(r, RewindingRule)] == ["loss", "held"]
     assert rules["heartbeat"].consumes == frozenset(EventType)

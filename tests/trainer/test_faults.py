@@ -87,3 +87,19 @@ def test_broker_outage_window():
     f = FaultInjector(["broker_outage@100:10"])
     down = [s for s in range(95, 115) if f.broker_down(s)]
     assert down == list(range(100, 110))
+
+
+def test_a_bitflip_flips_one_bit_of_one_weight_once_on_its_rank_only():
+    import torch
+
+    assert FaultSpec.parse("bitflip@250:2") == FaultSpec(kind="bitflip", step=250, rank=2)
+    model = torch.nn.Linear(3, 2)
+    before = [p.detach().clone() for p in model.parameters()]
+    other = FaultInjector(["bitflip@3:1"], rank=0)
+    assert not any(other.flip_param(s, model) for s in range(6))
+    mine = FaultInjector(["bitflip@3:1"], rank=1)
+    assert [mine.flip_param(s, model) for s in range(6)] == [False, False, False, True, False, False]
+    after = list(model.parameters())
+    assert torch.equal(after[1], before[1]) and int((after[0] != before[0]).sum()) == 1
+    changed = (after[0].detach().view(-1).view(torch.int32) ^ before[0].view(-1).view(torch.int32)).tolist()
+    assert sorted(changed) == [0] * 5 + [1 << 20]  # one bit, of one element

@@ -12,8 +12,10 @@ from cliffguard.core.payloads import StepData
 # kind), the guard's decision (a string), per-layer norms (JSON) and the sample range (data flags);
 # the run-level event's loss summary (every rank's loss reaches the rows through ``ranks`` events)
 # and the detail marker (detail rows are told apart by their guard decision, read.rank_detail); a
-# triaged step's class (its verdict is stored whole with the run's evidence: step.triaged)
-NOT_IN_TABLE = {"loss", "guard", "layer_grad_norms", "sample_range", "rank_losses", "detail", "triaged"}
+# triaged step's class (its verdict is stored whole with the run's evidence: step.triaged); the SDC
+# watch's check (a disagreeing one is the sdc verdict's evidence, stored with its incident)
+NOT_IN_TABLE = {"loss", "guard", "layer_grad_norms", "sample_range", "rank_losses", "detail", "triaged",
+                "param_check"}
 
 
 def test_every_step_field_is_stored_or_deliberately_left_out():
