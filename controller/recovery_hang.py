@@ -38,11 +38,14 @@ from cliffguard.controller.recovery_types import (
     SendCommand,
     StartedIn,
     TickIn,
+    TriagedIn,
     Trigger,
     VerdictIn,
 )
 from cliffguard.core.enums import AlertAction, AlertLevel, CheckpointKind, CommandType, IncidentOutcome, Level
 
+EVICTION = "bad_rank"
+"""The rule of an eviction's incident: a rank the kit's re-runs found wrong whatever shard it gets."""
 HANGS_KEEP = 32
 HANG_PHASES = (Phase.RESTARTING, Phase.REJOINING)
 
@@ -58,6 +61,22 @@ def on_restart_verdict(st: Step, inp: VerdictIn) -> None:
     nodes = tuple(str(n) for n in ev.get("nodes") or ())
     life = int(ev.get("life", s.hang.life))
     _decide(st, inp, ev, nodes, tuple(int(r) for r in ev.get("culprit") or ()), life, v.step, v.message)
+
+
+def on_bad_rank(st: Step, inp: TriagedIn) -> None:
+    """A bad rank (``step.triaged``): evict it, i.e. restart the worker group without its node."""
+    s = st.s
+    ev = {"cause": EVICTION, "rank": inp.rank, "node": inp.node, "reason": inp.reason, "reruns": inp.reruns,
+          "rerun_s": inp.rerun_s, "culprit": [] if inp.rank is None else [inp.rank], "nodes": [inp.node] if inp.node else []}
+    if not st.holds("starts_restart", inp):
+        if s.incident is not None and s.incident.rule == EVICTION:
+            return  # the eviction (or its halt) in progress answers the next bad steps of that rank
+        st.alert(AlertLevel.CRITICAL, EVICTION, f"run {s.run}: rank {inp.rank} is bad at step {inp.step} while "
+                 f"{s.phase}; evicted after the incident in progress, or by hand", inp.reason, ev)
+        return
+    msg = f"step {inp.step} re-run {inp.reruns}x: rank {inp.rank} is bad ({inp.reason})"
+    _decide(st, inp, ev, (inp.node,) if inp.node else (), () if inp.rank is None else (inp.rank,), s.hang.life,
+            inp.step, msg)
 
 
 def on_node_check(st: Step, inp: NodeCheckIn) -> None:
@@ -80,11 +99,13 @@ def on_node_check(st: Step, inp: NodeCheckIn) -> None:
             inp.slow_nodes, inp.slow, inp.life, max(s.last_step, 0), msg)
 
 
-def _decide(st: Step, inp: VerdictIn | NodeCheckIn, ev: dict[str, Any], nodes: tuple[str, ...],
+def _decide(st: Step, inp: VerdictIn | NodeCheckIn | TriagedIn, ev: dict[str, Any], nodes: tuple[str, ...],
             ranks: tuple[int, ...], life: int, step: int, message: str) -> None:
-    """The table's remedy for a named culprit (see the module docstring)."""
+    """The table's remedy for a named culprit (see the module docstring); a bad rank the kit's
+    re-runs found (``TriagedIn``, controller/recovery_evict.py) is always left out."""
     s, now = st.s, inp.now
     check = isinstance(inp, NodeCheckIn)
+    evict = isinstance(inp, TriagedIn)
     exclude = False
     if not st.holds("can_restart"):
         trigger, why = Trigger.RESTART_UNAVAILABLE, (f"torchrun has no restart left (--max-restarts "
@@ -95,9 +116,9 @@ def _decide(st: Step, inp: VerdictIn | NodeCheckIn, ev: dict[str, Any], nodes: t
                                                       f"{st.cfg.restart_window_s:.0f} s) is spent")
     elif st.holds("wants_exclusion", inp, nodes, now):
         if st.holds("can_exclude", nodes):
-            trigger, why, exclude = (Trigger.NODE_CHECK_FAILED if check else Trigger.HANG_AGAIN), (
-                f"restarting without node{'s' if len(nodes) > 1 else ''} {', '.join(nodes)}"
-                + ("" if check else f" (it hung again within {st.cfg.repeat_window_s:.0f} s)")), True
+            trigger = Trigger.EVICT if evict else Trigger.NODE_CHECK_FAILED if check else Trigger.HANG_AGAIN
+            why, exclude = (f"restarting without node{'s' if len(nodes) > 1 else ''} {', '.join(nodes)}"
+                            + ("" if check or evict else f" (it hung again within {st.cfg.repeat_window_s:.0f} s)")), True
         else:
             trigger, why = Trigger.EXCLUDE_UNAVAILABLE, (
                 f"node {', '.join(nodes) or '?'} should be left out, but the run cannot keep "
@@ -105,9 +126,14 @@ def _decide(st: Step, inp: VerdictIn | NodeCheckIn, ev: dict[str, Any], nodes: t
                 else "the culprit's node is unknown, so it cannot be left out")
     else:
         trigger, why = Trigger.HANG, "restarting the worker group in place from the newest checkpoint"
-    _open(st, ev, step, now)
+    _open(st, ev, step, now, rule=EVICTION if evict else "hang")
     reason = f"{message}; {why}"
     s.hang = replace(s.hang, hangs=(*s.hang.hangs, *((n, now) for n in nodes if n))[-HANGS_KEEP:])
+    if trigger is Trigger.RESTART_UNAVAILABLE and evict:
+        # the guard keeps skipping the bad rank's updates; leaving it is a human's call now
+        st.halt(trigger, f"{reason}; the job is left running (its guard skips the bad rank's updates): evict node "
+                f"{', '.join(nodes) or '(unknown)'} by hand", ev, now)
+        return
     if trigger is Trigger.RESTART_UNAVAILABLE and s.phase is not Phase.REJOINING:
         # No restart to give it: halting the job would turn a stall that ends by itself (a rank
         # stopped for seconds, a slow filesystem) into a dead run, and a real hang fails at the
@@ -132,21 +158,23 @@ def _decide(st: Step, inp: VerdictIn | NodeCheckIn, ev: dict[str, Any], nodes: t
         _forget_memory(st)
     else:
         _send_restart(st, mode, life, ranks, nodes if exclude else (), reason, now, nodes)
-    st.alert(AlertLevel.CRITICAL, "hang", f"hang on run {s.run} at step {step}: {mode.replace('_', ' ')} restart",
-             reason, ev)
+    what = "a bad rank" if evict else "hang"
+    st.alert(AlertLevel.CRITICAL, EVICTION if evict else "hang",
+             f"{what} on run {s.run} at step {step}: {mode.replace('_', ' ')} restart", reason, ev)
 
 
-def _open(st: Step, ev: dict[str, Any], step: int, now: float) -> None:
-    """Open the hang's incident (closing a recovering rollback's first); in rejoining, continue it."""
+def _open(st: Step, ev: dict[str, Any], step: int, now: float, rule: str = "hang") -> None:
+    """Open the hang's (or an eviction's) incident (closing a recovering rollback's first); in
+    rejoining, continue it."""
     s = st.s
     if s.phase is Phase.REJOINING and s.incident is not None:
         return
     if s.phase is Phase.RECOVERING and s.incident is not None:
         st.close(IncidentOutcome.ROLLED_BACK, now)  # it rolled back and trained on; the hang is a new failure
-    inc = Incident(id=s.new_id("incident"), rule="hang", level=str(Level.CRITICAL), spike_step=step, onset_step=step,
+    inc = Incident(id=s.new_id("incident"), rule=rule, level=str(Level.CRITICAL), spike_step=step, onset_step=step,
                    opened_at=now, evidence=ev)
     s.incident = inc
-    st.actions.append(OpenIncident(id=inc.id, rule="hang", level=inc.level, spike_step=step, onset_step=step,
+    st.actions.append(OpenIncident(id=inc.id, rule=rule, level=inc.level, spike_step=step, onset_step=step,
                                    opened_at=now, evidence=ev))
 
 
@@ -210,7 +238,7 @@ def on_progress(st: Step, inp: ProgressIn) -> None:
     s.hang = replace(s.hang, restart=None)
     if inc is not None:
         st.close(IncidentOutcome.RESTARTED, inp.now)
-        st.alert(AlertLevel.INFO, "hang", f"run {s.run} trains again after a restart",
+        st.alert(AlertLevel.INFO, inc.rule, f"run {s.run} trains again after a restart",
                  f"life {s.hang.life} at step {inp.step}", ev, action=AlertAction.RESOLVE)
     s.incident = None
 

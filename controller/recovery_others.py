@@ -17,10 +17,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from cliffguard.controller.recovery_hang import on_bad_rank
 from cliffguard.controller.recovery_step import Step, open_incident, rolled_back
 from cliffguard.controller.recovery_types import MarkCommand, Phase, TrainerTimeoutIn, TriagedIn, Trigger
 from cliffguard.core.enums import AlertAction, AlertLevel, IncidentOutcome, Level
-from cliffguard.core.triage import CURED_IN_PROCESS
+from cliffguard.core.triage import CURED_IN_PROCESS, TriageClass
 
 TRAINER_TIMEOUT = "trainer_timeout"
 TRIAGE = "triage"
@@ -86,13 +87,17 @@ def on_trainer_timeout(st: Step, inp: TrainerTimeoutIn) -> None:
 
 def on_triaged(st: Step, inp: TriagedIn) -> None:
     """A step the kit re-ran and cured (data, transient): an incident opened and closed ``cured`` at
-    once with the re-runs' verdict, and an info alert. Mid-incident, or a class the kit does not
+    once with the re-runs' verdict, and an info alert. A bad rank is evicted (``on_bad_rank``). Mid-incident, or a class the kit does not
     cure, the verdict stays the store's evidence (``cliffguard badbatches``) and nothing moves."""
     s = st.s
-    if inp.cls not in CURED_IN_PROCESS or s.phase is not Phase.RUNNING or s.incident is not None:
-        return
     if inp.ts and inp.ts <= s.acted_alone_ts:
         return  # a re-read of a report already applied: the trainer acted alone here too
+    if inp.cls == TriageClass.BAD_RANK:
+        s.acted_alone_ts = max(s.acted_alone_ts, inp.ts)
+        on_bad_rank(st, inp)  # not cured: evicted (controller/recovery_hang.py)
+        return
+    if inp.cls not in CURED_IN_PROCESS or s.phase is not Phase.RUNNING or s.incident is not None:
+        return
     s.acted_alone_ts = max(s.acted_alone_ts, inp.ts)
     ev: dict[str, Any] = {"cause": inp.cls, "decided_by": "trainer triage", "remedy": inp.remedy, "rank": inp.rank,
                           "reason": inp.reason, "reruns": inp.reruns, "rerun_s": inp.rerun_s,

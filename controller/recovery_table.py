@@ -23,6 +23,7 @@ from cliffguard.controller.recovery_types import (
     Phase,
     RecoveryConfig,
     RecoveryState,
+    TriagedIn,
     Trigger,
     VerdictIn,
 )
@@ -63,11 +64,11 @@ _HALT_LEFT_RUNNING = ("close incident halted", "alert critical (no restart to gi
 _HALT_JOB = ("close incident halted", "send restart halt (when the run can apply it)", "alert critical")
 
 
-def _open_hang(p: Phase) -> tuple[str, ...]:
+def _open_hang(p: Phase, cause: str = "hang, or bad_rank for an eviction") -> tuple[str, ...]:
     """How a hang's move begins in phase ``p``: the incident it opens, closes or continues."""
     if p is P.RECOVERING:
-        return ("close the recovering incident rolled_back", "open incident (cause hang)")
-    return ("continue the incident",) if p is P.REJOINING else ("open incident (cause hang)",)
+        return ("close the recovering incident rolled_back", f"open incident (cause {cause})")
+    return ("continue the incident",) if p is P.REJOINING else (f"open incident (cause {cause})",)
 _HALT_SDC = ("close incident halted", "alert critical (the job is left running on the diverged replica)")
 
 
@@ -131,6 +132,10 @@ TABLE: tuple[Transition, ...] = (
                     "alert critical")),
         Transition(p, T.HANG_AGAIN, P.RESTARTING, (*_RESTARTS, "wants_exclusion", "can_exclude"),
                    (*_open_hang(p), "send restart exclude (the culprit's nodes)", "alert critical")),
+        # a bad rank the kit's re-runs found (step.triaged bad_rank): evicted, i.e. left out at once;
+        # the halts below (no restart, budget, node) answer it as they answer a hang
+        Transition(p, T.EVICT, P.RESTARTING, (*_RESTARTS, "wants_exclusion", "can_exclude"),
+                   (*_open_hang(p, "bad_rank"), "send restart exclude (the bad rank's node)", "alert critical")),
     )),
     *(Transition(p, T.NODE_CHECK_FAILED, P.RESTARTING, (*_RESTARTS, "wants_exclusion", "can_exclude"),
                  (*_open_hang(p), "send restart exclude (the slow nodes)", "alert critical"))
@@ -274,10 +279,12 @@ def is_ours(cfg: RecoveryConfig, s: RecoveryState, cmd_id: str) -> bool:
 
 
 def starts_restart(cfg: RecoveryConfig, s: RecoveryState, inp: Any) -> bool:
-    """A hang verdict (``Action.RESTART``) while running or recovering, or a failed node check
-    while running, recovering or rejoining."""
+    """A hang verdict (``Action.RESTART``) or a bad rank the kit's re-runs found (``step.triaged``)
+    while running or recovering, or a failed node check while running, recovering or rejoining."""
     if isinstance(inp, VerdictIn):
         return inp.verdict.action is Action.RESTART and s.phase in (Phase.RUNNING, Phase.RECOVERING)
+    if isinstance(inp, TriagedIn):
+        return inp.cls == "bad_rank" and s.phase in (Phase.RUNNING, Phase.RECOVERING)
     return isinstance(inp, NodeCheckIn) and not inp.ok and s.phase in _HANG_SOURCES
 
 
@@ -292,8 +299,9 @@ def within_restart_budget(cfg: RecoveryConfig, s: RecoveryState, now: float) -> 
 
 
 def wants_exclusion(cfg: RecoveryConfig, s: RecoveryState, inp: Any, nodes: tuple[str, ...], now: float) -> bool:
-    """The node failed a node check, or one of the culprit's nodes hung before within ``repeat_window_s``."""
-    if isinstance(inp, NodeCheckIn):
+    """The node failed a node check, the kit's re-runs found its rank bad (an eviction), or one of
+    the culprit's nodes hung before within ``repeat_window_s``."""
+    if isinstance(inp, (NodeCheckIn, TriagedIn)):
         return True
     return bool(cfg.repeat_window_s) and any(n in nodes and now - t < cfg.repeat_window_s for n, t in s.hang.hangs)
 

@@ -77,6 +77,7 @@ class Trigger(StrEnum):
     OPERATOR_LR_SCALE = "operator_lr_scale"  # an operator's command set the LR scale (the machine adopts it)
     PREEMPTED = "preempted"  # the trainer saved for the scheduler's warning and exits to be requeued
     TRIAGE_CURED = "triage_cured"  # the kit re-ran a bad step and cured it itself (step.triaged: data, transient)
+    EVICT = "evict"  # the kit's re-runs found a bad rank: restart without its node
     SDC = "sdc"  # the replicas' parameters differ (the SDC watch): roll back to before they diverged
 
 
@@ -273,6 +274,8 @@ class TriagedIn:
     sample_ids: tuple[int, ...]
     update_applied: bool
     ts: float = 0.0
+    node: str = ""
+    """bad_rank: the suspect rank's node (what an eviction leaves out; empty: unknown)."""
 
 
 @dataclass(frozen=True, slots=True)

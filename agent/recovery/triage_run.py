@@ -17,8 +17,10 @@ classifies. The remedies the kit applies (``RecoveryKit.before_optimizer_step``)
   the guard's stretch is explained (no hold for it);
 - ``transient``: the step is retried (the same shard with the gradient all-reduce) and its update
   applied; the rank it was seen on (by its loss, where one stood out) is counted;
-- ``bad_rank``, ``optimizer``, ``unclear``: the guard's decision stands (skip, then hold for the
-  controller's rollback): eviction is not built yet.
+- ``bad_rank``: the guard's decision stands (skip, then hold); the verdict names the rank's node,
+  and the controller evicts it (controller/recovery_evict.py: a restart without that node);
+- ``optimizer``, ``unclear``: the guard's decision stands (skip, then hold for the controller's
+  rollback).
 
 Rank 0 reports each verdict as ``step.triaged`` with the re-runs' evidence and their cost; every
 rank logs it. The global RNGs are put back after the re-runs as the step left them, so a triaged
@@ -40,6 +42,7 @@ import torch.distributed as dist
 from cliffguard.agent.recovery.bad_batches import BadBatch, BadBatchList
 from cliffguard.agent.recovery.state import rng_state, set_rng_state
 from cliffguard.core.enums import EventType
+from cliffguard.core.restart_plan import node_id
 from cliffguard.core.triage import (
     Baseline,
     Measure,
@@ -130,6 +133,7 @@ class StepTriage:
             verdict = classify(same, base, self.config, swapped=swapped, control=control)
             if verdict.cls is TriageClass.TRANSIENT:  # the rank it was seen on: the original's carrier, if any
                 verdict = self._seen_on(verdict, base)
+            node = self._node_of(verdict)
         finally:
             self.model.zero_grad(set_to_none=True)
             set_rng_state(after)
@@ -137,8 +141,18 @@ class StepTriage:
         self.seconds += spent
         self.verdicts[verdict.cls.value] += 1
         self.last = verdict
-        self._report(step, verdict, self.reruns - runs0, spent)
+        self._report(step, verdict, self.reruns - runs0, spent, node)
         return verdict
+
+    def _node_of(self, verdict: Verdict) -> str:
+        """A bad rank's node, for its eviction: it says its own, to every rank (one broadcast, only
+        on that verdict, which every rank reached from the same all-reduced re-runs)."""
+        if verdict.cls is not TriageClass.BAD_RANK or verdict.rank is None:
+            return ""
+        box = [node_id() if self.agent.rank == verdict.rank else ""]
+        if self.agent.distributed:
+            dist.broadcast_object_list(box, src=verdict.rank)
+        return str(box[0])
 
     def _seen_on(self, verdict: Verdict, base: Baseline) -> Verdict:
         losses = list(getattr(self.agent.probe, "_losses", []))  # every rank's loss at the step (the all-reduce's)
@@ -167,12 +181,13 @@ class StepTriage:
         self.bad.add(BadBatch(step, tuple(ids), verdict.rank, verdict.reason))
         return ids
 
-    def _report(self, step: int, verdict: Verdict, reruns: int, seconds: float) -> None:
-        log.warning("cliffguard triage: step %d is %s (%s): %s; %d re-run(s) in %.3f s", step, verdict.cls.value,
-                    verdict.remedy, verdict.reason, reruns, seconds)
+    def _report(self, step: int, verdict: Verdict, reruns: int, seconds: float, node: str) -> None:
+        on = f" on node {node}" if node else ""
+        log.warning("cliffguard triage: step %d is %s (%s): %s%s; %d re-run(s) in %.3f s", step, verdict.cls.value,
+                    verdict.remedy, verdict.reason, on, reruns, seconds)
         self._pending = {"class": verdict.cls.value, "remedy": verdict.remedy, "rank": verdict.rank,
                          "reason": verdict.reason, "reruns": reruns, "rerun_s": round(seconds, 6),
-                         "evidence": verdict.evidence}
+                         "evidence": verdict.evidence, **({"node": node} if node else {})}
 
     def emit(self, step: int, *, sample_ids: list[int], applied: bool) -> None:
         """Rank 0's ``step.triaged``, once the remedy is known."""

@@ -5,6 +5,7 @@ rank (the excess stays on it). Each worker runs a plain DP loop with the recover
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from cliffguard.agent.hooks import Agent
 from cliffguard.agent.recovery import KitConfig, RecoveryKit
 from cliffguard.agent.sinks import InMemorySink
 from cliffguard.core.enums import EventType
+from cliffguard.core.restart_plan import NODE_ENV
 from cliffguard.core.spike import SpikeConfig
 
 WORLD, STEPS, FAULT_AT = 2, 26, 20
@@ -32,6 +34,7 @@ def _batch(step: int, shard: int, fault: str):
 
 
 def _worker(rank: int, fault: str, init_file: str, out_dir: str) -> None:
+    os.environ[NODE_ENV] = f"node-{rank}"  # one node per rank: the bad rank's node is what an eviction leaves out
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
     try:
         torch.manual_seed(0)
@@ -103,3 +106,4 @@ def test_the_class_and_the_rank_across_two_ranks(fault, cls, rank, tmp_path) -> 
         assert all(r0["applied"][str(s)] for s in range(FAULT_AT + 1, STEPS))
     else:
         assert r0["bad"] == [] and all(t["class"] == "bad_rank" for t in r0["triaged"])
+        assert all(t["node"] == "node-1" for t in r0["triaged"])  # said by the bad rank itself

@@ -11,15 +11,18 @@ from cliffguard.controller.recovery_types import (
     Phase,
     RecordTransition,
     SendCommand,
+    StartedIn,
     TriagedIn,
 )
+from cliffguard.core.enums import CommandType
 from tests.controller.test_recovery import Driver, healthy_run
 
 
-def _triaged(d: Driver, step: int, cls: str = "data", *, ts: float = 5000.0):
+def _triaged(d: Driver, step: int, cls: str = "data", *, ts: float = 5000.0, node: str = ""):
     return d.feed(TriagedIn(step=step, now=d.now, cls=cls, remedy="skip_batch" if cls == "data" else "retry_step",
                             rank=1, reason="rank 1's shard is bad on rank 0 too", reruns=2, rerun_s=0.05,
-                            sample_ids=(41, 42) if cls == "data" else (), update_applied=cls == "transient", ts=ts))
+                            sample_ids=(41, 42) if cls == "data" else (), update_applied=cls == "transient", ts=ts,
+                            node=node))
 
 
 def test_a_cured_step_is_an_incident_closed_cured_at_once_with_an_info_alert():
@@ -43,7 +46,7 @@ def test_a_cured_step_is_an_incident_closed_cured_at_once_with_an_info_alert():
 def test_a_class_the_kit_does_not_cure_and_a_verdict_mid_incident_move_nothing():
     d = Driver()
     healthy_run(d, 30)
-    for cls in ("bad_rank", "optimizer", "unclear"):
+    for cls in ("optimizer", "unclear"):
         assert _triaged(d, 31, cls) == []
     d.spike(31)  # an incident of the machine's own: pausing
     assert d.s.phase is not Phase.RUNNING
@@ -51,6 +54,66 @@ def test_a_class_the_kit_does_not_cure_and_a_verdict_mid_incident_move_nothing()
     assert _triaged(d, 32, ts=6000.0) == [] and d.s.incident == inc
 
 
+def _torchrun(d: Driver, *, life: int = 0, nodes: int = 2, restarts_left: int = 3) -> None:
+    d.feed(StartedIn(capabilities=tuple(CommandType), now=d.now, life=life, max_restarts=3, restarts_left=restarts_left,
+                     nodes=nodes, min_nodes=1))
+
+
+def test_a_bad_rank_is_evicted_by_a_restart_without_its_node_and_trains_again():
+    d = Driver()
+    _torchrun(d)
+    healthy_run(d, 30)
+    acts = _triaged(d, 31, "bad_rank", node="node-b")
+    (opened,) = [a for a in acts if isinstance(a, OpenIncident)]
+    assert opened.rule == "bad_rank" and opened.evidence["node"] == "node-b" and opened.evidence["rank"] == 1
+    (cmd,) = [a for a in acts if isinstance(a, SendCommand)]
+    assert (cmd.type, cmd.args["mode"], cmd.args["exclude_nodes"], cmd.args["ranks"]) == (
+        "restart", "exclude", ["node-b"], [1])
+    assert d.triggers() == ["evict"] and d.s.phase is Phase.RESTARTING
+    assert not [a for a in d.actions if isinstance(a, SendCommand) and a.type in ("rollback", "pause")]  # no LR cut
+    assert _triaged(d, 32, "bad_rank", ts=5001.0, node="node-b") == []  # its next bad step: the eviction answers it
+    d.spike(32)  # the bad rank's loss, seen by the loss rule while the group restarts: no second remedy
+    assert d.s.phase is Phase.RESTARTING
+    _torchrun(d, life=1, nodes=1)
+    d.steps(31, 31)
+    assert d.s.phase is Phase.RUNNING
+    assert [(c.id, c.outcome) for c in d.actions if isinstance(c, CloseIncident)] == [(opened.id, "restarted")]
+
+
+def test_a_bad_rank_that_cannot_be_left_out_halts_with_the_job_left_running_and_says_so():
+    for nodes, restarts, node, why in ((1, 3, "node-b", "cannot keep"), (2, 0, "node-b", "no restart left"),
+                                       (2, 3, "", "unknown")):
+        d = Driver()
+        _torchrun(d, nodes=nodes, restarts_left=restarts)
+        healthy_run(d, 30)
+        acts = _triaged(d, 31, "bad_rank", node=node)
+        assert d.s.phase is Phase.HALTED, why
+        reason = [a for a in acts if isinstance(a, RecordTransition)][-1].reason
+        assert why in reason and not [a for a in acts if isinstance(a, SendCommand) and a.args.get("mode") != "halt"]
+        assert _triaged(d, 32, "bad_rank", ts=5001.0) == []  # the halt answers its next bad steps
+
+
+def test_a_bad_rank_mid_incident_is_a_critical_alert():
+    d = Driver()
+    healthy_run(d, 30)
+    d.spike(31)
+    acts = _triaged(d, 31, "bad_rank", node="node-b")
+    (alert,) = [a for a in acts if isinstance(a, Alert)]
+    assert alert.level == "critical" and alert.rule == "bad_rank" and "rank 1 is bad" in alert.title
+    assert not [a for a in acts if isinstance(a, RecordTransition)]
+
+
 def take_every_triage_transition() -> None:
     """For the coverage test of every declared transition (tests/controller/test_recovery_held.py)."""
     test_a_cured_step_is_an_incident_closed_cured_at_once_with_an_info_alert()
+    test_a_bad_rank_is_evicted_by_a_restart_without_its_node_and_trains_again()
+    d = Driver()  # evicted while recovering from a rollback
+    _torchrun(d)
+    healthy_run(d, 40)
+    d.spike(41, onset=39)
+    d.ack()
+    d.answer_validate(9.0)
+    d.ack()
+    assert d.s.phase is Phase.RECOVERING
+    _triaged(d, 36, "bad_rank", node="node-b")
+    assert d.triggers()[-1] == "evict"
