@@ -39,6 +39,10 @@ from bench.triage_worker import EVERY, FAULT_AT, STEPS, worker
 
 FAULTS = ("data", "transient", "bad_rank", "sdc")
 EXPECTED = {"data": "data", "transient": "transient", "bad_rank": "bad_rank", "sdc": "sdc"}
+CONTROLLER_MOVES = {"data": ("triage_cured",), "transient": ("triage_cured",),
+                    "bad_rank": ("evict", "restart_unavailable"), "sdc": ("sdc",)}
+"""The recovery machine's answer to each (a bad rank is evicted; spawned processes have no torchrun
+to restart without it, so it is halted for a human with the node named)."""
 
 
 def run_job(fault: str, world: int, tmp: Path) -> list[dict[str, Any]]:
@@ -82,13 +86,18 @@ def judge(fault: str, ranks: list[dict[str, Any]], clean: list[dict[str, Any]], 
             bad_steps = [s for s in range(FAULT_AT, STEPS[fault]) if fault == "bad_rank" or s == FAULT_AT]
             row["bad_update_applied"] = any(r0["applied"].get(str(s), False) for s in bad_steps) or not finals_agree
     row["skipped_replayed"] = replayed
+    # what the controller's recovery machine did about it: its first move at or after the fault
+    moves = [m for m in r0["story"] if m["step"] is not None and m["step"] >= FAULT_AT - 1]
+    row["controller"] = f"{moves[0]['trigger']} -> {moves[0]['to']}" if moves else "nothing"
+    row["lr_cut"] = any(c["args"].get("lr_scale", 1.0) < 1.0 for c in r0["commands"])  # none of these is the optimizer's
     row["ok"] = (row["class"] == row["expected"] and not row["bad_update_applied"] and replayed == 0
+                 and not row["lr_cut"] and row["controller"].split(" ")[0] in CONTROLLER_MOVES[fault]
                  and (fault != "sdc" or (row["detect_steps"] is not None and row["detect_steps"] <= EVERY)))
     return row
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    cols = ("fault", "class", "rank", "remedy", "detect_steps", "steps_lost", "seconds_lost", "bad_update_applied",
+    cols = ("fault", "class", "rank", "remedy", "controller", "lr_cut", "detect_steps", "steps_lost", "seconds_lost", "bad_update_applied",
             "skipped_replayed", "wall_s", "ok")
     print(" | ".join(cols))
     for r in rows:

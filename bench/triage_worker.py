@@ -4,6 +4,7 @@ one injected fault (see bench/triage.py). Writes what it saw to ``<out_dir>/<ran
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from cliffguard.agent.recovery import KitConfig, RecoveryKit
 from cliffguard.agent.sinks import InMemorySink
 from cliffguard.controller.recovery_types import RecoveryConfig
 from cliffguard.core.enums import EventType
+from cliffguard.core.restart_plan import NODE_ENV
 from cliffguard.core.spike import SpikeConfig
 
 EVERY = 5
@@ -142,6 +144,7 @@ class Loop:
 
 def worker(rank: int, fault: str, world: int, init_file: str, out_dir: str) -> None:
     torch.set_num_threads(1)
+    os.environ[NODE_ENV] = f"node-{rank}"  # one node per rank: an eviction names the bad rank's
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         report = Loop(rank, world, fault).run()
