@@ -1,5 +1,5 @@
 """`pip install cliffguard` is the agent side: what it imports must be what its base dependencies
-install. The controller, dashboard, practice tools and the HF/Lightning/DeepSpeed integrations are extras
+install. The controller, dashboard, practice tools and the HF/Lightning/DeepSpeed/torchtitan integrations are extras
 (pyproject.toml), imported only where they are used."""
 
 from __future__ import annotations
@@ -20,9 +20,11 @@ AGENT_SIDE = ("agent", "core", "trainer")  # folders of the repository root
 EXTRA_MODULES = {"agent/integrations/hf.py": "hf", "agent/integrations/hf_checkpoints.py": "hf",
                  "agent/integrations/lightning.py": "lightning",
                  "agent/integrations/deepspeed.py": "deepspeed", "agent/integrations/deepspeed_state.py": "deepspeed",
+                 "agent/integrations/torchtitan.py": "torchtitan",
                  # the demo's trainers under those libraries (cliffguard demo --trainer hf|lightning)
                  "trainer/demo_trainers/hf_run.py": "hf", "trainer/demo_trainers/lightning_run.py": "lightning",
-                 "trainer/demo_trainers/deepspeed_run.py": "deepspeed"}
+                 "trainer/demo_trainers/deepspeed_run.py": "deepspeed",
+                 "trainer/demo_trainers/torchtitan_run.py": "torchtitan", "trainer/demo_trainers/torchtitan_cpu.py": "torchtitan"}
 # read inside try/except ImportError: numpy (agent/recovery/state.py) for RNG state when present, orjson
 # (core/events.py) and msgspec (core/batch_decode.py), both in the controller extra, to decode events faster
 OPTIONAL = {"numpy", "orjson", "msgspec"}
@@ -71,6 +73,7 @@ def test_all_is_every_extra_and_test_installs_all():
     assert "cliffguard[all]" in extras["test"]
     assert "transformers" in _modules("hf") and _modules("lightning") == {"pytorch_lightning"}
     assert _modules("deepspeed") == {"deepspeed"}
+    assert _modules("torchtitan") == {"torchtitan", "triton", "tyro"}
     assert {"sqlalchemy", "alembic", "psycopg"} <= _modules("controller")
     assert "streamlit" in _modules("dashboard")
     assert "'.[all,test]'" in (ROOT / "scripts" / "test.sh").read_text()
@@ -78,7 +81,7 @@ def test_all_is_every_extra_and_test_installs_all():
 
 def test_importing_the_agent_pulls_in_no_controller_dashboard_or_practice_dependency():
     heavy = sorted((_modules("controller") | _modules("dashboard") | _modules("practice") | _modules("hf")
-                    | _modules("lightning") | _modules("deepspeed") | {"pandas", "cliffguard.controller", "cliffguard.dashboard"}) - {"torch", "safetensors"})
+                    | _modules("lightning") | _modules("deepspeed") | _modules("torchtitan") | {"pandas", "cliffguard.controller", "cliffguard.dashboard"}) - {"torch", "safetensors"})
     # (safetensors is also accelerate's own dependency: the base install has it)
     code = (
         "import sys\n"

@@ -12,6 +12,9 @@
 - **DeepSpeed** (``attach(engine, run=...)`` in agent/integrations/deepspeed.py, extra ``[deepspeed]``):
   the kit on a ``DeepSpeedEngine``, its ``backward``/``step``/``save_checkpoint`` wrapped; rollback
   from the ring of this rank's ZeRO partitions or from the engine's own checkpoint tags.
+- **torchtitan** (``guarded(config, run=...)`` in a config module, agent/integrations/torchtitan.py,
+  extra ``[torchtitan]``): ``CliffguardTrainer``, torchtitan's ``Trainer`` with the kit at its seams;
+  rollback from the ring of this rank's FSDP shards or from its checkpointer's saved steps.
 - **Hugging Face ``Trainer``** (``CliffguardHFCallback``, agent/integrations/hf.py): the kit driven
   from a real ``TrainerCallback``. ``transformers`` is imported only when that name is used, so
   ``from cliffguard.agent.integrations import AgentTracker`` works without it installed.
