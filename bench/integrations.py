@@ -1,6 +1,7 @@
 """The integrations matrix: the demo's 2-fault scenario and a clean run under every trainer.
 
-    python -m bench.integrations --json OUT.json [--trainers bundled,hf,lightning,plain,deepspeed,accelerate-tracker]
+    python -m bench.integrations --json OUT.json
+                                 [--trainers bundled,hf,lightning,plain,deepspeed,torchtitan,accelerate-tracker]
                                  [--steps 240] [--nproc 2]
 
 Per trainer, ``cliffguard demo --trainer T --no-dashboard`` twice on the embedded broker and a
@@ -94,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trainers", default=",".join(TRAINERS), help=f"comma-separated, of {', '.join(TRAINERS)}")
     ap.add_argument("--steps", type=int, default=DEFAULT_STEPS)
-    ap.add_argument("--nproc", type=int, default=2, help="processes for bundled, plain and deepspeed (the others run 1)")
+    ap.add_argument("--nproc", type=int, default=2, help="processes for bundled, plain, deepspeed and torchtitan "
+                    "(the others run 1)")
     ap.add_argument("--json", dest="json_path")
     args = ap.parse_args(argv)
     trainers = [t.strip() for t in args.trainers.split(",") if t.strip()]

@@ -11,7 +11,7 @@ Starts, in this order and each in its own process group:
    operator token, both printed, and without any key (its actions are requests the controller
    signs);
 4. a 2-process training run (``cliffguard train --nproc 2``) of the default GPT (``--trainer
-   hf|lightning|plain|deepspeed|accelerate-tracker``: the same scenario under that library,
+   hf|lightning|plain|deepspeed|torchtitan|accelerate-tracker``: the same scenario under that library,
    trainer/demo_trainers/; the Accelerate tracker only reports, so it expects alerts and no command) with two faults:
    corrupted data (3 consecutive batches: validation normal -> resume, samples flagged) and an
    LR blow-up (validation abnormal -> rollback to a stable checkpoint with LR x 0.5, resume).
@@ -62,11 +62,11 @@ BLOWUP_SPEC = "x100:3"
 """LR x100 for 3 steps. Only the first of them updates the weights (the guard skips the updates
 of the steps whose loss spikes), and that one must damage them enough that the loss stays >= 5σ
 for 3 steps and validation is far above the baseline: x30 left the loss at 5.0σ, too close."""
-TRAINERS = ("bundled", "hf", "lightning", "plain", "deepspeed", "accelerate-tracker")
-"""``--trainer``: the others run ``trainer/demo_trainers/<name>_run.py`` (``-`` read as ``_``): plain
-and deepspeed under torchrun with ``--nproc`` processes, the rest in one process."""
-TORCHRUN_TRAINERS = ("plain", "deepspeed")
-"""Trainers started with ``--nproc`` processes (deepspeed under torchrun even for one)."""
+TRAINERS = ("bundled", "hf", "lightning", "plain", "deepspeed", "torchtitan", "accelerate-tracker")
+"""``--trainer``: the others run ``trainer/demo_trainers/<name>_run.py`` (``-`` read as ``_``): plain,
+deepspeed and torchtitan under torchrun with ``--nproc`` processes, the rest in one process."""
+TORCHRUN_TRAINERS = ("plain", "deepspeed", "torchtitan")
+"""Trainers started with ``--nproc`` processes (deepspeed and torchtitan under torchrun even for one)."""
 REPORT_ONLY_TRAINERS = ("accelerate-tracker",)
 """Trainers that declare no command: judged by their alerts and by no command sent (demo_summary.judge_alerts)."""
 _PROGRESS = re.compile(r"^step\s+\d+/\d+")
@@ -92,15 +92,15 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--keep-running", action="store_true", help="leave the dashboard up after the run, until Ctrl-C")
     p.add_argument("--broker-port", type=int, default=9092, help="broker port (default 9092; a free one if taken)")
     p.add_argument("--dashboard-port", type=int, default=8501, help="dashboard port (default 8501; a free one if taken)")
-    p.add_argument("--nproc", type=int, default=2, help="training processes (default 2; bundled, plain and "
-                   "deepspeed run that many, hf, lightning and accelerate-tracker run 1)")
+    p.add_argument("--nproc", type=int, default=2, help="training processes (default 2; bundled, plain, "
+                   "deepspeed and torchtitan run that many, hf, lightning and accelerate-tracker run 1)")
     p.add_argument("--elastic", action="store_true",
                    help="the elastic demo instead: two torchrun agents of 2 processes, one killed and brought back "
                         "(cliffguard/demo_elastic.py; --dir, --json, --steps and --clean apply)")
     p.add_argument("--trainer", choices=TRAINERS, default="bundled",
                    help="who trains: the bundled GPT trainer (default), or the same scenario under the Hugging "
-                        "Face Trainer (extra [hf]), PyTorch Lightning (extra [lightning]) or a DeepSpeed ZeRO-2 engine "
-                        "(extra [deepspeed]) through their integrations, "
+                        "Face Trainer (extra [hf]), PyTorch Lightning (extra [lightning]), a DeepSpeed ZeRO-2 engine "
+                        "(extra [deepspeed]) or torchtitan's Trainer (extra [torchtitan]) through their integrations, "
                         "a plain loop on the recovery kit, or an Accelerate loop with the report-only tracker "
                         "(expects alerts and no command)")
     p.add_argument("--clean", action="store_true",
@@ -187,7 +187,7 @@ def trainer_command(args: argparse.Namespace, run_id: str, kafka: Any, out_dir: 
         return argv, {}
     module = f"cliffguard.trainer.demo_trainers.{args.trainer.replace('-', '_')}_run"
     launch = [sys.executable, "-m", module]
-    if args.trainer in TORCHRUN_TRAINERS and (args.nproc > 1 or args.trainer == "deepspeed"):
+    if args.trainer in TORCHRUN_TRAINERS and (args.nproc > 1 or args.trainer in ("deepspeed", "torchtitan")):
         launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
                   "-m", module, "--"]  # "--": torchrun would read --run as its own --run-path
     argv = [*launch, "--run", run_id, "--steps", str(args.steps), "--progress-every", progress_every]

@@ -249,10 +249,11 @@ scenario of ``python -m bench.integrations``."""
 @pytest.mark.slow
 @pytest.mark.broker
 @pytest.mark.timeout(SMOKE_TIMEOUT_S + 60)
-@pytest.mark.parametrize("trainer", ["hf", "lightning", "plain", "deepspeed", "accelerate-tracker"])
+@pytest.mark.parametrize("trainer", ["hf", "lightning", "plain", "deepspeed", "torchtitan", "accelerate-tracker"])
 def test_a_smoke_scenario_per_library(tmp_path, trainer):
     """CI's one smoke per library: a corrupted stretch, the summary ``ok`` as that trainer is judged."""
-    pytest.importorskip({"lightning": "pytorch_lightning", "hf": "transformers", "deepspeed": "deepspeed"}.get(trainer, "torch"))
+    pytest.importorskip({"lightning": "pytorch_lightning", "hf": "transformers", "deepspeed": "deepspeed",
+                         "torchtitan": "torchtitan"}.get(trainer, "torch"))
     summary, _ = _run_demo(tmp_path, SMOKE_STEPS, "--trainer", trainer, "--faults", *SMOKE_FAULTS,
                            timeout_s=SMOKE_TIMEOUT_S)
     assert summary["trainer"] == trainer and summary["train_exit_code"] == 0

@@ -23,8 +23,9 @@ import torch.distributed as dist
 from torchtitan.components.dataloader import BaseDataLoader
 from torchtitan.components.tokenizer import BaseTokenizer
 
-BatchFn = Callable[[int, int, int], torch.Tensor]
-"""``batch_fn(position, dp_rank, dp_world) -> [B, T+1]`` int64 token ids of this rank's share."""
+BatchFn = Callable[[int, int, int], "torch.Tensor | tuple[torch.Tensor, torch.Tensor]"]
+"""``batch_fn(position, dp_rank, dp_world)``: this rank's share, ``[B, T+1]`` int64 token ids or an
+``(inputs, targets)`` pair of ``[B, T]``."""
 
 
 def _cpu_device() -> SimpleNamespace:
@@ -108,7 +109,7 @@ class TokenBatches(BaseDataLoader):
     @dataclass(kw_only=True, slots=True)
     class Config(BaseDataLoader.Config):
         batch_fn: BatchFn | None = None
-        """``(position, dp_rank, dp_world) -> [B, T+1]`` token ids (required)."""
+        """``(position, dp_rank, dp_world)`` -> this rank's batch (required; see ``BatchFn``)."""
         length: int = 10**6
         """Positions before the loader ends (or starts again at 0, when ``infinite``)."""
         infinite: bool = False
@@ -132,7 +133,7 @@ class TokenBatches(BaseDataLoader):
         while self.position < self.config.length or self.config.infinite:
             ids = fn(self.position % self.config.length, self.dp_rank, self.dp_world_size)
             self.position += 1
-            x, y = ids[:, :-1], ids[:, 1:]
+            x, y = ids if isinstance(ids, tuple) else (ids[:, :-1], ids[:, 1:])
             positions = torch.arange(x.shape[1]).expand_as(x).contiguous()  # one document per sample
             yield {"input": x, "positions": positions}, y
 
