@@ -22,7 +22,8 @@ seams, and torchtitan's own loop otherwise unchanged:
 - **rollback** from the memory ring (the FSDP shards, the optimizers, the LR schedulers, the
   trainer's step, the guard) or from the checkpointer's saved steps (``checkpointer.load``, the
   loader excepted: it goes on, as after a memory rollback); every save of the checkpointer is a
-  ``checkpoint`` event and, unless model-only, a rollback target;
+  ``checkpoint`` event, carries the guard's state and, unless model-only, is a rollback target (a
+  checkpoint saved without cliffguard loads without it);
 - **validation** with torchtitan's validator when ``validator.enable``, else on held-back training
   batches.
 
@@ -44,6 +45,7 @@ from typing import Annotated, Any
 
 import torch
 import tyro
+from torch.distributed.checkpoint.api import CheckpointException
 from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.trainer import Trainer
 
@@ -67,7 +69,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(kw_only=True, slots=True)
-class GuardConfig:
+class GuardSettings:
     """The ``cliffguard`` section of a guarded torchtitan config."""
 
     run: str = ""
@@ -102,7 +104,7 @@ class CliffguardTrainer(Trainer):
 
     @dataclass(kw_only=True, slots=True)
     class Config(Trainer.Config):
-        cliffguard: GuardConfig = field(default_factory=GuardConfig)
+        cliffguard: GuardSettings = field(default_factory=GuardSettings)
 
         def __post_init__(self) -> None:
             Trainer.Config.__post_init__(self)  # slots: the zero-argument super() has no class cell here
@@ -132,8 +134,8 @@ class CliffguardTrainer(Trainer):
                 self.checkpoints.inner = self.kit.store
                 self.kit.store = self.checkpoints  # the ring first, then the checkpointer's steps
             self.checkpointer.states[AGENT_KEY] = AgentStateful(self.agent)  # the guard rides every save
-            self._inner_save = self.checkpointer.save
-            self.checkpointer.save = self._save
+            self._inner_save, self._inner_load = self.checkpointer.save, self.checkpointer.load
+            self.checkpointer.save, self.checkpointer.load = self._save, self._load
         self.kit.on_command = lambda cmd, outcome, before: self._stop_if_broken()
         self.kit.on_timeout = lambda timeout, before: self._stop_if_broken()
         self._inner_step = self.optimizers.step
@@ -264,6 +266,25 @@ class CliffguardTrainer(Trainer):
                 step=curr_step)
         return saved
 
+    def _load(self, step: int = -1) -> bool:
+        """The checkpointer's load; a checkpoint without the guard's state (an unguarded run's, resumed
+        with cliffguard on) loads without it, the guard's window then starting afresh."""
+        try:
+            return self._inner_load(step)
+        except (RuntimeError, CheckpointException) as exc:  # DCP gathers every rank's error into the latter
+            # raised while DCP plans the read, before any state is touched: the retry is safe
+            if f"Missing key in checkpoint state_dict: {AGENT_KEY}." not in str(exc):
+                raise
+        log.warning("cliffguard: the checkpoint holds no guard state (saved without cliffguard); loading the rest, "
+                    "the guard's window starts afresh and the LR scale at 1")
+        ckpt = self.checkpointer
+        kept = list(ckpt.exclude_from_loading)
+        ckpt.exclude_from_loading = [*kept, AGENT_KEY]
+        try:
+            return self._inner_load(step)
+        finally:
+            ckpt.exclude_from_loading = kept
+
     def _checkpoint(self, step: int, kind: CheckpointKind) -> None:
         if kind is CheckpointKind.MEMORY or self.checkpoints is None:
             self.kit.snapshot()
@@ -344,9 +365,9 @@ def _size(path: str) -> int:
 
 def guarded(config: Trainer.Config, *, run: str, **settings: Any) -> CliffguardTrainer.Config:
     """``config`` (a torchtitan ``Trainer.Config``) made to build a ``CliffguardTrainer`` for ``run``;
-    ``settings`` are ``GuardConfig``'s other fields."""
+    ``settings`` are ``GuardSettings``'s other fields."""
     if type(config) is not Trainer.Config:
         raise ValueError(f"guarded() takes a torchtitan Trainer.Config, not a {type(config).__qualname__} "
                          "(a Trainer subclass's config: subclass CliffguardTrainer instead)")
     fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.init}
-    return CliffguardTrainer.Config(**fields, cliffguard=GuardConfig(run=run, **settings))
+    return CliffguardTrainer.Config(**fields, cliffguard=GuardSettings(run=run, **settings))

@@ -86,8 +86,7 @@ class TitanState:
     """The kit's ``Snapshotter`` for a torchtitan trainer (see the module docstring)."""
 
     def __init__(self, trainer: Any, agent: Agent) -> None:
-        if len(trainer.model_parts) != 1:
-            raise ValueError("cliffguard restores one model part (a run without pipeline parallelism)")
+        assert len(trainer.model_parts) == 1, "one model part: pipeline parallelism is refused with the config"
         self.trainer = trainer
         self.loop = LoopState(trainer.model_parts[0], trainer.optimizers, trainer.lr_schedulers, agent,
                               extra={"train_state": trainer})

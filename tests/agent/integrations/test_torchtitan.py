@@ -22,7 +22,7 @@ from cliffguard.controller.broker import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
 WORKER = Path(__file__).with_name("torchtitan_worker.py")
-CASES = ("memory", "disk")
+CASES = ("memory", "disk", "resume")
 
 
 def test_a_run_with_pipeline_parallelism_is_refused_when_its_config_is_made():
@@ -47,7 +47,7 @@ def test_guarded_makes_a_config_that_builds_the_guarded_trainer_and_wants_a_run_
 # ---------------------------------------------------------------------- 2 processes, real torchtitan
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> dict[str, list[dict]]:
-    """Both cases' per-rank results from one torchrun of the worker (~30 s on 2 idle cores)."""
+    """Every case's per-rank results from one torchrun of the worker (~35 s on 2 idle cores)."""
     out = tmp_path_factory.mktemp("torchtitan")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     env = {k: v for k, v in env.items() if not k.startswith("CLIFFGUARD_")}
@@ -59,7 +59,7 @@ def ranks(tmp_path_factory) -> dict[str, list[dict]]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", ["memory", "disk"])
 def test_the_guard_skips_the_spike_on_every_rank_and_the_weights_do_not_move(ranks, case):
     for rank in ranks[case]:
         before, after = rank["spike"]
@@ -112,7 +112,7 @@ def test_the_checkpointers_saves_are_checkpoint_events_and_a_model_only_one_is_n
 
 @pytest.mark.slow
 def test_run_started_declares_the_integration_and_what_a_rollback_can_restore(ranks):
-    started = {c: ranks[c][0]["started"] for c in CASES}
+    started = {c: ranks[c][0]["started"] for c in ("memory", "disk")}
     for s in started.values():
         assert s["config"]["integration"] == "torchtitan" and s["config"]["parallelism"]["dp_shard"] == 2
         assert {"rollback", "validate", "pause", "set_lr_scale"} <= set(s["capabilities"])
@@ -120,3 +120,13 @@ def test_run_started_declares_the_integration_and_what_a_rollback_can_restore(ra
     assert started["disk"]["config"]["rollback"] == "disk only"
     assert all(rank["started"] is None for c in CASES for rank in ranks[c][1:])  # rank 0 alone reports
     assert ranks["memory"][0]["finished"]["final_loss"] == pytest.approx(ranks["memory"][0]["steps"][-1]["loss"])
+
+
+@pytest.mark.slow
+def test_a_guarded_run_resumes_from_the_checkpoint_of_a_run_without_cliffguard(ranks):
+    for rank in ranks["resume"]:
+        assert rank["steps_run"] == [4, 5] and rank["final_step"] == 6
+    r0 = ranks["resume"][0]
+    # run.started at the step resumed from, and the unguarded run's trained weights loaded (fresh: ~8)
+    assert r0["started_step"] == 4 and r0["steps"][0]["step"] == 4 and r0["steps"][0]["loss"] < 1.0
+    assert r0["finished"]["steps"] == 6

@@ -4,8 +4,9 @@ trainer/demo_trainers/torchtitan_cpu.py) in a ``CliffguardTrainer`` per case, a 
 rollback, what each rank saw written to ``OUT/<case>-rank<r>.json`` for the test to judge.
 
 ``python torchtitan_worker.py OUT CASE...``; a case is ``memory`` (rolled back from the memory ring,
-validated on held-back batches) or ``disk`` (no memory snapshots: rolled back from torchtitan's own
-checkpoint, validated by torchtitan's validator).
+validated on held-back batches), ``disk`` (no memory snapshots: rolled back from torchtitan's own
+checkpoint, validated by torchtitan's validator) or ``resume`` (a guarded trainer resumes from the
+checkpoint of a run without cliffguard, which holds no guard state).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from torchtitan.components.checkpoint import CheckpointManager  # noqa: E402 - a
 from torchtitan.components.optimizer import default_adamw  # noqa: E402
 from torchtitan.components.validate import Validator  # noqa: E402
 from torchtitan.models.llama3.config_registry import llama3_debugmodel  # noqa: E402
+from torchtitan.trainer import Trainer  # noqa: E402
 
 from cliffguard.agent.config import AgentConfig  # noqa: E402
 from cliffguard.agent.guard import GuardConfig  # noqa: E402
@@ -39,6 +41,8 @@ STEPS = int(os.environ.get("TT_STEPS", 12))
 SPIKE_AT = 6
 """The agent step (0-based) whose batch is random tokens on every rank: the guard skips its update."""
 ROLLBACK_AT, ROLLBACK_TO = 9, 4
+RESUME_FROM = 4
+"""The ``resume`` case: the guarded trainer resumes from an unguarded one's checkpoint of step 4."""
 SEQ, BATCH, VOCAB = 32, 2, 2048
 
 
@@ -75,17 +79,24 @@ def digest(trainer) -> list[float]:
     return [values, float(bits)]
 
 
+def joined(self):
+    """``init_distributed`` of every trainer: the first case's starts the group, the others join it."""
+    if not dist.is_initialized():
+        return Trainer.init_distributed(self)
+    from torchtitan.distributed import ParallelDims
+
+    return ParallelDims.from_config(self.config.parallelism, dist.get_world_size())
+
+
+class Unguarded(Trainer):
+    init_distributed = joined
+
+
 class Recording(CliffguardTrainer):
     """The trainer, recording each boundary's weights and the spike step's update."""
 
     seen: dict
-
-    def init_distributed(self):
-        if not dist.is_initialized():  # the first case's trainer starts the group; the others join it
-            return super().init_distributed()
-        from torchtitan.distributed import ParallelDims
-
-        return ParallelDims.from_config(self.config.parallelism, dist.get_world_size())
+    init_distributed = joined
 
     def should_continue_training(self) -> bool:
         go = super().should_continue_training()
@@ -132,8 +143,17 @@ def run_case(case: str, out: str) -> None:
                         guard=GuardConfig(spike=SpikeConfig(window=16, min_history=4)),
                         recovery=KitConfig(snapshot_every=0 if case == "disk" else 2, ring_size=8, val_every=0,
                                            pause_timeout_s=20))
+    if case == "resume":  # 4 steps of torchtitan without cliffguard first, saved at step 4
+        cfg.training.steps = RESUME_FROM
+        cfg.checkpoint.last_save_model_only = False  # its last save is the one resumed from
+        plain = Unguarded(cfg)
+        try:
+            plain.train()
+        finally:
+            plain.close()
+        cfg.training.steps = RESUME_FROM + 2
     config = guarded(cfg, run=agent.run, agent=agent, sink=sink, command_source=source)
-    if source is not None:
+    if source is not None and case != "resume":
         source.at[ROLLBACK_AT] = [make_command(CommandType.ROLLBACK, agent.run, {"to_step": ROLLBACK_TO, "lr_scale": 0.5})]
         source.at[1] = [make_command(CommandType.VALIDATE, agent.run)]
     trainer = Recording(config)
@@ -158,6 +178,7 @@ def run_case(case: str, out: str) -> None:
         "lr_scale_applied": trainer.kit.lr_scale_applied,
         "final_step": trainer.step,
         "started": next((e.data for e in events if e.type is EventType.RUN_STARTED), None),
+        "started_step": next((e.step for e in events if e.type is EventType.RUN_STARTED), None),
         "finished": next((e.data for e in events if e.type is EventType.RUN_FINISHED), None),
         "steps": [{"step": e.step, **{k: e.data.get(k) for k in ("loss", "grad_norm", "skipped", "lr", "lr_scale",
                                                                  "guard")}}
