@@ -67,7 +67,8 @@ def on_bad_rank(st: Step, inp: TriagedIn) -> None:
     """A bad rank (``step.triaged``): evict it, i.e. restart the worker group without its node."""
     s = st.s
     ev = {"cause": EVICTION, "rank": inp.rank, "node": inp.node, "reason": inp.reason, "reruns": inp.reruns,
-          "rerun_s": inp.rerun_s, "culprit": [] if inp.rank is None else [inp.rank], "nodes": [inp.node] if inp.node else []}
+          "rerun_s": inp.rerun_s, "culprit": [] if inp.rank is None else [inp.rank], "nodes": [inp.node] if inp.node else [],
+          "reruns_by_rank": inp.evidence}
     if not st.holds("starts_restart", inp):
         if s.incident is not None and s.incident.rule == EVICTION:
             return  # the eviction (or its halt) in progress answers the next bad steps of that rank

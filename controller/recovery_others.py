@@ -101,7 +101,8 @@ def on_triaged(st: Step, inp: TriagedIn) -> None:
     s.acted_alone_ts = max(s.acted_alone_ts, inp.ts)
     ev: dict[str, Any] = {"cause": inp.cls, "decided_by": "trainer triage", "remedy": inp.remedy, "rank": inp.rank,
                           "reason": inp.reason, "reruns": inp.reruns, "rerun_s": inp.rerun_s,
-                          "sample_ids": list(inp.sample_ids), "update_applied": inp.update_applied}
+                          "sample_ids": list(inp.sample_ids), "update_applied": inp.update_applied,
+                          "reruns_by_rank": inp.evidence}
     cure = (f"batch skipped and listed ({len(inp.sample_ids)} samples)" if inp.cls == "data"
             else "step retried and applied" if inp.update_applied else "step retried")
     reason = f"step {inp.step} re-run {inp.reruns}x: {inp.cls} ({inp.reason}); {cure}"

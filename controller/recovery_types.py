@@ -276,6 +276,8 @@ class TriagedIn:
     ts: float = 0.0
     node: str = ""
     """bad_rank: the suspect rank's node (what an eviction leaves out; empty: unknown)."""
+    evidence: dict[str, Any] = field(default_factory=dict)
+    """The re-runs: each one's per-rank loss and grad norm, the guard's median and σ (core/triage.py)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,10 +12,12 @@ import streamlit as st
 
 from cliffguard.controller.store import read
 from cliffguard.dashboard import charts, derive
+from cliffguard.dashboard.incident_cause import cause_line, rerun_table
 from cliffguard.dashboard.sections.context import Context, show
 
 OUTCOME_BADGES = {"open": ":orange[**open**]", "resumed": ":green[**resumed**]", "rolled_back": ":red[**rolled back**]",
-                  "halted": ":violet[**halted**]", "abandoned": ":gray[**abandoned**]"}
+                  "halted": ":violet[**halted**]", "abandoned": ":gray[**abandoned**]", "cured": ":green[**cured**]",
+                  "restarted": ":blue[**restarted**]", "requeued": ":blue[**requeued**]"}
 COMMAND_COLUMNS = ("id", "incident_id", "type", "args", "source", "status", "ack_detail", "issued_at", "acked_at",
                    "attempt")
 
@@ -38,6 +40,7 @@ def render(ctx: Context) -> None:
                  + (f", lr_scale {inc.lr_scale:g}" if derive._is_num(inc.lr_scale) else "")
                  + f" · {inc.id[:8]}")
         with st.expander(title, expanded=inc.outcome == "open"):
+            _cause(inc.rule, inc.evidence or {})
             _evidence(inc.evidence or {})
             _data(ctx, inc)
             inc_trans = trans[trans["incident_id"] == inc.id]
@@ -59,6 +62,18 @@ def render(ctx: Context) -> None:
         with st.expander(f"commands outside incidents ({len(others)})"):
             st.dataframe(_with_time(others[["issued_at", "type", "args", "source", "status", "ack_detail"]], col="issued_at"),
                          hide_index=True, width="stretch")
+
+
+def _cause(rule: str, ev: dict[str, Any]) -> None:
+    """The triage ladder's cause and remedy, and each re-run's loss per rank (dashboard/incident_cause.py)."""
+    line = cause_line(rule, ev)
+    if line is None:
+        return
+    st.markdown(line)
+    table = rerun_table(ev)
+    if table is not None:
+        st.markdown("**Re-runs: loss per rank**")
+        st.dataframe(table, hide_index=True, width="stretch")
 
 
 def _evidence(ev: dict[str, Any]) -> None:
