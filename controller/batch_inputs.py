@@ -68,7 +68,8 @@ def inputs_for(event: Event, verdicts: list[Verdict], now: float, loss_level: Le
         out.append(TriagedIn(step=event.step, now=now, cls=str(d["class"]), remedy=str(d["remedy"]), rank=d.get("rank"),
                              reason=str(d["reason"]), reruns=int(d["reruns"]), rerun_s=float(d["rerun_s"]),
                              sample_ids=tuple(d["sample_ids"]), update_applied=bool(d["update_applied"]), ts=event.ts,
-                             node=str(d.get("node") or ""), evidence=dict(d.get("evidence") or {})))
+                             node=str(d.get("node") or ""), evidence=dict(d.get("evidence") or {}),
+                             transient_counts={str(k): int(v) for k, v in (d.get("transient_counts") or {}).items()}))
     elif event.type is EventType.RUN_PREEMPTED:
         out.append(RunPreemptedIn(step=event.step, now=now, signal=str(d["signal"]), deadline_s=float(d["deadline_s"]),
                                   save_s=float(d["save_s"]), verified=bool(d["verified"]),

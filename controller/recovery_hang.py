@@ -64,9 +64,11 @@ def on_restart_verdict(st: Step, inp: VerdictIn) -> None:
 
 
 def on_bad_rank(st: Step, inp: TriagedIn) -> None:
-    """A bad rank (``step.triaged``): evict it, i.e. restart the worker group without its node."""
+    """A bad rank (``step.triaged``), or one whose transient faults reached the budget: evict it,
+    i.e. restart the worker group without its node."""
     s = st.s
-    ev = {"cause": EVICTION, "rank": inp.rank, "node": inp.node, "reason": inp.reason, "reruns": inp.reruns,
+    flaky = inp.cls != "bad_rank"
+    ev = {"cause": EVICTION, "class": inp.cls, "rank": inp.rank, "node": inp.node, "reason": inp.reason, "reruns": inp.reruns,
           "rerun_s": inp.rerun_s, "culprit": [] if inp.rank is None else [inp.rank], "nodes": [inp.node] if inp.node else [],
           "reruns_by_rank": inp.evidence}
     if not st.holds("starts_restart", inp):
@@ -75,7 +77,13 @@ def on_bad_rank(st: Step, inp: TriagedIn) -> None:
         st.alert(AlertLevel.CRITICAL, EVICTION, f"run {s.run}: rank {inp.rank} is bad at step {inp.step} while "
                  f"{s.phase}; evicted after the incident in progress, or by hand", inp.reason, ev)
         return
-    msg = f"step {inp.step} re-run {inp.reruns}x: rank {inp.rank} is bad ({inp.reason})"
+    if flaky:
+        n = inp.transient_counts.get(str(inp.rank), 0)
+        ev["transient_count"] = n
+        msg = (f"step {inp.step}: rank {inp.rank}'s transient fault {n} in this life (budget "
+               f"{st.cfg.transient_budget}): a rank this flaky is bad")
+    else:
+        msg = f"step {inp.step} re-run {inp.reruns}x: rank {inp.rank} is bad ({inp.reason})"
     _decide(st, inp, ev, (inp.node,) if inp.node else (), () if inp.rank is None else (inp.rank,), s.hang.life,
             inp.step, msg)
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from cliffguard.controller.recovery_hang import on_bad_rank
 from cliffguard.controller.recovery_step import Step, open_incident, rolled_back
+from cliffguard.controller.recovery_table import evicts
 from cliffguard.controller.recovery_types import MarkCommand, Phase, TrainerTimeoutIn, TriagedIn, Trigger
 from cliffguard.core.enums import AlertAction, AlertLevel, IncidentOutcome, Level
 from cliffguard.core.triage import CURED_IN_PROCESS, TriageClass
@@ -95,6 +96,10 @@ def on_triaged(st: Step, inp: TriagedIn) -> None:
     if inp.cls == TriageClass.BAD_RANK:
         s.acted_alone_ts = max(s.acted_alone_ts, inp.ts)
         on_bad_rank(st, inp)  # not cured: evicted (controller/recovery_hang.py)
+        return
+    if evicts(st.cfg, inp):  # cured, but the rank's transients reached the budget: evicted as a bad rank
+        s.acted_alone_ts = max(s.acted_alone_ts, inp.ts)
+        on_bad_rank(st, inp)
         return
     if inp.cls not in CURED_IN_PROCESS or s.phase is not Phase.RUNNING or s.incident is not None:
         return

@@ -284,8 +284,17 @@ def starts_restart(cfg: RecoveryConfig, s: RecoveryState, inp: Any) -> bool:
     if isinstance(inp, VerdictIn):
         return inp.verdict.action is Action.RESTART and s.phase in (Phase.RUNNING, Phase.RECOVERING)
     if isinstance(inp, TriagedIn):
-        return inp.cls == "bad_rank" and s.phase in (Phase.RUNNING, Phase.RECOVERING)
+        return evicts(cfg, inp) and s.phase in (Phase.RUNNING, Phase.RECOVERING)
     return isinstance(inp, NodeCheckIn) and not inp.ok and s.phase in _HANG_SOURCES
+
+
+def evicts(cfg: RecoveryConfig, inp: TriagedIn) -> bool:
+    """The kit's re-runs found a bad rank, or a rank's transient faults in this life reached
+    ``transient_budget`` (not a guard term: part of ``starts_restart``)."""
+    if inp.cls == "bad_rank":
+        return True
+    return (inp.cls == "transient" and inp.rank is not None and bool(cfg.transient_budget)
+            and inp.transient_counts.get(str(inp.rank), 0) >= cfg.transient_budget)
 
 
 def can_restart(cfg: RecoveryConfig, s: RecoveryState) -> bool:

@@ -128,6 +128,9 @@ class RecoveryConfig:
     (0 = never leave a node out for hanging again)."""
     restart_timeout_s: float = bounded(300.0, gt=0)
     """Seconds from a restart to the restarted group's first step before the run is halted."""
+    transient_budget: int = bounded(3, ge=0)
+    """Transient faults the kit's re-runs may find on one rank in a worker group's life; the one that
+    reaches it has that rank evicted like a bad rank (0 = never evict for transients)."""
     escalate_within: int = bounded(50, ge=0)
     """Steps: an excursion that starts within this many steps of the end of the previous incident
     (a resume, or a rollback called recovered) climbs one rung of the escalation ladder
@@ -278,6 +281,8 @@ class TriagedIn:
     """bad_rank: the suspect rank's node (what an eviction leaves out; empty: unknown)."""
     evidence: dict[str, Any] = field(default_factory=dict)
     """The re-runs: each one's per-rank loss and grad norm, the guard's median and σ (core/triage.py)."""
+    transient_counts: dict[str, int] = field(default_factory=dict)
+    """Transient faults the kit found per rank so far in this life (``transient_budget``)."""
 
 
 @dataclass(frozen=True, slots=True)

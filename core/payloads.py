@@ -287,7 +287,7 @@ StepTriagedData = TypedDict("StepTriagedData", {
     "class": str,  # core/triage.py TriageClass: data | transient | bad_rank | optimizer | unclear
     "remedy": str,  # skip_batch | retry_step | suspect_rank | rollback
     "rank": NotRequired[int],  # the suspect rank, or the rank whose shard was bad (absent: every shard / unknown)
-    "node": NotRequired[str],  # bad_rank: the suspect rank's node (what an eviction leaves out)
+    "node": NotRequired[str],  # bad_rank, transient: the suspect rank's node (what an eviction leaves out)
     "reason": str,
     "reruns": int,  # forward+backward re-executions this verdict cost
     "rerun_s": float,

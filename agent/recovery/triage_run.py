@@ -145,9 +145,10 @@ class StepTriage:
         return verdict
 
     def _node_of(self, verdict: Verdict) -> str:
-        """A bad rank's node, for its eviction: it says its own, to every rank (one broadcast, only
-        on that verdict, which every rank reached from the same all-reduced re-runs)."""
-        if verdict.cls is not TriageClass.BAD_RANK or verdict.rank is None:
+        """A suspect rank's node (bad, or transient: the controller evicts a rank whose transients
+        reach a budget): it says its own, to every rank (one broadcast, only on such a verdict,
+        which every rank reached from the same all-reduced re-runs)."""
+        if verdict.cls not in (TriageClass.BAD_RANK, TriageClass.TRANSIENT) or verdict.rank is None:
             return ""
         box = [node_id() if self.agent.rank == verdict.rank else ""]
         if self.agent.distributed:

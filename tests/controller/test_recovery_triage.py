@@ -93,6 +93,28 @@ def test_a_bad_rank_that_cannot_be_left_out_halts_with_the_job_left_running_and_
         assert _triaged(d, 32, "bad_rank", ts=5001.0) == []  # the halt answers its next bad steps
 
 
+def test_a_rank_whose_transients_reach_the_budget_is_evicted_like_a_bad_rank():
+    d = Driver()  # transient_budget 3
+    _torchrun(d)
+    healthy_run(d, 40)
+
+    def transient(step: int, n: int):
+        return d.feed(TriagedIn(step=step, now=d.now, cls="transient", remedy="retry_step", rank=2,
+                                reason="the same batch on the same ranks is normal again", reruns=1, rerun_s=0.01,
+                                sample_ids=(), update_applied=True, ts=6000.0 + step, node="node-c",
+                                transient_counts={"2": n}))
+
+    for step, n in ((31, 1), (35, 2)):
+        assert [c.outcome for c in transient(step, n) if isinstance(c, CloseIncident)] == ["cured"]
+    acts = transient(39, 3)
+    (opened,) = [a for a in acts if isinstance(a, OpenIncident)]
+    assert opened.rule == "bad_rank" and opened.evidence["class"] == "transient" and opened.evidence["transient_count"] == 3
+    (cmd,) = [a for a in acts if isinstance(a, SendCommand)]
+    assert cmd.args["mode"] == "exclude" and cmd.args["exclude_nodes"] == ["node-c"] and cmd.args["ranks"] == [2]
+    reason = [a for a in acts if isinstance(a, RecordTransition)][-1].reason
+    assert "transient fault 3 in this life (budget 3)" in reason and d.s.phase is Phase.RESTARTING
+
+
 def test_a_bad_rank_mid_incident_is_a_critical_alert():
     d = Driver()
     healthy_run(d, 30)
