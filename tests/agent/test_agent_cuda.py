@@ -133,3 +133,16 @@ def test_an_agent_on_a_device_model_reports_what_it_reports_on_the_cpu(device):
         layers = h["layers"]
         assert sum(sum(v["counts"]) + v["zeros"] + v["nonfinite"] for v in layers.values()) == n_params
         assert all(v["nonfinite"] == 0 and math.isfinite(v["norm"]) for v in layers.values())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_parameter_hash_is_the_same_on_the_device_as_on_the_cpu_and_sees_one_flipped_bit(device):
+    from cliffguard.agent.param_check import param_hash
+
+    torch.manual_seed(0)
+    params = [torch.randn(256, 128), torch.randn(128), torch.randn(64, 64).to(torch.bfloat16)]
+    on_dev = [p.to(device) for p in params]
+    h = param_hash(on_dev)
+    assert h.device.type == device and int(h) == int(param_hash(params))
+    on_dev[0].view(-1).view(torch.int32)[77] ^= 1 << 20
+    assert int(param_hash(on_dev)) != int(h)
