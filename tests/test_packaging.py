@@ -20,7 +20,7 @@ AGENT_SIDE = ("agent", "core", "trainer")  # folders of the repository root
 EXTRA_MODULES = {"agent/integrations/hf.py": "hf", "agent/integrations/hf_checkpoints.py": "hf",
                  "agent/integrations/lightning.py": "lightning",
                  "agent/integrations/deepspeed.py": "deepspeed", "agent/integrations/deepspeed_state.py": "deepspeed",
-                 "agent/integrations/torchtitan.py": "torchtitan",
+                 "agent/integrations/torchtitan.py": "torchtitan", "agent/integrations/torchtitan_seams.py": "torchtitan",
                  # the demo's trainers under those libraries (cliffguard demo --trainer hf|lightning)
                  "trainer/demo_trainers/hf_run.py": "hf", "trainer/demo_trainers/lightning_run.py": "lightning",
                  "trainer/demo_trainers/deepspeed_run.py": "deepspeed",

@@ -33,10 +33,8 @@ forward and backward of several model parts in one call, where no step of it can
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
-import os
 import sys
 import time
 from collections.abc import Iterator
@@ -45,7 +43,6 @@ from typing import Annotated, Any
 
 import torch
 import tyro
-from torch.distributed.checkpoint.api import CheckpointException
 from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.trainer import Trainer
 
@@ -54,12 +51,15 @@ from cliffguard.agent.config import AgentConfig
 from cliffguard.agent.hooks import Agent
 from cliffguard.agent.integrations.batch_tokens import batch_tokens
 from cliffguard.agent.integrations.settings import agent_wiring
+from cliffguard.agent.integrations.torchtitan_seams import grad_norms, validator_loss
 from cliffguard.agent.integrations.torchtitan_state import (
     AGENT_KEY,
     AgentStateful,
     ParamsView,
     TitanCheckpoints,
     TitanState,
+    folder_bytes,
+    load_tolerating_no_guard,
     save_full,
 )
 from cliffguard.agent.recovery import RecoveryKit
@@ -187,7 +187,7 @@ class CliffguardTrainer(Trainer):
         norms: list[torch.Tensor] = []
         self._applied = False
         try:
-            with _grad_norms(norms):
+            with grad_norms(norms):
                 super().train_step(self._observed(data_iterator))
         except RuntimeError as exc:
             # torchtitan stops on a non-finite loss after the step; the guard skipped that update
@@ -260,30 +260,14 @@ class CliffguardTrainer(Trainer):
         if self.agent.rank == 0:
             path = self.checkpoints.path(curr_step)
             self.agent.emit(EventType.CHECKPOINT, {
-                "kind": CheckpointKind.FULL.value, "path": path, "bytes": _size(path), "sha256": "",
+                "kind": CheckpointKind.FULL.value, "path": path, "bytes": folder_bytes(path), "sha256": "",
                 "seconds": round(time.monotonic() - t0, 3), "verified": full,
                 "detail": "saved by torchtitan's checkpointer" + ("" if full else " (model only: no rollback target)")},
                 step=curr_step)
         return saved
 
     def _load(self, step: int = -1) -> bool:
-        """The checkpointer's load; a checkpoint without the guard's state (an unguarded run's, resumed
-        with cliffguard on) loads without it, the guard's window then starting afresh."""
-        try:
-            return self._inner_load(step)
-        except (RuntimeError, CheckpointException) as exc:  # DCP gathers every rank's error into the latter
-            # raised while DCP plans the read, before any state is touched: the retry is safe
-            if f"Missing key in checkpoint state_dict: {AGENT_KEY}." not in str(exc):
-                raise
-        log.warning("cliffguard: the checkpoint holds no guard state (saved without cliffguard); loading the rest, "
-                    "the guard's window starts afresh and the LR scale at 1")
-        ckpt = self.checkpointer
-        kept = list(ckpt.exclude_from_loading)
-        ckpt.exclude_from_loading = [*kept, AGENT_KEY]
-        try:
-            return self._inner_load(step)
-        finally:
-            ckpt.exclude_from_loading = kept
+        return load_tolerating_no_guard(self._inner_load, self.checkpointer, step)
 
     def _checkpoint(self, step: int, kind: CheckpointKind) -> None:
         if kind is CheckpointKind.MEMORY or self.checkpoints is None:
@@ -306,23 +290,8 @@ class CliffguardTrainer(Trainer):
         return loss
 
     def _validate_with_validator(self, batches: int | None) -> tuple[float, int]:
-        """torchtitan's validator (every rank), its loss read from what it logs."""
-        seen: list[float] = []
-        metrics = self.metrics_processor
-        inner = metrics.log_validation
-
-        def log_validation(loss: float, step: int) -> None:
-            seen.append(float(loss))
-            inner(loss=loss, step=step)
-
-        metrics.log_validation = log_validation
-        try:
-            self.validator.validate(self.model_parts, self.step)
-        finally:
-            metrics.log_validation = inner
-        if not seen:
-            raise RuntimeError("torchtitan's validator logged no loss")
-        return seen[-1], int(self.config.validator.steps)
+        return validator_loss(self.validator, self.metrics_processor, self.model_parts, self.step), \
+            int(self.config.validator.steps)
 
     # ------------------------------------------------------------------ the end
     def close(self) -> None:
@@ -337,30 +306,6 @@ class CliffguardTrainer(Trainer):
                     self.agent.close(final_loss=(self.agent.last or {}).get("loss"))
         finally:
             super().close()
-
-
-@contextlib.contextmanager
-def _grad_norms(seen: list[torch.Tensor]) -> Iterator[None]:
-    """Record what torchtitan's ``clip_grad_norm_`` returns during one ``train_step``: the global norm
-    before clipping, which its ``train_step`` keeps to itself until a log step."""
-    import torchtitan.distributed.utils as dist_utils
-
-    inner = dist_utils.clip_grad_norm_
-
-    def clip(*args: Any, **kwargs: Any) -> torch.Tensor:
-        norm = inner(*args, **kwargs)
-        seen.append(norm.detach())
-        return norm
-
-    dist_utils.clip_grad_norm_ = clip
-    try:
-        yield
-    finally:
-        dist_utils.clip_grad_norm_ = inner
-
-
-def _size(path: str) -> int:
-    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
 
 
 def guarded(config: Trainer.Config, *, run: str, **settings: Any) -> CliffguardTrainer.Config:

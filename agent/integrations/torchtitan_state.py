@@ -10,16 +10,20 @@ torchtitan's checkpoints, so a rollback or a resume from one brings them back to
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 
 from cliffguard.agent.hooks import Agent
 from cliffguard.agent.recovery.state import LoopState
 from cliffguard.agent.recovery.store import StateStore
 from cliffguard.core.enums import CheckpointKind
+
+log = logging.getLogger(__name__)
 
 AGENT_KEY = "cliffguard"
 """The key of the guard's state among the checkpointer's ``states``."""
@@ -183,3 +187,26 @@ def save_full(checkpointer: Any, step: int) -> None:
         checkpointer.save(step, last_step=True)
     finally:
         checkpointer.last_save_model_only = model_only
+
+
+def load_tolerating_no_guard(load: Callable[[int], bool], checkpointer: Any, step: int = -1) -> bool:
+    """``checkpointer.load``; a checkpoint without the guard's state (an unguarded run's, resumed with
+    cliffguard on) loads without it, the guard's window then starting afresh."""
+    try:
+        return load(step)
+    except (RuntimeError, CheckpointException) as exc:  # DCP gathers every rank's error into the latter
+        # raised while DCP plans the read, before any state is touched: the retry is safe
+        if f"Missing key in checkpoint state_dict: {AGENT_KEY}." not in str(exc):
+            raise
+    log.warning("cliffguard: the checkpoint holds no guard state (saved without cliffguard); loading the rest, "
+                "the guard's window starts afresh and the LR scale at 1")
+    kept = list(checkpointer.exclude_from_loading)
+    checkpointer.exclude_from_loading = [*kept, AGENT_KEY]
+    try:
+        return load(step)
+    finally:
+        checkpointer.exclude_from_loading = kept
+
+
+def folder_bytes(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
