@@ -44,6 +44,34 @@ def test_guarded_makes_a_config_that_builds_the_guarded_trainer_and_wants_a_run_
         guarded(config, run="again")
 
 
+CONFIG_MODULE = """
+from torchtitan.models.llama3.config_registry import llama3_debugmodel
+
+from cliffguard.agent.integrations.torchtitan import guarded
+
+
+def llama3_guarded():
+    return guarded(llama3_debugmodel(), run="llama3-debug")
+"""
+
+
+def test_torchtitans_own_cli_builds_the_guarded_config_from_a_config_module_and_refuses_pp(tmp_path, monkeypatch,
+                                                                                           capsys):
+    from torchtitan.config import ConfigManager
+
+    (tmp_path / "my_guarded_configs.py").write_text(CONFIG_MODULE)  # the docs' few lines, as a user's module
+    monkeypatch.syspath_prepend(str(tmp_path))
+    argv = ["--module", "my_guarded_configs", "--config", "llama3_guarded"]
+    config = ConfigManager().parse_args([*argv, "--cliffguard.run", "from-cli", "--training.steps", "7"])
+    assert type(config) is CliffguardTrainer.Config and config._owner is CliffguardTrainer
+    assert (config.cliffguard.run, config.training.steps) == ("from-cli", 7)
+    with pytest.raises(SystemExit):  # tyro reports the config's ValueError and exits
+        ConfigManager().parse_args([*argv, "--parallelism.pipeline_parallel_degree", "2",
+                                    "--training.disable_cuda_graphs"])
+    said = " ".join(capsys.readouterr().err.replace("│", " ").split())  # tyro's box, wrapped to the terminal
+    assert "cannot guard a torchtitan run with pipeline parallelism" in said
+
+
 # ---------------------------------------------------------------------- 2 processes, real torchtitan
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> dict[str, list[dict]]:
