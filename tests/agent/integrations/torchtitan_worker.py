@@ -5,8 +5,9 @@ rollback, what each rank saw written to ``OUT/<case>-rank<r>.json`` for the test
 
 ``python torchtitan_worker.py OUT CASE...``; a case is ``memory`` (rolled back from the memory ring,
 validated on held-back batches), ``disk`` (no memory snapshots: rolled back from torchtitan's own
-checkpoint, validated by torchtitan's validator) or ``resume`` (a guarded trainer resumes from the
-checkpoint of a run without cliffguard, which holds no guard state).
+checkpoint, validated by torchtitan's validator), ``resume`` (a guarded trainer resumes from the
+checkpoint of a run without cliffguard, which holds no guard state) or ``accum`` (two micro-batches a
+step, the spike in the first of step 6: one verdict a step).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from cliffguard.core.enums import CommandType, EventType  # noqa: E402
 from cliffguard.core.events import make_command  # noqa: E402
 from cliffguard.core.spike import SpikeConfig  # noqa: E402
 
-STEPS = int(os.environ.get("TT_STEPS", 12))
+STEPS = 12
 SPIKE_AT = 6
 """The agent step (0-based) whose batch is random tokens on every rank: the guard skips its update."""
 ROLLBACK_AT, ROLLBACK_TO = 9, 4
@@ -46,9 +47,9 @@ RESUME_FROM = 4
 SEQ, BATCH, VOCAB = 32, 2, 2048
 
 
-def batch_fn(position: int, rank: int, world: int) -> torch.Tensor:
+def batch_fn(position: int, rank: int, world: int, spike_at: int = SPIKE_AT) -> torch.Tensor:
     """Every sample one short cycle of tokens (learnt within a few steps); the spike's are random."""
-    if position == SPIKE_AT:
+    if position == spike_at:
         g = torch.Generator().manual_seed(1000 * position + rank)
         return torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=g)
     return (torch.arange(SEQ + 1) % 16).expand(BATCH, SEQ + 1).contiguous()
@@ -125,6 +126,9 @@ def run_case(case: str, out: str) -> None:
     cfg.tokenizer = TokenTokenizer.Config()
     cfg.dataloader = TokenBatches.Config(batch_fn=batch_fn)
     cfg.training.seq_len, cfg.training.local_batch_size, cfg.training.steps = SEQ, BATCH, STEPS
+    if case == "accum":  # two micro-batches a step on each rank; the spike in the first of step 6
+        cfg.training.global_batch_size, cfg.training.steps = BATCH * 2 * 2, 8
+        cfg.dataloader = TokenBatches.Config(batch_fn=lambda p, r, w: batch_fn(p, r, w, spike_at=2 * SPIKE_AT))
     cfg.training.disable_cuda_graphs = True
     cfg.parallelism.spmd_backend = "partial_dtensor"
     cfg.optimizer = default_adamw(lr=3e-3)
@@ -153,7 +157,7 @@ def run_case(case: str, out: str) -> None:
             plain.close()
         cfg.training.steps = RESUME_FROM + 2
     config = guarded(cfg, run=agent.run, agent=agent, sink=sink, command_source=source)
-    if source is not None and case != "resume":
+    if source is not None and case not in ("resume", "accum"):
         source.at[ROLLBACK_AT] = [make_command(CommandType.ROLLBACK, agent.run, {"to_step": ROLLBACK_TO, "lr_scale": 0.5})]
         source.at[1] = [make_command(CommandType.VALIDATE, agent.run)]
     trainer = Recording(config)
