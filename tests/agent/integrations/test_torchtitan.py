@@ -1,10 +1,11 @@
 """The torchtitan integration: a config it cannot guard is refused when it is made (unit tier), and a real
 torchtitan ``Trainer`` (its debug Llama, 2 layers, FSDP over 2 gloo processes under torchrun; slow tier,
-one run of tests/agent/integrations/torchtitan_worker.py for both cases): the guard's skip leaves the
-weights unchanged on every rank, a rollback restores them bit-for-bit from the memory ring or from
-torchtitan's own checkpoint with the LR scale applied and acked, validation runs on held-back batches
-or torchtitan's validator, the checkpointer's saves are checkpoint events, and ``run.started`` says
-what a rollback can restore."""
+one run of tests/agent/integrations/torchtitan_worker.py for every case): the guard's skip leaves the
+weights unchanged on every rank (with gradient accumulation too), a rollback restores them bit-for-bit
+from the memory ring or from torchtitan's own checkpoint with the LR scale applied and acked,
+validation runs on held-back batches or torchtitan's validator, the checkpointer's saves are
+checkpoint events, a checkpoint saved without cliffguard resumes, and ``run.started`` says what a
+rollback can restore."""
 
 from __future__ import annotations
 
