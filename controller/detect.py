@@ -82,6 +82,7 @@ DETECTOR_STATE_KEYS = frozenset({"loss_rank", "last_step", "catching_up", "rewin
 """The detector's own keys in its state, so no rule may be named like one."""
 # An enum member read through its class costs ~10x a module global (the enum's metaclass).
 _STEP = EventType.STEP
+_CHECKPOINT = EventType.CHECKPOINT
 
 
 @dataclass(kw_only=True, slots=True)
@@ -197,6 +198,8 @@ class RunDetector:
                 loss_turn, out = self._loss_turn(event)
         else:
             loss_turn, out, samples = False, [], carries_rank_samples(event)
+            if etype is _CHECKPOINT and self._has_loss:
+                self.loss.mark(event.step, self._last_step)  # a rollback target: what the loss rules knew there
             if etype in SCALE_EVENTS and self._has_loss:
                 # A new global batch changes the loss's noise: the jump is not a spike (controller/rules/elastic.py).
                 out += self._call("loss", event.step, self.loss.rebaseline)
@@ -231,6 +234,8 @@ class RunDetector:
     def _advance(self, step: int) -> list[Verdict]:
         out: list[Verdict] = []
         if self._last_step is not None and step <= self._last_step:
+            if self._has_loss:  # the window as it was at the rollback's target, when a mark holds it
+                out += self._call("loss", step, self.loss.restore_mark, step)
             for name, rule in self.rules.items():
                 if rule.scope is RankScope.LOSS_RANK and isinstance(rule, RewindingRule):
                     out += self._call(name, step, rule.rewind)

@@ -25,6 +25,7 @@ a per-step one. Evidence is counted in points: a point of a sparse log weighs as
 
 from __future__ import annotations
 
+import copy
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -79,6 +80,10 @@ class _Excursion:
     points: list[float] = field(default_factory=list)
 
 
+MARKS_KEEP = 16
+"""Checkpoint boundaries whose rule state is kept for a rollback (the controller keeps fewer targets)."""
+
+
 class LossRules:
     name = "loss"
     consumes = STEP_EVENTS
@@ -95,6 +100,28 @@ class LossRules:
         self._recent: deque[tuple[int, float]] = deque(maxlen=last_n)
         self.last_point: LossPoint | None = None
         """The newest loss judged (a new object per loss; not state: it only says what just happened)."""
+        self._marks: dict[int, dict[str, Any]] = {}
+        """Checkpoint step -> what these rules knew at that boundary (in memory only; ``mark``)."""
+
+    def mark(self, step: int, last_judged: int | None) -> None:
+        """A checkpoint labelled ``step`` (the state before step ``step`` ran), seen at that boundary:
+        keep what the rules know now, so a rollback to it judges the replayed steps against the
+        window they were first judged against, not one holding the abandoned timeline's later, lower
+        losses (an SDC rollback 100 steps back replayed step 113 as a 3.7σ spike). In memory only: a
+        controller started afresh rewinds as before."""
+        if last_judged is not None and step != last_judged + 1:
+            return  # a disk save reported after later steps were judged: not this boundary's state
+        self._marks[step] = copy.deepcopy(self.state_dict())
+        while len(self._marks) > MARKS_KEEP:
+            del self._marks[min(self._marks)]
+
+    def restore_mark(self, step: int) -> None:
+        """Before replaying from ``step``: the newest mark at or before it, if any (newer ones are of
+        the abandoned timeline and are dropped)."""
+        for s in [s for s in self._marks if s > step]:
+            del self._marks[s]
+        if self._marks:
+            self.load_state_dict(copy.deepcopy(self._marks[max(self._marks)]))
 
     def rewind(self) -> None:
         self._exc = None

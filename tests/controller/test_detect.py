@@ -282,3 +282,43 @@ def test_per_rank_metric_rules_are_not_called_for_events_without_rank_samples():
     data = {**f.step(1, 2.0).data, "rank_losses": summarize_losses([2.0, 2.0])}
     det.on_event(make_event("step", "r", 1, data, rank=0, world=2))  # run-level: the arrays come in `ranks`
     assert not det.changed & {"straggler", "mfu", "memory"} and "loss" in det.changed
+
+
+def _falling(i: int) -> float:
+    """A loss still coming down (0.005 a step) with small noise: a replay's steps sit far above the
+    later steps' window."""
+    return 3.0 - 0.005 * i + 0.01 * ((i * 7) % 5 - 2)
+
+
+def _checkpoint(step: int):
+    from tests.core.test_events import PAYLOADS
+
+    return make_event(EventType.CHECKPOINT, RUN, step, {**PAYLOADS[EventType.CHECKPOINT], "kind": "memory"},
+                      world=2, ts=2000.0 + step)
+
+
+@pytest.mark.parametrize("marked", [True, False])
+def test_a_replay_after_a_long_rollback_is_judged_against_the_window_its_steps_first_met(marked):
+    """A rollback 100 steps back (the SDC watch's) replays steps whose loss is higher than the
+    abandoned timeline's later steps. With the checkpoint boundary's state kept, the replay is
+    judged as at its first pass: nothing. Without it (no checkpoint event seen), the window of the
+    later steps called step 100 a critical spike."""
+    det = RunDetector()
+    first_105 = None
+    out = []
+    for s in range(200):
+        if s % 10 == 0 and marked:
+            det.on_event(_checkpoint(s))
+        out += run_steps(det, [s], _falling)
+        if s == 105:
+            first_105 = det.loss.spike.state_dict()
+    assert [v for v in out if v.rule.startswith("loss")] == []
+    replay = run_steps(det, range(100, 106), _falling)
+    if marked:  # the replay met the very window its steps first met
+        assert det.loss.spike.state_dict() == first_105 and det.rewinds == 1
+    replay += run_steps(det, range(106, 130), _falling)
+    loss_verdicts = [(v.rule, v.level) for v in replay if v.rule in ("loss_spike", "divergence")]
+    if marked:
+        assert loss_verdicts == []
+    else:
+        assert ("loss_spike", Level.CRITICAL) in loss_verdicts  # the bug the marks fix
