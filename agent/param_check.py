@@ -104,8 +104,10 @@ class ParamCheck:
         if not result.agree and (rank == 0 or rank in result.suspects):
             who = (f"rank(s) {list(result.suspects)} differ from the others" if result.named else
                    f"no majority among {len(hashes)} replicas ({field['groups']}): cannot say which")
+            never = ("" if "last_agreed" in field else "; they never agreed in this process: if its ranks do not "
+                     "hold one model (sharded, or each its own), set [agent] param_check = \"off\"")
             log.error("SDC watch: the data-parallel replicas' parameters differ at step %d: %s; they last agreed "
-                      "at step %s", step, who, field.get("last_agreed", "(never)"))
+                      "at step %s%s", step, who, field.get("last_agreed", "(never)"), never)
         return field
 
     def record(self, step: int, result: CheckResult) -> dict[str, Any]:

@@ -50,6 +50,12 @@ def test_compare_names_the_odd_rank_out_only_with_a_majority():
     assert (three_ways.suspects, three_ways.named) == ((3, 4), True)
 
 
+def test_ranks_that_never_agreed_are_told_they_may_not_be_replicas(caplog):
+    with caplog.at_level(logging.ERROR, logger="cliffguard.agent.param_check"):
+        field = ParamCheck().judge(0, [1.0, 2.0, 3.0], rank=0)
+    assert "last_agreed" not in field and 'param_check = "off"' in caplog.text
+
+
 def test_the_record_keeps_the_last_agreed_step_through_a_rollback_and_a_restart(caplog):
     pc = ParamCheck()
     assert pc.judge(100, [3.0, 3.0, 3.0], rank=0) == {"agree": True}
