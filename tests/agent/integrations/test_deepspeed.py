@@ -7,19 +7,14 @@ a configuration that cannot be rolled back in memory says so in ``run.started``.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from cliffguard.agent.integrations.deepspeed_state import EngineCheckpoints, rollback_plan
-from cliffguard.controller.broker import free_port
+from testing.torchrun_cases import run_cases
 
-ROOT = Path(__file__).resolve().parents[3]
 WORKER = Path(__file__).with_name("deepspeed_worker.py")
 CASES = ("stage2", "stage3", "offload-disk", "elastic", "accum", "fp16")
 
@@ -90,13 +85,7 @@ def ranks(tmp_path_factory) -> dict[str, list[dict]]:
     """Every case's per-rank results from one torchrun of the worker (~25 s: DeepSpeed's import
     and six engines; no JIT build, tests/agent/integrations/deepspeed_cpu.py)."""
     out = tmp_path_factory.mktemp("deepspeed")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
-    env = {k: v for k, v in env.items() if not k.startswith("CLIFFGUARD_")}
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           "--master_port", str(free_port()), str(WORKER), str(out), *CASES],
-                          cwd=out, env=env, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return {c: [json.loads((out / f"{c}-rank{r}.json").read_text()) for r in (0, 1)] for c in CASES}
+    return run_cases(WORKER, out, CASES, {"DS_ACCELERATOR": "cpu"})
 
 
 @pytest.mark.slow

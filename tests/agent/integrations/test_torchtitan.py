@@ -9,19 +9,14 @@ rollback can restore."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from torchtitan.models.llama3.config_registry import llama3_debugmodel
 
 from cliffguard.agent.integrations.torchtitan import CliffguardTrainer, guarded
-from cliffguard.controller.broker import free_port
+from testing.torchrun_cases import run_cases
 
-ROOT = Path(__file__).resolve().parents[3]
 WORKER = Path(__file__).with_name("torchtitan_worker.py")
 CASES = ("memory", "disk", "resume", "accum")
 
@@ -78,13 +73,7 @@ def test_torchtitans_own_cli_builds_the_guarded_config_from_a_config_module_and_
 def ranks(tmp_path_factory) -> dict[str, list[dict]]:
     """Every case's per-rank results from one torchrun of the worker (~45 s on 2 idle cores)."""
     out = tmp_path_factory.mktemp("torchtitan")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    env = {k: v for k, v in env.items() if not k.startswith("CLIFFGUARD_")}
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           "--master_port", str(free_port()), str(WORKER), str(out), *CASES],
-                          cwd=out, env=env, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return {c: [json.loads((out / f"{c}-rank{r}.json").read_text()) for r in (0, 1)] for c in CASES}
+    return run_cases(WORKER, out, CASES)
 
 
 @pytest.mark.slow
