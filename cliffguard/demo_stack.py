@@ -101,6 +101,7 @@ def start_monitoring(out_dir: Path, procs: Any, *, broker_port: int, say,
 def collect(store: Any, run_id: str) -> dict[str, Any]:
     """Incidents (oldest first, with transitions), alerts, commands sent, loss figures and steps
     lost, from the store."""
+    from cliffguard.commands.badbatches import TRIAGED, bad_batches
     from cliffguard.controller.store import read
     from cliffguard.demo_summary import incident_summary
 
@@ -110,6 +111,7 @@ def collect(store: Any, run_id: str) -> dict[str, Any]:
         out = [incident_summary(i, read.transitions(s, run_id, incident_id=i["id"], limit=None)) for i in incs]
         curve = read.loss_curve(s, run_id, max_points=None)
         flags = [f for f in read.data_flags(s, run_id, limit=None) if f["rule"] == "transient_spike"]
+        listed = bad_batches(read.evidence(s, run_id, kind=TRIAGED, limit=None))
         steps_lost = read.redone_steps(s, run_id)
         alerts = read.alerts(s, run_id, limit=None)[::-1]
         commands_sent = len(read.commands(s, run_id, limit=None))
@@ -126,6 +128,7 @@ def collect(store: Any, run_id: str) -> dict[str, Any]:
         "final_loss": sum(p["loss"] for p in tail) / len(tail) if tail else None,
         "steps_lost": steps_lost,
         "flagged_samples": sum(len(f["sample_ids"]) for f in flags),
+        "listed_samples": sum(len(b["sample_ids"]) for b in listed),  # triage's bad-batch list (cliffguard badbatches)
         "alerts": [{"id": a["id"], "level": a["level"], "rule": a["rule"], "action": a["action"],
                     "evidence": {"step": (a["evidence"] or {}).get("step")}} for a in alerts],
         "commands_sent": commands_sent,

@@ -5,7 +5,10 @@ stretch of data) count as one fault. A fault is matched to the first incident wh
 lies in the fault's window ``[step, end + slack)`` (a spike shows a step or two after the bad
 update). What each fault should lead to:
 
-- ``corrupt``: the weights are fine, so validation is normal -> ``resumed``.
+- ``corrupt``: a trainer that re-runs a critical step (the bundled one: trainer/rerun.py) finds
+  the batch bad wherever it runs and skips and lists it itself -> ``cured`` (a ``triage``
+  incident per corrupted step, every one of them the fault's); a trainer without re-runs pauses,
+  and the weights are fine, so validation is normal -> ``resumed``.
 - ``lr_blowup``: the weights are damaged, so validation is abnormal -> ``rolled_back`` to a
   checkpoint before the blow-up with the LR scale lowered (cumulative, < 1).
 - ``nan``: the guard skipped the update -> any outcome but ``halted`` (``resumed`` expected).
@@ -30,7 +33,7 @@ from cliffguard.core.enums import AlertAction, AlertLevel
 from cliffguard.trainer.faults import FaultSpec
 
 EXPECTED: dict[str, tuple[str, ...]] = {
-    "corrupt": ("resumed",),
+    "corrupt": ("cured", "resumed"),
     "lr_blowup": ("rolled_back",),
     "nan": ("resumed", "rolled_back"),
     "bitflip": ("rolled_back",),
@@ -89,6 +92,8 @@ def judge(faults: list[FaultSpec], incidents: list[dict[str, Any]]) -> tuple[boo
             problem = "no incident"
         else:
             used.add(inc["id"])
+            if inc["outcome"] == "cured":  # cured in-process step by step: each bad step of the stretch its own
+                used.update(i["id"] for i in by_step if i["outcome"] == "cured" and lo <= i["spike_step"] < hi)
             if inc["outcome"] not in expected:
                 problem = f"outcome {inc['outcome']}, expected {' or '.join(expected)}"
             elif inc["outcome"] == "rolled_back":
@@ -173,6 +178,8 @@ def render(summary: dict[str, Any]) -> str:
         lines.append(f"{what} not caused by an injected fault: {len(summary['unmatched_incidents'])}")
     fl, il = summary["final_loss"], summary["initial_loss"]
     lines.append(f"samples flagged after transient spikes: {summary['flagged_samples']}")
+    if summary.get("listed_samples"):
+        lines.append(f"samples on the bad-batch list (triage: cliffguard badbatches): {summary['listed_samples']}")
     lines.append(f"steps lost to rollbacks: {summary['steps_lost']}   "
                  f"loss {il if il is None else f'{il:.3f}'} -> {fl if fl is None else f'{fl:.3f}'}")
     if summary.get("validation"):

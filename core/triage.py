@@ -22,7 +22,10 @@ the global (rank-mean) loss. A global value is bad past ``median + k * sigma``; 
 is a carrier past its peers' median by ``k * sigma * sqrt(world)`` (a rank's loss is the mean of
 ``1/world`` of the samples, so its noise is ``sqrt(world)`` times the mean's); a gradient norm
 is a carrier past ``grad_factor`` times its peers' median (local norms of one model on
-same-sized shards are comparable). Anything non-finite is bad and a carrier.
+same-sized shards are comparable). Anything non-finite is bad and a carrier. The shards are
+rotated only for a lone carrier, one whose peers' losses are normal (``lone_carrier``): when
+the peers are bad too, the weights are (an LR blow-up raises every shard's loss, unevenly), and
+the control batch decides.
 """
 
 from __future__ import annotations
@@ -145,6 +148,19 @@ def carriers(m: Measure, base: Baseline, cfg: TriageConfig) -> list[int]:
                         loss_margin, cfg.grad_factor)]
 
 
+def lone_carrier(m: Measure, base: Baseline, cfg: TriageConfig) -> int | None:
+    """The one rank that carries the excess while every peer's own loss is normal on the guard's
+    scale (below ``median + k * sigma * sqrt(world)``); None otherwise. A carrier whose peers are
+    bad too is no bad shard or bad rank: damaged weights (an LR blow-up) raise every shard's loss,
+    unevenly, and the worst shard would follow a rotation like bad data."""
+    held = carriers(m, base, cfg)
+    if len(held) != 1:
+        return None
+    bound = base.median + cfg.k * base.sigma * math.sqrt(m.world)
+    peers = [v for r, v in enumerate(m.loss) if r != held[0]]
+    return held[0] if all(math.isfinite(v) and v <= bound for v in peers) else None
+
+
 def is_bad(m: Measure, base: Baseline, cfg: TriageConfig) -> bool:
     """The execution is bad as a whole (its rank-mean loss past the guard's scale) or on some rank."""
     mean = sum(m.loss) / m.world
@@ -161,8 +177,9 @@ def classify(same: Measure, base: Baseline, cfg: TriageConfig | None = None, *, 
     if not is_bad(same, base, cfg):
         return Verdict(TriageClass.TRANSIENT, None, "the same batch on the same ranks is normal again", ev)
     held = carriers(same, base, cfg)
-    if len(held) == 1:
-        r = held[0]
+    lone = lone_carrier(same, base, cfg)
+    if lone is not None:
+        r = lone
         if swapped is None:
             return Verdict(TriageClass.UNCLEAR, r, f"rank {r} carries the excess; no swapped re-run", ev)
         ev["swapped"] = swapped.as_dict()
@@ -173,10 +190,11 @@ def classify(same: Measure, base: Baseline, cfg: TriageConfig | None = None, *, 
         if stays and not follows:
             return Verdict(TriageClass.BAD_RANK, r, f"rank {r} is bad on rank {(r - 1) % same.world}'s shard too", ev)
         return Verdict(TriageClass.UNCLEAR, r, f"rank {r} carries the excess; swapped, the carriers are {moved}", ev)
-    if held:
+    if len(held) > 1:
         return Verdict(TriageClass.UNCLEAR, None, f"ranks {held} carry the excess", ev)
+    # no rank stands out alone (one may stand out, its peers bad too): the whole batch is bad
     if control is None:
-        return Verdict(TriageClass.UNCLEAR, None, "no rank stands out; no control re-run", ev)
+        return Verdict(TriageClass.UNCLEAR, None, "no rank stands out alone; no control re-run", ev)
     ev["control"] = control.as_dict()
     if is_bad(control, base, cfg):
         return Verdict(TriageClass.OPTIMIZER, None, "a batch that passed the guard is bad on these weights too", ev)

@@ -40,6 +40,7 @@ from cliffguard.core.enums import CheckpointKind
 from cliffguard.trainer.checkpoint import CheckpointManager
 from cliffguard.trainer.config import TrainConfig
 from cliffguard.trainer.data import Sampler
+from cliffguard.trainer.rerun import StepRerun
 
 
 class Trainer(Protocol):
@@ -81,13 +82,19 @@ class _TrainerState:
 class TrainerCommands(RecoveryKit):
     """The bundled trainer's ``CommandTarget``: the kit with the trainer's parts."""
 
-    def __init__(self, tr: Trainer, *, on_restore: Callable[[int], None] | None = None) -> None:
+    def __init__(self, tr: Trainer, *, on_restore: Callable[[int], None] | None = None,
+                 rerun: StepRerun | None = None) -> None:
         # the boundary validates on the trainer's own fixed set, every [train] val_every: asked for, and
         # its cost is [train] val_batches x val_batch_size forward passes, so no share limit applies
         config = dataclasses.replace(tr.agent.config.recovery, val_every=tr.cfg.val_every, val_max_share=0.0)
+        # triage ([agent.recovery] triage_max_steps): the kit re-runs a critical step with ``rerun``
+        # (trainer/rerun.py); a shard it finds bad gets sampling weight 0, never drawn again
         super().__init__(tr.agent, tr.model, tr.optimizer, config=config, store=tr.ckpt, state=_TrainerState(tr),
                          validate_fn=tr.val_loss, skip_data=tr.sampler.skip, checkpoint_fn=self._checkpoint,
-                         on_restore=on_restore, wrap_optimizer=False)
+                         on_restore=on_restore, wrap_optimizer=False,
+                         rerun_fn=rerun.rerun if rerun is not None else None,
+                         sample_ids_fn=rerun.sample_ids if rerun is not None else None,
+                         exclude_samples=lambda ids: tr.sampler.flag(ids, 0.0))
         self.tr = tr
 
     def _checkpoint(self, step: int, kind: CheckpointKind) -> None:

@@ -345,7 +345,12 @@ class Sampler:
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         """This rank's (x, y, sample_ids) of the step's global batch; x, y are int64 [B/world, T]."""
-        ids = self.sample_ids(step)
+        return self.shard_batch(step, self.rank)
+
+    def shard_batch(self, step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """Rank ``rank``'s (x, y, sample_ids) of the step's global batch, built on any rank (a
+        re-run of another rank's shard: trainer/rerun.py)."""
+        ids = self.sample_ids(step, rank)
         x, y = self.corpus.train_samples(torch.tensor(ids))
         return x, y, ids
 

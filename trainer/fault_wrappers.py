@@ -97,10 +97,30 @@ class FaultySampler:
         if self._hangs is not None:
             self._hangs.at_batch(step)
         self._switch.down = self._faults.broker_down(step)
+        # what fed every shard, for shard_batch's re-runs (a stand-in sampler with no ranks is world 1)
+        self._faults.note_content(step, getattr(self._inner, "world", 1))
         x, y, ids = self._inner.batch(step)
         x, y = self._faults.corrupt_pair(step, x, y)
         for spec in self._faults.data_faults(step):
             x, y, ids = self._data_fault(spec, step, x, y, ids)
+        return x, y, ids
+
+    def shard_batch(self, step: int, shard: int) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """Rank ``shard``'s batch of ``step`` as its sampler fed it, content faults included, on any
+        rank and with no side effect (no kill, hang, outage or window moved): a re-run of the step
+        (trainer/rerun.py) sees bad data wherever it runs it. A ``dup_burst`` shard is rebuilt as the
+        plain batch of the burst's first step."""
+        x, y, ids = self._inner.shard_batch(step, shard)
+        f = self._faults
+        for spec in f.content_of(step, shard):
+            if spec.kind == "corrupt":
+                x, y = f.corrupted_pair(step, x, y, shard)
+            elif spec.kind == "data_shift":
+                x, y = data_faults.shifted(x, y, step, shard, f.seed)
+            elif spec.kind == "garble":
+                x, y = data_faults.garbled(x, y, step, shard, f.seed)
+            else:
+                x, y, ids = self._inner.shard_batch(spec.step, shard)
         return x, y, ids
 
     def _data_fault(self, spec: FaultSpec, step: int, x: torch.Tensor, y: torch.Tensor,

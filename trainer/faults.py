@@ -50,6 +50,9 @@ FLIP_BIT = 20
 updates never round the difference away (a flip in the lowest bits may vanish)."""
 DATA_KINDS = ("data_shift", "dup_burst", "garble")
 """Faults in the batch's content (trainer/data_faults.py)."""
+CONTENT_KEPT_STEPS = 1024
+"""Steps back for which ``note_content`` keeps what fed each shard (a re-run's control batch is
+the newest step that passed the guard: within a held stretch, never this far back)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,11 +140,14 @@ class FaultInjector:
     ) -> None:
         parsed = [s if isinstance(s, FaultSpec) else FaultSpec.parse(s) for s in specs]
         self.specs = [s for s in parsed if s.rank is None or s.rank == rank]
+        self.all_specs = parsed
+        """Every rank's specs: the content faults of any shard are known on every rank (``note_content``)."""
         self.rank = rank
         self.seed = seed
         self._kill = kill or (lambda: os.kill(os.getpid(), signal.SIGKILL))
         self._sleep = sleep
-        self._windows = {id(s): _Window(s.step, s.steps) for s in self.specs}
+        self._windows = {id(s): _Window(s.step, s.steps) for s in parsed}
+        self._content: dict[int, dict[int, list[FaultSpec]]] = {}  # step -> shard rank -> content faults it fed
         self.fired: list[tuple[str, int]] = []
         """(kind, step) of every fault that took effect, for logs and tests."""
 
@@ -160,7 +166,11 @@ class FaultInjector:
     def corrupt_batch(self, step: int, x: torch.Tensor) -> torch.Tensor:
         if not self._hits("corrupt", step):
             return x
-        gen = torch.Generator().manual_seed(hash((self.seed, step, self.rank)) & 0x7FFF_FFFF)
+        return self.corrupted(step, x, self.rank)
+
+    def corrupted(self, step: int, x: torch.Tensor, rank: int) -> torch.Tensor:
+        """What ``corrupt`` makes of rank ``rank``'s batch at ``step`` (pure: seeded by seed, step, rank)."""
+        gen = torch.Generator().manual_seed(hash((self.seed, step, rank)) & 0x7FFF_FFFF)
         return torch.randint(0, 256, x.shape, generator=gen, dtype=x.dtype).to(x.device)
 
     def corrupt_pair(self, step: int, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -168,6 +178,41 @@ class FaultInjector:
         (``y`` is ``x`` shifted by one, so both come from one corrupted window)."""
         window = self.corrupt_batch(step, torch.cat([x, y[:, -1:]], dim=1))
         return window[:, :-1], window[:, 1:]
+
+    def corrupted_pair(self, step: int, x: torch.Tensor, y: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``corrupt_pair``'s content for rank ``rank``'s shard, without asking whether it fires."""
+        window = self.corrupted(step, torch.cat([x, y[:, -1:]], dim=1), rank)
+        return window[:, :-1], window[:, 1:]
+
+    def note_content(self, step: int, world: int) -> None:
+        """At ``step``'s batch: which content faults (``corrupt``, then ``data_faults``' order) fed
+        each of the ``world`` shards, so a re-run of any shard on any rank gets it as it was fed
+        (``content_of``). Every rank visits the same steps, so each rank's windows of the other
+        ranks' specs move as theirs do (one-shot: a replay of the step after leaving it is clean)."""
+        fed: dict[int, list[FaultSpec]] = {}
+        for spec in self.all_specs:
+            if spec.kind == "data_shift":
+                hit = step >= spec.step
+            elif spec.kind in ("corrupt", *DATA_KINDS):
+                hit = self._windows[id(spec)].active(step)
+            else:
+                continue
+            for r in range(world) if spec.rank is None else [spec.rank]:
+                if hit and r < world:
+                    fed.setdefault(r, []).append(spec)
+        order = ("corrupt", "data_shift", "dup_burst", "garble")
+        for specs in fed.values():
+            specs.sort(key=lambda sp: order.index(sp.kind))
+        if fed:
+            self._content[step] = fed
+        else:
+            self._content.pop(step, None)  # a replayed step whose one-shot faults are spent
+        for old in [s for s in self._content if s < step - CONTENT_KEPT_STEPS]:
+            del self._content[old]
+
+    def content_of(self, step: int, shard: int) -> list[FaultSpec]:
+        """The content faults that fed ``shard``'s batch of ``step`` (as ``note_content`` saw them)."""
+        return list(self._content.get(step, {}).get(shard, []))
 
     def data_faults(self, step: int) -> list[FaultSpec]:
         """The content faults of ``step``'s batch (a data shift from its step on, the others once)."""

@@ -10,8 +10,8 @@ One optimizer step (``Trainer.train_step``), in order::
         loss = model(x, y)      -> agent.after_forward(loss)
         accelerator.backward(loss / grad_accum)
     agent.after_backward()                                      # exposed comm from the DDP hook
-    if agent.before_optimizer_step():                           # the one all-reduce + read; the guard
-        clip per layer; optimizer.step()
+    if kit.before_optimizer_step():                             # the one all-reduce + read; the guard;
+        clip per layer; optimizer.step()                        # a skipped step re-run (trainer/rerun.py)
     optimizer.zero_grad(); agent.after_step()                   # step event (every rank)
 
 At each step boundary (``Trainer.run``) the loop calls ``kit.at_boundary()`` like every other
@@ -60,6 +60,7 @@ from cliffguard.trainer.fault_wrappers import wire_faults
 from cliffguard.trainer.loss_scale import AdaptiveLossScaler, LossScaleConfig
 from cliffguard.trainer.model import GPT
 from cliffguard.trainer.record import RECORD_NAME, SAMPLES_NAME, SampleLog, TrainerRecord
+from cliffguard.trainer.rerun import StepRerun
 from cliffguard.trainer.reweight import SourceReweighter
 from cliffguard.trainer.schedule import WarmupCosine
 
@@ -131,7 +132,9 @@ class Trainer:
         self.scale_event: Any = None  # set by load_state when a checkpoint of another world was restored
         self.step = 0
         self.last_loss = float("nan")
-        self.kit = TrainerCommands(self, on_restore=self.restart_progress)
+        self.rerun = StepRerun(self, comm=self.agent.probe.comm)
+        """The kit's re-run of a critical step (trainer/rerun.py: triage, [agent.recovery] triage_max_steps)."""
+        self.kit = TrainerCommands(self, on_restore=self.restart_progress, rerun=self.rerun)
         """The recovery kit over this trainer's parts: every command, the boundary, the timeouts."""
         self.kit.node_check_hook = self.faults.node_check
         self.faults.watch(lambda: self.agent.parts.ranks.collective)
@@ -272,7 +275,10 @@ class Trainer:
         # Gradients are all-reduced by now, so the scaler's overflow verdict is the same on every rank.
         finite = self.scaler is None or self.scaler.unscale_(self.raw_model.parameters())
         clipped = 0
-        applied = self.kit.before_optimizer_step() and finite
+        # the ids as fed, before triage may list them (a listed sample is redrawn: sample_ids changes)
+        fed = [self.sampler.sample_ids(step, rank=r) for r in range(self.world)] if self.samples is not None else []
+        ok = self.kit.before_optimizer_step()  # a transient fault's retry (triage) rewrote the gradients
+        applied = self.rerun.finite_after_retry(finite) and ok
         if applied:
             if cfg.clip_layer_norm > 0:
                 clipped = self._clip()
@@ -287,8 +293,7 @@ class Trainer:
                                 loss_scale=self.scaler.scale if self.scaler is not None else 1.0)
         self.last_loss = data["loss"]
         if self.samples is not None:
-            self.samples.step(step, [self.sampler.sample_ids(step, rank=r) for r in range(self.world)], self.last_loss,
-                              extra.get("param_digest"))
+            self.samples.step(step, fed, self.last_loss, extra.get("param_digest"))
         self.step += 1
         return data
 

@@ -7,10 +7,11 @@ timeout and what the kit keeps for rollbacks and validation in loops that have n
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cliffguard.agent.guard import TIMEOUT_POLICIES
 from cliffguard.core.declared import bounded, check_declared, one_of
+from cliffguard.core.triage import TriageConfig
 
 
 @dataclass(kw_only=True, slots=True)
@@ -37,6 +38,14 @@ class KitConfig:
     goes into ``run.finished`` (``cliffguard status RUN`` prints it)."""
     val_keep: int = bounded(4, ge=0)
     """Recent training batches kept (on CPU) to validate on when the loop has no validation set."""
+    triage: TriageConfig = field(default_factory=TriageConfig)
+    """Re-run attribution's thresholds (``[agent.recovery.triage]``, core/triage.py), for a loop that
+    gives the kit a ``rerun_fn`` (the bundled trainer does; a ``triage=`` argument to the kit wins)."""
+    triage_max_steps: int = bounded(50, ge=0)
+    """The most critical steps re-run per process (0 = triage off): past it the guard's decision
+    stands, with one warning. Only a step the guard skips or holds is re-run, at most three times
+    (the same shards; then rotated or a control batch; a transient's retry), so triage costs at most
+    ``3 x triage_max_steps`` steps of compute per process life and nothing on a healthy step."""
 
     def __post_init__(self) -> None:
         check_declared(self)

@@ -124,9 +124,10 @@ class RecoveryKit:
         self.triage: StepTriage | None = None
         """Re-run attribution of critical steps (agent/recovery/triage_run.py), when the loop gave a ``rerun_fn``."""
         extra = dict(extra_state or {})
-        if rerun_fn is not None:
-            self.triage = StepTriage(agent, self.model, rerun_fn, sample_ids_fn=sample_ids_fn, config=triage,
-                                     exclude=exclude_samples)
+        if rerun_fn is not None and self.config.triage_max_steps:  # 0: triage declared off
+            self.triage = StepTriage(agent, self.model, rerun_fn, sample_ids_fn=sample_ids_fn,
+                                     config=triage if triage is not None else self.config.triage,
+                                     exclude=exclude_samples, max_steps=self.config.triage_max_steps)
             extra.setdefault("triage", self.triage)  # the bad-batch list rides every checkpoint (never forgets)
             agent.lifecycle.summaries["triage"] = self.triage.summary
         self.state: Snapshotter = state or LoopState(self.model, self.optimizer, scheduler, agent, data_position, extra)

@@ -4,9 +4,9 @@ When the guard finds a step critical (skip or hold) and the loop gave the kit a 
 step is executed again from its pre-step state (the weights are still the pre-step ones: the
 update was not applied; the global RNGs are put back as they were before the step's forward):
 
-1. the same shard on every rank; if exactly one rank carries the excess,
+1. the same shard on every rank; if exactly one rank carries the excess and its peers are normal,
 2. the shards rotated by one rank (rank ``r`` runs rank ``r - 1``'s shard: the loop makes any
-   rank's shard from its sampler, so no batch moves between ranks); if no rank stands out,
+   rank's shard from its sampler, so no batch moves between ranks); if no rank stands out alone,
 3. the newest step's shard that passed the guard (``last_ok_step``; in a bad stretch it is not
    the previous step) as the control.
 
@@ -52,6 +52,7 @@ from cliffguard.core.triage import (
     carriers,
     classify,
     is_bad,
+    lone_carrier,
 )
 
 log = logging.getLogger(__name__)
@@ -72,8 +73,11 @@ class StepTriage:
 
     def __init__(self, agent: Any, model: torch.nn.Module, rerun_fn: RerunFn, *,
                  sample_ids_fn: SampleIdsFn | None = None, config: TriageConfig | None = None,
-                 exclude: Callable[[list[int]], None] | None = None) -> None:
+                 exclude: Callable[[list[int]], None] | None = None, max_steps: int = 0) -> None:
         self.agent, self.model, self.rerun_fn = agent, model, rerun_fn
+        self.max_steps = max_steps
+        """The most steps re-run (``[agent.recovery] triage_max_steps``; 0 = no limit): the cost's bound."""
+        self.steps_run = 0
         self.sample_ids_fn = sample_ids_fn
         self.config = config or TriageConfig()
         self.bad = BadBatchList(exclude)
@@ -115,10 +119,17 @@ class StepTriage:
 
     def run(self, step: int) -> Verdict | None:
         """Re-run ``step`` and classify it (None: no baseline yet, or no pre-step RNG)."""
+        if self.max_steps and self.steps_run >= self.max_steps:
+            if self.steps_run == self.max_steps:  # once: every rank reaches it at the same step
+                log.warning("cliffguard triage: %d steps re-run, the [agent.recovery] triage_max_steps budget; "
+                            "from step %d the guard's decisions stand without re-runs", self.steps_run, step)
+                self.steps_run += 1
+            return None
         base = self.baseline()
         if base is None or self._pre_rng is None:
             log.warning("cliffguard triage: step %d not re-run (the guard has no noise estimate yet)", step)
             return None
+        self.steps_run += 1
         after = rng_state()
         t0, runs0 = time.monotonic(), self.reruns
         world, rank = self.agent.world, self.agent.rank
@@ -126,10 +137,10 @@ class StepTriage:
             same = self._measure(step, rank)
             held = carriers(same, base, self.config)
             swapped = control = None
-            if len(held) == 1:
+            if lone_carrier(same, base, self.config) is not None:  # one rank, its peers normal: rotate
                 swapped = self._measure(step, (rank - 1) % world)
-            elif not held and is_bad(same, base, self.config) and self.last_ok_step is not None:
-                control = self._measure(self.last_ok_step, rank)
+            elif len(held) < 2 and is_bad(same, base, self.config) and self.last_ok_step is not None:
+                control = self._measure(self.last_ok_step, rank)  # the whole batch is bad: a known-good one
             verdict = classify(same, base, self.config, swapped=swapped, control=control)
             if verdict.cls is TriageClass.TRANSIENT:  # the rank it was seen on: the original's carrier, if any
                 verdict = self._seen_on(verdict, base)
@@ -206,7 +217,7 @@ class StepTriage:
     def summary(self) -> dict[str, Any]:
         """``run.finished``'s ``triage``: what the re-runs found and cost."""
         return {"reruns": self.reruns, "rerun_s": round(self.seconds, 3), "verdicts": dict(self.verdicts),
-                "bad_batches": len(self.bad)}
+                "bad_batches": len(self.bad), "budget_spent": bool(self.max_steps and self.steps_run > self.max_steps)}
 
     def state_dict(self) -> dict[str, Any]:
         return {"bad_batches": self.bad.state_dict()}

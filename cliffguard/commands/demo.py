@@ -13,8 +13,10 @@ Starts, in this order and each in its own process group:
 4. a 2-process training run (``cliffguard train --nproc 2``) of the default GPT (``--trainer
    hf|lightning|plain|deepspeed|torchtitan|accelerate-tracker``: the same scenario under that library,
    trainer/demo_trainers/; the Accelerate tracker only reports, so it expects alerts and no command) with two faults:
-   corrupted data (3 consecutive batches: validation normal -> resume, samples flagged) and an
-   LR blow-up (validation abnormal -> rollback to a stable checkpoint with LR x 0.5, resume).
+   corrupted data (3 consecutive batches; the bundled trainer re-runs each and finds the batch
+   bad wherever it runs -> skipped and listed, an incident ``cured`` per step, no pause; a trainer
+   without re-runs: validation normal -> resume, samples flagged) and an LR blow-up (validation
+   abnormal -> rollback to a stable checkpoint with LR x 0.5, resume).
 
 While it trains, progress lines come from the trainer and a line per recovery transition from
 the store (polled: what you see is what the controller recorded). At the end: a summary of every
@@ -54,7 +56,8 @@ CORRUPT_STEPS = 3
 """Consecutive corrupted batches: a stretch the controller's spike rule is sure of (its evidence,
 counted over the newest points, passes the budget's level: ``core/spike.py``), where one
 ordinary bad batch may only be skipped by the in-process guard. The guard skips all three
-updates, so validation is normal -> resume."""
+updates; the bundled trainer's re-runs (docs/triage.md) find each batch bad and list it, and a
+trainer without re-runs is paused, validated normal and resumed."""
 BLOWUP_AT = 0.62
 """Default LR blow-up step, as a fraction of --steps: late enough for a stable checkpoint between
 the two incidents, early enough for the controller's recover window (50 steps) before the end."""
@@ -340,7 +343,8 @@ def summarize(args: argparse.Namespace, run_id: str, faults: list[Any], facts: d
         "clean": not faults, "faults": fault_results, "incidents": facts["incidents"],
         "unmatched_incidents": unmatched, "final_loss": finite_or_none(facts["final_loss"]),
         "initial_loss": finite_or_none(facts["initial_loss"]), "steps_lost": facts["steps_lost"],
-        "flagged_samples": facts["flagged_samples"], "lr_scale": facts["lr_scale"],
+        "flagged_samples": facts["flagged_samples"], "listed_samples": facts.get("listed_samples", 0),
+        "lr_scale": facts["lr_scale"],
         "lr_scale_applied": facts["lr_scale_applied"], "run_status": facts["run_status"],
         "alerts": len(facts["alerts"]), "commands_sent": facts["commands_sent"], "train_exit_code": train_rc,
         "validation": facts.get("validation"),  # what the trainer's validations cost (run.finished)

@@ -3,8 +3,9 @@ each run from a fresh, empty directory with the default (relative) ``--dir`` and
 as a new user runs it: every path handed to a child process must be absolute.
 
 One short demo (240 steps, the default faults scaled to it: corrupted batches at steps 79-81 and
-an LR blow-up at step 148) and its JSON summary: the corrupted stretch was resumed and its samples
-flagged, the blow-up rolled back before its step with the LR halved, and the loss came down. One
+an LR blow-up at step 148) and its JSON summary: the bundled trainer's re-runs found each corrupted
+batch bad (triage: skipped and listed, no pause), the blow-up rolled back before its step with the
+LR halved, and the loss came down. One
 80-step smoke per library (hf, lightning, plain, deepspeed, accelerate-tracker); their full 240-step
 scenario and a clean run are ``python -m bench.integrations``. Plus the pure matching of
 incidents to faults, which decides the demo's exit code.
@@ -62,6 +63,19 @@ def test_a_bit_flip_is_judged_by_its_rollback_before_it_found_within_the_check_p
     assert judge(faults, [found | {"spike_step": 400}])[1][0]["problem"] == "no incident"  # past one period
 
 
+def test_a_corrupted_stretch_cured_step_by_step_is_one_fault_with_every_cure_its_own():
+    """A trainer that re-runs critical steps (the bundled one) cures each corrupted step itself: one
+    ``triage`` incident per step, all of them the stretch's; the blow-up is still judged on its own."""
+    faults = [FaultSpec.parse(f) for f in ("corrupt@100", "corrupt@101", "corrupt@102", "lr_blowup@200x100:3")]
+    cured = [_inc(f"c{s}", s, "cured") for s in (100, 101, 102)]
+    rolled = _inc("b", 202, "rolled_back", rollback_to=150, lr_scale=0.5)
+    ok, results, unmatched = judge(faults, [*cured, rolled])
+    assert ok and [r["outcome"] for r in results] == ["cured", "rolled_back"] and unmatched == []
+    # a cure at the blow-up is not its expected rollback
+    ok, results, _ = judge(faults, [*cured, _inc("x", 201, "cured"), rolled])
+    assert not ok and results[1]["problem"] == "outcome cured, expected rolled_back"
+
+
 def test_judge_fails_on_a_halted_incident_even_when_faults_match():
     faults = [FaultSpec.parse("corrupt@100")]
     assert not judge(faults, [_inc("a", 101, "resumed"), _inc("h", 250, "halted")])[0]
@@ -70,7 +84,7 @@ def test_judge_fails_on_a_halted_incident_even_when_faults_match():
 def test_judge_fails_when_an_incident_was_abandoned():
     faults = [FaultSpec.parse("corrupt@100")]
     ok, results, _ = judge(faults, [_inc("a", 101, "abandoned")])
-    assert not ok and results[0]["problem"] == "outcome abandoned, expected resumed"
+    assert not ok and results[0]["problem"] == "outcome abandoned, expected cured or resumed"
     # an abandoned incident no fault explains still fails the demo: the run ended mid-recovery
     assert not judge(faults, [_inc("a", 101, "resumed"), _inc("x", 250, "abandoned")])[0]
 
@@ -197,19 +211,28 @@ def _run_demo(tmp_path, steps: int, *extra: str, timeout_s: float = DEMO_TIMEOUT
 
 
 def _both_faults_handled(summary: dict, steps: int) -> None:
-    """The scenario's outcome, whoever trained: the corrupted stretch resumed, the blow-up rolled back
-    before its step with the LR halved (and the trainer applying it), and the loss came down."""
+    """The scenario's outcome, whoever trained: the corrupted stretch cured step by step by the
+    trainer's re-runs (the bundled trainer: each step a ``triage`` incident closed ``cured``) or, by
+    a trainer without re-runs, resumed; the blow-up rolled back before its step with the LR halved
+    (and the trainer applying it), and the loss came down."""
     specs = [FaultSpec.parse(f) for f in default_faults(steps)]
     corrupt, blowup = specs[0], specs[-1]
     assert (corrupt.kind, blowup.kind) == ("corrupt", "lr_blowup")
     by_outcome = {}
     for inc in summary["incidents"]:
         by_outcome.setdefault(inc["outcome"], []).append(inc)
-    assert len(by_outcome.get("resumed", [])) == 1 and len(by_outcome.get("rolled_back", [])) == 1
-    resumed, = by_outcome["resumed"]
+    assert len(by_outcome.get("rolled_back", [])) == 1
     rolled, = by_outcome["rolled_back"]
-    assert corrupt.step <= resumed["spike_step"] < blowup.step
-    assert resumed["rollback_to"] is None
+    if summary["trainer"] == "bundled":
+        cured = by_outcome.get("cured", [])
+        assert "resumed" not in by_outcome
+        assert sorted(i["spike_step"] for i in cured) == list(range(corrupt.step, corrupt.step + CORRUPT_STEPS))
+        assert all(i["rule"] == "triage" for i in cured)
+    else:
+        assert len(by_outcome.get("resumed", [])) == 1 and "cured" not in by_outcome
+        resumed, = by_outcome["resumed"]
+        assert corrupt.step <= resumed["spike_step"] < blowup.step
+        assert resumed["rollback_to"] is None
     assert blowup.step <= rolled["spike_step"]
     assert rolled["rollback_to"] < rolled["spike_step"] and rolled["rollback_to"] < blowup.step
     assert rolled["lr_scale"] == 0.5 and summary["lr_scale_applied"] == 0.5
@@ -233,8 +256,10 @@ def test_demo_handles_both_faults(tmp_path):
     _both_faults_handled(summary, steps)
     assert summary["trainer"] == "bundled" and summary["steps_lost"] > 0
     assert summary["validation"]["periodic"] >= 3 and summary["validation"]["off"] == ""  # its cost, in the summary
-    # resuming after the corrupted stretch flagged exactly its samples: every step's global batch
-    assert summary["flagged_samples"] == CORRUPT_STEPS * TrainConfig().global_batch
+    # the re-runs listed exactly the corrupted stretch's samples: every step's global batch (no resume
+    # flagged any: nothing paused for it)
+    assert summary["listed_samples"] == CORRUPT_STEPS * TrainConfig().global_batch
+    assert summary["flagged_samples"] == 0
 
 
 SMOKE_STEPS = 80

@@ -15,6 +15,7 @@ from cliffguard.core.triage import (
     carriers,
     classify,
     is_bad,
+    lone_carrier,
 )
 
 BASE = Baseline(median=2.0, sigma=0.05)  # bad past 2.3 (k=6); a rank of 4 past its peers by 0.6
@@ -51,6 +52,19 @@ def test_uniform_excess_with_a_bad_control_is_the_optimizer() -> None:
 def test_uniform_excess_with_a_normal_control_is_data_on_every_shard() -> None:
     v = classify(m(5.0, 5.1, 4.9, 5.0), BASE, control=m(2.0, 2.0, 2.01, 1.99))
     assert (v.cls, v.rank) == (TriageClass.DATA, None)
+
+
+def test_one_rank_past_peers_that_are_bad_too_is_no_bad_shard_the_control_decides() -> None:
+    """The demo's LR blow-up (2 ranks, step 373): both shards far past the guard's scale, one more than
+    the other by more than the rank margin. The worse shard follows a rotation, but the weights are
+    what is bad: no rotation, the control decides (a listed healthy batch was the cost before)."""
+    base = Baseline(median=2.4696, sigma=0.1330)
+    same = m(6.644, 5.260)
+    assert carriers(same, base, TriageConfig()) == [0] and lone_carrier(same, base, TriageConfig()) is None
+    v = classify(same, base, swapped=m(5.260, 6.644), control=m(4.741, 5.907))
+    assert (v.cls, v.rank) == (TriageClass.OPTIMIZER, None)
+    assert classify(same, base, control=m(2.4, 2.5)).cls is TriageClass.DATA  # the whole batch, every shard
+    assert lone_carrier(m(2.0, 2.0, 9.0, 2.0), BASE, TriageConfig()) == 2  # peers normal: a lone carrier
 
 
 def test_one_rank_world_uses_the_control() -> None:
