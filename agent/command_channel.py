@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from cliffguard.agent.collectors.timing import StepClock
 from cliffguard.agent.detail import DetailWindow, detail_steps
@@ -100,11 +100,13 @@ class CommandChannel:
         self._open_detail(cmds)
         return cmds, value
 
-    def ack(self, cmd: Command, status: AckStatus, detail: str = "") -> None:
+    def ack(self, cmd: Command, status: AckStatus, detail: str = "", available: tuple[int, ...] | None = None) -> None:
         """Rank 0 reports a command's outcome (after applying it)."""
         if self.ranks.rank == 0:
-            self.emitter.emit(EventType.COMMAND_ACK, {"cmd": cmd.id, "cmd_type": str(cmd.type), "status": str(status),
-                                                      "detail": detail})
+            data: dict[str, Any] = {"cmd": cmd.id, "cmd_type": str(cmd.type), "status": str(status), "detail": detail}
+            if available is not None:
+                data["available"] = sorted(available)
+            self.emitter.emit(EventType.COMMAND_ACK, data)
 
     def on_reject(self, cmd_id: str, cmd_type: str, status: AckStatus, detail: str) -> None:
         """The listener refused a command before it reached the inbox (bad signature, replay...)."""

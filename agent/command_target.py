@@ -22,14 +22,16 @@ class Outcome:
 
     status: AckStatus
     detail: str = ""
+    available: tuple[int, ...] | None = None
+    """A failed rollback's: the steps every rank can restore (the controller forgets the others)."""
 
     @classmethod
     def applied(cls, detail: str = "") -> Outcome:
         return cls(AckStatus.APPLIED, detail)
 
     @classmethod
-    def failed(cls, detail: str) -> Outcome:
-        return cls(AckStatus.FAILED, detail)
+    def failed(cls, detail: str, available: tuple[int, ...] | None = None) -> Outcome:
+        return cls(AckStatus.FAILED, detail, available)
 
     @classmethod
     def rejected(cls, detail: str) -> Outcome:

@@ -33,7 +33,8 @@ from cliffguard.core.events import Command
 
 log = logging.getLogger(__name__)
 
-Ack = Callable[[Command, AckStatus, str], None]
+Ack = Callable[..., None]
+"""``ack(cmd, status, detail)``; a failed rollback adds ``available=`` (the steps every rank can restore)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +148,8 @@ def apply(cmd: Command, target: CommandTarget, modes: ModeMachine,
         outcome = route.call(target, cmd, args)
     except Exception as exc:  # noqa: BLE001 - a failed command is acked failed; training goes on
         log.warning("command %s (%s) failed: %s", cmd.id, cmd.type, exc)
-        outcome = Outcome.failed(str(exc) or type(exc).__name__)
+        available = getattr(exc, "available", None)  # a rollback's target was gone: what is there
+        outcome = Outcome.failed(str(exc) or type(exc).__name__, None if available is None else tuple(available))
     modes.move(after if outcome.status is AckStatus.APPLIED else after_failure)
     return outcome
 
@@ -158,5 +160,8 @@ def dispatch(cmd: Command, target: CommandTarget, modes: ModeMachine, ack: Ack,
     outcome = apply(cmd, target, modes, routes)
     if outcome.status is AckStatus.REJECTED:
         log.warning("command %s (%s) rejected: %s", cmd.id, cmd.type, outcome.detail)
-    ack(cmd, outcome.status, outcome.detail)
+    if outcome.available is None:
+        ack(cmd, outcome.status, outcome.detail)
+    else:
+        ack(cmd, outcome.status, outcome.detail, available=outcome.available)
     return outcome

@@ -233,9 +233,9 @@ class Agent:
         """While paused/held: rank 0's queued commands and a value it decides, on every rank."""
         return self.channel.exchange(rank0_value)
 
-    def ack(self, cmd: Command, status: AckStatus, detail: str = "") -> None:
+    def ack(self, cmd: Command, status: AckStatus, detail: str = "", available: tuple[int, ...] | None = None) -> None:
         """Rank 0 reports a command's outcome (after applying it)."""
-        self.channel.ack(cmd, status, detail)
+        self.channel.ack(cmd, status, detail, available)
 
     # ------------------------------------------------------------------ checkpointed state
     def state_dict(self) -> dict[str, Any]:

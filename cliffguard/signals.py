@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -53,6 +54,8 @@ class WarningForwarder:
         self.pending: list[int] = []
         self.received: list[str] = []
         self._previous: dict[signal.Signals, Any] = {}
+        self.on_warning: Callable[[str], None] | None = None
+        """Runs with each warning's name before it is passed on (an elastic node's leave, cliffguard/node_leave.py)."""
 
     def install(self) -> None:
         for sig in self.signals:
@@ -66,6 +69,8 @@ class WarningForwarder:
             signum = self.pending.pop(0)
             name = signal.Signals(signum).name
             self.received.append(name)
+            if self.on_warning is not None:
+                self.on_warning(name)
             workers = children(parent_pid)
             for pid in workers:
                 try:

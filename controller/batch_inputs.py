@@ -46,8 +46,11 @@ def inputs_for(event: Event, verdicts: list[Verdict], now: float, loss_level: Le
         out.append(ValidationIn(step=event.step, val_loss=d["val_loss"], batches=d["batches"], now=now,
                                 cmd=d.get("cmd")))
     elif event.type is EventType.COMMAND_ACK:
+        have = d.get("available")
+        available = (tuple(int(x) for x in have) if isinstance(have, list)
+                     and all(isinstance(x, int) and not isinstance(x, bool) for x in have) else None)
         out.append(AckIn(cmd_id=d["cmd"], status=AckStatus(d["status"]), now=now, cmd_type=d.get("cmd_type"),
-                         detail=d.get("detail") or ""))
+                         detail=d.get("detail") or "", available=available))
     elif event.type is EventType.RUN_STARTED:
         out.append(StartedIn(capabilities=declared_capabilities(d), now=now, life=int(d.get("life", 0)),
                              max_restarts=int(d.get("max_restarts", 0)),
@@ -73,5 +76,7 @@ def inputs_for(event: Event, verdicts: list[Verdict], now: float, loss_level: Le
     elif event.type is EventType.RUN_PREEMPTED:
         out.append(RunPreemptedIn(step=event.step, now=now, signal=str(d["signal"]), deadline_s=float(d["deadline_s"]),
                                   save_s=float(d["save_s"]), verified=bool(d["verified"]),
-                                  exit_code=int(d["exit_code"]), ts=event.ts))
+                                  exit_code=int(d["exit_code"]), ts=event.ts, scope=str(d.get("scope") or "job"),
+                                  nodes=tuple(str(n) for n in d.get("nodes") or ()),
+                                  ranks_leaving=int(d.get("ranks_leaving") or 0), world=int(d.get("world") or 0)))
     return out

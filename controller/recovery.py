@@ -300,7 +300,12 @@ def _on_checkpoint(st: Step, inp: CheckpointIn) -> None:
                                                                         "detail": inp.detail})
     if not inp.verified and inp.kind != CheckpointKind.MEMORY:
         return  # an unverified disk checkpoint is no rollback target (its verified event follows)
-    if any(c.step == inp.step for c in s.checkpoints):
+    same = next((c for c in s.checkpoints if c.step == inp.step), None)
+    if same is not None:
+        if same.kind == CheckpointKind.MEMORY and inp.kind != CheckpointKind.MEMORY:
+            # the disk copy of a step outlives its memory snapshot (a restart empties the ring): keep
+            # it as the step's kind, or the restart's purge of memory checkpoints forgets the step
+            s.checkpoints = tuple(replace(c, kind=inp.kind) if c is same else c for c in s.checkpoints)
         return
     end = s.last_sample_end if s.last_step == inp.step else None
     cps = sorted((*s.checkpoints, Checkpoint(step=inp.step, kind=inp.kind, sample_end=end)), key=lambda c: c.step)

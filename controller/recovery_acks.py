@@ -85,7 +85,9 @@ def _on_rollback_failed(st: Step, pend: Pending, inp: AckIn, ev: dict[str, Any])
     # a memory ring forgets its oldest first: when one memory snapshot is gone, every older one is too
     memory = CheckpointKind.MEMORY
     s.checkpoints = tuple(c for c in s.checkpoints if c.step != failed_step
-                          and not (failed_kind == memory and c.kind == memory and c.step < failed_step))
+                          and not (failed_kind == memory and c.kind == memory and c.step < failed_step)
+                          # the trainer said what it holds (its retention pruned the rest): no blind retries
+                          and (inp.available is None or c.step in inp.available))
     if st.holds("not rollback_target", failed_step - 1):
         st.halt(Trigger.NO_TARGET, f"rollback to {failed_step} failed ({inp.detail}) and no older stable checkpoint",
                 ev, inp.now)

@@ -7,7 +7,9 @@ measured (the signal, the deadline, signal -> saved seconds, whether the save ve
 in ``preempted``. A run preempted mid-incident has that incident abandoned first (its pending
 command cancelled: no trainer is left to answer it). The first step after the restart closes the
 incident ``requeued`` with the work lost (steps reported before the preemption that the restart
-runs again) and the seconds from the save until the run trained again.
+runs again) and the seconds from the save until the run trained again. An elastic run that lost
+only the warned nodes (scope ``nodes``, agent/recovery/preempt_leave.py) re-forms without them and
+its first step closes the incident ``shrunk`` the same way.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from cliffguard.core.enums import AlertAction, AlertLevel, IncidentOutcome, Leve
 
 PREEMPTION = "preemption"
 """The rule name (and the cause) of a preemption's incident."""
+SHRINK = "nodes"
+"""``run.preempted`` scope of an elastic run that loses only the warned nodes."""
 
 
 def on_run_preempted(st: Step, inp: RunPreemptedIn) -> None:
@@ -27,8 +31,10 @@ def on_run_preempted(st: Step, inp: RunPreemptedIn) -> None:
     ev: dict[str, Any] = {
         "cause": PREEMPTION, "decided_by": "scheduler", "signal": inp.signal, "deadline_s": inp.deadline_s,
         "save_s": inp.save_s, "verified": inp.verified, "saved_step": inp.step, "exit_code": inp.exit_code,
-        "last_step": s.last_step, "preempted_at": inp.ts or inp.now,
+        "last_step": s.last_step, "preempted_at": inp.ts or inp.now, "scope": inp.scope,
     }
+    if inp.scope == SHRINK:
+        ev.update(nodes=list(inp.nodes), ranks_leaving=inp.ranks_leaving, world=inp.world)
     saved = (f"saved step {inp.step} {inp.save_s:.2f} s after {inp.signal} (deadline {inp.deadline_s:g} s)"
              if inp.verified else f"no verified save within {inp.deadline_s:g} s of {inp.signal}")
     if s.phase is Phase.PREEMPTED:  # warned again before training again (a restart preempted at once)
@@ -45,8 +51,9 @@ def on_run_preempted(st: Step, inp: RunPreemptedIn) -> None:
         s.incident = None
     s.last_step = inp.step - 1  # steps redone after an older checkpoint are the run's newest again
     open_incident(st, PREEMPTION, str(Level.OK), inp.step, inp.step, ev, inp.now)
-    st.move(Trigger.PREEMPTED, f"preempted: {saved}; the run exits {inp.exit_code} to be requeued", ev, inp.now,
-            step=inp.step)
+    then = (f"node(s) {', '.join(inp.nodes)} ({inp.ranks_leaving} of {inp.world} ranks) leave, the rest re-form and "
+            "go on without them" if inp.scope == SHRINK else f"the run exits {inp.exit_code} to be requeued")
+    st.move(Trigger.PREEMPTED, f"preempted: {saved}; {then}", ev, inp.now, step=inp.step)
 
 
 def on_training_again(st: Step, inp: ProgressIn) -> None:
@@ -58,11 +65,14 @@ def on_training_again(st: Step, inp: ProgressIn) -> None:
     preempted_at = float(inc.evidence.get("preempted_at", inc.opened_at))
     ev = {"cause": PREEMPTION, "step": inp.step, "steps_lost": max(last_step + 1 - inp.step, 0),
           "seconds_to_train": round(max((inp.ts or inp.now) - preempted_at, 0.0), 3), "save_s": inc.evidence.get("save_s"),
-          "signal": inc.evidence.get("signal"), "saved_step": inc.evidence.get("saved_step")}
-    reason = (f"training again at step {inp.step}, {ev['seconds_to_train']:.1f} s after the preemption; "
+          "signal": inc.evidence.get("signal"), "saved_step": inc.evidence.get("saved_step"),
+          "scope": inc.evidence.get("scope", "job")}
+    shrunk = ev["scope"] == SHRINK
+    reason = (f"training again at step {inp.step}, {ev['seconds_to_train']:.1f} s after the preemption"
+              f"{' without node(s) ' + ', '.join(inc.evidence.get('nodes') or ()) if shrunk else ''}; "
               f"{ev['steps_lost']} step(s) lost")
     st.move(Trigger.TRAINING_AGAIN, reason, ev, inp.now, step=inp.step)
-    st.close(IncidentOutcome.REQUEUED, inp.now)
+    st.close(IncidentOutcome.SHRUNK if shrunk else IncidentOutcome.REQUEUED, inp.now)
     st.alert(AlertLevel.INFO, PREEMPTION, f"run {s.run} trains again after a preemption", reason, ev,
              action=AlertAction.RESOLVE)
     s.incident = None

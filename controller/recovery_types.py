@@ -196,6 +196,8 @@ class AckIn:
     detail: str = ""
     args: dict[str, Any] = field(default_factory=dict)
     """The acked command's arguments, from the store (an operator's ``lr_scale``)."""
+    available: tuple[int, ...] | None = None
+    """A failed rollback's: the steps the trainer can restore (None: it did not say)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,6 +301,12 @@ class RunPreemptedIn:
     exit_code: int
     ts: float = 0.0
     """The event's ``ts`` (when the trainer saved): the time until training again counts from it."""
+    scope: str = "job"
+    """``job``: every node saved and exits to be requeued; ``nodes``: an elastic run loses only the
+    warned ``nodes`` and goes on at a smaller world (agent/recovery/preempt_leave.py)."""
+    nodes: tuple[str, ...] = ()
+    ranks_leaving: int = 0
+    world: int = 0
 
 
 Input = (VerdictIn | ProgressIn | CheckpointIn | AckIn | ValidationIn | TickIn | RunEndedIn | StartedIn

@@ -112,5 +112,6 @@ class IncidentOutcome(StrEnum):
     HALTED = "halted"  # beyond the rollback budget: a human is needed
     ABANDONED = "abandoned"  # the run ended mid-recovery
     REQUEUED = "requeued"  # a preemption's: the run saved, was requeued and trains again
+    SHRUNK = "shrunk"  # a preemption of some nodes of an elastic run: it trains on without them
     CURED = "cured"  # the trainer's triage re-ran the step and cured the cause itself (a data batch skipped, a fault retried)
     RESTARTED = "restarted"  # a hang: the worker group was restarted (in place or without a node) and trains again

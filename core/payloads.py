@@ -166,6 +166,7 @@ class CommandAckData(TypedDict):
     cmd_type: NotRequired[str]
     status: AckStatus
     detail: NotRequired[str]
+    available: NotRequired[list[int]]  # a failed rollback's: the steps every rank can restore
 
 
 class DataFlagData(TypedDict):
@@ -313,6 +314,10 @@ class RunPreemptedData(TypedDict):
     wait_s: float  # signal -> the step boundary that handled it (the step in flight finished first)
     exit_code: int  # what the process exits with (the scheduler requeues on it)
     path: NotRequired[str]  # the checkpoint directory
+    scope: NotRequired[str]  # elastic launches: "nodes" (only the warned nodes leave, the rest go on) | "job"
+    nodes: NotRequired[list[str]]  # the warned nodes (elastic)
+    ranks_leaving: NotRequired[int]  # ranks on the warned nodes (elastic)
+    world: NotRequired[int]  # ranks that saved (elastic)
     detail: NotRequired[str]
 
 

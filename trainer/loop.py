@@ -389,8 +389,8 @@ class Trainer:
                 self._progress(data)
                 self.elastic.mark_progress(self.step, self.last_loss)
             self.ckpt.wait()
-            if self.kit.preempted is not None:  # saved at the boundary; the scheduler requeues on this code
-                return self.cfg.agent.preemption.exit_code
+            if self.kit.exit_code is not None:  # saved at the boundary for a preemption or torchrun's regroup
+                return self.kit.exit_code
             self.elastic.mark_progress(self.step, self.last_loss, force=True, val_loss=self._final_eval())
             return 0 if not self.kit.stop_reason.startswith("failed") else 1
         except BaseException as exc:
@@ -403,7 +403,7 @@ class Trainer:
                 reason = self.kit.stop_reason or (f"error: {type(error).__name__}" if error is not None else "")
                 self.record.end(self.step, reason, self.agent.lr_scale.value, preempted=self.kit.preempted)
                 self.record.close()
-            ended = self.kit.preempted is None  # a preempted run said how it ended: run.preempted, no run.finished
+            ended = self.kit.exit_code is None  # preempted (run.preempted said so) or regrouped: the run goes on
             for closer in (self.ckpt.close, self.samples.close if self.samples is not None else lambda: None,
                            lambda: self.agent.close(error, final_loss=self._final_loss(), ended=ended)):
                 try:

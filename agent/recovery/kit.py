@@ -49,6 +49,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -63,6 +64,7 @@ from cliffguard.agent.hang.part import RestartRequested
 from cliffguard.agent.hang.restart import preflight, refuse_if_halted, restart_outcome
 from cliffguard.agent.hooks import Agent
 from cliffguard.agent.modes import HELD, STOPPING, WAITING
+from cliffguard.agent.recovery import preempt_leave
 from cliffguard.agent.recovery.boundary import Boundary
 from cliffguard.agent.recovery.cadence import ValidationCadence
 from cliffguard.agent.recovery.config import KitConfig
@@ -84,7 +86,11 @@ ValidateFn = Callable[[int | None], "float | tuple[float, int]"]
 
 
 class RollbackUnavailable(RuntimeError):
-    """The requested step is not available on every rank."""
+    """The requested step is not available on every rank; ``available``: the steps every rank has."""
+
+    def __init__(self, message: str, available: list[int] | None = None) -> None:
+        super().__init__(message)
+        self.available = available
 
 
 class Snapshotter(Protocol):
@@ -181,6 +187,10 @@ class RecoveryKit:
         agent.channel.preempt_pending = lambda: self.preemption.requested
         self.preempted: dict[str, Any] | None = None
         """The ``run.preempted`` payload once the run saved for a preemption (every rank has it)."""
+        self.exit_code: int | None = None
+        """What the process exits with after a preemption save (the scheduler's requeue code, or
+        torchrun's restart code for a rank that stays in an elastic run); None: the run did not stop for one."""
+        self._started_wall = time.time()
         if wrap_optimizer and self.optimizer is not None:
             self._wrap_step(self.optimizer)
 
@@ -422,15 +432,42 @@ class RecoveryKit:
                 log.warning("preemption: the kit's store has no disk checkpoint; step %d is saved in memory only", step)
         except Exception:  # noqa: BLE001 - reported as not verified; the run still exits to be requeued
             log.exception("preemption save at step %d failed", step)
-        self.preempted = report(request, cfg, boundary_at=boundary_at, saved=saved, saved_at=time.monotonic())
+        saved_at = time.monotonic()
+        leave = self._elastic_leave(step)
+        if leave is not None and self.preemption.request is None and leave.nodes:
+            request = preempt_leave.origin(str(self.agent.hang.plan_dir), leave.nodes, boundary_at) or request
+        if leave is not None and not leave.nodes:  # torchrun's membership change: saved, no preemption
+            log.warning("regroup: torchrun stops this worker group (a node joins); step %d saved, leaving for its "
+                        "restart", step)
+            self.stop_reason, self.exit_code = "regroup", preempt_leave.exit_code(leave, cfg.exit_code)
+            agent.modes.move(STOPPING)
+            return Boundary(False, step)
+        self.preempted = report(request, cfg, boundary_at=boundary_at, saved=saved, saved_at=saved_at)
+        if leave is not None:
+            self.preempted.update(leave.report())
         if agent.rank == 0:
             agent.emit(EventType.RUN_PREEMPTED, self.preempted, step=step)
-            log.warning("preempted (%s): step %d saved in %.2f s of the %.0f s deadline (verified: %s); exit %d",
+            log.warning("preempted (%s): step %d saved in %.2f s of the %.0f s deadline (verified: %s)%s",
                         request.signal, step, self.preempted["save_s"], cfg.deadline_s, self.preempted["verified"],
-                        cfg.exit_code)
-        self.stop_reason = "preempted"
+                        "" if leave is None or leave.scope == "job" else
+                        f"; node(s) {', '.join(leave.nodes)} leave, the rest go on without them")
+        self.exit_code = cfg.exit_code if leave is None else preempt_leave.exit_code(leave, cfg.exit_code)
+        self.stop_reason = "preempted" if leave is None or leave.warned else "regroup"
+        if leave is not None:
+            hang = self.agent.hang
+            agent.close(None, ended=False)  # the events out before the wait: the launcher may stop this process
+            preempt_leave.wait_to_leave(leave, str(hang.plan_dir), hang.life.node, self._started_wall,
+                                        int(os.environ.get("LOCAL_RANK", "0") or 0), step)
         agent.modes.move(STOPPING)
         return Boundary(False, step)
+
+    def _elastic_leave(self, step: int) -> preempt_leave.Leave | None:
+        """In an elastic launch: who leaves after this save (agent/recovery/preempt_leave.py); None otherwise."""
+        hang = getattr(self.agent, "hang", None)
+        if hang is None or not preempt_leave.is_elastic():
+            return None
+        warned = preempt_leave.scheduler_warned(self.preemption.request, str(hang.plan_dir), hang.life.node, 0.0)
+        return preempt_leave.decide(warned, hang.life.node, self.agent.distributed)
 
     # ------------------------------------------------------------------ TimeoutHost
     def available_steps(self) -> list[int]:
@@ -484,7 +521,14 @@ class RecoveryKit:
         except Exception as exc:  # noqa: BLE001 - any rank failing means no rank restores
             log.warning("rank %d cannot restore step %d: %s", self.agent.rank, to_step, exc)
         if not self.all_ranks(state is not None):
-            raise RollbackUnavailable(f"step {to_step} is not available on every rank (have {self.available_steps()})")
+            have = self.available_steps()
+            everywhere = set(have)
+            if self.agent.distributed:  # one gather, every rank here: what all of them can restore
+                lists: list[Any] = [None] * dist.get_world_size()
+                dist.all_gather_object(lists, have)
+                everywhere = set.intersection(*(set(x) for x in lists))
+            raise RollbackUnavailable(f"step {to_step} is not available on every rank (have {have})",
+                                      sorted(everywhere))
         assert state is not None
         self.store.discard_after(to_step)
         self.restored = describe_restored(state)

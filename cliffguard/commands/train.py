@@ -30,7 +30,10 @@ warning signals to the workers (``PET_SIGNALS_TO_HANDLE``) and to wait ``deadlin
 them before SIGKILL (``PET_SHUTDOWN_TIMEOUT``); a warning that reaches this launcher alone is
 passed to the workers (cliffguard/signals.py). When the workers saved and exited for a
 preemption, this command exits with ``exit_code`` (75 by default: the shipped slurm.conf's
-``RequeueExit``), whatever torchrun's own status.
+``RequeueExit``), whatever torchrun's own status. In an elastic launch only the warned node leaves
+(cliffguard/node_leave.py): every rank saves, this node's workers are stopped once they saved, and
+the other nodes re-form the group without it and go on; a SIGTERM that torchrun's agent sends on a
+membership change saves too but is no preemption (agent/recovery/preempt_leave.py).
 
 Hangs (agent/hang/): every process group times out after ``--collective-timeout-s``; with
 ``--max-restarts`` N torchrun may restart the worker group, which is how the controller's
@@ -58,6 +61,7 @@ from cliffguard.agent.recovery.preemption import PreemptionConfig
 from cliffguard.core.deployment import EVENT_KEY_ENV, PUBLIC_KEY_ENV, SECRET_ENV, DeploymentConfig, scrub_keys
 from cliffguard.core.restart_plan import MIN_NODES_ENV, NODE_ENV, node_id
 from cliffguard.core.settings import ConfigError
+from cliffguard.node_leave import NodeLeave
 from cliffguard.signals import WarningForwarder
 from cliffguard.trainer.record import RECORD_NAME, last_end
 
@@ -110,6 +114,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument("--rdzv-last-call-s", type=int, default=30,
                    help="after the fewest nodes joined, wait this long for more before the rendezvous closes (default 30)")
     g.add_argument("--rdzv-timeout-s", type=float, help="rendezvous join timeout: no quorum by then ends the launch (default 120)")
+    g.add_argument("--rdzv-client", action="store_true",
+                   help="only join the rendezvous store at --rdzv-endpoint, never host it (is_host=false): a process "
+                        "that outlives every node's job hosts it, so any node may be preempted (demo --preemption)")
     g.add_argument("--batch-policy", choices=["halve", "keep", "proportional"],
                    help="global batch on another world (default proportional)")
     g.add_argument("--lr-rule", choices=["sqrt", "linear", "none"], help="LR factor for the new batch (default sqrt)")
@@ -233,13 +240,15 @@ def parse_nnodes(value: str) -> tuple[int, int]:
 
 def torchrun_command(nproc: int, config_path: str | Path, *, nnodes: str | None = None, rdzv_endpoint: str = "",
                      rdzv_id: str = "", max_restarts: int = 0, rdzv_timeout_s: float = 120.0,
-                     last_call_s: int = 30) -> list[str]:
+                     last_call_s: int = 30, rdzv_client: bool = False) -> list[str]:
     if not nnodes:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                 f"--max_restarts={max_restarts}", "-m", "cliffguard.trainer.run", "--config", str(config_path)]
     return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc_per_node={nproc}",
             "--rdzv_backend=c10d", f"--rdzv_endpoint={rdzv_endpoint}", f"--rdzv_id={rdzv_id}",
-            f"--max_restarts={max_restarts}", f"--rdzv_conf=join_timeout={int(rdzv_timeout_s)},last_call_timeout={last_call_s}",
+            f"--max_restarts={max_restarts}",
+            f"--rdzv_conf=join_timeout={int(rdzv_timeout_s)},last_call_timeout={last_call_s}"
+            + (",is_host=false" if rdzv_client else ""),
             "-m", "cliffguard.trainer.run", "--config", str(config_path)]
 
 
@@ -252,15 +261,21 @@ def preemption_env(preemption: PreemptionConfig) -> dict[str, str]:
             "PET_SHUTDOWN_TIMEOUT": str(math.ceil(preemption.deadline_s) + 10)}
 
 
+def _tick(proc: subprocess.Popen[bytes], forwarder: WarningForwarder, leave: NodeLeave | None) -> None:
+    forwarder.forward_pending(proc.pid)
+    if leave is not None:
+        leave.tick(proc)
+
+
 def _wait(proc: subprocess.Popen[bytes], forwarder: WarningForwarder | None, plan_dir: str, node: str,
-          since: float) -> plan_watch.Outcome:
+          since: float, leave: NodeLeave | None = None) -> plan_watch.Outcome:
     """torchrun's outcome: it stops this node's agent when the job's restart plan says so
     (cliffguard/plan_watch.py); meanwhile each warning this process got is passed to the workers."""
     if forwarder is not None:
         forwarder.install()
     try:
         return plan_watch.wait(proc, plan_dir, node, since=since,
-                               tick=(lambda: forwarder.forward_pending(proc.pid)) if forwarder is not None else None)
+                               tick=(lambda: _tick(proc, forwarder, leave)) if forwarder is not None else None)
     except KeyboardInterrupt:
         proc.send_signal(signal.SIGINT)  # torchrun forwards it to the workers
         return plan_watch.Outcome(proc.wait())
@@ -295,14 +310,6 @@ def run(args: argparse.Namespace) -> int:
             from cliffguard.controller.broker import ensure_topics
 
             ensure_topics(cfg.kafka)
-        if args.nnodes and cfg.agent.preemption.enabled:
-            # An elastic group's torchrun agents SIGTERM their workers on every membership change
-            # (a node leaving or rejoining): taken for the scheduler's warning, a rejoin became a
-            # "preemption" and an exit 75 (the elastic demo). Shrinking on a preemption is issue 24's
-            # deliverable 3, not built: elastic launches keep torchrun's own handling until then.
-            cfg.agent.preemption.enabled = False
-            print("cliffguard train: [agent.preemption] is off for an elastic launch (--nnodes): torchrun's own "
-                  "SIGTERM on a membership change is not a scheduler's warning", file=sys.stderr)
         config_path = cfg.run_dir / "config.json"
         cfg.save(config_path)
         env = worker_env(deployment, cfg)
@@ -328,12 +335,23 @@ def run(args: argparse.Namespace) -> int:
         plan_dir = cfg.agent.hang.plan_dir
         since = time.time()
         plan_watch.start_fresh(plan_dir)
+        # elastic: on the scheduler's warning this node alone leaves, the others go on (cliffguard/node_leave.py)
+        leave = NodeLeave(plan_dir, node, preemption.deadline_s) if forwarder is not None and args.nnodes else None
+        if leave is not None and forwarder is not None:
+            forwarder.on_warning = leave.warned
         proc = subprocess.Popen(torchrun_command(args.nproc, config_path, nnodes=args.nnodes,
                                                  rdzv_endpoint=args.rdzv_endpoint, rdzv_id=cfg.run,
                                                  max_restarts=restarts, rdzv_timeout_s=e.rdzv_timeout_s,
-                                                 last_call_s=args.rdzv_last_call_s), env=env)
-        out = _wait(proc, forwarder, plan_dir, node, since)
+                                                 last_call_s=args.rdzv_last_call_s, rdzv_client=args.rdzv_client),
+                                env=env)
+        out = _wait(proc, forwarder, plan_dir, node, since, leave)
         code = out.code
+        if leave is not None and leave.left:
+            print(f"cliffguard train: node {node} left run {cfg.run} on the scheduler's warning "
+                  f"({'after its workers saved' if leave.saved else 'WITHOUT a save: the deadline passed'}); nodes "
+                  f"that were not warned go on without it; exit {preemption.exit_code} (requeue: it rejoins when "
+                  "it starts again)", flush=True)
+            return preemption.exit_code
         if out.plan is not None:
             print(f"cliffguard train: {out.message(node)}", file=sys.stderr)
             return code

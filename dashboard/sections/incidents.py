@@ -17,7 +17,8 @@ from cliffguard.dashboard.sections.context import Context, show
 
 OUTCOME_BADGES = {"open": ":orange[**open**]", "resumed": ":green[**resumed**]", "rolled_back": ":red[**rolled back**]",
                   "halted": ":violet[**halted**]", "abandoned": ":gray[**abandoned**]", "cured": ":green[**cured**]",
-                  "restarted": ":blue[**restarted**]", "requeued": ":blue[**requeued**]"}
+                  "restarted": ":blue[**restarted**]", "requeued": ":blue[**requeued**]",
+                  "shrunk": ":blue[**shrunk**]"}
 COMMAND_COLUMNS = ("id", "incident_id", "type", "args", "source", "status", "ack_detail", "issued_at", "acked_at",
                    "attempt")
 

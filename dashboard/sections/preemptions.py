@@ -1,5 +1,6 @@
 """Each run's preemptions: when the scheduler took the nodes back, how close the save came to the
-grace time, the work lost and how long until the run trained again (issue 24)."""
+grace time, the work lost and how long until the run trained again (issue 24). ``scope`` ``nodes``:
+an elastic run lost only those nodes and went on without them (outcome ``shrunk``)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import streamlit as st
 from cliffguard.controller.store import read
 from cliffguard.dashboard.sections.context import Context
 
-COLUMNS = ("opened_at", "signal", "saved_step", "save_s", "deadline_s", "verified", "outcome", "steps_lost",
-           "seconds_to_train")
+COLUMNS = ("opened_at", "signal", "scope", "nodes", "saved_step", "save_s", "deadline_s", "verified", "outcome",
+           "steps_lost", "seconds_to_train")
 
 
 def render(ctx: Context) -> None:

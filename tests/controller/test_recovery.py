@@ -622,6 +622,34 @@ def test_a_failed_rollback_to_a_memory_snapshot_forgets_the_older_memory_snapsho
     assert [c.step for c in d.s.checkpoints] == [5]
 
 
+def test_a_failed_rollback_that_says_what_the_trainer_holds_goes_straight_to_one_of_those():
+    d = Driver()
+    d.steps(0, 4)
+    d.feed(CheckpointIn(step=5, kind="full", verified=True, now=d.now))
+    for step in (10, 20, 30):
+        d.steps(step - 5 if step > 10 else 5, step)
+        d.feed(CheckpointIn(step=step, kind="incremental", verified=True, now=d.now))
+    d.validate(2.0, step=30)
+    d.steps(31, 40)
+    d.spike(step=41, onset=39)
+    d.ack()
+    d.answer_validate(5.0)
+    assert d.commands()[-1][1]["to_step"] == 30
+    # the trainer's retention pruned 10..30 (a newer full checkpoint replaced them): no blind retry of 20, 10
+    d.feed(AckIn(cmd_id=d.s.pending.id, status=AckStatus.FAILED, now=d.now, detail="step 30 is not available",
+                 available=(5, 38)))
+    assert d.commands()[-1][1]["to_step"] == 5
+    assert [c.step for c in d.s.checkpoints] == [5]
+
+
+def test_a_disk_checkpoint_after_the_memory_snapshot_of_its_step_outlives_the_ring():
+    d = Driver()
+    d.steps(0, 9)
+    d.feed(CheckpointIn(step=10, kind="memory", verified=True, now=d.now))
+    d.feed(CheckpointIn(step=10, kind="incremental", verified=True, now=d.now))  # same step, on disk too
+    assert [(c.step, c.kind) for c in d.s.checkpoints] == [(10, "incremental")]
+
+
 def _with_capabilities(*caps: CommandType) -> Driver:
     d = Driver()
     d.feed(StartedIn(capabilities=caps, now=d.now))

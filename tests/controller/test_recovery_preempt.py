@@ -102,3 +102,18 @@ def take_every_preemption_transition() -> None:
     for phase in ENDABLE:
         test_a_run_preempted_mid_incident_abandons_it_and_cancels_the_unanswered_command(phase)
 
+
+
+def test_an_elastic_run_that_lost_only_the_warned_nodes_closes_the_preemption_shrunk():
+    d = Driver()
+    healthy_run(d, 30)
+    acts = d.feed(RunPreemptedIn(step=31, now=d.now, signal="SIGTERM", deadline_s=20.0, save_s=0.3, verified=True,
+                                 exit_code=75, ts=5000.0, scope="nodes", nodes=("group-a",), ranks_leaving=2, world=4))
+    opened = [a for a in acts if isinstance(a, OpenIncident)]
+    assert opened[0].evidence["scope"] == "nodes" and opened[0].evidence["nodes"] == ["group-a"]
+    moved = [a for a in acts if isinstance(a, RecordTransition)]
+    assert "group-a (2 of 4 ranks) leave" in moved[0].reason
+    acts = d.feed(ProgressIn(step=31, now=d.now, ts=5012.0))  # the other nodes re-formed and train on
+    assert [c.outcome for c in acts if isinstance(c, CloseIncident)] == ["shrunk"]
+    rec = [a for a in acts if isinstance(a, RecordTransition)][0]
+    assert rec.evidence["steps_lost"] == 0 and "without node(s) group-a" in rec.reason

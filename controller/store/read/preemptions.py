@@ -31,6 +31,7 @@ def preemptions(session: Session, run_id: str, *, limit: int | None = 100) -> li
         ev, back = inc.evidence or {}, again.get(inc.id, {})
         out.append({"id": inc.id, "opened_at": inc.opened_at, "closed_at": inc.closed_at, "outcome": inc.outcome,
                     "signal": ev.get("signal"), "deadline_s": ev.get("deadline_s"), "save_s": ev.get("save_s"),
-                    "verified": ev.get("verified"), "saved_step": ev.get("saved_step"),
+                    "verified": ev.get("verified"), "saved_step": ev.get("saved_step"), "scope": ev.get("scope", "job"),
+                    "nodes": ev.get("nodes") or [],
                     "steps_lost": back.get("steps_lost"), "seconds_to_train": back.get("seconds_to_train")})
     return out

@@ -1,0 +1,131 @@
+"""Who leaves an elastic run after a preemption save (agent/recovery/preempt_leave.py), the files
+the launcher and its workers tell each other by (core/node_warning.py), and the launcher's side
+(cliffguard/node_leave.py), each with a fake clock or process where the real one would wait."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from cliffguard.agent.recovery import preempt_leave
+from cliffguard.agent.recovery.preempt_leave import Leave, decide, exit_code, scheduler_warned, wait_to_leave
+from cliffguard.agent.recovery.preemption import Request
+from cliffguard.core import node_warning
+from cliffguard.core.restart_plan import MIN_NODES_ENV, RESTART_EXIT_CODE
+from cliffguard.node_leave import NodeLeave
+
+
+def test_the_warning_files_round_trip_and_hostile_ones_count_as_absent(tmp_path):
+    node_warning.write_warned(tmp_path, "node/a b", "SIGTERM", at=100.0)
+    assert node_warning.read_warned(tmp_path, "node/a b", since=99.0)["signal"] == "SIGTERM"
+    assert node_warning.read_warned(tmp_path, "node/a b", since=101.0) is None  # older than the worker
+    assert node_warning.warned_path(tmp_path, "node/a b").parent == tmp_path  # the node name cannot climb out
+    node_warning.warned_path(tmp_path, "x").write_text("{not json")
+    assert node_warning.read_warned(tmp_path, "x", 0.0) is None
+    node_warning.warned_path(tmp_path, "y").write_text(json.dumps({"node": "other", "at": 1e12}))
+    assert node_warning.read_warned(tmp_path, "y", 0.0) is None  # another node's file under this name
+    node_warning.write_left(tmp_path, "n")
+    node_warning.write_saved(tmp_path, "n", 7)
+    assert node_warning.has_left(tmp_path, "n", 0.0) and node_warning.has_saved(tmp_path, "n", 0.0)
+    node_warning.clear(tmp_path, "n")
+    assert not node_warning.has_left(tmp_path, "n", 0.0) and not node_warning.has_saved(tmp_path, "n", 0.0)
+
+
+def test_only_an_elastic_launch_takes_the_elastic_path():
+    assert preempt_leave.is_elastic({MIN_NODES_ENV: "1"})
+    assert not preempt_leave.is_elastic({})
+
+
+def test_a_signal_is_the_schedulers_only_when_the_launcher_said_so(tmp_path):
+    now = time.monotonic()
+    sleeps = []
+    # torchrun's membership SIGTERM: no word from the launcher within the confirm window
+    assert not scheduler_warned(Request("SIGTERM", now - 5.0), str(tmp_path), "a", 0.0, confirm_s=2.0,
+                                sleep=sleeps.append)
+    assert sleeps == []  # the window had passed already: no wait
+    node_warning.write_warned(tmp_path, "a", "SIGTERM")
+    assert scheduler_warned(Request("SIGTERM", now), str(tmp_path), "a", 0.0)
+    assert not scheduler_warned(None, str(tmp_path), "a", 0.0)  # a peer's flag reached this rank: not warned
+
+
+def test_a_late_launcher_word_within_the_window_still_counts(tmp_path):
+    def sleep(s):  # the launcher writes during the worker's wait
+        node_warning.write_warned(tmp_path, "a", "SIGTERM")
+
+    assert scheduler_warned(Request("SIGTERM", time.monotonic()), str(tmp_path), "a", 0.0, confirm_s=10.0, sleep=sleep)
+
+
+@pytest.mark.parametrize(("answers", "scope", "nodes", "leaving"), [
+    ([(False, "a"), (False, "b")], "regroup", (), 0),
+    ([(True, "a"), (False, "b"), (True, "a"), (False, "b")], "nodes", ("a",), 2),
+    ([(True, "a"), (True, "b")], "job", ("a", "b"), 2),
+])
+def test_the_shared_answers_decide_the_scope(monkeypatch, answers, scope, nodes, leaving):
+    monkeypatch.setattr(preempt_leave.dist, "get_world_size", lambda: len(answers))
+    monkeypatch.setattr(preempt_leave.dist, "all_gather_object", lambda out, mine: out.__setitem__(slice(None), answers))
+    leave = decide(answers[0][0], answers[0][1], distributed=True)
+    assert (leave.scope, leave.nodes, leave.ranks_leaving, leave.world) == (scope, nodes, leaving, len(answers))
+
+
+def test_a_leaving_rank_exits_with_the_requeue_code_and_a_staying_one_with_torchruns_restart_code():
+    assert exit_code(Leave(warned=True, nodes=("a",), ranks_leaving=1, world=2), 75) == 75
+    assert exit_code(Leave(warned=True, nodes=("a",), ranks_leaving=1, world=2), 99) == 99
+    assert exit_code(Leave(warned=False, nodes=("a",), ranks_leaving=1, world=2), 99) == RESTART_EXIT_CODE
+
+
+def test_a_staying_rank_waits_until_every_warned_node_has_left(tmp_path):
+    leave = Leave(warned=False, nodes=("a", "b"), ranks_leaving=2, world=3)
+    left = iter(["a", "b"])
+    waits = []
+
+    def sleep(s):
+        waits.append(s)
+        node_warning.write_left(tmp_path, next(left))
+
+    wait_to_leave(leave, str(tmp_path), "c", 0.0, local_rank=0, step=5, sleep=sleep)
+    assert len(waits) == 2 and node_warning.has_left(tmp_path, "b", 0.0)
+
+
+def test_a_leaving_rank_marks_its_node_saved_and_waits_to_be_stopped(tmp_path, caplog):
+    leave = Leave(warned=True, nodes=("a",), ranks_leaving=1, world=2)
+    wait_to_leave(leave, str(tmp_path), "a", 0.0, local_rank=0, step=5, timeout_s=0.2, sleep=lambda s: time.sleep(0.05))
+    assert node_warning.has_saved(tmp_path, "a", 0.0)
+    assert "did not stop this worker" in caplog.text  # nobody stopped it: said, then it exits by itself
+
+
+def test_the_launcher_leaves_once_its_workers_saved_and_not_before(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        leave = NodeLeave(tmp_path, "a", deadline_s=30.0)
+        leave.tick(proc)
+        assert proc.poll() is None and not leave.left  # no warning: nothing happens
+        leave.warned("SIGTERM")
+        assert node_warning.read_warned(tmp_path, "a", 0.0)["signal"] == "SIGTERM"
+        leave.tick(proc)
+        assert proc.poll() is None and not leave.left  # warned, not saved yet
+        node_warning.write_saved(tmp_path, "a", 12)
+        leave.tick(proc)
+        assert leave.left and leave.saved and proc.poll() is not None
+        assert node_warning.has_left(tmp_path, "a", 0.0)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_a_fresh_launch_forgets_the_last_warning(tmp_path):
+    node_warning.write_warned(tmp_path, "a", "SIGTERM")
+    node_warning.write_left(tmp_path, "a")
+    NodeLeave(tmp_path, "a", deadline_s=30.0)
+    assert node_warning.read_warned(tmp_path, "a", 0.0) is None and not node_warning.has_left(tmp_path, "a", 0.0)
+
+
+def test_a_rank_its_peers_warned_dates_the_preemption_from_the_first_warned_nodes_signal(tmp_path):
+    node_warning.write_warned(tmp_path, "b", "SIGUSR1", at=time.time() - 3.0)
+    node_warning.write_warned(tmp_path, "a", "SIGTERM", at=time.time() - 1.0)
+    req = preempt_leave.origin(str(tmp_path), ("a", "b"), fallback_at=time.monotonic())
+    assert req is not None and req.signal == "SIGUSR1" and req.elapsed() == pytest.approx(3.0, abs=0.5)
+    assert preempt_leave.origin(str(tmp_path), ("c",), fallback_at=time.monotonic()) is None
