@@ -33,7 +33,7 @@ def on_run_preempted(st: Step, inp: RunPreemptedIn) -> None:
         "save_s": inp.save_s, "verified": inp.verified, "saved_step": inp.step, "exit_code": inp.exit_code,
         "last_step": s.last_step, "preempted_at": inp.ts or inp.now, "scope": inp.scope,
     }
-    if inp.scope == SHRINK:
+    if inp.nodes:  # an elastic launch's: which nodes left (all of them for scope job)
         ev.update(nodes=list(inp.nodes), ranks_leaving=inp.ranks_leaving, world=inp.world)
     saved = (f"saved step {inp.step} {inp.save_s:.2f} s after {inp.signal} (deadline {inp.deadline_s:g} s)"
              if inp.verified else f"no verified save within {inp.deadline_s:g} s of {inp.signal}")

@@ -97,6 +97,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--dashboard-port", type=int, default=8501, help="dashboard port (default 8501; a free one if taken)")
     p.add_argument("--nproc", type=int, default=2, help="training processes (default 2; bundled, plain, "
                    "deepspeed and torchtitan run that many, hf, lightning and accelerate-tracker run 1)")
+    p.add_argument("--preemption", action="store_true",
+                   help="the preemption demo instead: on a one-machine Slurm cluster an exploration job preempts one "
+                        "of two production node groups, production shrinks, scales back, then a whole-job preemption "
+                        "(cliffguard/demo_preemption.py; --dir, --json and --steps apply)")
     p.add_argument("--elastic", action="store_true",
                    help="the elastic demo instead: two torchrun agents of 2 processes, one killed and brought back "
                         "(cliffguard/demo_elastic.py; --dir, --json, --steps and --clean apply)")
@@ -205,6 +209,12 @@ def trainer_command(args: argparse.Namespace, run_id: str, kafka: Any, out_dir: 
 def run(args: argparse.Namespace) -> int:
     from cliffguard.trainer.faults import FaultSpec
 
+    if args.preemption:
+        from cliffguard import demo_preemption
+
+        argv = ["--dir", args.dir if args.dir != DEFAULT_DIR else demo_preemption.DEFAULT_DIR]
+        argv += ["--steps", str(args.steps)] if args.steps != DEFAULT_STEPS else []
+        return demo_preemption.main(argv + (["--json", args.json_path] if args.json_path else []))
     if args.elastic:
         from cliffguard import demo_elastic
 

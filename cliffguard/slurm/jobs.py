@@ -46,6 +46,15 @@ def submit(script: str, env: dict[str, str]) -> int:
     return int(out.stdout.strip().split(";")[0])
 
 
+def release(job: int, env: dict[str, str]) -> None:
+    """Lift a requeued job's hold: Slurm sets its BeginTime about two minutes ahead; an operator may
+    let it start as soon as it fits (``scontrol update JobId=N StartTime=now``)."""
+    out = subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env, capture_output=True,
+                         text=True, timeout=30)
+    if out.returncode != 0:
+        raise RuntimeError(f"scontrol update JobId={job} StartTime=now failed: {out.stderr.strip()}")
+
+
 def jobs(env: dict[str, str], timeout_s: float = 30.0) -> list[dict[str, str]]:
     """Every job squeue knows: id, class (partition), name, state, reason, restarts."""
     try:
