@@ -30,6 +30,7 @@ from cliffguard.agent.sinks import EventSink
 from cliffguard.agent.step_probe import StepProbe
 from cliffguard.core.capabilities import normalize as normalize_capabilities
 from cliffguard.core.enums import CommandType, EventType
+from cliffguard.core.restart_plan import node_id
 
 log = logging.getLogger(__name__)
 
@@ -121,11 +122,18 @@ class Lifecycle:
         """Every rank says it is alive in its node file; the node's leader publishes the node's
         heartbeat (agent/node_beats.py). Without the files a rank beats for itself."""
         if self._node is None:
-            self.emitter.emit(EventType.HEARTBEAT, {"state": str(self.modes.mode)})
+            self.emitter.emit(EventType.HEARTBEAT, {"state": str(self.modes.mode), **self._whose()})
             return
         self._node.write(self.probe.step, self.ranks.collective)
         if self._node.layout.leader:
-            self.emitter.emit(EventType.HEARTBEAT, {"state": str(self.modes.mode), **self._node.read()})
+            self.emitter.emit(EventType.HEARTBEAT, {"state": str(self.modes.mode), **self._node.read(), **self._whose()})
+
+    def _whose(self) -> dict[str, Any]:
+        """The beating node and its worker group's life: the controller leaves out a node its store
+        holds suspect by this (controller/suspects.py), from the first beats of any life."""
+        if self.hang is not None:
+            return {"node": self.hang.life.node, "life": self.hang.life.life}
+        return {"node": node_id()}
 
     def _summaries(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

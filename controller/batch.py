@@ -44,12 +44,14 @@ from cliffguard.controller.recovery_types import (
     AckIn,
     ActionT,
     Alert,
+    ClearSuspect,
     CloseIncident,
     FlagSamples,
     Input,
     MarkCommand,
     MarkStable,
     OpenIncident,
+    RecordSuspect,
     RecordTransition,
     RecoveryConfig,
     SendCommand,
@@ -72,6 +74,7 @@ from cliffguard.controller.store.models import (
 )
 from cliffguard.controller.store.offsets import save_offsets
 from cliffguard.controller.store.retention import RetentionConfig, downsample_due, run_watermarks
+from cliffguard.controller.suspects import SuspectIndex
 from cliffguard.core.enums import EventType, Level
 from cliffguard.core.events import Event
 from cliffguard.core.floats import to_json
@@ -139,6 +142,8 @@ class BatchProcessor:
         self.ctx = ctx
         self.runs = runs
         self.goodput = GoodputBook(ctx.goodput, ctx.alerts)
+        self.suspects = SuspectIndex()
+        """The suspect-node store as the edge checks beats against it (controller/suspects.py)."""
         self.on_command: Callable[[Session, str], object] | None = None
         """Called with (session, command id) as soon as a command is queued, inside the batch's
         transaction: the service sends it then (``CommandOutbox.send_early``), not after commit."""
@@ -149,6 +154,7 @@ class BatchProcessor:
         res = BatchResult(events=len(batch.records), dead=len(batch.dead))
         self._fence(session, batch)
         count_dead_letters(session, batch.dead, now)  # per topic and per run, by reason
+        self.suspects.refresh(session, now)  # the nodes not admitted (a read every REFRESH_S at most)
         events = [r.event for r in batch.records]
         replays = self._replays(session, batch)  # before anything of this batch is written
         # the step rows go in below, with the rule's figures; the node heartbeats' rows after the verdicts
@@ -230,7 +236,10 @@ class BatchProcessor:
                 if row is None:
                     continue  # an unknown command, or another run's: it must not move this run
                 inp = replace(inp, args=dict(row.args or {}))  # an operator's lr_scale, for the machine
-            self._feed(session, slot, inp, res)
+            self._feed(session, slot, self.suspects.annotate(inp), res)
+        if ev.type is _HEARTBEAT:  # a suspect node's beat: it is not admitted (controller/suspects.py)
+            for inp in self.suspects.inputs(ev, now):
+                self._feed(session, slot, inp, res)
         if verdicts or (level is not None and level is not _OK) or slot.recovery.incident is not None:
             exact.add(ev.id)  # a step row that write_bucket must not fold away
 
@@ -328,6 +337,8 @@ class BatchProcessor:
             ids = [i for a, b in act.ranges for i in range(a, b)][:MAX_FLAGGED_SAMPLES]
             session.add(DataFlagRow(run_id=run_id, step=act.step, ts=now, rule="transient_spike", score=act.score,
                                  sample_ids=ids))
+        elif isinstance(act, (RecordSuspect, ClearSuspect)):
+            self.suspects.apply(session, run_id, act)
         elif isinstance(act, MarkCommand):
             session.execute(update(CommandRow).where(CommandRow.id == act.id, CommandRow.acked_at.is_(None))
                             .values(status=act.status, ack_detail=act.detail))

@@ -58,7 +58,8 @@ def inputs_for(event: Event, verdicts: list[Verdict], now: float, loss_level: Le
                              min_nodes=int(d.get("min_nodes", d.get("nodes", 1)))))
     elif event.type is EventType.NODE_CHECK:
         out.append(NodeCheckIn(ok=bool(d["ok"]), life=int(d["life"]), slow=tuple(d["slow"]),
-                               slow_nodes=tuple(d["slow_nodes"]), detail=str(d["detail"]), now=now, step=event.step))
+                               slow_nodes=tuple(d["slow_nodes"]), detail=str(d["detail"]), now=now, step=event.step,
+                               nodes=tuple(str(n) for n in d.get("nodes") or ())))
     elif event.type in (EventType.RUN_FINISHED, EventType.RUN_FAILED):
         out.append(RunEndedIn(now=now, failed=event.type is EventType.RUN_FAILED, detail=str(d.get("error") or "")))
     elif event.type is EventType.TRAINER_TIMEOUT:

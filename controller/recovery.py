@@ -46,11 +46,12 @@ from typing import Any
 
 from cliffguard.controller import recovery_hang as hang
 from cliffguard.controller.recovery_acks import on_ack, on_tick
-from cliffguard.controller.recovery_hang_types import NodeCheckIn
+from cliffguard.controller.recovery_hang_types import NodeCheckIn, SuspectJoinedIn
 from cliffguard.controller.recovery_others import on_trainer_timeout, on_triaged
 from cliffguard.controller.recovery_preempt import on_run_preempted, on_training_again
 from cliffguard.controller.recovery_sdc import on_sdc_verdict
 from cliffguard.controller.recovery_step import Step, open_incident, start_rollback
+from cliffguard.controller.recovery_suspect import on_check_cleared, on_suspect_joined
 from cliffguard.controller.recovery_table import (
     PAUSE_CYCLE,
     WAITING,
@@ -147,6 +148,9 @@ def transition(cfg: RecoveryConfig, state: RecoveryState, inp: Input) -> tuple[R
             hang.on_started(st, inp)
         case NodeCheckIn():
             hang.on_node_check(st, inp)
+            on_check_cleared(st, inp)  # a suspect node an operator asked to re-admit passed it
+        case SuspectJoinedIn():
+            on_suspect_joined(st, inp)  # a node the suspect-node store holds beats in the run
         case TrainerTimeoutIn():
             on_trainer_timeout(st, inp)
         case RunPreemptedIn():

@@ -27,8 +27,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from cliffguard.controller.recovery_hang_types import NodeCheckIn, Restart
-from cliffguard.controller.recovery_step import Step
+from cliffguard.controller.recovery_hang_types import NodeCheckIn, Restart, SuspectJoinedIn
+from cliffguard.controller.recovery_step import Step, record_suspects
+from cliffguard.controller.recovery_table import transient_budget_of
 from cliffguard.controller.recovery_types import (
     Incident,
     OpenIncident,
@@ -46,6 +47,8 @@ from cliffguard.core.enums import AlertAction, AlertLevel, CheckpointKind, Comma
 
 EVICTION = "bad_rank"
 """The rule of an eviction's incident: a rank the kit's re-runs found wrong whatever shard it gets."""
+SUSPECT = "suspect_node"
+"""The rule of the incident of a suspect node found in a run (controller/recovery_suspect.py)."""
 HANGS_KEEP = 32
 HANG_PHASES = (Phase.RESTARTING, Phase.REJOINING)
 
@@ -80,8 +83,9 @@ def on_bad_rank(st: Step, inp: TriagedIn) -> None:
     if flaky:
         n = inp.transient_counts.get(str(inp.rank), 0)
         ev["transient_count"] = n
+        record = ", lower: its node has a record" if inp.node_record else ""
         msg = (f"step {inp.step}: rank {inp.rank}'s transient fault {n} in this life (budget "
-               f"{st.cfg.transient_budget}): a rank this flaky is bad")
+               f"{transient_budget_of(st.cfg, inp)}{record}): a rank this flaky is bad")
     else:
         msg = f"step {inp.step} re-run {inp.reruns}x: rank {inp.rank} is bad ({inp.reason})"
     _decide(st, inp, ev, (inp.node,) if inp.node else (), () if inp.rank is None else (inp.rank,), s.hang.life,
@@ -108,13 +112,14 @@ def on_node_check(st: Step, inp: NodeCheckIn) -> None:
             inp.slow_nodes, inp.slow, inp.life, max(s.last_step, 0), msg)
 
 
-def _decide(st: Step, inp: VerdictIn | NodeCheckIn | TriagedIn, ev: dict[str, Any], nodes: tuple[str, ...],
-            ranks: tuple[int, ...], life: int, step: int, message: str) -> None:
+def _decide(st: Step, inp: VerdictIn | NodeCheckIn | TriagedIn | SuspectJoinedIn, ev: dict[str, Any],
+            nodes: tuple[str, ...], ranks: tuple[int, ...], life: int, step: int, message: str) -> None:
     """The table's remedy for a named culprit (see the module docstring); a bad rank the kit's
-    re-runs found (``TriagedIn``, controller/recovery_evict.py) is always left out."""
+    re-runs found (``TriagedIn``) and a suspect node's beat (``SuspectJoinedIn``) are always left out."""
     s, now = st.s, inp.now
     check = isinstance(inp, NodeCheckIn)
     evict = isinstance(inp, TriagedIn)
+    suspect = isinstance(inp, SuspectJoinedIn)
     exclude = False
     if not st.holds("can_restart"):
         trigger, why = Trigger.RESTART_UNAVAILABLE, (f"torchrun has no restart left (--max-restarts "
@@ -125,9 +130,11 @@ def _decide(st: Step, inp: VerdictIn | NodeCheckIn | TriagedIn, ev: dict[str, An
                                                       f"{st.cfg.restart_window_s:.0f} s) is spent")
     elif st.holds("wants_exclusion", inp, nodes, now):
         if st.holds("can_exclude", nodes):
-            trigger = Trigger.EVICT if evict else Trigger.NODE_CHECK_FAILED if check else Trigger.HANG_AGAIN
+            trigger = (Trigger.EVICT if evict else Trigger.SUSPECT_NODE if suspect
+                       else Trigger.NODE_CHECK_FAILED if check else Trigger.HANG_AGAIN)
             why, exclude = (f"restarting without node{'s' if len(nodes) > 1 else ''} {', '.join(nodes)}"
-                            + ("" if check or evict else f" (it hung again within {st.cfg.repeat_window_s:.0f} s)")), True
+                            + ("" if check or evict or suspect
+                               else f" (it hung again within {st.cfg.repeat_window_s:.0f} s)")), True
         else:
             trigger, why = Trigger.EXCLUDE_UNAVAILABLE, (
                 f"node {', '.join(nodes) or '?'} should be left out, but the run cannot keep "
@@ -135,12 +142,16 @@ def _decide(st: Step, inp: VerdictIn | NodeCheckIn | TriagedIn, ev: dict[str, An
                 else "the culprit's node is unknown, so it cannot be left out")
     else:
         trigger, why = Trigger.HANG, "restarting the worker group in place from the newest checkpoint"
-    _open(st, ev, step, now, rule=EVICTION if evict else "hang")
+    _open(st, ev, step, now, rule=EVICTION if evict else SUSPECT if suspect else "hang")
     reason = f"{message}; {why}"
     s.hang = replace(s.hang, hangs=(*s.hang.hangs, *((n, now) for n in nodes if n))[-HANGS_KEEP:])
-    if trigger is Trigger.RESTART_UNAVAILABLE and evict:
-        # the guard keeps skipping the bad rank's updates; leaving it is a human's call now
-        st.halt(trigger, f"{reason}; the job is left running (its guard skips the bad rank's updates): evict node "
+    if (evict or check or exclude) and not suspect:  # judged bad by its own evidence (not a first hang)
+        cause = inp.cls if isinstance(inp, TriagedIn) else "node_check_failed" if check else "hang_again"
+        record_suspects(st, nodes, cause, reason, now)
+    if trigger is Trigger.RESTART_UNAVAILABLE and (evict or suspect) and s.phase is not Phase.REJOINING:
+        # the guard keeps skipping a bad rank's updates; leaving the node is a human's call now
+        what = "its guard skips the bad rank's updates" if evict else "the suspect node trains with it"
+        st.halt(trigger, f"{reason}; the job is left running ({what}): evict node "
                 f"{', '.join(nodes) or '(unknown)'} by hand", ev, now)
         return
     if trigger is Trigger.RESTART_UNAVAILABLE and s.phase is not Phase.REJOINING:
@@ -167,8 +178,8 @@ def _decide(st: Step, inp: VerdictIn | NodeCheckIn | TriagedIn, ev: dict[str, An
         _forget_memory(st)
     else:
         _send_restart(st, mode, life, ranks, nodes if exclude else (), reason, now, nodes)
-    what = "a bad rank" if evict else "hang"
-    st.alert(AlertLevel.CRITICAL, EVICTION if evict else "hang",
+    what = "a bad rank" if evict else "a suspect node" if suspect else "hang"
+    st.alert(AlertLevel.CRITICAL, EVICTION if evict else SUSPECT if suspect else "hang",
              f"{what} on run {s.run} at step {step}: {mode.replace('_', ' ')} restart", reason, ev)
 
 

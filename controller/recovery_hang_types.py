@@ -1,5 +1,6 @@
-"""What the recovery machine keeps about a run's worker group for hangs, and the node check's
-input (plain data; ``controller/recovery_hang.py`` acts on it).
+"""What the recovery machine keeps about a run's worker group for hangs, the node check's input,
+and the suspect-node store's input and actions (plain data; ``controller/recovery_hang.py`` and
+``controller/recovery_suspect.py`` act on it).
 
 ``HangState`` is one field of ``RecoveryState``: which life of the worker group runs now and
 what torchrun allows (from ``run.started``), the restarts spent (the budget's window), which
@@ -46,6 +47,9 @@ class HangState:
     left_running: str | None = None
     """The incident of a hang halted with no restart to give it (the job left running): while it is
     the halted one, a step past its step means the stall ended by itself."""
+    suspects: tuple[tuple[str, int], ...] = ()
+    """(node, life) of each node this run recorded suspect or answered as one (controller/recovery_suspect.py),
+    newest last (bounded): a suspect node's beats are answered once per life of the worker group."""
 
     def started(self, life: int, max_restarts: int, restarts_left: int, nodes: int, min_nodes: int) -> HangState:
         return replace(self, life=life, max_restarts=max_restarts, restarts_left=restarts_left, nodes=nodes,
@@ -60,7 +64,7 @@ class HangState:
                 "restart": None if r is None else {"mode": r.mode, "life": r.life, "at": r.at, "ranks": list(r.ranks),
                                                    "nodes": list(r.nodes), "exclude": list(r.exclude),
                                                    "started_at": r.started_at, "check": r.check},
-                "left_running": self.left_running}
+                "left_running": self.left_running, "suspects": [list(x) for x in self.suspects]}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> HangState:
@@ -75,7 +79,8 @@ class HangState:
                    restarts_left=int(d.get("restarts_left", 0)), nodes=int(d.get("nodes", 1)),
                    min_nodes=int(d.get("min_nodes", 1)), restart_times=tuple(float(t) for t in d.get("restart_times", ())),
                    hangs=tuple((str(n), float(t)) for n, t in d.get("hangs", ())), restart=restart,
-                   left_running=None if d.get("left_running") is None else str(d["left_running"]))
+                   left_running=None if d.get("left_running") is None else str(d["left_running"]),
+                   suspects=tuple((str(n), int(lf)) for n, lf in d.get("suspects", ())))
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,3 +94,46 @@ class NodeCheckIn:
     detail: str
     now: float
     step: int = 0
+    nodes: tuple[str, ...] = ()
+    """Every node the check covered (the event's ``nodes``, one per rank)."""
+    rechecking: tuple[str, ...] = ()
+    """Of ``nodes``, the suspect ones an operator asked to re-admit on a passing check (the edge
+    reads them from the store: ``controller/suspects.py``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SuspectJoinedIn:
+    """A node the store holds suspect beats in this run (its node heartbeat said so; the edge
+    compared it with the store: ``controller/suspects.py``)."""
+
+    node: str
+    life: int | None
+    """The worker group's life the beat came from (None: the agent did not say)."""
+    cause: str
+    """What made it suspect (the record's ``cause``: bad_rank, transient, hang_again, node_check_failed)."""
+    why: str
+    """The record's reason, for the incident and the alert."""
+    since: float
+    record_run: str
+    record_incident: str | None
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class RecordSuspect:
+    """Action: keep ``node`` out of every later worker group until cleared (the suspect-node store)."""
+
+    node: str
+    cause: str
+    reason: str
+    incident_id: str | None
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class ClearSuspect:
+    """Action: a node check passed on suspect nodes an operator asked to re-admit: clear them."""
+
+    nodes: tuple[str, ...]
+    reason: str
+    at: float

@@ -20,6 +20,7 @@ from cliffguard.controller.recovery_types import (
     Incident,
     OpenIncident,
     Pending,
+    RecordSuspect,
     RecordTransition,
     RecoveryConfig,
     RecoveryState,
@@ -31,6 +32,8 @@ from cliffguard.core.enums import AlertAction, AlertLevel, CommandType, Incident
 from cliffguard.core.policy import rolled_back_lr_scale
 
 ISSUED_KEEP = 32
+SUSPECTS_KEEP = 64
+"""(node, life) pairs a run remembers answering (``HangState.suspects``)."""
 
 
 class Step:
@@ -177,3 +180,12 @@ def start_rollback(st: Step, trigger: Trigger, target: Checkpoint, why: str, ev:
     st.send(CommandType.ROLLBACK, args, now, reason)
 
 
+def record_suspects(st: Step, nodes: tuple[str, ...], cause: str, reason: str, now: float) -> None:
+    """Keep ``nodes`` out of later worker groups (the suspect-node store; controller/suspects.py writes
+    it); this life's beats of them are this incident's business, not a new admission."""
+    s = st.s
+    known = tuple(n for n in dict.fromkeys(nodes) if n)
+    for n in known:
+        st.actions.append(RecordSuspect(node=n, cause=cause, reason=reason[:500],
+                                        incident_id=s.incident.id if s.incident else None, at=now))
+    s.hang = replace(s.hang, suspects=(*s.hang.suspects, *((n, s.hang.life) for n in known))[-SUSPECTS_KEEP:])

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from cliffguard.controller.recovery_hang_types import NodeCheckIn
+from cliffguard.controller.recovery_hang_types import NodeCheckIn, SuspectJoinedIn
 from cliffguard.controller.recovery_types import (
     Checkpoint,
     Incident,
@@ -62,9 +62,11 @@ _RESTARTS = ("starts_restart", "can_restart", "within_restart_budget")
 _HANG_SOURCES = (P.RUNNING, P.RECOVERING, P.REJOINING)
 _HALT_LEFT_RUNNING = ("close incident halted", "alert critical (no restart to give it: the job is left running)")
 _HALT_JOB = ("close incident halted", "send restart halt (when the run can apply it)", "alert critical")
+_RECORD = "record the nodes suspect (controller/suspects.py: kept out of later groups until cleared)"
+_RECORD_JUDGED = "record the node suspect when a bad rank or a failed node check named it"
 
 
-def _open_hang(p: Phase, cause: str = "hang, or bad_rank for an eviction") -> tuple[str, ...]:
+def _open_hang(p: Phase, cause: str = "hang; bad_rank for an eviction, suspect_node for a suspect's beat") -> tuple[str, ...]:
     """How a hang's move begins in phase ``p``: the incident it opens, closes or continues."""
     if p is P.RECOVERING:
         return ("close the recovering incident rolled_back", f"open incident (cause {cause})")
@@ -131,22 +133,28 @@ TABLE: tuple[Transition, ...] = (
                    (*_open_hang(p), "send restart in_place (none when torchrun restarted that life already)",
                     "alert critical")),
         Transition(p, T.HANG_AGAIN, P.RESTARTING, (*_RESTARTS, "wants_exclusion", "can_exclude"),
-                   (*_open_hang(p), "send restart exclude (the culprit's nodes)", "alert critical")),
+                   (*_open_hang(p), _RECORD, "send restart exclude (the culprit's nodes)", "alert critical")),
         # a bad rank the kit's re-runs found (step.triaged bad_rank): evicted, i.e. left out at once;
         # the halts below (no restart, budget, node) answer it as they answer a hang
         Transition(p, T.EVICT, P.RESTARTING, (*_RESTARTS, "wants_exclusion", "can_exclude"),
-                   (*_open_hang(p, "bad_rank"), "send restart exclude (the bad rank's node)", "alert critical")),
+                   (*_open_hang(p, "bad_rank"), _RECORD, "send restart exclude (the bad rank's node)",
+                    "alert critical")),
     )),
     *(Transition(p, T.NODE_CHECK_FAILED, P.RESTARTING, (*_RESTARTS, "wants_exclusion", "can_exclude"),
-                 (*_open_hang(p), "send restart exclude (the slow nodes)", "alert critical"))
+                 (*_open_hang(p), _RECORD, "send restart exclude (the slow nodes)", "alert critical"))
+      for p in _HANG_SOURCES),
+    # a node the suspect-node store holds beats in the run (controller/recovery_suspect.py): it is not
+    # admitted, so the group restarts without it; the halts below answer it when it cannot be left out
+    *(Transition(p, T.SUSPECT_NODE, P.RESTARTING, (*_RESTARTS, "wants_exclusion", "can_exclude"),
+                 (*_open_hang(p, "suspect_node"), "send restart exclude (the suspect node)", "alert critical"))
       for p in _HANG_SOURCES),
     *(t for p in _HANG_SOURCES for t in (
         Transition(p, T.RESTART_UNAVAILABLE, P.HALTED, ("starts_restart", "not can_restart"),
-                   (*_open_hang(p), *(_HALT_JOB if p is P.REJOINING else _HALT_LEFT_RUNNING))),
+                   (*_open_hang(p), _RECORD_JUDGED, *(_HALT_JOB if p is P.REJOINING else _HALT_LEFT_RUNNING))),
         Transition(p, T.RESTART_BUDGET_SPENT, P.HALTED, ("starts_restart", "can_restart", "not within_restart_budget"),
-                   (*_open_hang(p), *_HALT_JOB)),
+                   (*_open_hang(p), _RECORD_JUDGED, *_HALT_JOB)),
         Transition(p, T.EXCLUDE_UNAVAILABLE, P.HALTED, (*_RESTARTS, "wants_exclusion", "not can_exclude"),
-                   (*_open_hang(p), *_HALT_JOB)),
+                   (*_open_hang(p), _RECORD_JUDGED, *_HALT_JOB)),
     )),
     Transition(P.RESTARTING, T.WORKERS_STARTED, P.REJOINING, (), ("forget the old life's memory snapshots",)),
     Transition(P.RESTARTING, T.RUN_ENDED, P.RESTARTING, (), ("note the torn-down life's end",)),
@@ -280,21 +288,30 @@ def is_ours(cfg: RecoveryConfig, s: RecoveryState, cmd_id: str) -> bool:
 
 def starts_restart(cfg: RecoveryConfig, s: RecoveryState, inp: Any) -> bool:
     """A hang verdict (``Action.RESTART``) or a bad rank the kit's re-runs found (``step.triaged``)
-    while running or recovering, or a failed node check while running, recovering or rejoining."""
+    while running or recovering, or a failed node check or a suspect node's beat (the suspect-node
+    store) while running, recovering or rejoining."""
     if isinstance(inp, VerdictIn):
         return inp.verdict.action is Action.RESTART and s.phase in (Phase.RUNNING, Phase.RECOVERING)
     if isinstance(inp, TriagedIn):
         return evicts(cfg, inp) and s.phase in (Phase.RUNNING, Phase.RECOVERING)
+    if isinstance(inp, SuspectJoinedIn):
+        return s.phase in _HANG_SOURCES
     return isinstance(inp, NodeCheckIn) and not inp.ok and s.phase in _HANG_SOURCES
 
 
 def evicts(cfg: RecoveryConfig, inp: TriagedIn) -> bool:
     """The kit's re-runs found a bad rank, or a rank's transient faults in this life reached
-    ``transient_budget`` (not a guard term: part of ``starts_restart``)."""
+    ``transient_budget`` (``recorded_transient_budget`` when its node has a record in the
+    suspect-node store: evicted sooner) (not a guard term: part of ``starts_restart``)."""
     if inp.cls == "bad_rank":
         return True
     return (inp.cls == "transient" and inp.rank is not None and bool(cfg.transient_budget)
-            and inp.transient_counts.get(str(inp.rank), 0) >= cfg.transient_budget)
+            and inp.transient_counts.get(str(inp.rank), 0) >= transient_budget_of(cfg, inp))
+
+
+def transient_budget_of(cfg: RecoveryConfig, inp: TriagedIn) -> int:
+    """The transient budget of ``inp``'s rank: lower for a node with a record (issue 22's memory)."""
+    return min(cfg.transient_budget, cfg.recorded_transient_budget) if inp.node_record else cfg.transient_budget
 
 
 def can_restart(cfg: RecoveryConfig, s: RecoveryState) -> bool:
@@ -308,9 +325,9 @@ def within_restart_budget(cfg: RecoveryConfig, s: RecoveryState, now: float) -> 
 
 
 def wants_exclusion(cfg: RecoveryConfig, s: RecoveryState, inp: Any, nodes: tuple[str, ...], now: float) -> bool:
-    """The node failed a node check, the kit's re-runs found its rank bad (an eviction), or one of
-    the culprit's nodes hung before within ``repeat_window_s``."""
-    if isinstance(inp, (NodeCheckIn, TriagedIn)):
+    """The node failed a node check, the kit's re-runs found its rank bad (an eviction), the store
+    holds it suspect, or one of the culprit's nodes hung before within ``repeat_window_s``."""
+    if isinstance(inp, (NodeCheckIn, TriagedIn, SuspectJoinedIn)):
         return True
     return bool(cfg.repeat_window_s) and any(n in nodes and now - t < cfg.repeat_window_s for n, t in s.hang.hangs)
 

@@ -13,7 +13,13 @@ from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from typing import Any, ClassVar
 
-from cliffguard.controller.recovery_hang_types import HangState, NodeCheckIn
+from cliffguard.controller.recovery_hang_types import (
+    ClearSuspect,
+    HangState,
+    NodeCheckIn,
+    RecordSuspect,
+    SuspectJoinedIn,
+)
 from cliffguard.controller.verdict import Verdict
 from cliffguard.core.capabilities import ALL as ALL_COMMANDS
 from cliffguard.core.capabilities import normalize as normalize_capabilities
@@ -79,6 +85,7 @@ class Trigger(StrEnum):
     TRIAGE_CURED = "triage_cured"  # the kit re-ran a bad step and cured it itself (step.triaged: data, transient)
     EVICT = "evict"  # the kit's re-runs found a bad rank: restart without its node
     SDC = "sdc"  # the replicas' parameters differ (the SDC watch): roll back to before they diverged
+    SUSPECT_NODE = "suspect_node"  # a node the store holds suspect beats in the run: restart without it
 
 
 @dataclass(kw_only=True, slots=True)
@@ -131,6 +138,10 @@ class RecoveryConfig:
     transient_budget: int = bounded(3, ge=0)
     """Transient faults the kit's re-runs may find on one rank in a worker group's life; the one that
     reaches it has that rank evicted like a bad rank (0 = never evict for transients)."""
+    recorded_transient_budget: int = bounded(1, ge=1)
+    """The same budget for a rank whose node has a record in the suspect-node store (evicted before,
+    cleared since or not): a node that was bad once is evicted sooner (the lower of the two budgets;
+    ``transient_budget`` 0 still means never)."""
     escalate_within: int = bounded(50, ge=0)
     """Steps: an excursion that starts within this many steps of the end of the previous incident
     (a resume, or a rollback called recovered) climbs one rung of the escalation ladder
@@ -285,6 +296,9 @@ class TriagedIn:
     """The re-runs: each one's per-rank loss and grad norm, the guard's median and σ (core/triage.py)."""
     transient_counts: dict[str, int] = field(default_factory=dict)
     """Transient faults the kit found per rank so far in this life (``transient_budget``)."""
+    node_record: bool = False
+    """``node`` has a record in the suspect-node store (the edge reads it: ``controller/suspects.py``):
+    its rank gets ``recorded_transient_budget``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,7 +324,7 @@ class RunPreemptedIn:
 
 
 Input = (VerdictIn | ProgressIn | CheckpointIn | AckIn | ValidationIn | TickIn | RunEndedIn | StartedIn
-         | TrainerTimeoutIn | RunPreemptedIn | NodeCheckIn | TriagedIn)
+         | TrainerTimeoutIn | RunPreemptedIn | NodeCheckIn | TriagedIn | SuspectJoinedIn)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -407,7 +421,7 @@ class FlagSamples:
 
 
 ActionT = (SendCommand | MarkCommand | Alert | OpenIncident | CloseIncident | RecordTransition | MarkStable
-           | FlagSamples)
+           | FlagSamples | RecordSuspect | ClearSuspect)
 
 
 # ---------------------------------------------------------------------------------------------

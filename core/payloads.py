@@ -143,6 +143,10 @@ class HeartbeatData(TypedDict):
     steps: NotRequired[list[int]]  # each rank's newest step
     ages_s: NotRequired[list[float]]  # seconds since each rank's process last said it was alive
     collectives: NotRequired[list[str]]  # the collective each rank is inside ("" = none)
+    # Who beats (issue 22's suspect-node store keeps a suspect node out by it): the node's id
+    # (core/restart_plan.py ``node_id``) and, under the hang part, its worker group's life.
+    node: NotRequired[str]
+    life: NotRequired[int]
 
 
 class CheckpointData(TypedDict):

@@ -36,6 +36,7 @@ from cliffguard.dashboard.sections import (
     preemptions,
     queue,
     ranks,
+    suspects,
 )
 from cliffguard.dashboard.sections.context import Context
 from cliffguard.dashboard.store_access import read_only_engine
@@ -104,6 +105,7 @@ def main() -> None:
     _live(goodput.render, ctx, every)
     _live(incidents.render, ctx, every)
     _live(hangs.render, ctx, every)
+    _live(suspects.render, ctx, every)
     _live(checkpoints.render, ctx, every)
     _live(elastic.render, ctx, every)
     _live(preemptions.render, ctx, every)

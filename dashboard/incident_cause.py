@@ -3,7 +3,7 @@
 The triage ladder's incidents carry their evidence: a step the kit re-ran (``triage``: its class,
 the remedy the kit applied, each re-run's per-rank loss), a rank the re-runs found bad
 (``bad_rank``: the rank, its node, the eviction), a diverged replica (``sdc``: the suspects, the
-last step the replicas agreed). A loss rule's incident says nothing here (its window stats are
+last step the replicas agreed), a suspect node that joined a run (``suspect_node``: its record). A loss rule's incident says nothing here (its window stats are
 shown as metrics)."""
 
 from __future__ import annotations
@@ -28,6 +28,10 @@ def cause_line(rule: str, ev: dict[str, Any]) -> str | None:
         node = f" on node **{ev['node']}**" if ev.get("node") else " (node unknown)"
         return (f"class **bad_rank**: rank {ev.get('rank')}{node} computes wrong numbers whatever shard it gets; "
                 f"evicted: the worker group restarts without that node. {ev.get('reason', '')}")
+    if rule == "suspect_node":  # a node the suspect-node store holds beat in the run (controller/suspects.py)
+        rec = ev.get("record") or {}
+        return (f"node **{ev.get('node')}** is suspect ({rec.get('cause')}, evicted from run {rec.get('run')}: "
+                f"{rec.get('why', '')}); not admitted until cleared (`cliffguard nodes clear`)")
     if rule == "sdc":
         suspects = ev.get("suspects") or []
         who = (f"rank(s) {suspects} differ from the others" if ev.get("named") else

@@ -556,3 +556,29 @@ class DlqRunRow(Base):
     first_ts: Mapped[float] = mapped_column(Float)
     last_ts: Mapped[float] = mapped_column(Float)
     last_detail: Mapped[str | None] = mapped_column(Text)
+
+
+class SuspectNodeRow(Base):
+    """A node the controller evicted (issue 22): kept out of every run until cleared.
+
+    One row per eviction, kept after it is cleared: a node with any row has a record and is evicted
+    sooner (``[recovery] recorded_transient_budget``). Written by the controller's edge
+    (``controller/suspects.py``); cleared by ``cliffguard nodes clear`` or by a node check that passes
+    after ``cliffguard nodes recheck`` (both audited). No foreign key to ``runs``: a record outlives
+    the run that made it (retention may delete the run; the node must stay out)."""
+
+    __tablename__ = "suspect_nodes"
+    __table_args__ = (Index("ix_suspect_nodes_node", "node", "cleared_at"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    node: Mapped[str] = mapped_column(String(128))
+    cause: Mapped[str] = mapped_column(String(32))  # bad_rank | transient | hang_again | node_check_failed
+    reason: Mapped[str] = mapped_column(Text)
+    run_id: Mapped[str] = mapped_column(String(128))
+    incident_id: Mapped[str | None] = mapped_column(String(32))
+    since: Mapped[float] = mapped_column(Float)
+    recheck_at: Mapped[float | None] = mapped_column(Float)
+    """When an operator asked to re-admit it on a passing node check (``cliffguard nodes recheck``)."""
+    cleared_at: Mapped[float | None] = mapped_column(Float)
+    cleared_by: Mapped[str | None] = mapped_column(String(128))
+    clear_reason: Mapped[str | None] = mapped_column(Text)

@@ -40,7 +40,8 @@ HANG_TRIGGERS = {Trigger.HANG, Trigger.HANG_AGAIN, Trigger.NODE_CHECK_FAILED, Tr
                  Trigger.NODE_CHECK_PASSED, Trigger.TRAINING_AGAIN, Trigger.RESTART_TIMED_OUT}
 HANG_MOVES = {(p, t) for p, t in TRANSITIONS
               if (t in HANG_TRIGGERS or p in (Phase.RESTARTING, Phase.REJOINING))
-              and p is not Phase.PREEMPTED}  # its first step again is a preemption's move: test_recovery_preempt
+              and p is not Phase.PREEMPTED  # its first step again is a preemption's move: test_recovery_preempt
+              and t is not Trigger.SUSPECT_NODE}  # a suspect node's: tests/controller/test_recovery_suspect.py
 """The hang moves (controller/recovery_hang.py), walked by tests/controller/test_recovery_hang.py."""
 CFG = RecoveryConfig(stable_window=5, recover_window=5, rollback_budget=2, command_timeout_s=10,
                      validate_timeout_s=20, max_attempts=2, skip_data=True)

@@ -178,8 +178,8 @@ def test_every_section_is_a_live_fragment(filled, monkeypatch):
 
     monkeypatch.setattr(streamlit, "fragment", recording)
     at = run_app()
-    sections = {"header", "loss", "goodput", "incidents", "hangs", "checkpoints", "elastic", "preemptions", "gradients", "ranks",
-                "alerts"}
+    sections = {"header", "loss", "goodput", "incidents", "hangs", "suspects", "checkpoints", "elastic", "preemptions",
+                "gradients", "ranks", "alerts"}
     assert {m.rsplit(".", 1)[-1] for m, _ in calls} == sections
     assert {every for _, every in calls} == {5.0}
     calls.clear()

@@ -37,10 +37,13 @@ from cliffguard.controller.store.read.ranks import (
 from cliffguard.controller.store.read.requests import REQUEST_COLUMNS, recent_requests
 from cliffguard.controller.store.read.rule_stats import STAT_COLUMNS, SpikeRuleStats, spike_rule_stats
 from cliffguard.controller.store.read.runs import get_run, heartbeats, list_runs, liveness
+from cliffguard.controller.store.read.suspects import SUSPECT_COLUMNS, suspect_nodes
 from cliffguard.controller.store.read.validations import data_flags, validations
 
 __all__ = [
     "preemptions",
+    "SUSPECT_COLUMNS",
+    "suspect_nodes",
     "DETAIL_COLUMNS",
     "RANK_COLUMNS",
     "REQUEST_COLUMNS",

@@ -1,0 +1,89 @@
+"""The suspect-node store's writes (issue 22: a node the controller evicted is not admitted again
+until cleared), and the index the controller's edge checks beats against.
+
+- ``record_suspect``: the controller's edge, for the machine's ``RecordSuspect`` (one row per eviction);
+- ``clear_suspect``: ``cliffguard nodes clear`` (an operator) or a passing node check after
+  ``ask_recheck`` (the controller): every open record of the node gets its clearing, audited;
+- ``ask_recheck``: ``cliffguard nodes recheck``: the node may join again, on probation, and the next
+  node check that passes with it clears it (audited);
+- ``standing``: node -> what the store holds about it (``Standing``), for ``controller/suspects.py``.
+
+The reads for people (``cliffguard nodes``, the dashboard) are ``controller/store/read/suspects.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from cliffguard.controller.store.fit import fit_row
+from cliffguard.controller.store.models import AuditRow, SuspectNodeRow
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """An open record, as plain values (the edge keeps them across sessions)."""
+
+    cause: str
+    reason: str
+    run_id: str
+    incident_id: str | None
+    since: float
+
+
+@dataclass(frozen=True, slots=True)
+class Standing:
+    """What the store holds about one node: its newest open record (None: cleared, or never one)."""
+
+    node: str
+    open: Record | None
+    recheck: bool
+    """An operator asked to re-admit it on a passing node check (it may join, on probation)."""
+
+    @property
+    def refused(self) -> bool:
+        """Suspect and not on probation: a run it beats in leaves it out."""
+        return self.open is not None and not self.recheck
+
+
+def record_suspect(session: Session, *, node: str, cause: str, reason: str, run_id: str, incident_id: str | None,
+                   at: float) -> None:
+    session.add(SuspectNodeRow(**fit_row(SuspectNodeRow, dict(
+        node=node, cause=cause, reason=reason, run_id=run_id, incident_id=incident_id, since=at))))
+
+
+def clear_suspect(session: Session, node: str, *, by: str, reason: str, now: float, run_id: str | None = None) -> int:
+    """Clear every open record of ``node``; audited. Returns how many were open (0: nothing to clear,
+    and no audit row)."""
+    n = session.execute(update(SuspectNodeRow).where(SuspectNodeRow.node == node, SuspectNodeRow.cleared_at.is_(None))
+                        .values(cleared_at=now, cleared_by=by[:128], clear_reason=reason)).rowcount
+    if n:
+        session.add(AuditRow(ts=now, actor=by[:128], action="nodes.clear", run_id=run_id,
+                             detail={"node": node, "reason": reason, "records": n}))
+    return int(n)
+
+
+def ask_recheck(session: Session, node: str, *, by: str, now: float) -> int:
+    """Let ``node`` join again on probation, cleared by the next node check that passes with it;
+    audited. Returns its open records (0: not suspect, nothing done)."""
+    n = session.execute(update(SuspectNodeRow).where(SuspectNodeRow.node == node, SuspectNodeRow.cleared_at.is_(None))
+                        .values(recheck_at=now)).rowcount
+    if n:
+        session.add(AuditRow(ts=now, actor=by[:128], action="nodes.recheck", run_id=None,
+                             detail={"node": node, "records": n}))
+    return int(n)
+
+
+def standing(session: Session) -> dict[str, Standing]:
+    """Every node with a record (cleared or not): its newest open record and whether it is on probation."""
+    out: dict[str, Standing] = {}
+    for row in session.scalars(select(SuspectNodeRow).order_by(SuspectNodeRow.since, SuspectNodeRow.id)):
+        cur = out.get(row.node)
+        if row.cleared_at is None:  # the newest open record decides: an eviction after a recheck refuses again
+            rec = Record(row.cause, row.reason, row.run_id, row.incident_id, row.since)
+            out[row.node] = Standing(row.node, rec, row.recheck_at is not None)
+        elif cur is None:
+            out[row.node] = Standing(row.node, None, False)
+    return out
