@@ -39,6 +39,7 @@ from cliffguard.controller.edge_classify import EdgeBatch
 from cliffguard.controller.goodput.book import GoodputBook
 from cliffguard.controller.goodput.config import GoodputConfig
 from cliffguard.controller.operator import enqueue_command
+from cliffguard.controller.rank_nodes import RankNodes
 from cliffguard.controller.recovery import transition
 from cliffguard.controller.recovery_types import (
     AckIn,
@@ -144,6 +145,8 @@ class BatchProcessor:
         self.goodput = GoodputBook(ctx.goodput, ctx.alerts)
         self.suspects = SuspectIndex()
         """The suspect-node store as the edge checks beats against it (controller/suspects.py)."""
+        self.rank_nodes = RankNodes()
+        """Each run's ranks' nodes by its node heartbeats, for a persistent SDC (controller/rank_nodes.py)."""
         self.on_command: Callable[[Session, str], object] | None = None
         """Called with (session, command id) as soon as a command is queued, inside the batch's
         transaction: the service sends it then (``CommandOutbox.send_early``), not after commit."""
@@ -174,6 +177,8 @@ class BatchProcessor:
                 slot = self.runs.get(session, run, rec.partition)
                 known = runs[run] = (slot, _loss_rules(slot.detector), rec.partition)
                 slot.dirty = True
+            if ev.type is _HEARTBEAT:
+                self.rank_nodes.seen(ev)  # before any verdict of the batch (a beat may be judged later)
             if ev.step > newest.get(run, 0):
                 newest[run] = ev.step
             elif run not in newest:
@@ -236,7 +241,7 @@ class BatchProcessor:
                 if row is None:
                     continue  # an unknown command, or another run's: it must not move this run
                 inp = replace(inp, args=dict(row.args or {}))  # an operator's lr_scale, for the machine
-            self._feed(session, slot, self.suspects.annotate(inp), res)
+            self._feed(session, slot, self.rank_nodes.annotate(slot.run_id, self.suspects.annotate(inp)), res)
         if ev.type is _HEARTBEAT:  # a suspect node's beat: it is not admitted (controller/suspects.py)
             for inp in self.suspects.inputs(ev, now):
                 self._feed(session, slot, inp, res)

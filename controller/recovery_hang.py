@@ -43,6 +43,7 @@ from cliffguard.controller.recovery_types import (
     Trigger,
     VerdictIn,
 )
+from cliffguard.controller.rules.sdc import SDC
 from cliffguard.core.enums import AlertAction, AlertLevel, CheckpointKind, CommandType, IncidentOutcome, Level
 
 EVICTION = "bad_rank"
@@ -115,10 +116,12 @@ def on_node_check(st: Step, inp: NodeCheckIn) -> None:
 def _decide(st: Step, inp: VerdictIn | NodeCheckIn | TriagedIn | SuspectJoinedIn, ev: dict[str, Any],
             nodes: tuple[str, ...], ranks: tuple[int, ...], life: int, step: int, message: str) -> None:
     """The table's remedy for a named culprit (see the module docstring); a bad rank the kit's
-    re-runs found (``TriagedIn``) and a suspect node's beat (``SuspectJoinedIn``) are always left out."""
+    re-runs found (``TriagedIn``), a rank that diverged again after an SDC rollback (an SDC
+    ``VerdictIn``: recovery_sdc.py) and a suspect node's beat (``SuspectJoinedIn``) are always left out."""
     s, now = st.s, inp.now
     check = isinstance(inp, NodeCheckIn)
-    evict = isinstance(inp, TriagedIn)
+    sdc = isinstance(inp, VerdictIn) and inp.verdict.rule == SDC
+    evict = isinstance(inp, TriagedIn) or sdc
     suspect = isinstance(inp, SuspectJoinedIn)
     exclude = False
     if not st.holds("can_restart"):
@@ -130,7 +133,7 @@ def _decide(st: Step, inp: VerdictIn | NodeCheckIn | TriagedIn | SuspectJoinedIn
                                                       f"{st.cfg.restart_window_s:.0f} s) is spent")
     elif st.holds("wants_exclusion", inp, nodes, now):
         if st.holds("can_exclude", nodes):
-            trigger = (Trigger.EVICT if evict else Trigger.SUSPECT_NODE if suspect
+            trigger = (Trigger.SDC_AGAIN if sdc else Trigger.EVICT if evict else Trigger.SUSPECT_NODE if suspect
                        else Trigger.NODE_CHECK_FAILED if check else Trigger.HANG_AGAIN)
             why, exclude = (f"restarting without node{'s' if len(nodes) > 1 else ''} {', '.join(nodes)}"
                             + ("" if check or evict or suspect
@@ -142,15 +145,18 @@ def _decide(st: Step, inp: VerdictIn | NodeCheckIn | TriagedIn | SuspectJoinedIn
                 else "the culprit's node is unknown, so it cannot be left out")
     else:
         trigger, why = Trigger.HANG, "restarting the worker group in place from the newest checkpoint"
-    _open(st, ev, step, now, rule=EVICTION if evict else SUSPECT if suspect else "hang")
+    rule = SDC if sdc else EVICTION if evict else SUSPECT if suspect else "hang"
+    _open(st, ev, step, now, rule=rule)
     reason = f"{message}; {why}"
     s.hang = replace(s.hang, hangs=(*s.hang.hangs, *((n, now) for n in nodes if n))[-HANGS_KEEP:])
     if (evict or check or exclude) and not suspect:  # judged bad by its own evidence (not a first hang)
-        cause = inp.cls if isinstance(inp, TriagedIn) else "node_check_failed" if check else "hang_again"
+        cause = (inp.cls if isinstance(inp, TriagedIn) else SDC if sdc else "node_check_failed" if check
+                 else "hang_again")
         record_suspects(st, nodes, cause, reason, now)
     if trigger is Trigger.RESTART_UNAVAILABLE and (evict or suspect) and s.phase is not Phase.REJOINING:
         # the guard keeps skipping a bad rank's updates; leaving the node is a human's call now
-        what = "its guard skips the bad rank's updates" if evict else "the suspect node trains with it"
+        what = ("the diverged replica trains on" if sdc else "its guard skips the bad rank's updates" if evict
+                else "the suspect node trains with it")
         st.halt(trigger, f"{reason}; the job is left running ({what}): evict node "
                 f"{', '.join(nodes) or '(unknown)'} by hand", ev, now)
         return
@@ -178,16 +184,18 @@ def _decide(st: Step, inp: VerdictIn | NodeCheckIn | TriagedIn | SuspectJoinedIn
         _forget_memory(st)
     else:
         _send_restart(st, mode, life, ranks, nodes if exclude else (), reason, now, nodes)
-    what = "a bad rank" if evict else "a suspect node" if suspect else "hang"
-    st.alert(AlertLevel.CRITICAL, EVICTION if evict else SUSPECT if suspect else "hang",
+    what = "a persistent SDC" if sdc else "a bad rank" if evict else "a suspect node" if suspect else "hang"
+    st.alert(AlertLevel.CRITICAL, rule,
              f"{what} on run {s.run} at step {step}: {mode.replace('_', ' ')} restart", reason, ev)
 
 
 def _open(st: Step, ev: dict[str, Any], step: int, now: float, rule: str = "hang") -> None:
     """Open the hang's (or an eviction's) incident (closing a recovering rollback's first); in
-    rejoining, continue it."""
+    rejoining, or recovering from an incident of the same rule (an SDC's rollback), continue it."""
     s = st.s
     if s.phase is Phase.REJOINING and s.incident is not None:
+        return
+    if s.phase is Phase.RECOVERING and s.incident is not None and s.incident.rule == rule:
         return
     if s.phase is Phase.RECOVERING and s.incident is not None:
         st.close(IncidentOutcome.ROLLED_BACK, now)  # it rolled back and trained on; the hang is a new failure

@@ -50,6 +50,9 @@ class HangState:
     suspects: tuple[tuple[str, int], ...] = ()
     """(node, life) of each node this run recorded suspect or answered as one (controller/recovery_suspect.py),
     newest last (bounded): a suspect node's beats are answered once per life of the worker group."""
+    diverged: tuple[tuple[int, int, str], ...] = ()
+    """(rank, life, node; "" when unknown) of each rank an SDC rollback named, newest last (bounded): the
+    same rank diverging again in that life, or on that node, is a persistent SDC (recovery_sdc.py)."""
 
     def started(self, life: int, max_restarts: int, restarts_left: int, nodes: int, min_nodes: int) -> HangState:
         return replace(self, life=life, max_restarts=max_restarts, restarts_left=restarts_left, nodes=nodes,
@@ -64,7 +67,8 @@ class HangState:
                 "restart": None if r is None else {"mode": r.mode, "life": r.life, "at": r.at, "ranks": list(r.ranks),
                                                    "nodes": list(r.nodes), "exclude": list(r.exclude),
                                                    "started_at": r.started_at, "check": r.check},
-                "left_running": self.left_running, "suspects": [list(x) for x in self.suspects]}
+                "left_running": self.left_running, "suspects": [list(x) for x in self.suspects],
+                "diverged": [list(x) for x in self.diverged]}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> HangState:
@@ -80,7 +84,8 @@ class HangState:
                    min_nodes=int(d.get("min_nodes", 1)), restart_times=tuple(float(t) for t in d.get("restart_times", ())),
                    hangs=tuple((str(n), float(t)) for n, t in d.get("hangs", ())), restart=restart,
                    left_running=None if d.get("left_running") is None else str(d["left_running"]),
-                   suspects=tuple((str(n), int(lf)) for n, lf in d.get("suspects", ())))
+                   suspects=tuple((str(n), int(lf)) for n, lf in d.get("suspects", ())),
+                   diverged=tuple((int(r), int(lf), str(n)) for r, lf, n in d.get("diverged", ())))
 
 
 @dataclass(frozen=True, slots=True)

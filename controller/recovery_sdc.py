@@ -16,6 +16,17 @@ checkpoint before the divergence is halted for a human, with the job left runnin
 declared a pause the machine could trust more than the operator's judgement). In any other phase
 (mid-incident) the verdict is a critical alert only; the replicas stay diverged, so the next check
 after the incident reports it again.
+
+A persistent SDC is evicted rather than rolled back again (issue 22, item 4). Each rollback that named
+one rank remembers it, with its life of the worker group and its node (``HangState.diverged``). A
+later verdict naming the same rank in that life or on that node (``sdc_repeats``: within the same
+incident while recovering, or a later one) restarts the worker group without the rank's node, the
+eviction's path (``recovery_hang._decide``: transition ``--sdc_again--> restarting``, the node
+recorded suspect); the incident says "rank R diverged again after a rollback: persistent silent data
+corruption". The rank's node is what the node heartbeats of the current life said (the edge adds it
+to the verdict: controller/rank_nodes.py). With no restart to give, the restart budget spent, too
+few nodes, or no node known for the rank (it is never guessed), a human is called with the rank
+named (the hangs' halts).
 """
 
 from __future__ import annotations
@@ -23,14 +34,17 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from cliffguard.controller.recovery_hang import _decide
 from cliffguard.controller.recovery_step import Step, open_incident, start_rollback
-from cliffguard.controller.recovery_table import rollback_target
+from cliffguard.controller.recovery_table import rollback_target, sdc_node
 from cliffguard.controller.recovery_types import Phase, Trigger, VerdictIn
 from cliffguard.controller.rules.sdc import SDC
 from cliffguard.core.enums import AlertLevel, IncidentOutcome, Level
 
 NO_CLEAN_STATE = -1
 """The rollback bound when no check ever agreed: no checkpoint is at or before it."""
+DIVERGED_KEEP = 16
+"""(rank, life, node) of the SDC rollbacks a run remembers (``HangState.diverged``)."""
 
 
 def on_sdc_verdict(st: Step, inp: VerdictIn) -> None:
@@ -41,6 +55,9 @@ def on_sdc_verdict(st: Step, inp: VerdictIn) -> None:
         if inc is None or inc.rule != SDC:  # an SDC incident in progress already answers it
             st.alert(AlertLevel.CRITICAL, SDC, f"run {s.run}: replicas diverged at step {v.step} while {s.phase}; "
                      "answered after the incident in progress (the next check reports it again)", v.message, ev)
+        return
+    if st.holds("sdc_repeats", inp):
+        _persistent(st, inp, ev)
         return
     _open(st, v.step, v.onset_step, ev, now)
     bound = NO_CLEAN_STATE if v.onset_step is None else v.onset_step
@@ -57,8 +74,25 @@ def on_sdc_verdict(st: Step, inp: VerdictIn) -> None:
         target = rollback_target(st.cfg, s, bound)
         assert target is not None
         start_rollback(st, Trigger.SDC, target, v.message, ev, now)
+        if v.rank is not None:  # its next divergence is a persistent SDC (sdc_repeats)
+            seen = (v.rank, s.hang.life, sdc_node(s, v))
+            s.hang = replace(s.hang, diverged=(*s.hang.diverged, seen)[-DIVERGED_KEEP:])
         st.alert(AlertLevel.CRITICAL, SDC, f"run {s.run}: replicas diverged at step {v.step}; rolling back to "
                  f"step {target.step}", v.message, ev)
+
+
+def _persistent(st: Step, inp: VerdictIn, ev: dict[str, Any]) -> None:
+    """The rank an SDC rollback named diverged again: evict its node (or a human, the rank named)."""
+    v, s = inp.verdict, st.s
+    assert v.rank is not None  # sdc_repeats holds only for a named rank
+    node = sdc_node(s, v)
+    ev.update({"cause": SDC, "persistent": True, "culprit": [v.rank], "node": node, "nodes": [node] if node else [],
+               "diverged_before": [{"rank": r, "life": lf, "node": n} for r, lf, n in s.hang.diverged if r == v.rank]})
+    known = f" (node {node})" if node else " (its node is not known: no node heartbeat of this life named it)"
+    msg = f"step {v.step}: rank {v.rank} diverged again after a rollback: persistent silent data corruption{known}"
+    starts = st.holds("starts_restart", inp)  # the table's eviction and its halts ask it
+    assert starts, "sdc_repeats in a training phase is a restart"
+    _decide(st, inp, ev, (node,) if node else (), (v.rank,), s.hang.life, v.step, msg)
 
 
 def _open(st: Step, step: int, last_agreed: int | None, ev: dict[str, Any], now: float) -> None:

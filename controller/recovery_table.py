@@ -27,7 +27,8 @@ from cliffguard.controller.recovery_types import (
     Trigger,
     VerdictIn,
 )
-from cliffguard.controller.verdict import Action
+from cliffguard.controller.rules.sdc import SDC
+from cliffguard.controller.verdict import Action, Verdict
 from cliffguard.core.enums import CommandType
 from cliffguard.core.policy import rollback_step
 
@@ -63,15 +64,28 @@ _HANG_SOURCES = (P.RUNNING, P.RECOVERING, P.REJOINING)
 _HALT_LEFT_RUNNING = ("close incident halted", "alert critical (no restart to give it: the job is left running)")
 _HALT_JOB = ("close incident halted", "send restart halt (when the run can apply it)", "alert critical")
 _RECORD = "record the nodes suspect (controller/suspects.py: kept out of later groups until cleared)"
-_RECORD_JUDGED = "record the node suspect when a bad rank or a failed node check named it"
+_RECORD_JUDGED = "record the node suspect when a bad rank, a repeated SDC or a failed node check named it"
 
 
-def _open_hang(p: Phase, cause: str = "hang; bad_rank for an eviction, suspect_node for a suspect's beat") -> tuple[str, ...]:
-    """How a hang's move begins in phase ``p``: the incident it opens, closes or continues."""
+_HANG_CAUSES = "hang; bad_rank for an eviction, suspect_node for a suspect's beat"
+_HALT_CAUSES = f"{_HANG_CAUSES}, sdc for a persistent SDC"
+"""The incidents the hangs' halts open: a persistent SDC that cannot be evicted halts through them too."""
+
+
+def _open_hang(p: Phase, cause: str = _HANG_CAUSES) -> tuple[str, ...]:
+    """How a hang's move begins in phase ``p``: the incident it opens, closes or continues (a
+    persistent SDC, recovering from its SDC incident's rollback, continues that incident)."""
     if p is P.RECOVERING:
+        if cause == SDC:
+            return _open_sdc(p)
+        if cause == _HALT_CAUSES:
+            return (f"continue an SDC incident (a persistent SDC), else close the recovering incident rolled_back "
+                    f"and open incident (cause {cause})",)
         return ("close the recovering incident rolled_back", f"open incident (cause {cause})")
     return ("continue the incident",) if p is P.REJOINING else (f"open incident (cause {cause})",)
 _HALT_SDC = ("close incident halted", "alert critical (the job is left running on the diverged replica)")
+_SDC_ONCE = ("starts_sdc", "not sdc_repeats")
+"""A divergence of a rank no SDC rollback of this run named yet (or of no named rank): a rollback."""
 
 
 def _open_sdc(p: Phase) -> tuple[str, ...]:
@@ -150,11 +164,11 @@ TABLE: tuple[Transition, ...] = (
       for p in _HANG_SOURCES),
     *(t for p in _HANG_SOURCES for t in (
         Transition(p, T.RESTART_UNAVAILABLE, P.HALTED, ("starts_restart", "not can_restart"),
-                   (*_open_hang(p), _RECORD_JUDGED, *(_HALT_JOB if p is P.REJOINING else _HALT_LEFT_RUNNING))),
+                   (*_open_hang(p, _HALT_CAUSES), _RECORD_JUDGED, *(_HALT_JOB if p is P.REJOINING else _HALT_LEFT_RUNNING))),
         Transition(p, T.RESTART_BUDGET_SPENT, P.HALTED, ("starts_restart", "can_restart", "not within_restart_budget"),
-                   (*_open_hang(p), _RECORD_JUDGED, *_HALT_JOB)),
+                   (*_open_hang(p, _HALT_CAUSES), _RECORD_JUDGED, *_HALT_JOB)),
         Transition(p, T.EXCLUDE_UNAVAILABLE, P.HALTED, (*_RESTARTS, "wants_exclusion", "not can_exclude"),
-                   (*_open_hang(p), _RECORD_JUDGED, *_HALT_JOB)),
+                   (*_open_hang(p, _HALT_CAUSES), _RECORD_JUDGED, *_HALT_JOB)),
     )),
     Transition(P.RESTARTING, T.WORKERS_STARTED, P.REJOINING, (), ("forget the old life's memory snapshots",)),
     Transition(P.RESTARTING, T.RUN_ENDED, P.RESTARTING, (), ("note the torn-down life's end",)),
@@ -190,14 +204,20 @@ TABLE: tuple[Transition, ...] = (
     # a diverged replica (controller/recovery_sdc.py): its weights are known bad and no validation can
     # tell, so straight back to before the replicas last agreed, the LR kept and no data skipped
     *(t for p in (P.RUNNING, P.RECOVERING) for t in (
-        Transition(p, T.SDC, P.ROLLING_BACK, ("starts_sdc", "can_roll_back", "within_budget", "rollback_target"),
+        Transition(p, T.SDC, P.ROLLING_BACK, (*_SDC_ONCE, "can_roll_back", "within_budget", "rollback_target"),
                    (*_open_sdc(p), "send rollback (to the last agreement; lr_scale kept, no data skipped)",
-                    "alert critical")),
-        Transition(p, T.ROLLBACK_UNSUPPORTED, P.HALTED, ("starts_sdc", "not can_roll_back"), (*_open_sdc(p), *_HALT_SDC)),
-        Transition(p, T.BUDGET_EXHAUSTED, P.HALTED, ("starts_sdc", "can_roll_back", "not within_budget"),
+                    "remember the named rank (and its node)", "alert critical")),
+        Transition(p, T.ROLLBACK_UNSUPPORTED, P.HALTED, (*_SDC_ONCE, "not can_roll_back"), (*_open_sdc(p), *_HALT_SDC)),
+        Transition(p, T.BUDGET_EXHAUSTED, P.HALTED, (*_SDC_ONCE, "can_roll_back", "not within_budget"),
                    (*_open_sdc(p), *_HALT_SDC)),
-        Transition(p, T.NO_TARGET, P.HALTED, ("starts_sdc", "can_roll_back", "within_budget", "not rollback_target"),
+        Transition(p, T.NO_TARGET, P.HALTED, (*_SDC_ONCE, "can_roll_back", "within_budget", "not rollback_target"),
                    (*_open_sdc(p), *_HALT_SDC)),
+        # the rank an SDC rollback named diverged again: persistent SDC, evicted like a bad rank (its
+        # node left out and recorded suspect); the hangs' halts answer it when it cannot be (no restart,
+        # budget spent, too few nodes, or no node known for the rank: a human, the rank named)
+        Transition(p, T.SDC_AGAIN, P.RESTARTING, ("starts_sdc", "sdc_repeats", *_RESTARTS, "wants_exclusion",
+                                                  "can_exclude"),
+                   (*_open_hang(p, SDC), _RECORD, "send restart exclude (the diverging rank's node)", "alert critical")),
     )),
 )
 """Every legal move; those of one phase and input in the order the handlers try them."""
@@ -229,6 +249,23 @@ def starts_incident(cfg: RecoveryConfig, s: RecoveryState, inp: VerdictIn) -> bo
 def starts_sdc(cfg: RecoveryConfig, s: RecoveryState, inp: VerdictIn) -> bool:
     """The SDC watch's verdict (``Action.ROLLBACK``) while running or recovering (not mid-incident)."""
     return inp.verdict.action is Action.ROLLBACK and s.phase in (Phase.RUNNING, Phase.RECOVERING)
+
+
+def sdc_node(s: RecoveryState, v: Verdict) -> str:
+    """The node of an SDC verdict's rank, as the node heartbeats of the run's current life of the worker
+    group said it (the edge adds it: controller/rank_nodes.py); "" when unknown or from another life."""
+    node, life = v.evidence.get("node"), v.evidence.get("node_life")
+    return node if isinstance(node, str) and node and (life is None or life == s.hang.life) else ""
+
+
+def sdc_repeats(cfg: RecoveryConfig, s: RecoveryState, inp: VerdictIn) -> bool:
+    """The SDC verdict names a rank an earlier SDC rollback of this run named too, in the same life of
+    the worker group or on the same node: a persistent SDC (``HangState.diverged``)."""
+    v = inp.verdict
+    if v.rule != SDC or v.rank is None:
+        return False
+    node = sdc_node(s, v)
+    return any(r == v.rank and (lf == s.hang.life or (node != "" and n == node)) for r, lf, n in s.hang.diverged)
 
 
 def is_abnormal(cfg: RecoveryConfig, s: RecoveryState, val_loss: float) -> bool:
@@ -287,11 +324,13 @@ def is_ours(cfg: RecoveryConfig, s: RecoveryState, cmd_id: str) -> bool:
 
 
 def starts_restart(cfg: RecoveryConfig, s: RecoveryState, inp: Any) -> bool:
-    """A hang verdict (``Action.RESTART``) or a bad rank the kit's re-runs found (``step.triaged``)
-    while running or recovering, or a failed node check or a suspect node's beat (the suspect-node
-    store) while running, recovering or rejoining."""
+    """A hang verdict (``Action.RESTART``), a bad rank the kit's re-runs found (``step.triaged``) or a
+    persistent SDC (``sdc_repeats``) while running or recovering, or a failed node check or a suspect
+    node's beat (the suspect-node store) while running, recovering or rejoining."""
     if isinstance(inp, VerdictIn):
-        return inp.verdict.action is Action.RESTART and s.phase in (Phase.RUNNING, Phase.RECOVERING)
+        act = inp.verdict.action
+        return (act is Action.RESTART or (act is Action.ROLLBACK and sdc_repeats(cfg, s, inp))) and s.phase in (
+            Phase.RUNNING, Phase.RECOVERING)
     if isinstance(inp, TriagedIn):
         return evicts(cfg, inp) and s.phase in (Phase.RUNNING, Phase.RECOVERING)
     if isinstance(inp, SuspectJoinedIn):
@@ -325,10 +364,13 @@ def within_restart_budget(cfg: RecoveryConfig, s: RecoveryState, now: float) -> 
 
 
 def wants_exclusion(cfg: RecoveryConfig, s: RecoveryState, inp: Any, nodes: tuple[str, ...], now: float) -> bool:
-    """The node failed a node check, the kit's re-runs found its rank bad (an eviction), the store
-    holds it suspect, or one of the culprit's nodes hung before within ``repeat_window_s``."""
+    """The node failed a node check, the kit's re-runs found its rank bad (an eviction), its rank
+    diverged again after an SDC rollback, the store holds it suspect, or one of the culprit's nodes
+    hung before within ``repeat_window_s``."""
     if isinstance(inp, (NodeCheckIn, TriagedIn, SuspectJoinedIn)):
         return True
+    if isinstance(inp, VerdictIn) and inp.verdict.action is Action.ROLLBACK:
+        return True  # a persistent SDC (only asked once sdc_repeats held)
     return bool(cfg.repeat_window_s) and any(n in nodes and now - t < cfg.repeat_window_s for n, t in s.hang.hangs)
 
 
@@ -359,6 +401,7 @@ def escalation_spent(cfg: RecoveryConfig, s: RecoveryState) -> bool:
 GUARDS: dict[str, Callable[..., Any]] = {
     "starts_incident": starts_incident,
     "starts_sdc": starts_sdc,
+    "sdc_repeats": sdc_repeats,
     "is_abnormal": is_abnormal,
     "within_budget": within_budget,
     "rollback_target": rollback_target,

@@ -86,6 +86,7 @@ class Trigger(StrEnum):
     EVICT = "evict"  # the kit's re-runs found a bad rank: restart without its node
     SDC = "sdc"  # the replicas' parameters differ (the SDC watch): roll back to before they diverged
     SUSPECT_NODE = "suspect_node"  # a node the store holds suspect beats in the run: restart without it
+    SDC_AGAIN = "sdc_again"  # the rank an SDC rollback named diverged again (persistent SDC): restart without its node
 
 
 @dataclass(kw_only=True, slots=True)

@@ -497,7 +497,7 @@ def test_every_guard_is_exercised_by_name():
                            # the hang moves' (tests/controller/test_recovery_hang.py)
                            "starts_restart", "can_restart", "within_restart_budget", "wants_exclusion", "can_exclude",
                            "restart_timed_out", "trains_on",
-                           "starts_sdc"}  # a diverged replica's (tests/controller/test_recovery_sdc.py)
+                           "starts_sdc", "sdc_repeats"}  # a diverged replica's (tests/controller/test_recovery_sdc.py)
     s = new_state("r", "s")
     assert GUARDS["timed_out"](CFG, s, 1e9) is False  # nothing pending
     assert GUARDS["can_retry"](CFG, s) is False
