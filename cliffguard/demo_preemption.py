@@ -174,7 +174,8 @@ def _wait(cond, timeout_s: float, scenario: Scenario, what: str, release: bool =
             scenario.note("the controller exited; see monitor/controller.log")
             return False
         time.sleep(0.5)
-    scenario.note(f"timed out waiting for {what}")
+    scenario.note(f"timed out waiting for {what}; see {Path(scenario.cfg.out_dir) / 'jobs'} (the jobs' output) and "
+                  f"{scenario.cluster.root} (slurmctld.log, slurmd.log)")
     return False
 
 

@@ -14,12 +14,14 @@ through ``SLURM_CONF`` (``env()``).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +31,20 @@ from cliffguard.slurm.classes import CLASSES, partition_lines
 
 TEMPLATE = Path(__file__).with_name("slurm.conf.in")
 DAEMONS = ("munged", "slurmctld", "slurmd")
+
+
+SOCKETS_ROOT_MAX = 64
+"""A Unix socket's path must fit ``sun_path`` (108 bytes on Linux): munged's socket and
+slurmstepd's (``<spool>/<node>_<job>.<step>``, ~25 more) live under a directory this short."""
+
+
+def sockets_dir(root: Path) -> Path:
+    """Where the sockets go: the cluster's directory when it is short enough, else a short
+    directory of the temp dir named after it (a cluster made deep in a tree, e.g. by pytest, starts)."""
+    if len(str(root)) <= SOCKETS_ROOT_MAX:
+        return root
+    tag = hashlib.sha256(str(root).encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / f"cliffguard-slurm-{tag}"
 
 
 def default_dir() -> str:
@@ -79,6 +95,9 @@ class Cluster:
         self.root = Path(cfg.dir).resolve()
         self.conf = self.root / "slurm.conf"
         self.munge = self.root / "munge"
+        self.sockets = sockets_dir(self.root)
+        self.socket = self.sockets / "munge" / "munge.socket.2"
+        self.spool = self.sockets / "spool"
 
     def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
         """An environment whose Slurm commands talk to this cluster."""
@@ -89,15 +108,16 @@ class Cluster:
         host = socket.gethostname().split(".")[0]
         c = self.cfg
         return TEMPLATE.read_text(encoding="utf-8").format(
-            host=host, hostname=host, dir=self.root, ctld_port=c.ctld_port, slurmd_port=c.slurmd_port,
+            host=host, hostname=host, dir=self.root, socket=self.socket, spool=self.spool, ctld_port=c.ctld_port, slurmd_port=c.slurmd_port,
             requeue_exit=c.requeue_exit, node=c.node, cpus=c.cpus,
             partitions="\n".join(partition_lines(CLASSES, c.node, c.grace_s)))
 
     def _write_files(self) -> None:
-        for sub in ("state", "spool"):
-            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        (self.root / "state").mkdir(parents=True, exist_ok=True)
+        self.spool.mkdir(parents=True, exist_ok=True)
         self.munge.mkdir(parents=True, exist_ok=True)
         self.munge.chmod(0o700)
+        self.socket.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         key = self.munge / "munge.key"
         if not key.exists():
             key.write_bytes(secrets.token_bytes(1024))
@@ -127,14 +147,17 @@ class Cluster:
         run = self.running()
         m = self.munge
         steps = {
-            "munged": ["munged", "--force", f"--socket={m / 'munge.socket.2'}", f"--key-file={m / 'munge.key'}",
+            "munged": ["munged", "--force", f"--socket={self.socket}", f"--key-file={m / 'munge.key'}",
                        f"--pid-file={m / 'munged.pid'}", f"--log-file={m / 'munged.log'}", f"--seed-file={m / 'munge.seed'}"],
             "slurmctld": ["slurmctld", "-f", str(self.conf)],
             "slurmd": ["slurmd", "-f", str(self.conf), "-N", self.cfg.node],
         }
         for daemon, argv in steps.items():
             if run[daemon] is None:
-                subprocess.run(argv, env=self.env(), check=True, capture_output=True, timeout=30)
+                out = subprocess.run(argv, env=self.env(), capture_output=True, text=True, timeout=30)
+                if out.returncode != 0:
+                    raise RuntimeError(f"{daemon} did not start (exit {out.returncode}): "
+                                       f"{(out.stderr or out.stdout).strip()[-500:]}")
         self._wait_idle(timeout_s)
 
     def _wait_idle(self, timeout_s: float) -> None:
@@ -172,6 +195,8 @@ class Cluster:
                 os.kill(pid, signal.SIGKILL)
                 _gone(pid, 5.0)
             stopped.append(daemon)
+        if self.sockets != self.root:  # the short directory made for the sockets goes with the daemons
+            shutil.rmtree(self.sockets, ignore_errors=True)
         return stopped
 
     def status(self) -> str:

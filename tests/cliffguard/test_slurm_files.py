@@ -63,3 +63,16 @@ def test_children_finds_a_childs_pid():
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_cluster_made_deep_in_a_tree_puts_munges_socket_where_its_path_fits(tmp_path):
+    from cliffguard.slurm.cluster import Cluster, ClusterConfig
+
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    cluster = Cluster(ClusterConfig(dir=str(deep)))
+    # munged's socket and slurmstepd's (<spool>/<node>_<job>.<step>) fit sun_path (108 bytes)
+    assert len(str(cluster.socket)) < 100 and len(str(cluster.spool / "cg1_4294967.4294967291")) < 108
+    assert str(deep) not in str(cluster.socket) and str(deep) not in str(cluster.spool)
+    rendered = cluster.render()
+    assert f"AuthInfo=socket={cluster.socket}" in rendered and f"SlurmdSpoolDir={cluster.spool}" in rendered
+    assert Cluster(ClusterConfig(dir=str(deep))).socket == cluster.socket  # the same cluster finds it again

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cliffguard.slurm.jobs import jobs, preemptions
+from cliffguard.slurm.jobs import jobs, preemptions, release
 from cliffguard.trainer.config import TrainConfig
 from cliffguard.trainer.data import Sampler, load_corpus
 from cliffguard.trainer.record import RECORD_NAME, SAMPLES_NAME
@@ -94,7 +94,16 @@ def test_a_preempted_production_job_saves_in_its_grace_time_is_requeued_and_resu
     queue = _cli(cluster, "queue")
     assert queue.returncode == 0 and f"job {prod} preempted" in queue.stdout, queue.stdout + queue.stderr
 
-    # Slurm requeues it (eligible again up to ~2 minutes later) and the script restarts it with --resume
+    # Slurm requeues it, held ~2 minutes (BeginTime); once the exploration job is gone the hold is
+    # lifted as an operator would (what waiting would prove is Slurm's timer), and the script
+    # restarts it with --resume
+    _wait_for(lambda: not [j for j in jobs(cluster.env()) if j["job"] == explore], 120, "the exploration job to end")
+    held = [j for j in jobs(cluster.env()) if j["job"] == prod and j["reason"] == "BeginTime"]
+    if held:
+        try:
+            release(int(prod), cluster.env())
+        except RuntimeError:  # it started meanwhile: nothing to lift
+            pass
     _wait_for(lambda: len(_rows(run_dir / RECORD_NAME, "end")) >= 2, 600, "the requeued job to finish", log)
     first, again = _rows(run_dir / RECORD_NAME, "start")[:2]
     assert (first["step"], again["step"]) == (0, end["step"])  # resumed where it saved: no step lost
