@@ -86,6 +86,11 @@ def on_trainer_timeout(st: Step, inp: TrainerTimeoutIn) -> None:
         s.incident = None
 
 
+TRIAGE_JOIN_STEPS = 2
+"""A cured step at most this many steps after the last cured one of the same class continues its
+incident (a corrupted stretch is one excursion; one healthy step between is still the same one)."""
+
+
 def on_triaged(st: Step, inp: TriagedIn) -> None:
     """A step the kit re-ran and cured (data, transient): an incident opened and closed ``cured`` at
     once with the re-runs' verdict, and an info alert. A bad rank is evicted (``on_bad_rank``). Mid-incident, or a class the kit does not
@@ -111,9 +116,18 @@ def on_triaged(st: Step, inp: TriagedIn) -> None:
     cure = (f"batch skipped and listed ({len(inp.sample_ids)} samples)" if inp.cls == "data"
             else "step retried and applied" if inp.update_applied else "step retried")
     reason = f"step {inp.step} re-run {inp.reruns}x: {inp.cls} ({inp.reason}); {cure}"
-    open_incident(st, TRIAGE, str(Level.WARN), inp.step, inp.step, ev, inp.now)
-    st.move(Trigger.TRIAGE_CURED, reason, ev, inp.now, step=inp.step)
-    st.close(IncidentOutcome.CURED, inp.now)
-    st.alert(AlertLevel.INFO, TRIAGE, f"run {s.run}: step {inp.step} was {inp.cls}; the trainer cured it", reason, ev,
-             action=AlertAction.RESOLVE)
+    prev = s.cured
+    if prev is not None and prev.evidence.get("cause") == inp.cls and 0 < inp.step - s.cured_step <= TRIAGE_JOIN_STEPS:
+        # the next step of the same excursion (a corrupted stretch): the same incident, not one per step
+        s.incident = prev
+        st.move(Trigger.TRIAGE_CURED, f"{reason} (the excursion of step {prev.spike_step} goes on)", ev, inp.now,
+                step=inp.step)
+        st.close(IncidentOutcome.CURED, inp.now)
+    else:
+        open_incident(st, TRIAGE, str(Level.WARN), inp.step, inp.step, ev, inp.now)
+        st.move(Trigger.TRIAGE_CURED, reason, ev, inp.now, step=inp.step)
+        st.close(IncidentOutcome.CURED, inp.now)
+        st.alert(AlertLevel.INFO, TRIAGE, f"run {s.run}: step {inp.step} was {inp.cls}; the trainer cured it", reason,
+                 ev, action=AlertAction.RESOLVE)
+    s.cured, s.cured_step = s.incident, inp.step
     s.incident = None

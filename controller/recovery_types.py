@@ -518,6 +518,10 @@ class RecoveryState:
     incident: Incident | None = None
     pending: Pending | None = None
     issued: tuple[str, ...] = ()
+    cured: Incident | None = None
+    """The last incident the trainer's triage cured, and ``cured_step`` its newest step: the next
+    cured step of the same class right after it is the same excursion (one incident, not one per step)."""
+    cured_step: int = -1
     """Ids of the commands this machine sent recently (to tell operator commands apart)."""
     capabilities: tuple[CommandType, ...] = ALL_COMMANDS
     """The commands the run declared it can apply (its newest ``run.started``); no other is sent."""
@@ -570,6 +574,8 @@ class RecoveryState:
             "hang": self.hang.to_dict(),
             "previous": asdict(self.previous) if self.previous else None,
             "acted_alone_ts": self.acted_alone_ts,
+            "cured": {**asdict(self.cured), "lr_scales": list(self.cured.lr_scales)} if self.cured else None,
+            "cured_step": self.cured_step,
         }
 
     @classmethod
@@ -590,6 +596,8 @@ class RecoveryState:
             val_baseline=tuple(float(v) for v in d.get("val_baseline", ())),
             rollback_times=tuple(float(t) for t in d.get("rollback_times", ())),
             incident=Incident.from_dict(inc) if inc else None,
+            cured=Incident.from_dict(d["cured"]) if d.get("cured") else None,
+            cured_step=int(d.get("cured_step", -1)),
             pending=Pending(**{**pend, "type": CommandType(pend["type"])}) if pend else None,
             issued=tuple(d.get("issued", ())),
             flagging=(int(d["flagging"][0]), float(d["flagging"][1]), str(d["flagging"][2])) if d.get("flagging") else None,

@@ -184,7 +184,9 @@ class RecoveryKit:
                                           stalled=lambda: hang is not None and hang.stall_reported,
                                           on_stalled=hang.leave_on_signal if hang is not None else None)
         """The warning signals' watch (installed by ``start``); its request rides the step's all-reduce."""
-        agent.channel.preempt_pending = lambda: self.preemption.requested
+        agent.channel.preempt_pending = self._preempt_pending
+        self._launcher_word: preempt_leave.LauncherWord | None = None
+        """Elastic launches: the node's launcher's word of a scheduler warning (set by ``start``)."""
         self.preempted: dict[str, Any] | None = None
         """The ``run.preempted`` payload once the run saved for a preemption (every rank has it)."""
         self.exit_code: int | None = None
@@ -232,6 +234,8 @@ class RecoveryKit:
             start_kwargs.setdefault("capabilities", sorted(self.capabilities))
         if self.preemption.install():
             self.agent.lifecycle.closers.append(self.preemption)  # the handlers go back when the run closes
+            if hang is not None and preempt_leave.is_elastic():
+                self._launcher_word = preempt_leave.LauncherWord(str(hang.plan_dir), hang.life.node)
         self.agent.start(**start_kwargs)
         if hang is not None:
             self.node_check = preflight(hang, self.agent.modes, self.agent.emit, device=self.agent.device,
@@ -389,7 +393,7 @@ class RecoveryKit:
         since = time.monotonic()
         while agent.modes.mode in WAITING:
             time.sleep(agent.config.command_tick_s)
-            if not self.all_ranks(not self.preemption.requested):  # no step carries the flag here
+            if not self.all_ranks(not self._preempt_pending()):  # no step carries the flag here
                 agent.channel.preempt_seen = True
                 break
             decision = None
@@ -460,6 +464,18 @@ class RecoveryKit:
                                         int(os.environ.get("LOCAL_RANK", "0") or 0), step)
         agent.modes.move(STOPPING)
         return Boundary(False, step)
+
+    def _preempt_pending(self) -> bool:
+        """This rank was warned: its own signal, or (elastic) its launcher's word of one. A warning
+        that reached the launcher after this worker's boundary, or while torchrun restarted the
+        workers, never reaches this process as a signal: the word makes it leave at its next boundary."""
+        if self.preemption.requested:
+            return True
+        word = self._launcher_word
+        if word is not None and (request := word.read()) is not None:
+            self.preemption.request = request
+            return True
+        return False
 
     def _elastic_leave(self, step: int) -> preempt_leave.Leave | None:
         """In an elastic launch: who leaves after this save (agent/recovery/preempt_leave.py); None otherwise."""

@@ -99,6 +99,23 @@ def origin(plan_dir: str, nodes: tuple[str, ...], fallback_at: float) -> Request
     return Request(str(first.get("signal") or "peer"), min(time.monotonic() - ago, fallback_at))
 
 
+class LauncherWord:
+    """Polled every step: whether this node's launcher wrote a warning (one ``stat`` while there is none)."""
+
+    def __init__(self, plan_dir: str, node: str) -> None:
+        self.plan_dir, self.node = plan_dir, node
+        self.path = node_warning.warned_path(plan_dir, node)
+
+    def read(self) -> Request | None:
+        if not self.path.exists():
+            return None
+        word = node_warning.read_warned(self.plan_dir, self.node, 0.0)  # the launcher clears it at its start
+        if word is None:
+            return None
+        ago = max(time.time() - float(word["at"]), 0.0)
+        return Request(str(word.get("signal") or "SIGTERM"), time.monotonic() - ago)
+
+
 def decide(warned: bool, node: str, distributed: bool) -> Leave:
     """Every rank's answer, shared (one all_gather_object)."""
     mine = (warned, node)

@@ -11,6 +11,7 @@ a few steps, and the nanoGPT loop's own counter follows the rollback (its LR sch
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import pytest
@@ -49,6 +50,7 @@ def runs(request, broker, tmp_path_factory):
         with controller(kafka, tmp / name) as (engine, _url):
             result = run_scenario(Scenario(trainer=request.param, steps=STEPS, faults=spec), f"{name}-run",
                                   kafka, tmp / name)
+            _wait_until_stored_finished(engine, result.run)  # the controller lags the trainer on a loaded machine
             with session_scope(engine) as s:
                 row = s.get(RunRow, result.run)
                 store = {"incidents": read.incidents(s, result.run), "lr": (row.lr_scale, row.lr_scale_applied),
@@ -56,6 +58,19 @@ def runs(request, broker, tmp_path_factory):
                                          .filter_by(run_id=result.run) if c.type in ("rollback", "set_lr_scale")]}
         out[name] = (result, store)
     return request.param, out
+
+
+def _wait_until_stored_finished(engine, run: str, timeout_s: float = 120.0) -> None:
+    end = time.monotonic() + timeout_s
+    while True:
+        with session_scope(engine) as s:
+            row = s.get(RunRow, run)
+            if row is not None and row.status == "finished":
+                return
+            status = None if row is None else row.status
+        if time.monotonic() > end:
+            raise AssertionError(f"run {run}: the store's status is {status!r} {timeout_s:.0f} s after the trainer ended")
+        time.sleep(0.25)
 
 
 def _held_and_answered(result, store, clean) -> None:

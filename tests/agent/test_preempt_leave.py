@@ -129,3 +129,12 @@ def test_a_rank_its_peers_warned_dates_the_preemption_from_the_first_warned_node
     req = preempt_leave.origin(str(tmp_path), ("a", "b"), fallback_at=time.monotonic())
     assert req is not None and req.signal == "SIGUSR1" and req.elapsed() == pytest.approx(3.0, abs=0.5)
     assert preempt_leave.origin(str(tmp_path), ("c",), fallback_at=time.monotonic()) is None
+
+
+def test_a_worker_its_signal_missed_learns_of_its_nodes_warning_from_the_launchers_word(tmp_path):
+    word = preempt_leave.LauncherWord(str(tmp_path), "b")
+    assert word.read() is None  # no warning: one stat, nothing more
+    node_warning.write_warned(tmp_path, "b", "SIGTERM", at=time.time() - 2.0)
+    req = word.read()
+    assert req is not None and req.signal == "SIGTERM" and req.elapsed() == pytest.approx(2.0, abs=0.5)
+    assert scheduler_warned(req, str(tmp_path), "b", 0.0)  # and at the boundary it is the scheduler's

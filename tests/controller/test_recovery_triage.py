@@ -43,6 +43,26 @@ def test_a_cured_step_is_an_incident_closed_cured_at_once_with_an_info_alert():
     assert [a for a in _triaged(d, 35, "transient", ts=5010.0) if isinstance(a, CloseIncident)][0].outcome == "cured"
 
 
+def test_a_cured_stretch_is_one_incident_and_a_later_or_other_cure_a_new_one():
+    d = Driver()
+    healthy_run(d, 30)
+    first = [a for a in _triaged(d, 31, ts=5000.0) if isinstance(a, OpenIncident)][0]
+    d.steps(31, 32)
+    for step, ts in ((32, 5001.0), (33, 5002.0)):  # the corrupted stretch goes on: the same excursion
+        acts = _triaged(d, step, ts=ts)
+        assert not [a for a in acts if isinstance(a, (OpenIncident, Alert))]
+        assert [(r.incident_id, r.trigger) for r in acts if isinstance(r, RecordTransition)] == [(first.id, "triage_cured")]
+        assert [(c.id, c.outcome) for c in acts if isinstance(c, CloseIncident)] == [(first.id, "cured")]
+    assert d.s.incident is None and d.s.cured_step == 33
+    restored = type(d.s).from_state_dict(d.s.state_dict())  # the controller's restart keeps the stretch
+    assert restored.cured == d.s.cured and restored.cured_step == 33
+    other = [a for a in _triaged(d, 34, "transient", ts=5003.0) if isinstance(a, OpenIncident)]
+    assert other and other[0].id != first.id  # another class: its own incident
+    d.steps(33, 50)
+    later = [a for a in _triaged(d, 50, ts=5010.0) if isinstance(a, OpenIncident)]
+    assert later and later[0].id != first.id  # a data batch much later: a new excursion
+
+
 def test_a_class_the_kit_does_not_cure_and_a_verdict_mid_incident_move_nothing():
     d = Driver()
     healthy_run(d, 30)

@@ -18,7 +18,7 @@ from cliffguard.controller.detect import RunDetector
 from cliffguard.core.enums import EventType
 from cliffguard.core.spike import SpikeConfig
 from cliffguard.trainer.byte_lm import ByteTrigramLM
-from cliffguard.trainer.data import DataConfig
+from cliffguard.trainer.data import DataConfig, Sampler
 from cliffguard.trainer.model import GPTConfig
 from testing.trainer import make_trainer, small_config
 
@@ -100,7 +100,12 @@ def test_a_run_with_a_data_fault_raises_its_rule_naming_the_samples(tmp_path, fa
     assert AT <= v.step < AT + DETECT_WITHIN
     burst = fault.startswith("dup_burst")
     affected = range(AT, AT + 1) if burst else range(AT, v.step + 1)  # a burst deals step AT's samples again
-    dealt = {sid for step in affected for sid in trainer.sampler.sample_ids(step)}
+    # what was dealt then: the trainer's triage lists a garbled batch (weight 0), so its sampler now
+    # draws other samples for those steps; the same sampler without the listed weights draws what was fed
+    cfg = trainer.cfg
+    fed = trainer.faults.sampler(Sampler(trainer.corpus, dataclasses.replace(cfg.data, curriculum_steps=cfg.steps),
+                                         cfg.global_batch, 0, 1))
+    dealt = {sid for step in affected for sid in fed.sample_ids(step)}
     assert v.evidence["sample_ids"] and set(v.evidence["sample_ids"]) <= dealt
 
 
