@@ -64,8 +64,9 @@ def test_a_bit_flip_is_judged_by_its_rollback_before_it_found_within_the_check_p
 
 
 def test_a_corrupted_stretch_cured_step_by_step_is_one_fault_with_every_cure_its_own():
-    """A trainer that re-runs critical steps (the bundled one) cures each corrupted step itself: one
-    ``triage`` incident per step, all of them the stretch's; the blow-up is still judged on its own."""
+    """A trainer that re-runs critical steps (the bundled one) cures each corrupted step itself; the
+    controller joins a stretch into one ``triage`` incident, and the judge also takes one per step
+    (a store written before that join) as the stretch's; the blow-up is still judged on its own."""
     faults = [FaultSpec.parse(f) for f in ("corrupt@100", "corrupt@101", "corrupt@102", "lr_blowup@200x100:3")]
     cured = [_inc(f"c{s}", s, "cured") for s in (100, 101, 102)]
     rolled = _inc("b", 202, "rolled_back", rollback_to=150, lr_scale=0.5)
@@ -212,7 +213,7 @@ def _run_demo(tmp_path, steps: int, *extra: str, timeout_s: float = DEMO_TIMEOUT
 
 def _both_faults_handled(summary: dict, steps: int) -> None:
     """The scenario's outcome, whoever trained: the corrupted stretch cured step by step by the
-    trainer's re-runs (the bundled trainer: each step a ``triage`` incident closed ``cured``) or, by
+    trainer's re-runs (the bundled trainer: one ``triage`` incident closed ``cured``, a move per step) or, by
     a trainer without re-runs, resumed; the blow-up rolled back before its step with the LR halved
     (and the trainer applying it), and the loss came down."""
     specs = [FaultSpec.parse(f) for f in default_faults(steps)]
@@ -224,10 +225,10 @@ def _both_faults_handled(summary: dict, steps: int) -> None:
     assert len(by_outcome.get("rolled_back", [])) == 1
     rolled, = by_outcome["rolled_back"]
     if summary["trainer"] == "bundled":
-        cured = by_outcome.get("cured", [])
+        cured, = by_outcome.get("cured", [None])  # the stretch is one excursion: one incident
         assert "resumed" not in by_outcome
-        assert sorted(i["spike_step"] for i in cured) == list(range(corrupt.step, corrupt.step + CORRUPT_STEPS))
-        assert all(i["rule"] == "triage" for i in cured)
+        assert cured["rule"] == "triage" and cured["spike_step"] == corrupt.step
+        assert [t["step"] for t in cured["transitions"]] == list(range(corrupt.step, corrupt.step + CORRUPT_STEPS))
     else:
         assert len(by_outcome.get("resumed", [])) == 1 and "cured" not in by_outcome
         resumed, = by_outcome["resumed"]
