@@ -50,6 +50,7 @@ from cliffguard.controller.recovery_hang_types import NodeCheckIn, SuspectJoined
 from cliffguard.controller.recovery_others import on_trainer_timeout, on_triaged
 from cliffguard.controller.recovery_preempt import on_run_preempted, on_training_again
 from cliffguard.controller.recovery_sdc import on_sdc_verdict
+from cliffguard.controller.recovery_state import Checkpoint, RecoveryState
 from cliffguard.controller.recovery_step import Step, open_incident, start_rollback
 from cliffguard.controller.recovery_suspect import on_check_cleared, on_suspect_joined
 from cliffguard.controller.recovery_table import (
@@ -64,7 +65,6 @@ from cliffguard.controller.recovery_table import (
 from cliffguard.controller.recovery_types import (
     AckIn,
     ActionT,
-    Checkpoint,
     CheckpointIn,
     FlagSamples,
     Input,
@@ -73,7 +73,6 @@ from cliffguard.controller.recovery_types import (
     Phase,
     ProgressIn,
     RecoveryConfig,
-    RecoveryState,
     RunEndedIn,
     RunPreemptedIn,
     SendCommand,

@@ -6,16 +6,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, assert_never
 
+from cliffguard.controller.recovery_state import Pending
 from cliffguard.controller.recovery_step import Step, rolled_back, start_rollback
 from cliffguard.controller.recovery_table import WAITING, rollback_target
-from cliffguard.controller.recovery_types import (
-    AckIn,
-    MarkCommand,
-    Pending,
-    Phase,
-    TickIn,
-    Trigger,
-)
+from cliffguard.controller.recovery_types import AckIn, MarkCommand, Phase, TickIn, Trigger
 from cliffguard.core.enums import (
     AckStatus,
     AlertAction,

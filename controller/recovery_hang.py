@@ -28,10 +28,10 @@ from dataclasses import replace
 from typing import Any
 
 from cliffguard.controller.recovery_hang_types import NodeCheckIn, Restart, SuspectJoinedIn
+from cliffguard.controller.recovery_state import Incident
 from cliffguard.controller.recovery_step import Step, record_suspects
 from cliffguard.controller.recovery_table import transient_budget_of
 from cliffguard.controller.recovery_types import (
-    Incident,
     OpenIncident,
     Phase,
     ProgressIn,

@@ -10,20 +10,16 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from cliffguard.controller.recovery_state import Checkpoint, Closed, Incident, Pending, RecoveryState
 from cliffguard.controller.recovery_table import ENTRIES, escalation_level, fire, holds, rung_of
 from cliffguard.controller.recovery_types import (
     ActionT,
     Alert,
-    Checkpoint,
-    Closed,
     CloseIncident,
-    Incident,
     OpenIncident,
-    Pending,
     RecordSuspect,
     RecordTransition,
     RecoveryConfig,
-    RecoveryState,
     SendCommand,
     Trigger,
 )

@@ -17,16 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from cliffguard.controller.recovery_hang_types import NodeCheckIn, SuspectJoinedIn
-from cliffguard.controller.recovery_types import (
-    Checkpoint,
-    Incident,
-    Phase,
-    RecoveryConfig,
-    RecoveryState,
-    TriagedIn,
-    Trigger,
-    VerdictIn,
-)
+from cliffguard.controller.recovery_state import Checkpoint, Incident, RecoveryState
+from cliffguard.controller.recovery_types import Phase, RecoveryConfig, TriagedIn, Trigger, VerdictIn
 from cliffguard.controller.rules.sdc import SDC
 from cliffguard.controller.verdict import Action, Verdict
 from cliffguard.core.enums import CommandType

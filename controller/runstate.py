@@ -21,7 +21,7 @@ from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
 from cliffguard.controller.recovery import new_state
-from cliffguard.controller.recovery_types import RecoveryState
+from cliffguard.controller.recovery_state import RecoveryState
 from cliffguard.controller.store.json_text import orjson_text
 from cliffguard.controller.store.models import RuleStateRow, RunRow
 from cliffguard.controller.store.upsert import built_once, insert_for

@@ -9,7 +9,8 @@ import pytest
 from cliffguard.controller.alerts import AlertsConfig
 from cliffguard.controller.batch import BatchContext, BatchProcessor
 from cliffguard.controller.edge_classify import EdgeBatch, EdgeRecord
-from cliffguard.controller.recovery_types import Incident, Phase, RecoveryConfig, RecoveryState
+from cliffguard.controller.recovery_state import Incident, RecoveryState
+from cliffguard.controller.recovery_types import Phase, RecoveryConfig
 from cliffguard.controller.runstate import RunTable, default_detector_factory
 from cliffguard.controller.store.db import init_db, make_engine, session_scope
 from cliffguard.controller.store.models import CommandRow, IncidentRow, RunRow

@@ -8,6 +8,7 @@ import math
 import pytest
 
 from cliffguard.controller.recovery import new_state, transition
+from cliffguard.controller.recovery_state import RecoveryState
 from cliffguard.controller.recovery_table import GUARDS, TRANSITIONS, TransitionNotAllowed, fire, is_recovered
 from cliffguard.controller.recovery_types import (
     AckIn,
@@ -22,7 +23,6 @@ from cliffguard.controller.recovery_types import (
     ProgressIn,
     RecordTransition,
     RecoveryConfig,
-    RecoveryState,
     RunEndedIn,
     SendCommand,
     StartedIn,
@@ -756,7 +756,7 @@ def test_an_unverified_checkpoint_raises_an_alert_with_the_trainers_reason():
 def test_clone_copies_every_field_and_is_independent():
     import dataclasses
 
-    from cliffguard.controller.recovery_types import RecoveryState
+    from cliffguard.controller.recovery_state import RecoveryState
 
     s = new_state("r", "salt")
     s.seq, s.lr_scale, s.unhealthy_steps = 7, 0.5, (3, 4)
@@ -775,7 +775,8 @@ def test_the_quiet_step_fast_path_gives_what_the_full_progress_path_gives(phase,
     import itertools
 
     from cliffguard.controller import recovery
-    from cliffguard.controller.recovery_types import Checkpoint, Incident, ProgressIn
+    from cliffguard.controller.recovery_state import Checkpoint, Incident
+    from cliffguard.controller.recovery_types import ProgressIn
 
     full_step = recovery.Step
     slow: list[int] = []

@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 
 from cliffguard.controller.recovery_hang_types import NodeCheckIn
+from cliffguard.controller.recovery_state import RecoveryState
 from cliffguard.controller.recovery_table import GUARDS, TRANSITIONS
 from cliffguard.controller.recovery_types import (
     Alert,
@@ -19,7 +20,6 @@ from cliffguard.controller.recovery_types import (
     ProgressIn,
     RecordTransition,
     RecoveryConfig,
-    RecoveryState,
     RunEndedIn,
     SendCommand,
     StartedIn,

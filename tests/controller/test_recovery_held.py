@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from cliffguard.controller.recovery_state import RecoveryState
 from cliffguard.controller.recovery_table import LADDER, TRANSITIONS, escalation_level, rung_of
 from cliffguard.controller.recovery_types import (
     Alert,
@@ -15,7 +16,6 @@ from cliffguard.controller.recovery_types import (
     Phase,
     RecordTransition,
     RecoveryConfig,
-    RecoveryState,
     SendCommand,
     TrainerTimeoutIn,
     VerdictIn,

@@ -14,6 +14,7 @@ from cliffguard.controller.recovery_hang_types import (
     RecordSuspect,
     SuspectJoinedIn,
 )
+from cliffguard.controller.recovery_state import RecoveryState
 from cliffguard.controller.recovery_types import (
     Alert,
     CloseIncident,
@@ -21,7 +22,6 @@ from cliffguard.controller.recovery_types import (
     Phase,
     RecordTransition,
     RecoveryConfig,
-    RecoveryState,
     SendCommand,
     StartedIn,
     TriagedIn,
