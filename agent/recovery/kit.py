@@ -49,7 +49,6 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -64,14 +63,14 @@ from cliffguard.agent.hang.part import RestartRequested
 from cliffguard.agent.hang.restart import preflight, refuse_if_halted, restart_outcome
 from cliffguard.agent.hooks import Agent
 from cliffguard.agent.modes import HELD, STOPPING, WAITING
-from cliffguard.agent.recovery import preempt_leave
+from cliffguard.agent.recovery import preempt_boundary, preempt_leave, validation
 from cliffguard.agent.recovery.boundary import Boundary
 from cliffguard.agent.recovery.cadence import ValidationCadence
 from cliffguard.agent.recovery.config import KitConfig
-from cliffguard.agent.recovery.preemption import PreemptionWatch, Request, report
+from cliffguard.agent.recovery.preemption import PreemptionWatch
 from cliffguard.agent.recovery.restored import describe_restored
 from cliffguard.agent.recovery.ring import MemoryRing, cpu_copy
-from cliffguard.agent.recovery.state import DataPosition, LoopState, Stateful, rng_untouched
+from cliffguard.agent.recovery.state import DataPosition, LoopState, Stateful
 from cliffguard.agent.recovery.store import RingStore, StateStore
 from cliffguard.agent.recovery.timeouts import Timeout, apply_timeout, timed_out
 from cliffguard.agent.recovery.triage_run import RerunFn, SampleIdsFn, StepTriage
@@ -351,20 +350,7 @@ class RecoveryKit:
         return Boundary(True, step, moved)
 
     def _periodic_validation(self, step: int) -> None:
-        t0 = time.monotonic()
-        try:
-            val = self.run_validation()  # the controller's baseline
-        except Exception as exc:  # noqa: BLE001 - a periodic validation never stops training
-            log.warning("periodic validation at step %d failed: %s", step, exc)
-            return
-        finally:
-            why = self.cadence.over_budget(step, time.monotonic() - t0)
-            if not self.all_ranks(not why):  # every rank stops together (a validation may be collective)
-                self.cadence.turn_off(why or "another rank's validation was over [agent.recovery] val_max_share")
-                log.warning("cliffguard: periodic validation is off from step %d: %s; validations on command "
-                            "still run (set [agent.recovery] val_max_share = 0 to keep it)", step, self.cadence.off)
-        if self.on_periodic_validation is not None:
-            self.on_periodic_validation(step, val)
+        validation.periodic(self, step)
 
     def handle_commands(self) -> bool:
         """Hold if the guard asked to, dispatch the delivered commands in order, wait while
@@ -419,71 +405,10 @@ class RecoveryKit:
             self.on_command(cmd, outcome, before)
 
     def _preempt(self) -> Boundary:
-        """Every rank at the same boundary: save (memory, then disk, within the deadline), report,
-        stop. A rank its peers' warning reached first counts from now."""
-        agent, cfg = self.agent, self.preemption.config
-        step = agent.step
-        boundary_at = time.monotonic()
-        request = self.preemption.request or Request("peer", boundary_at)
-        state = self.state.capture(step)
-        save_now = getattr(self.store, "save_now", None)
-        saved: dict[str, Any] | None = None
-        try:
-            if save_now is not None:
-                saved = save_now(step, state, timeout=max(request.left(cfg.deadline_s), 0.0))
-            else:  # a store with no disk (the kit's own ring): the memory copy does not outlive the process
-                self.store.save(step, state, CheckpointKind.MEMORY)
-                log.warning("preemption: the kit's store has no disk checkpoint; step %d is saved in memory only", step)
-        except Exception:  # noqa: BLE001 - reported as not verified; the run still exits to be requeued
-            log.exception("preemption save at step %d failed", step)
-        saved_at = time.monotonic()
-        leave = self._elastic_leave(step)
-        if leave is not None and self.preemption.request is None and leave.nodes:
-            request = preempt_leave.origin(str(self.agent.hang.plan_dir), leave.nodes, boundary_at) or request
-        if leave is not None and not leave.nodes:  # torchrun's membership change: saved, no preemption
-            log.warning("regroup: torchrun stops this worker group (a node joins); step %d saved, leaving for its "
-                        "restart", step)
-            self.stop_reason, self.exit_code = "regroup", preempt_leave.exit_code(leave, cfg.exit_code)
-            agent.modes.move(STOPPING)
-            return Boundary(False, step)
-        self.preempted = report(request, cfg, boundary_at=boundary_at, saved=saved, saved_at=saved_at)
-        if leave is not None:
-            self.preempted.update(leave.report())
-        if agent.rank == 0:
-            agent.emit(EventType.RUN_PREEMPTED, self.preempted, step=step)
-            log.warning("preempted (%s): step %d saved in %.2f s of the %.0f s deadline (verified: %s)%s",
-                        request.signal, step, self.preempted["save_s"], cfg.deadline_s, self.preempted["verified"],
-                        "" if leave is None or leave.scope == "job" else
-                        f"; node(s) {', '.join(leave.nodes)} leave, the rest go on without them")
-        self.exit_code = cfg.exit_code if leave is None else preempt_leave.exit_code(leave, cfg.exit_code)
-        self.stop_reason = "preempted" if leave is None or leave.warned else "regroup"
-        if leave is not None:
-            hang = self.agent.hang
-            agent.close(None, ended=False)  # the events out before the wait: the launcher may stop this process
-            preempt_leave.wait_to_leave(leave, str(hang.plan_dir), hang.life.node, self._started_wall,
-                                        int(os.environ.get("LOCAL_RANK", "0") or 0), step)
-        agent.modes.move(STOPPING)
-        return Boundary(False, step)
+        return preempt_boundary.save_and_stop(self)
 
     def _preempt_pending(self) -> bool:
-        """This rank was warned: its own signal, or (elastic) its launcher's word of one. A warning
-        that reached the launcher after this worker's boundary, or while torchrun restarted the
-        workers, never reaches this process as a signal: the word makes it leave at its next boundary."""
-        if self.preemption.requested:
-            return True
-        word = self._launcher_word
-        if word is not None and (request := word.read()) is not None:
-            self.preemption.request = request
-            return True
-        return False
-
-    def _elastic_leave(self, step: int) -> preempt_leave.Leave | None:
-        """In an elastic launch: who leaves after this save (agent/recovery/preempt_leave.py); None otherwise."""
-        hang = getattr(self.agent, "hang", None)
-        if hang is None or not preempt_leave.is_elastic():
-            return None
-        warned = preempt_leave.scheduler_warned(self.preemption.request, str(hang.plan_dir), hang.life.node, 0.0)
-        return preempt_leave.decide(warned, hang.life.node, self.agent.distributed)
+        return preempt_boundary.pending(self)
 
     # ------------------------------------------------------------------ TimeoutHost
     def available_steps(self) -> list[int]:
@@ -556,45 +481,10 @@ class RecoveryKit:
 
     # ------------------------------------------------------------------ validation
     def run_validation(self, cmd_id: str | None = None, batches: int | None = None) -> float:
-        """Forward-only validation on frozen weights, the global RNGs untouched; rank 0 emits the
-        ``validation`` event. ``cmd_id`` None: a periodic one (its time counts for the cadence)."""
-        t0 = time.monotonic()
-        try:
-            with self.agent.modes.validating(), rng_untouched():
-                if self.validate_fn is not None:
-                    out = self.validate_fn(batches)
-                    val, n = out if isinstance(out, tuple) else (out, batches or 0)
-                else:
-                    val, n = self.validate_held_back(batches)
-        finally:
-            self.cadence.record(time.monotonic() - t0, periodic=cmd_id is None)
-        if self.agent.rank == 0:
-            payload: dict[str, Any] = {"val_loss": float(val), "batches": int(n)}
-            if cmd_id is not None:
-                payload["cmd"] = cmd_id
-            self.agent.emit(EventType.VALIDATION, payload)
-        return float(val)
+        return validation.run(self, cmd_id, batches)
 
-    @torch.no_grad()
     def validate_held_back(self, batches: int | None = None) -> tuple[float, int]:
-        """``loss_fn`` on the held-back slice (the newest ``batches``), mean over every rank: (loss, n)."""
-        if self.loss_fn is None:
-            raise RuntimeError("no validation: give the kit a validate_fn, or a loss_fn and remember() batches")
-        data = list(self.kept)[-batches:] if batches else list(self.kept)
-        was_training = self.model.training
-        self.model.eval()
-        total = torch.zeros(2, dtype=torch.float64, device=self.agent.device)
-        try:
-            for batch in data:
-                total[0] += self.loss_fn(batch).double().to(total.device)
-                total[1] += 1.0
-            if self.agent.distributed:
-                dist.all_reduce(total)
-        finally:
-            self.model.train(was_training)
-        if total[1] == 0:
-            raise RuntimeError("no validation data yet: no training batch was remembered")
-        return float(total[0] / total[1]), int(total[1])
+        return validation.held_back(self, batches)
 
     # ------------------------------------------------------------------ CommandTarget
     def pause(self) -> Outcome:
