@@ -44,6 +44,7 @@ import math
 from dataclasses import replace
 from typing import Any
 
+from cliffguard.controller import recovery_budgets as budgets
 from cliffguard.controller import recovery_hang as hang
 from cliffguard.controller.recovery_acks import on_ack, on_tick
 from cliffguard.controller.recovery_hang_types import NodeCheckIn, SuspectJoinedIn
@@ -361,10 +362,9 @@ def _on_validation(st: Step, inp: ValidationIn) -> None:
                 ev, inp.now)
         return
     if st.holds("not within_budget", inp.now):
-        ev["rollbacks_in_window"] = len([t for t in s.rollback_times if inp.now - t < cfg.rollback_window_s])
-        ev["budget"] = cfg.rollback_budget
-        st.halt(Trigger.BUDGET_EXHAUSTED, f"validation abnormal ({why}) and the rollback budget "
-                f"({cfg.rollback_budget} per {cfg.rollback_window_s:.0f}s) is spent", ev, inp.now)
+        spent, ev["budget"] = budgets.spent(cfg, s, "rollback", inp.now)
+        ev["rollbacks_in_window"] = ev["budget"]["in_window"]
+        st.halt(Trigger.BUDGET_EXHAUSTED, f"validation abnormal ({why}) and {spent}", ev, inp.now)
         return
     bound = rollback_bound(cfg, s, inc)  # the onset; before the previous target on a higher rung
     if st.holds("not rollback_target", bound):

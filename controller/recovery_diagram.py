@@ -13,6 +13,8 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from cliffguard.controller import recovery_budgets
+from cliffguard.controller.recovery_budgets import BUDGETS
 from cliffguard.controller.recovery_table import (
     CAPABILITIES,
     GUARDS,
@@ -22,6 +24,7 @@ from cliffguard.controller.recovery_table import (
     escalation_level,
     rollback_bound,
 )
+from cliffguard.controller.recovery_types import RecoveryConfig
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "recovery-policy.md"
 """The generated page, in the repository's docs/ (the controller folder sits at the root)."""
@@ -94,6 +97,19 @@ def ladder_table() -> str:
     return "\n".join(rows) + "\n"
 
 
+def budgets_table() -> str:
+    """Each rung's budget: what one use is, its ``[recovery]`` fields with their defaults, the trigger
+    its exhaustion fires and what the run gets instead."""
+    defaults = RecoveryConfig()
+    rows = ["| rung | one use is | per window | per run (0 = no cap) | spent: trigger | escalates to |",
+            "| --- | --- | --- | --- | --- | --- |"]
+    for b in BUDGETS:
+        per_window, window, per_run = recovery_budgets.limits(defaults, b.rung)
+        rows.append(f"| {b.rung} | {b.use} | `{b.per_window}` {per_window} per `{b.window_s}` {window:.0f} s | "
+                    f"`{b.per_run}` {per_run} | {b.spent} (guard `{b.guard}`) | {b.escalates_to}: {b.why} |")
+    return "\n".join(rows) + "\n"
+
+
 def _doc(fn: object) -> str:
     return " ".join((inspect.getdoc(fn) or "").split())
 
@@ -110,7 +126,10 @@ def page(table: Sequence[Transition] = TABLE) -> str:
             + "\n## Escalation ladder\n\n"
             + "A run that goes off again soon after an incident is not answered as if for the first time. "
               f"`escalation_level`: {_doc(escalation_level)} `rollback_bound`: {_doc(rollback_bound)}\n\n"
-            + ladder_table())
+            + ladder_table()
+            + "\n## Budgets\n\n"
+            + f"{_doc(recovery_budgets).split(' The guards of')[0]}\n\n"
+            + budgets_table())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -6,7 +6,8 @@ declares every move; this walks them).
   restart the worker group in place; without the culprit's node when that node hung before
   within ``repeat_window_s`` (or failed a node check) and the run keeps ``min_nodes`` without it;
   halt when torchrun has no restart left, the restart budget is spent, or the node cannot be left
-  out. The ``restart`` command goes to rank 0 of the hung life, which leaves at once
+  out, or the eviction budget (restarts that leave a node out: ``controller/recovery_budgets.py``) is
+  spent, the node named. The ``restart`` command goes to rank 0 of the hung life, which leaves at once
   (agent/hang/part.py); a life torchrun already restarted (a rank that died) gets none.
 - ``on_started``: the next life's ``run.started`` is the restart begun (``restarting`` ->
   ``rejoining``; the old life's memory snapshots died with it); after a halt, a new life means
@@ -27,6 +28,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from cliffguard.controller import recovery_budgets as budgets
 from cliffguard.controller.recovery_hang_types import NodeCheckIn, Restart, SuspectJoinedIn
 from cliffguard.controller.recovery_state import Incident
 from cliffguard.controller.recovery_step import Step, record_suspects
@@ -124,15 +126,20 @@ def _decide(st: Step, inp: VerdictIn | NodeCheckIn | TriagedIn | SuspectJoinedIn
     evict = isinstance(inp, TriagedIn) or sdc
     suspect = isinstance(inp, SuspectJoinedIn)
     exclude = False
+    spent: dict[str, Any] | None = None
     if not st.holds("can_restart"):
         trigger, why = Trigger.RESTART_UNAVAILABLE, (f"torchrun has no restart left (--max-restarts "
                                                      f"{s.hang.max_restarts}, life {s.hang.life})"
                                                      if s.can(CommandType.RESTART) else "the run cannot apply a restart")
     elif not st.holds("within_restart_budget", now):
-        trigger, why = Trigger.RESTART_BUDGET_SPENT, (f"the restart budget ({st.cfg.restart_budget} per "
-                                                      f"{st.cfg.restart_window_s:.0f} s) is spent")
+        trigger = Trigger.RESTART_BUDGET_SPENT
+        why, spent = budgets.spent(st.cfg, s, "restart", now)
     elif st.holds("wants_exclusion", inp, nodes, now):
-        if st.holds("can_exclude", nodes):
+        if st.holds("can_exclude", nodes) and not st.holds("within_evict_budget", now):
+            trigger = Trigger.EVICT_BUDGET_SPENT
+            why, spent = budgets.spent(st.cfg, s, "evict", now)
+            why = f"node {', '.join(nodes)} should be left out, but {why}: a human decides (evict it by hand)"
+        elif st.held["can_exclude"]:
             trigger = (Trigger.SDC_AGAIN if sdc else Trigger.EVICT if evict else Trigger.SUSPECT_NODE if suspect
                        else Trigger.NODE_CHECK_FAILED if check else Trigger.HANG_AGAIN)
             why, exclude = (f"restarting without node{'s' if len(nodes) > 1 else ''} {', '.join(nodes)}"
@@ -146,6 +153,8 @@ def _decide(st: Step, inp: VerdictIn | NodeCheckIn | TriagedIn | SuspectJoinedIn
     else:
         trigger, why = Trigger.HANG, "restarting the worker group in place from the newest checkpoint"
     rule = SDC if sdc else EVICTION if evict else SUSPECT if suspect else "hang"
+    if spent is not None:
+        ev = {**ev, "budget": spent}
     _open(st, ev, step, now, rule=rule)
     reason = f"{message}; {why}"
     s.hang = replace(s.hang, hangs=(*s.hang.hangs, *((n, now) for n in nodes if n))[-HANGS_KEEP:])
@@ -169,13 +178,17 @@ def _decide(st: Step, inp: VerdictIn | NodeCheckIn | TriagedIn | SuspectJoinedIn
                 "that does not fails at the collective timeout)", ev, now)
         s.hang = replace(s.hang, left_running=s.incident.id if s.incident is not None else None)
         return
-    if trigger in (Trigger.RESTART_UNAVAILABLE, Trigger.RESTART_BUDGET_SPENT, Trigger.EXCLUDE_UNAVAILABLE):
+    if trigger in (Trigger.RESTART_UNAVAILABLE, Trigger.RESTART_BUDGET_SPENT, Trigger.EXCLUDE_UNAVAILABLE,
+                   Trigger.EVICT_BUDGET_SPENT):
         st.halt(trigger, reason, ev, now)
         _send_restart(st, "halt", life, ranks, (), reason, now, nodes)
         return
     st.move(trigger, reason, ev, now, step=step)
     mode = "exclude" if exclude else "in_place"
     s.hang = replace(s.hang, restart_times=(*s.hang.restart_times, now)[-max(st.cfg.restart_budget, 1) * 2:])
+    budgets.note(st.cfg, s, "restart", now)
+    if exclude:
+        budgets.note(st.cfg, s, "evict", now)
     if s.hang.life > life:  # torchrun restarted that life already (a rank died): no command to send
         s.hang = replace(s.hang, restart=Restart(mode=mode, life=life, at=now, ranks=ranks, nodes=nodes,
                                                  exclude=nodes if exclude else (), started_at=now))

@@ -34,6 +34,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from cliffguard.controller import recovery_budgets as budgets
 from cliffguard.controller.recovery_hang import _decide
 from cliffguard.controller.recovery_step import Step, open_incident, start_rollback
 from cliffguard.controller.recovery_table import rollback_target, sdc_node
@@ -65,9 +66,8 @@ def on_sdc_verdict(st: Step, inp: VerdictIn) -> None:
         ev["capabilities"] = [str(c) for c in s.capabilities]
         _halt(st, Trigger.ROLLBACK_UNSUPPORTED, f"{v.message}; the run cannot roll back", ev, now)
     elif st.holds("not within_budget", now):
-        ev["budget"] = st.cfg.rollback_budget
-        _halt(st, Trigger.BUDGET_EXHAUSTED, f"{v.message}; the rollback budget ({st.cfg.rollback_budget} per "
-              f"{st.cfg.rollback_window_s:.0f}s) is spent", ev, now)
+        spent, ev["budget"] = budgets.spent(st.cfg, s, "rollback", now)
+        _halt(st, Trigger.BUDGET_EXHAUSTED, f"{v.message}; {spent}", ev, now)
     elif st.holds("not rollback_target", bound):
         _halt(st, Trigger.NO_TARGET, f"{v.message}; no stable checkpoint at or before step {v.onset_step}", ev, now)
     else:

@@ -76,6 +76,46 @@ class Closed:
     rollback_to: int | None
 
 
+@dataclass(frozen=True, slots=True)
+class RungUse:
+    """When a rung of the recovery ladder was used (``controller/recovery_budgets.py``)."""
+
+    times: tuple[float, ...] = ()
+    """The newest uses' times, newest last (bounded: what its window needs)."""
+    total: int = 0
+    """Every use in the run (its per-run budget)."""
+
+    def used(self, now: float, keep: int) -> RungUse:
+        return RungUse(times=(*self.times, now)[-max(keep, 1) * 2:], total=self.total + 1)
+
+
+@dataclass(frozen=True, slots=True)
+class RungUses:
+    """Each budgeted rung's uses. The window times of ``rollback`` and ``restart`` are kept where they
+    were before the budgets (``RecoveryState.rollback_times``, ``HangState.restart_times``): here only
+    their totals."""
+
+    retry: RungUse = RungUse()
+    rerun: RungUse = RungUse()
+    rollback: RungUse = RungUse()
+    restart: RungUse = RungUse()
+    evict: RungUse = RungUse()
+    triaged_ts: float = 0.0
+    """``ts`` of the newest ``step.triaged`` counted (a re-read report is not counted twice)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**{f.name: {"times": list(getattr(self, f.name).times), "total": getattr(self, f.name).total}
+                   for f in fields(self) if f.type == "RungUse"}, "triaged_ts": self.triaged_ts}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> RungUses:
+        d = d or {}  # a state saved before the budgets: nothing used yet
+        return cls(**{f.name: RungUse(times=tuple(float(t) for t in d[f.name].get("times", ())),
+                                      total=int(d[f.name].get("total", 0)))
+                      for f in fields(cls) if isinstance(d.get(f.name), dict)},
+                   triaged_ts=float(d.get("triaged_ts", 0.0)))
+
+
 def _finite_or_none(x: float | None) -> float | None:
     return x if x is not None and math.isfinite(x) else None
 
@@ -120,6 +160,8 @@ class RecoveryState:
     soon after it escalates. A halt or an abandoned incident forgets it (a human decided)."""
     acted_alone_ts: float = 0.0
     """``ts`` of the newest trainer-side timeout report applied (a re-read one is not applied twice)."""
+    rungs: RungUses = field(default_factory=RungUses)
+    """When each budgeted rung (retry, rerun, rollback, restart, evict) was used, and how often in the run."""
 
     def can(self, *types: CommandType) -> bool:
         return all(t in self.capabilities for t in types)
@@ -164,6 +206,7 @@ class RecoveryState:
             "acted_alone_ts": self.acted_alone_ts,
             "cured": {**asdict(self.cured), "lr_scales": list(self.cured.lr_scales)} if self.cured else None,
             "cured_step": self.cured_step,
+            "rungs": self.rungs.to_dict(),
         }
 
     @classmethod
@@ -194,6 +237,7 @@ class RecoveryState:
             hang=HangState.from_dict(d.get("hang")),
             previous=Closed(**d["previous"]) if d.get("previous") else None,
             acted_alone_ts=float(d.get("acted_alone_ts", 0.0)),
+            rungs=RungUses.from_dict(d.get("rungs")),
         )
 
     def load_state_dict(self, d: dict[str, Any]) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from cliffguard.controller import recovery_budgets as budgets
 from cliffguard.controller.recovery_state import Checkpoint, Closed, Incident, Pending, RecoveryState
 from cliffguard.controller.recovery_table import ENTRIES, escalation_level, fire, holds, rung_of
 from cliffguard.controller.recovery_types import (
@@ -140,6 +141,7 @@ def rolled_back(st: Step, to_step: int, now: float) -> None:
     inc = s.incident
     assert inc is not None
     s.rollback_times = (*s.rollback_times, now)[-max(st.cfg.rollback_budget, 1) * 2:]
+    budgets.note(st.cfg, s, "rollback", now)
     s.incident = replace(inc, rollbacks=inc.rollbacks + 1, rollback_to=to_step)
     s.last_step = to_step
     s.checkpoints = tuple(c for c in s.checkpoints if c.step <= s.last_step)

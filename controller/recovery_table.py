@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from cliffguard.controller import recovery_budgets as budgets
 from cliffguard.controller.recovery_hang_types import NodeCheckIn, SuspectJoinedIn
 from cliffguard.controller.recovery_state import Checkpoint, Incident, RecoveryState
 from cliffguard.controller.recovery_types import Phase, RecoveryConfig, TriagedIn, Trigger, VerdictIn
@@ -57,6 +58,8 @@ _HALT_LEFT_RUNNING = ("close incident halted", "alert critical (no restart to gi
 _HALT_JOB = ("close incident halted", "send restart halt (when the run can apply it)", "alert critical")
 _RECORD = "record the nodes suspect (controller/suspects.py: kept out of later groups until cleared)"
 _RECORD_JUDGED = "record the node suspect when a bad rank, a repeated SDC or a failed node check named it"
+_EXCLUDES = (*_RESTARTS, "wants_exclusion", "can_exclude", "within_evict_budget")
+"""A restart that leaves a node out: every term of a restart's, and the eviction budget."""
 
 
 _HANG_CAUSES = "hang; bad_rank for an eviction, suspect_node for a suspect's beat"
@@ -138,20 +141,20 @@ TABLE: tuple[Transition, ...] = (
         Transition(p, T.HANG, P.RESTARTING, (*_RESTARTS, "not wants_exclusion"),
                    (*_open_hang(p), "send restart in_place (none when torchrun restarted that life already)",
                     "alert critical")),
-        Transition(p, T.HANG_AGAIN, P.RESTARTING, (*_RESTARTS, "wants_exclusion", "can_exclude"),
+        Transition(p, T.HANG_AGAIN, P.RESTARTING, _EXCLUDES,
                    (*_open_hang(p), _RECORD, "send restart exclude (the culprit's nodes)", "alert critical")),
         # a bad rank the kit's re-runs found (step.triaged bad_rank): evicted, i.e. left out at once;
         # the halts below (no restart, budget, node) answer it as they answer a hang
-        Transition(p, T.EVICT, P.RESTARTING, (*_RESTARTS, "wants_exclusion", "can_exclude"),
+        Transition(p, T.EVICT, P.RESTARTING, _EXCLUDES,
                    (*_open_hang(p, "bad_rank"), _RECORD, "send restart exclude (the bad rank's node)",
                     "alert critical")),
     )),
-    *(Transition(p, T.NODE_CHECK_FAILED, P.RESTARTING, (*_RESTARTS, "wants_exclusion", "can_exclude"),
+    *(Transition(p, T.NODE_CHECK_FAILED, P.RESTARTING, _EXCLUDES,
                  (*_open_hang(p), _RECORD, "send restart exclude (the slow nodes)", "alert critical"))
       for p in _HANG_SOURCES),
     # a node the suspect-node store holds beats in the run (controller/recovery_suspect.py): it is not
     # admitted, so the group restarts without it; the halts below answer it when it cannot be left out
-    *(Transition(p, T.SUSPECT_NODE, P.RESTARTING, (*_RESTARTS, "wants_exclusion", "can_exclude"),
+    *(Transition(p, T.SUSPECT_NODE, P.RESTARTING, _EXCLUDES,
                  (*_open_hang(p, "suspect_node"), "send restart exclude (the suspect node)", "alert critical"))
       for p in _HANG_SOURCES),
     *(t for p in _HANG_SOURCES for t in (
@@ -161,6 +164,11 @@ TABLE: tuple[Transition, ...] = (
                    (*_open_hang(p, _HALT_CAUSES), _RECORD_JUDGED, *_HALT_JOB)),
         Transition(p, T.EXCLUDE_UNAVAILABLE, P.HALTED, (*_RESTARTS, "wants_exclusion", "not can_exclude"),
                    (*_open_hang(p, _HALT_CAUSES), _RECORD_JUDGED, *_HALT_JOB)),
+        # the eviction budget (controller/recovery_budgets.py) is spent: a human, the node named
+        Transition(p, T.EVICT_BUDGET_SPENT, P.HALTED,
+                   (*_RESTARTS, "wants_exclusion", "can_exclude", "not within_evict_budget"),
+                   (*_open_hang(p, _HALT_CAUSES), _RECORD_JUDGED, *_HALT_JOB[:2],
+                    "alert critical (the node, the evict budget and its uses named)")),
     )),
     Transition(P.RESTARTING, T.WORKERS_STARTED, P.REJOINING, (), ("forget the old life's memory snapshots",)),
     Transition(P.RESTARTING, T.RUN_ENDED, P.RESTARTING, (), ("note the torn-down life's end",)),
@@ -192,7 +200,17 @@ TABLE: tuple[Transition, ...] = (
     Transition(P.PREEMPTED, T.TRAINING_AGAIN, P.RUNNING, (), ("close incident requeued", "alert info")),
     # the kit re-ran a bad step and cured its cause itself (step.triaged: a data batch skipped and
     # listed, a transient fault retried): a record of its own; mid-incident the verdict is evidence only
-    Transition(P.RUNNING, T.TRIAGE_CURED, P.RUNNING, (), ("open incident triage", "close incident cured", "alert info")),
+    Transition(P.RUNNING, T.TRIAGE_CURED, P.RUNNING, (),
+               ("open incident triage", "close incident cured",
+                "alert info (critical, the spent budget named, when a run that cannot pause spent its retry or "
+                "re-run budget)")),
+    # ...but past its budget (controller/recovery_budgets.py) a cure is not taken as one: the spike's
+    # path instead (pause, validate, resume or roll back with the LR cut), the budget in the incident
+    Transition(P.RUNNING, T.RETRY_BUDGET_SPENT, P.PAUSING, ("not within_retry_budget", "can_pause_cycle"),
+               (_OPEN + ", cause transient: the retry budget spent", "send pause", "alert critical")),
+    Transition(P.RUNNING, T.RERUN_BUDGET_SPENT, P.PAUSING,
+               ("within_retry_budget", "not within_rerun_budget", "can_pause_cycle"),
+               (_OPEN + ", the triaged cause: the re-run budget spent", "send pause", "alert critical")),
     # a diverged replica (controller/recovery_sdc.py): its weights are known bad and no validation can
     # tell, so straight back to before the replicas last agreed, the LR kept and no data skipped
     *(t for p in (P.RUNNING, P.RECOVERING) for t in (
@@ -207,8 +225,7 @@ TABLE: tuple[Transition, ...] = (
         # the rank an SDC rollback named diverged again: persistent SDC, evicted like a bad rank (its
         # node left out and recorded suspect); the hangs' halts answer it when it cannot be (no restart,
         # budget spent, too few nodes, or no node known for the rank: a human, the rank named)
-        Transition(p, T.SDC_AGAIN, P.RESTARTING, ("starts_sdc", "sdc_repeats", *_RESTARTS, "wants_exclusion",
-                                                  "can_exclude"),
+        Transition(p, T.SDC_AGAIN, P.RESTARTING, ("starts_sdc", "sdc_repeats", *_EXCLUDES),
                    (*_open_hang(p, SDC), _RECORD, "send restart exclude (the diverging rank's node)", "alert critical")),
     )),
 )
@@ -270,9 +287,27 @@ def is_abnormal(cfg: RecoveryConfig, s: RecoveryState, val_loss: float) -> bool:
 
 
 def within_budget(cfg: RecoveryConfig, s: RecoveryState, now: float) -> bool:
-    """Fewer than ``rollback_budget`` rollbacks within the last ``rollback_window_s``."""
-    recent = [t for t in s.rollback_times if now - t < cfg.rollback_window_s]
-    return len(recent) < cfg.rollback_budget
+    """Fewer than ``rollback_budget`` rollbacks within the last ``rollback_window_s``, and fewer than
+    ``rollback_run_budget`` in the run (0 = no cap)."""
+    return budgets.within(cfg, s, "rollback", now)
+
+
+def within_evict_budget(cfg: RecoveryConfig, s: RecoveryState, now: float) -> bool:
+    """Fewer than ``evict_budget`` restarts that left a node out within the last ``evict_window_s``,
+    and fewer than ``evict_run_budget`` in the run (0 = no cap)."""
+    return budgets.within(cfg, s, "evict", now)
+
+
+def within_retry_budget(cfg: RecoveryConfig, s: RecoveryState, inp: TriagedIn) -> bool:
+    """The triaged step is no transient, or fewer than ``retry_budget`` transients the kit retried within
+    the last ``retry_window_s`` and fewer than ``retry_run_budget`` in the run (0 = no cap)."""
+    return inp.cls != "transient" or budgets.within(cfg, s, "retry", inp.now)
+
+
+def within_rerun_budget(cfg: RecoveryConfig, s: RecoveryState, now: float) -> bool:
+    """Fewer than ``rerun_budget`` steps the kit re-ran to triage (``step.triaged``) within the last
+    ``rerun_window_s``, and fewer than ``rerun_run_budget`` in the run (0 = no cap)."""
+    return budgets.within(cfg, s, "rerun", now)
 
 
 def rollback_target(cfg: RecoveryConfig, s: RecoveryState, before: int) -> Checkpoint | None:
@@ -351,8 +386,9 @@ def can_restart(cfg: RecoveryConfig, s: RecoveryState) -> bool:
 
 
 def within_restart_budget(cfg: RecoveryConfig, s: RecoveryState, now: float) -> bool:
-    """Fewer than ``restart_budget`` restarts within the last ``restart_window_s``."""
-    return sum(1 for t in s.hang.restart_times if now - t < cfg.restart_window_s) < cfg.restart_budget
+    """Fewer than ``restart_budget`` restarts within the last ``restart_window_s``, and fewer than
+    ``restart_run_budget`` in the run (0 = no cap)."""
+    return budgets.within(cfg, s, "restart", now)
 
 
 def wants_exclusion(cfg: RecoveryConfig, s: RecoveryState, inp: Any, nodes: tuple[str, ...], now: float) -> bool:
@@ -405,6 +441,9 @@ GUARDS: dict[str, Callable[..., Any]] = {
     "starts_restart": starts_restart,
     "can_restart": can_restart,
     "within_restart_budget": within_restart_budget,
+    "within_evict_budget": within_evict_budget,
+    "within_retry_budget": within_retry_budget,
+    "within_rerun_budget": within_rerun_budget,
     "wants_exclusion": wants_exclusion,
     "can_exclude": can_exclude,
     "restart_timed_out": restart_timed_out,

@@ -81,6 +81,9 @@ class Trigger(StrEnum):
     SDC = "sdc"  # the replicas' parameters differ (the SDC watch): roll back to before they diverged
     SUSPECT_NODE = "suspect_node"  # a node the store holds suspect beats in the run: restart without it
     SDC_AGAIN = "sdc_again"  # the rank an SDC rollback named diverged again (persistent SDC): restart without its node
+    EVICT_BUDGET_SPENT = "evict_budget_spent"  # a node should be left out, but the eviction budget is spent
+    RETRY_BUDGET_SPENT = "retry_budget_spent"  # a transient the kit retried, past the retry budget: pause, validate
+    RERUN_BUDGET_SPENT = "rerun_budget_spent"  # a step the kit cured, past the re-run budget: pause, validate
 
 
 @dataclass(kw_only=True, slots=True)
@@ -100,6 +103,10 @@ class RecoveryConfig:
     """Rollbacks allowed within ``rollback_window_s``; one more validation failure halts."""
     rollback_window_s: float = bounded(3600.0, gt=0)
     """Window of the rollback budget, in seconds."""
+    rollback_run_budget: int = bounded(0, ge=0)
+    """Rollbacks allowed in the whole run (0 = no cap, today's behaviour): the escalation ladder's LR cuts
+    and the window already bound a run that keeps going off; a cap is for a fleet that wants a human
+    after so many anyway."""
     val_margin_rel: float = 0.05
     """Validation is abnormal when above the healthy baseline by more than this fraction."""
     val_margin_abs: float = 0.0
@@ -125,6 +132,44 @@ class RecoveryConfig:
     """Worker-group restarts for hangs allowed within ``restart_window_s``; one more hang halts."""
     restart_window_s: float = bounded(3600.0, gt=0)
     """Window of the restart budget, in seconds."""
+    restart_run_budget: int = bounded(0, ge=0)
+    """Worker-group restarts allowed in the whole run (0 = no cap, today's behaviour: torchrun's
+    ``--max-restarts`` already caps a job's restarts, and ``can_restart`` reads what it has left)."""
+    evict_budget: int = bounded(2, ge=0)
+    """Restarts that leave a node out (a bad rank, a rank out of transient budget, a persistent SDC, a
+    suspect node, a node that hung again or failed a node check) allowed within ``evict_window_s``; the
+    next one halts for a human, the node named. Two an hour: one bad node is hardware, two in an hour
+    is already unusual, a third says the cause is not the nodes (a bad image, a switch, a bug that
+    follows the rank) and each eviction shrinks the world, so a human looks before a fourth."""
+    evict_window_s: float = bounded(3600.0, gt=0)
+    """Window of the eviction budget, in seconds."""
+    evict_run_budget: int = bounded(4, ge=0)
+    """Evictions allowed in the whole run (0 = no cap). Four: a run that has lost four nodes to
+    evictions trains on a different world than it was planned for, and the fleet, not the next
+    node, is the likelier cause."""
+    retry_budget: int = bounded(20, ge=0)
+    """Transient faults the kit cured by retrying the step (``step.triaged`` transient, any rank) allowed
+    within ``retry_window_s``; the next one is not taken as cured: the run is paused and validated,
+    and rolled back with the LR cut when the weights are off (a spike's path). Twenty an hour: a
+    retry costs about two steps, and a healthy fleet sees a handful a day; more means faults the
+    kit may not catch every time. (One rank's own transients are ``transient_budget``: evicted.)"""
+    retry_window_s: float = bounded(3600.0, gt=0)
+    """Window of the retry budget, in seconds."""
+    retry_run_budget: int = bounded(0, ge=0)
+    """Retries allowed in the whole run (0 = no cap: a weeks-long run gathers transients at a healthy
+    rate; the window catches a burst)."""
+    rerun_budget: int = bounded(20, ge=0)
+    """Steps the kit re-ran to triage (every ``step.triaged``, whatever its class) allowed within
+    ``rerun_window_s``; past it a cure the kit reports (a data batch skipped, a transient retried) is
+    answered as if no triage had happened: paused, validated, rolled back with the LR cut when the
+    weights are off. Twenty an hour: a triaged step costs 1.4 to 2 steps (docs/triage.md), and a
+    run whose kit triages that often has a systemic fault (a poisoned data source, flaky hardware)
+    that cures one step at a time hide."""
+    rerun_window_s: float = bounded(3600.0, gt=0)
+    """Window of the re-run budget, in seconds."""
+    rerun_run_budget: int = bounded(0, ge=0)
+    """Re-runs allowed in the whole run (0 = no cap: the kit's own ``[agent.recovery] triage_max_steps``,
+    50 per process, already caps them)."""
     repeat_window_s: float = bounded(1800.0, ge=0)
     """A node named a hang's culprit again within this many seconds is left out of the restart
     (0 = never leave a node out for hanging again)."""

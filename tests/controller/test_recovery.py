@@ -41,7 +41,8 @@ HANG_TRIGGERS = {Trigger.HANG, Trigger.HANG_AGAIN, Trigger.NODE_CHECK_FAILED, Tr
 HANG_MOVES = {(p, t) for p, t in TRANSITIONS
               if (t in HANG_TRIGGERS or p in (Phase.RESTARTING, Phase.REJOINING))
               and p is not Phase.PREEMPTED  # its first step again is a preemption's move: test_recovery_preempt
-              and t is not Trigger.SUSPECT_NODE}  # a suspect node's: tests/controller/test_recovery_suspect.py
+              and t is not Trigger.SUSPECT_NODE  # a suspect node's: tests/controller/test_recovery_suspect.py
+              and t is not Trigger.EVICT_BUDGET_SPENT}  # the evict budget's: tests/controller/test_recovery_budgets.py
 """The hang moves (controller/recovery_hang.py), walked by tests/controller/test_recovery_hang.py."""
 CFG = RecoveryConfig(stable_window=5, recover_window=5, rollback_budget=2, command_timeout_s=10,
                      validate_timeout_s=20, max_attempts=2, skip_data=True)
@@ -497,7 +498,9 @@ def test_every_guard_is_exercised_by_name():
                            # the hang moves' (tests/controller/test_recovery_hang.py)
                            "starts_restart", "can_restart", "within_restart_budget", "wants_exclusion", "can_exclude",
                            "restart_timed_out", "trains_on",
-                           "starts_sdc", "sdc_repeats"}  # a diverged replica's (tests/controller/test_recovery_sdc.py)
+                           "starts_sdc", "sdc_repeats",  # a diverged replica's (tests/controller/test_recovery_sdc.py)
+                           # the budgets' (tests/controller/test_recovery_budgets.py)
+                           "within_evict_budget", "within_retry_budget", "within_rerun_budget"}
     s = new_state("r", "s")
     assert GUARDS["timed_out"](CFG, s, 1e9) is False  # nothing pending
     assert GUARDS["can_retry"](CFG, s) is False
