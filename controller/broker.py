@@ -183,11 +183,13 @@ class EmbeddedBroker:
 
 
 def ensure_topics(cfg: KafkaConfig, topics: list[str] | None = None, timeout: float = 10.0) -> None:
-    """Create the cliffguard topics (metrics, commands, dlq) if missing, with configured partitions."""
+    """Create the cliffguard topics (metrics, commands, dlq, suspects) if missing, with configured
+    partitions; the suspect-node list (``suspects_topic``) is one compacted partition: a launcher
+    reads it whole before its node joins (core/admission.py)."""
     from kafka.admin import KafkaAdminClient, NewTopic
     from kafka.errors import TopicAlreadyExistsError
 
-    wanted = topics or [cfg.metrics_topic, cfg.commands_topic, cfg.dlq_topic]
+    wanted = topics or [cfg.metrics_topic, cfg.commands_topic, cfg.dlq_topic, cfg.suspects_topic]
     admin = KafkaAdminClient(**cfg.client_kwargs(), client_id="cliffguard-admin")
     try:
         existing = set(admin.list_topics())
@@ -195,7 +197,10 @@ def ensure_topics(cfg: KafkaConfig, topics: list[str] | None = None, timeout: fl
         if missing:
             try:
                 admin.create_topics(
-                    [NewTopic(name=t, num_partitions=cfg.partitions, replication_factor=cfg.replication) for t in missing],
+                    [NewTopic(name=t, num_partitions=cfg.partitions, replication_factor=cfg.replication)
+                     if t != cfg.suspects_topic else
+                     NewTopic(name=t, num_partitions=1, replication_factor=cfg.replication,
+                              topic_configs={"cleanup.policy": "compact"}) for t in missing],
                     timeout_ms=int(timeout * 1000),
                 )
             except TopicAlreadyExistsError:

@@ -5,7 +5,9 @@
     poll (EdgeConsumer: decode, DLQ) ──► one SQL transaction per batch (BatchProcessor)
                                           derived rows · run state · incidents/transitions
                                           command + alert outbox rows · DLQ counts · offsets
-                                     └──► after commit: wake the command outbox; commit offsets to Kafka
+                                     └──► after commit: wake the command outbox (and the suspect-node
+                                          list's publisher, controller/admission.py, after a record
+                                          or clear); commit offsets to Kafka
     every tick_s ──► one transaction: heartbeat-loss verdicts and command timeouts for owned runs
     every request_poll_s ──► one transaction per pending operator request: sign + audit + outbox
                              rows, or a rejection (``controller.operator.decide_request``)
@@ -41,6 +43,7 @@ from collections.abc import Callable
 
 from sqlalchemy import Engine
 
+from cliffguard.controller.admission import SuspectBoard
 from cliffguard.controller.alerts import AlertDeliverer, AlertsConfig
 from cliffguard.controller.batch import BatchContext, BatchProcessor, BatchResult, StaleBatch
 from cliffguard.controller.bounds import StepBounds
@@ -106,6 +109,9 @@ class ControllerService(LogOffsets):
         self.outbox = CommandOutbox(store_engine, kafka, batch=config.outbox_batch,
                                     interval_s=config.outbox_interval_s, retry_s=config.outbox_retry_s)
         self.processor.on_command = self.outbox.send_early  # the verdict leaves before the batch commits
+        self.suspect_board = SuspectBoard(store_engine, kafka, secret)
+        """The suspect-node list launchers read before their node joins (controller/admission.py)."""
+        self._suspect_writes = 0
         self.deliverer: AlertDeliverer | None = None
         self.edge: EdgeConsumer | None = None
         self._last_tick = 0.0
@@ -156,6 +162,7 @@ class ControllerService(LogOffsets):
                                  step_bounds=self.step_bounds,
                                  max_fetch_bytes=self.config.max_fetch_bytes)
         self.outbox.start()
+        self.suspect_board.start()  # its first pass publishes every node with a record
         if self.config.health_port and self.health_server is None:
             self.health_server = HealthServer(self.config.health_host, self.config.health_port,
                                               lambda: self.health, self.config.health_max_loop_age_s)
@@ -183,6 +190,7 @@ class ControllerService(LogOffsets):
 
     def close(self) -> None:
         for name, closer in (("edge", self.edge and self.edge.close), ("outbox", self.outbox.close),
+                             ("suspect-node list", self.suspect_board.close),
                              ("alerts", self.deliverer and self.deliverer.close),
                              ("health endpoint", self.health_server and self.health_server.close),
                              ("metrics endpoint", self.metrics_server and self.metrics_server.close)):
@@ -482,6 +490,9 @@ class ControllerService(LogOffsets):
                 else:
                     log.exception("immediate command publish failed")
                 self.outbox.wake()
+        if self.processor.suspects.writes != self._suspect_writes:  # a suspect recorded or cleared: publish it now
+            self._suspect_writes = self.processor.suspects.writes
+            self.suspect_board.wake()
         if res.alerts and self.deliverer is not None:
             wake = getattr(self.deliverer, "wake", None)
             if wake is not None:

@@ -15,6 +15,11 @@ bad rank's node with a record (``TriagedIn.node_record``: evicted sooner) and, o
 suspect nodes an operator asked to re-admit on a passing one (``NodeCheckIn.rechecking``). The
 machine's ``RecordSuspect`` and ``ClearSuspect`` are written here (``apply``), in the batch's
 transaction.
+
+The heartbeat refusal is the second line: a launcher first reads the suspect-node list the
+controller publishes (``controller/admission.py``) and refuses to start on a suspect node before it
+joins the rendezvous (``cliffguard/admission.py``); a launcher that could not read the list (broker
+away, timeout, no key, ``--no-admission-check``) starts anyway and is caught here at its first beat.
 """
 
 from __future__ import annotations
@@ -49,6 +54,9 @@ class SuspectIndex:
         self.refresh_s = refresh_s
         self._nodes: dict[str, Standing] = {}
         self._read_at = float("-inf")
+        self.writes = 0
+        """Records and clears this edge wrote (the service wakes the suspect-node list's publisher,
+        controller/admission.py, after a commit that moved it)."""
 
     def refresh(self, session: Session, now: float) -> None:
         """Read the store again when the copy is older than ``refresh_s`` (or this edge wrote to it)."""
@@ -92,3 +100,4 @@ class SuspectIndex:
                 clear_suspect(session, node, by=CHECK_CLEARED_BY, reason=act.reason, now=act.at, run_id=run_id)
                 log.warning("run %s: suspect node %s cleared: %s", run_id, node, act.reason)
         self._read_at = float("-inf")
+        self.writes += 1

@@ -19,7 +19,7 @@ class KafkaConfig:
     bootstrap: str = DEFAULT_BOOTSTRAP
     """Comma-separated host:port list of brokers."""
     topic_prefix: str = "cliffguard"
-    """Topics are <prefix>.metrics, <prefix>.commands and <prefix>.dlq."""
+    """Topics are <prefix>.metrics, <prefix>.commands, <prefix>.dlq and <prefix>.suspects."""
     partitions: int = bounded(4, ge=1)
     """Partitions per topic when cliffguard creates them (runs are keyed, so a run stays on one)."""
     replication: int = bounded(1, ge=1)
@@ -57,6 +57,12 @@ class KafkaConfig:
     @property
     def dlq_topic(self) -> str:
         return f"{self.topic_prefix}.dlq"
+
+    @property
+    def suspects_topic(self) -> str:
+        """The suspect-node list launchers read before their node joins (compacted, keyed by node:
+        core/admission.py)."""
+        return f"{self.topic_prefix}.suspects"
 
     def client_kwargs(self) -> dict[str, Any]:
         """Keyword arguments common to KafkaProducer/KafkaConsumer/KafkaAdminClient."""

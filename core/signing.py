@@ -11,6 +11,9 @@ classes hide their bytes in reprs.
 A trainer obeys a command only if it is for its run, correctly signed, not expired and not seen
 before. ``CommandVerifier.verify`` returns the reason for each rejection separately so the ack
 can say which it was.
+
+The same scheme signs the suspect-node list the controller publishes for launchers
+(``core/admission.py``): ``sign_payload`` / ``payload_signature_ok`` over a payload's canonical JSON.
 """
 
 from __future__ import annotations
@@ -65,6 +68,23 @@ def signature_ok(cmd: Command, key: VerifyingKey) -> bool:
     if isinstance(key, CommandPublicKey):
         return key.verify(cmd.sig, canonical_json(cmd.unsigned_dict()))
     return hmac.compare_digest(cmd.sig, signature(cmd, key))
+
+
+def sign_payload(payload: dict[str, Any], secret: SigningKey) -> str:
+    """The signature of ``payload`` (a JSON object without its ``sig``), as a command's is made."""
+    message = canonical_json(payload)
+    if isinstance(secret, CommandPrivateKey):
+        return secret.sign(message)
+    return hmac.new(secret.reveal(), message, hashlib.sha256).hexdigest()
+
+
+def payload_signature_ok(payload: dict[str, Any], sig: str, key: VerifyingKey) -> bool:
+    """Whether ``sig`` signs ``payload`` under ``key`` (a public key refuses HMAC signatures)."""
+    if not isinstance(sig, str) or not sig or not sig.isascii():
+        return False
+    if isinstance(key, CommandPublicKey):
+        return key.verify(sig, canonical_json(payload))
+    return hmac.compare_digest(sig, sign_payload(payload, key))
 
 
 def sign_command(cmd: Command, secret: SigningKey) -> Command:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from cliffguard.agent.config import AgentConfig
+from cliffguard.core.admission import AdmissionConfig
 from cliffguard.core.declared import bounded, check_declared
 from cliffguard.core.kafka_config import KafkaConfig
 from cliffguard.core.settings import config_to_dict
@@ -82,6 +83,8 @@ class TrainConfig:
     """Checkpoint settings; default: CheckpointConfig(dir=<out_dir>/<run>/checkpoints)."""
     elastic: ElasticConfig = field(default_factory=ElasticConfig)
     """Elastic runs (torchrun --nnodes MIN:MAX): batch policy, LR rule, timeouts (trainer/elastic.py)."""
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    """The launcher's check of the suspect-node list before its node joins (core/admission.py)."""
     agent: AgentConfig | None = None
     """Agent settings; its run id is always this config's run."""
     kafka: KafkaConfig | None = None

@@ -35,6 +35,15 @@ preemption, this command exits with ``exit_code`` (75 by default: the shipped sl
 the other nodes re-form the group without it and go on; a SIGTERM that torchrun's agent sends on a
 membership change saves too but is no preemption (agent/recovery/preempt_leave.py).
 
+Admission (``[train.admission]``, cliffguard/admission.py): before torchrun starts, and so before
+this node joins the rendezvous, the launcher reads the suspect-node list the controller publishes
+(``<prefix>.suspects``) within ``timeout_s`` (5 s); a node the list holds suspect is not started:
+one line names it, the cause, the reason and ``cliffguard nodes clear``, and the command exits 77
+(``core/admission.py`` ``REFUSED_EXIT``). A broker that cannot be reached, a read past the timeout
+or no key to verify the list with: the launch goes on, said loudly (fail-open), and the controller
+still refuses the node at its first heartbeat. ``--no-admission-check`` skips it; a launch with its
+own embedded broker has no list to read.
+
 Hangs (agent/hang/): every process group times out after ``--collective-timeout-s``; with
 ``--max-restarts`` N torchrun may restart the worker group, which is how the controller's
 ``restart`` command takes effect (from the newest disk checkpoint). The launcher watches the job's
@@ -58,6 +67,7 @@ from typing import TYPE_CHECKING
 
 from cliffguard import plan_watch
 from cliffguard.agent.recovery.preemption import PreemptionConfig
+from cliffguard.core.admission import REFUSED_EXIT
 from cliffguard.core.deployment import EVENT_KEY_ENV, PUBLIC_KEY_ENV, SECRET_ENV, DeploymentConfig, scrub_keys
 from cliffguard.core.restart_plan import MIN_NODES_ENV, NODE_ENV, node_id
 from cliffguard.core.settings import ConfigError
@@ -120,6 +130,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument("--batch-policy", choices=["halve", "keep", "proportional"],
                    help="global batch on another world (default proportional)")
     g.add_argument("--lr-rule", choices=["sqrt", "linear", "none"], help="LR factor for the new batch (default sqrt)")
+    g.add_argument("--no-admission-check", action="store_true",
+                   help="start without reading the suspect-node list first ([train.admission] enabled = false); "
+                        "the controller still refuses a suspect node at its first heartbeat")
+    g.add_argument("--admission-timeout-s", type=float,
+                   help="[train.admission] timeout_s: the suspect-node list's read may take this long, then the "
+                        "launch goes on unchecked (default 5)")
     g.add_argument("--collective-timeout-s", type=float,
                    help="[agent.hang] collective_timeout_s: a dead or stuck peer fails a collective after this (default 30)")
     g.add_argument("--hang-dump-after-s", type=float,
@@ -174,6 +190,8 @@ def build_train_config(args: argparse.Namespace, *, bootstrap: str | None, env: 
         "val_every": args.val_every, "clip_layer_norm": args.clip_layer_norm, "loss_scaling": args.loss_scaling,
         "progress_every": args.progress_every, "threads": args.threads, "resume": args.resume,
         "faults": args.faults, "run": args.run, "out_dir": args.out_dir,
+        "admission": {"enabled": False if getattr(args, "no_admission_check", False) else None,
+                      "timeout_s": getattr(args, "admission_timeout_s", None)},
     }
     nodes = getattr(args, "nnodes", None)
     if nodes:
@@ -261,6 +279,23 @@ def preemption_env(preemption: PreemptionConfig) -> dict[str, str]:
             "PET_SHUTDOWN_TIMEOUT": str(math.ceil(preemption.deadline_s) + 10)}
 
 
+def _admission(cfg: TrainConfig, node: str, deployment: DeploymentConfig) -> int | None:
+    """The suspect-node list's word on this node before it joins (cliffguard/admission.py): the
+    refusal's exit code, or None to go on (admitted, or unchecked: fail-open)."""
+    from cliffguard import admission
+
+    assert cfg.kafka is not None
+    found = admission.check(cfg.kafka, node, deployment.verifying_key(), cfg.admission.timeout_s)
+    for line in found.lines:
+        print(line, file=sys.stderr, flush=True)
+    if found.refused:
+        return REFUSED_EXIT
+    if found.verdict is not None:
+        print(f"node {node} admitted by the suspect-node list ({found.board.records if found.board else 0} entries, "
+              f"{found.seconds * 1000:.0f} ms)", flush=True)
+    return None
+
+
 def _tick(proc: subprocess.Popen[bytes], forwarder: WarningForwarder, leave: NodeLeave | None) -> None:
     forwarder.forward_pending(proc.pid)
     if leave is not None:
@@ -308,8 +343,13 @@ def run(args: argparse.Namespace) -> int:
             return 2
         if cfg.kafka is not None:
             from cliffguard.controller.broker import ensure_topics
+            from cliffguard.core.kafka_producers import tcp_reachable
 
-            ensure_topics(cfg.kafka)
+            if broker is not None or tcp_reachable(cfg.kafka):
+                ensure_topics(cfg.kafka)
+            else:  # the agent spills until the broker is back: a monitoring outage does not stop training
+                print(f"cliffguard train: WARNING: no broker of {cfg.kafka.bootstrap} accepts connections; "
+                      "starting anyway (the agent keeps the events until it is back)", file=sys.stderr, flush=True)
         config_path = cfg.run_dir / "config.json"
         cfg.save(config_path)
         env = worker_env(deployment, cfg)
@@ -321,6 +361,10 @@ def run(args: argparse.Namespace) -> int:
         restarts = args.max_restarts if args.max_restarts is not None else (e.max_restarts if args.nnodes else 0)
         node = args.node_id or node_id(env)
         env[NODE_ENV] = node
+        if cfg.kafka is not None and broker is None and cfg.admission.enabled:
+            refused = _admission(cfg, node, deployment)
+            if refused is not None:
+                return refused
         if args.nnodes or restarts:
             # Workers of each restart keep a TCPStore of their own: on the agent's shared store, a
             # restarted world (smaller, or the same after a hang) found the dead world's gloo

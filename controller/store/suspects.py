@@ -6,7 +6,8 @@ until cleared), and the index the controller's edge checks beats against.
   ``ask_recheck`` (the controller): every open record of the node gets its clearing, audited;
 - ``ask_recheck``: ``cliffguard nodes recheck``: the node may join again, on probation, and the next
   node check that passes with it clears it (audited);
-- ``standing``: node -> what the store holds about it (``Standing``), for ``controller/suspects.py``.
+- ``standing``: node -> what the store holds about it (``Standing``), for ``controller/suspects.py``
+  and for the suspect-node list published to launchers (``controller/admission.py``).
 
 The reads for people (``cliffguard nodes``, the dashboard) are ``controller/store/read/suspects.py``.
 """
@@ -31,6 +32,8 @@ class Record:
     run_id: str
     incident_id: str | None
     since: float
+    id: int | None = None
+    """The row's id (the record a launcher's refusal names)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +85,7 @@ def standing(session: Session) -> dict[str, Standing]:
     for row in session.scalars(select(SuspectNodeRow).order_by(SuspectNodeRow.since, SuspectNodeRow.id)):
         cur = out.get(row.node)
         if row.cleared_at is None:  # the newest open record decides: an eviction after a recheck refuses again
-            rec = Record(row.cause, row.reason, row.run_id, row.incident_id, row.since)
+            rec = Record(row.cause, row.reason, row.run_id, row.incident_id, row.since, row.id)
             out[row.node] = Standing(row.node, rec, row.recheck_at is not None)
         elif cur is None:
             out[row.node] = Standing(row.node, None, False)
