@@ -13,7 +13,9 @@ wrapper             faults
                     trainer/data_faults.py), and it is the step clock of the others
 ``schedule``        ``lr_blowup`` (the scheduled LR times the factor)
 ``attach(model)``   ``slow_rank`` (a forward pre-hook sleeps once per step, outside the
-                    data wait), ``nan`` (a forward hook makes the training loss NaN)
+                    data wait), ``nan`` (a forward hook makes the training loss NaN),
+                    ``bad_rank`` (the same hook scales the bad node's training loss at every
+                    forward, the kit's re-runs included)
 ``producers``       ``broker_outage`` (the publisher's producers refuse to connect or
                     send: the publisher's own outage path spills and later replays)
 ==================  ===================================================================
@@ -203,9 +205,14 @@ class FaultWiring:
                     hangs.before_forward(clock.step)
 
         def after(module: torch.nn.Module, args: Any, output: Any) -> Any:
-            if module.training and faults.nan_loss(clock.step):
+            if not module.training:
+                return None
+            if faults.nan_loss(clock.step):
                 logits, loss = output
                 return logits, loss * float("nan")
+            if (factor := faults.bad_rank_factor(clock.step)) != 1.0:
+                logits, loss = output
+                return logits, loss * factor
             return None
 
         model.register_forward_pre_hook(before)
@@ -221,5 +228,5 @@ def wire_faults(specs: list[str], rank: int, seed: int = 0, state_dir: Any = Non
     classic = [s for s in specs if not is_hang_fault(s)]
     if hang and state_dir is None:
         raise ValueError("faults: the hang faults need a state_dir (they count across restarts)")
-    return FaultWiring(FaultInjector(classic, rank, seed=seed),
+    return FaultWiring(FaultInjector(classic, rank, seed=seed, state_dir=state_dir),
                        HangFaults(hang, rank, state_dir) if hang else None)

@@ -18,10 +18,20 @@ Spec strings (step numbers are optimizer steps; ``[:r]`` limits a fault to rank 
                             replacement characters and control bytes, what a broken decode leaves)
 ``bitflip@250:r``           rank r flips one bit of its first parameter before step 250's forward
                             (silent data corruption: its replica differs from the others from then on)
+``bad_rank@R[:S]``          from step S on (default 0), rank R's node computes wrong numbers at every
+                            training forward: its loss, so its gradient, times ``BAD_RANK_FACTOR``
+                            (a bad GPU): the kit's re-runs see the excess stay on that rank
+                            whatever shard it gets (``bad_rank``)
 ==========================  =====================================================================
 
-The data faults' content is trainer/data_faults.py. One-shot (all but slow_rank and data_shift,
-which stay): a fault window fires on the first pass only. When the loop leaves the window — past
+``bad_rank`` follows the node, not the rank number, as a bad GPU does: the first time rank R
+reaches step S it writes its node (``CLIFFGUARD_NODE_ID``, else the host name) to
+``<state_dir>/bad_rank-r<R>-s<S>.node`` (the run directory's ``faults/``), and from then on, in
+every life of the worker group, whichever rank runs on that node is the bad one (a group restarted
+without the node has none). Without a ``state_dir`` it stays on rank R.
+
+The data faults' content is trainer/data_faults.py. One-shot (all but slow_rank, data_shift
+and bad_rank, which stay): a fault window fires on the first pass only. When the loop leaves the window — past
 its end, or back before its start by a rollback — it is spent, so a rollback to before the fault
 replays the steps cleanly (a transient glitch does not recur; that is what recovery must show).
 Random bytes come from a generator seeded by (seed, step, rank): the same spec corrupts the same
@@ -36,18 +46,24 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
+from cliffguard.core.restart_plan import node_id
+
 _SPEC_RE = re.compile(
-    r"^(?P<kind>lr_blowup|corrupt|nan|slow_rank|kill_rank|broker_outage|data_shift|dup_burst|garble|bitflip)"
+    r"^(?P<kind>lr_blowup|corrupt|nan|slow_rank|kill_rank|broker_outage|data_shift|dup_burst|garble|bitflip|bad_rank)"
     r"@(?P<args>[0-9.x:]+)$"
 )
 KINDS = ("lr_blowup", "corrupt", "nan", "slow_rank", "kill_rank", "broker_outage", "data_shift", "dup_burst", "garble",
-         "bitflip")
+         "bitflip", "bad_rank")
 FLIP_BIT = 20
 """The mantissa bit ``bitflip`` flips: the value changes by ~1/8 of itself, enough that later
 updates never round the difference away (a flip in the lowest bits may vanish)."""
+BAD_RANK_FACTOR = 8.0
+"""What ``bad_rank`` multiplies its rank's training loss by (so its gradient contribution too): far
+past the guard's spike threshold and the triage's carrier margin, finite in fp16 and fp32."""
 DATA_KINDS = ("data_shift", "dup_burst", "garble")
 """Faults in the batch's content (trainer/data_faults.py)."""
 CONTENT_KEPT_STEPS = 1024
@@ -91,6 +107,10 @@ class FaultSpec:
             if kind == "slow_rank":
                 start = int(parts[2]) if len(parts) > 2 else 0
                 return cls(kind=kind, rank=int(parts[0]), seconds=float(parts[1]), step=start, steps=1 << 62)
+            if kind == "bad_rank":  # stays: a bad GPU does not heal with a rollback or a restart
+                if len(parts) > 2:
+                    raise ValueError
+                return cls(kind=kind, rank=int(parts[0]), step=int(parts[1]) if len(parts) > 1 else 0, steps=1 << 62)
             if kind in ("kill_rank", "bitflip"):
                 (at, r) = parts if kind == "bitflip" else parts[::-1]
                 return cls(kind=kind, rank=int(r), step=int(at))
@@ -106,6 +126,8 @@ class FaultSpec:
             raise ValueError("fault: lr_blowup factor must be > 0")
         if self.seconds < 0:
             raise ValueError("fault: slow_rank seconds must be >= 0")
+        if self.rank is not None and self.rank < 0:
+            raise ValueError("fault: rank must be >= 0")
 
 
 class _Window:
@@ -137,9 +159,16 @@ class FaultInjector:
         seed: int = 0,
         kill: Callable[[], None] | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        state_dir: str | Path | None = None,
+        node: str | None = None,
     ) -> None:
         parsed = [s if isinstance(s, FaultSpec) else FaultSpec.parse(s) for s in specs]
         self.specs = [s for s in parsed if s.rank is None or s.rank == rank]
+        self.bad_ranks = [s for s in parsed if s.kind == "bad_rank"]
+        """bad_rank specs of any rank: each follows its rank's node (``bad_rank_factor``)."""
+        self.state_dir = None if state_dir is None else Path(state_dir)
+        self.node = node_id() if node is None else node
+        self._bad_nodes: dict[int, str] = {}  # id(spec) -> the node it was pinned to
         self.all_specs = parsed
         """Every rank's specs: the content faults of any shard are known on every rank (``note_content``)."""
         self.rank = rank
@@ -245,6 +274,40 @@ class FaultInjector:
             bits = flat.view(torch.int32) if flat.dtype == torch.float32 else flat.view(torch.int16)
             bits[0] ^= 1 << (FLIP_BIT if flat.dtype == torch.float32 else 4)
         return True
+
+    def bad_rank_factor(self, step: int) -> float:
+        """What this rank's training loss is multiplied by at ``step`` (``bad_rank``; 1.0: healthy)."""
+        factor = 1.0
+        for s in self.bad_ranks:
+            if step >= s.step and self._on_bad_node(s):
+                factor *= BAD_RANK_FACTOR
+                if ("bad_rank", step) not in self.fired:
+                    self.fired.append(("bad_rank", step))
+        return factor
+
+    def _on_bad_node(self, s: FaultSpec) -> bool:
+        """Whether this process runs on ``s``'s bad node: the node rank R had when it first reached the
+        fault's step, in any life (the marker file); without a state_dir, rank R itself."""
+        if self.state_dir is None:
+            return self.rank == s.rank
+        node = self._bad_nodes.get(id(s))
+        if node is None:
+            path = self.state_dir / f"bad_rank-r{s.rank}-s{s.step}.node"
+            if self.rank == s.rank and not path.exists():
+                self.state_dir.mkdir(parents=True, exist_ok=True)
+                try:
+                    with path.open("x") as fh:  # the first to reach it pins the node; nobody overwrites it
+                        fh.write(self.node)
+                except FileExistsError:
+                    pass
+            try:
+                node = path.read_text().strip()
+            except OSError:
+                return False  # not pinned yet: rank R has not reached the step
+            if not node:
+                return False  # written, not yet flushed: read again next step
+            self._bad_nodes[id(s)] = node
+        return node == self.node
 
     def broker_down(self, step: int) -> bool:
         return bool(self._hits("broker_outage", step))

@@ -92,3 +92,21 @@ def test_the_data_faults_change_the_batch_content_and_keep_targets_consistent():
     prose = bytes(batches[4][0][0].tolist())
     assert prose != bytes(clean[4][0][0].tolist()) and b" the " in b"".join(bytes(r.tolist()) for r in batches[4][0])
     assert batches[5][2] == clean[5][2]  # the ids stay the sampler's
+
+
+def test_a_bad_rank_scales_every_training_forward_of_its_node_and_not_a_validation():
+    from cliffguard.trainer.faults import BAD_RANK_FACTOR
+
+    faults = FaultInjector(["bad_rank@0:1"], rank=0)
+    wiring = FaultWiring(faults)
+    sampler = wiring.sampler(_Batches())
+    model = _Model()
+    wiring.attach(model)
+    x = torch.ones(2, 4, dtype=torch.long)
+    losses = []
+    for step in range(3):
+        sampler.batch(step)
+        losses += [float(model(x)[1]) for _ in range(2)]  # the step's forward, then a re-run of it
+    assert losses == [1.0, 1.0] + [BAD_RANK_FACTOR] * 4
+    model.eval()
+    assert float(model(x)[1]) == 1.0

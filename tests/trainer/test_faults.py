@@ -103,3 +103,34 @@ def test_a_bitflip_flips_one_bit_of_one_weight_once_on_its_rank_only():
     assert torch.equal(after[1], before[1]) and int((after[0] != before[0]).sum()) == 1
     changed = (after[0].detach().view(-1).view(torch.int32) ^ before[0].view(-1).view(torch.int32)).tolist()
     assert sorted(changed) == [0] * 5 + [1 << 20]  # one bit, of one element
+
+
+def test_a_bad_rank_parses_with_or_without_its_step_and_refuses_bad_arguments():
+    assert FaultSpec.parse("bad_rank@1") == FaultSpec(kind="bad_rank", rank=1, step=0, steps=1 << 62)
+    assert FaultSpec.parse("bad_rank@1:25") == FaultSpec(kind="bad_rank", rank=1, step=25, steps=1 << 62)
+    for bad in ("bad_rank@", "bad_rank@1:2:3", "bad_rank@1.5", "bad_rank@x"):
+        with pytest.raises(ValueError, match="fault:"):
+            FaultSpec.parse(bad)
+
+
+def test_a_bad_rank_is_wrong_from_its_step_on_at_every_step_and_stays_after_a_rollback():
+    from cliffguard.trainer.faults import BAD_RANK_FACTOR
+
+    mine, other = FaultInjector(["bad_rank@1:3"], rank=1), FaultInjector(["bad_rank@1:3"], rank=0)
+    steps = [0, 1, 2, 3, 4, 5, 2, 3, 4]  # a rollback to step 2 replays 3 and 4: still bad
+    assert [mine.bad_rank_factor(s) for s in steps] == [1.0] * 3 + [BAD_RANK_FACTOR] * 3 + [1.0] + [BAD_RANK_FACTOR] * 2
+    assert all(other.bad_rank_factor(s) == 1.0 for s in steps)
+
+
+def test_a_bad_rank_follows_its_node_across_lives_not_the_rank_number(tmp_path):
+    """Life 0: rank 1 runs on node b and reaches the step first: node b is pinned. Life 1 (the ranks
+    renumbered): node b's rank 0 is the bad one, node a's rank 1 is not; a life without node b has
+    no bad rank."""
+    spec = ["bad_rank@1:3"]
+    life0 = {r: FaultInjector(spec, rank=r, state_dir=tmp_path, node=n) for r, n in ((0, "a"), (1, "b"))}
+    assert life0[0].bad_rank_factor(3) == 1.0  # rank 0 first: not pinned yet, and not its rank
+    assert life0[1].bad_rank_factor(3) > 1.0 and life0[0].bad_rank_factor(4) == 1.0
+    assert (tmp_path / "bad_rank-r1-s3.node").read_text() == "b"
+    life1 = {r: FaultInjector(spec, rank=r, state_dir=tmp_path, node=n) for r, n in ((0, "b"), (1, "a"))}
+    assert life1[0].bad_rank_factor(3) > 1.0 and life1[1].bad_rank_factor(3) == 1.0
+    assert FaultInjector(spec, rank=0, state_dir=tmp_path, node="a").bad_rank_factor(10) == 1.0

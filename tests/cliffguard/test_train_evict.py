@@ -1,0 +1,168 @@
+"""An eviction end to end under torchrun (issue 22): a bad rank found by the kit's re-runs is left out.
+
+Two ``cliffguard train --nnodes 1:2 --nproc 1`` launches (nodes ``a`` and ``b``, one rendezvous
+hosted by the test as in test_train_shrink.py, so either node may leave) train one run at world 2,
+monitored by the real stack (embedded broker, SQLite store, ``cliffguard controller``:
+cliffguard/demo_stack.py). ``--fault bad_rank@1:FAULT_AT`` makes rank 1's node compute wrong numbers
+at every step from FAULT_AT on (trainer/faults.py; the fault follows the node). Everything is judged
+from the outside: the store (the incident, its transitions, the suspect-node record, the triage
+evidence), the trainers' elastic events and progress mark, and the launchers' exit codes:
+
+- the kit classifies the step ``bad_rank`` naming rank 1 and its node, the update not applied;
+- the controller opens a ``bad_rank`` incident and restarts the worker group without that node
+  (``running --evict--> restarting``); the incident closes ``restarted``;
+- the excluded node's launcher reads the restart plan and exits 3 (cliffguard/plan_watch.py), the
+  other goes on at world 1 with the declared batch policy (``proportional``: half the batch);
+- the node is in ``suspect_nodes`` with cause ``bad_rank``, and the run finishes, its loss finite
+  and below its loss before the fault.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from cliffguard.controller.broker import free_port
+from cliffguard.demo_elastic import _paths
+
+pytestmark = [pytest.mark.slow, pytest.mark.broker, pytest.mark.timeout(400)]
+
+RUN = "evict"
+STEPS = 60
+FAULT_AT = 24
+"""Late enough that the guard has a noise estimate (its spike detector's min_history) to skip by."""
+EXCLUDED_EXIT = 3  # cliffguard/plan_watch.py's EXCLUDED_EXIT
+
+
+def _launch(tmp_path: Path, node: str, rdzv: str, stack) -> subprocess.Popen[bytes]:
+    args = [sys.executable, "-m", "cliffguard", "train", "--nnodes", "1:2", "--nproc", "1", "--run", RUN,
+            "--out-dir", str(tmp_path / "runs"), "--bootstrap", stack.bootstrap, "--rdzv-endpoint", rdzv,
+            "--rdzv-client", "--node-id", node, "--rdzv-last-call-s", "3", "--rdzv-timeout-s", "300",
+            "--max-restarts", "3", "--steps", str(STEPS), "--global-batch", "8", "--warmup-steps", "5",
+            "--ckpt-every", "5", "--full-every", "0", "--snapshot-every", "5", "--val-every", "0",
+            "--progress-every", "5", "--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--max-bytes", "200000",
+            "--batch-policy", "proportional", "--fault", f"bad_rank@1:{FAULT_AT}"]
+    log = (tmp_path / f"{node}.log").open("ab")
+    return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**stack.trainer_env, "PYTHONUNBUFFERED": "1"})
+
+
+def _tail(tmp_path: Path) -> str:
+    return "".join(f"\n--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
+                   for p in (tmp_path / "a.log", tmp_path / "b.log", tmp_path / "monitor" / "controller.log")
+                   if p.exists())
+
+
+def _wait_for(cond, timeout_s: float, what: str, tmp_path: Path) -> None:
+    end = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}{_tail(tmp_path)}")
+        time.sleep(0.3)
+
+
+def _json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _events(path: Path) -> list[dict]:
+    try:
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except (OSError, ValueError):
+        return []
+
+
+def _store_facts(store) -> dict:
+    from cliffguard.controller.store import read
+    from cliffguard.controller.store.read.suspects import suspect_nodes
+
+    try:
+        with store.session() as s:
+            incs = read.incidents(s, RUN, limit=None)[::-1]
+            return {"incidents": incs,
+                    "transitions": {i["id"]: read.transitions(s, RUN, incident_id=i["id"], limit=None) for i in incs},
+                    "suspects": suspect_nodes(s),
+                    "triaged": read.evidence(s, RUN, kind="step.triaged", limit=None),
+                    "run": read.get_run(s, RUN)}
+    except Exception:  # noqa: BLE001 - a busy SQLite moment: ask again next poll
+        return {}
+
+
+def test_a_bad_rank_is_evicted_the_other_node_trains_on_and_the_node_is_recorded_suspect(tmp_path):
+    import torch.distributed as dist
+
+    from cliffguard.demo_stack import start_monitoring
+    from cliffguard.procs import ProcessSet
+
+    t0 = time.monotonic()
+    procs = ProcessSet()
+    (tmp_path / "monitor").mkdir()
+    stack = start_monitoring(tmp_path / "monitor", procs, broker_port=0, say=lambda _m: None)
+    port = free_port()
+    rdzv_store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, multi_tenant=True,
+                               timeout=timedelta(seconds=600))
+    mark_path, events_path = _paths(type("C", (), {"out_dir": str(tmp_path / "runs"), "run": RUN})())
+    launches = {n: _launch(tmp_path, n, f"127.0.0.1:{port}", stack) for n in ("a", "b")}
+    facts: dict = {}
+    try:
+        def evicted() -> bool:
+            nonlocal facts
+            facts = _store_facts(stack.store)
+            return bool(facts.get("suspects")) and any(i["rule"] == "bad_rank" for i in facts.get("incidents", []))
+
+        _wait_for(evicted, 240, "a bad_rank incident and its suspect record", tmp_path)
+        inc = next(i for i in facts["incidents"] if i["rule"] == "bad_rank")
+        bad = inc["evidence"]["node"]
+        good = "b" if bad == "a" else "a"
+        assert bad in ("a", "b") and inc["evidence"]["rank"] == 1 and inc["evidence"]["class"] == "bad_rank"
+        assert (tmp_path / "runs" / RUN / "faults" / f"bad_rank-r1-s{FAULT_AT}.node").read_text() == bad
+
+        assert launches[bad].wait(timeout=120) == EXCLUDED_EXIT, _tail(tmp_path)
+        assert f"left node {bad} out of the restarted group" in (tmp_path / f"{bad}.log").read_text()
+        _wait_for(lambda: _json(mark_path).get("world") == 1 and _json(mark_path).get("step", 0) > FAULT_AT + 5,
+                  180, "training at world 1 past the fault", tmp_path)
+        assert launches[good].wait(timeout=180) == 0, _tail(tmp_path)
+        _wait_for(lambda: (f := _store_facts(stack.store)) and not any(i["closed_at"] is None for i in f["incidents"])
+                  and f["run"] and f["run"]["last_step"] >= STEPS - 1, 60, "the store to read the run's end", tmp_path)
+        facts = _store_facts(stack.store)
+    finally:
+        for p in launches.values():
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+        procs.stop_all()
+        stack.close()
+        del rdzv_store
+    took = time.monotonic() - t0
+
+    (inc,) = [i for i in facts["incidents"] if i["rule"] == "bad_rank"]
+    assert inc["outcome"] == "restarted", inc
+    moves = [(t["from_state"], t["reason"].split(":")[0], t["to_state"]) for t in facts["transitions"][inc["id"]]]
+    assert moves[0] == ("running", "evict", "restarting") and moves[-1] == ("rejoining", "training_again", "running"), moves
+    (suspect,) = facts["suspects"]
+    assert (suspect["node"], suspect["cause"], suspect["run_id"], suspect["incident_id"]) == (bad, "bad_rank", RUN,
+                                                                                              inc["id"])
+    verdicts = [t["data"] for t in facts["triaged"] if t["data"]["class"] == "bad_rank"]
+    assert verdicts and all(v["rank"] == 1 and v["node"] == bad and not v["update_applied"] for v in verdicts)
+    assert min(t["step"] for t in facts["triaged"]) == FAULT_AT  # found at its first step, nothing else triaged
+    assert {t["data"]["class"] for t in facts["triaged"]} == {"bad_rank"}
+
+    (down,) = _events(events_path)
+    assert (down["from_world"], down["to_world"], down["global_batch"]) == (2, 1, 4)
+    mark = _json(mark_path)
+    assert mark["step"] == STEPS and mark["world"] == 1
+    # no bad update applied: the world-1 run learned on from where the fault found it (the guard's
+    # median loss then), its last steps' mean loss finite and below it
+    median_at_fault = verdicts[0]["evidence"]["median"]
+    assert math.isfinite(mark["loss_mean"]) and mark["loss_mean"] < median_at_fault, (mark, median_at_fault)
+    print(f"evicted node {bad} at step {inc['spike_step']}, final loss {mark['loss']:.3f}, {took:.1f} s")
