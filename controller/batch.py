@@ -71,9 +71,11 @@ from cliffguard.controller.store.models import (
     ConsumerOffsetRow,
     DataFlagRow,
     IncidentRow,
+    RunRow,
     TransitionRow,
 )
 from cliffguard.controller.store.offsets import save_offsets
+from cliffguard.controller.store.rank_nodes import save_rank_nodes
 from cliffguard.controller.store.retention import RetentionConfig, downsample_due, run_watermarks
 from cliffguard.controller.suspects import SuspectIndex
 from cliffguard.core.enums import EventType, Level
@@ -210,6 +212,7 @@ class BatchProcessor:
                 slot.spike_rule = loss.spike_config
         record_rule_stats(session, [], rules)
         save_slots(session, [s for s in touched if s.dirty], known=marks.keys())
+        self._save_rank_nodes(session, now)  # only runs whose ranks' nodes changed (controller/rank_nodes.py)
         self.goodput.save(session, touched, now)
         # folds old steps into buckets for the runs where enough have aged
         downsample_due(session, newest, self.ctx.retention, watermarks=marks)
@@ -247,6 +250,15 @@ class BatchProcessor:
                 self._feed(session, slot, inp, res)
         if verdicts or (level is not None and level is not _OK) or slot.recovery.incident is not None:
             exact.add(ev.id)  # a step row that write_bucket must not fold away
+
+    def _save_rank_nodes(self, session: Session, now: float) -> None:
+        changed = self.rank_nodes.unsaved()
+        if not changed:
+            return
+        stored = set(session.scalars(select(RunRow.id).where(RunRow.id.in_(list(changed)))))
+        for run, ranks in changed.items():
+            if run in stored:  # a run whose row a skipped event never wrote keeps its map in memory
+                save_rank_nodes(session, run, ranks, now)
 
     def _replays(self, session: Session, batch: EdgeBatch) -> Replays:
         slots: dict[str, float] = {}

@@ -8,8 +8,12 @@ recovery machine an SDC verdict with its rank's node and the life that node was 
 the current one (``recovery_table.sdc_node``), so a rank renumbered by a restart is never evicted on
 an old life's word. A rank no beat named gets no node, and the machine calls a human naming the rank.
 
-Not stored: after a controller restart the first beats (every ``heartbeat_s``, 5 s by default) fill
-it again. A heartbeat costs one dictionary write per rank of its node.
+Stored (``rank_nodes``, controller/store/rank_nodes.py): a run's mapping is written in the batch
+that changed it (a rank seen on another node, or in another life) and only then, never per beat
+(``unsaved``, then ``saved`` once the batch committed; a batch rolled back writes it again with the
+next one), and the newest ``RUNS_KEPT`` runs' mappings are loaded when the controller starts
+(``load``), so an SDC verdict right after a controller restart can still name the node. A
+heartbeat costs one dictionary write per rank of its node.
 """
 
 from __future__ import annotations
@@ -31,6 +35,30 @@ class RankNodes:
     def __init__(self, runs_kept: int = RUNS_KEPT) -> None:
         self.runs_kept = runs_kept
         self._runs: OrderedDict[str, dict[int, tuple[str, int | None]]] = OrderedDict()
+        self._changed: set[str] = set()
+        """Runs whose mapping changed since the store last had it."""
+        self._writing: set[str] = set()
+        """Runs handed to a batch's transaction by ``unsaved``, not yet confirmed by ``saved``."""
+
+    def load(self, runs: dict[str, dict[int, tuple[str, int | None]]]) -> None:
+        """The stored mappings (oldest first), under any this edge learnt since it started."""
+        for run, by_rank in reversed(list(runs.items())):  # each before the ones this edge saw, oldest first
+            if run in self._runs:
+                continue
+            self._runs[run] = dict(by_rank)
+            self._runs.move_to_end(run, last=False)
+        while len(self._runs) > self.runs_kept:
+            self._changed.discard(self._runs.popitem(last=False)[0])
+
+    def unsaved(self) -> dict[str, dict[int, tuple[str, int | None]]]:
+        """The runs whose mapping the store does not have yet, for the batch to write."""
+        self._writing = {r for r in self._changed if r in self._runs}
+        return {r: dict(self._runs[r]) for r in sorted(self._writing)}
+
+    def saved(self) -> None:
+        """The batch that wrote ``unsaved``'s runs committed."""
+        self._changed -= self._writing
+        self._writing = set()
 
     def seen(self, ev: Event) -> None:
         """Note the node of each rank a heartbeat speaks for (a beat that names no node is ignored)."""
@@ -46,11 +74,14 @@ class RankNodes:
         if by_rank is None:
             by_rank = self._runs[ev.run] = {}
             while len(self._runs) > self.runs_kept:
-                self._runs.popitem(last=False)
+                self._changed.discard(self._runs.popitem(last=False)[0])
         else:
             self._runs.move_to_end(ev.run)
         for rank in ranks if ranks is not None else (ev.rank,):
-            by_rank[int(rank)] = where
+            r = int(rank)
+            if by_rank.get(r) != where:
+                by_rank[r] = where
+                self._changed.add(ev.run)
 
     def node_of(self, run: str, rank: int) -> tuple[str, int | None] | None:
         """(node, life) of ``rank`` in ``run`` by the newest beat that named it; None when none did."""

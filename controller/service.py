@@ -65,6 +65,7 @@ from cliffguard.controller.store.dlq import count_dead_letter, count_run_dead_le
 from cliffguard.controller.store.errors import Backoff, StoreLost, is_store_lost, is_transient
 from cliffguard.controller.store.guard import StoreGuard
 from cliffguard.controller.store.offsets import load_offsets, save_offsets
+from cliffguard.controller.store.rank_nodes import load_rank_nodes
 from cliffguard.controller.store.retention import RetentionConfig
 from cliffguard.core import kafka_log
 from cliffguard.core.kafka_config import KafkaConfig
@@ -161,6 +162,7 @@ class ControllerService(LogOffsets):
                                  event_verifier=self.event_verifier,
                                  step_bounds=self.step_bounds,
                                  max_fetch_bytes=self.config.max_fetch_bytes)
+        self._load_rank_nodes()
         self.outbox.start()
         self.suspect_board.start()  # its first pass publishes every node with a record
         if self.config.health_port and self.health_server is None:
@@ -174,6 +176,17 @@ class ControllerService(LogOffsets):
             self.deliverer.start()
         log.info("controller %s consuming %s", self.config.group_id, self.kafka.metrics_topic)
         return self
+
+    def _load_rank_nodes(self) -> None:
+        """The ranks' nodes the store kept (controller/rank_nodes.py): an SDC verdict right after a
+        restart can still name its rank's node. A busy store leaves them to the next beats."""
+        try:
+            with session_scope(self.engine) as s:
+                self.processor.rank_nodes.load(load_rank_nodes(s, self.processor.rank_nodes.runs_kept))
+        except Exception as exc:  # noqa: BLE001 - the beats fill the map again within heartbeat_s
+            if not is_transient(exc):
+                raise
+            log.warning("ranks' nodes not loaded (store busy: %s); the next heartbeats fill them", exc)
 
     def run_forever(self, stop_event: threading.Event, on_iteration: Callable[[], None] | None = None) -> None:
         """Step until ``stop_event``; ``on_iteration`` runs before each step (the command's stall
@@ -330,6 +343,7 @@ class ControllerService(LogOffsets):
         try:
             with session_scope(self.engine) as s:
                 res = self.processor.process(s, batch, self.clock())
+            self.processor.rank_nodes.saved()  # the ranks' nodes it wrote are stored now
         except StaleBatch as exc:
             self._drop_hold()
             self.stats["stale"] += 1
@@ -377,6 +391,7 @@ class ControllerService(LogOffsets):
                 try:
                     with session_scope(self.engine) as s:
                         res = self.processor.process(s, one, self.clock())
+                    self.processor.rank_nodes.saved()
                     self._after_commit(res)
                     total.events += res.events
                     total.dead += res.dead

@@ -582,3 +582,20 @@ class SuspectNodeRow(Base):
     cleared_at: Mapped[float | None] = mapped_column(Float)
     cleared_by: Mapped[str | None] = mapped_column(String(128))
     clear_reason: Mapped[str | None] = mapped_column(Text)
+
+
+class RankNodeRow(Base):
+    """Which node each rank of a run was on, by the run's node heartbeats (``controller/rank_nodes.py``):
+    kept so that an SDC verdict right after a controller restart can still name the rank's node.
+    A run's rows are written when its mapping changes (a rank seen on another node or in another
+    life of the worker group), never per beat, and loaded when the controller starts."""
+
+    __tablename__ = "rank_nodes"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    rank: Mapped[int] = mapped_column(Integer, primary_key=True)
+    node: Mapped[str] = mapped_column(String(128))
+    life: Mapped[int | None] = mapped_column(Integer)
+    """The worker group's life the node's beat named (NULL: the beat named none)."""
+    updated_at: Mapped[float] = mapped_column(Float)
+    """When the run's mapping was last written (the newest runs are loaded first)."""
