@@ -78,6 +78,10 @@ class Lifecycle:
         probe.peak_flops, probe.peak_source = peak, source
         if self.hang is not None:
             self.hang.agree_life()  # the worker group's life, the same on every rank (run.started says it)
+        sdc_off = probe.param_check_off
+        if sdc_off and ranks.rank == 0:  # asked for, and impossible: said where the user looks, not skipped quietly
+            log.warning("cliffguard: the SDC watch cannot check this run: %s ([agent] param_check_every %d)",
+                        sdc_off, self.config.param_check_every)
         if ranks.rank == 0:
             shape = probe.shape or ModelShape(n_params=probe.n_params, n_layers=0, n_heads=0, head_dim=0, seq_len=0)
             self.emitter.emit(EventType.RUN_STARTED, {
@@ -86,6 +90,7 @@ class Lifecycle:
                 "peak_flops": peak, "peak_source": source, "lr_schedule": lr_schedule or {},
                 "world_size": ranks.world, "config": config or {},
                 "param_check_every": probe.param_check_every,
+                **({"param_check_off": sdc_off} if sdc_off else {}),
                 **({} if capabilities is None else {"capabilities": list(normalize_capabilities(capabilities))}),
                 **self._life(),
             })

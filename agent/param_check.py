@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from cliffguard.agent.replica_groups import local_tensor
+
 DEFAULT_EVERY = 100
 """``[agent] param_check_every``'s default."""
 HASH_BITS = 52
@@ -43,7 +45,7 @@ def param_hash(params: Sequence[torch.Tensor]) -> torch.Tensor:
     to ``HASH_BITS``. No host sync: the value travels in the packed all-reduce."""
     total: torch.Tensor | None = None
     for i, p in enumerate(params):
-        d = p.detach()
+        d = local_tensor(p).detach()
         bits = d.view(_INT_OF_SIZE[d.element_size()]) if d.is_floating_point() else d
         term = bits.sum(dtype=torch.int64) * (2 * i + 1)
         total = term if total is None else total + term
@@ -64,11 +66,13 @@ class CheckResult:
     """Ranks by equal hash, largest group first."""
 
 
-def compare(hashes: Sequence[float]) -> CheckResult:
-    """Which ranks' parameters differ from the others' (``hashes[r]``: rank r's)."""
+def compare(hashes: Sequence[float], ranks: Sequence[int] | None = None) -> CheckResult:
+    """Which ranks' parameters differ from the others' (``hashes[i]``: rank ``ranks[i]``'s; all
+    ranks in order by default)."""
     values = [int(h) for h in hashes]
+    names = list(range(len(values))) if ranks is None else list(ranks)
     by_value: dict[int, list[int]] = {}
-    for rank, h in enumerate(values):
+    for rank, h in zip(names, values, strict=True):
         by_value.setdefault(h, []).append(rank)
     groups = tuple(sorted((tuple(g) for g in by_value.values()), key=lambda g: (-len(g), g[0])))
     if len(groups) <= 1:
@@ -76,9 +80,23 @@ def compare(hashes: Sequence[float]) -> CheckResult:
     counts = Counter(len(g) for g in groups)
     majority = len(groups[0]) * 2 > len(values) and counts[len(groups[0])] == 1
     if not majority:
-        return CheckResult(False, tuple(range(len(values))), False, groups)
+        return CheckResult(False, tuple(sorted(names)), False, groups)
     suspects = tuple(sorted(r for g in groups[1:] for r in g))
     return CheckResult(False, suspects, True, groups)
+
+
+def compare_groups(hashes: Sequence[float], groups: Sequence[Sequence[int]] | None) -> CheckResult:
+    """``compare`` within each group of witnesses (agent/replica_groups.py: under HSDP the ranks
+    at one shard position); None: every rank is every other's witness (DDP). A mismatch is named
+    only when every disagreeing group has a strict majority."""
+    if groups is None:
+        return compare(hashes)
+    results = [compare([hashes[r] for r in g], g) for g in groups if len(g) > 1]
+    bad = [r for r in results if not r.agree]
+    parts = tuple(sorted((part for r in results for part in r.groups), key=lambda g: (-len(g), g[0])))
+    if not bad:
+        return CheckResult(True, (), True, parts)
+    return CheckResult(False, tuple(sorted(s for r in bad for s in r.suspects)), all(r.named for r in bad), parts)
 
 
 class ParamCheck:
@@ -96,10 +114,12 @@ class ParamCheck:
             return False
         return mode == "on" or (mode == "auto" and replicated)
 
-    def judge(self, step: int, hashes: Sequence[float], *, rank: int) -> dict[str, Any]:
-        """Compare every rank's hash at ``step``; a mismatch is logged as an error on rank 0 and
-        on each suspect (where the user looks), and returned as the step event's field."""
-        result = compare(hashes)
+    def judge(self, step: int, hashes: Sequence[float], *, rank: int,
+              groups: Sequence[Sequence[int]] | None = None) -> dict[str, Any]:
+        """Compare every rank's hash at ``step`` within its group of witnesses (None: all ranks);
+        a mismatch is logged as an error on rank 0 and on each suspect (where the user looks), and
+        returned as the step event's field."""
+        result = compare_groups(hashes, groups)
         field = self.record(step, result)
         if not result.agree and (rank == 0 or rank in result.suspects):
             who = (f"rank(s) {list(result.suspects)} differ from the others" if result.named else

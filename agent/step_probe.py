@@ -42,6 +42,7 @@ from cliffguard.agent.packed_step import PackedStep
 from cliffguard.agent.param_check import ParamCheck, param_hash
 from cliffguard.agent.rank_perf import PERF_FIELDS, PerfAccumulator, publishes_chunk, ranks_payload
 from cliffguard.agent.ranks import Ranks
+from cliffguard.agent.replica_groups import ReplicaLayout, layout_of
 from cliffguard.core.enums import EventType, GuardDecision
 from cliffguard.core.rank_arrays import summarize_losses
 
@@ -91,6 +92,7 @@ class StepProbe:
         self._losses: list[float] = []  # every rank's loss at this step (from the packed all-reduce)
         self.param_check = ParamCheck()
         """The SDC watch's record (agent/param_check.py): the last step the replicas agreed."""
+        self._layout: ReplicaLayout | None = None
         self._reset_step_accumulators()
 
     @property
@@ -218,7 +220,8 @@ class StepProbe:
             self._emit_ranks(values[at : at + len(PERF_FIELDS) * w], losses_host)
         if check_due:
             at = self._packed.hashes_at(layers_due, ranks_due)
-            self.note("param_check", self.param_check.judge(self.step, values[at : at + w], rank=self.ranks.rank))
+            self.note("param_check", self.param_check.judge(self.step, values[at : at + w], rank=self.ranks.rank,
+                                                             groups=self.replica_layout.groups))
         self._decision = self.guard.decide(self._global_loss, self.step, self._grad_norm)
         if self.ranks.rank == 0 and self.config.hist_every and self.step % self.config.hist_every == 0:
             self._emit_histograms()
@@ -234,15 +237,38 @@ class StepProbe:
         return bool(every) and self.step % every == 0 and self._perf.n > 0
 
     @property
+    def replica_layout(self) -> ReplicaLayout:
+        """Which ranks must hold identical parameters (agent/replica_groups.py), read once: DDP
+        replicas, FSDP2's DTensor layout, or (``param_check = "on"``) the user's word."""
+        if self._layout is None:
+            self._layout = layout_of([p for _, p in self._params], self.ranks.world,
+                                     replicated=self._grads_identical or self.config.param_check == "on")
+        return self._layout
+
+    def declare_layout(self, layout: ReplicaLayout) -> None:
+        """An integration that knows its engine's layout says it (DeepSpeed's ZeRO stage)."""
+        self._layout = layout
+
+    @property
     def param_check_every(self) -> int:
         """Steps between the SDC watch's checks on this run (0: it does not check)."""
-        every = self.config.param_check_every
-        return every if self.param_check.due(0, every=every, mode=self.config.param_check, world=self.ranks.world,
-                                             replicated=self._grads_identical) else 0
+        return self.config.param_check_every if self._checks(0) else 0
+
+    @property
+    def param_check_off(self) -> str:
+        """Why a multi-rank run asked to check cannot (``run.started`` says it); "" otherwise."""
+        if self.config.param_check == "off" or not self.config.param_check_every or self.ranks.world < 2:
+            return ""
+        layout = self.replica_layout
+        return "" if layout.has_witnesses or not layout.sharded else layout.why_none
 
     def _param_check_due(self) -> bool:
-        return self.param_check.due(self.step, every=self.config.param_check_every, mode=self.config.param_check,
-                                    world=self.ranks.world, replicated=self._grads_identical)
+        return self._checks(self.step)
+
+    def _checks(self, step: int) -> bool:
+        layout = self.replica_layout
+        return self.param_check.due(step, every=self.config.param_check_every, mode=self.config.param_check,
+                                    world=self.ranks.world, replicated=layout.has_witnesses) and layout.has_witnesses
 
     def _layer_norms_due(self) -> bool:
         """Per-layer norms (work and bytes proportional to the layers) every ``layer_norms_every``

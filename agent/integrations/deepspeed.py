@@ -57,6 +57,7 @@ from cliffguard.agent.integrations.deepspeed_state import (
 )
 from cliffguard.agent.integrations.settings import agent_wiring
 from cliffguard.agent.recovery import KitConfig, RecoveryKit
+from cliffguard.agent.replica_groups import zero_layout
 from cliffguard.core.enums import CheckpointKind, EventType
 
 log = logging.getLogger(__name__)
@@ -101,6 +102,8 @@ class DeepSpeedGuard:
         if shape is None and seq_len is not None:
             shape = _shape(engine.module, seq_len)
         self.agent = Agent(None, engine.module, engine.optimizer, agent_config, shape=shape, **agent_kwargs)
+        # the SDC watch's witnesses: the engine is not DDP-wrapped, so the agent cannot see them itself
+        self.agent.probe.declare_layout(zero_layout(int(engine.zero_optimization_stage()), self.agent.world))
         self.plan: RollbackPlan = rollback_plan(engine, save_dir)
         kit_cfg = kit_config if kit_config is not None else agent_config.recovery
         if not self.plan.memory:

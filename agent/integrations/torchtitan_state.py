@@ -64,6 +64,11 @@ class _Param:
     def numel(self) -> int:
         return self._p.numel()  # a DTensor's numel is the whole parameter's
 
+    @property
+    def param(self) -> torch.Tensor:
+        """The parameter itself: the SDC watch hashes its local shard (agent/replica_groups.py)."""
+        return self._p
+
 
 class ParamsView:
     """The model, as the agent sees it (``named_parameters``/``parameters`` of ``_Param``)."""
