@@ -50,9 +50,11 @@ class AgentConfig:
     the world fits in one; a multiple of the node size makes them node leaders)."""
     param_check: str = one_of("auto", ("auto", "on", "off"))
     """The SDC watch (agent/param_check.py): data-parallel replicas compare a hash of their
-    parameters. "auto": when the model is DDP-wrapped (its replicas are bit-identical); "on": on
-    any multi-rank run (say so only when every rank holds the same parameters, e.g. a loop that
-    all-reduces its gradients itself); "off": never."""
+    parameters. "auto": when the model is DDP-wrapped (its replicas are bit-identical), FSDP2-sharded
+    with replicas of each shard (HSDP: compared within each shard's replicas, agent/replica_groups.py)
+    or DeepSpeed ZeRO 0-2; "on": also a plain multi-rank model (say so only when every rank holds the
+    same parameters, e.g. a loop that all-reduces its gradients itself); "off": never. Plain FSDP and
+    ZeRO-3 have no replicas to compare: the run says so at start."""
     param_check_every: int = bounded(DEFAULT_EVERY, ge=0)
     """Steps between the replicas' parameter checks (0 = never): a diverged rank is named within
     this many steps, and the rollback goes back at most about this far past the divergence."""
