@@ -13,9 +13,8 @@ A pass runs every ``interval_s`` (``REFRESH_S``, 10 s: a clear or recheck from t
 the store directly, is published within that) and at once when ``wake`` is called: the service
 wakes it after committing a batch that recorded or cleared a suspect. An entry is taken as
 published only once the broker acknowledged it, so a broker that is away gets the changes when it
-is back; a broker that restarted empty gets everything again only at the next start, or at the
-next change of each node (``republish_s``, 10 min by default, re-sends everything: an emptied
-topic fills again within that).
+is back. A broker that restarted empty (the embedded one keeps nothing) learns a node again at its
+next change, and every node within ``republish_s`` (10 min): a pass re-sends everything that often.
 
 Entries are signed with the controller's command key (``core/signing.py``). One pass reads one
 small table; the database transaction is never held open while talking to Kafka.
