@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cliffguard.agent.modes import STOPPING
 from cliffguard.agent.recovery import preempt_leave
@@ -22,10 +22,9 @@ from cliffguard.agent.recovery.boundary import Boundary
 from cliffguard.agent.recovery.preemption import Request, report
 from cliffguard.core.enums import CheckpointKind, EventType
 
-if TYPE_CHECKING:
-    from cliffguard.agent.recovery.kit import RecoveryKit
-
 log = logging.getLogger("cliffguard.agent.recovery.kit")
+RecoveryKit = Any
+"""agent/recovery/kit.py's ``RecoveryKit`` (not imported: the kit imports this module)."""
 
 
 def save_and_stop(kit: RecoveryKit) -> Boundary:

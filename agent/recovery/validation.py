@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -18,10 +18,9 @@ import torch.distributed as dist
 from cliffguard.agent.recovery.state import rng_untouched
 from cliffguard.core.enums import EventType
 
-if TYPE_CHECKING:
-    from cliffguard.agent.recovery.kit import RecoveryKit
-
 log = logging.getLogger("cliffguard.agent.recovery.kit")
+RecoveryKit = Any
+"""agent/recovery/kit.py's ``RecoveryKit`` (not imported: the kit imports this module)."""
 
 
 def periodic(kit: RecoveryKit, step: int) -> None:
