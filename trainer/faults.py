@@ -18,17 +18,21 @@ Spec strings (step numbers are optimizer steps; ``[:r]`` limits a fault to rank 
                             replacement characters and control bytes, what a broken decode leaves)
 ``bitflip@250:r``           rank r flips one bit of its first parameter before step 250's forward
                             (silent data corruption: its replica differs from the others from then on)
+``bitflip@250:r:N``         ... on each of the first N passes over step 250 (a rollback to before it
+                            replays it: the flip comes back, a persistent SDC), on rank r's node
 ``bad_rank@R[:S]``          from step S on (default 0), rank R's node computes wrong numbers at every
                             training forward: its loss, so its gradient, times ``BAD_RANK_FACTOR``
                             (a bad GPU): the kit's re-runs see the excess stay on that rank
                             whatever shard it gets (``bad_rank``)
 ==========================  =====================================================================
 
-``bad_rank`` follows the node, not the rank number, as a bad GPU does: the first time rank R
-reaches step S it writes its node (``CLIFFGUARD_NODE_ID``, else the host name) to
-``<state_dir>/bad_rank-r<R>-s<S>.node`` (the run directory's ``faults/``), and from then on, in
-every life of the worker group, whichever rank runs on that node is the bad one (a group restarted
-without the node has none). Without a ``state_dir`` it stays on rank R.
+``bad_rank`` and a repeated ``bitflip`` follow the device, not the rank number, as a bad GPU does:
+the first time rank R reaches step S it writes its node (``CLIFFGUARD_NODE_ID``, else the host
+name) and local rank (``LOCAL_RANK``) to ``<state_dir>/<kind>-r<R>-s<S>.node`` (the run directory's
+``faults/``), and from then on, in every life of the worker group, whichever rank runs as that local
+rank on that node is the bad one (the node's other ranks are not; a group restarted without the
+node has none). Without a ``state_dir`` it stays on rank R. A repeated ``bitflip`` counts its
+passes in the process (a life's rollbacks).
 
 The data faults' content is trainer/data_faults.py. One-shot (all but slow_rank, data_shift
 and bad_rank, which stay): a fault window fires on the first pass only. When the loop leaves the window — past
@@ -84,6 +88,8 @@ class FaultSpec:
     """Only this rank (None = every rank)."""
     seconds: float = 0.0
     """Sleep per step (slow_rank)."""
+    times: int = 1
+    """Passes over ``step`` it fires on (bitflip)."""
 
     @classmethod
     def parse(cls, text: str) -> FaultSpec:
@@ -111,8 +117,13 @@ class FaultSpec:
                 if len(parts) > 2:
                     raise ValueError
                 return cls(kind=kind, rank=int(parts[0]), step=int(parts[1]) if len(parts) > 1 else 0, steps=1 << 62)
-            if kind in ("kill_rank", "bitflip"):
-                (at, r) = parts if kind == "bitflip" else parts[::-1]
+            if kind == "bitflip":
+                if len(parts) not in (2, 3):
+                    raise ValueError
+                return cls(kind=kind, rank=int(parts[1]), step=int(parts[0]),
+                           times=int(parts[2]) if len(parts) > 2 else 1)
+            if kind == "kill_rank":
+                (r, at) = parts
                 return cls(kind=kind, rank=int(r), step=int(at))
             (at, n) = parts
             return cls(kind=kind, step=int(at), steps=int(n))
@@ -128,6 +139,8 @@ class FaultSpec:
             raise ValueError("fault: slow_rank seconds must be >= 0")
         if self.rank is not None and self.rank < 0:
             raise ValueError("fault: rank must be >= 0")
+        if self.times < 1:
+            raise ValueError("fault: the number of passes must be >= 1")
 
 
 class _Window:
@@ -161,14 +174,20 @@ class FaultInjector:
         sleep: Callable[[float], None] = time.sleep,
         state_dir: str | Path | None = None,
         node: str | None = None,
+        local_rank: int | None = None,
     ) -> None:
         parsed = [s if isinstance(s, FaultSpec) else FaultSpec.parse(s) for s in specs]
         self.specs = [s for s in parsed if s.rank is None or s.rank == rank]
         self.bad_ranks = [s for s in parsed if s.kind == "bad_rank"]
         """bad_rank specs of any rank: each follows its rank's node (``bad_rank_factor``)."""
+        self.repeated_flips = [s for s in parsed if s.kind == "bitflip" and s.times > 1]
+        """bitflips on N > 1 passes, of any rank: each follows its rank's node (``flip_param``)."""
         self.state_dir = None if state_dir is None else Path(state_dir)
-        self.node = node_id() if node is None else node
-        self._bad_nodes: dict[int, str] = {}  # id(spec) -> the node it was pinned to
+        local = os.environ.get("LOCAL_RANK", "0") if local_rank is None else local_rank
+        self.device = f"{node_id() if node is None else node} {local}"
+        """This process's device, as the markers name it: ``node local_rank``."""
+        self._bad_devices: dict[int, str] = {}  # id(spec) -> the device it was pinned to
+        self._passes: dict[int, int] = {}  # id(spec) -> passes a repeated bitflip fired on
         self.all_specs = parsed
         """Every rank's specs: the content faults of any shard are known on every rank (``note_content``)."""
         self.rank = rank
@@ -181,7 +200,7 @@ class FaultInjector:
         """(kind, step) of every fault that took effect, for logs and tests."""
 
     def _hits(self, kind: str, step: int) -> list[FaultSpec]:
-        hits = [s for s in self.specs if s.kind == kind and self._windows[id(s)].active(step)]
+        hits = [s for s in self.specs if s.kind == kind and s.times == 1 and self._windows[id(s)].active(step)]
         if hits and (kind, step) not in self.fired:
             self.fired.append((kind, step))
         return hits
@@ -265,8 +284,15 @@ class FaultInjector:
             self._kill()
 
     def flip_param(self, step: int, model: torch.nn.Module) -> bool:
-        """Flip ``FLIP_BIT`` of this rank's first floating parameter's first element (once)."""
-        if not self._hits("bitflip", step):
+        """Flip ``FLIP_BIT`` of this rank's first floating parameter's first element (once, or on
+        the first N passes over the step on rank r's node)."""
+        once = bool(self._hits("bitflip", step))
+        again = [s for s in self.repeated_flips if s.step == step and self._passes.get(id(s), 0) < s.times
+                 and self._on_bad_device(s)]
+        for s in again:
+            self._passes[id(s)] = self._passes.get(id(s), 0) + 1
+            self.fired.append(("bitflip", step))
+        if not (once or again):
             return False
         p = next(p for p in model.parameters() if p.is_floating_point())
         with torch.no_grad():
@@ -279,35 +305,36 @@ class FaultInjector:
         """What this rank's training loss is multiplied by at ``step`` (``bad_rank``; 1.0: healthy)."""
         factor = 1.0
         for s in self.bad_ranks:
-            if step >= s.step and self._on_bad_node(s):
+            if step >= s.step and self._on_bad_device(s):
                 factor *= BAD_RANK_FACTOR
                 if ("bad_rank", step) not in self.fired:
                     self.fired.append(("bad_rank", step))
         return factor
 
-    def _on_bad_node(self, s: FaultSpec) -> bool:
-        """Whether this process runs on ``s``'s bad node: the node rank R had when it first reached the
-        fault's step, in any life (the marker file); without a state_dir, rank R itself."""
+    def _on_bad_device(self, s: FaultSpec) -> bool:
+        """Whether this process runs on ``s``'s bad device (bad_rank, a repeated bitflip): the node and
+        local rank that rank R had when it first reached the fault's step, in any life (the marker
+        file); without a state_dir, rank R itself."""
         if self.state_dir is None:
             return self.rank == s.rank
-        node = self._bad_nodes.get(id(s))
-        if node is None:
-            path = self.state_dir / f"bad_rank-r{s.rank}-s{s.step}.node"
+        device = self._bad_devices.get(id(s))
+        if device is None:
+            path = self.state_dir / f"{s.kind}-r{s.rank}-s{s.step}.node"
             if self.rank == s.rank and not path.exists():
                 self.state_dir.mkdir(parents=True, exist_ok=True)
                 try:
-                    with path.open("x") as fh:  # the first to reach it pins the node; nobody overwrites it
-                        fh.write(self.node)
+                    with path.open("x") as fh:  # the first to reach it pins the device; nobody overwrites it
+                        fh.write(self.device)
                 except FileExistsError:
                     pass
             try:
-                node = path.read_text().strip()
+                device = path.read_text().strip()
             except OSError:
                 return False  # not pinned yet: rank R has not reached the step
-            if not node:
+            if not device:
                 return False  # written, not yet flushed: read again next step
-            self._bad_nodes[id(s)] = node
-        return node == self.node
+            self._bad_devices[id(s)] = device
+        return device == self.device
 
     def broker_down(self, step: int) -> bool:
         return bool(self._hits("broker_outage", step))

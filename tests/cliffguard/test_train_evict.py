@@ -14,7 +14,11 @@ evidence), the trainers' elastic events and progress mark, and the launchers' ex
 - the excluded node's launcher reads the restart plan and exits 3 (cliffguard/plan_watch.py), the
   other goes on at world 1 with the declared batch policy (``proportional``: half the batch);
 - the node is in ``suspect_nodes`` with cause ``bad_rank``, and the run finishes, its loss finite
-  and below its loss before the fault.
+  and below the guard's median loss at the fault.
+
+The second test is a persistent SDC (``bitflip@17:1:2``: the flip comes back when a rollback replays
+its step): rolled back once, then its node evicted (docs/triage.md). Which node gets rank 1 is the
+rendezvous's choice, so both tests read the bad node from the store and the fault's marker.
 """
 
 from __future__ import annotations
@@ -42,14 +46,15 @@ FAULT_AT = 24
 EXCLUDED_EXIT = 3  # cliffguard/plan_watch.py's EXCLUDED_EXIT
 
 
-def _launch(tmp_path: Path, node: str, rdzv: str, stack) -> subprocess.Popen[bytes]:
-    args = [sys.executable, "-m", "cliffguard", "train", "--nnodes", "1:2", "--nproc", "1", "--run", RUN,
+def _launch(tmp_path: Path, node: str, rdzv: str, stack, *, nproc: int = 1, steps: int = STEPS, batch: int = 8,
+            fault: str = f"bad_rank@1:{FAULT_AT}", extra: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
+    args = [sys.executable, "-m", "cliffguard", "train", "--nnodes", "1:2", "--nproc", str(nproc), "--run", RUN,
             "--out-dir", str(tmp_path / "runs"), "--bootstrap", stack.bootstrap, "--rdzv-endpoint", rdzv,
             "--rdzv-client", "--node-id", node, "--rdzv-last-call-s", "3", "--rdzv-timeout-s", "300",
-            "--max-restarts", "3", "--steps", str(STEPS), "--global-batch", "8", "--warmup-steps", "5",
+            "--max-restarts", "3", "--steps", str(steps), "--global-batch", str(batch), "--warmup-steps", "5",
             "--ckpt-every", "5", "--full-every", "0", "--snapshot-every", "5", "--val-every", "0",
             "--progress-every", "5", "--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--max-bytes", "200000",
-            "--batch-policy", "proportional", "--fault", f"bad_rank@1:{FAULT_AT}"]
+            "--batch-policy", "proportional", "--fault", fault, *extra]
     log = (tmp_path / f"{node}.log").open("ab")
     return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                             env={**stack.trainer_env, "PYTHONUNBUFFERED": "1"})
@@ -126,7 +131,7 @@ def test_a_bad_rank_is_evicted_the_other_node_trains_on_and_the_node_is_recorded
         bad = inc["evidence"]["node"]
         good = "b" if bad == "a" else "a"
         assert bad in ("a", "b") and inc["evidence"]["rank"] == 1 and inc["evidence"]["class"] == "bad_rank"
-        assert (tmp_path / "runs" / RUN / "faults" / f"bad_rank-r1-s{FAULT_AT}.node").read_text() == bad
+        assert (tmp_path / "runs" / RUN / "faults" / f"bad_rank-r1-s{FAULT_AT}.node").read_text() == f"{bad} 0"
 
         assert launches[bad].wait(timeout=120) == EXCLUDED_EXIT, _tail(tmp_path)
         assert f"left node {bad} out of the restarted group" in (tmp_path / f"{bad}.log").read_text()
@@ -166,3 +171,78 @@ def test_a_bad_rank_is_evicted_the_other_node_trains_on_and_the_node_is_recorded
     median_at_fault = verdicts[0]["evidence"]["median"]
     assert math.isfinite(mark["loss_mean"]) and mark["loss_mean"] < median_at_fault, (mark, median_at_fault)
     print(f"evicted node {bad} at step {inc['spike_step']}, final loss {mark['loss']:.3f}, {took:.1f} s")
+
+
+SDC_STEPS = 45
+FLIP_AT = 17
+CHECK_EVERY = 5
+
+
+def test_a_persistent_sdc_is_rolled_back_once_then_its_node_is_evicted(tmp_path):
+    """``bitflip@17:1:2``: rank 1's node flips a bit of its weights before step 17, and again when the
+    rollback replays step 17 (a persistent SDC). Three ranks (node ``a`` 2 processes, node ``b`` 1:
+    two replicas cannot say which one diverged), the SDC watch every 5 steps. The first check that
+    names rank 1 rolls back (``running --sdc--> rolling_back``); the second, after the rollback, evicts
+    its node (``--sdc_again--> restarting``), records it suspect with cause ``sdc``, and the other node
+    trains on alone to the end."""
+    import torch.distributed as dist
+
+    from cliffguard.demo_stack import start_monitoring
+    from cliffguard.procs import ProcessSet
+
+    t0 = time.monotonic()
+    procs = ProcessSet()
+    (tmp_path / "monitor").mkdir()
+    (tmp_path / "cfg.toml").write_text(f"[agent]\nparam_check = \"on\"\nparam_check_every = {CHECK_EVERY}\n")
+    stack = start_monitoring(tmp_path / "monitor", procs, broker_port=0, say=lambda _m: None, controller_env={
+        "CLIFFGUARD_RECOVERY__STABLE_WINDOW": "5", "CLIFFGUARD_RECOVERY__RECOVER_WINDOW": "20"})
+    port = free_port()
+    rdzv_store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, multi_tenant=True,
+                               timeout=timedelta(seconds=600))
+    mark_path, events_path = _paths(type("C", (), {"out_dir": str(tmp_path / "runs"), "run": RUN})())
+    launches = {n: _launch(tmp_path, n, f"127.0.0.1:{port}", stack, nproc=k, steps=SDC_STEPS, batch=12,
+                           fault=f"bitflip@{FLIP_AT}:1:2", extra=("--config", str(tmp_path / "cfg.toml")))
+                for n, k in (("a", 2), ("b", 1))}
+    facts: dict = {}
+    try:
+        def evicted() -> bool:
+            nonlocal facts
+            facts = _store_facts(stack.store)
+            return bool(facts.get("suspects")) and any(i["rule"] == "sdc" for i in facts.get("incidents", []))
+
+        _wait_for(evicted, 240, "an sdc incident and its suspect record", tmp_path)
+        inc = next(i for i in facts["incidents"] if i["rule"] == "sdc")
+        bad = facts["suspects"][0]["node"]
+        good = "b" if bad == "a" else "a"
+        assert (tmp_path / "runs" / RUN / "faults" / f"bitflip-r1-s{FLIP_AT}.node").read_text().split()[0] == bad
+        assert launches[bad].wait(timeout=120) == EXCLUDED_EXIT, _tail(tmp_path)
+        assert f"left node {bad} out of the restarted group" in (tmp_path / f"{bad}.log").read_text()
+        assert launches[good].wait(timeout=180) == 0, _tail(tmp_path)
+        _wait_for(lambda: (f := _store_facts(stack.store)) and not any(i["closed_at"] is None for i in f["incidents"])
+                  and f["run"] and f["run"]["last_step"] >= SDC_STEPS - 1, 60, "the store to read the run's end",
+                  tmp_path)
+        facts = _store_facts(stack.store)
+    finally:
+        for p in launches.values():
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+        procs.stop_all()
+        stack.close()
+        del rdzv_store
+    took = time.monotonic() - t0
+
+    (inc,) = facts["incidents"]
+    assert inc["rule"] == "sdc" and inc["outcome"] == "restarted", inc
+    moves = [(t["from_state"], t["reason"].split(":")[0], t["to_state"]) for t in facts["transitions"][inc["id"]]]
+    assert moves[0] == ("running", "sdc", "rolling_back"), moves
+    assert ("recovering", "sdc_again", "restarting") in moves and moves[-1][1:] == ("training_again", "running"), moves
+    assert inc["evidence"]["rank"] == 1
+    (suspect,) = facts["suspects"]
+    assert (suspect["node"], suspect["cause"], suspect["incident_id"]) == (bad, "sdc", inc["id"])
+    assert "persistent silent data corruption" in suspect["reason"]
+    (down,) = _events(events_path)
+    assert down["from_world"] == 3 and down["to_world"] == (1 if bad == "a" else 2), down
+    assert down["global_batch"] < down["from_global_batch"] and down["policy"] == "proportional", down
+    mark = _json(mark_path)
+    assert mark["step"] == SDC_STEPS and math.isfinite(mark["loss_mean"]), mark
+    print(f"evicted node {bad} after the second divergence, {took:.1f} s")

@@ -123,14 +123,36 @@ def test_a_bad_rank_is_wrong_from_its_step_on_at_every_step_and_stays_after_a_ro
 
 
 def test_a_bad_rank_follows_its_node_across_lives_not_the_rank_number(tmp_path):
-    """Life 0: rank 1 runs on node b and reaches the step first: node b is pinned. Life 1 (the ranks
-    renumbered): node b's rank 0 is the bad one, node a's rank 1 is not; a life without node b has
-    no bad rank."""
+    """Life 0: rank 1 runs on node b (local rank 1) and reaches the step first: that device is pinned.
+    Life 1 (the ranks renumbered): the rank on node b's local rank 1 is the bad one; node b's other
+    rank and node a's are not; a life without node b has no bad rank."""
     spec = ["bad_rank@1:3"]
-    life0 = {r: FaultInjector(spec, rank=r, state_dir=tmp_path, node=n) for r, n in ((0, "a"), (1, "b"))}
+    life0 = {r: FaultInjector(spec, rank=r, state_dir=tmp_path, node=n, local_rank=lr)
+             for r, n, lr in ((0, "b", 0), (1, "b", 1), (2, "a", 0))}
     assert life0[0].bad_rank_factor(3) == 1.0  # rank 0 first: not pinned yet, and not its rank
-    assert life0[1].bad_rank_factor(3) > 1.0 and life0[0].bad_rank_factor(4) == 1.0
-    assert (tmp_path / "bad_rank-r1-s3.node").read_text() == "b"
-    life1 = {r: FaultInjector(spec, rank=r, state_dir=tmp_path, node=n) for r, n in ((0, "b"), (1, "a"))}
-    assert life1[0].bad_rank_factor(3) > 1.0 and life1[1].bad_rank_factor(3) == 1.0
-    assert FaultInjector(spec, rank=0, state_dir=tmp_path, node="a").bad_rank_factor(10) == 1.0
+    assert life0[1].bad_rank_factor(3) > 1.0
+    assert life0[0].bad_rank_factor(4) == 1.0 and life0[2].bad_rank_factor(4) == 1.0  # the same node, another GPU
+    assert (tmp_path / "bad_rank-r1-s3.node").read_text() == "b 1"
+    life1 = {r: FaultInjector(spec, rank=r, state_dir=tmp_path, node=n, local_rank=lr)
+             for r, n, lr in ((0, "a", 0), (1, "b", 0), (2, "b", 1))}
+    assert [life1[r].bad_rank_factor(3) > 1.0 for r in range(3)] == [False, False, True]
+    assert FaultInjector(spec, rank=1, state_dir=tmp_path, node="a", local_rank=1).bad_rank_factor(10) == 1.0
+
+
+def test_a_repeated_bitflip_flips_again_on_each_pass_over_its_step_on_its_node_only(tmp_path):
+    import torch
+
+    assert FaultSpec.parse("bitflip@250:2:2") == FaultSpec(kind="bitflip", step=250, rank=2, times=2)
+    for bad in ("bitflip@250", "bitflip@250:2:0", "bitflip@250:2:2:2"):
+        with pytest.raises(ValueError, match="fault:"):
+            FaultSpec.parse(bad)
+    model = torch.nn.Linear(3, 2)
+    first = model.weight.detach().clone()
+    mine = FaultInjector(["bitflip@3:1:2"], rank=1, state_dir=tmp_path, node="b", local_rank=0)
+    steps = [2, 3, 4, 2, 3, 4, 2, 3, 4]  # two rollbacks to step 2: the flip comes back once, not twice
+    assert [mine.flip_param(s, model) for s in steps] == [False, True, False, False, True, False, False, False, False]
+    assert torch.equal(model.weight.detach(), first)  # flipped twice: the same bit back
+    assert (tmp_path / "bitflip-r1-s3.node").read_text() == "b 0"
+    # the next life, ranks renumbered: node b's rank 0 is the one that flips, node a's rank 1 is not
+    assert FaultInjector(["bitflip@3:1:2"], rank=0, state_dir=tmp_path, node="b", local_rank=0).flip_param(3, model)
+    assert not FaultInjector(["bitflip@3:1:2"], rank=1, state_dir=tmp_path, node="a", local_rank=0).flip_param(3, model)
