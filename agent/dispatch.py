@@ -90,8 +90,11 @@ def _restart(args: Mapping[str, Any]) -> None:
     if args.get("mode") not in MODES:
         raise ValueError(f"mode: one of {', '.join(MODES)}, got {args.get('mode')!r}")
     _at_least(args["life"], "life", 0)
-    if args["mode"] == "exclude" and not args.get("exclude_nodes"):
-        raise ValueError("exclude_nodes: an exclude restart names the nodes to leave out")
+    if args["mode"] == "exclude" and not (args.get("exclude_nodes") or args.get("exclude_devices")):
+        raise ValueError("exclude_nodes: an exclude restart names the nodes (or devices) to leave out")
+    for d in args.get("exclude_devices") or ():
+        if not (isinstance(d.get("node"), str) and isinstance(d.get("slot"), int)):
+            raise ValueError(f"exclude_devices: each one is {{node, slot}}, got {d!r}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,7 @@ from cliffguard.agent.sinks import EventSink
 from cliffguard.agent.step_probe import StepProbe
 from cliffguard.core.capabilities import normalize as normalize_capabilities
 from cliffguard.core.enums import CommandType, EventType
-from cliffguard.core.restart_plan import node_id
+from cliffguard.core.restart_plan import device_slots, node_id
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +131,9 @@ class Lifecycle:
             return
         self._node.write(self.probe.step, self.ranks.collective)
         if self._node.layout.leader:
-            self.emitter.emit(EventType.HEARTBEAT, {"state": str(self.modes.mode), **self._node.read(), **self._whose()})
+            slots = list(device_slots(self._node.layout.local_world))  # a device-level eviction names these
+            self.emitter.emit(EventType.HEARTBEAT, {"state": str(self.modes.mode), **self._node.read(), **self._whose(),
+                                                    "slots": slots})
 
     def _whose(self) -> dict[str, Any]:
         """The beating node and its worker group's life: the controller leaves out a node its store

@@ -14,6 +14,13 @@ that changed it (a rank seen on another node, or in another life) and only then,
 next one), and the newest ``RUNS_KEPT`` runs' mappings are loaded when the controller starts
 (``load``), so an SDC verdict right after a controller restart can still name the node. A
 heartbeat costs one dictionary write per rank of its node.
+
+Device-level eviction: the beats also say each rank's device slot on its node and how many ranks the
+node runs (``slots``, ``ranks``); ``annotate`` adds them to an SDC verdict and to a ``step.triaged``
+naming a rank on that node (``evidence["device"]``, ``["node_devices"]``; ``TriagedIn.device``,
+``.node_devices``), so the machine can leave out the one device rather than its node
+(``recovery_table.device_only``). This is kept in memory only: after a controller restart, until the
+node beats again, an eviction leaves the whole node out, as before.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import replace
 
-from cliffguard.controller.recovery_types import Input, VerdictIn
+from cliffguard.controller.recovery_types import Input, TriagedIn, VerdictIn
 from cliffguard.controller.rules.sdc import SDC
 from cliffguard.core.enums import EventType
 from cliffguard.core.events import Event
@@ -39,6 +46,8 @@ class RankNodes:
         """Runs whose mapping changed since the store last had it."""
         self._writing: set[str] = set()
         """Runs handed to a batch's transaction by ``unsaved``, not yet confirmed by ``saved``."""
+        self._devices: dict[str, dict[int, tuple[str, int | None, int, int]]] = {}
+        """run -> rank -> (node, life, device slot, ranks on that node), by the newest beat (memory only)."""
 
     def load(self, runs: dict[str, dict[int, tuple[str, int | None]]]) -> None:
         """The stored mappings (oldest first), under any this edge learnt since it started."""
@@ -82,18 +91,41 @@ class RankNodes:
             if by_rank.get(r) != where:
                 by_rank[r] = where
                 self._changed.add(ev.run)
+        if isinstance(ranks, list) and ranks:
+            slots = ev.data.get("slots")
+            if not (isinstance(slots, list) and len(slots) == len(ranks)):
+                slots = list(range(len(ranks)))
+            devs = self._devices.setdefault(ev.run, {})
+            for rank, slot in zip(ranks, slots, strict=True):
+                devs[int(rank)] = (node, where[1], int(slot), len(ranks))
+            if len(self._devices) > self.runs_kept:
+                self._devices = {r: d for r, d in self._devices.items() if r in self._runs}
 
     def node_of(self, run: str, rank: int) -> tuple[str, int | None] | None:
         """(node, life) of ``rank`` in ``run`` by the newest beat that named it; None when none did."""
         by_rank = self._runs.get(run)
         return None if by_rank is None else by_rank.get(rank)
 
+    def device_of(self, run: str, rank: int) -> tuple[str, int | None, int, int] | None:
+        """(node, life, device slot, ranks on the node) of ``rank`` by the newest node beat; None: unknown."""
+        return self._devices.get(run, {}).get(rank)
+
     def annotate(self, run: str, inp: Input) -> Input:
-        """An SDC verdict naming a rank, with that rank's node and the life it was seen in."""
+        """An SDC verdict naming a rank, with that rank's node, the life it was seen in and its device;
+        a triaged rank on the node the trainer named, with its device."""
+        if type(inp) is TriagedIn and inp.rank is not None and inp.node:
+            dev = self.device_of(run, inp.rank)
+            if dev is None or dev[0] != inp.node:
+                return inp
+            return replace(inp, device=dev[2], node_devices=dev[3])
         if type(inp) is not VerdictIn or inp.verdict.rule != SDC or inp.verdict.rank is None:
             return inp
         known = self.node_of(run, inp.verdict.rank)
         if known is None:
             return inp
         v = inp.verdict
-        return replace(inp, verdict=replace(v, evidence={**v.evidence, "node": known[0], "node_life": known[1]}))
+        extra: dict[str, object] = {"node": known[0], "node_life": known[1]}
+        dev = self.device_of(run, v.rank)
+        if dev is not None and dev[0] == known[0] and dev[1] == known[1]:
+            extra.update(device=dev[2], node_devices=dev[3])
+        return replace(inp, verdict=replace(v, evidence={**v.evidence, **extra}))

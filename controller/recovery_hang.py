@@ -9,6 +9,12 @@ declares every move; this walks them).
   out, or the eviction budget (restarts that leave a node out: ``controller/recovery_budgets.py``) is
   spent, the node named. The ``restart`` command goes to rank 0 of the hung life, which leaves at once
   (agent/hang/part.py); a life torchrun already restarted (a rank that died) gets none.
+- A bad rank, one over its transient budget, or a persistent SDC on a node that runs more than one
+  rank (``device_only``: the node's heartbeats of this life named the rank's device slot) leaves out
+  only that device: the ``restart`` command's ``exclude_devices`` names (node, slot), the node stays
+  and its launcher starts torchrun again with one process fewer; the incident and the alert say
+  "device N of node X left out (the node keeps M)", and the record names the device. The hangs'
+  culprits (hang_again, a failed node check, a suspect node) stay at node granularity.
 - ``on_started``: the next life's ``run.started`` is the restart begun (``restarting`` ->
   ``rejoining``; the old life's memory snapshots died with it); after a halt, a new life means
   someone restarted the job.
@@ -32,7 +38,7 @@ from cliffguard.controller import recovery_budgets as budgets
 from cliffguard.controller.recovery_hang_types import NodeCheckIn, Restart, SuspectJoinedIn
 from cliffguard.controller.recovery_state import Incident
 from cliffguard.controller.recovery_step import Step, record_suspects
-from cliffguard.controller.recovery_table import transient_budget_of
+from cliffguard.controller.recovery_table import culprit_device, transient_budget_of
 from cliffguard.controller.recovery_types import (
     OpenIncident,
     Phase,
@@ -126,6 +132,7 @@ def _decide(st: Step, inp: VerdictIn | NodeCheckIn | TriagedIn | SuspectJoinedIn
     evict = isinstance(inp, TriagedIn) or sdc
     suspect = isinstance(inp, SuspectJoinedIn)
     exclude = False
+    device: tuple[int, int] | None = None  # (slot, ranks on the node): a device-level eviction
     spent: dict[str, Any] | None = None
     if not st.holds("can_restart"):
         trigger, why = Trigger.RESTART_UNAVAILABLE, (f"torchrun has no restart left (--max-restarts "
@@ -135,16 +142,26 @@ def _decide(st: Step, inp: VerdictIn | NodeCheckIn | TriagedIn | SuspectJoinedIn
         trigger = Trigger.RESTART_BUDGET_SPENT
         why, spent = budgets.spent(st.cfg, s, "restart", now)
     elif st.holds("wants_exclusion", inp, nodes, now):
-        if st.holds("can_exclude", nodes) and not st.holds("within_evict_budget", now):
+        if evict and st.holds("device_only", inp, nodes):
+            device = culprit_device(s, inp)
+        what_out = f"node {', '.join(nodes)}" if device is None else f"device {device[0]} of node {nodes[0]}"
+        if st.holds("can_exclude", nodes, device is not None) and not st.holds("within_evict_budget", now):
             trigger = Trigger.EVICT_BUDGET_SPENT
             why, spent = budgets.spent(st.cfg, s, "evict", now)
-            why = f"node {', '.join(nodes)} should be left out, but {why}: a human decides (evict it by hand)"
+            why = f"{what_out} should be left out, but {why}: a human decides (evict it by hand)"
+        elif st.held["can_exclude"] and device is not None:
+            trigger = Trigger.SDC_AGAIN_DEVICE if sdc else Trigger.EVICT_DEVICE
+            left_out = f"device {device[0]} of node {nodes[0]} left out (the node keeps {device[1] - 1})"
+            why, exclude = f"restarting with {left_out}", True
+            ev = {**ev, "scope": "device", "device": device[0], "node_devices": device[1], "left_out": left_out}
         elif st.held["can_exclude"]:
             trigger = (Trigger.SDC_AGAIN if sdc else Trigger.EVICT if evict else Trigger.SUSPECT_NODE if suspect
                        else Trigger.NODE_CHECK_FAILED if check else Trigger.HANG_AGAIN)
             why, exclude = (f"restarting without node{'s' if len(nodes) > 1 else ''} {', '.join(nodes)}"
                             + ("" if check or evict or suspect
                                else f" (it hung again within {st.cfg.repeat_window_s:.0f} s)")), True
+            if evict:
+                ev = {**ev, "scope": "node"}
         else:
             trigger, why = Trigger.EXCLUDE_UNAVAILABLE, (
                 f"node {', '.join(nodes) or '?'} should be left out, but the run cannot keep "
@@ -161,7 +178,7 @@ def _decide(st: Step, inp: VerdictIn | NodeCheckIn | TriagedIn | SuspectJoinedIn
     if (evict or check or exclude) and not suspect:  # judged bad by its own evidence (not a first hang)
         cause = (inp.cls if isinstance(inp, TriagedIn) else SDC if sdc else "node_check_failed" if check
                  else "hang_again")
-        record_suspects(st, nodes, cause, reason, now)
+        record_suspects(st, nodes, cause, reason, now, device=device[0] if device is not None and exclude else None)
     if trigger is Trigger.RESTART_UNAVAILABLE and (evict or suspect) and s.phase is not Phase.REJOINING:
         # the guard keeps skipping a bad rank's updates; leaving the node is a human's call now
         what = ("the diverged replica trains on" if sdc else "its guard skips the bad rank's updates" if evict
@@ -185,21 +202,25 @@ def _decide(st: Step, inp: VerdictIn | NodeCheckIn | TriagedIn | SuspectJoinedIn
         return
     st.move(trigger, reason, ev, now, step=step)
     mode = "exclude" if exclude else "in_place"
+    gone = () if device is not None else nodes  # a device-level eviction leaves every node in
+    out_devices = ((nodes[0], device[0]),) if device is not None and exclude else ()
     s.hang = replace(s.hang, restart_times=(*s.hang.restart_times, now)[-max(st.cfg.restart_budget, 1) * 2:])
     budgets.note(st.cfg, s, "restart", now)
     if exclude:
         budgets.note(st.cfg, s, "evict", now)
     if s.hang.life > life:  # torchrun restarted that life already (a rank died): no command to send
         s.hang = replace(s.hang, restart=Restart(mode=mode, life=life, at=now, ranks=ranks, nodes=nodes,
-                                                 exclude=nodes if exclude else (), started_at=now))
+                                                 exclude=gone if exclude else (), started_at=now))
         st.move(Trigger.WORKERS_STARTED, f"torchrun restarted the worker group already (life {s.hang.life})",
                 {"life": s.hang.life}, now)
         _forget_memory(st)
     else:
-        _send_restart(st, mode, life, ranks, nodes if exclude else (), reason, now, nodes)
+        _send_restart(st, mode, life, ranks, gone if exclude else (), reason, now, nodes, out_devices)
     what = "a persistent SDC" if sdc else "a bad rank" if evict else "a suspect node" if suspect else "hang"
+    left = (f": device {device[0]} of node {nodes[0]} left out (the node keeps {device[1] - 1})"
+            if out_devices and device is not None else "")
     st.alert(AlertLevel.CRITICAL, rule,
-             f"{what} on run {s.run} at step {step}: {mode.replace('_', ' ')} restart", reason, ev)
+             f"{what} on run {s.run} at step {step}: {mode.replace('_', ' ')} restart{left}", reason, ev)
 
 
 def _open(st: Step, ev: dict[str, Any], step: int, now: float, rule: str = "hang") -> None:
@@ -220,7 +241,7 @@ def _open(st: Step, ev: dict[str, Any], step: int, now: float, rule: str = "hang
 
 
 def _send_restart(st: Step, mode: str, life: int, ranks: tuple[int, ...], exclude: tuple[str, ...], reason: str,
-                  now: float, nodes: tuple[str, ...]) -> None:
+                  now: float, nodes: tuple[str, ...], devices: tuple[tuple[str, int], ...] = ()) -> None:
     """The ``restart`` command: a side request (no ack awaited; the next life's ``run.started`` is
     the answer), so it takes no pending slot."""
     s = st.s
@@ -235,6 +256,8 @@ def _send_restart(st: Step, mode: str, life: int, ranks: tuple[int, ...], exclud
                             "incident": s.incident.id if s.incident else ""}
     if exclude:
         args["exclude_nodes"] = list(exclude)
+    if devices:
+        args["exclude_devices"] = [{"node": n, "slot": slot} for n, slot in devices]
     st.actions.append(SendCommand(id=cmd_id, type=CommandType.RESTART, args=args,
                                   incident_id=s.incident.id if s.incident else None, attempt=1,
                                   ttl_s=st.cfg.policy.command_ttl_s, reason=reason[:300]))

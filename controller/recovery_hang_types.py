@@ -133,6 +133,8 @@ class RecordSuspect:
     reason: str
     incident_id: str | None
     at: float
+    device: int | None = None
+    """A device-level eviction: only this device slot of ``node`` (the node is still admitted)."""
 
 
 @dataclass(frozen=True, slots=True)

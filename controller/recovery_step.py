@@ -178,11 +178,18 @@ def start_rollback(st: Step, trigger: Trigger, target: Checkpoint, why: str, ev:
     st.send(CommandType.ROLLBACK, args, now, reason)
 
 
-def record_suspects(st: Step, nodes: tuple[str, ...], cause: str, reason: str, now: float) -> None:
+def record_suspects(st: Step, nodes: tuple[str, ...], cause: str, reason: str, now: float,
+                    device: int | None = None) -> None:
     """Keep ``nodes`` out of later worker groups (the suspect-node store; controller/suspects.py writes
-    it); this life's beats of them are this incident's business, not a new admission."""
+    it); this life's beats of them are this incident's business, not a new admission. With ``device``
+    (a device-level eviction of the one node) the record names that device and the node stays admitted."""
     s = st.s
     known = tuple(n for n in dict.fromkeys(nodes) if n)
+    if device is not None:
+        for n in known:
+            st.actions.append(RecordSuspect(node=n, cause=cause, reason=reason[:500], device=device,
+                                            incident_id=s.incident.id if s.incident else None, at=now))
+        return
     for n in known:
         st.actions.append(RecordSuspect(node=n, cause=cause, reason=reason[:500],
                                         incident_id=s.incident.id if s.incident else None, at=now))

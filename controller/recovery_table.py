@@ -60,6 +60,12 @@ _RECORD = "record the nodes suspect (controller/suspects.py: kept out of later g
 _RECORD_JUDGED = "record the node suspect when a bad rank, a repeated SDC or a failed node check named it"
 _EXCLUDES = (*_RESTARTS, "wants_exclusion", "can_exclude", "within_evict_budget")
 """A restart that leaves a node out: every term of a restart's, and the eviction budget."""
+_NODE_EVICT = (*_RESTARTS, "wants_exclusion", "not device_only", "can_exclude", "within_evict_budget")
+_DEVICE_EVICT = (*_RESTARTS, "wants_exclusion", "device_only", "can_exclude", "within_evict_budget")
+"""An eviction (a bad rank, a persistent SDC) leaves out the node, or only the culprit's device when
+its node runs several ranks (``device_only``; the hangs' culprits stay at node granularity)."""
+_RECORD_DEVICE = ("record the device suspect (node + slot: the node is still admitted, the device left out "
+                  "for the rest of the launch)")
 
 
 _HANG_CAUSES = "hang; bad_rank for an eviction, suspect_node for a suspect's beat"
@@ -145,9 +151,14 @@ TABLE: tuple[Transition, ...] = (
                    (*_open_hang(p), _RECORD, "send restart exclude (the culprit's nodes)", "alert critical")),
         # a bad rank the kit's re-runs found (step.triaged bad_rank): evicted, i.e. left out at once;
         # the halts below (no restart, budget, node) answer it as they answer a hang
-        Transition(p, T.EVICT, P.RESTARTING, _EXCLUDES,
+        Transition(p, T.EVICT, P.RESTARTING, _NODE_EVICT,
                    (*_open_hang(p, "bad_rank"), _RECORD, "send restart exclude (the bad rank's node)",
                     "alert critical")),
+        # ...only its device when its node runs several ranks (device_only): the node stays, its
+        # launcher starts torchrun again with one process fewer (cliffguard/plan_watch.py)
+        Transition(p, T.EVICT_DEVICE, P.RESTARTING, _DEVICE_EVICT,
+                   (*_open_hang(p, "bad_rank"), _RECORD_DEVICE,
+                    "send restart exclude (the bad rank's device; its node keeps the others)", "alert critical")),
     )),
     *(Transition(p, T.NODE_CHECK_FAILED, P.RESTARTING, _EXCLUDES,
                  (*_open_hang(p), _RECORD, "send restart exclude (the slow nodes)", "alert critical"))
@@ -225,8 +236,11 @@ TABLE: tuple[Transition, ...] = (
         # the rank an SDC rollback named diverged again: persistent SDC, evicted like a bad rank (its
         # node left out and recorded suspect); the hangs' halts answer it when it cannot be (no restart,
         # budget spent, too few nodes, or no node known for the rank: a human, the rank named)
-        Transition(p, T.SDC_AGAIN, P.RESTARTING, ("starts_sdc", "sdc_repeats", *_EXCLUDES),
+        Transition(p, T.SDC_AGAIN, P.RESTARTING, ("starts_sdc", "sdc_repeats", *_NODE_EVICT),
                    (*_open_hang(p, SDC), _RECORD, "send restart exclude (the diverging rank's node)", "alert critical")),
+        Transition(p, T.SDC_AGAIN_DEVICE, P.RESTARTING, ("starts_sdc", "sdc_repeats", *_DEVICE_EVICT),
+                   (*_open_hang(p, SDC), _RECORD_DEVICE,
+                    "send restart exclude (the diverging rank's device; its node keeps the others)", "alert critical")),
     )),
 )
 """Every legal move; those of one phase and input in the order the handlers try them."""
@@ -402,9 +416,32 @@ def wants_exclusion(cfg: RecoveryConfig, s: RecoveryState, inp: Any, nodes: tupl
     return bool(cfg.repeat_window_s) and any(n in nodes and now - t < cfg.repeat_window_s for n, t in s.hang.hangs)
 
 
-def can_exclude(cfg: RecoveryConfig, s: RecoveryState, nodes: tuple[str, ...]) -> bool:
-    """The culprit's nodes are known and the run keeps ``min_nodes`` without them."""
+def can_exclude(cfg: RecoveryConfig, s: RecoveryState, nodes: tuple[str, ...], device: bool = False) -> bool:
+    """The culprit's nodes are known and the run keeps ``min_nodes`` without them (a device-level
+    eviction, ``device``, keeps every node)."""
+    if device:
+        return bool(nodes) and all(nodes)
     return bool(nodes) and all(nodes) and s.hang.nodes - len(set(nodes)) >= s.hang.min_nodes
+
+
+def culprit_device(s: RecoveryState, inp: Any) -> tuple[int, int] | None:
+    """(device slot, ranks on its node) of an eviction's culprit rank, as the node's heartbeats of this
+    life said (controller/rank_nodes.py): a bad rank or one over its transient budget (``TriagedIn``)
+    or a persistent SDC (an SDC ``VerdictIn`` whose node is known); None otherwise or unknown."""
+    if isinstance(inp, TriagedIn):
+        device, n = inp.device, inp.node_devices
+    elif isinstance(inp, VerdictIn) and inp.verdict.rule == SDC and sdc_node(s, inp.verdict):
+        device, n = inp.verdict.evidence.get("device"), inp.verdict.evidence.get("node_devices")
+    else:
+        return None
+    return (device, n) if isinstance(device, int) and isinstance(n, int) else None
+
+
+def device_only(cfg: RecoveryConfig, s: RecoveryState, inp: Any, nodes: tuple[str, ...]) -> bool:
+    """An eviction's culprit is one device of a node that runs more than one rank: the restart leaves
+    that device out and the node stays with one process fewer (a node with one rank goes whole)."""
+    dev = culprit_device(s, inp)
+    return dev is not None and dev[1] > 1 and len(set(nodes)) == 1 and all(nodes)
 
 
 def restart_timed_out(cfg: RecoveryConfig, s: RecoveryState, now: float) -> bool:
@@ -446,6 +483,7 @@ GUARDS: dict[str, Callable[..., Any]] = {
     "within_rerun_budget": within_rerun_budget,
     "wants_exclusion": wants_exclusion,
     "can_exclude": can_exclude,
+    "device_only": device_only,
     "restart_timed_out": restart_timed_out,
     "trains_on": trains_on,
     "escalation_spent": escalation_spent,

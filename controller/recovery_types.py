@@ -81,6 +81,8 @@ class Trigger(StrEnum):
     SDC = "sdc"  # the replicas' parameters differ (the SDC watch): roll back to before they diverged
     SUSPECT_NODE = "suspect_node"  # a node the store holds suspect beats in the run: restart without it
     SDC_AGAIN = "sdc_again"  # the rank an SDC rollback named diverged again (persistent SDC): restart without its node
+    EVICT_DEVICE = "evict_device"  # a bad rank on a node running several: restart without its device, the node stays
+    SDC_AGAIN_DEVICE = "sdc_again_device"  # a persistent SDC on a node running several: restart without its device
     EVICT_BUDGET_SPENT = "evict_budget_spent"  # a node should be left out, but the eviction budget is spent
     RETRY_BUDGET_SPENT = "retry_budget_spent"  # a transient the kit retried, past the retry budget: pause, validate
     RERUN_BUDGET_SPENT = "rerun_budget_spent"  # a step the kit cured, past the re-run budget: pause, validate
@@ -339,6 +341,10 @@ class TriagedIn:
     node_record: bool = False
     """``node`` has a record in the suspect-node store (the edge reads it: ``controller/suspects.py``):
     its rank gets ``recorded_transient_budget``."""
+    device: int | None = None
+    """The rank's device slot on ``node`` by the node's heartbeats (controller/rank_nodes.py; None: unknown)."""
+    node_devices: int = 0
+    """How many ranks ``node`` runs (0: unknown): more than one lets an eviction leave out the device alone."""
 
 
 @dataclass(frozen=True, slots=True)

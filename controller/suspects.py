@@ -16,6 +16,12 @@ suspect nodes an operator asked to re-admit on a passing one (``NodeCheckIn.rech
 machine's ``RecordSuspect`` and ``ClearSuspect`` are written here (``apply``), in the batch's
 transaction.
 
+A device-level eviction's record (``RecordSuspect.device``: one device of a node that ran several
+ranks) names the node and the device slot; it gives the node a record but does not refuse it (the
+store's ``standing``): the node is admitted and the launch that evicted the device runs on without it
+(cliffguard/commands/train.py). A fresh launch of that node starts every device again: an operator
+who wants the device out for good drains it from the node (``CUDA_VISIBLE_DEVICES``, fewer ``--nproc``).
+
 The heartbeat refusal is the second line: a launcher first reads the suspect-node list the
 controller publishes (``controller/admission.py``) and refuses to start on a suspect node before it
 joins the rendezvous (``cliffguard/admission.py``); a launcher that could not read the list (broker
@@ -92,9 +98,14 @@ class SuspectIndex:
         """Write the machine's action; the next batch reads the store again."""
         if isinstance(act, RecordSuspect):
             record_suspect(session, node=act.node, cause=act.cause, reason=act.reason, run_id=run_id,
-                           incident_id=act.incident_id, at=act.at)
-            log.error("run %s: node %s recorded suspect (%s): not admitted again until cleared "
-                      "(cliffguard nodes clear %s)", run_id, act.node, act.cause, act.node)
+                           incident_id=act.incident_id, at=act.at, device=act.device)
+            if act.device is not None:
+                log.error("run %s: device %d of node %s recorded suspect (%s): the node is still admitted, the "
+                          "device left out of this launch; the node has a record (evicted sooner)", run_id,
+                          act.device, act.node, act.cause)
+            else:
+                log.error("run %s: node %s recorded suspect (%s): not admitted again until cleared "
+                          "(cliffguard nodes clear %s)", run_id, act.node, act.cause, act.node)
         else:
             for node in act.nodes:
                 clear_suspect(session, node, by=CHECK_CLEARED_BY, reason=act.reason, now=act.at, run_id=run_id)

@@ -147,6 +147,9 @@ class HeartbeatData(TypedDict):
     # (core/restart_plan.py ``node_id``) and, under the hang part, its worker group's life.
     node: NotRequired[str]
     life: NotRequired[int]
+    # The device slot of each of the node's ranks, in ``ranks``' order (core/restart_plan.py
+    # ``device_slots``): what a device-level eviction names and leaves out.
+    slots: NotRequired[list[int]]
 
 
 class CheckpointData(TypedDict):
@@ -381,6 +384,7 @@ class RestartArgs(TypedDict):
     life: int  # the worker group's start this is for: a later life acks it without acting
     ranks: NotRequired[list[int]]  # the culprit ranks
     exclude_nodes: NotRequired[list[str]]
+    exclude_devices: NotRequired[list[dict[str, Any]]]  # [{node, slot}]: a device-level eviction (its node stays)
     reason: NotRequired[str]
     incident: NotRequired[str]
 

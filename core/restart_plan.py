@@ -7,7 +7,9 @@ so torchrun tears the group down. Then:
 
 - every launcher (``cliffguard train``, one per node) polls the plan: a plan that names its node
   in ``exclude_nodes``, or says ``halt``, makes it stop its torchrun agent and exit saying why, so
-  an excluded node never rejoins the rendezvous and a halted job stops for a human;
+  an excluded node never rejoins the rendezvous and a halted job stops for a human; a plan that
+  names one of its devices in ``exclude_devices`` (``(node, slot)``: a device-level eviction) makes
+  it restart its torchrun agent with one process fewer, that device left out (``SLOTS_ENV``);
 - the next worker group reads it at start: ``halt`` ends each worker before it trains.
 
 The plan lives beside the run's checkpoints (one filesystem for the job, as the checkpoints
@@ -34,6 +36,10 @@ NODE_ENV = "CLIFFGUARD_NODE_ID"
 """A node's id for the plan and the evidence (the launcher sets it; default: the host name)."""
 MIN_NODES_ENV = "CLIFFGUARD_MIN_NODES"
 """The fewest nodes the launch accepts (``--nnodes MIN:MAX``), set by the launcher for its workers."""
+SLOTS_ENV = "CLIFFGUARD_DEVICE_SLOTS"
+"""The node's device slots its workers run on, by local rank (comma-separated; the launcher sets it
+after a device-level eviction left one out; unset: slot = local rank). On GPU the launcher also
+narrows ``CUDA_VISIBLE_DEVICES`` to these slots, so local rank i runs on the i-th kept device."""
 PLAN_NAME = "restart-plan.json"
 RESTART_EXIT_CODE = 75
 """A worker's exit status when it leaves for a restart (EX_TEMPFAIL): torchrun restarts the group."""
@@ -42,6 +48,28 @@ RESTART_EXIT_CODE = 75
 def node_id(env: Mapping[str, str] | None = None) -> str:
     env = os.environ if env is None else env
     return env.get(NODE_ENV) or socket.gethostname()
+
+
+def device_slots(local_world: int, env: Mapping[str, str] | None = None) -> tuple[int, ...]:
+    """The device slot of each local rank of this node (``SLOTS_ENV``; default: the local ranks)."""
+    env = os.environ if env is None else env
+    raw = env.get(SLOTS_ENV, "")
+    try:
+        slots = tuple(int(x) for x in raw.split(",") if x.strip())
+    except ValueError:
+        slots = ()
+    return slots if len(slots) == local_world else tuple(range(local_world))
+
+
+def device_slot(env: Mapping[str, str] | None = None) -> int:
+    """This process's device slot on its node (``LOCAL_RANK`` through ``SLOTS_ENV``)."""
+    env = os.environ if env is None else env
+    try:
+        local, world = int(env.get("LOCAL_RANK", "0")), int(env.get("LOCAL_WORLD_SIZE", "1"))
+    except ValueError:
+        return 0
+    slots = device_slots(world, env)
+    return slots[local] if 0 <= local < len(slots) else local
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +126,9 @@ class RestartPlan:
     job: str = ""
     exclude_nodes: tuple[str, ...] = ()
     ranks: tuple[int, ...] = ()
+    exclude_devices: tuple[tuple[str, int], ...] = ()
+    """A device-level eviction: ``(node, slot)`` of each device left out; its node stays with one
+    process fewer (its launcher restarts its torchrun agent: cliffguard/plan_watch.py)."""
     reason: str = ""
     incident: str = ""
     cmd: str = ""
@@ -106,22 +137,36 @@ class RestartPlan:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode: one of {', '.join(MODES)}, got {self.mode!r}")
-        if self.mode == "exclude" and not self.exclude_nodes:
-            raise ValueError("exclude_nodes: an exclude plan names the nodes to leave out")
+        if self.mode == "exclude" and not (self.exclude_nodes or self.exclude_devices):
+            raise ValueError("exclude_nodes: an exclude plan names the nodes (or devices) to leave out")
+
+    @property
+    def scope(self) -> str:
+        """``device`` when the plan leaves devices out (their nodes stay), else ``node``."""
+        return "device" if self.exclude_devices and not self.exclude_nodes else "node"
 
     def excludes(self, node: str) -> bool:
         return self.mode == "halt" or (self.mode == "exclude" and node in self.exclude_nodes)
 
+    def devices_out(self, node: str) -> tuple[int, ...]:
+        """The slots of ``node`` this plan leaves out (its node stays), none when the whole node goes."""
+        if self.mode != "exclude" or node in self.exclude_nodes:
+            return ()
+        return tuple(slot for n, slot in self.exclude_devices if n == node)
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["exclude_nodes"], d["ranks"] = list(self.exclude_nodes), list(self.ranks)
+        d["exclude_devices"] = [[n, slot] for n, slot in self.exclude_devices]
         return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> RestartPlan:
         return cls(mode=str(d["mode"]), life=int(d["life"]), job=str(d.get("job", "")),
                    exclude_nodes=tuple(str(n) for n in d.get("exclude_nodes", ())),
-                   ranks=tuple(int(r) for r in d.get("ranks", ())), reason=str(d.get("reason", "")),
+                   ranks=tuple(int(r) for r in d.get("ranks", ())),
+                   exclude_devices=tuple((str(n), int(slot)) for n, slot in d.get("exclude_devices", ())),
+                   reason=str(d.get("reason", "")),
                    incident=str(d.get("incident", "")), cmd=str(d.get("cmd", "")),
                    written_at=float(d.get("written_at", 0.0)))
 

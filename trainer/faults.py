@@ -28,7 +28,8 @@ Spec strings (step numbers are optimizer steps; ``[:r]`` limits a fault to rank 
 
 ``bad_rank`` and a repeated ``bitflip`` follow the device, not the rank number, as a bad GPU does:
 the first time rank R reaches step S it writes its node (``CLIFFGUARD_NODE_ID``, else the host
-name) and local rank (``LOCAL_RANK``) to ``<state_dir>/<kind>-r<R>-s<S>.node`` (the run directory's
+name) and device slot (``LOCAL_RANK``, through ``CLIFFGUARD_DEVICE_SLOTS`` once a device-level
+eviction renumbered the node's processes) to ``<state_dir>/<kind>-r<R>-s<S>.node`` (the run directory's
 ``faults/``), and from then on, in every life of the worker group, whichever rank runs as that local
 rank on that node is the bad one (the node's other ranks are not; a group restarted without the
 node has none). Without a ``state_dir`` it stays on rank R. A repeated ``bitflip`` counts its
@@ -54,7 +55,7 @@ from pathlib import Path
 
 import torch
 
-from cliffguard.core.restart_plan import node_id
+from cliffguard.core.restart_plan import device_slot, node_id
 
 _SPEC_RE = re.compile(
     r"^(?P<kind>lr_blowup|corrupt|nan|slow_rank|kill_rank|broker_outage|data_shift|dup_burst|garble|bitflip|bad_rank)"
@@ -183,7 +184,7 @@ class FaultInjector:
         self.repeated_flips = [s for s in parsed if s.kind == "bitflip" and s.times > 1]
         """bitflips on N > 1 passes, of any rank: each follows its rank's node (``flip_param``)."""
         self.state_dir = None if state_dir is None else Path(state_dir)
-        local = os.environ.get("LOCAL_RANK", "0") if local_rank is None else local_rank
+        local = device_slot() if local_rank is None else local_rank
         self.device = f"{node_id() if node is None else node} {local}"
         """This process's device, as the markers name it: ``node local_rank``."""
         self._bad_devices: dict[int, str] = {}  # id(spec) -> the device it was pinned to

@@ -206,7 +206,10 @@ class HangPart:
         if life > self.life.life:
             raise ValueError(f"life: {life} is ahead of this worker group's life {self.life.life}")
         return RestartPlan(mode=mode, life=life, job=self.life.job, exclude_nodes=tuple(args.get("exclude_nodes", ())),
-                           ranks=tuple(args.get("ranks", ())), reason=str(args.get("reason", ""))[:300],
+                           ranks=tuple(args.get("ranks", ())),
+                           exclude_devices=tuple((str(d["node"]), int(d["slot"]))
+                                                 for d in args.get("exclude_devices", ())),
+                           reason=str(args.get("reason", ""))[:300],
                            incident=str(args.get("incident", "")), cmd=cmd.id)
 
     def write(self, plan: RestartPlan) -> Path | None:

@@ -48,7 +48,10 @@ Hangs (agent/hang/): every process group times out after ``--collective-timeout-
 ``--max-restarts`` N torchrun may restart the worker group, which is how the controller's
 ``restart`` command takes effect (from the newest disk checkpoint). The launcher watches the job's
 restart plan (cliffguard/plan_watch.py, beside the checkpoints) and stops its torchrun agent when
-the controller leaves this node (``--node-id``) out or halts the job.
+the controller leaves this node (``--node-id``) out or halts the job. When it leaves one device of
+this node out (a device-level eviction), the launcher starts torchrun again with one process fewer
+and remembers the slots still in (``CLIFFGUARD_DEVICE_SLOTS``, and ``CUDA_VISIBLE_DEVICES`` narrowed
+to them), so the evicted device stays out for the rest of this launch.
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ from cliffguard import plan_watch
 from cliffguard.agent.recovery.preemption import PreemptionConfig
 from cliffguard.core.admission import REFUSED_EXIT
 from cliffguard.core.deployment import EVENT_KEY_ENV, PUBLIC_KEY_ENV, SECRET_ENV, DeploymentConfig, scrub_keys
-from cliffguard.core.restart_plan import MIN_NODES_ENV, NODE_ENV, node_id
+from cliffguard.core.restart_plan import MIN_NODES_ENV, NODE_ENV, SLOTS_ENV, node_id
 from cliffguard.core.settings import ConfigError
 from cliffguard.node_leave import NodeLeave
 from cliffguard.signals import WarningForwarder
@@ -270,6 +273,15 @@ def torchrun_command(nproc: int, config_path: str | Path, *, nnodes: str | None 
             "-m", "cliffguard.trainer.run", "--config", str(config_path)]
 
 
+def slot_env(slots: tuple[int, ...], parent: Mapping[str, str]) -> dict[str, str]:
+    """The workers' device list after a device-level eviction: ``SLOTS_ENV`` (the slot of each local
+    rank: the fault-pinned device stays out, and the heartbeats name slots) and, on GPU,
+    ``CUDA_VISIBLE_DEVICES`` narrowed to those slots (through the launcher's own list when it has one)."""
+    visible = [d.strip() for d in parent.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    devices = [visible[x] if x < len(visible) else str(x) for x in slots] if visible else [str(x) for x in slots]
+    return {SLOTS_ENV: ",".join(map(str, slots)), "CUDA_VISIBLE_DEVICES": ",".join(devices)}
+
+
 def preemption_env(preemption: PreemptionConfig) -> dict[str, str]:
     """torchrun's settings (its ``PET_*`` environment) for a preemption: forward the warning signals
     to the workers, and give them the deadline (plus the exit's margin) before SIGKILL."""
@@ -383,12 +395,23 @@ def run(args: argparse.Namespace) -> int:
         leave = NodeLeave(plan_dir, node, preemption.deadline_s) if forwarder is not None and args.nnodes else None
         if leave is not None and forwarder is not None:
             forwarder.on_warning = leave.warned
-        proc = subprocess.Popen(torchrun_command(args.nproc, config_path, nnodes=args.nnodes,
-                                                 rdzv_endpoint=args.rdzv_endpoint, rdzv_id=cfg.run,
-                                                 max_restarts=restarts, rdzv_timeout_s=e.rdzv_timeout_s,
-                                                 last_call_s=args.rdzv_last_call_s, rdzv_client=args.rdzv_client),
-                                env=env)
-        out = _wait(proc, forwarder, plan_dir, node, since, leave)
+        slots = tuple(range(args.nproc))  # this node's device slots still in the job
+        while True:
+            proc = subprocess.Popen(torchrun_command(len(slots), config_path, nnodes=args.nnodes,
+                                                     rdzv_endpoint=args.rdzv_endpoint, rdzv_id=cfg.run,
+                                                     max_restarts=restarts, rdzv_timeout_s=e.rdzv_timeout_s,
+                                                     last_call_s=args.rdzv_last_call_s,
+                                                     rdzv_client=args.rdzv_client),
+                                    env=env)
+            out = _wait(proc, forwarder, plan_dir, node, since, leave)
+            kept = tuple(x for x in slots if x not in out.devices)
+            if not out.devices or not kept or (leave is not None and leave.left):
+                break
+            # a device-level eviction: this node stays, its torchrun agent started again without the device
+            print(f"cliffguard train: {out.message(node, keeps=len(kept))}; starting torchrun again with "
+                  f"{len(kept)} process(es) on device slot(s) {', '.join(map(str, kept))}", file=sys.stderr, flush=True)
+            slots, since = kept, time.time()
+            env.update(slot_env(slots, os.environ))
         code = out.code
         if leave is not None and leave.left:
             print(f"cliffguard train: node {node} left run {cfg.run} on the scheduler's warning "
@@ -397,7 +420,8 @@ def run(args: argparse.Namespace) -> int:
                   "it starts again)", flush=True)
             return preemption.exit_code
         if out.plan is not None:
-            print(f"cliffguard train: {out.message(node)}", file=sys.stderr)
+            print(f"cliffguard train: {out.message(node, keeps=0) if out.devices else out.message(node)}",
+                  file=sys.stderr)
             return code
         end = last_end(cfg.run_dir / RECORD_NAME, since=since)
         if forwarder is not None and end is not None and end.get("stop_reason") == "preempted":

@@ -572,6 +572,9 @@ class SuspectNodeRow(Base):
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
     node: Mapped[str] = mapped_column(String(128))
+    device: Mapped[int | None] = mapped_column(Integer)
+    """A device-level eviction's device slot on ``node`` (NULL: the whole node). A device record does not
+    keep its node out: the node is admitted, the launch that evicted it runs without the device."""
     cause: Mapped[str] = mapped_column(String(32))  # bad_rank | transient | hang_again | node_check_failed
     reason: Mapped[str] = mapped_column(Text)
     run_id: Mapped[str] = mapped_column(String(128))

@@ -7,7 +7,9 @@ until cleared), and the index the controller's edge checks beats against.
 - ``ask_recheck``: ``cliffguard nodes recheck``: the node may join again, on probation, and the next
   node check that passes with it clears it (audited);
 - ``standing``: node -> what the store holds about it (``Standing``), for ``controller/suspects.py``
-  and for the suspect-node list published to launchers (``controller/admission.py``).
+  and for the suspect-node list published to launchers (``controller/admission.py``). A device record
+  (``device`` set: a device-level eviction) gives its node a record (evicted sooner) but does not
+  refuse it: the node is admitted; the launch that evicted the device runs on without it.
 
 The reads for people (``cliffguard nodes``, the dashboard) are ``controller/store/read/suspects.py``.
 """
@@ -34,6 +36,8 @@ class Record:
     since: float
     id: int | None = None
     """The row's id (the record a launcher's refusal names)."""
+    device: int | None = None
+    """A device-level record's slot on the node (None: the whole node)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,9 +56,9 @@ class Standing:
 
 
 def record_suspect(session: Session, *, node: str, cause: str, reason: str, run_id: str, incident_id: str | None,
-                   at: float) -> None:
+                   at: float, device: int | None = None) -> None:
     session.add(SuspectNodeRow(**fit_row(SuspectNodeRow, dict(
-        node=node, cause=cause, reason=reason, run_id=run_id, incident_id=incident_id, since=at))))
+        node=node, device=device, cause=cause, reason=reason, run_id=run_id, incident_id=incident_id, since=at))))
 
 
 def clear_suspect(session: Session, node: str, *, by: str, reason: str, now: float, run_id: str | None = None) -> int:
@@ -84,6 +88,10 @@ def standing(session: Session) -> dict[str, Standing]:
     out: dict[str, Standing] = {}
     for row in session.scalars(select(SuspectNodeRow).order_by(SuspectNodeRow.since, SuspectNodeRow.id)):
         cur = out.get(row.node)
+        if row.device is not None:  # one device of the node: the node is still admitted (it has a record)
+            if cur is None:
+                out[row.node] = Standing(row.node, None, False)
+            continue
         if row.cleared_at is None:  # the newest open record decides: an eviction after a recheck refuses again
             rec = Record(row.cause, row.reason, row.run_id, row.incident_id, row.since, row.id)
             out[row.node] = Standing(row.node, rec, row.recheck_at is not None)

@@ -42,3 +42,20 @@ def test_a_fresh_launch_clears_an_old_plan(tmp_path):
     write_plan(tmp_path, RestartPlan(mode="halt", life=3, incident="old"))
     assert plan_watch.start_fresh(tmp_path).incident == "old" and read_plan(tmp_path) is None
     assert plan_watch.start_fresh(tmp_path) is None
+
+
+def test_a_plan_leaving_one_of_this_nodes_devices_out_stops_its_agent_to_start_it_smaller(tmp_path):
+    proc = subprocess.Popen(FOREVER)
+    since = time.time()
+    write_plan(tmp_path, RestartPlan(mode="exclude", life=1, exclude_devices=(("a", 1),), incident="inc-4"))
+    assert not plan_watch.stops(read_plan(tmp_path), "b", since)  # another node's device: b's agent goes on
+    out = plan_watch.wait(proc, tmp_path, "a", since=since, poll_s=0.02)
+    assert out.code == plan_watch.EXCLUDED_EXIT and out.devices == (1,) and proc.poll() is not None
+    assert "left device 1 of node a out of the restarted group (the node keeps 3)" in out.message("a", keeps=3)
+
+
+def test_the_launchers_device_list_after_a_device_left():
+    from cliffguard.commands.train import slot_env
+
+    assert slot_env((0, 2), {}) == {"CLIFFGUARD_DEVICE_SLOTS": "0,2", "CUDA_VISIBLE_DEVICES": "0,2"}
+    assert slot_env((0, 2), {"CUDA_VISIBLE_DEVICES": "4,5,6"})["CUDA_VISIBLE_DEVICES"] == "4,6"

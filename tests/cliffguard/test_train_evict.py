@@ -17,8 +17,11 @@ evidence), the trainers' elastic events and progress mark, and the launchers' ex
   and below the guard's median loss at the fault.
 
 The second test is a persistent SDC (``bitflip@17:1:2``: the flip comes back when a rollback replays
-its step): rolled back once, then its node evicted (docs/triage.md). Which node gets rank 1 is the
-rendezvous's choice, so both tests read the bad node from the store and the fault's marker.
+its step): rolled back once, then its *device* evicted (docs/triage.md): node ``a`` runs 2 processes,
+so only rank 1's device leaves and node ``a`` stays with 1 process (world 3 -> 2), where the first
+test's one-process node leaves whole. Which node gets rank 1 is the rendezvous's choice in the first
+test, so it reads the bad node from the store and the fault's marker; in the second rank 1 is on node
+``a`` whichever node the rendezvous puts first (a runs 2 of the 3 ranks: 0-1 or 1-2).
 """
 
 from __future__ import annotations
@@ -177,13 +180,14 @@ FLIP_AT = 17
 CHECK_EVERY = 5
 
 
-def test_a_persistent_sdc_is_rolled_back_once_then_its_node_is_evicted(tmp_path):
-    """``bitflip@17:1:2``: rank 1's node flips a bit of its weights before step 17, and again when the
+def test_a_persistent_sdc_is_rolled_back_once_then_its_device_alone_is_evicted(tmp_path):
+    """``bitflip@17:1:2``: rank 1's device flips a bit of its weights before step 17, and again when the
     rollback replays step 17 (a persistent SDC). Three ranks (node ``a`` 2 processes, node ``b`` 1:
     two replicas cannot say which one diverged), the SDC watch every 5 steps. The first check that
     names rank 1 rolls back (``running --sdc--> rolling_back``); the second, after the rollback, evicts
-    its node (``--sdc_again--> restarting``), records it suspect with cause ``sdc``, and the other node
-    trains on alone to the end."""
+    its device (``--sdc_again_device--> restarting``): node ``a``'s launcher starts torchrun again with
+    1 process, the bad slot left out, the device is recorded suspect with cause ``sdc`` (node + slot),
+    and the group trains on at world 2 to the end, both launchers exiting 0."""
     import torch.distributed as dist
 
     from cliffguard.demo_stack import start_monitoring
@@ -199,8 +203,10 @@ def test_a_persistent_sdc_is_rolled_back_once_then_its_node_is_evicted(tmp_path)
     rdzv_store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, multi_tenant=True,
                                timeout=timedelta(seconds=600))
     mark_path, events_path = _paths(type("C", (), {"out_dir": str(tmp_path / "runs"), "run": RUN})())
+    # the restarted round waits for node a's new torchrun agent (seconds to start) within its last call
     launches = {n: _launch(tmp_path, n, f"127.0.0.1:{port}", stack, nproc=k, steps=SDC_STEPS, batch=12,
-                           fault=f"bitflip@{FLIP_AT}:1:2", extra=("--config", str(tmp_path / "cfg.toml")))
+                           fault=f"bitflip@{FLIP_AT}:1:2",
+                           extra=("--config", str(tmp_path / "cfg.toml"), "--rdzv-last-call-s", "15"))
                 for n, k in (("a", 2), ("b", 1))}
     facts: dict = {}
     try:
@@ -211,12 +217,13 @@ def test_a_persistent_sdc_is_rolled_back_once_then_its_node_is_evicted(tmp_path)
 
         _wait_for(evicted, 240, "an sdc incident and its suspect record", tmp_path)
         inc = next(i for i in facts["incidents"] if i["rule"] == "sdc")
-        bad = facts["suspects"][0]["node"]
-        good = "b" if bad == "a" else "a"
-        assert (tmp_path / "runs" / RUN / "faults" / f"bitflip-r1-s{FLIP_AT}.node").read_text().split()[0] == bad
-        assert launches[bad].wait(timeout=120) == EXCLUDED_EXIT, _tail(tmp_path)
-        assert f"left node {bad} out of the restarted group" in (tmp_path / f"{bad}.log").read_text()
-        assert launches[good].wait(timeout=180) == 0, _tail(tmp_path)
+        node, slot = (tmp_path / "runs" / RUN / "faults" / f"bitflip-r1-s{FLIP_AT}.node").read_text().split()
+        assert node == "a" == facts["suspects"][0]["node"] and slot in ("0", "1"), (node, slot)
+        for n in ("a", "b"):  # node a stays (1 process), node b goes on: both finish
+            assert launches[n].wait(timeout=240) == 0, _tail(tmp_path)
+        a_log = (tmp_path / "a.log").read_text()
+        assert f"left device {slot} of node a out of the restarted group (the node keeps 1)" in a_log, _tail(tmp_path)
+        assert f"starting torchrun again with 1 process(es) on device slot(s) {1 - int(slot)}" in a_log
         _wait_for(lambda: (f := _store_facts(stack.store)) and not any(i["closed_at"] is None for i in f["incidents"])
                   and f["run"] and f["run"]["last_step"] >= SDC_STEPS - 1, 60, "the store to read the run's end",
                   tmp_path)
@@ -234,14 +241,18 @@ def test_a_persistent_sdc_is_rolled_back_once_then_its_node_is_evicted(tmp_path)
     assert inc["outcome"] == "restarted", inc
     moves = [(t["from_state"], t["reason"].split(":")[0], t["to_state"]) for t in facts["transitions"][inc["id"]]]
     assert moves[0] == ("running", "sdc", "rolling_back"), moves
-    assert ("recovering", "sdc_again", "restarting") in moves and moves[-1][1:] == ("training_again", "running"), moves
+    assert ("recovering", "sdc_again_device", "restarting") in moves and moves[-1][1:] == ("training_again",
+                                                                                          "running"), moves
     assert inc["evidence"]["rank"] == 1
+    evict = next(t for t in facts["transitions"][inc["id"]] if t["reason"].split(":")[0] == "sdc_again_device")
+    assert f"device {slot} of node a left out (the node keeps 1)" in evict["reason"], evict
     (suspect,) = facts["suspects"]
-    assert (suspect["node"], suspect["cause"], suspect["incident_id"]) == (bad, "sdc", inc["id"])
+    assert (suspect["node"], suspect["device"], suspect["cause"], suspect["incident_id"]) == ("a", int(slot), "sdc",
+                                                                                              inc["id"])
     assert "persistent silent data corruption" in suspect["reason"]
     (down,) = _events(events_path)
-    assert down["from_world"] == 3 and down["to_world"] == (1 if bad == "a" else 2), down
+    assert (down["from_world"], down["to_world"]) == (3, 2), down  # one device left, not node a's two
     assert down["global_batch"] < down["from_global_batch"] and down["policy"] == "proportional", down
     mark = _json(mark_path)
-    assert mark["step"] == SDC_STEPS and math.isfinite(mark["loss_mean"]), mark
-    print(f"evicted node {bad} after the second divergence, {took:.1f} s")
+    assert mark["step"] == SDC_STEPS and mark["world"] == 2 and math.isfinite(mark["loss_mean"]), mark
+    print(f"evicted device {slot} of node a after the second divergence, {took:.1f} s")

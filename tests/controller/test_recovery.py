@@ -498,6 +498,7 @@ def test_every_guard_is_exercised_by_name():
                            # the hang moves' (tests/controller/test_recovery_hang.py)
                            "starts_restart", "can_restart", "within_restart_budget", "wants_exclusion", "can_exclude",
                            "restart_timed_out", "trains_on",
+                           "device_only",  # a device-level eviction's (tests/controller/test_recovery_evict_device.py)
                            "starts_sdc", "sdc_repeats",  # a diverged replica's (tests/controller/test_recovery_sdc.py)
                            # the budgets' (tests/controller/test_recovery_budgets.py)
                            "within_evict_budget", "within_retry_budget", "within_rerun_budget"}

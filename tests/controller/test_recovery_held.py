@@ -265,6 +265,9 @@ def test_zz_every_declared_transition_is_taken_somewhere():
         from tests.controller.test_recovery_suspect import take_every_suspect_transition
 
         take_every_suspect_transition()
+        from tests.controller.test_recovery_evict_device import take_every_device_eviction_transition
+
+        take_every_device_eviction_transition()
         from tests.controller.test_recovery_budgets import take_every_budget_transition
 
         take_every_budget_transition()

@@ -56,12 +56,14 @@ def _sdc(d: Driver, step: int, last_agreed: int | None, suspects=(2,), nodes: Ra
 
 
 def _two_nodes(d: Driver, *, life: int = 0, restarts_left: int = 3, nodes: int = 2) -> RankNodes:
-    """torchrun with restarts over ``nodes`` nodes; node-a holds ranks 0-1, node-b ranks 2-3 (their beats)."""
+    """torchrun with restarts over ``nodes`` nodes; node-a holds ranks 0-1, node-b rank 2 alone (their
+    beats; a one-rank node, so its eviction leaves the whole node out: the device-level eviction of a
+    node with several ranks is tests/controller/test_recovery_evict_device.py); rank 3 never beats."""
     d.feed(StartedIn(capabilities=tuple(CommandType), now=d.now, life=life, max_restarts=3, restarts_left=restarts_left,
                      nodes=nodes, min_nodes=1))
     rn = RankNodes()
     rn.seen(_beat("node-a", (0, 1), life))
-    rn.seen(_beat("node-b", (2, 3), life))
+    rn.seen(_beat("node-b", (2,), life))
     return rn
 
 

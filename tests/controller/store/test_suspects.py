@@ -46,6 +46,21 @@ def test_a_record_refuses_the_node_until_cleared_and_the_clear_is_audited(engine
         assert (audit.actor, audit.action, audit.detail["node"]) == ("alice", "nodes.clear", "node-b")
 
 
+def test_a_device_record_gives_the_node_a_record_but_admits_it(engine):
+    with session_scope(engine) as s:
+        record_suspect(s, node="node-d", cause="sdc", reason="rank 1 diverged again", run_id="run-a",
+                       incident_id="i2", at=T0, device=1)
+    with session_scope(engine) as s:
+        st = standing(s)
+        assert "node-d" in st and not st["node-d"].refused and st["node-d"].open is None
+        (row,) = read.suspect_nodes(s)
+        assert (row["node"], row["device"], row["cause"]) == ("node-d", 1, "sdc")
+        record_suspect(s, node="node-d", cause="hang_again", reason="hung twice", run_id="run-a", incident_id=None,
+                       at=T0 + 1)  # a node-level record refuses it, the device record notwithstanding
+    with session_scope(engine) as s:
+        assert standing(s)["node-d"].refused
+
+
 def test_a_recheck_admits_the_node_on_probation_until_it_is_evicted_again(engine):
     with session_scope(engine) as s:
         record_suspect(s, node="node-b", cause="bad_rank", reason="bad", run_id="run-a", incident_id=None, at=T0)
