@@ -88,12 +88,14 @@ def _worker(rank: int, world: int, root: str, phase: str) -> None:
 
 
 def test_saved_at_world_4_loads_resharded_at_2_and_3(tmp_path):
-    mp.start_processes(_worker, args=(4, str(tmp_path), "save"), nprocs=4, start_method="fork")
+    # spawned, not forked: a fork of the test process copies the locks its other threads (a Kafka
+    # client's, the OpenMP pool's) held at that moment, and a child could wait on one forever
+    mp.start_processes(_worker, args=(4, str(tmp_path), "save"), nprocs=4, start_method="spawn")
     path = ckpt_path(tmp_path / "ckpt", 10, "full", "reshard")
     assert (path.with_name(path.name + ".json")).exists()
     assert sorted(p.name for p in path.iterdir()) == [".metadata", *(f"__{r}_0.distcp" for r in range(4))]
     for world in (2, 3):
-        mp.start_processes(_worker, args=(world, str(tmp_path), "load"), nprocs=world, start_method="fork")
+        mp.start_processes(_worker, args=(world, str(tmp_path), "load"), nprocs=world, start_method="spawn")
     # a state of another shape cannot be resharded from it: refused before anything is read
     wider = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=8)
     model_sd, optim_sd = reference(wider)
