@@ -51,7 +51,9 @@ def test_a_suspect_recorded_by_the_controller_is_refused_before_joining_and_admi
         kafka_cfg, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv(SECRET_ENV, SECRET.reveal().decode())
     engine = _store(tmp_path)
-    running = Running(kafka_cfg, engine)
+    # its own consumer group: the session broker's group "ctl" is the in-process controllers' of
+    # tests/controller, which a full clean-clone run saw get no partitions after this test
+    running = Running(kafka_cfg, engine, group="ctl-admission")
     running.svc.suspect_board.interval_s = 0.2  # the CLI's clear is seen within this (10 s by default)
     with running as svc:
         # the controller's edge records the machine's eviction (controller/suspects.py), as a batch does
