@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -136,7 +137,11 @@ def store_engine(kind: str, tmp_path, pg_url: str | None = None) -> Iterator[tup
 class Running:
     """A ControllerService on a thread; always closed."""
 
-    def __init__(self, kafka, engine, group="ctl", **service_kwargs) -> None:
+    def __init__(self, kafka, engine, group: str | None = None, **service_kwargs) -> None:
+        # a consumer group of its own unless a test shares one on purpose: the session broker's
+        # groups outlive tests, and a clean-clone run saw a shared "ctl" group stop handing out
+        # partitions after one test, failing every later controller that joined it
+        group = group or f"ctl-{uuid.uuid4().hex[:8]}"
         cfg = ControllerConfig(group_id=group, tick_s=0.2, outbox_interval_s=0.2, **FAST_GROUP)
         self.svc = ControllerService(cfg, kafka, engine, SECRET, recovery=RECOVERY, **service_kwargs)
         self.stop = threading.Event()
