@@ -12,6 +12,7 @@ In CI (``CI=true``) a missing service is a failure, not a skip (testing/services
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from pathlib import Path
 
@@ -120,6 +121,19 @@ def _stray_check(item: pytest.Item):
     if not existed and _STRAY.exists():
         item.warn(pytest.PytestWarning(f"{item.nodeid} left {_STRAY} behind: a store opened without --db/db_url "
                                        "(or a process started by an earlier test) writes the default path"))
+
+
+@pytest.fixture(autouse=True)
+def _main_module_restored():
+    """Puts ``sys.modules["__main__"]`` back after each test. Streamlit's AppTest runs the dashboard
+    script as ``__main__`` and leaves it there; every later spawned child (torch.multiprocessing,
+    multiprocessing "spawn") then re-ran ``dashboard/app.py`` as its main module before its target:
+    the stray ``cliffguard.db`` in the checkout, bare-mode Streamlit warnings in unrelated tests, and a
+    resharding test whose workers failed after it."""
+    main = sys.modules.get("__main__")
+    yield
+    if main is not None and sys.modules.get("__main__") is not main:
+        sys.modules["__main__"] = main
 
 
 pytest_runtest_setup = pytest.hookimpl(hookwrapper=True)(_stray_check)

@@ -48,13 +48,30 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
+def _assert_same(got: torch.Tensor, want: torch.Tensor, name: object) -> None:
+    """Bitwise equal, or a message that tells a last-bit difference from a misplaced shard."""
+    if torch.equal(got, want):
+        return
+    if got.shape != want.shape:
+        raise AssertionError(f"{name}: shape {tuple(got.shape)} != {tuple(want.shape)}")
+    diff = (got - want).abs()
+    rows = diff.reshape(diff.shape[0], -1).amax(1).nonzero().flatten().tolist() if diff.dim() else []
+    raise AssertionError(f"{name}: max |diff| {diff.max().item():.3g}, rows that differ {rows[:20]}"
+                         f"{' …' if len(rows) > 20 else ''} of {want.shape[0] if want.dim() else 0}")
+
+
 def _worker(rank: int, world: int, root: str, phase: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
+    # four processes on a CI runner's two cores: one thread each rather than oversubscribed pools
+    torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{root}/store-{phase}-{world}", rank=rank, world_size=world)
     try:
         mesh = init_device_mesh("cpu", (world,))
-        model_sd, optim_sd = reference()
+        # the reference is read, not recomputed: a backward pass is not bitwise reproducible across
+        # processes whose BLAS picks a different thread count under load (CI saw wte differ in the
+        # last bits), and this test is about the bytes surviving a reshard, not about determinism
+        model_sd, optim_sd = torch.load(f"{root}/reference.pt", weights_only=False)
         cfg = CheckpointConfig(dir=f"{root}/ckpt")
         if phase == "save":
             state = {**sharded(model_sd, optim_sd, mesh), "rng": {"torch": torch.full((4,), float(rank))}}
@@ -67,10 +84,10 @@ def _worker(rank: int, world: int, root: str, phase: str) -> None:
         got = load_resharded(ckpt_path(Path(root) / "ckpt", 10, "full", "reshard"), target, rank, dist.group.WORLD)
         for k, v in model_sd.items():
             assert got["model"][k].to_local().shape[0] <= -(-v.shape[0] // world) if v.dim() else True
-            assert torch.equal(_full(got["model"][k]), v), k
+            _assert_same(_full(got["model"][k]), v, k)
         for i, s in optim_sd["state"].items():
             for k, v in s.items():
-                assert torch.equal(_full(got["optimizer"]["state"][i][k]), v), (i, k)
+                _assert_same(_full(got["optimizer"]["state"][i][k]), v, (i, k))
         assert got["optimizer"]["param_groups"] == optim_sd["param_groups"]
         # as full state, with no collective (what the replicated trainer restores from)
         m = CheckpointManager(cfg, rank, world, run_id="reshard")
@@ -78,10 +95,10 @@ def _worker(rank: int, world: int, root: str, phase: str) -> None:
         m.close()
         assert source == "disk"
         for k, v in model_sd.items():
-            assert torch.equal(state["model"][k], v), k
+            _assert_same(state["model"][k], v, k)
         for i, s in optim_sd["state"].items():
             for k, v in s.items():
-                assert torch.equal(state["optimizer"]["state"][i][k], v), (i, k)
+                _assert_same(state["optimizer"]["state"][i][k], v, (i, k))
         assert torch.equal(state["rng"]["torch"], torch.full((4,), float(rank)))  # rank < 4: its own
     finally:
         dist.destroy_process_group()
@@ -90,6 +107,7 @@ def _worker(rank: int, world: int, root: str, phase: str) -> None:
 def test_saved_at_world_4_loads_resharded_at_2_and_3(tmp_path):
     # spawned, not forked: a fork of the test process copies the locks its other threads (a Kafka
     # client's, the OpenMP pool's) held at that moment, and a child could wait on one forever
+    torch.save(reference(), tmp_path / "reference.pt")
     mp.start_processes(_worker, args=(4, str(tmp_path), "save"), nprocs=4, start_method="spawn")
     path = ckpt_path(tmp_path / "ckpt", 10, "full", "reshard")
     assert (path.with_name(path.name + ".json")).exists()
