@@ -59,7 +59,8 @@ class PreemptionDemoConfig:
     deadline_s: float = 20.0
     """[agent.preemption] deadline_s: the save must verify this long after the signal (< grace_s)."""
     pace_s: float = 0.25
-    """Rank 0 sleeps this long a step (the slow_rank fault) so the run outlasts Slurm's decisions."""
+    """Rank 0 sleeps this long a step (the slow_rank fault) so the run outlasts Slurm's decisions;
+    dropped after the last preemption (``config_text``)."""
     model: tuple[int, int, int] = (1, 2, 32)
     max_bytes: int = 300_000
     release_requeue_delay: bool = True
@@ -78,10 +79,23 @@ class PreemptionDemoConfig:
             raise ValueError("deadline_s: must be below grace_s (the exit needs a margin)")
 
 
+def config_text(cfg: PreemptionDemoConfig, *, paced: bool) -> str:
+    """The launches' config file. The pace (rank 0's ``slow_rank`` sleep) is there, not on the command
+    line, because a requeued job reads it again: after the last preemption nothing is left to wait
+    for, and the demo rewrites the file so the rest of the run trains at full speed (the sleep does
+    not touch the math: the loss matches the reference's either way)."""
+    pace = f'[train]\nfaults = ["slow_rank@0:{cfg.pace_s}"]\n' if paced else ""
+    return f"{pace}[agent.preemption]\ndeadline_s = {cfg.deadline_s}\n"
+
+
+def config_file(cfg: PreemptionDemoConfig, *, reference: bool = False) -> Path:
+    return Path(cfg.out_dir) / ("reference.toml" if reference else "preemption.toml")
+
+
 def train_args(cfg: PreemptionDemoConfig, *, run: str, rdzv: str, node: str | None, bootstrap: str | None,
                nproc: int) -> list[str]:
     layers, heads, width = cfg.model
-    cfg_file = Path(cfg.out_dir) / "preemption.toml"
+    cfg_file = config_file(cfg, reference=node is None)  # the uninterrupted reference trains unpaced
     return ["--config", str(cfg_file), "--nnodes", "1:2" if node else "1:1", "--nproc", str(nproc), "--run", run,
             "--out-dir", cfg.out_dir, *(["--bootstrap", bootstrap] if bootstrap else ["--no-monitor"]),
             "--rdzv-endpoint", rdzv, *(["--rdzv-client", "--node-id", node] if node else []),
@@ -90,7 +104,7 @@ def train_args(cfg: PreemptionDemoConfig, *, run: str, rdzv: str, node: str | No
             "--ckpt-every", str(cfg.ckpt_every), "--full-every", "0", "--snapshot-every", str(cfg.ckpt_every),
             "--val-every", "0", "--progress-every", "10", "--n-layer", str(layers), "--n-head", str(heads),
             "--n-embd", str(width), "--max-bytes", str(cfg.max_bytes), "--batch-policy", "proportional",
-            "--lr-rule", "sqrt", "--collective-timeout-s", "30", "--fault", f"slow_rank@0:{cfg.pace_s}"]
+            "--lr-rule", "sqrt", "--collective-timeout-s", "30"]
 
 
 def explore_args(cfg: PreemptionDemoConfig, n: int) -> list[str]:
@@ -204,6 +218,8 @@ def drive(sc: Scenario) -> str:
     if not _wait(lambda: sc.all_out(list(sc.jobs.values()), "RUNNING"), 240, sc, "both groups preempted"):
         return "the whole-node exploration job did not preempt both groups"
     sc.note("both production groups preempted", step=sc.mark().get("step"))
+    config_file(cfg).write_text(config_text(cfg, paced=False))  # read by the requeued launches
+    sc.note("nothing left to wait for: the requeued groups train unpaced")
     if not _wait(lambda: sc.all_out([*sc.jobs.values(), *sc.explore]), cfg.timeout_s, sc, "the run to finish",
                  release=True):
         return "the production run did not finish"
@@ -226,7 +242,8 @@ def run_preemption_demo(cfg: PreemptionDemoConfig, log=print) -> dict[str, Any]:
     for sub in (cfg.run, f"{cfg.run}-reference", "monitor", "jobs", "exploration-1", "exploration-2"):
         shutil.rmtree(out / sub, ignore_errors=True)
     (out / "jobs").mkdir(parents=True, exist_ok=True)
-    (out / "preemption.toml").write_text(f"[agent.preemption]\ndeadline_s = {cfg.deadline_s}\n")
+    config_file(cfg).write_text(config_text(cfg, paced=True))
+    config_file(cfg, reference=True).write_text(config_text(cfg, paced=False))
     cluster = Cluster(ClusterConfig(dir=str(out / "slurm"), cpus=4, grace_s=cfg.grace_s, ctld_port=free_port(),
                                     slurmd_port=free_port()))
     procs, stack, reference, scenario = ProcessSet(), None, None, None

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from cliffguard.demo_preemption import PreemptionDemoConfig, train_args
+from cliffguard.demo_preemption import PreemptionDemoConfig, config_text, train_args
 from cliffguard.demo_preemption_summary import summarize
 from testing.services import missing
 
@@ -30,6 +30,20 @@ def test_each_group_only_joins_the_rendezvous_this_process_hosts(tmp_path):
     assert "--rdzv-client" in args and args[args.index("--node-id") + 1] == "group-a"
     ref = train_args(cfg, run="p-reference", rdzv="127.0.0.1:2", node=None, bootstrap=None, nproc=2)
     assert "--rdzv-client" not in ref and "--no-monitor" in ref and ref[ref.index("--nnodes") + 1] == "1:1"
+    # the production groups read the paced config, the reference its own unpaced one
+    assert args[args.index("--config") + 1] != ref[ref.index("--config") + 1] and "--fault" not in args
+
+
+def test_the_pace_is_in_the_config_a_requeued_launch_reads_and_the_unpaced_one_parses(tmp_path):
+    import tomllib
+
+    from cliffguard.trainer.config import TrainConfig
+
+    cfg = PreemptionDemoConfig(out_dir=str(tmp_path), pace_s=0.3, deadline_s=12.0)
+    paced, unpaced = (tomllib.loads(config_text(cfg, paced=p)) for p in (True, False))
+    assert paced["train"]["faults"] == ["slow_rank@0:0.3"] and "train" not in unpaced
+    assert paced["agent"]["preemption"]["deadline_s"] == unpaced["agent"]["preemption"]["deadline_s"] == 12.0
+    TrainConfig(faults=paced["train"]["faults"])  # a spec the trainer accepts
 
 
 def _facts(**over):
