@@ -31,6 +31,11 @@ class ControllerConfig:
     """A metrics partition whose position has not moved for this long while the broker's log
     ends beyond it is logged (WARNING) and read again from the store's offset (controller/progress.py).
     Under the soak's bound of 20 s for the store standing still after a fault (bench/soak)."""
+    unassigned_after_s: float = bounded(60.0, ge=0, why="0: off")
+    """An instance that holds no metrics partition this long looks at the store: offsets its group
+    stored within as long mean another member consumes (a standby, said once); none mean nobody
+    reads the runs' events, which is logged (WARNING, then ERROR) and the group joined again, after
+    twice as long each time (controller/assignment_watch.py)."""
     stall_dump_s: float = bounded(120.0, ge=0, why="0: off")
     """``cliffguard controller``: a consumer loop iteration that has not finished after this many
     seconds prints every thread's stack to the log (faulthandler), and again each as long again;

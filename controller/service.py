@@ -45,6 +45,7 @@ from sqlalchemy import Engine
 
 from cliffguard.controller.admission import SuspectBoard
 from cliffguard.controller.alerts import AlertDeliverer, AlertsConfig
+from cliffguard.controller.assignment_watch import UnassignedWatch
 from cliffguard.controller.batch import BatchContext, BatchProcessor, BatchResult, StaleBatch
 from cliffguard.controller.bounds import StepBounds
 from cliffguard.controller.config import ControllerConfig
@@ -120,6 +121,8 @@ class ControllerService(LogOffsets):
         self._check_bounds: set[tuple[str, int]] = set()
         self.progress = ProgressWatch(self.config.stuck_after_s)
         """Partitions that read nothing while their log grows (controller/progress.py)."""
+        self.unassigned = UnassignedWatch(self.config.unassigned_after_s)
+        """No partition held at all: a standby, or a group that does not assign (controller/assignment_watch.py)."""
         self._recreated: object = None
         """The new id of a re-created metrics topic the edge noticed, until it is settled."""
         self._topic_id: object = None
@@ -305,6 +308,7 @@ class ControllerService(LogOffsets):
                 res = self._process(batch)
             elif self.held.batch is None:
                 self._unstick()
+                self._watch_assignment()
         now = self.clock()
         if now - self._last_tick >= self.config.tick_s and not self._runs_stale:
             self._last_tick = now
@@ -376,6 +380,7 @@ class ControllerService(LogOffsets):
         now = time.monotonic()
         for tp, offset in batch.next_offsets.items():
             self.progress.moved(tp, offset, now)
+        self.unassigned.stored(self.clock())
         return res
 
     def _process_one_by_one(self, batch: EdgeBatch) -> BatchResult | None:

@@ -1,7 +1,8 @@
 """The controller service's checks of where it reads the metrics log (a mixin of
 ``ControllerService``, controller/service.py, on its consumer thread): stored offsets beyond a log
 that was re-created, the one place a topic's offsets are given up, a store rebuilt from the log
-start, and a partition that reads nothing while its log grows (controller/progress.py).
+start, a partition that reads nothing while its log grows (controller/progress.py), and an instance
+that holds no partition at all (controller/assignment_watch.py).
 
 Each method uses the service's own state (``edge``, ``engine``, ``config``, ``kafka``, ``stats``,
 ``progress``, ``held``); the split is by concept, the object is one."""
@@ -12,9 +13,10 @@ import logging
 import time
 from typing import Any
 
+from cliffguard.controller.assignment_watch import Unassigned, UnassignedWatch
 from cliffguard.controller.held import resume
 from cliffguard.controller.store.db import session_scope
-from cliffguard.controller.store.offsets import load_offsets, save_offsets
+from cliffguard.controller.store.offsets import load_offsets, newest_offset_write, save_offsets
 
 log = logging.getLogger("cliffguard.controller.service")  # where operators read these lines
 
@@ -26,6 +28,7 @@ class LogOffsets:
     kafka: Any
     stats: dict[str, Any]
     progress: Any
+    unassigned: UnassignedWatch
     held: Any
     clock: Any
     _topic_id: object
@@ -176,3 +179,38 @@ class LogOffsets:
         tps = [st.tp for st in stuck]
         resume(self.edge, tps)
         self._try_store(lambda: self._reseek(tps))
+
+    def _watch_assignment(self) -> None:
+        """No metrics partition for ``unassigned_after_s``: a standby when the group's stored offsets
+        moved lately (another member consumes), else said loudly and the group joined again."""
+        assert self.edge is not None
+        held = sum(1 for t, _ in self.edge.assignment() if t == self.kafka.metrics_topic)
+        now = self.clock()  # the clock stored offsets are dated by
+        if not self.unassigned.due(held, now):
+            return
+        group, topic = self.config.group_id, self.kafka.metrics_topic
+        try:
+            with session_scope(self.engine) as s:
+                peer_at = newest_offset_write(s, group, topic)
+        except Exception as exc:  # noqa: BLE001 - no witness now: no verdict; the store's own trouble is said elsewhere
+            log.info("no metrics partitions; the store could not be asked whether another member consumes: %s", exc)
+            return
+        verdict, waited = self.unassigned.judge(peer_at, now), self.unassigned.unassigned_s(now)
+        if verdict is Unassigned.STANDBY:
+            if self.unassigned.first_standby():
+                log.info("no metrics partitions for %.0f s, but group %s stored offsets %.0f s ago: another "
+                         "controller consumes %s; this one stands by", waited, group, now - (peer_at or now), topic)
+            return
+        self.stats["unassigned_rejoins"] = self.stats.get("unassigned_rejoins", 0) + 1
+        last = "never" if peer_at is None else f"{now - peer_at:.0f} s ago"
+        why = (f"no metrics partitions for {waited:.0f} s and no member of group {group} stored an offset of {topic} "
+               f"since ({last}): the runs' events are not being read")
+        if self.unassigned.rejoins == 1:
+            log.warning("%s; joining the group again", why)
+        else:
+            log.error("%s; joining the group again (%d times now: the broker's group coordinator may not be "
+                      "assigning partitions to this group; a controller with another group_id, or a restarted "
+                      "broker, gets them)", why, self.unassigned.rejoins)
+        rebuild = getattr(self.edge, "rebuild", None)
+        if rebuild is not None:
+            self._on_revoked(rebuild(why))

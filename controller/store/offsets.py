@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from cliffguard.controller.store.models import ConsumerOffsetRow
@@ -26,6 +26,12 @@ def load_offsets(session: Session, group: str, topic: str) -> dict[int, int]:
         )
     ).all()
     return {int(p): int(o) for p, o in rows}
+
+
+def newest_offset_write(session: Session, group: str, topic: str) -> float | None:
+    """When ``group`` last stored an offset of ``topic`` (any member; None: never)."""
+    return session.scalar(select(func.max(ConsumerOffsetRow.updated_at)).where(
+        ConsumerOffsetRow.group_id == group, ConsumerOffsetRow.topic == topic))
 
 
 def save_offsets(
