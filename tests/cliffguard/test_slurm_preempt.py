@@ -23,6 +23,9 @@ pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900)]
 
 STEPS, PREEMPT_AFTER = 1500, 20
 SLOW = "slow_rank@0:0.05"  # >= 75 s of training: the preemption (decided every bf_interval) lands mid-run
+# the pace is in the config file, which the requeued job reads again: once the preemption is saved
+# nothing is left to wait for, and the file is rewritten without it (the sleep does not touch the math)
+PACE = f'faults = ["{SLOW}"]\n'
 TOML = """
 [train]
 sample_log = true
@@ -65,14 +68,14 @@ def _cli(cluster, command: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 def test_a_preempted_production_job_saves_in_its_grace_time_is_requeued_and_resumes_exactly(slurm_cluster, tmp_path):
     cluster = slurm_cluster
-    (tmp_path / "cfg.toml").write_text(TOML)
+    cfg_file = tmp_path / "cfg.toml"
+    cfg_file.write_text(TOML.replace("[train]\n", "[train]\n" + PACE, 1))
     run_dir = tmp_path / "runs" / "prod"
     log = tmp_path / "prod.out"
     sub = _cli(cluster, "submit", "--class", "production", "--output", str(log), "--name", "prod", "--",
                "--config", str(tmp_path / "cfg.toml"), "--no-monitor", "--nproc", "2", "--run", "prod",
                "--out-dir", str(tmp_path / "runs"), "--steps", str(STEPS), "--n-layer", "1", "--n-head", "2",
-               "--n-embd", "32", "--seq-len", "32", "--max-bytes", "300000", "--global-batch", "8",
-               "--fault", SLOW)
+               "--n-embd", "32", "--seq-len", "32", "--max-bytes", "300000", "--global-batch", "8")
     assert sub.returncode == 0, sub.stderr
     prod = sub.stdout.strip()
     _wait_for(lambda: len(_rows(run_dir / SAMPLES_NAME, "step")) >= PREEMPT_AFTER, 240, "production training", log)
@@ -87,6 +90,7 @@ def test_a_preempted_production_job_saves_in_its_grace_time_is_requeued_and_resu
     _wait_for(lambda: bool(_rows(run_dir / RECORD_NAME, "end")), 120, "the preemption save", log)
     end = _rows(run_dir / RECORD_NAME, "end")[0]
     assert end["stop_reason"] == "preempted", end
+    cfg_file.write_text(TOML)  # the requeued launch trains unpaced
     saved = end["preempted"]
     assert saved["signal"] == "SIGTERM" and saved["verified"] and saved["save_s"] < 30, saved  # GraceTime=30
     _wait_for(lambda: any(p["job"] == prod for p in preemptions(cluster.root / "slurmctld.log")), 60,
