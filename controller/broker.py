@@ -190,7 +190,10 @@ def ensure_topics(cfg: KafkaConfig, topics: list[str] | None = None, timeout: fl
     from kafka.errors import TopicAlreadyExistsError
 
     wanted = topics or [cfg.metrics_topic, cfg.commands_topic, cfg.dlq_topic, cfg.suspects_topic]
-    admin = KafkaAdminClient(**cfg.client_kwargs(), client_id="cliffguard-admin")
+    # bootstrap within ``timeout`` too (kafka-python's default is 30 s): a controller started while
+    # the broker is down says it waits after 10 s, not after 30 s of the client's own retry lines
+    admin = KafkaAdminClient(**cfg.client_kwargs(), client_id="cliffguard-admin",
+                             bootstrap_timeout_ms=int(timeout * 1000))
     try:
         existing = set(admin.list_topics())
         missing = [t for t in wanted if t not in existing]
