@@ -35,8 +35,7 @@ def _launch(tmp_path: Path, node: str, rdzv: str) -> subprocess.Popen[str]:
             "--rdzv-endpoint", rdzv, "--rdzv-client", "--node-id", node, "--rdzv-last-call-s", "3",
             "--rdzv-timeout-s", "300", "--steps", str(STEPS), "--global-batch", "8", "--ckpt-every", "5",
             "--full-every", "0", "--snapshot-every", "5", "--val-every", "0", "--progress-every", "10",
-            "--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--max-bytes", "200000",
-            "--fault", "slow_rank@0:0.15"]
+            "--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--max-bytes", "200000"]
     log = (tmp_path / f"{node}.log").open("a")
     return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -65,7 +64,10 @@ def _events(path: Path) -> list[dict]:
 def test_one_warned_node_leaves_the_other_trains_on_both_come_back_and_every_step_runs_once(tmp_path):
     import torch.distributed as dist
 
-    (tmp_path / "cfg.toml").write_text("[train]\nsample_log = true\n[agent.preemption]\ndeadline_s = 20.0\n")
+    # rank 0's pace (slow_rank) is in the config file so that the last, requeued launches, which
+    # read it again, train unpaced: nothing is left to wait for then, and the sleep is not math
+    cfg = "[train]\nsample_log = true\n{pace}[agent.preemption]\ndeadline_s = 20.0\n"
+    (tmp_path / "cfg.toml").write_text(cfg.format(pace='faults = ["slow_rank@0:0.15"]\n'))
     port = free_port()
     store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, multi_tenant=True,
                           timeout=timedelta(seconds=600))
@@ -96,6 +98,7 @@ def test_one_warned_node_leaves_the_other_trains_on_both_come_back_and_every_ste
         b.send_signal(signal.SIGTERM)
         assert a.wait(timeout=90) == 75 and b.wait(timeout=90) == 75
         saved = mark().get("step")
+        (tmp_path / "cfg.toml").write_text(cfg.format(pace=""))
         a, b = _launch(tmp_path, "a", rdzv), _launch(tmp_path, "b", rdzv)  # both requeued
         procs += [a, b]
         assert a.wait(timeout=300) == 0 and b.wait(timeout=120) == 0
