@@ -107,6 +107,20 @@ def _store_facts(store) -> dict:
         return {}
 
 
+
+def _evicted(stack, rule: str, tmp_path: Path) -> tuple[dict, dict]:
+    """Waits for a ``rule`` incident and its suspect record in the store: (the store's facts, the incident)."""
+    facts: dict = {}
+
+    def seen() -> bool:
+        nonlocal facts
+        facts = _store_facts(stack.store)
+        return bool(facts.get("suspects")) and any(i["rule"] == rule for i in facts.get("incidents", []))
+
+    _wait_for(seen, 240, f"a {rule} incident and its suspect record", tmp_path)
+    return facts, next(i for i in facts["incidents"] if i["rule"] == rule)
+
+
 def test_a_bad_rank_is_evicted_the_other_node_trains_on_and_the_node_is_recorded_suspect(tmp_path):
     import torch.distributed as dist
 
@@ -122,15 +136,8 @@ def test_a_bad_rank_is_evicted_the_other_node_trains_on_and_the_node_is_recorded
                                timeout=timedelta(seconds=600))
     mark_path, events_path = _paths(type("C", (), {"out_dir": str(tmp_path / "runs"), "run": RUN})())
     launches = {n: _launch(tmp_path, n, f"127.0.0.1:{port}", stack) for n in ("a", "b")}
-    facts: dict = {}
     try:
-        def evicted() -> bool:
-            nonlocal facts
-            facts = _store_facts(stack.store)
-            return bool(facts.get("suspects")) and any(i["rule"] == "bad_rank" for i in facts.get("incidents", []))
-
-        _wait_for(evicted, 240, "a bad_rank incident and its suspect record", tmp_path)
-        inc = next(i for i in facts["incidents"] if i["rule"] == "bad_rank")
+        facts, inc = _evicted(stack, "bad_rank", tmp_path)
         bad = inc["evidence"]["node"]
         good = "b" if bad == "a" else "a"
         assert bad in ("a", "b") and inc["evidence"]["rank"] == 1 and inc["evidence"]["class"] == "bad_rank"
@@ -208,15 +215,8 @@ def test_a_persistent_sdc_is_rolled_back_once_then_its_device_alone_is_evicted(t
                            fault=f"bitflip@{FLIP_AT}:1:2",
                            extra=("--config", str(tmp_path / "cfg.toml"), "--rdzv-last-call-s", "15"))
                 for n, k in (("a", 2), ("b", 1))}
-    facts: dict = {}
     try:
-        def evicted() -> bool:
-            nonlocal facts
-            facts = _store_facts(stack.store)
-            return bool(facts.get("suspects")) and any(i["rule"] == "sdc" for i in facts.get("incidents", []))
-
-        _wait_for(evicted, 240, "an sdc incident and its suspect record", tmp_path)
-        inc = next(i for i in facts["incidents"] if i["rule"] == "sdc")
+        facts, inc = _evicted(stack, "sdc", tmp_path)
         node, slot = (tmp_path / "runs" / RUN / "faults" / f"bitflip-r1-s{FLIP_AT}.node").read_text().split()
         assert node == "a" == facts["suspects"][0]["node"] and slot in ("0", "1"), (node, slot)
         for n in ("a", "b"):  # node a stays (1 process), node b goes on: both finish
