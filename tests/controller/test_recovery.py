@@ -105,6 +105,17 @@ def healthy_run(d: Driver, upto: int = 30) -> None:
     d.steps(21, upto)
 
 
+def recovering_after_a_rollback(d: Driver) -> None:
+    """A healthy run to 40, a spike at 41 (onset 39), abnormal validation, the rollback acked: the
+    run is RECOVERING (what a fault found while recovering meets)."""
+    healthy_run(d, 40)
+    d.spike(41, onset=39)
+    d.ack()
+    d.answer_validate(9.0)
+    d.ack()
+    assert d.s.phase is Phase.RECOVERING
+
+
 def test_table_declares_the_documented_machine():
     assert fire(Phase.RUNNING, "spike") is Phase.PAUSING
     assert fire(Phase.VALIDATING, "validation_abnormal") is Phase.ROLLING_BACK

@@ -27,7 +27,7 @@ from cliffguard.controller.recovery_types import (
 )
 from cliffguard.controller.verdict import Action, Verdict
 from cliffguard.core.enums import CommandType, Level
-from tests.controller.test_recovery import CFG, Driver, healthy_run
+from tests.controller.test_recovery import CFG, Driver, healthy_run, recovering_after_a_rollback
 
 P = Phase
 HOUR = 3600.0
@@ -366,11 +366,6 @@ def take_every_budget_transition() -> None:
     test_a_spent_rerun_window_answers_a_cure_as_if_no_triage_had_happened()
     d = _driver(evict_budget=0)  # a bad rank while recovering from a rollback, no eviction left
     _started(d)
-    healthy_run(d, 40)
-    d.spike(41, onset=39)
-    d.ack()
-    d.answer_validate(9.0)
-    d.ack()
-    assert d.s.phase is P.RECOVERING
+    recovering_after_a_rollback(d)
     acts = _triaged(d, 36, "bad_rank", node="node-b")
     assert _moves(acts)[-1] == (P.RECOVERING, P.HALTED, "evict_budget_spent")

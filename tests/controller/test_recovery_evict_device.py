@@ -24,7 +24,7 @@ from cliffguard.controller.recovery_types import (
 from cliffguard.core.enums import CommandType, EventType
 from cliffguard.core.events import make_event
 from cliffguard.core.restart_plan import RestartPlan, device_slot, device_slots
-from tests.controller.test_recovery import Driver, healthy_run
+from tests.controller.test_recovery import Driver, healthy_run, recovering_after_a_rollback
 from tests.controller.test_recovery_sdc import _healthy_40, _sdc
 
 LEFT = "device 1 of node node-b left out (the node keeps 1)"
@@ -201,11 +201,6 @@ def take_every_device_eviction_transition() -> None:
     test_a_persistent_sdc_in_a_later_incident_leaves_out_its_device_too()
     d = Driver()  # evicted while recovering from a rollback
     _torchrun(d)
-    healthy_run(d, 40)
-    d.spike(41, onset=39)
-    d.ack()
-    d.answer_validate(9.0)
-    d.ack()
-    assert d.s.phase is Phase.RECOVERING
+    recovering_after_a_rollback(d)
     _bad(d, 36)
     assert d.triggers()[-1] == "evict_device"

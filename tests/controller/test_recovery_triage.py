@@ -15,7 +15,7 @@ from cliffguard.controller.recovery_types import (
     TriagedIn,
 )
 from cliffguard.core.enums import CommandType
-from tests.controller.test_recovery import Driver, healthy_run
+from tests.controller.test_recovery import Driver, healthy_run, recovering_after_a_rollback
 
 
 def _triaged(d: Driver, step: int, cls: str = "data", *, ts: float = 5000.0, node: str = ""):
@@ -151,11 +151,6 @@ def take_every_triage_transition() -> None:
     test_a_bad_rank_is_evicted_by_a_restart_without_its_node_and_trains_again()
     d = Driver()  # evicted while recovering from a rollback
     _torchrun(d)
-    healthy_run(d, 40)
-    d.spike(41, onset=39)
-    d.ack()
-    d.answer_validate(9.0)
-    d.ack()
-    assert d.s.phase is Phase.RECOVERING
+    recovering_after_a_rollback(d)
     _triaged(d, 36, "bad_rank", node="node-b")
     assert d.triggers()[-1] == "evict"
