@@ -32,7 +32,7 @@ from sqlalchemy import Engine
 from cliffguard.controller.store.db import session_scope
 from cliffguard.controller.store.suspects import Standing, standing
 from cliffguard.controller.suspects import REFRESH_S
-from cliffguard.core.admission import cleared_entry, encode_entry, suspect_entry
+from cliffguard.core.admission import cleared_entry, device_entry, encode_entry, suspect_entry
 from cliffguard.core.kafka_config import KafkaConfig
 from cliffguard.core.kafka_producers import RecoveringProducer
 from cliffguard.core.signing import SigningKey
@@ -44,12 +44,15 @@ REPUBLISH_S = 600.0
 
 
 def entry_of(st: Standing, at: float) -> dict[str, Any]:
-    """The node's entry: suspect when the store refuses it, cleared otherwise (cleared, probation)."""
+    """The node's entry: suspect when the store refuses it, cleared otherwise (cleared, probation),
+    with the device slots of its open device-level records."""
     if st.refused and st.open is not None:
         rec = st.open
         return suspect_entry(st.node, cause=rec.cause, reason=rec.reason, since=rec.since, run=rec.run_id,
                              incident=rec.incident_id, record=rec.id, at=at)
-    return cleared_entry(st.node, at=at)
+    devices = [device_entry(r.device, cause=r.cause, reason=r.reason, since=r.since, run=r.run_id,
+                            incident=r.incident_id, record=r.id) for r in st.devices if r.device is not None]
+    return cleared_entry(st.node, at=at, devices=devices)
 
 
 def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:

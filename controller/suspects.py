@@ -19,8 +19,8 @@ transaction.
 A device-level eviction's record (``RecordSuspect.device``: one device of a node that ran several
 ranks) names the node and the device slot; it gives the node a record but does not refuse it (the
 store's ``standing``): the node is admitted and the launch that evicted the device runs on without it
-(cliffguard/commands/train.py). A fresh launch of that node starts every device again: an operator
-who wants the device out for good drains it from the node (``CUDA_VISIBLE_DEVICES``, fewer ``--nproc``).
+(cliffguard/commands/train.py). A fresh launch of that node reads the slot on the suspect-node
+list and leaves the device out too (cliffguard/admission.py), until ``cliffguard nodes clear``.
 
 The heartbeat refusal is the second line: a launcher first reads the suspect-node list the
 controller publishes (``controller/admission.py``) and refuses to start on a suspect node before it
@@ -101,7 +101,8 @@ class SuspectIndex:
                            incident_id=act.incident_id, at=act.at, device=act.device)
             if act.device is not None:
                 log.error("run %s: device %d of node %s recorded suspect (%s): the node is still admitted, the "
-                          "device left out of this launch; the node has a record (evicted sooner)", run_id,
+                          "device left out of this launch and of the node's next ones until cleared (cliffguard nodes clear); "
+                          "the node has a record (evicted sooner)", run_id,
                           act.device, act.node, act.cause)
             else:
                 log.error("run %s: node %s recorded suspect (%s): not admitted again until cleared "

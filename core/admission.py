@@ -65,8 +65,19 @@ def suspect_entry(node: str, *, cause: str, reason: str, since: float, run: str,
             "since": since, "run": run, "incident": incident, "record": record, "at": at}
 
 
-def cleared_entry(node: str, *, at: float) -> dict[str, Any]:
-    return {"kind": KIND, "v": VERSION, "node": node, "state": CLEARED, "at": at}
+def cleared_entry(node: str, *, at: float, devices: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Admitted; ``devices``: its device slots recorded suspect (``device_entry``), which a launch of
+    the node leaves out (absent when none, so an entry without them reads as before)."""
+    entry = {"kind": KIND, "v": VERSION, "node": node, "state": CLEARED, "at": at}
+    if devices:
+        entry["devices"] = devices
+    return entry
+
+
+def device_entry(slot: int, *, cause: str, reason: str, since: float, run: str, incident: str | None,
+                 record: int | None) -> dict[str, Any]:
+    return {"slot": slot, "cause": cause, "reason": reason, "since": since, "run": run, "incident": incident,
+            "record": record}
 
 
 def encode_entry(entry: dict[str, Any], key: SigningKey) -> bytes:
@@ -147,6 +158,16 @@ class Verdict:
     entry: dict[str, Any] | None = None
     """The node's verified entry (None: the list does not name it)."""
 
+    @property
+    def devices_out(self) -> tuple[dict[str, Any], ...]:
+        """An admitted node's device slots recorded suspect, each ``device_entry``, by slot; an item
+        that is not one (no whole slot >= 0) is left aside, never guessed at."""
+        raw = (self.entry or {}).get("devices") if self.admitted else None
+        if not isinstance(raw, list):
+            return ()
+        ok = {d["slot"]: d for d in raw if isinstance(d, dict) and type(d.get("slot")) is int and d["slot"] >= 0}
+        return tuple(ok[s] for s in sorted(ok))
+
 
 def decide(board: Board, node: str) -> Verdict:
     """Refused when the node's newest verified entry says suspect; admitted otherwise."""
@@ -163,3 +184,14 @@ def refusal_line(v: Verdict) -> str:
     return (f"cliffguard train: node {v.node} is suspect{when} ({e.get('cause')}{where}: {e.get('reason')}) and is "
             f"not admitted to any run; not starting (exit {REFUSED_EXIT}). After a fix: "
             f"cliffguard nodes clear {v.node} --reason '...' (or cliffguard nodes recheck {v.node})")
+
+
+def devices_line(v: Verdict, kept: tuple[int, ...]) -> str:
+    """The launcher's line for an admitted node whose device slots are recorded suspect."""
+    out = ", ".join(f"{d['slot']} ({d.get('cause')}, run {d.get('run')}: {d.get('reason')})" for d in v.devices_out)
+    if not kept:
+        return (f"cliffguard train: every device slot of node {v.node} is recorded suspect: {out}; not starting "
+                f"(exit {REFUSED_EXIT}). After a fix: cliffguard nodes clear {v.node} --reason '...'")
+    return (f"cliffguard train: WARNING: node {v.node} admitted without device slot(s) {out}: recorded suspect by "
+            f"the controller; starting {len(kept)} process(es) on slot(s) {', '.join(map(str, kept))}. After a fix: "
+            f"cliffguard nodes clear {v.node} --reason '...'")

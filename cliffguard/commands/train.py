@@ -42,7 +42,10 @@ one line names it, the cause, the reason and ``cliffguard nodes clear``, and the
 (``core/admission.py`` ``REFUSED_EXIT``). A broker that cannot be reached, a read past the timeout
 or no key to verify the list with: the launch goes on, said loudly (fail-open), and the controller
 still refuses the node at its first heartbeat. ``--no-admission-check`` skips it; a launch with its
-own embedded broker has no list to read.
+own embedded broker has no list to read. An admitted node whose device slots the list records
+suspect (a device-level eviction's record) starts without them: one process fewer each, the slots
+kept in ``CLIFFGUARD_DEVICE_SLOTS`` and ``CUDA_VISIBLE_DEVICES``, one WARNING line naming them;
+with every slot recorded it is refused (77).
 
 Hangs (agent/hang/): every process group times out after ``--collective-timeout-s``; with
 ``--max-restarts`` N torchrun may restart the worker group, which is how the controller's
@@ -70,7 +73,7 @@ from typing import TYPE_CHECKING
 
 from cliffguard import plan_watch
 from cliffguard.agent.recovery.preemption import PreemptionConfig
-from cliffguard.core.admission import REFUSED_EXIT
+from cliffguard.core.admission import REFUSED_EXIT, devices_line
 from cliffguard.core.deployment import EVENT_KEY_ENV, PUBLIC_KEY_ENV, SECRET_ENV, DeploymentConfig, scrub_keys
 from cliffguard.core.restart_plan import MIN_NODES_ENV, NODE_ENV, SLOTS_ENV, node_id
 from cliffguard.core.settings import ConfigError
@@ -291,9 +294,11 @@ def preemption_env(preemption: PreemptionConfig) -> dict[str, str]:
             "PET_SHUTDOWN_TIMEOUT": str(math.ceil(preemption.deadline_s) + 10)}
 
 
-def _admission(cfg: TrainConfig, node: str, deployment: DeploymentConfig) -> int | None:
+def _admission(cfg: TrainConfig, node: str, deployment: DeploymentConfig,
+               slots: tuple[int, ...]) -> tuple[int | None, tuple[int, ...]]:
     """The suspect-node list's word on this node before it joins (cliffguard/admission.py): the
-    refusal's exit code, or None to go on (admitted, or unchecked: fail-open)."""
+    refusal's exit code, or None to go on (admitted, or unchecked: fail-open), and the device slots
+    to start on: ``slots`` less those the list records suspect (none left: refused)."""
     from cliffguard import admission
 
     assert cfg.kafka is not None
@@ -301,11 +306,18 @@ def _admission(cfg: TrainConfig, node: str, deployment: DeploymentConfig) -> int
     for line in found.lines:
         print(line, file=sys.stderr, flush=True)
     if found.refused:
-        return REFUSED_EXIT
-    if found.verdict is not None:
-        print(f"node {node} admitted by the suspect-node list ({found.board.records if found.board else 0} entries, "
-              f"{found.seconds * 1000:.0f} ms)", flush=True)
-    return None
+        return REFUSED_EXIT, ()
+    if found.verdict is None:
+        return None, slots
+    out = {d["slot"] for d in found.verdict.devices_out}
+    kept = tuple(x for x in slots if x not in out)
+    if out:
+        print(devices_line(found.verdict, kept), file=sys.stderr, flush=True)
+        if not kept:
+            return REFUSED_EXIT, ()
+    print(f"node {node} admitted by the suspect-node list ({found.board.records if found.board else 0} entries, "
+          f"{found.seconds * 1000:.0f} ms)", flush=True)
+    return None, kept
 
 
 def _tick(proc: subprocess.Popen[bytes], forwarder: WarningForwarder, leave: NodeLeave | None) -> None:
@@ -373,10 +385,21 @@ def run(args: argparse.Namespace) -> int:
         restarts = args.max_restarts if args.max_restarts is not None else (e.max_restarts if args.nnodes else 0)
         node = args.node_id or node_id(env)
         env[NODE_ENV] = node
+        slots = tuple(range(args.nproc))  # this node's device slots in the job
         if cfg.kafka is not None and broker is None and cfg.admission.enabled:
-            refused = _admission(cfg, node, deployment)
+            refused, admitted = _admission(cfg, node, deployment, slots)
             if refused is not None:
                 return refused
+            if admitted != slots:  # device slots recorded suspect: this launch starts without them
+                if not args.nnodes:
+                    try:
+                        cfg.micro_batch(len(admitted))
+                    except ValueError as exc:
+                        print(f"cliffguard train: {exc} (device slot(s) left out by the suspect-node list)",
+                              file=sys.stderr)
+                        return 2
+                slots = admitted
+                env.update(slot_env(slots, os.environ))
         if args.nnodes or restarts:
             # Workers of each restart keep a TCPStore of their own: on the agent's shared store, a
             # restarted world (smaller, or the same after a hang) found the dead world's gloo
@@ -395,7 +418,6 @@ def run(args: argparse.Namespace) -> int:
         leave = NodeLeave(plan_dir, node, preemption.deadline_s) if forwarder is not None and args.nnodes else None
         if leave is not None and forwarder is not None:
             forwarder.on_warning = leave.warned
-        slots = tuple(range(args.nproc))  # this node's device slots still in the job
         while True:
             proc = subprocess.Popen(torchrun_command(len(slots), config_path, nnodes=args.nnodes,
                                                      rdzv_endpoint=args.rdzv_endpoint, rdzv_id=cfg.run,

@@ -9,14 +9,15 @@ until cleared), and the index the controller's edge checks beats against.
 - ``standing``: node -> what the store holds about it (``Standing``), for ``controller/suspects.py``
   and for the suspect-node list published to launchers (``controller/admission.py``). A device record
   (``device`` set: a device-level eviction) gives its node a record (evicted sooner) but does not
-  refuse it: the node is admitted; the launch that evicted the device runs on without it.
+  refuse it: the node is admitted; the launch that evicted the device runs on without it, and a
+  fresh launch of the node leaves it out too (``Standing.devices``, on the suspect-node list).
 
 The reads for people (``cliffguard nodes``, the dashboard) are ``controller/store/read/suspects.py``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
@@ -48,6 +49,9 @@ class Standing:
     open: Record | None
     recheck: bool
     """An operator asked to re-admit it on a passing node check (it may join, on probation)."""
+    devices: tuple[Record, ...] = ()
+    """Open device-level records (``Record.device`` set): the node is admitted, a fresh launch of it
+    leaves these device slots out (cliffguard/admission.py)."""
 
     @property
     def refused(self) -> bool:
@@ -86,9 +90,13 @@ def ask_recheck(session: Session, node: str, *, by: str, now: float) -> int:
 def standing(session: Session) -> dict[str, Standing]:
     """Every node with a record (cleared or not): its newest open record and whether it is on probation."""
     out: dict[str, Standing] = {}
+    devices: dict[str, dict[int, Record]] = {}
     for row in session.scalars(select(SuspectNodeRow).order_by(SuspectNodeRow.since, SuspectNodeRow.id)):
         cur = out.get(row.node)
         if row.device is not None:  # one device of the node: the node is still admitted (it has a record)
+            if row.cleared_at is None:  # the newest open record of a slot speaks for it
+                devices.setdefault(row.node, {})[row.device] = Record(
+                    row.cause, row.reason, row.run_id, row.incident_id, row.since, row.id, row.device)
             if cur is None:
                 out[row.node] = Standing(row.node, None, False)
             continue
@@ -97,4 +105,6 @@ def standing(session: Session) -> dict[str, Standing]:
             out[row.node] = Standing(row.node, rec, row.recheck_at is not None)
         elif cur is None:
             out[row.node] = Standing(row.node, None, False)
+    for node, slots in devices.items():
+        out[node] = replace(out[node], devices=tuple(slots[d] for d in sorted(slots)))
     return out

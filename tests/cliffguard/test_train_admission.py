@@ -160,3 +160,45 @@ def test_a_broker_that_accepts_but_never_answers_fails_open_at_the_timeout():
     assert found.verdict is None and "failed open" in found.lines[0]
     assert took < 3.0, took
     print(f"fail-open check against a silent broker took {took:.2f} s (timeout 1 s)")
+
+
+def test_a_node_with_suspect_device_slots_starts_without_them_and_with_none_left_is_refused(
+        kafka_cfg, tmp_path, monkeypatch, capsys):
+    """A device-level eviction's record reaches the node's next launch: ``cliffguard train --nproc 2``
+    starts torchrun with one process on the slot left, narrowed in its workers' environment."""
+    from cliffguard.controller.store.suspects import record_suspect
+
+    monkeypatch.setenv(SECRET_ENV, SECRET.reveal().decode())
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    engine = _store(tmp_path)
+    with session_scope(engine) as s:
+        record_suspect(s, node="node-dev1", cause="sdc_again_device", reason="replicas differ on device 1",
+                       run_id="r", incident_id="i", at=1.0, device=1)
+        for slot in (0, 1):
+            record_suspect(s, node="node-dev2", cause="bad_rank", reason="bad", run_id="r", incident_id=None,
+                           at=2.0, device=slot)
+    board = SuspectBoard(engine, kafka_cfg, SECRET)
+    try:
+        assert board.publish_due() == 2
+    finally:
+        board.close()
+    started: list = []
+
+    def popen(cmd, env=None, **_k):
+        started.append((cmd, env))
+        raise Started
+
+    monkeypatch.setattr("cliffguard.commands.train.subprocess.Popen", popen)
+    common = ["train", "--bootstrap", kafka_cfg.bootstrap, "--topic-prefix", kafka_cfg.topic_prefix, "--nproc", "2",
+              "--run", "adm-dev", "--out-dir", str(tmp_path / "runs")]
+    with pytest.raises(Started):
+        main([*common, "--node-id", "node-dev1"])
+    (cmd, env), = started
+    assert "--nproc_per_node=1" in cmd
+    assert (env["CLIFFGUARD_DEVICE_SLOTS"], env["CUDA_VISIBLE_DEVICES"]) == ("0", "0")
+    err = capsys.readouterr().err
+    assert "node node-dev1 admitted without device slot(s) 1 (sdc_again_device" in err and "slot(s) 0" in err
+
+    assert main([*common, "--node-id", "node-dev2"]) == REFUSED_EXIT
+    assert len(started) == 1  # torchrun never started
+    assert "every device slot of node node-dev2 is recorded suspect" in capsys.readouterr().err

@@ -12,6 +12,8 @@ from cliffguard.core.admission import (
     AdmissionConfig,
     cleared_entry,
     decide,
+    device_entry,
+    devices_line,
     encode_entry,
     read_board,
     refusal_line,
@@ -88,3 +90,30 @@ def test_the_config_declares_its_bounds():
     assert AdmissionConfig().enabled and AdmissionConfig().timeout_s == 5.0
     with pytest.raises(ValueError, match="timeout_s"):
         AdmissionConfig(timeout_s=0)
+
+
+def _dev(slot, **kw) -> dict:
+    return device_entry(slot, cause=kw.get("cause", "sdc_again_device"), reason=kw.get("reason", "checksum differs"),
+                        since=T0 - 30, run="run-a", incident="i2", record=9)
+
+
+def test_an_admitted_nodes_suspect_device_slots_are_read_by_slot_and_named_in_its_line():
+    board = read_board([rec(cleared_entry("node-a", at=T0, devices=[_dev(3), _dev(1)]))], PUBLIC)
+    v = decide(board, "node-a")
+    assert v.admitted and [d["slot"] for d in v.devices_out] == [1, 3]
+    line = devices_line(v, kept=(0, 2))
+    for part in ("WARNING", "node node-a admitted without device slot(s) 1 (sdc_again_device, run run-a: checksum "
+                 "differs), 3", "starting 2 process(es) on slot(s) 0, 2", "cliffguard nodes clear node-a"):
+        assert part in line, line
+    refused = devices_line(v, kept=())
+    assert f"exit {REFUSED_EXIT}" in refused and "every device slot of node node-a" in refused
+    assert "devices" not in cleared_entry("node-a", at=T0)  # no devices: the entry reads as before
+
+
+def test_device_items_that_are_not_whole_slots_are_left_aside_and_a_refused_node_has_none():
+    junk = [_dev(0), {"slot": -1}, {"slot": True}, {"slot": "2"}, {"slot": 1.0}, "3", {"cause": "x"}]
+    v = decide(read_board([rec(cleared_entry("node-a", at=T0, devices=junk))], PUBLIC), "node-a")
+    assert [d["slot"] for d in v.devices_out] == [0]
+    not_a_list = decide(read_board([rec({**cleared_entry("node-a", at=T0), "devices": {"slot": 1}})], PUBLIC), "node-a")
+    assert not_a_list.devices_out == ()
+    assert decide(read_board([rec({**sus("node-b"), "devices": [_dev(1)]})], PUBLIC), "node-b").devices_out == ()

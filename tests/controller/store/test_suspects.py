@@ -61,6 +61,24 @@ def test_a_device_record_gives_the_node_a_record_but_admits_it(engine):
         assert standing(s)["node-d"].refused
 
 
+def test_a_nodes_open_device_records_are_its_standings_devices_until_cleared(engine):
+    from cliffguard.controller.admission import entry_of
+
+    with session_scope(engine) as s:
+        for at, slot, cause in ((T0, 3, "sdc"), (T0 + 1, 1, "bad_rank"), (T0 + 2, 3, "sdc_again_device")):
+            record_suspect(s, node="node-d", cause=cause, reason="r", run_id="run-a", incident_id="i", at=at,
+                           device=slot)
+    with session_scope(engine) as s:
+        d = standing(s)["node-d"]
+        assert not d.refused and [(r.device, r.cause) for r in d.devices] == [(1, "bad_rank"), (3, "sdc_again_device")]
+        entry = entry_of(d, at=T0 + 5)  # what the suspect-node list carries: admitted, without slots 1 and 3
+        assert entry["state"] == "cleared" and [x["slot"] for x in entry["devices"]] == [1, 3]
+        assert clear_suspect(s, "node-d", by="alice", reason="reseated", now=T0 + 10) == 3
+    with session_scope(engine) as s:
+        d = standing(s)["node-d"]
+        assert d.devices == () and "devices" not in entry_of(d, at=T0 + 11)
+
+
 def test_a_recheck_admits_the_node_on_probation_until_it_is_evicted_again(engine):
     with session_scope(engine) as s:
         record_suspect(s, node="node-b", cause="bad_rank", reason="bad", run_id="run-a", incident_id=None, at=T0)
