@@ -19,8 +19,8 @@ Device-level eviction: the beats also say each rank's device slot on its node an
 node runs (``slots``, ``ranks``); ``annotate`` adds them to an SDC verdict and to a ``step.triaged``
 naming a rank on that node (``evidence["device"]``, ``["node_devices"]``; ``TriagedIn.device``,
 ``.node_devices``), so the machine can leave out the one device rather than its node
-(``recovery_table.device_only``). This is kept in memory only: after a controller restart, until the
-node beats again, an eviction leaves the whole node out, as before.
+(``recovery_table.device_only``). The slots are stored with the nodes (a change of slot is a change
+of mapping), so after a controller restart the loaded map still names each rank's device.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from dataclasses import replace
 
 from cliffguard.controller.recovery_types import Input, TriagedIn, VerdictIn
 from cliffguard.controller.rules.sdc import SDC
+from cliffguard.controller.store.rank_nodes import Placed
 from cliffguard.core.enums import EventType
 from cliffguard.core.events import Event
 
@@ -49,20 +50,41 @@ class RankNodes:
         self._devices: dict[str, dict[int, tuple[str, int | None, int, int]]] = {}
         """run -> rank -> (node, life, device slot, ranks on that node), by the newest beat (memory only)."""
 
-    def load(self, runs: dict[str, dict[int, tuple[str, int | None]]]) -> None:
+    def load(self, runs: dict[str, dict[int, Placed]]) -> None:
         """The stored mappings (oldest first), under any this edge learnt since it started."""
         for run, by_rank in reversed(list(runs.items())):  # each before the ones this edge saw, oldest first
             if run in self._runs:
                 continue
-            self._runs[run] = dict(by_rank)
+            self._runs[run] = {rank: (p[0], p[1]) for rank, p in by_rank.items()}
             self._runs.move_to_end(run, last=False)
+            devs: dict[int, tuple[str, int | None, int, int]] = {}
+            for rank, (node, life, slot, node_ranks) in by_rank.items():
+                if slot is not None and node_ranks is not None:
+                    devs[rank] = (node, life, slot, node_ranks)
+            if devs:
+                self._devices[run] = devs
         while len(self._runs) > self.runs_kept:
-            self._changed.discard(self._runs.popitem(last=False)[0])
+            self._forget(self._runs.popitem(last=False)[0])
 
-    def unsaved(self) -> dict[str, dict[int, tuple[str, int | None]]]:
-        """The runs whose mapping the store does not have yet, for the batch to write."""
+    def _forget(self, run: str) -> None:
+        self._changed.discard(run)
+        self._devices.pop(run, None)
+
+    def unsaved(self) -> dict[str, dict[int, Placed]]:
+        """The runs whose mapping the store does not have yet, for the batch to write: each rank's node
+        and life, with its device slot and its node's rank count where a beat of that node said them."""
         self._writing = {r for r in self._changed if r in self._runs}
-        return {r: dict(self._runs[r]) for r in sorted(self._writing)}
+        out: dict[str, dict[int, Placed]] = {}
+        for r in sorted(self._writing):
+            devs = self._devices.get(r, {})
+            out[r] = {}
+            for rank, (node, life) in self._runs[r].items():
+                dev = devs.get(rank)
+                if dev is not None and (dev[0], dev[1]) == (node, life):
+                    out[r][rank] = (node, life, dev[2], dev[3])
+                else:
+                    out[r][rank] = (node, life, None, None)
+        return out
 
     def saved(self) -> None:
         """The batch that wrote ``unsaved``'s runs committed."""
@@ -83,7 +105,7 @@ class RankNodes:
         if by_rank is None:
             by_rank = self._runs[ev.run] = {}
             while len(self._runs) > self.runs_kept:
-                self._changed.discard(self._runs.popitem(last=False)[0])
+                self._forget(self._runs.popitem(last=False)[0])
         else:
             self._runs.move_to_end(ev.run)
         for rank in ranks if ranks is not None else (ev.rank,):
@@ -97,9 +119,10 @@ class RankNodes:
                 slots = list(range(len(ranks)))
             devs = self._devices.setdefault(ev.run, {})
             for rank, slot in zip(ranks, slots, strict=True):
-                devs[int(rank)] = (node, where[1], int(slot), len(ranks))
-            if len(self._devices) > self.runs_kept:
-                self._devices = {r: d for r, d in self._devices.items() if r in self._runs}
+                placed = (node, where[1], int(slot), len(ranks))
+                if devs.get(int(rank)) != placed:
+                    devs[int(rank)] = placed
+                    self._changed.add(ev.run)  # a slot the store does not have yet
 
     def node_of(self, run: str, rank: int) -> tuple[str, int | None] | None:
         """(node, life) of ``rank`` in ``run`` by the newest beat that named it; None when none did."""

@@ -141,5 +141,10 @@ class RankNodeRow(Base):
     node: Mapped[str] = mapped_column(String(128))
     life: Mapped[int | None] = mapped_column(Integer)
     """The worker group's life the node's beat named (NULL: the beat named none)."""
+    slot: Mapped[int | None] = mapped_column(Integer)
+    """The rank's device slot on its node, by the node's beat (NULL: unknown; a device-level eviction
+    then leaves the whole node out)."""
+    node_ranks: Mapped[int | None] = mapped_column(Integer)
+    """How many ranks the node ran in that beat (NULL: unknown)."""
     updated_at: Mapped[float] = mapped_column(Float)
     """When the run's mapping was last written (the newest runs are loaded first)."""

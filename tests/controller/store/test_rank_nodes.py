@@ -1,6 +1,7 @@
 """The stored rank -> node map (controller/store/rank_nodes.py, written by controller/batch.py), on
 SQLite and PostgreSQL: a run's mapping is written when it changes, not per beat, and a controller
-that starts again loads it, so an SDC verdict right after the restart still names the rank's node."""
+that starts again loads it, so an SDC verdict right after the restart still names the rank's node
+and its device slot."""
 
 from __future__ import annotations
 
@@ -74,6 +75,8 @@ def test_the_map_is_written_when_it_changes_and_a_restarted_controller_names_the
     v = Verdict(rule=SDC, level=Level.CRITICAL, step=40, message="rank 2 disagrees", rank=2)
     named = restarted.annotate("run-a", VerdictIn(verdict=v, now=T0 + 30))
     assert (named.verdict.evidence["node"], named.verdict.evidence["node_life"]) == ("node-c", 1)
+    # and its device: a device-level eviction right after the restart leaves one device out, not the node
+    assert (named.verdict.evidence["device"], named.verdict.evidence["node_devices"]) == (0, 2)
     assert restarted.unsaved() == {}  # loaded: nothing to write back
 
 
@@ -82,9 +85,10 @@ def test_load_keeps_the_newest_runs_and_a_run_deleted_takes_its_map_along(engine
         for i, run in enumerate(["r1", "r2", "r3"]):
             s.add(RunRow(id=run))
             s.flush()
-            save_rank_nodes(s, run, {0: (f"n{i}", None)}, now=T0 + i)
+            save_rank_nodes(s, run, {0: (f"n{i}", None, i, 3) if i else (f"n{i}", None, None, None)}, now=T0 + i)
     with session_scope(engine) as s:
-        assert load_rank_nodes(s, 2) == {"r2": {0: ("n1", None)}, "r3": {0: ("n2", None)}}
+        assert load_rank_nodes(s, 2) == {"r2": {0: ("n1", None, 1, 3)}, "r3": {0: ("n2", None, 2, 3)}}
+        assert load_rank_nodes(s, 5)["r1"] == {0: ("n0", None, None, None)}  # a beat that named no slot
         assert list(load_rank_nodes(s, 5)) == ["r1", "r2", "r3"]  # oldest first
         save_rank_nodes(s, "r1", {}, now=T0 + 9)  # an empty map: no rows
     with session_scope(engine) as s:
