@@ -93,6 +93,13 @@ def main(argv: list[str] | None = None) -> int:
         return int(run(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # the reader left (``cliffguard status | head``): stop quietly, as a Unix tool does; stdout
+        # points at /dev/null so the interpreter's final flush does not raise again
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a tool its pipe closed
 
 
 if __name__ == "__main__":

@@ -125,3 +125,21 @@ def note(cfg: RecoveryConfig, s: RecoveryState, rung: str, now: float) -> None:
     per_window = limits(cfg, rung)[0]
     use = replace(use, total=use.total + 1) if rung in ("rollback", "restart") else use.used(now, per_window)
     s.rungs = replace(s.rungs, **{rung: use})
+
+
+def left(cfg: RecoveryConfig, recovery: dict[str, Any] | None, now: float) -> list[dict[str, Any]]:
+    """Each rung's budget as it stands for a stored run (``controller_state["recovery"]``, a
+    ``RecoveryState.state_dict``): uses in the window and in the run, the limits, and how many uses
+    are ``left`` before the next one escalates (the smaller of the window's and the run's). For
+    ``cliffguard status RUN`` and the dashboard: an operator sees the ladder's room before it halts."""
+    s = RecoveryState.from_state_dict(recovery) if recovery else None
+    out = []
+    for b in BUDGETS:
+        per_window, window, per_run = limits(cfg, b.rung)
+        n = in_window(cfg, s, b.rung, now) if s is not None else 0
+        total = getattr(s.rungs, b.rung).total if s is not None else 0
+        room = per_window - n if not per_run else min(per_window - n, per_run - total)
+        out.append({"rung": b.rung, "in_window": n, "per_window": per_window, "window_s": window, "in_run": total,
+                    "per_run": per_run, "left": max(room, 0), "escalates_to": b.escalates_to,
+                    "budget": describe(cfg, b.rung)})
+    return out

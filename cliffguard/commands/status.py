@@ -7,7 +7,7 @@ import json
 import time
 
 from cliffguard.agent.recovery.cadence import describe as describe_validation
-from cliffguard.commands.controller import add_common, open_store_quietly
+from cliffguard.commands.controller import add_common, open_store_quietly, resolve_common
 from cliffguard.commands.json_stdout import emit
 from cliffguard.core.capabilities import describe, describe_lr_scale
 
@@ -68,15 +68,17 @@ def run(args: argparse.Namespace) -> int:
         with store.session() as s:
             if args.run:
                 run_row = read.get_run(s, args.run)
+                budgets = None
                 if run_row is not None:
-                    run_row.pop("controller_state", None)
+                    stored = run_row.pop("controller_state", None) or {}
+                    budgets = _budgets(args, stored.get("recovery"))
                 out = {"run": run_row, "incidents": read.incidents(s, args.run, limit=20),
                        "transitions": read.transitions(s, args.run, limit=50),
                        "commands": read.commands(s, args.run, limit=50),
                        "scale": (read.scale_timeline(s, args.run) or [None])[-1],
                        "elastic_events": read.elastic_events(s, args.run, limit=20),
                        "dead_letters": read.dlq_runs(s, args.run),
-                       "goodput": read.ettr_by_run(s, [args.run]).get(args.run)}
+                       "goodput": read.ettr_by_run(s, [args.run]).get(args.run), "budgets": budgets}
             else:
                 out = {"runs": read.list_runs(s), "dead_letters": read.dlq_runs(s), "dlq": read.dlq_counts(s),
                        "ettr": read.ettr_by_run(s)}
@@ -95,6 +97,33 @@ def run(args: argparse.Namespace) -> int:
         return 1
     _print_run(out)
     return 0
+
+
+def _budgets(args: argparse.Namespace, recovery: dict | None) -> dict | None:
+    """Each recovery rung's uses and room for the run (controller/recovery_budgets.py ``left``), by
+    the limits of this command's ``[recovery]`` (``--config``: give it the controller's file)."""
+    from cliffguard.config import ConfigError
+    from cliffguard.controller.recovery_budgets import left
+
+    try:
+        cfg = resolve_common(args, ["recovery"])["recovery"]
+    except ConfigError as exc:
+        return {"error": str(exc)}
+    try:
+        return {"rungs": left(cfg, recovery, time.time()), "config": args.config or "defaults"}
+    except (KeyError, TypeError, ValueError) as exc:  # a state this version cannot read: said, not a traceback
+        return {"error": f"the run's stored recovery state is not readable here: {type(exc).__name__}: {exc}"}
+
+
+def _print_budgets(b: dict | None) -> None:
+    if b is None:
+        return
+    if "error" in b:
+        print(f"  recovery budgets: not shown ({b['error']})")
+        return
+    parts = [f"{r['rung']} {r['in_window']}/{r['budget']}" + (f", {r['in_run']} in the run" if r["per_run"] else "")
+             + f" ({r['left']} left, then {r['escalates_to']})" for r in b["rungs"]]
+    print(f"  recovery budgets (limits of {b['config']}): " + "; ".join(parts))
 
 
 def _print_runs(out: dict) -> None:
@@ -149,6 +178,7 @@ def _print_run(out: dict) -> None:
         print(f"  scaled {e['direction']:<4} at step {e['step']}: world {e['from_world']} -> {e['to_world']}, "
               f"global batch {e['from_global_batch']} -> {e['global_batch']}, lr {e['lr']:.3g}; "
               f"{e['steps_lost']} steps redone, {e['seconds_lost']:.1f} s lost")
+    _print_budgets(out.get("budgets"))
     for inc in out["incidents"]:
         print(f"  incident {inc['id'][:8]} {inc['rule']} {inc['level']} spike@{inc['spike_step']} "
               f"onset@{inc['onset_step']} -> {inc['outcome']}" + (f" (rollback to {inc['rollback_to']})"

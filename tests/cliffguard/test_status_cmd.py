@@ -82,3 +82,33 @@ def test_status_of_an_elastic_run_tells_its_world_batch_and_scale_changes(tmp_pa
     text = capsys.readouterr().out
     assert "world 4, global batch 16 (2 scale changes)" in text
     assert "scaled down at step 100: world 4 -> 2, global batch 16 -> 8" in text
+
+
+def test_status_of_one_run_tells_each_recovery_rungs_room_by_the_controllers_limits(recorded, tmp_path, capsys):
+    url, summary = recorded
+    cfg = tmp_path / "controller.toml"  # the controller's file: its [recovery] limits are the ones enforced
+    cfg.write_text("[recovery]\nrollback_budget = 5\nrollback_window_s = 1000000000\n")
+    assert main(["status", summary["run"], "--db", url, "--config", str(cfg), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    by = {r["rung"]: r for r in doc["budgets"]["rungs"]}
+    assert set(by) == {"retry", "rerun", "rollback", "restart", "evict"}
+    # the recorded demo rolled back once; in this window that rollback still counts
+    assert (by["rollback"]["in_window"], by["rollback"]["per_window"], by["rollback"]["left"]) == (1, 5, 4)
+    assert main(["status", summary["run"], "--db", url, "--config", str(cfg)]) == 0
+    text = capsys.readouterr().out
+    assert f"recovery budgets (limits of {cfg})" in text and "rollback 1/5 per 1000000000 s (4 left, then halt)" in text
+    assert main(["status", summary["run"], "--db", url]) == 0  # the defaults: that rollback is out of its hour
+    assert "rollback 0/3 per 3600 s (3 left, then halt)" in capsys.readouterr().out
+
+
+def test_a_reader_that_leaves_the_pipe_stops_it_quietly(recorded):
+    """``cliffguard status RUN | head``: the command stops with 141 (SIGPIPE's), not a traceback."""
+    import subprocess
+    import sys
+
+    url, summary = recorded
+    proc = subprocess.Popen([sys.executable, "-m", "cliffguard", "status", summary["run"], "--db", url],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader is gone before the first line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141 and "Traceback" not in err, err

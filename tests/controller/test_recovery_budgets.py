@@ -369,3 +369,24 @@ def take_every_budget_transition() -> None:
     recovering_after_a_rollback(d)
     acts = _triaged(d, 36, "bad_rank", node="node-b")
     assert _moves(acts)[-1] == (P.RECOVERING, P.HALTED, "evict_budget_spent")
+
+
+def test_left_says_each_rungs_uses_and_room_from_a_stored_state():
+    from cliffguard.controller.recovery_budgets import left
+    from cliffguard.controller.recovery_state import RungUse
+
+    cfg = RecoveryConfig(evict_budget=2, evict_window_s=3600, evict_run_budget=4, retry_budget=20,
+                         retry_window_s=3600)
+    s = RecoveryState(run="r", salt="s", rollback_times=(1_000.0, 4_000.0))
+    s.rungs = replace(s.rungs, evict=RungUse(times=(100.0, 4_500.0), total=3), rollback=RungUse(total=2),
+                      retry=RungUse(times=tuple(4_000.0 + i for i in range(19)), total=19))
+    by = {r["rung"]: r for r in left(cfg, s.state_dict(), now=5_000.0)}
+    assert [r["rung"] for r in left(cfg, s.state_dict(), now=5_000.0)] == [b.rung for b in BUDGETS]
+    assert (by["rollback"]["in_window"], by["rollback"]["left"], by["rollback"]["escalates_to"]) == (1, 2, "halt")
+    # evict: 1 in the window of 2 leaves 1, and 3 of 4 in the run leave 1 as well
+    assert (by["evict"]["in_window"], by["evict"]["in_run"], by["evict"]["left"]) == (1, 3, 1)
+    assert by["evict"]["budget"] == "2 per 3600 s and 4 per run"
+    assert (by["retry"]["left"], by["retry"]["escalates_to"]) == (1, "rollback")
+    assert by["restart"]["left"] == cfg.restart_budget
+    fresh = {r["rung"]: r["left"] for r in left(cfg, None, now=5_000.0)}  # a run with no stored state yet
+    assert fresh["evict"] == 2 and fresh["rollback"] == cfg.rollback_budget
