@@ -41,6 +41,7 @@ from cliffguard.controller.goodput.config import GoodputConfig
 from cliffguard.controller.operator import enqueue_command
 from cliffguard.controller.rank_nodes import RankNodes
 from cliffguard.controller.recovery import transition
+from cliffguard.controller.recovery_budgets import limits_doc
 from cliffguard.controller.recovery_types import (
     AckIn,
     ActionT,
@@ -147,6 +148,8 @@ class BatchProcessor:
         self.goodput = GoodputBook(ctx.goodput, ctx.alerts)
         self.suspects = SuspectIndex()
         """The suspect-node store as the edge checks beats against it (controller/suspects.py)."""
+        self._limits = limits_doc(ctx.recovery)
+        """The recovery rungs' limits, stored with each run's state (what status and the dashboard show)."""
         self.rank_nodes = RankNodes()
         """Each run's ranks' nodes by its node heartbeats, for a persistent SDC (controller/rank_nodes.py)."""
         self.on_command: Callable[[Session, str], object] | None = None
@@ -211,7 +214,7 @@ class BatchProcessor:
                 rules[slot.run_id] = asdict(loss.spike_config)
                 slot.spike_rule = loss.spike_config
         record_rule_stats(session, [], rules)
-        save_slots(session, [s for s in touched if s.dirty], known=marks.keys())
+        save_slots(session, [s for s in touched if s.dirty], known=marks.keys(), budget_limits=self._limits)
         self._save_rank_nodes(session, now)  # only runs whose ranks' nodes changed (controller/rank_nodes.py)
         self.goodput.save(session, touched, now)
         # folds old steps into buckets for the runs where enough have aged
@@ -285,7 +288,7 @@ class BatchProcessor:
                 self._feed(session, slot, inp, res)
             if verdicts or (slot.recovery.phase, slot.recovery.seq) != before:
                 slot.dirty = True
-        save_slots(session, [s for s in self.runs.slots.values() if s.dirty])
+        save_slots(session, [s for s in self.runs.slots.values() if s.dirty], budget_limits=self._limits)
         return res
 
     def _fence(self, session: Session, batch: EdgeBatch) -> None:

@@ -6,7 +6,9 @@ step), ``rerun`` (a step the kit re-ran to triage it: every ``step.triaged``), `
 each, what one use is, the ``[recovery]`` fields of its budget, the trigger its exhaustion fires,
 the rung it escalates to and why. Exhausting a rung is never silent: the move opens (or continues)
 an incident whose evidence names the rung, its budget ("2 per 3600 s", "4 per run") and the uses
-that spent it, and a critical alert goes out.
+that spent it, and a critical alert goes out. ``cliffguard status RUN`` and the dashboard's header show
+each rung's room (``left``: uses in its window and in the run, how many are left, what comes after),
+by the limits the controller stores with each run's state (``limits_doc``).
 
 The guards of ``controller/recovery_table.py`` (``within_budget``, ``within_restart_budget``,
 ``within_evict_budget``, ``within_retry_budget``, ``within_rerun_budget``) read ``within``; the moves
@@ -127,19 +129,46 @@ def note(cfg: RecoveryConfig, s: RecoveryState, rung: str, now: float) -> None:
     s.rungs = replace(s.rungs, **{rung: use})
 
 
-def left(cfg: RecoveryConfig, recovery: dict[str, Any] | None, now: float) -> list[dict[str, Any]]:
-    """Each rung's budget as it stands for a stored run (``controller_state["recovery"]``, a
-    ``RecoveryState.state_dict``): uses in the window and in the run, the limits, and how many uses
-    are ``left`` before the next one escalates (the smaller of the window's and the run's). For
-    ``cliffguard status RUN`` and the dashboard: an operator sees the ladder's room before it halts."""
-    s = RecoveryState.from_state_dict(recovery) if recovery else None
-    out = []
+def limits_doc(cfg: RecoveryConfig) -> dict[str, list[float]]:
+    """rung -> [per window, window seconds, per run]: what the controller stores with each run's
+    state, so a reader shows the room by the limits that are enforced, not by its own config."""
+    return {b.rung: [float(x) for x in limits(cfg, b.rung)] for b in BUDGETS}
+
+
+def _stored_limits(doc: Any, cfg: RecoveryConfig) -> RecoveryConfig | None:
+    """``cfg`` with the stored limits over it; None when ``doc`` is not a whole, sane limits doc."""
+    if not isinstance(doc, dict):
+        return None
+    over: dict[str, Any] = {}
     for b in BUDGETS:
-        per_window, window, per_run = limits(cfg, b.rung)
-        n = in_window(cfg, s, b.rung, now) if s is not None else 0
+        x = doc.get(b.rung)
+        if not (isinstance(x, list) and len(x) == 3 and all(isinstance(v, (int, float)) for v in x)):
+            return None
+        over.update({b.per_window: int(x[0]), b.window_s: float(x[1]), b.per_run: int(x[2])})
+    try:
+        return replace(cfg, **over)
+    except (TypeError, ValueError):  # out of the config's bounds: not the controller's
+        return None
+
+
+def left(cfg: RecoveryConfig, controller_state: dict[str, Any] | None, now: float) -> dict[str, Any]:
+    """Each rung's budget as it stands for a stored run (``controller_state``: its ``recovery``, a
+    ``RecoveryState.state_dict``, and the ``budget_limits`` the controller stored with it): uses in
+    the window and in the run, the limits, and how many uses are ``left`` before the next one
+    escalates (the smaller of the window's and the run's). ``source`` says whose limits: the
+    controller's stored ones, else ``cfg`` (a state saved before they were stored). For
+    ``cliffguard status RUN`` and the dashboard: an operator sees the ladder's room before it halts."""
+    state = controller_state or {}
+    stored = _stored_limits(state.get("budget_limits"), cfg)
+    use = stored or cfg
+    s = RecoveryState.from_state_dict(state["recovery"]) if state.get("recovery") else None
+    rungs = []
+    for b in BUDGETS:
+        per_window, window, per_run = limits(use, b.rung)
+        n = in_window(use, s, b.rung, now) if s is not None else 0
         total = getattr(s.rungs, b.rung).total if s is not None else 0
         room = per_window - n if not per_run else min(per_window - n, per_run - total)
-        out.append({"rung": b.rung, "in_window": n, "per_window": per_window, "window_s": window, "in_run": total,
-                    "per_run": per_run, "left": max(room, 0), "escalates_to": b.escalates_to,
-                    "budget": describe(cfg, b.rung)})
-    return out
+        rungs.append({"rung": b.rung, "in_window": n, "per_window": per_window, "window_s": window,
+                      "in_run": total, "per_run": per_run, "left": max(room, 0), "escalates_to": b.escalates_to,
+                      "budget": describe(use, b.rung)})
+    return {"rungs": rungs, "source": "controller" if stored is not None else "config"}

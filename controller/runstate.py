@@ -283,12 +283,15 @@ def _rule_upsert(session: Session) -> Any:
     return ins.on_conflict_do_update(index_elements=["run_id", "rule"], set_={"state": ins.excluded.state})
 
 
-def save_slots(session: Session, slots: list[RunSlot], *, known: Collection[str] | None = None) -> None:
+def save_slots(session: Session, slots: list[RunSlot], *, known: Collection[str] | None = None,
+               budget_limits: dict[str, list[float]] | None = None) -> None:
     """Write the dirty slots' state (and the phase and LR scale the dashboard shows): one
     executemany for the run rows, without reading them back (each holds the previous state),
     and one for the rule states that changed. ``known``: the ids of the runs the store holds,
     when the caller has read them already (else one read here: a run only a tick touched may
-    not be stored)."""
+    not be stored). ``budget_limits``: the recovery rungs' limits this controller enforces, kept
+    with each state so that ``cliffguard status`` and the dashboard show the room left by them
+    (``controller/recovery_budgets.py`` ``limits_doc``)."""
     if not slots:
         return
     if known is None:
@@ -299,6 +302,8 @@ def save_slots(session: Session, slots: list[RunSlot], *, known: Collection[str]
     runs, rules = [], []
     for slot in slots:
         state, changed = slot.encode()
+        if budget_limits is not None:
+            state["budget_limits"] = budget_limits
         runs.append({"b_id": slot.run_id, "b_state": state, "b_phase": str(slot.recovery.phase),
                      "b_lr_scale": slot.recovery.lr_scale})
         rules += [{"run_id": slot.run_id, "rule": name, "state": text} for name, text in changed.items()]

@@ -203,7 +203,8 @@ def fill_store(engine: Engine, run_id: str = "demo-run", *, steps: int = 120, wo
             ("rolling_back", "recovering", t_spike + 4.5, back_to, "rollback applied from memory"),
             ("recovering", "running", t_spike + 12, back_to + 15, "15 healthy steps after rollback"),
         ]))
-        s.execute(update(RunRow).where(RunRow.id == run_id).values(lr_scale=0.5, recovery_state="running"))
+        s.execute(update(RunRow).where(RunRow.id == run_id).values(lr_scale=0.5, recovery_state="running",
+                                                                    controller_state=_recovery_after(run_id, t_spike + 3.0)))
     info.incident_ids.append(inc1)
     info.command_ids += [pause1.id, val1.id, rb1.id]
 
@@ -311,3 +312,16 @@ def _alerts(s: Any, info: FilledRun, inc1: str, inc2: str, t1: float, t2: float)
         else:
             row.status, row.attempts, row.delivered_at = "delivered", 1, row.created_at + 0.3
     return ids
+
+
+def _recovery_after(run_id: str, rolled_back_at: float) -> dict:
+    """The run's stored controller state after incident 1, as the controller writes it: the recovery
+    machine's state with its one rollback counted, and the rung limits it enforces."""
+    from cliffguard.controller.recovery_budgets import limits_doc, note
+    from cliffguard.controller.recovery_state import RecoveryState
+    from cliffguard.controller.recovery_types import RecoveryConfig
+
+    cfg = RecoveryConfig()
+    st = RecoveryState(run=run_id, salt="fill", rollback_times=(rolled_back_at,), lr_scale=0.5)
+    note(cfg, st, "rollback", rolled_back_at)
+    return {"recovery": st.state_dict(), "budget_limits": limits_doc(cfg)}

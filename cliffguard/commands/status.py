@@ -70,8 +70,7 @@ def run(args: argparse.Namespace) -> int:
                 run_row = read.get_run(s, args.run)
                 budgets = None
                 if run_row is not None:
-                    stored = run_row.pop("controller_state", None) or {}
-                    budgets = _budgets(args, stored.get("recovery"))
+                    budgets = _budgets(args, run_row.pop("controller_state", None))
                 out = {"run": run_row, "incidents": read.incidents(s, args.run, limit=20),
                        "transitions": read.transitions(s, args.run, limit=50),
                        "commands": read.commands(s, args.run, limit=50),
@@ -99,9 +98,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _budgets(args: argparse.Namespace, recovery: dict | None) -> dict | None:
+def _budgets(args: argparse.Namespace, controller_state: dict | None) -> dict | None:
     """Each recovery rung's uses and room for the run (controller/recovery_budgets.py ``left``), by
-    the limits of this command's ``[recovery]`` (``--config``: give it the controller's file)."""
+    the limits the controller stored with it, else by this command's ``[recovery]`` (``--config``)."""
     from cliffguard.config import ConfigError
     from cliffguard.controller.recovery_budgets import left
 
@@ -110,9 +109,11 @@ def _budgets(args: argparse.Namespace, recovery: dict | None) -> dict | None:
     except ConfigError as exc:
         return {"error": str(exc)}
     try:
-        return {"rungs": left(cfg, recovery, time.time()), "config": args.config or "defaults"}
+        found = left(cfg, controller_state, time.time())
     except (KeyError, TypeError, ValueError) as exc:  # a state this version cannot read: said, not a traceback
         return {"error": f"the run's stored recovery state is not readable here: {type(exc).__name__}: {exc}"}
+    found["limits"] = "the controller's" if found["source"] == "controller" else (args.config or "the defaults")
+    return found
 
 
 def _print_budgets(b: dict | None) -> None:
@@ -123,7 +124,7 @@ def _print_budgets(b: dict | None) -> None:
         return
     parts = [f"{r['rung']} {r['in_window']}/{r['budget']}" + (f", {r['in_run']} in the run" if r["per_run"] else "")
              + f" ({r['left']} left, then {r['escalates_to']})" for r in b["rungs"]]
-    print(f"  recovery budgets (limits of {b['config']}): " + "; ".join(parts))
+    print(f"  recovery budgets ({b['limits']} limits): " + "; ".join(parts))
 
 
 def _print_runs(out: dict) -> None:

@@ -1,5 +1,5 @@
 """The run at a glance: status, recovery state, step, applied LR scale, last loss, the commands the run
-applies, rank heartbeats."""
+applies, the recovery ladder's room (each rung's budget), rank heartbeats."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import time
 
 import streamlit as st
 
+from cliffguard.controller.recovery_budgets import left
+from cliffguard.controller.recovery_types import RecoveryConfig
 from cliffguard.controller.store import read
 from cliffguard.core.capabilities import describe, describe_lr_scale
 from cliffguard.dashboard import derive
@@ -31,8 +33,18 @@ def render(ctx: Context) -> None:
     cols[4].metric("loss", "—" if last_loss is None else f"{last_loss:.4f}")
     cols[5].metric("world size", run["world_size"])
     st.caption(f"commands this run applies: {describe(run.get('capabilities'))}")
+    st.caption("recovery budgets — " + budgets_line(left(RecoveryConfig(), run.get("controller_state"), now)))
     if live["ranks"]:
         st.caption("heartbeats — " + liveness_line(live, now))
+
+
+def budgets_line(found: dict) -> str:
+    """Each recovery rung's room in one line (``recovery_budgets.left``): uses in its window of its
+    budget, what is left and what comes after; whose limits (the controller's, stored with the run)."""
+    parts = [f"{r['rung']} {r['in_window']}/{r['budget']}: {r['left']} left, then {r['escalates_to']}"
+             for r in found["rungs"]]
+    whose = "" if found["source"] == "controller" else " (default limits: the controller stored none for this run)"
+    return " · ".join(parts) + whose
 
 
 def liveness_line(live: dict, now: float) -> str:

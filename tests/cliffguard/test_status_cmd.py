@@ -84,9 +84,10 @@ def test_status_of_an_elastic_run_tells_its_world_batch_and_scale_changes(tmp_pa
     assert "scaled down at step 100: world 4 -> 2, global batch 16 -> 8" in text
 
 
-def test_status_of_one_run_tells_each_recovery_rungs_room_by_the_controllers_limits(recorded, tmp_path, capsys):
-    url, summary = recorded
-    cfg = tmp_path / "controller.toml"  # the controller's file: its [recovery] limits are the ones enforced
+def test_status_of_one_run_tells_each_recovery_rungs_room_by_the_commands_limits_when_none_are_stored(
+        recorded, tmp_path, capsys):
+    url, summary = recorded  # recorded before the controller stored its limits with a run's state
+    cfg = tmp_path / "controller.toml"
     cfg.write_text("[recovery]\nrollback_budget = 5\nrollback_window_s = 1000000000\n")
     assert main(["status", summary["run"], "--db", url, "--config", str(cfg), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -96,7 +97,7 @@ def test_status_of_one_run_tells_each_recovery_rungs_room_by_the_controllers_lim
     assert (by["rollback"]["in_window"], by["rollback"]["per_window"], by["rollback"]["left"]) == (1, 5, 4)
     assert main(["status", summary["run"], "--db", url, "--config", str(cfg)]) == 0
     text = capsys.readouterr().out
-    assert f"recovery budgets (limits of {cfg})" in text and "rollback 1/5 per 1000000000 s (4 left, then halt)" in text
+    assert f"recovery budgets ({cfg} limits)" in text and "rollback 1/5 per 1000000000 s (4 left, then halt)" in text
     assert main(["status", summary["run"], "--db", url]) == 0  # the defaults: that rollback is out of its hour
     assert "rollback 0/3 per 3600 s (3 left, then halt)" in capsys.readouterr().out
 

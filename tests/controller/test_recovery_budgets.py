@@ -380,13 +380,29 @@ def test_left_says_each_rungs_uses_and_room_from_a_stored_state():
     s = RecoveryState(run="r", salt="s", rollback_times=(1_000.0, 4_000.0))
     s.rungs = replace(s.rungs, evict=RungUse(times=(100.0, 4_500.0), total=3), rollback=RungUse(total=2),
                       retry=RungUse(times=tuple(4_000.0 + i for i in range(19)), total=19))
-    by = {r["rung"]: r for r in left(cfg, s.state_dict(), now=5_000.0)}
-    assert [r["rung"] for r in left(cfg, s.state_dict(), now=5_000.0)] == [b.rung for b in BUDGETS]
+    found = left(cfg, {"recovery": s.state_dict()}, now=5_000.0)
+    by = {r["rung"]: r for r in found["rungs"]}
+    assert [r["rung"] for r in found["rungs"]] == [b.rung for b in BUDGETS] and found["source"] == "config"
     assert (by["rollback"]["in_window"], by["rollback"]["left"], by["rollback"]["escalates_to"]) == (1, 2, "halt")
     # evict: 1 in the window of 2 leaves 1, and 3 of 4 in the run leave 1 as well
     assert (by["evict"]["in_window"], by["evict"]["in_run"], by["evict"]["left"]) == (1, 3, 1)
     assert by["evict"]["budget"] == "2 per 3600 s and 4 per run"
     assert (by["retry"]["left"], by["retry"]["escalates_to"]) == (1, "rollback")
     assert by["restart"]["left"] == cfg.restart_budget
-    fresh = {r["rung"]: r["left"] for r in left(cfg, None, now=5_000.0)}  # a run with no stored state yet
+    fresh = {r["rung"]: r["left"] for r in left(cfg, None, now=5_000.0)["rungs"]}  # no stored state yet
     assert fresh["evict"] == 2 and fresh["rollback"] == cfg.rollback_budget
+
+
+def test_the_limits_the_controller_stored_win_over_the_readers_and_a_bad_doc_is_not_used():
+    from cliffguard.controller.recovery_budgets import left, limits_doc
+
+    enforced = RecoveryConfig(rollback_budget=1, evict_run_budget=9)
+    s = RecoveryState(run="r", salt="s", rollback_times=(4_900.0,))
+    state = {"recovery": s.state_dict(), "budget_limits": limits_doc(enforced)}
+    found = left(RecoveryConfig(), state, now=5_000.0)  # the reader's own config: the defaults
+    by = {r["rung"]: r for r in found["rungs"]}
+    assert found["source"] == "controller" and (by["rollback"]["per_window"], by["rollback"]["left"]) == (1, 0)
+    assert by["evict"]["per_run"] == 9
+    for bad in ({"rollback": [1, 3600]}, {**limits_doc(enforced), "evict": ["2", 3600, 0]},
+                {**limits_doc(enforced), "rollback": [1, -5.0, 0]}, "junk"):
+        assert left(RecoveryConfig(), {**state, "budget_limits": bad}, now=5_000.0)["source"] == "config", bad

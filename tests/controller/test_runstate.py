@@ -189,3 +189,32 @@ def test_a_slot_part_that_is_not_json_starts_its_rule_fresh(tmp_path, caplog):
     assert len(det.rules["straggler"]._busy) == 0 and "straggler" in det.changed  # fresh, saved again
     assert len(det.rules["mfu"]._recent) == 2
     assert "straggler#busy.3 rule state is not JSON" in caplog.text
+
+
+def test_the_controller_stores_the_recovery_limits_it_enforces_with_each_runs_state(tmp_path):
+    """What ``cliffguard status RUN`` and the dashboard show the room by (controller/recovery_budgets.py)."""
+    from cliffguard.controller.alerts import AlertsConfig
+    from cliffguard.controller.batch import BatchContext, BatchProcessor
+    from cliffguard.controller.edge_classify import EdgeBatch, EdgeRecord
+    from cliffguard.controller.recovery_budgets import left, limits_doc
+    from cliffguard.controller.recovery_types import RecoveryConfig
+    from cliffguard.controller.runstate import RunTable, default_detector_factory
+    from cliffguard.controller.store.db import session_scope
+    from cliffguard.controller.store.models import RunRow
+    from cliffguard.core.signing import Secret
+    from testing.controller_stack import fresh_store
+
+    engine = fresh_store(tmp_path)
+    enforced = RecoveryConfig(rollback_budget=7, evict_run_budget=1)
+    ctx = BatchContext(group_id="g", commands_topic="cmds", secret=Secret("test-secret-of-enough-length"),
+                       recovery=enforced, alerts=AlertsConfig())
+    proc = BatchProcessor(ctx, RunTable(default_detector_factory()))
+    events = [f.run_started("r"), *(make_event("step", "r", s, f.step(s, 2.0 - 0.01 * s).data) for s in range(5))]
+    with session_scope(engine) as s:
+        batch = EdgeBatch(records=[EdgeRecord("m", 0, i, e) for i, e in enumerate(events)])
+        proc.process(s, batch, now=events[-1].ts)
+    with session_scope(engine) as s:
+        state = s.get(RunRow, "r").controller_state
+    assert state["budget_limits"] == limits_doc(enforced)
+    found = left(RecoveryConfig(), state, now=events[-1].ts)
+    assert found["source"] == "controller" and found["rungs"][2]["per_window"] == 7

@@ -46,6 +46,9 @@ def test_header_shows_run_state(filled):
     assert metrics["last step"] == str(filled.run.steps - 1)
     assert "heartbeats — 2 ranks, running" in texts(at)  # a summary (read.liveness), not a line per rank
     assert "commands this run applies: all" in texts(at)  # its run.started declared none: an older agent
+    # the ladder's room, by the limits the controller stored: the run's one rollback counts
+    (budgets,) = [t for t in texts(at).splitlines() if t.startswith("recovery budgets — ")]
+    assert "rollback 1/3 per 3600 s: 2 left, then halt" in budgets and "default limits" not in budgets, budgets
 
 
 def test_loss_chart_has_median_bands_spikes_incidents_and_rollback(filled):
