@@ -136,6 +136,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument("--batch-policy", choices=["halve", "keep", "proportional"],
                    help="global batch on another world (default proportional)")
     g.add_argument("--lr-rule", choices=["sqrt", "linear", "none"], help="LR factor for the new batch (default sqrt)")
+    g.add_argument("--base-world", type=int,
+                   help="[train.elastic] base_world: the whole job's world the global batch is declared for, the "
+                        "same on every node (default --nproc x MAX nodes; give it when nodes run different --nproc)")
     g.add_argument("--no-admission-check", action="store_true",
                    help="start without reading the suspect-node list first ([train.admission] enabled = false); "
                         "the controller still refuses a suspect node at its first heartbeat")
@@ -203,8 +206,13 @@ def build_train_config(args: argparse.Namespace, *, bootstrap: str | None, env: 
     if nodes:
         _min_nodes, max_nodes = parse_nnodes(nodes)
         train_flags["resume"] = True  # every restart of the worker group resumes from the newest checkpoint
+        # a declared base world (flag, file, env) wins; else every node derives the same one from its own
+        # --nproc, which is only right when every node runs as many processes
+        declared = (((toml.get("train") or {}).get("elastic") or {}).get("base_world")
+                    or env.get("CLIFFGUARD_TRAIN__ELASTIC__BASE_WORLD"))
+        base_world = getattr(args, "base_world", None) or (None if declared else args.nproc * max_nodes)
         train_flags["elastic"] = {
-            "enabled": True, "base_world": args.nproc * max_nodes, "max_restarts": args.max_restarts,
+            "enabled": True, "base_world": base_world, "max_restarts": args.max_restarts,
             "rdzv_timeout_s": args.rdzv_timeout_s, "batch_policy": args.batch_policy, "lr_rule": args.lr_rule}
     base = section("train", train_flags)
     run = args.run or ((toml.get("train") or {}).get("run")) or env.get("CLIFFGUARD_TRAIN__RUN") or default_run_id()

@@ -36,6 +36,23 @@ def test_nnodes_makes_an_elastic_resuming_config_and_an_elastic_torchrun_command
     assert not plain.elastic.enabled and not plain.resume
 
 
+def test_uneven_nodes_declare_the_jobs_base_world_by_flag_file_or_env_and_it_is_not_derived(tmp_path):
+    """Nodes of 2 and 1 processes: each would derive --nproc x MAX (4 and 2) and disagree on the batch."""
+    common = ("--nnodes", "1:2", "--run", "el", "--no-monitor", "--out-dir", str(tmp_path))
+    for nproc in ("2", "1"):
+        _, cfg = train.build_train_config(_args(*common, "--nproc", nproc, "--base-world", "3"), bootstrap=None, env={})
+        assert cfg.elastic.base_world == 3
+    toml = tmp_path / "job.toml"
+    toml.write_text("[train.elastic]\nbase_world = 3\n")
+    _, cfg = train.build_train_config(_args(*common, "--nproc", "1", "--config", str(toml)), bootstrap=None, env={})
+    assert cfg.elastic.base_world == 3
+    _, cfg = train.build_train_config(_args(*common, "--nproc", "2"), bootstrap=None,
+                                      env={"CLIFFGUARD_TRAIN__ELASTIC__BASE_WORLD": "3"})
+    assert cfg.elastic.base_world == 3
+    _, cfg = train.build_train_config(_args(*common, "--nproc", "2"), bootstrap=None, env={})
+    assert cfg.elastic.base_world == 4  # nothing declared: --nproc x MAX nodes, as before
+
+
 @pytest.mark.parametrize("value", ["2:1", "x", "0:2"])
 def test_bad_nnodes_is_refused_naming_the_flag(value):
     with pytest.raises(ValueError, match="^--nnodes:"):
