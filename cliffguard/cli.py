@@ -28,6 +28,7 @@ SUBCOMMANDS: dict[str, str] = {
     "status": "list runs and their recovery states",
     "badbatches": "the batches a run's re-runs classified as data (never fed again)",
     "nodes": "the suspect nodes kept out of every run; clear or recheck one",
+    "admit": "may this node join a run, and on which device slots? (an own launcher's admission check)",
     "report": "a run's post-mortem: goodput, incidents and their cost (one HTML file, or JSON)",
     "alerts": "alert endpoints' delivery state; re-enable one disabled by HTTP 410",
     "backtest": "replay a step,loss CSV (or a stored run) through the controller's rules",

@@ -202,3 +202,26 @@ def test_a_node_with_suspect_device_slots_starts_without_them_and_with_none_left
     assert main([*common, "--node-id", "node-dev2"]) == REFUSED_EXIT
     assert len(started) == 1  # torchrun never started
     assert "every device slot of node node-dev2 is recorded suspect" in capsys.readouterr().err
+
+    # the same check for an own launcher (cliffguard admit): export lines for eval, or the refusal
+    where = ["--bootstrap", kafka_cfg.bootstrap, "--topic-prefix", kafka_cfg.topic_prefix, "--nproc", "2"]
+    assert main(["admit", *where, "--node-id", "node-dev1", "--shell"]) == 0
+    got = capsys.readouterr()
+    assert got.out.splitlines() == ["export CLIFFGUARD_NPROC=1", "export CLIFFGUARD_DEVICE_SLOTS=0",
+                                    "export CUDA_VISIBLE_DEVICES=0"]
+    assert "cliffguard admit: WARNING: node node-dev1 admitted without device slot(s) 1" in got.err
+    assert main(["admit", *where, "--node-id", "node-dev2", "--shell"]) == REFUSED_EXIT
+    assert capsys.readouterr().out == ""  # nothing to eval: the script stops on the exit code
+    assert main(["admit", *where, "--node-id", "node-clean"]) == 0
+    assert "node node-clean admitted: 2 process(es) on device slot(s) 0, 1" in capsys.readouterr().out
+
+
+def test_admit_with_the_broker_away_fails_open_on_every_slot_and_says_so(monkeypatch, capsys):
+    from cliffguard.controller.broker import free_port
+
+    monkeypatch.setenv(SECRET_ENV, SECRET.reveal().decode())
+    assert main(["admit", "--bootstrap", f"127.0.0.1:{free_port()}", "--nproc", "2", "--node-id", "n9"]) == 0
+    got = capsys.readouterr()
+    assert "cliffguard admit: WARNING: admission check failed open" in got.err
+    assert "node n9 UNCHECKED (fail-open): 2 process(es) on device slot(s) 0, 1" in got.out
+    assert main(["admit", "--nproc", "0"]) == 2
