@@ -60,7 +60,7 @@ class ClusterConfig:
     cpus: int = bounded(4, ge=1)
     """CPUs the node claims (more than the machine has is fine: config_overrides)."""
     grace_s: int = bounded(30, ge=1)
-    """The production partition's GraceTime: SIGTERM, then this long before SIGKILL."""
+    """The production partition's GraceTime: from the preemption decision (and its SIGUSR1 warning) to SIGTERM."""
     ctld_port: int = bounded(16817, ge=1024, le=65535)
     slurmd_port: int = bounded(16818, ge=1024, le=65535)
     requeue_exit: int = bounded(75, ge=1, le=254)

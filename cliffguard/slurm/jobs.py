@@ -20,6 +20,11 @@ from cliffguard.slurm.classes import BY_NAME
 
 _PREEMPTED = re.compile(r"^\[(?P<ts>[^\]]{1,40})\] preempted JobId=(?P<job>\d+) has been requeued to reclaim "
                         r"resources for JobId=(?P<by>\d+|Invalid)")
+_GRACE = re.compile(r"^\[(?P<ts>[^\]]{1,40})\] debug:\s+setting \d+ sec preemption grace time for JobId=(?P<job>\d+) "
+                    r"to reclaim resources for JobId=(?P<by>\d+|Invalid)")
+"""The decision, logged at ``debug`` (the template's ``SlurmctldDebug``): a job warned at the decision
+(``preempt_send_user_signal``) that saves and exits within ``GraceTime`` is requeued by ``RequeueExit``,
+and the "preempted ... has been requeued" line, written when the grace time ends, never comes."""
 
 
 def batch_script(cls: str, train_args: list[str], *, cpus: int, output: str, signal_before_s: int = 0,
@@ -29,8 +34,9 @@ def batch_script(cls: str, train_args: list[str], *, cpus: int, output: str, sig
     lines = ["#!/bin/bash", f"#SBATCH --partition={cls}", f"#SBATCH --job-name={name}",
              f"#SBATCH --cpus-per-task={cpus}", "#SBATCH --requeue", "#SBATCH --open-mode=append",
              f"#SBATCH --output={output}"]
-    if signal_before_s:
-        lines.append(f"#SBATCH --signal=B:USR1@{signal_before_s}")
+    warn_s = signal_before_s or BY_NAME[cls].warn_s  # a preemptible class is warned at the decision
+    if warn_s:
+        lines.append(f"#SBATCH --signal=B:USR1@{warn_s}")
     train = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "cliffguard", "train", *train_args])
     lines += ['resume=""', 'if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then resume="--resume"; fi',
               'echo "cliffguard job $SLURM_JOB_ID start (restart ${SLURM_RESTART_COUNT:-0}) $(date +%s.%N)"',
@@ -78,4 +84,11 @@ def preemptions(log_path: Path) -> list[dict[str, str]]:
         text = log_path.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return []
-    return [m.groupdict() for line in text.splitlines() if (m := _PREEMPTED.match(line))]
+    out: list[dict[str, str]] = []
+    seen: set[tuple[str, str]] = set()
+    for line in text.splitlines():
+        m = _GRACE.match(line) or _PREEMPTED.match(line)
+        if m and (m["job"], m["by"]) not in seen:  # one record per preemption: its decision, else its requeue
+            seen.add((m["job"], m["by"]))
+            out.append(m.groupdict())
+    return out

@@ -103,6 +103,6 @@ def test_the_preemption_demo_on_a_real_slurm_cluster_from_a_fresh_directory(tmp_
     by_scope = {p["scope"]: p for p in summary["preemptions"]}
     assert by_scope["nodes"]["outcome"] == "shrunk" and by_scope["job"]["outcome"] == "requeued"
     for p in summary["preemptions"]:  # every save inside the grace time, dated from the scheduler's signal
-        assert p["verified"] and p["signal"] == "SIGTERM" and 0 <= p["save_s"] < p["deadline_s"], p
+        assert p["verified"] and p["signal"] == "SIGUSR1" and 0 <= p["save_s"] < p["deadline_s"], p
     assert [(e["from_world"], e["to_world"]) for e in summary["scale_events"]][:2] == [(2, 1), (1, 2)]
     assert abs(summary["loss_gap"]) <= 0.05

@@ -16,6 +16,7 @@ def test_the_rendered_config_declares_the_issues_cluster(tmp_path):
     conf = Cluster(ClusterConfig(dir=str(tmp_path), cpus=6, grace_s=45)).render()
     for line in ("ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "SlurmdParameters=config_overrides",
                  "PreemptType=preempt/partition_prio", "PreemptMode=REQUEUE", "RequeueExit=75", "CPUs=6",
+                 "SlurmctldParameters=preempt_send_user_signal",  # the warning at the decision, not after grace
                  f"AuthInfo=socket={tmp_path.resolve()}/munge/munge.socket.2"):
         assert line in conf, line
     prod = next(line for line in conf.splitlines() if line.startswith("PartitionName=production"))
@@ -42,6 +43,9 @@ def test_the_job_script_execs_this_interpreter_and_resumes_on_a_restart():
     assert 'if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then resume="--resume"; fi' in script
     with pytest.raises(ValueError, match="--class: 'urgent'"):
         batch_script("urgent", [], cpus=1, output="o")
+    # a production job asks for the warning by itself (sent at the preemption decision); exploration none
+    assert "#SBATCH --signal=B:USR1@60" in batch_script("production", [], cpus=1, output="o")
+    assert "--signal" not in batch_script("exploration", [], cpus=1, output="o")
 
 
 def test_what_preempted_what_is_read_from_the_log_and_junk_is_skipped(tmp_path):
@@ -50,6 +54,16 @@ def test_what_preempted_what_is_read_from_the_log_and_junk_is_skipped(tmp_path):
                    "garbage \x00 line\n[x] preempted JobId=abc has been requeued to reclaim resources for JobId=1\n")
     assert preemptions(log) == [{"ts": "2026-12-02T04:45:10.879", "job": "8", "by": "9"}]
     assert preemptions(tmp_path / "missing.log") == []
+    # the decision (debug), for a job warned at once that saved and left within its grace time; a job
+    # that did not leave gets the requeue line as well when the grace time ends: one record each
+    log.write_text("[2026-12-05T18:02:53.100] debug:  setting 30 sec preemption grace time for JobId=1 to reclaim "
+                   "resources for JobId=3\n"
+                   "[2026-12-05T18:02:54.819] _job_complete: JobId=1 WEXITSTATUS 75\n"
+                   "[2026-12-05T18:05:00.000] debug:  setting 30 sec preemption grace time for JobId=2 to reclaim "
+                   "resources for JobId=4\n"
+                   "[2026-12-05T18:05:30.000] preempted JobId=2 has been requeued to reclaim resources for JobId=4\n")
+    assert preemptions(log) == [{"ts": "2026-12-05T18:02:53.100", "job": "1", "by": "3"},
+                                {"ts": "2026-12-05T18:05:00.000", "job": "2", "by": "4"}]
 
 
 def test_children_finds_a_childs_pid():

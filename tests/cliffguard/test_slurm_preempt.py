@@ -92,7 +92,8 @@ def test_a_preempted_production_job_saves_in_its_grace_time_is_requeued_and_resu
     assert end["stop_reason"] == "preempted", end
     cfg_file.write_text(TOML)  # the requeued launch trains unpaced
     saved = end["preempted"]
-    assert saved["signal"] == "SIGTERM" and saved["verified"] and saved["save_s"] < 30, saved  # GraceTime=30
+    # warned at the preemption decision (preempt_send_user_signal: SIGUSR1), saved inside GraceTime=30
+    assert saved["signal"] == "SIGUSR1" and saved["verified"] and saved["save_s"] < 30, saved
     _wait_for(lambda: any(p["job"] == prod for p in preemptions(cluster.root / "slurmctld.log")), 60,
               "slurmctld's preemption record")
     queue = _cli(cluster, "queue")
