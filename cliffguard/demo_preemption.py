@@ -45,7 +45,8 @@ GROUPS = ("group-a", "group-b")
 @dataclass(kw_only=True, slots=True)
 class PreemptionDemoConfig:
     steps: int = 700
-    """Long enough to train through both preemptions (Slurm decides one within ~35-55 s here)."""
+    """Long enough to train through both preemptions with room to spare (each is decided within seconds
+    of the exploration job's submission, then the group saves and leaves; slower on a loaded machine)."""
     nproc: int = 1
     """Ranks per node group (the full world is twice this)."""
     global_batch: int = 16
