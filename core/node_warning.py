@@ -55,6 +55,20 @@ def warned_path(plan_dir: str | Path, node: str) -> Path:
     return Path(plan_dir) / _name("warned", node)
 
 
+def first_warned_since(plan_dir: str | Path, since: float) -> float | None:
+    """The earliest time any node's launcher wrote a warning at or after ``since`` (None: none)."""
+    times = []
+    for path in Path(plan_dir).glob("warned-*.json"):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        at = data.get("at") if isinstance(data, dict) else None
+        if isinstance(at, (int, float)) and at >= since:
+            times.append(float(at))
+    return min(times) if times else None
+
+
 def left_path(plan_dir: str | Path, node: str) -> Path:
     return Path(plan_dir) / _name("left", node)
 

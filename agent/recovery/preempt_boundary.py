@@ -91,5 +91,7 @@ def elastic_leave(kit: RecoveryKit, step: int) -> preempt_leave.Leave | None:
     hang = getattr(kit.agent, "hang", None)
     if hang is None or not preempt_leave.is_elastic():
         return None
-    warned = preempt_leave.scheduler_warned(kit.preemption.request, str(hang.plan_dir), hang.life.node, 0.0)
+    plan_dir = str(hang.plan_dir)
+    warned = (preempt_leave.scheduler_warned(kit.preemption.request, plan_dir, hang.life.node, 0.0)
+              or preempt_leave.settle(plan_dir, hang.life.node, kit._started_wall))
     return preempt_leave.decide(warned, hang.life.node, kit.agent.distributed)

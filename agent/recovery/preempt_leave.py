@@ -42,6 +42,12 @@ log = logging.getLogger(__name__)
 CONFIRM_S = 2.0
 """How long after its own signal a rank waits for its launcher's word before taking the signal
 for torchrun's (the launcher writes it within a poll, 0.25 s; CI's loaded cores take longer)."""
+SETTLE_S = 2.0
+"""A rank whose node has no warning yet waits until this long after the first warned node's (a
+scheduler preempting several node-group jobs for one job warns them within moments: one save and
+one decision then serve them all). Measured: two groups warned at the same Slurm decision; one's
+launcher wrote its word a step later, so the first group left alone, the second re-formed the group
+at world 1 and saved only after its restart, 24.7 s after its warning (deadline 20 s)."""
 LEAVE_WAIT_S = 30.0
 """The most a rank waits for a warned node's launcher to stop it (or, staying, for the warned
 nodes to leave) before it exits anyway, saying so."""
@@ -84,6 +90,22 @@ def scheduler_warned(request: Request | None, plan_dir: str, node: str, since_wa
         if node_warning.read_warned(plan_dir, node, since_wall) is not None:
             return True
         if request.elapsed() >= confirm_s:
+            return False
+        sleep(0.05)
+
+
+def settle(plan_dir: str, node: str, since_wall: float, *, settle_s: float = SETTLE_S,
+           sleep: Callable[[float], None] = time.sleep) -> bool:
+    """For a rank whose node had no warning of its own: whether one comes within ``settle_s`` of the
+    first warned node's (warnings before ``since_wall``, this worker group's start, are old news).
+    No node warned (a membership change): False at once, no wait."""
+    first = node_warning.first_warned_since(plan_dir, since_wall)
+    if first is None:
+        return False
+    while True:
+        if node_warning.read_warned(plan_dir, node, since_wall) is not None:
+            return True
+        if time.time() >= first + settle_s:
             return False
         sleep(0.05)
 

@@ -138,3 +138,25 @@ def test_a_worker_its_signal_missed_learns_of_its_nodes_warning_from_the_launche
     req = word.read()
     assert req is not None and req.signal == "SIGTERM" and req.elapsed() == pytest.approx(2.0, abs=0.5)
     assert scheduler_warned(req, str(tmp_path), "b", 0.0)  # and at the boundary it is the scheduler's
+
+
+def test_a_node_warned_moments_after_another_is_in_the_same_decision_and_no_warning_means_no_wait(tmp_path):
+    """One scheduler decision warns two node-group jobs; the second launcher's word may come a step
+    later. A rank of the second node waits until ``settle_s`` after the first warning for its own."""
+    import threading
+
+    start = time.time() - 5
+    t0 = time.monotonic()
+    assert preempt_leave.settle(str(tmp_path), "group-a", start, settle_s=2.0) is False  # a membership change
+    assert time.monotonic() - t0 < 0.5
+    node_warning.write_warned(tmp_path, "group-a", "SIGUSR1", at=start - 1)  # an old warning: before this group
+    assert preempt_leave.settle(str(tmp_path), "group-b", start, settle_s=2.0) is False
+    node_warning.write_warned(tmp_path, "group-b", "SIGUSR1")  # the first warned node of this decision
+    later = threading.Timer(0.4, node_warning.write_warned, args=(tmp_path, "group-a", "SIGUSR1"))
+    later.start()
+    assert preempt_leave.settle(str(tmp_path), "group-a", start, settle_s=2.0) is True  # its word came in time
+    later.join()
+    t0 = time.monotonic()
+    assert preempt_leave.settle(str(tmp_path), "group-c", start, settle_s=0.5) is False  # never warned
+    assert time.monotonic() - t0 < 1.5
+    assert node_warning.first_warned_since(tmp_path, start) is not None
