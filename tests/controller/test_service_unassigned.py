@@ -55,12 +55,12 @@ def _unassigned_until_rebuilt(svc: ControllerService) -> threading.Event:
     return hidden
 
 
-def _service(tmp_path, prefix: str, engine):
+def _service(tmp_path, prefix: str, engine, after_s: float = AFTER_S):
     broker = EmbeddedBroker(port=free_port()).start()
     kafka = broker.kafka_config(topic_prefix=prefix, partitions=1)
     ensure_topics(kafka)
     cfg = ControllerConfig(group_id=f"ctl-{prefix}", tick_s=0.2, outbox_interval_s=0.2, stuck_after_s=0,
-                           unassigned_after_s=AFTER_S, **FAST_GROUP)
+                           unassigned_after_s=after_s, **FAST_GROUP)
     svc = ControllerService(cfg, kafka, engine, SECRET, recovery=RECOVERY)
     svc.start()
     return broker, kafka, svc
@@ -97,26 +97,30 @@ def test_no_partitions_and_nobody_storing_offsets_is_said_and_the_group_joined_a
 
 def test_no_partitions_while_a_peer_stores_the_groups_offsets_is_a_standby_said_once(tmp_path, caplog):
     with store_engine("sqlite", tmp_path) as (engine, _):
-        broker, kafka, svc = _service(tmp_path, "standby", engine)
+        # a wider window than the other test's: on a loaded CI runner the peer's writes must land
+        # between the assignment emptying and the first look
+        after_s = 3 * AFTER_S
+        broker, kafka, svc = _service(tmp_path, "standby", engine, after_s=after_s)
         stop, peer_stop = threading.Event(), threading.Event()
         thread = threading.Thread(target=svc.run_forever, args=(stop,), daemon=True)
+        writes = []
 
         def peer():  # another member of the group: it stores the offsets it consumed, batch by batch
-            offset = 0
-            while not peer_stop.wait(0.3):
-                offset += 1
+            while not peer_stop.wait(0.2):
                 with session_scope(engine) as s:
-                    save_offsets(s, svc.config.group_id, {(kafka.metrics_topic, 0): offset})
+                    save_offsets(s, svc.config.group_id, {(kafka.metrics_topic, 0): len(writes) + 1})
+                writes.append(time.time())
 
         peer_thread = threading.Thread(target=peer, daemon=True)
         try:
+            peer_thread.start()
+            wait_for(lambda: writes, 30)  # the peer consumes before this instance's partitions go
             thread.start()
             wait_for(lambda: svc.edge.assignment(), 60)  # joined, then its group gives it nothing
             with caplog.at_level(logging.INFO, logger="cliffguard.controller"):
                 hidden = _unassigned_until_rebuilt(svc)
-                peer_thread.start()
-                wait_for(lambda: any("stands by" in r.getMessage() for r in caplog.records), 30)
-                time.sleep(3 * AFTER_S)  # three more looks: still a standby, said once, never rebuilt
+                wait_for(lambda: any("stands by" in r.getMessage() for r in caplog.records), 60)
+                time.sleep(2 * after_s)  # two more looks: still a standby, said once, never rebuilt
         finally:
             peer_stop.set()
             if peer_thread.is_alive():
