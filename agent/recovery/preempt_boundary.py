@@ -33,7 +33,10 @@ def save_and_stop(kit: RecoveryKit) -> Boundary:
     agent, cfg = kit.agent, kit.preemption.config
     step = agent.step
     boundary_at = time.monotonic()
-    request = kit.preemption.request or Request("peer", boundary_at)
+    # read once: the handler may note this rank's own signal while the save runs, and a rank its
+    # peers' flag reached first still dates the preemption from the first warned node's signal
+    own = kit.preemption.request
+    request = own or Request("peer", boundary_at)
     state = kit.state.capture(step)
     save_now = getattr(kit.store, "save_now", None)
     saved: dict[str, Any] | None = None
@@ -47,7 +50,7 @@ def save_and_stop(kit: RecoveryKit) -> Boundary:
         log.exception("preemption save at step %d failed", step)
     saved_at = time.monotonic()
     leave = elastic_leave(kit, step)
-    if leave is not None and kit.preemption.request is None and leave.nodes:
+    if leave is not None and own is None and leave.nodes:
         request = preempt_leave.origin(str(kit.agent.hang.plan_dir), leave.nodes, boundary_at) or request
     if leave is not None and not leave.nodes:  # torchrun's membership change: saved, no preemption
         log.warning("regroup: torchrun stops this worker group (a node joins); step %d saved, leaving for its "

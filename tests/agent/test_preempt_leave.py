@@ -160,3 +160,34 @@ def test_a_node_warned_moments_after_another_is_in_the_same_decision_and_no_warn
     assert preempt_leave.settle(str(tmp_path), "group-c", start, settle_s=0.5) is False  # never warned
     assert time.monotonic() - t0 < 1.5
     assert node_warning.first_warned_since(tmp_path, start) is not None
+
+
+def test_a_rank_whose_own_signal_comes_during_the_save_still_dates_it_from_the_first_warned_node(tmp_path, monkeypatch):
+    """CI: both groups warned at one Slurm decision; rank 0's SIGUSR1 arrived while it saved on its
+    peers' flag, so the record said signal "peer", dated from rank 0's boundary."""
+    from types import SimpleNamespace
+
+    from cliffguard.agent.recovery import preempt_boundary
+    from cliffguard.agent.recovery.preemption import PreemptionConfig
+
+    node_warning.write_warned(tmp_path, "b", "SIGUSR1", at=time.time() - 3.0)
+    node_warning.write_warned(tmp_path, "a", "SIGUSR1", at=time.time() - 0.5)
+    monkeypatch.setenv(MIN_NODES_ENV, "1")
+    monkeypatch.setattr(preempt_leave, "decide", lambda warned, node, distributed: Leave(True, ("a", "b"), 2, 2))
+    monkeypatch.setattr(preempt_leave, "wait_to_leave", lambda *a, **k: None)
+    emitted = []
+    preemption = SimpleNamespace(config=PreemptionConfig(deadline_s=20.0), request=None)
+
+    def save_now(step, state, timeout):
+        preemption.request = Request("SIGUSR1", time.monotonic())  # the handler, mid-save
+        return {"verified": True, "path": "ckpt"}
+
+    agent = SimpleNamespace(step=7, rank=0, distributed=False, emit=lambda kind, data, step: emitted.append(data),
+                            close=lambda *a, **k: None, modes=SimpleNamespace(move=lambda mode: None),
+                            hang=SimpleNamespace(plan_dir=tmp_path, life=SimpleNamespace(node="a")))
+    kit = SimpleNamespace(agent=agent, preemption=preemption, state=SimpleNamespace(capture=lambda step: {}),
+                          store=SimpleNamespace(save_now=save_now), _started_wall=time.time() - 60.0)
+    boundary = preempt_boundary.save_and_stop(kit)
+    assert not boundary and kit.stop_reason == "preempted"
+    assert emitted[0]["signal"] == "SIGUSR1" and emitted[0]["save_s"] == pytest.approx(3.0, abs=0.5)
+    assert emitted[0]["scope"] == "job"
