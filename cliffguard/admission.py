@@ -92,6 +92,13 @@ class Check:
     def refused(self) -> bool:
         return self.verdict is not None and not self.verdict.admitted
 
+    def kept_slots(self, slots: tuple[int, ...]) -> tuple[int, ...]:
+        """``slots`` less the device slots the list records suspect on this node (all, unchecked)."""
+        if self.verdict is None:
+            return slots
+        out = {d["slot"] for d in self.verdict.devices_out}
+        return tuple(x for x in slots if x not in out)
+
 
 def check(kafka: KafkaConfig, node: str, key: VerifyingKey | None, timeout_s: float) -> Check:
     """Read the list and decide for ``node``; never raises for a broker that is away."""

@@ -61,14 +61,12 @@ def run(args: argparse.Namespace) -> int:
     if found.refused:
         return REFUSED_EXIT
     slots = tuple(range(args.nproc))
-    if found.verdict is not None:
-        out = {d["slot"] for d in found.verdict.devices_out}
-        slots = tuple(x for x in slots if x not in out)
-        if out:
-            print(devices_line(found.verdict, slots).replace("cliffguard train:", "cliffguard admit:", 1),
-                  file=sys.stderr, flush=True)
-            if not slots:
-                return REFUSED_EXIT
+    slots = found.kept_slots(slots)
+    if found.verdict is not None and found.verdict.devices_out:
+        print(devices_line(found.verdict, slots).replace("cliffguard train:", "cliffguard admit:", 1),
+              file=sys.stderr, flush=True)
+        if not slots:
+            return REFUSED_EXIT
     env = {SHELL_NPROC: str(len(slots)), **slot_env(slots, os.environ)}
     if args.shell:
         for name, value in env.items():

@@ -317,9 +317,8 @@ def _admission(cfg: TrainConfig, node: str, deployment: DeploymentConfig,
         return REFUSED_EXIT, ()
     if found.verdict is None:
         return None, slots
-    out = {d["slot"] for d in found.verdict.devices_out}
-    kept = tuple(x for x in slots if x not in out)
-    if out:
+    kept = found.kept_slots(slots)
+    if found.verdict.devices_out:
         print(devices_line(found.verdict, kept), file=sys.stderr, flush=True)
         if not kept:
             return REFUSED_EXIT, ()
