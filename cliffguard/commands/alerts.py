@@ -30,9 +30,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    from cliffguard.commands.store_open import open_recorded_store
     from cliffguard.controller.alerts.enqueue import set_endpoint_disabled
     from cliffguard.controller.store import read
-    from cliffguard.controller.store.db import Store
     from cliffguard.controller.store.models import AuditRow
 
     try:
@@ -43,7 +43,9 @@ def run(args: argparse.Namespace) -> int:
     if args.action != "list" and not args.name:
         print(f"cliffguard alerts: {args.action} needs an endpoint NAME")
         return 2
-    store = Store.open(store_cfg)
+    store = open_recorded_store(store_cfg, "alerts")
+    if store is None:
+        return 2
     try:
         with store.session() as s:
             if args.action != "list":

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import getpass
-import logging
 
 from cliffguard.commands.controller import add_common
 from cliffguard.core.enums import CommandType
@@ -65,7 +64,8 @@ def command_args(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cliffguard.controller.store.db import Store, StoreConfig
+    from cliffguard.commands.store_open import open_recorded_store
+    from cliffguard.controller.store.db import StoreConfig
     from cliffguard.controller.store.requests import (
         RequestSource,
         RequestStatus,
@@ -74,7 +74,6 @@ def run(args: argparse.Namespace) -> int:
     )
     from cliffguard.core.settings import build_config, load_toml
 
-    logging.getLogger("alembic").setLevel(logging.WARNING)  # migrations are not news here
     try:
         toml = load_toml(args.config)
         store_cfg = build_config(StoreConfig, "store", toml=toml, flags={"url": args.db})
@@ -84,7 +83,9 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"cliffguard command: {exc}")
         return 2
-    store = Store.open(store_cfg)
+    store = open_recorded_store(store_cfg, "command")
+    if store is None:
+        return 2
     try:
         request_id = submit_request(store.engine, run_id=args.run, type=args.type, args=cmd_args,
                                     requested_by=args.actor or getpass.getuser(), source=RequestSource.CLI,

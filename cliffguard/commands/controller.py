@@ -66,18 +66,16 @@ def resolve_common(args: argparse.Namespace, sections: list[str]):
 
 
 def open_store_quietly(args: argparse.Namespace, prog: str):
-    """The store a reading command opens (``--db`` / ``[store]``), with the migrations' "schema at
-    head" kept out of its output; None after printing why the config is bad (the command exits 2)."""
-    from cliffguard.controller.store.db import Store
+    """The store an operator's command opens (``--db`` / ``[store]``), as it is: never created or
+    upgraded (cliffguard/commands/store_open.py); None after printing why not (the command exits 2)."""
+    from cliffguard.commands.store_open import open_recorded_store
 
-    for name in ("alembic", "cliffguard.controller.store"):
-        logging.getLogger(name).setLevel(logging.WARNING)
     try:
         store_cfg = resolve_common(args, ["store"])["store"]
     except ConfigError as exc:
         print(f"cliffguard {prog}: {exc}")
         return None
-    return Store.open(store_cfg)
+    return open_recorded_store(store_cfg, prog)
 
 
 def build_sections(args: argparse.Namespace):

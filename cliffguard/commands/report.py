@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 from pathlib import Path
 
 from cliffguard.commands.controller import add_common, resolve_common
@@ -30,11 +29,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cliffguard.controller.store.db import Store
+    from cliffguard.commands.store_open import open_recorded_store
     from cliffguard.report.data import report_data
     from cliffguard.report.html import render
 
-    logging.getLogger("alembic").setLevel(logging.WARNING)
     try:
         store_cfg = resolve_common(args, ["store"])["store"]
     except ConfigError as exc:
@@ -43,7 +41,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.run and not args.remedies:
         print("cliffguard report: give a RUN, or --remedies")
         return 2
-    store = Store.open(store_cfg)
+    store = open_recorded_store(store_cfg, "report")
+    if store is None:
+        return 2
     try:
         with store.session() as s:
             if args.remedies:

@@ -137,6 +137,19 @@ def schema_at_head(engine: Engine) -> bool:
         return MigrationContext.configure(conn).get_current_revision() == head
 
 
+def schema_revisions(engine: Engine) -> tuple[str | None, str, set[str]]:
+    """The database's schema revision (None: no cliffguard schema), the shipped head, and every
+    revision the shipped migrations know. Reads only (nothing is created or upgraded)."""
+    from alembic.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory.from_config(alembic_config())
+    known = {rev.revision for rev in script.walk_revisions()}
+    with engine.connect() as conn:
+        current = MigrationContext.configure(conn).get_current_revision()
+    return current, script.get_current_head() or "", known
+
+
 _upgrade_lock = threading.Lock()  # Alembic's migration context is process-global
 
 

@@ -24,6 +24,7 @@ def _store(url: str) -> Store:
 
 
 def test_an_empty_store_is_one_line(url, capsys, caplog):
+    _store(url).close()
     with caplog.at_level("INFO"):
         assert main(["status", "--db", url]) == 0
     assert capsys.readouterr().out == "no runs in the store\n"
