@@ -1,8 +1,10 @@
 """The randomised combined-fault soak (issue 29), run as ``python -m bench.soak --seeds N --json OUT``.
 
-``[--store sqlite|postgres] [--steps S] [--seed-base B] [--events MIN:MAX] [--replay JSON --only SEED]``.
+``[--store sqlite|postgres] [--steps S] [--seed-base B] [--events MIN:MAX] [--controllers N]
+[--replay JSON --only SEED]``.
 
-Per seed: a fresh embedded broker, store and ``cliffguard controller``; a 2-process run of the
+Per seed: a fresh embedded broker, store and ``cliffguard controller`` (``--controllers 2``: two in
+one consumer group, one standing by, each controller fault hitting one of them); a 2-process run of the
 bundled trainer with the demo's two training faults (a corrupted stretch, an LR blow-up); the
 seed's schedule of 6-10 combined faults (bench/soak/schedule.py); an independent witness reading
 the topics; at the end every invariant of bench/soak/invariants.py counted. Prints each seed's
@@ -140,9 +142,10 @@ def schedules(args: argparse.Namespace, p: argparse.ArgumentParser) -> list[Sche
         return picked
     try:
         lo, _, hi = args.events.partition(":")
-        cfg = ScheduleConfig(events_min=int(lo), events_max=int(hi or lo), max_s=args.max_fault_s)
+        cfg = ScheduleConfig(events_min=int(lo), events_max=int(hi or lo), max_s=args.max_fault_s,
+                             controllers=args.controllers)
     except ValueError as exc:
-        p.error(f"--events/--max-fault-s: {exc}")
+        p.error(f"--events/--max-fault-s/--controllers: {exc}")
     return [
         make_schedule(seed, args.steps, cfg) for seed in range(args.seed_base, args.seed_base + args.seeds)
     ]
@@ -167,6 +170,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--events", default="6:10", metavar="MIN:MAX", help="faults per seed (default 6:10)")
     p.add_argument(
         "--max-fault-s", type=float, help="cap each fault's duration (a short smoke; default: none)"
+    )
+    p.add_argument(
+        "--controllers", type=int, default=1,
+        help="controller instances in one consumer group (default 1; 2: one stands by, and each controller "
+        "fault hits one of them)",
     )
     p.add_argument(
         "--replay", metavar="JSON", help="run the schedules stored in an earlier run's JSON instead"

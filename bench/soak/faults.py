@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.soak.schedule import Event
 from cliffguard.controller.broker import EmbeddedBroker, ensure_topics
 from cliffguard.core.kafka_config import KafkaConfig
 from cliffguard.procs import descendants
@@ -170,30 +171,36 @@ class Targets:
 
     broker: SoakBroker
     kafka: KafkaConfig
-    controller: ControllerProcess
+    controllers: list[ControllerProcess]
+    """One, or several in one consumer group (a controller fault picks ``Event.which``)."""
     store_url: str
     store_env: dict[str, str]
     train_pid: Callable[[], int | None]
     cwd: str
 
 
-def _controller_kill(t: Targets, duration_s: float, rank: int | None) -> str:
-    t.controller.kill()
+def _controller_kill(t: Targets, e: Event) -> str:
+    duration_s = e.duration_s
+    c = t.controllers[e.which or 0]
+    c.kill()
     time.sleep(duration_s)
-    t.controller.start()
+    c.start()
     return "killed; restarted"
 
 
-def _controller_stop(t: Targets, duration_s: float, rank: int | None) -> str:
-    t.controller.signal(signal.SIGSTOP)
+def _controller_stop(t: Targets, e: Event) -> str:
+    duration_s = e.duration_s
+    c = t.controllers[e.which or 0]
+    c.signal(signal.SIGSTOP)
     try:
         time.sleep(duration_s)
     finally:
-        t.controller.signal(signal.SIGCONT)
+        c.signal(signal.SIGCONT)
     return "stopped; continued"
 
 
-def _broker_kill(t: Targets, duration_s: float, rank: int | None) -> str:
+def _broker_kill(t: Targets, e: Event) -> str:
+    duration_s = e.duration_s
     t.broker.kill()
     time.sleep(duration_s)
     t.broker.start()
@@ -201,7 +208,8 @@ def _broker_kill(t: Targets, duration_s: float, rank: int | None) -> str:
     return "killed; restarted on the same port"
 
 
-def _store_lock(t: Targets, duration_s: float, rank: int | None) -> str:
+def _store_lock(t: Targets, e: Event) -> str:
+    duration_s = e.duration_s
     env = {**t.store_env, LOCK_URL_ENV: t.store_url}
     proc = subprocess.Popen(
         [sys.executable, "-m", "bench.soak.faults", "--hold-lock", str(duration_s)],
@@ -220,7 +228,9 @@ def _store_lock(t: Targets, duration_s: float, rank: int | None) -> str:
     return text.splitlines()[-1] if text else f"lock holder exited {proc.returncode}"
 
 
-def _rank_stop(t: Targets, duration_s: float, rank: int | None) -> str:
+def _rank_stop(t: Targets, e: Event) -> str:
+    duration_s = e.duration_s
+    rank = e.rank
     pid = t.train_pid()
     pids = rank_pids(pid) if pid is not None else {}
     target = pids.get(rank or 0)
@@ -234,7 +244,7 @@ def _rank_stop(t: Targets, duration_s: float, rank: int | None) -> str:
     return f"rank {rank} (pid {target}) stopped; continued"
 
 
-INJECT: dict[str, Callable[[Targets, float, int | None], str]] = {
+INJECT: dict[str, Callable[[Targets, Event], str]] = {
     "controller_kill": _controller_kill,
     "controller_stop": _controller_stop,
     "broker_kill": _broker_kill,

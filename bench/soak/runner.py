@@ -95,7 +95,7 @@ def _fire(i: int, e: Event, tl: Timeline, targets: Targets) -> None:
                 return
         try:
             entry.update(fired=True, start=time.time(), at_step=tl.progress.step)
-            entry["note"] = INJECT[e.kind](targets, e.duration_s, e.rank)
+            entry["note"] = INJECT[e.kind](targets, e)
         except Exception as exc:  # noqa: BLE001 - a fault that could not be done is booked, not fatal
             entry["note"] = f"failed: {type(exc).__name__}: {exc}"
         finally:
@@ -129,7 +129,7 @@ def run_seed(
     """Run one seed's schedule; its row (see bench/soak/__main__.py for the fields)."""
     t0 = time.time()
     d = root / f"seed-{schedule.seed}"
-    stack: SeedStack = start_stack(d, schedule.seed, schedule.steps, store, pg_url)
+    stack: SeedStack = start_stack(d, schedule.seed, schedule.steps, store, pg_url, schedule.controllers)
     tl = Timeline(Progress(d / "train.log"))
     threads: list[threading.Thread] = []
     poller = None
@@ -143,7 +143,7 @@ def run_seed(
         targets = Targets(
             broker=stack.broker,
             kafka=stack.kafka,
-            controller=stack.controller,
+            controllers=stack.controllers,
             store_url=stack.url,
             store_env=stack.env,
             train_pid=lambda: train.pid if train.poll() is None else None,
@@ -157,8 +157,9 @@ def run_seed(
 
         def tick() -> None:
             tl.progress.poll()
-            if stack.controller.check():
-                say(f"  seed {schedule.seed}: the controller exited unasked; started another")
+            for i, c in enumerate(stack.controllers):
+                if c.check():
+                    say(f"  seed {schedule.seed}: controller {i} exited unasked; started another")
 
         if not _wait(lambda: train.poll() is not None, timeout_s, tick):
             say(f"  seed {schedule.seed}: training still running after {timeout_s:.0f}s; stopping it")
@@ -172,12 +173,14 @@ def run_seed(
         if not settle.complete:
             # the store stopped short: ask the controller where it is before stopping it (its log
             # gets every thread's stack, cliffguard/commands/controller.py)
-            stack.controller.signal(signal.SIGUSR1)
+            for c in stack.controllers:
+                c.signal(signal.SIGUSR1)
             time.sleep(1.0)
         since = time.time()
         _wait(lambda: witness.caught_up(since), 30, tick)
         seen = witness.stop()
-        stack.controller.stop()
+        for c in stack.controllers:
+            c.stop()
         polls = poller.stop()
         facts = store_facts(stack.engine, stack.run)
         record = read_record(stack.record_path)
@@ -195,7 +198,7 @@ def run_seed(
             commands_seen=seen.commands,
             store=facts,
             logs=stack.logs(),
-            controller_exits=list(stack.controller.exits),
+            controller_exits=[{**e, "controller": i} for i, c in enumerate(stack.controllers) for e in c.exits],
             fault_windows=windows,
             polls=polls,
             ended_at=time.time(),
@@ -217,6 +220,7 @@ def run_seed(
             "faults_end_s": round(faults_end - first, 1),
             "settled": settle.complete,
             "steps": schedule.steps,
+            "controllers": schedule.controllers,
             "training_faults": stack.training_faults,
             "schedule": schedule.to_dict(),
             "fired": sorted(
@@ -235,7 +239,7 @@ def run_seed(
                 "witness_recreations": seen.recreations,
                 "incidents": len(facts["incidents"]),
                 "commands": len(facts["commands"]),
-                "controller_exits": len(stack.controller.exits),
+                "controller_exits": sum(len(c.exits) for c in stack.controllers),
             },
             "incidents": facts["incidents"],
         }

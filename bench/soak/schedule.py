@@ -68,6 +68,9 @@ class ScheduleConfig:
     kinds: tuple[str, ...] = field(default_factory=lambda: tuple(KINDS))
     max_s: float | None = bounded(None, gt=0)
     """Cap every fault's duration at this many seconds (a short smoke); None: each kind's own range."""
+    controllers: int = bounded(1, ge=1, le=8)
+    """Controller instances in one consumer group (the others stand by for the partition); with
+    more than one, each controller fault hits the one drawn (``Event.which``)."""
 
     def __post_init__(self) -> None:
         check_declared(self)
@@ -90,10 +93,14 @@ class Event:
     duration_s: float
     rank: int | None = None
     """``rank_stop``: which rank."""
+    which: int | None = None
+    """A controller fault with several controllers: which one (None: the only one)."""
 
     @property
     def target(self) -> str:
-        return KINDS[self.kind].target
+        """What it holds while it lasts: one fault per target at a time (each controller is one)."""
+        kind = KINDS[self.kind].target
+        return kind if self.which is None else f"{kind}-{self.which}"
 
     def eta_s(self, step_s: float) -> float:
         """About when it fires, in seconds after training started (the schedule's order)."""
@@ -102,6 +109,7 @@ class Event:
     def describe(self) -> str:
         when = f"at step {int(self.at)}" if self.key == STEP else f"at +{self.at:.1f} s"
         who = f" rank {self.rank}" if self.rank is not None else ""
+        who += f" controller {self.which}" if self.which is not None else ""
         return f"{self.kind}{who} {when} for {self.duration_s:.1f} s"
 
     def to_dict(self) -> dict[str, Any]:
@@ -109,7 +117,8 @@ class Event:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Event:
-        return cls(kind=d["kind"], key=d["key"], at=d["at"], duration_s=d["duration_s"], rank=d.get("rank"))
+        return cls(kind=d["kind"], key=d["key"], at=d["at"], duration_s=d["duration_s"], rank=d.get("rank"),
+                   which=d.get("which"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,18 +126,25 @@ class Schedule:
     seed: int
     steps: int
     events: tuple[Event, ...]
+    controllers: int = 1
+    """Controller instances in the group (``ScheduleConfig.controllers``)."""
 
     def describe(self) -> str:
-        lines = [f"seed {self.seed}: {len(self.events)} events over {self.steps} steps"]
+        both = f", {self.controllers} controllers in one group" if self.controllers > 1 else ""
+        lines = [f"seed {self.seed}: {len(self.events)} events over {self.steps} steps{both}"]
         lines += [f"  {i:>2}. {e.describe()}" for i, e in enumerate(self.events, 1)]
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"seed": self.seed, "steps": self.steps, "events": [e.to_dict() for e in self.events]}
+        out: dict[str, Any] = {"seed": self.seed, "steps": self.steps, "events": [e.to_dict() for e in self.events]}
+        if self.controllers > 1:  # absent for one: a stored single-controller schedule reads as before
+            out["controllers"] = self.controllers
+        return out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Schedule:
-        return cls(seed=d["seed"], steps=d["steps"], events=tuple(Event.from_dict(e) for e in d["events"]))
+        return cls(seed=d["seed"], steps=d["steps"], events=tuple(Event.from_dict(e) for e in d["events"]),
+                   controllers=int(d.get("controllers", 1)))
 
 
 def make_schedule(seed: int, steps: int, cfg: ScheduleConfig | None = None) -> Schedule:
@@ -142,10 +158,12 @@ def make_schedule(seed: int, steps: int, cfg: ScheduleConfig | None = None) -> S
         high = kind.high_s if cfg.max_s is None else max(kind.low_s, min(kind.high_s, cfg.max_s))
         duration = round(rng.uniform(kind.low_s, high), 1)
         rank = rng.randrange(cfg.world) if kind.target == "rank" else None
+        # drawn only with several controllers: a one-controller seed's schedule stays what it was
+        which = rng.randrange(cfg.controllers) if kind.target == "controller" and cfg.controllers > 1 else None
         if rng.random() < cfg.wall_share:
             key, at = WALL, round(rng.uniform(lo, hi) * cfg.step_s, 1)
         else:
             key, at = STEP, float(rng.randint(lo, hi))
-        events.append(Event(kind=kind.name, key=key, at=at, duration_s=duration, rank=rank))
+        events.append(Event(kind=kind.name, key=key, at=at, duration_s=duration, rank=rank, which=which))
     events.sort(key=lambda e: (e.eta_s(cfg.step_s), e.kind))
-    return Schedule(seed=seed, steps=steps, events=tuple(events))
+    return Schedule(seed=seed, steps=steps, events=tuple(events), controllers=cfg.controllers)

@@ -42,7 +42,8 @@ class SeedStack:
     """The store's URL as the children get it (no password in it)."""
     env: dict[str, str]
     """The children's base environment (no key, a pgpass file for PostgreSQL)."""
-    controller: ControllerProcess
+    controllers: list[ControllerProcess]
+    """One ``cliffguard controller``, or several in one consumer group (one holds the partition)."""
     training_faults: list[str]
     train: subprocess.Popen[bytes] | None = None
     trainer_env: dict[str, str] = field(default_factory=dict)
@@ -93,7 +94,8 @@ class SeedStack:
 
         if self.train is not None and self.train.poll() is None:
             stop_group(self.train, grace_s=5.0)
-        self.controller.stop()
+        for c in self.controllers:
+            c.stop()
         self.broker.stop()
         if self.url.startswith("postgresql"):
             drop_schema(self.engine)
@@ -118,9 +120,9 @@ def _store(d: Path, kind: str, pg_url: str | None) -> tuple[Engine, str, dict[st
 
 
 def start_stack(
-    d: Path, seed: int, steps: int, store: str = "sqlite", pg_url: str | None = None
+    d: Path, seed: int, steps: int, store: str = "sqlite", pg_url: str | None = None, controllers: int = 1
 ) -> SeedStack:
-    """Broker, topics, store, keys and the controller of one seed (the trainer starts later)."""
+    """Broker, topics, store, keys and the controller(s) of one seed (the trainer starts later)."""
     d.mkdir(parents=True, exist_ok=True)
     broker = SoakBroker(port=free_port(), log_path=d / "broker.log").start()
     try:
@@ -135,13 +137,17 @@ def start_stack(
         }
         agent_secret = {f"{AGENT_SECRET_ENV}_FILE": str(keys["agent_secret"])}
         group = f"soak-{seed}-{uuid.uuid4().hex[:6]}"
-        controller = ControllerProcess(
-            argv=cli("controller", "--db", url, "--bootstrap", broker.bootstrap, "--group", group),
-            env={**env, **CONTROLLER_ENV, f"{PRIVATE_KEY_ENV}_FILE": str(keys["private"]), **agent_secret},
-            log_path=d / "controller.log",
-            cwd=str(d),
-        ).start()
+        procs: list[ControllerProcess] = []
+        for i in range(controllers):
+            procs.append(ControllerProcess(
+                argv=cli("controller", "--db", url, "--bootstrap", broker.bootstrap, "--group", group),
+                env={**env, **CONTROLLER_ENV, f"{PRIVATE_KEY_ENV}_FILE": str(keys["private"]), **agent_secret},
+                log_path=d / ("controller.log" if i == 0 else f"controller-{i}.log"),
+                cwd=str(d),
+            ).start())
     except BaseException:
+        for c in procs:
+            c.stop()
         broker.stop()
         raise
     return SeedStack(
@@ -152,7 +158,7 @@ def start_stack(
         engine=engine,
         url=url,
         env=env,
-        controller=controller,
+        controllers=procs,
         training_faults=default_faults(steps),
         trainer_env={**env, f"{PUBLIC_KEY_ENV}_FILE": str(keys["public"]), **agent_secret},
     )

@@ -50,6 +50,21 @@ def test_a_schedule_round_trips_through_its_json_and_says_what_it_does():
     assert text.startswith(f"seed 3: {len(s.events)} events over 200 steps") and s.events[0].kind in text
 
 
+def test_with_two_controllers_each_controller_fault_names_one_and_holds_only_that_one():
+    one = make_schedule(5, 600)
+    two = make_schedule(5, 600, ScheduleConfig(controllers=2))
+    assert all(e.which is None for e in one.events) and "controllers" not in one.to_dict()
+    picked = {e.which for seed in range(1, 30) for e in make_schedule(seed, 600, ScheduleConfig(controllers=2)).events
+              if KINDS[e.kind].target == "controller"}
+    assert picked == {0, 1}
+    for e in two.events:
+        assert (e.which is not None) == (KINDS[e.kind].target == "controller")
+        if e.which is not None:
+            assert e.target == f"controller-{e.which}" and f"controller {e.which}" in e.describe()
+    assert Schedule.from_dict(json.loads(json.dumps(two.to_dict()))) == two and two.controllers == 2
+    assert "2 controllers in one group" in two.describe()
+
+
 def test_schedule_config_refuses_what_cannot_be_drawn():
     with pytest.raises(ValueError, match="events_min"):
         ScheduleConfig(events_min=5, events_max=3)
