@@ -76,6 +76,8 @@ def test_no_partitions_and_nobody_storing_offsets_is_said_and_the_group_joined_a
             thread.start()
             trainer.steps("r", 0, 9)
             wait_for(lambda: _count(engine, "r") == 10, 60)
+            # a loaded runner's first join can outlast the 2 s window: that episode is not this test's
+            before, rejoins_before = len(caplog.records), svc.stats.get("unassigned_rejoins", 0)
             with caplog.at_level(logging.INFO, logger="cliffguard.controller"):
                 hidden = _unassigned_until_rebuilt(svc)
                 trainer.steps("r", 10, 19)  # unread while no partition is held
@@ -87,11 +89,16 @@ def test_no_partitions_and_nobody_storing_offsets_is_said_and_the_group_joined_a
             trainer.close()
             svc.close()
             broker.stop()
-    said = [r for r in caplog.records if "no metrics partitions for" in r.getMessage()]
+    said = [r for r in caplog.records[before:] if "no metrics partitions for" in r.getMessage()]
     assert said and said[0].levelno == logging.WARNING, caplog.text
     assert "no member of group ctl-lost stored an offset" in said[0].getMessage()
     assert "joining the group again" in said[0].getMessage()
-    assert svc.stats["unassigned_rejoins"] == 1
+    # the events sent meanwhile were read: the rebuilt consumer holds the partition again. One rejoin,
+    # or more where a loaded runner's join outlasted the doubled 4 s window, each said, from the second on at ERROR
+    rejoins = svc.stats["unassigned_rejoins"] - rejoins_before
+    joins = [r for r in said if "joining the group again" in r.getMessage()]
+    assert rejoins >= 1 and len(joins) == rejoins, caplog.text
+    assert all(r.levelno == logging.ERROR for r in joins[1:])
     assert not any("stands by" in r.getMessage() for r in caplog.records)
 
 
