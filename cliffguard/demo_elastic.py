@@ -61,7 +61,14 @@ class ElasticDemoConfig:
     max_bytes: int = 400_000
     pace_s: float = 0.4
     """Rank 0 sleeps this long every step (the slow_rank fault), so that on 2 loaded cores the
-    rejoining agent (tens of seconds to start) joins while the run still has steps to go."""
+    rejoining agent (tens of seconds to start) joins while the run still has steps to go. The
+    rejoining agent is started without it: both agents' workers read the run's one ``config.json``
+    when the join restarts them, which the rejoining launcher writes, so the steps after the join
+    run at full speed."""
+    last_call_s: int = 10
+    """The rendezvous' last call (``--rdzv-last-call-s``): how long the agent left alone after the
+    kill waits for more nodes before it trains at world 2 (torchrun's default 30 s was most of the
+    scale-down's 46 s); the second agent starts 3 s after the first, well inside it."""
 
     batch_policy: str = "proportional"
     """trainer/elastic.py's policies: ``proportional``/``halve`` (world 2 trains at B/2, the issue's
@@ -103,7 +110,7 @@ class ElasticDemoConfig:
 
 
 def train_argv(cfg: ElasticDemoConfig, endpoint: str, world_nodes: str = "1:2", nproc: int = 2,
-               bootstrap: str | None = None) -> list[str]:
+               bootstrap: str | None = None, paced: bool = True) -> list[str]:
     layers, heads, width = cfg.model
     stream = ["--bootstrap", bootstrap, *(a for f in cfg.faults for a in ("--fault", f))] if bootstrap else ["--no-monitor"]
     return [sys.executable, "-m", "cliffguard", "train", "--nnodes", world_nodes, "--nproc", str(nproc),
@@ -113,7 +120,8 @@ def train_argv(cfg: ElasticDemoConfig, endpoint: str, world_nodes: str = "1:2", 
             "--val-every", "10" if bootstrap else "0", "--progress-every", "5", "--n-layer", str(layers), "--n-head", str(heads),
             "--n-embd", str(width), "--max-bytes", str(cfg.max_bytes), "--batch-policy", cfg.batch_policy,
             "--lr-rule", cfg.lr_rule, "--collective-timeout-s", "30", "--rdzv-timeout-s", "300", "--max-restarts", "6",
-            *(["--fault", f"slow_rank@0:{cfg.pace_s}"] if cfg.pace_s else [])]
+            "--rdzv-last-call-s", str(cfg.last_call_s),
+            *(["--fault", f"slow_rank@0:{cfg.pace_s}"] if cfg.pace_s and paced else [])]
 
 
 def _paths(cfg: ElasticDemoConfig) -> tuple[Path, Path]:
@@ -243,7 +251,9 @@ def run_elastic_demo(cfg: ElasticDemoConfig, log=print) -> dict[str, Any]:
                 killed_at = step
             elif killed_at is not None and rejoined_at is None and step >= cfg.rejoin_at and _events(events_path):
                 log(f"elastic demo: step {step} at world 2: the second agent rejoins")
-                second = _start(argv, run_dir / "agent-b.log", env)
+                # unpaced: it rewrites the run's config.json, which every worker reads at the join's restart
+                second = _start(train_argv(cfg, endpoint, bootstrap=bootstrap, paced=False), run_dir / "agent-b.log",
+                                env)
                 rejoined_at = step
         if first.poll() is None:
             log("elastic demo: timed out")

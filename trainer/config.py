@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,8 +132,13 @@ class TrainConfig:
         return config_to_dict(self)
 
     def save(self, path: str | Path) -> None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True))
+        """Written whole or not at all: the launchers of an elastic run's nodes share one file, and
+        a worker restarted meanwhile must read the old one or the new one, never half of it."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True))
+        os.replace(tmp, path)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
