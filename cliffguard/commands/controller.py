@@ -66,8 +66,8 @@ def resolve_common(args: argparse.Namespace, sections: list[str]):
 
 
 def open_store_quietly(args: argparse.Namespace, prog: str):
-    """The store an operator's command opens (``--db`` / ``[store]``), as it is: never created or
-    upgraded (cliffguard/commands/store_open.py); None after printing why not (the command exits 2)."""
+    """The store an operator's command opens (``--db`` / ``[store]``): never created, an older schema
+    upgraded and said (cliffguard/commands/store_open.py); None after printing why not (the command exits 2)."""
     from cliffguard.commands.store_open import open_recorded_store
 
     try:

@@ -24,8 +24,6 @@ from sqlalchemy.engine import make_url
 
 from cliffguard.controller.store.db import Store, StoreConfig, masked_url, schema_revisions
 
-NO_STORE_EXIT = 2
-
 
 def _sqlite_path(url: str) -> Path | None:
     """The file of a SQLite URL (None: not SQLite, or in memory)."""

@@ -129,12 +129,8 @@ _MIGRATION_LOCK = 0x636C6966  # "clif"
 
 def schema_at_head(engine: Engine) -> bool:
     """Whether the database is at the newest revision of the shipped migrations."""
-    from alembic.migration import MigrationContext
-    from alembic.script import ScriptDirectory
-
-    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
-    with engine.connect() as conn:
-        return MigrationContext.configure(conn).get_current_revision() == head
+    current, head, _ = schema_revisions(engine)
+    return current == head
 
 
 def schema_revisions(engine: Engine) -> tuple[str | None, str, set[str]]:
